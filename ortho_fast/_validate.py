@@ -1,0 +1,41 @@
+"""Argument checks for the fast side: clear errors, raised before any state changes."""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_matrix_tensor(x, name: str, *, min_ndim: int = 2) -> torch.Tensor:
+    """Check that ``x`` is a non-empty floating tensor with at least ``min_ndim`` dims.
+
+    Raises: TypeError (not a tensor, integer / bool / complex dtype); ValueError (too few
+    dims, an empty matrix dimension).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of shape (..., m, n), got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point dtype (bfloat16/float16/float32/float64), got {x.dtype}")
+    if x.ndim < min_ndim:
+        raise ValueError(f"{name}: expected a tensor with at least {min_ndim} dims (..., m, n), got shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"{name}: expected a non-empty tensor, got shape {tuple(x.shape)}")
+    return x
+
+
+def check_finite(x: torch.Tensor, name: str) -> None:
+    """Raise ValueError if ``x`` holds NaN or Inf (one reduction, one host sync)."""
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name}: contains NaN or Inf; expected finite values")
+
+
+def check_hyper(value, name: str, *, low: float = 0.0, high: float | None = None, low_open: bool = False) -> float:
+    """Check a scalar hyperparameter is finite and within [low, high]; returns it as float."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected a real number, got {value!r}") from None
+    ok = x == x and abs(x) != float("inf") and (x > low if low_open else x >= low) and (high is None or x <= high)
+    if not ok:
+        hi = "inf" if high is None else high
+        raise ValueError(f"{name}: expected a finite value in {'(' if low_open else '['}{low}, {hi}], got {value!r}")
+    return x

@@ -1,0 +1,146 @@
+"""Registry of Newton–Schulz coefficient schedules, each with its source.
+
+A schedule gives ``rows`` (a, b, c) for steps 1..len(rows) and a ``tail`` row repeated
+for every later step (the convention of microsoft/dion and NVIDIA Emerging-Optimizers for
+``steps`` beyond the table), plus the input normalization its source uses:
+X₀ = X / (safety·‖X‖_F + eps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import torch
+
+
+@dataclass(frozen=True)
+class CoefficientSchedule:
+    """A named Newton–Schulz schedule.
+
+    Attributes: ``rows`` per-step (a, b, c); ``tail`` the row used after ``rows`` runs out;
+    ``default_steps`` the step count its source uses; ``safety``, ``eps`` its normalization;
+    ``source`` paper / code it comes from.
+    """
+
+    name: str
+    rows: tuple[tuple[float, float, float], ...]
+    tail: tuple[float, float, float]
+    default_steps: int
+    safety: float
+    eps: float
+    source: str
+
+    def table(self, steps: int | None = None) -> list[tuple[float, float, float]]:
+        """Per-step rows for ``steps`` steps (default ``default_steps``); ValueError if steps < 1."""
+        t = self.default_steps if steps is None else steps
+        if not isinstance(t, int) or isinstance(t, bool) or t < 1:
+            raise ValueError(f"steps: expected an integer >= 1, got {steps!r}")
+        return list(self.rows[:t]) + [self.tail] * max(0, t - len(self.rows))
+
+
+# Polar Express, paper Algorithm 1 (l = 1e-3), before the 1.01 safety division.
+_POLAR_EXPRESS_PAPER_RAW = (
+    (8.28721201814563, -23.595886519098837, 17.300387312530933),
+    (4.107059111542203, -2.9478499167379106, 0.5448431082926601),
+    (3.9486908534822946, -2.908902115962949, 0.5518191394370137),
+    (3.3184196573706015, -2.488488024314874, 0.51004894012372),
+    (2.300652019954817, -1.6689039845747493, 0.4188073119525673),
+    (1.891301407787398, -1.2679958271945868, 0.37680408948524835),
+    (1.8750014808534479, -1.2500016453999487, 0.3750001645474248),
+)
+
+_POLAR_EXPRESS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+
+_CESISTA5 = (
+    (4.0848, -6.8946, 2.9270),
+    (3.9505, -6.3029, 2.6377),
+    (3.7418, -5.5913, 2.3037),
+    (2.8769, -3.1427, 1.2046),
+    (2.8366, -3.0525, 1.2012),
+)
+
+_YOU6 = tuple(
+    (a / 1024, b / 1024, c / 1024)
+    for a, b, c in (
+        (3955, -8306, 5008),
+        (3735, -6681, 3463),
+        (3799, -6499, 3211),
+        (4019, -6385, 2906),
+        (2677, -3029, 1162),
+        (2172, -1833, 682),
+    )
+)
+
+COEFFICIENTS: dict[str, CoefficientSchedule] = {
+    s.name: s
+    for s in (
+        CoefficientSchedule(
+            name="jordan", rows=(), tail=(3.4445, -4.7750, 2.0315), default_steps=5, safety=1.0, eps=1e-7,
+            source="Keller Jordan, Muon blog post (2024); torch.optim.Muon default ns_coefficients",
+        ),
+        CoefficientSchedule(
+            name="cesista5", rows=_CESISTA5, tail=_CESISTA5[-1], default_steps=5, safety=1.0, eps=1e-7,
+            source="F. L. Cesista (2025); NVIDIA Emerging-Optimizers coefficient_type='quintic'; "
+            "optax contrib dion; microsoft/dion use_polar_express=False",
+        ),
+        CoefficientSchedule(
+            name="polar_express", rows=_POLAR_EXPRESS, tail=_POLAR_EXPRESS[-1], default_steps=5,
+            safety=1.02, eps=1e-6,
+            source="Amsel, Persson, Musco, Gower, arXiv 2505.16932, as used by microsoft/dion, "
+            "nanochat and modded-nanogpt (normalize with safety 1.02, eps 1e-6)",
+        ),
+        CoefficientSchedule(
+            name="polar_express_paper",
+            rows=tuple((a / 1.01, b / 1.01**3, c / 1.01**5) for a, b, c in _POLAR_EXPRESS_PAPER_RAW),
+            tail=(1.875, -1.25, 0.375), default_steps=5, safety=1.01, eps=1e-7,
+            source="Amsel et al., arXiv 2505.16932, Algorithm 1 with l = 1e-3: steps <= 7 divided by "
+            "(1.01, 1.01^3, 1.01^5); steps >= 8 use (15/8, -10/8, 3/8)",
+        ),
+        CoefficientSchedule(
+            name="you6", rows=_YOU6, tail=_YOU6[-1], default_steps=6, safety=1.0, eps=1e-7,
+            source="You Jiacheng, six-step schedule (modula, modded-nanogpt); integer rows / 1024",
+        ),
+        CoefficientSchedule(
+            name="cubic", rows=(), tail=(1.5, -0.5, 0.0), default_steps=5, safety=1.0, eps=1e-7,
+            source="classic cubic Newton–Schulz iteration for the polar factor "
+            "(Kovarik 1970; Bjorck & Bowie 1971); converges to U Vᵀ",
+        ),
+    )
+}
+
+CoefficientsLike = Union[str, CoefficientSchedule, Sequence[Sequence[float]]]
+
+
+def resolve_coefficients(coefficients: CoefficientsLike, steps: int | None = None) -> list[tuple[float, float, float]]:
+    """Turn a registry name, a schedule, or a user table into per-step (a, b, c) rows.
+
+    A user table (T, 3) (a list of rows or a tensor) runs T steps by default; ``steps``
+    beyond T repeats its last row, fewer truncates. A single (a, b, c) row counts as T = 1
+    with the default of 5 steps (torch.optim.Muon's ``ns_coefficients`` convention).
+    Raises: KeyError for an unknown name (listing the registry); ValueError for a table
+    that is not (T, 3) with finite entries, or steps < 1.
+    """
+    if isinstance(coefficients, str):
+        if coefficients not in COEFFICIENTS:
+            raise KeyError(f"coefficients: unknown schedule {coefficients!r}; known: {sorted(COEFFICIENTS)}")
+        return COEFFICIENTS[coefficients].table(steps)
+    if isinstance(coefficients, CoefficientSchedule):
+        return coefficients.table(steps)
+    rows = torch.as_tensor(coefficients, dtype=torch.float64).cpu()
+    single_row = rows.ndim == 1
+    if single_row:
+        rows = rows.reshape(1, -1)
+    if rows.ndim != 2 or rows.shape[1] != 3 or rows.shape[0] < 1:
+        raise ValueError(f"coefficients: expected a (T, 3) table of (a, b, c) rows, got shape {tuple(rows.shape)}")
+    if not bool(torch.isfinite(rows).all()):
+        raise ValueError("coefficients: contains NaN or Inf")
+    table = [tuple(float(v) for v in row) for row in rows.tolist()]
+    schedule = CoefficientSchedule("user", tuple(table[:-1]), table[-1], 5 if single_row else len(table), 1.0, 1e-7, "user")
+    return schedule.table(steps)

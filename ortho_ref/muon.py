@@ -1,0 +1,105 @@
+"""Reference Muon step (float64, one matrix, no batching)."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ._validate import as_coefficients, as_like, as_matrix, check_scalar
+from .coefficients import schedule
+from .ns_map import ns_map
+from .polar import polar
+
+MOMENTUM_STYLES = ("ema", "classic")
+ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral_norm", None)
+
+
+def lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
+    """Factor multiplying lr for the orthogonalized update of an (m, n) = (fan_out, fan_in) weight.
+
+    "original": √max(1, m/n) (Keller Jordan; torch.optim.Muon default);
+    "match_rms_adamw": 0.2·√max(m, n) (Moonlight, Liu et al. arXiv 2502.16982);
+    "spectral_norm": √(m/n) (microsoft/dion Muon; Dion paper); None: 1.
+    Raises: ValueError for an unknown mode.
+    """
+    if adjust_lr == "original":
+        return math.sqrt(max(1.0, m / n))
+    if adjust_lr == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(m, n))
+    if adjust_lr == "spectral_norm":
+        return math.sqrt(m / n)
+    if adjust_lr is None:
+        return 1.0
+    raise ValueError(f"adjust_lr: expected one of {ADJUST_LR_MODES}, got {adjust_lr!r}")
+
+
+class MuonStep(NamedTuple):
+    """Result of ``muon_step``: new weight (m, n), new momentum (m, n), the orthogonalized
+    update O (m, n) before lr, and the lr multiplier applied to it."""
+
+    weight: np.ndarray
+    momentum: np.ndarray
+    update: np.ndarray
+    lr_scale: float
+
+
+def muon_step(
+    weight,
+    grad,
+    momentum,
+    *,
+    lr: float,
+    mu: float = 0.95,
+    nesterov: bool = True,
+    momentum_style: str = "ema",
+    coefficients=None,
+    safety: float = 1.0,
+    eps: float = 1e-7,
+    eps_mode: str = "add",
+    adjust_lr: str | None = "original",
+    weight_decay: float = 0.0,
+    orthogonalizer: str = "newton_schulz",
+) -> MuonStep:
+    """One reference Muon step on an (m, n) weight.
+
+    Momentum: "ema" M ← μM + (1−μ)G, nesterov U = (1−μ)G + μM_new (torch.optim.Muon,
+    Keller Jordan, nanochat); "classic" M ← μM + G, nesterov U = G + μM_new (microsoft/dion,
+    Moonlight). Without nesterov U = M_new. Then O = ns_map(U, coefficients) (or the exact
+    polar factor with ``orthogonalizer="polar"``) and
+    W ← W·(1 − lr·weight_decay) − lr·lr_scale(adjust_lr, m, n)·O (decoupled weight decay
+    with the unscaled lr, as torch.optim.Muon, microsoft/dion and Moonlight).
+
+    Shapes: weight, grad, momentum (m, n) float -> MuonStep of float64 arrays.
+    ``coefficients``: (T, 3) table; default the ``jordan`` schedule, 5 steps.
+    Source: Jordan et al. (Muon blog, 2024); Liu et al. arXiv 2502.16982; torch.optim.Muon.
+    Raises: TypeError / ValueError for non-float, non-2-D, empty or non-finite arrays, shape
+    mismatches, lr < 0, mu outside [0, 1), weight_decay < 0, unknown option strings.
+    """
+    w = as_matrix(weight, "weight")
+    g = as_like(grad, "grad", w.shape)
+    m_old = as_like(momentum, "momentum", w.shape)
+    lr = check_scalar(lr, "lr", low=0.0)
+    mu = check_scalar(mu, "mu", low=0.0, high=1.0)
+    weight_decay = check_scalar(weight_decay, "weight_decay", low=0.0)
+    table = schedule("jordan") if coefficients is None else as_coefficients(coefficients)
+    scale = lr_scale(adjust_lr, *w.shape)
+    if orthogonalizer not in ("newton_schulz", "polar"):
+        raise ValueError(f"orthogonalizer: expected 'newton_schulz' or 'polar', got {orthogonalizer!r}")
+
+    if momentum_style == "ema":
+        m_new = mu * m_old + (1.0 - mu) * g
+        u = (1.0 - mu) * g + mu * m_new if nesterov else m_new
+    elif momentum_style == "classic":
+        m_new = mu * m_old + g
+        u = g + mu * m_new if nesterov else m_new
+    else:
+        raise ValueError(f"momentum_style: expected one of {MOMENTUM_STYLES}, got {momentum_style!r}")
+
+    if orthogonalizer == "polar":
+        o = polar(u) if np.any(u) else np.zeros_like(u)
+    else:
+        o = ns_map(u, table, safety=safety, eps=eps, eps_mode=eps_mode)
+    w_new = w * (1.0 - lr * weight_decay) - (lr * scale) * o
+    return MuonStep(w_new, m_new, o, scale)
