@@ -1,0 +1,7 @@
+"""``python -m verify`` runs ``ortho-verify``."""
+
+import sys
+
+from verify.cli import main
+
+sys.exit(main())

@@ -1,0 +1,86 @@
+"""Reports of ``ortho-verify``: one terminal table, ``report.json`` and ``report.md``."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from verify.checks import CheckResult
+
+
+def _fmt(x: float) -> str:
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.2e}" if x else "0"
+
+
+def worst_per_group(results: list[CheckResult]) -> list[tuple[CheckResult, int, int]]:
+    """(worst result, passed count, total) per (check, input), in first-seen order."""
+    groups: "OrderedDict[tuple[str, str], list[CheckResult]]" = OrderedDict()
+    for r in results:
+        groups.setdefault((r.check, r.input), []).append(r)
+    return [(max(rs, key=lambda r: (not r.passed, r.ratio)), sum(r.passed for r in rs), len(rs)) for rs in groups.values()]
+
+
+def print_table(results: list[CheckResult], console: Console | None = None) -> None:
+    """The verification table: one row per (check, input) with its worst case."""
+    console = console or Console()
+    table = Table(title="ortho-verify: fast implementations vs the exact oracle", show_lines=False)
+    for col, just in (("check", "left"), ("input", "left"), ("worst case", "left"), ("error", "right"),
+                      ("tolerance", "right"), ("error/tol", "right"), ("result", "center")):
+        table.add_column(col, justify=just, overflow="fold")
+    for worst, ok, total in worst_per_group(results):
+        verdict = f"[green]pass {ok}/{total}[/]" if ok == total else f"[bold red]FAIL {total - ok}/{total}[/]"
+        table.add_row(worst.check, worst.input, worst.detail, _fmt(worst.error), _fmt(worst.tolerance),
+                      f"{worst.ratio:.3f}", verdict)
+    console.print(table)
+
+
+def summary(results: list[CheckResult]) -> dict:
+    """Counts and the worst error/tolerance ratio per check."""
+    by_check: dict[str, dict] = {}
+    for r in results:
+        s = by_check.setdefault(r.check, {"total": 0, "passed": 0, "worst_ratio": 0.0})
+        s["total"] += 1
+        s["passed"] += int(r.passed)
+        s["worst_ratio"] = max(s["worst_ratio"], r.ratio)
+    return {
+        "total": len(results),
+        "passed": sum(r.passed for r in results),
+        "failed": sum(not r.passed for r in results),
+        "by_check": by_check,
+    }
+
+
+def write_reports(results: list[CheckResult], out_dir: Path, meta: dict) -> tuple[Path, Path]:
+    """Write ``report.json`` (every result, summary, run metadata) and ``report.md``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summ = summary(results)
+    json_path = out_dir / "report.json"
+    json_path.write_text(json.dumps({"meta": meta, "summary": summ, "results": [r.as_dict() for r in results]},
+                                    indent=2, default=str))
+    lines = [
+        "# ortho-verify report",
+        "",
+        f"{summ['passed']} of {summ['total']} checks passed, {summ['failed']} failed.",
+        "",
+        "## Run",
+        "",
+    ]
+    lines += [f"- {k}: {v}" for k, v in meta.items()]
+    lines += ["", "## Summary by check", "", "| check | passed | total | worst error/tolerance |", "|---|---|---|---|"]
+    for name, s in summ["by_check"].items():
+        lines.append(f"| {name} | {s['passed']} | {s['total']} | {s['worst_ratio']:.3f} |")
+    lines += ["", "## Every check", "",
+              "| check | input | detail | error | tolerance | error/tol | result | note |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.check} | {r.input} | {r.detail} | {_fmt(r.error)} | {_fmt(r.tolerance)} | "
+                     f"{r.ratio:.3f} | {'pass' if r.passed else 'FAIL'} | {r.note} |")
+    md_path = out_dir / "report.md"
+    md_path.write_text("\n".join(lines) + "\n")
+    return json_path, md_path

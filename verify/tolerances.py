@@ -1,0 +1,175 @@
+"""Every tolerance of the verification suite, each a formula with its derivation.
+
+Nothing here is a number tuned until a test passes: each tolerance is computed from the
+oracle's own quantities (the normalized spectrum σ̂, first-order gains of the Newton–Schulz
+map, condition numbers) and the unit roundoff u of the compute dtype. docs/tolerances.md
+repeats the derivations; the constants below are the only free choices and each says why.
+
+Notation: u = unit roundoff of the compute dtype (2⁻⁵³ float64, 2⁻²⁴ float32, 2⁻⁸ bfloat16,
+2⁻¹¹ float16), u64 = 2⁻⁵³ (the float64 oracle), k = min(m, n), d = max(m, n).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import ortho_ref
+
+U64 = 2.0**-53
+
+UNIT_ROUNDOFF = {
+    "float64": 2.0**-53,
+    "float32": 2.0**-24,
+    "bfloat16": 2.0**-8,
+    "float16": 2.0**-11,
+}
+
+#: Rounding points per Newton–Schulz step: A = XXᵀ, B = bA + cA², X ← aX + BX.
+ROUNDINGS_PER_STEP = 3
+
+#: Probabilistic constant λ of Higham & Mary (2019), "A new approach to probabilistic
+#: rounding error analysis", Thm. 3.1: an inner product of length d in precision u has
+#: error ≤ λ·√d·u·|x|ᵀ|y| with probability ≥ 1 − 2exp(−λ²(1−u)²/2). A Frobenius norm sums
+#: k·d such independent errors, so it concentrates at its root-mean-square, ≈ √d·u per unit
+#: of norm; λ = 2 allows two standard deviations above it.
+C_NS = 2.0
+
+
+def unit_roundoff(dtype) -> float:
+    """u for a dtype given as a torch/numpy dtype or its name; ValueError if unknown."""
+    name = str(dtype).replace("torch.", "").replace("numpy.", "")
+    if name not in UNIT_ROUNDOFF:
+        raise ValueError(f"dtype: expected one of {sorted(UNIT_ROUNDOFF)}, got {dtype!r}")
+    return UNIT_ROUNDOFF[name]
+
+
+def ns_tolerance(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dtype) -> float:
+    """Frobenius tolerance for ‖newton_schulz(G) − ns_map(G)‖_F in float32/float64.
+
+    Derivation (first order). Write the computed iterate as X̃_t = X_t + E_t where E_t is the
+    rounding committed at step t (t = 0: rounding of the input and its normalization).
+    Each step's products have inner dimension ≤ d; by Higham & Mary's probabilistic bound
+    each contributes ‖E_t‖_F ≲ λ·√d·u·‖X_t‖_F, and ‖X_t‖_F ≤ √k·max x_t ≈ √k (the schedules
+    keep singular values in [0, ~1.2]). The error committed at step t is then amplified by
+    the Fréchet derivative of the remaining steps, whose norm is at most the gain G_t of
+    ``ortho_ref.ns_step_gains`` (Daleckii–Krein divided differences over the step-t
+    spectrum). Summing: ‖ΔX‖_F ≲ C_NS·√k·√d·(u + u64)·Σ_t G_t, the u64 term covering the
+    oracle's own backward-stable SVD. This refines DESIGN.md's c·u·L_f·√k: Σ_t G_t ≤ (T+1)·L_f,
+    and G_0 = sup|f′| over the actual spectrum instead of [0, 1].
+    Shapes: sigma_hat (k,) the normalized singular values; shape (m, n).
+    """
+    u = unit_roundoff(dtype)
+    m, n = shape
+    s = np.asarray(sigma_hat, dtype=np.float64)
+    lo, hi = float(max(s.min(), 0.0)), float(s.max())
+    if hi <= lo:
+        hi = lo * (1 + 1e-12) + 1e-300
+    gains = ortho_ref.ns_step_gains(coefficients, lo, hi)
+    return C_NS * math.sqrt(min(m, n)) * math.sqrt(max(m, n)) * (u + U64) * float(gains.sum())
+
+
+def ns_singular_value_tolerance(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dtype) -> float:
+    """Tolerance for max_i |σ_i(newton_schulz(G)) − f(σ̂_i)| (sorted); the bfloat16 check.
+
+    Derivation. In bfloat16 (and float16) the CPU and GPU matmuls accumulate in float32 and
+    round each output once, so each of the ROUNDINGS_PER_STEP products perturbs the iterate
+    by about u relative to its scale (≤ max x_t ≈ 1); in float32/float64 the accumulation is
+    in the same precision and adds the probabilistic √d of Higham & Mary (2019). To first order a perturbation E of a simple
+    singular value moves it by uᵢᵀEvᵢ (Stewart & Sun 1990, ch. V), and that displacement of
+    x_t is carried to the output by |∂x_T/∂x_t| along the exact trajectory. Summing over
+    the input rounding and the T steps gives ``ortho_ref.ns_diagonal_gain`` (σ̂ᵢ); the
+    tolerance is ROUNDINGS_PER_STEP·(u + u64)·max_i gain(σ̂ᵢ). Sorting both sides is
+    justified by Weyl's inequality for the sorted singular values.
+    This is a first-order model, not a rigorous bound; it is only informative where it is
+    below the width of the band (well-conditioned inputs) — the check reports it regardless.
+    """
+    u = unit_roundoff(dtype)
+    accumulation = 1.0 if u > UNIT_ROUNDOFF["float32"] else math.sqrt(max(shape))
+    gain = ortho_ref.ns_diagonal_gain(np.asarray(sigma_hat, dtype=np.float64), coefficients)
+    return ROUNDINGS_PER_STEP * accumulation * (u + U64) * float(np.max(gain))
+
+
+def muon_tolerance(ns_tol: float, lr_scale: float, lr: float, weight_norm: float, update_norm: float, dtype) -> float:
+    """Frobenius tolerance for the weight after one fast Muon step vs ``ortho_ref.muon_step``.
+
+    W_new = W(1 − lr·wd) − lr·s·O: the orthogonalized update's error enters scaled by lr·s
+    (``ns_tol`` from ``ns_tolerance`` at the momentum-mixed input U, which already counts the
+    input rounding of U); the two elementwise operations on W (scale, subtract) and the
+    rounding of W and O to the parameter dtype add at most 2u(‖W‖_F + lr·s‖O‖_F) each way.
+    """
+    u = unit_roundoff(dtype)
+    return lr * lr_scale * ns_tol + 4 * (u + U64) * (weight_norm + lr * lr_scale * update_norm)
+
+
+def momentum_tolerance(grad_norm: float, momentum_norm: float, dtype) -> float:
+    """Frobenius tolerance for a momentum buffer after μM + cG (or lerp): each entry is two
+    products and a sum of numbers bounded by |M| and |G|, so ≤ 3u(‖M‖_F + ‖G‖_F), doubled for
+    the rounding of the inputs to the parameter dtype."""
+    u = unit_roundoff(dtype)
+    return 6 * (u + U64) * (grad_norm + momentum_norm)
+
+
+def dion_tolerances(ref: "ortho_ref.DionStep", q_in: np.ndarray, *, lr: float, mu: float, weight: np.ndarray, dtype) -> dict:
+    """Frobenius tolerances for (P, Q, momentum, weight) of one fast Dion step vs the oracle.
+
+    ``q_in`` is the right factor Q (n', r) the step started from.
+    Derivation. Y = BQ (m', r). Householder QR is backward stable: the computed P is the
+    exact Q factor of Y + ΔY with ‖ΔY‖_F ≲ √(m'r)·u·‖Y‖₂ (probabilistic, Higham & Mary 2019;
+    the product BQ itself adds the same order). The Q factor's first-order sensitivity is
+    ‖ΔP‖_F ≤ κ₂(Y)·‖ΔY‖_F/‖Y‖₂ (Stewart 1977; Sun 1991), so
+        δ_P = √(m'r)·κ₂(Y)·(u + u64).
+    R = BᵀP: δ_R = ‖B‖₂·δ_P + √m'·(u + u64)·‖B‖_F.
+    Column normalization Q_j = R_j/(‖R_j‖ + ε) is (2/‖R_j‖)-Lipschitz: δ_Q = 2δ_R / min_j ‖R_j‖.
+    M = B − (1−μ)PRᵀ: δ_M = (1−μ)(δ_P·‖R‖₂ + δ_R) + 2(u + u64)‖B‖_F.
+    X = (1−lr·wd)X − lr·s·PQᵀ: δ_X = lr·s·(δ_P·‖Q‖₂ + δ_Q) + 2(u + u64)(‖X‖_F + lr·s·√r).
+    The first-order model holds while δ_P ≪ 1; ``well_posed`` is False when δ_P ≥ 0.1 (a
+    near rank-deficient BQ: P is then not determined by B to working precision).
+    """
+    u = unit_roundoff(dtype) + U64
+    b, p, r_mat, q = ref.B, ref.P, ref.R, ref.Q
+    mp, r = p.shape
+    y = b @ q_in
+    sv = np.linalg.svd(y, compute_uv=False) if np.any(y) else np.zeros(1)
+    kappa = float(sv[0] / sv[-1]) if sv[-1] > 0 else math.inf
+    b2 = float(np.linalg.norm(b, 2))
+    bf = float(np.linalg.norm(b))
+    d_p = math.sqrt(mp * r) * kappa * u
+    d_r = b2 * d_p + math.sqrt(mp) * u * bf
+    rn = np.linalg.norm(r_mat, axis=0)
+    d_q = 2 * d_r / float(rn.min()) if rn.min() > 0 else math.inf
+    d_m = (1 - mu) * (d_p * float(np.linalg.norm(r_mat, 2)) + d_r) + 2 * u * bf
+    d_x = lr * ref.lr_scale * (d_p * float(np.linalg.norm(q, 2)) + d_q) + 2 * u * (
+        float(np.linalg.norm(weight)) + lr * ref.lr_scale * math.sqrt(r)
+    )
+    return {"P": d_p, "Q": d_q, "momentum": d_m, "weight": d_x, "kappa": kappa, "well_posed": d_p < 0.1}
+
+
+def error_feedback_tolerance(b_norm: float, p_norm: float, r_norm: float, mu: float, m_rows: int, rank: int, dtype) -> float:
+    """Tolerance for ‖M_new − (B − (1−μ)PRᵀ)‖_F recomputed from the fast side's own P, R.
+
+    The identity is exact by construction, so only the rounding of forming PRᵀ (inner
+    dimension r: √r·u·‖P‖_F‖R‖_F, Higham & Mary 2019), its scaling and the subtraction
+    (2u(‖B‖_F + (1−μ)‖P‖_F‖R‖_F)) remain, each made on both sides of the comparison.
+    """
+    u = unit_roundoff(dtype)
+    pr = p_norm * r_norm
+    return 2 * u * (math.sqrt(rank) * (1 - mu) * pr + 2 * (b_norm + (1 - mu) * pr))
+
+
+def orthonormality_tolerance(rows: int, rank: int, dtype) -> float:
+    """Tolerance for ‖PᵀP − I‖_F of Householder QR: the accumulated reflectors are orthogonal
+    to ≲ √(rows·rank)·u each column pair (Higham, Accuracy and Stability, Thm. 19.4, with the
+    probabilistic √ in place of the worst-case linear growth), over r columns: √r·√(rows·r)·u."""
+    u = unit_roundoff(dtype)
+    return math.sqrt(rank) * math.sqrt(rows * rank) * u * C_NS
+
+
+#: fast Muon with ``eps_mode="clamp"`` runs the same torch operations, in the same order and
+#: dtype, as torch.optim.Muon (``addmm`` steps, bf16 norm and clamp, lerp momentum), so on one
+#: backend the results are bitwise equal: tolerance 0 in max |ΔW|.
+TORCH_MUON_TOLERANCE = 0.0
+
+#: Two transcriptions of the same decimal literals must give the same float64 bits.
+COEFFICIENT_REGISTRY_TOLERANCE = 0.0
