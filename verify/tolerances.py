@@ -173,3 +173,22 @@ TORCH_MUON_TOLERANCE = 0.0
 
 #: Two transcriptions of the same decimal literals must give the same float64 bits.
 COEFFICIENT_REGISTRY_TOLERANCE = 0.0
+
+
+def svd_residual_tolerance(shape: tuple[int, int], scale: float = 1.0, dtype="float64", *,
+                           orthonormality: bool = False) -> float:
+    """Tolerance for residuals of an SVD-based factorization: ‖U_p H − A‖_F (scale ‖A‖₂) or,
+    with ``orthonormality=True``, ‖U_pᵀU_p − I‖_F (scale 1), for LAPACK gesdd.
+
+    gesdd is backward stable: the computed factors are exact for A + ΔA with
+    ‖ΔA‖_F ≲ √d·u·‖A‖₂ per column (probabilistic √d, Higham & Mary 2019), giving the
+    residual C_NS·√k·√d·u·scale over k columns. The orthonormality of the accumulated
+    Householder / Givens products has the worst-case linear growth γ̃_d ≈ d·u (Higham,
+    Accuracy and Stability, Thm. 19.4 and Lemma 19.3): C_NS·√k·d·u. (Measured: the
+    probabilistic √d is exceeded for square 40 × 40, so the linear form is used.)
+    """
+    u = unit_roundoff(dtype)
+    m, n = shape
+    d = max(m, n)
+    growth = d if orthonormality else math.sqrt(d)
+    return C_NS * math.sqrt(min(m, n)) * growth * u * scale
