@@ -192,3 +192,18 @@ def svd_residual_tolerance(shape: tuple[int, int], scale: float = 1.0, dtype="fl
     d = max(m, n)
     growth = d if orthonormality else math.sqrt(d)
     return C_NS * math.sqrt(min(m, n)) * growth * u * scale
+
+
+def prescribed_spectrum_tolerance(shape: tuple[int, int], sigma_max: float = 1.0) -> float:
+    """Absolute tolerance on the singular values of ``verify.spectra.matrix_with_spectrum``
+    (and on ‖QᵀQ − I‖₂ of ``haar_orthogonal`` with sigma_max = 1), float64.
+
+    The matrix is fl(Û S V̂ᵀ): (1) Û, V̂ from Householder QR are orthogonal to O(d·u)
+    (Higham, Accuracy and Stability, Thm. 19.4), perturbing the singular values by
+    σᵢ·O(d·u); (2) forming the product adds O(√k·u)·σ_max (independent roundings);
+    (3) gesdd is backward stable with ‖E‖₂ ≤ p(m, n)·u·‖A‖₂, p a modest linear function
+    (LAPACK Users' Guide, Sec. 4.9). By Weyl each is an absolute singular-value error of a
+    small multiple of d·u·σ_max; the sum with the three constants taken as 10/3 each is
+    10·d·u·σ_max.
+    """
+    return 10.0 * max(shape) * U64 * sigma_max

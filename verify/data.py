@@ -1,0 +1,431 @@
+"""Real gradients: a small byte-level GPT trained on the Python standard library.
+
+The corpus is the source of the running interpreter's standard library, read as
+bytes, so every machine has it and nothing is downloaded (DESIGN.md, "Real input").
+The model is a GPT-2 style decoder (Radford et al. 2019; layout as in Karpathy's
+nanoGPT): token + position embeddings, pre-norm blocks with causal self-attention
+(fused qkv Linear) and a 4x GELU MLP, a final LayerNorm and an untied lm_head.
+Gradients of its 2-D weights at a few training steps are the "real" test matrices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import sysconfig
+import tempfile
+import time
+import warnings
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verify.spectra import MatrixCase
+
+__all__ = ["GPTConfig", "last_run_info", "real_gradients", "stdlib_corpus", "train_and_capture"]
+
+VOCAB_SIZE = 256  # byte-level tokens
+_SKIP_DIRS = frozenset({"site-packages", "test", "tests", "idle_test"})
+_QUICK_PARAMS = (
+    "tok_emb.weight",
+    "blocks.0.attn.qkv.weight",
+    "blocks.0.attn.proj.weight",
+    "blocks.0.mlp.fc.weight",
+    "blocks.0.mlp.proj.weight",
+    "lm_head.weight",
+)
+_CACHE_FORMAT = 1  # bump when the cache layout or the capture procedure changes
+_FINAL_LOSS_WINDOW = 10
+
+Progress = Callable[[int, int, float], None]
+
+
+def stdlib_corpus(max_bytes: int | None = None) -> bytes:
+    """Concatenated bytes of the standard library's ``.py`` files.
+
+    Walks ``sysconfig.get_paths()["stdlib"]`` top-down, directories and files in
+    sorted order (deterministic for a given installation), skipping
+    ``site-packages`` and test directories (``test``, ``tests``,
+    ``idlelib/idle_test``); files that cannot be read are skipped.
+
+    Args:
+        max_bytes: if given, stop after this many bytes (the result is truncated
+            to exactly ``max_bytes`` when the library is larger).
+
+    Returns:
+        the corpus as ``bytes`` (about 12 MB for CPython 3.11 without tests).
+
+    Raises:
+        ValueError: if ``max_bytes`` is negative.
+    """
+    if max_bytes is not None and max_bytes < 0:
+        raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+    chunks: list[bytes] = []
+    total = 0
+    for path in _stdlib_sources():
+        if max_bytes is not None and total >= max_bytes:
+            break
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        chunks.append(data)
+        total += len(data)
+    corpus = b"".join(chunks)
+    return corpus if max_bytes is None else corpus[:max_bytes]
+
+
+def _stdlib_sources() -> Iterator[Path]:
+    """``.py`` files of the stdlib, sorted walk, without site-packages and test dirs."""
+    for directory, subdirs, files in os.walk(sysconfig.get_paths()["stdlib"]):
+        subdirs[:] = sorted(d for d in subdirs if d not in _SKIP_DIRS)
+        for name in sorted(f for f in files if f.endswith(".py")):
+            yield Path(directory, name)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes and training schedule of the gradient-source model.
+
+    Attributes:
+        d_model: embedding width.
+        n_layers: number of transformer blocks.
+        n_heads: attention heads (must divide ``d_model``).
+        context: sequence length in bytes.
+        batch_size: sequences per step.
+        lr: AdamW learning rate (other AdamW hyperparameters are torch defaults).
+        steps: number of optimizer steps.
+        capture_steps: 1-based steps at which gradients are recorded, each in [1, steps].
+        corpus_bytes: size of the training corpus, a prefix of :func:`stdlib_corpus`.
+
+    Raises:
+        ValueError: on non-positive sizes, ``d_model % n_heads != 0``, empty or
+            out-of-range ``capture_steps``, or a corpus shorter than ``context + 1``.
+    """
+
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    context: int = 64
+    batch_size: int = 16
+    lr: float = 3e-3
+    steps: int = 300
+    capture_steps: tuple[int, ...] = (1, 100, 200, 300)
+    corpus_bytes: int = 2_000_000
+
+    def __post_init__(self) -> None:
+        sizes = ("d_model", "n_layers", "n_heads", "context", "batch_size", "steps")
+        for field_name in sizes:
+            if getattr(self, field_name) < 1:
+                raise ValueError(f"GPTConfig.{field_name} must be >= 1")
+        if self.d_model % self.n_heads:
+            raise ValueError("GPTConfig.d_model must be divisible by n_heads")
+        if not self.capture_steps or not all(1 <= s <= self.steps for s in self.capture_steps):
+            raise ValueError(f"GPTConfig.capture_steps must be non-empty and within [1, steps={self.steps}]")
+        if self.corpus_bytes < self.context + 1:
+            raise ValueError("GPTConfig.corpus_bytes must be >= context + 1")
+
+
+class _Attention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class _MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.d_model, 4 * config.d_model, bias=False)
+        self.proj = nn.Linear(4 * config.d_model, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class _Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(config.d_model)
+        self.attn = _Attention(config)
+        self.ln2 = nn.LayerNorm(config.d_model)
+        self.mlp = _MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class _GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.tok_emb = nn.Embedding(VOCAB_SIZE, config.d_model)
+        self.pos_emb = nn.Embedding(config.context, config.d_model)
+        self.blocks = nn.ModuleList(_Block(config) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.lm_head = nn.Linear(config.d_model, VOCAB_SIZE, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def _build_model(config: GPTConfig, generator: torch.Generator) -> _GPT:
+    """GPT-2 initialization (weights N(0, 0.02), LayerNorm 1/0) from ``generator`` only.
+
+    Built on the meta device first, so the global torch RNG is neither used nor advanced.
+    """
+    with torch.device("meta"):
+        model = _GPT(config)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, 0.02, generator=generator)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+    return model
+
+
+def train_and_capture(
+    config: GPTConfig = GPTConfig(), *, seed: int = 0, progress: Progress | None = None
+) -> list[MatrixCase]:
+    """Train the byte-level GPT with AdamW and record gradients of its 2-D weights.
+
+    Each step draws ``batch_size`` random windows of ``context + 1`` bytes from
+    ``stdlib_corpus(config.corpus_bytes)`` and minimizes the next-byte cross-entropy.
+    At every step in ``config.capture_steps`` the gradient of each 2-D parameter
+    (token/position embeddings, attention qkv/proj, MLP fc/proj, lm_head) is copied
+    after ``backward`` and before ``optimizer.step``. All randomness (init, batches)
+    comes from a ``torch.Generator`` seeded with ``seed``; the global RNG is untouched.
+    Training runs with one intra-op thread (``torch.set_num_threads(1)``, restored on
+    return): the model is too small to gain from threads, a fixed count makes the
+    result independent of the caller's setting, and with 2 threads on a 2-core machine
+    where one core is busy, OpenMP spin-waiting made a run 30x slower (160 s vs 5 s).
+
+    Args:
+        config: model sizes and schedule.
+        seed: seed of the private ``torch.Generator``.
+        progress: optional ``callable(step, total, loss)`` called after every step
+            (1-based ``step``, ``total = config.steps``, ``loss`` in nats per byte).
+
+    Returns:
+        list of :class:`MatrixCase` (source ``"real"``), step-major, named
+        ``"gpt/step<k>/<parameter name>"``; matrices are float64 with the
+        parameter's shape (out_features, in_features) or (num_embeddings, d_model).
+
+    Raises:
+        ValueError: if the corpus is shorter than ``config.context + 1`` bytes.
+    """
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(config, seed, progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train(config: GPTConfig, seed: int, progress: Progress | None) -> list[MatrixCase]:
+    corpus = stdlib_corpus(config.corpus_bytes)
+    if len(corpus) < config.context + 1:
+        raise ValueError(f"corpus has {len(corpus)} bytes, need at least context + 1 = {config.context + 1}")
+    data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8)
+    generator = torch.Generator().manual_seed(seed)
+    model = _build_model(config, generator)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    window = torch.arange(config.context + 1)
+    capture = set(config.capture_steps)
+    cases = []
+    for step in range(1, config.steps + 1):
+        starts = torch.randint(0, len(data) - config.context, (config.batch_size, 1), generator=generator)
+        chunk = data[starts + window].long()
+        logits = model(chunk[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), chunk[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        loss_value = loss.item()
+        if step in capture:
+            for name, param in model.named_parameters():
+                if param.ndim == 2:
+                    cases.append(
+                        MatrixCase(
+                            name=f"gpt/step{step}/{name}",
+                            matrix=param.grad.detach().to(torch.float64).numpy(),
+                            source="real",
+                            description=(
+                                f"gradient of {name} at AdamW step {step}/{config.steps}, batch loss "
+                                f"{loss_value:.4f} nats/byte; byte-level GPT d{config.d_model} "
+                                f"L{config.n_layers} H{config.n_heads} on stdlib source, seed {seed}"
+                            ),
+                        )
+                    )
+        if progress is not None:
+            progress(step, config.steps, loss_value)
+        optimizer.step()
+    return cases
+
+
+def _default_cache_dir() -> Path:
+    if os.environ.get("ORTHO_CACHE_DIR"):
+        return Path(os.environ["ORTHO_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "ortho"
+
+
+def _cache_key(config: GPTConfig, seed: int) -> str:
+    identity = {
+        "format": _CACHE_FORMAT,
+        "config": asdict(config),
+        "seed": seed,
+        "torch": torch.__version__,
+        "python": sys.version,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write via ``write(file)`` to a temp file in the same directory, then os.replace."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _save(path: Path, cases: list[MatrixCase], meta: dict) -> None:
+    arrays = {f"matrix_{i}": c.matrix for i, c in enumerate(cases)}
+    arrays["names"] = np.array([c.name for c in cases])
+    arrays["descriptions"] = np.array([c.description for c in cases])
+    arrays["meta"] = np.array(json.dumps(meta, sort_keys=True))
+    _atomic_write(path, lambda f: np.savez(f, **arrays))
+    # Human-readable copy of the metadata; the .npz alone is authoritative.
+    sidecar = json.dumps(meta, indent=2, sort_keys=True).encode()
+    _atomic_write(path.with_suffix(".json"), lambda f: f.write(sidecar))
+
+
+def _load(path: Path, key: str) -> tuple[list[MatrixCase], dict]:
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"]))
+        if meta["key"] != key:
+            raise ValueError(f"cache key mismatch in {path}")
+        cases = [
+            MatrixCase(name=str(name), matrix=z[f"matrix_{i}"], source="real", description=str(desc))
+            for i, (name, desc) in enumerate(zip(z["names"], z["descriptions"]))
+        ]
+    return cases, meta
+
+
+_last_info: dict | None = None
+
+
+def last_run_info() -> dict | None:
+    """Metadata of the most recent :func:`real_gradients` call in this process.
+
+    Returns:
+        None before the first call, else a dict with keys ``config`` (dict),
+        ``seed``, ``torch_version``, ``python_version``, ``corpus_bytes`` (int),
+        ``initial_loss`` (loss at step 1, nats/byte; ln 256 = 5.545 is chance),
+        ``final_loss`` (mean loss over the last 10 steps, nats/byte),
+        ``train_seconds`` (wall time of the training run that built the cache),
+        ``key``, ``cache_path`` (str) and ``from_cache`` (bool).
+    """
+    return None if _last_info is None else dict(_last_info)
+
+
+def real_gradients(
+    *,
+    quick: bool,
+    config: GPTConfig | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> list[MatrixCase]:
+    """Gradients of the byte-level GPT, trained once and cached on disk.
+
+    The cache is ``<cache_dir>/gpt-grads-<key>.npz`` plus a ``.json`` sidecar with
+    the metadata; ``key`` hashes (config, seed, torch version, python version,
+    cache format), so a changed setting never loads a stale file. An unreadable
+    or mismatching cache file is rebuilt (with a warning); files are written to a
+    temp file and moved into place with ``os.replace``, so an interrupted write
+    never leaves a corrupt cache. Quick and full calls share the same cache.
+
+    Args:
+        quick: if True return a subset of the full list: the last capture step only,
+            and only the parameters tok_emb, blocks.0.attn.{qkv,proj},
+            blocks.0.mlp.{fc,proj} and lm_head (6 matrices).
+        config: model and schedule; default ``GPTConfig()``.
+        cache_dir: cache directory; default ``$ORTHO_CACHE_DIR``, else
+            ``$XDG_CACHE_HOME/ortho``, else ``~/.cache/ortho``. Created if missing.
+        seed: training seed (see :func:`train_and_capture`).
+        progress: forwarded to :func:`train_and_capture` when training runs.
+
+    Returns:
+        list of :class:`MatrixCase` as produced by :func:`train_and_capture`
+        (float64 (m, n) gradients, source ``"real"``). Training metadata, including
+        the final loss, is available from :func:`last_run_info`.
+
+    Raises:
+        OSError: if the cache directory cannot be created or written.
+    """
+    global _last_info
+    config = GPTConfig() if config is None else config
+    directory = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    key = _cache_key(config, seed)
+    path = directory / f"gpt-grads-{key}.npz"
+    try:
+        cases, meta = _load(path, key)
+        from_cache = True
+    except FileNotFoundError:
+        from_cache = False
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        warnings.warn(f"rebuilding unreadable gradient cache {path}: {err}", stacklevel=2)
+        from_cache = False
+    if not from_cache:
+        losses: list[float] = []
+
+        def record(step: int, total: int, loss: float) -> None:
+            losses.append(loss)
+            if progress is not None:
+                progress(step, total, loss)
+
+        start = time.perf_counter()
+        cases = train_and_capture(config, seed=seed, progress=record)
+        meta = {
+            "key": key,
+            "config": asdict(config),
+            "seed": seed,
+            "torch_version": torch.__version__,
+            "python_version": sys.version,
+            "corpus_bytes": len(stdlib_corpus(config.corpus_bytes)),
+            "initial_loss": losses[0],
+            "final_loss": float(np.mean(losses[-_FINAL_LOSS_WINDOW:])),
+            "train_seconds": time.perf_counter() - start,
+        }
+        _save(path, cases, meta)
+    _last_info = {**meta, "cache_path": str(path), "from_cache": from_cache}
+    if quick:
+        last = f"gpt/step{max(config.capture_steps)}/"
+        cases = [c for c in cases if c.name.startswith(last) and c.name[len(last):] in _QUICK_PARAMS]
+    return cases
