@@ -175,23 +175,21 @@ TORCH_MUON_TOLERANCE = 0.0
 COEFFICIENT_REGISTRY_TOLERANCE = 0.0
 
 
-def svd_residual_tolerance(shape: tuple[int, int], scale: float = 1.0, dtype="float64", *,
-                           orthonormality: bool = False) -> float:
-    """Tolerance for residuals of an SVD-based factorization: ‖U_p H − A‖_F (scale ‖A‖₂) or,
-    with ``orthonormality=True``, ‖U_pᵀU_p − I‖_F (scale 1), for LAPACK gesdd.
+def svd_residual_tolerance(shape: tuple[int, int], scale: float = 1.0, dtype="float64") -> float:
+    """Tolerance for residuals of the SVD-based polar decomposition (LAPACK gesdd):
+    ‖U_pᵀU_p − I‖_F (scale 1) or ‖U_p H − A‖_F (scale ‖A‖₂).
 
-    gesdd is backward stable: the computed factors are exact for A + ΔA with
-    ‖ΔA‖_F ≲ √d·u·‖A‖₂ per column (probabilistic √d, Higham & Mary 2019), giving the
-    residual C_NS·√k·√d·u·scale over k columns. The orthonormality of the accumulated
-    Householder / Givens products has the worst-case linear growth γ̃_d ≈ d·u (Higham,
-    Accuracy and Stability, Thm. 19.4 and Lemma 19.3): C_NS·√k·d·u. (Measured: the
-    probabilistic √d is exceeded for square 40 × 40, so the linear form is used.)
+    gesdd is backward stable and its singular vectors are orthonormal to working precision,
+    both with the worst-case linear growth γ̃_d ≈ d·u of products of Householder / Givens
+    transformations (Higham, Accuracy and Stability, Lemma 19.3, Thm. 19.4); 3u more cover
+    the fixed roundings of forming U_p = U Vᵀ, H = V Σ Vᵀ and their product (these dominate
+    for d = 1, 2). Over k columns in the Frobenius norm: C_NS·√k·(3 + d)·u·scale.
+    (The probabilistic √d of Higham & Mary was measured to be exceeded by a 3 × 4 example
+    and a 40 × 40 orthonormality residual, so the rigorous linear form is used here.)
     """
     u = unit_roundoff(dtype)
     m, n = shape
-    d = max(m, n)
-    growth = d if orthonormality else math.sqrt(d)
-    return C_NS * math.sqrt(min(m, n)) * growth * u * scale
+    return C_NS * math.sqrt(min(m, n)) * (3 + max(m, n)) * u * scale
 
 
 def prescribed_spectrum_tolerance(shape: tuple[int, int], sigma_max: float = 1.0) -> float:
