@@ -159,11 +159,15 @@ def error_feedback_tolerance(b_norm: float, p_norm: float, r_norm: float, mu: fl
 
 
 def orthonormality_tolerance(rows: int, rank: int, dtype) -> float:
-    """Tolerance for ‖PᵀP − I‖_F of Householder QR: the accumulated reflectors are orthogonal
-    to ≲ √(rows·rank)·u each column pair (Higham, Accuracy and Stability, Thm. 19.4, with the
-    probabilistic √ in place of the worst-case linear growth), over r columns: √r·√(rows·r)·u."""
+    """Tolerance for ‖PᵀP − I‖_F of a Householder QR factor P (rows × rank).
+
+    The accumulated reflectors are orthonormal to γ̃_rows ≈ rows·u per column (Higham,
+    Accuracy and Stability, Thm. 19.4 and Lemma 19.3), plus the fixed roundings of forming
+    PᵀP; over r columns in the Frobenius norm: C_NS·√r·(3 + rows)·u — the same form as
+    ``svd_residual_tolerance``.
+    """
     u = unit_roundoff(dtype)
-    return math.sqrt(rank) * math.sqrt(rows * rank) * u * C_NS
+    return C_NS * math.sqrt(rank) * (3 + rows) * u
 
 
 #: fast Muon with ``eps_mode="clamp"`` runs the same torch operations, in the same order and

@@ -72,6 +72,8 @@ def test_cubic_converges_to_polar_factor():
         ("jordan", 5, 1e-3, 1.0, (0.471, 1.202)),
         ("you6", 6, 1e-3, 1.0, (0.866, 0.999)),
         ("jordan", 5, 0.1, 1.0, (0.682, 1.134)),
+        # quoted "polar_express(1.02) x5": raw σ/‖A‖_F in [1e-3, 1] divided by the safety 1.02
+        ("polar_express", 5, 1e-3 / 1.02, 1 / 1.02, (0.847, 1.141)),
     ],
 )
 def test_bands_quoted_in_design(name, steps, lo, hi, band):

@@ -1,0 +1,304 @@
+"""Tests for ortho_fast.newton_schulz against the exact oracle ortho_ref.ns_map.
+
+Every tolerance comes from verify.tolerances (derived there from perturbation theory);
+bitwise equality is asserted only where it is the contract (same torch ops in the same order).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import ortho_ref
+from ortho_fast import COEFFICIENTS, newton_schulz, resolve_coefficients
+from verify import tolerances as tol
+from verify.spectra import matrix_with_spectrum
+
+SCHEDULES = sorted(COEFFICIENTS)
+TORCH = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+MAX_DIM = 48
+
+
+@st.composite
+def shapes(draw, max_dim: int = MAX_DIM):
+    """(m, n) that is tall (m > n), wide (m < n) or square, with 1 <= m, n <= max_dim."""
+    kind = draw(st.sampled_from(["tall", "wide", "square"]))
+    small = draw(st.integers(1, max_dim - 1))
+    if kind == "square":
+        return small, small
+    large = draw(st.integers(small + 1, max_dim))
+    return (large, small) if kind == "tall" else (small, large)
+
+
+@st.composite
+def spectral_matrices(draw, max_dim: int = MAX_DIM):
+    """A float64 (m, n) matrix U diag(s) Vᵀ with s geometric from `scale` down to scale/cond,
+    cond in [1, 1e6], overall scale in [1e-3, 1e3], from a hypothesis-drawn seed."""
+    m, n = draw(shapes(max_dim))
+    log_cond = draw(st.floats(0.0, 6.0))
+    log_scale = draw(st.floats(-3.0, 3.0))
+    seed = draw(st.integers(0, 2**32 - 1))
+    k = min(m, n)
+    s = 10.0**log_scale * np.geomspace(1.0, 10.0**-log_cond, k)
+    return matrix_with_spectrum(s, m, n, np.random.default_rng(seed))
+
+
+def _fast(a: np.ndarray, name: str, dtype: str, **kw) -> np.ndarray:
+    sched = COEFFICIENTS[name]
+    out = newton_schulz(torch.from_numpy(a), name, safety=sched.safety, eps=sched.eps, dtype=TORCH[dtype], **kw)
+    return out.to(torch.float64).numpy()
+
+
+# ---------------------------------------------------------------------------------------
+# Accuracy against the oracle
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", SCHEDULES)
+@settings(max_examples=25, deadline=None)
+@given(a=spectral_matrices())
+def test_matches_ns_map_within_ns_tolerance(name, dtype, a):
+    sched = COEFFICIENTS[name]
+    table = np.array(sched.table())
+    ref = ortho_ref.ns_map(a, table, safety=sched.safety, eps=sched.eps)
+    sigma_hat = ortho_ref.normalized_singular_values(a, safety=sched.safety, eps=sched.eps)
+    fast = _fast(a, name, dtype)
+    assert fast.shape == a.shape
+    err = np.linalg.norm(fast - ref)
+    bound = tol.ns_tolerance(sigma_hat, table, a.shape, dtype)
+    assert err <= bound, f"{name}/{dtype} {a.shape}: ‖fast − ns_map‖_F = {err:.3e} > {bound:.3e}"
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+@settings(max_examples=25, deadline=None)
+@given(a=spectral_matrices())
+def test_bfloat16_singular_values_within_tolerance(name, a):
+    sched = COEFFICIENTS[name]
+    table = np.array(sched.table())
+    sigma_hat = ortho_ref.normalized_singular_values(a, safety=sched.safety, eps=sched.eps)
+    fast = _fast(a, name, "bfloat16")
+    sv_fast = np.sort(ortho_ref.singular_values(fast))
+    sv_ref = np.sort(ortho_ref.ns_polynomial(sigma_hat, table))
+    err = float(np.max(np.abs(sv_fast - sv_ref)))
+    bound = tol.ns_singular_value_tolerance(sigma_hat, table, a.shape, "bfloat16")
+    assert err <= bound, f"{name}/bf16 {a.shape}: max |Δσ| = {err:.3e} > {bound:.3e}"
+
+
+# ---------------------------------------------------------------------------------------
+# Batching: each matrix is an independent problem with its own Frobenius norm
+# ---------------------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=shapes(32),
+    batch=st.integers(2, 4),
+    log_cond=st.floats(0.0, 6.0),
+    seed=st.integers(0, 2**32 - 1),
+    name=st.sampled_from(SCHEDULES),
+)
+def test_batched_equals_per_matrix_with_own_norm(shape, batch, log_cond, seed, name):
+    m, n = shape
+    rng = np.random.default_rng(seed)
+    s = np.geomspace(1.0, 10.0**-log_cond, min(m, n))
+    mats = [matrix_with_spectrum(s, m, n, rng) for _ in range(batch)]
+    mats[1] = mats[1] * 1e3  # one member far larger: a shared (batch-wide) norm would shrink the others
+    stacked = torch.from_numpy(np.stack(mats))
+    sched = COEFFICIENTS[name]
+    table = np.array(sched.table())
+    kw = dict(safety=sched.safety, eps=sched.eps, dtype=torch.float64)
+    out = newton_schulz(stacked, name, **kw)
+    assert out.shape == (batch, m, n)
+    for i, a in enumerate(mats):
+        sigma_hat = ortho_ref.normalized_singular_values(a, safety=sched.safety, eps=sched.eps)
+        bound = tol.ns_tolerance(sigma_hat, table, a.shape, "float64")
+        ref = ortho_ref.ns_map(a, table, safety=sched.safety, eps=sched.eps)
+        single = newton_schulz(torch.from_numpy(a), name, **kw).numpy()
+        assert np.linalg.norm(out[i].numpy() - ref) <= bound, f"member {i} vs ns_map"
+        assert np.linalg.norm(out[i].numpy() - single) <= bound, f"member {i} vs single call"
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=shapes(24), log_cond=st.floats(0.0, 6.0), seed=st.integers(0, 2**32 - 1))
+def test_extra_leading_dims(shape, log_cond, seed):
+    """(b1, b2, m, n) gives the same result as the flattened (b1·b2, m, n) batch."""
+    m, n = shape
+    rng = np.random.default_rng(seed)
+    s = np.geomspace(1.0, 10.0**-log_cond, min(m, n))
+    mats = np.stack([matrix_with_spectrum(s, m, n, rng) for _ in range(6)])
+    g = torch.from_numpy(mats)
+    out4 = newton_schulz(g.reshape(2, 3, m, n), dtype=torch.float64)
+    out3 = newton_schulz(g, dtype=torch.float64)
+    assert out4.shape == (2, 3, m, n)
+    assert torch.equal(out4.reshape(6, m, n), out3)
+
+
+# ---------------------------------------------------------------------------------------
+# Bitwise contracts: transpose, user tables, tail rule, dtypes
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@settings(max_examples=25, deadline=None)
+@given(shape=shapes(), seed=st.integers(0, 2**32 - 1), name=st.sampled_from(SCHEDULES))
+def test_transpose_is_bitwise(dtype, shape, seed, name):
+    g = torch.from_numpy(np.random.default_rng(seed).standard_normal(shape))
+    a = newton_schulz(g.mT, name, dtype=dtype)
+    b = newton_schulz(g, name, dtype=dtype).mT
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_user_table_equals_named_schedule_and_tail_rule(name, dtype):
+    rng = np.random.default_rng(7)
+    for shape in ((12, 20), (20, 12), (16, 16)):
+        g = torch.from_numpy(rng.standard_normal(shape))
+        sched = COEFFICIENTS[name]
+        rows = sched.table()
+        kw = dict(safety=sched.safety, eps=sched.eps, dtype=dtype)
+        named = newton_schulz(g, name, **kw)
+        assert torch.equal(newton_schulz(g, rows, **kw), named)
+        assert torch.equal(newton_schulz(g, np.array(rows), **kw), named)
+        assert torch.equal(newton_schulz(g, torch.tensor(rows, dtype=torch.float64), **kw), named)
+        # steps beyond a user table repeat its last row
+        t = len(rows)
+        extended = newton_schulz(g, rows + [rows[-1], rows[-1]], **kw)
+        assert torch.equal(newton_schulz(g, rows, steps=t + 2, **kw), extended)
+        # fewer steps truncate
+        assert torch.equal(newton_schulz(g, rows, steps=2, **kw), newton_schulz(g, rows[:2], **kw))
+
+
+def test_tail_rule_distinguishes_schedules():
+    """The repeated last row is observable: a user table of polar_express_paper's first 5 rows
+    run for 7 steps differs from the named schedule's 7 steps (rows 6 and 7 differ)."""
+    g = torch.from_numpy(np.random.default_rng(1).standard_normal((16, 24)))
+    rows = COEFFICIENTS["polar_express_paper"].table()
+    user7 = newton_schulz(g, rows, steps=7, dtype=torch.float64)
+    named7 = newton_schulz(g, "polar_express_paper", steps=7, dtype=torch.float64)
+    assert resolve_coefficients(rows, 7)[5:] == [rows[-1], rows[-1]]
+    assert not torch.equal(user7, named7)
+
+
+def test_named_steps_beyond_table_use_tail():
+    g = torch.from_numpy(np.random.default_rng(2).standard_normal((10, 14)))
+    for name in SCHEDULES:
+        sched = COEFFICIENTS[name]
+        t = sched.default_steps + 3
+        expected_rows = list(sched.rows[:t]) + [sched.tail] * max(0, t - len(sched.rows))
+        assert torch.equal(
+            newton_schulz(g, name, steps=t, dtype=torch.float64),
+            newton_schulz(g, expected_rows, dtype=torch.float64),
+        )
+
+
+@pytest.mark.parametrize("eps_mode", ["add", "clamp"])
+@pytest.mark.parametrize("shape", [(5, 7), (7, 5), (3, 4, 6)])
+def test_zero_matrix_gives_zeros(shape, eps_mode):
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        out = newton_schulz(torch.zeros(shape), dtype=dtype, eps_mode=eps_mode)
+        assert out.shape == shape
+        assert torch.equal(out, torch.zeros(shape))
+
+
+def test_output_dtype():
+    g64 = torch.from_numpy(np.random.default_rng(3).standard_normal((6, 9)))
+    assert newton_schulz(g64).dtype == torch.float64
+    assert newton_schulz(g64.float()).dtype == torch.float32
+    assert newton_schulz(g64.bfloat16(), dtype=torch.float32).dtype == torch.bfloat16
+    out = newton_schulz(g64, dtype=torch.float32, out_dtype=torch.float16)
+    assert out.dtype == torch.float16
+    assert torch.equal(out, newton_schulz(g64, dtype=torch.float32).to(torch.float16))
+    assert newton_schulz(g64.float(), dtype=torch.float64, out_dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_eps_mode_clamp_matches_oracle(dtype):
+    """eps_mode='clamp' (torch.optim.Muon's normalization) against ns_map(eps_mode='clamp');
+    with a tiny matrix (‖G‖_F < eps) clamp and add normalize differently."""
+    rng = np.random.default_rng(4)
+    table = np.array(COEFFICIENTS["jordan"].table())
+    for scale in (1.0, 1e-8):
+        a = matrix_with_spectrum(scale * np.geomspace(1, 1e-2, 12), 12, 20, rng)
+        ref = ortho_ref.ns_map(a, table, eps_mode="clamp")
+        sigma_hat = ortho_ref.normalized_singular_values(a, eps_mode="clamp")
+        fast = newton_schulz(torch.from_numpy(a), dtype=TORCH[dtype], eps_mode="clamp").double().numpy()
+        assert np.linalg.norm(fast - ref) <= tol.ns_tolerance(sigma_hat, table, a.shape, dtype)
+    add = newton_schulz(torch.from_numpy(a), dtype=torch.float64, eps_mode="add")
+    assert not torch.equal(add, torch.from_numpy(fast))
+
+
+def test_safety_is_applied():
+    """safety s divides the input by s·‖G‖_F: matches ns_map with the same safety, and
+    differs from safety 1."""
+    rng = np.random.default_rng(5)
+    a = matrix_with_spectrum(np.geomspace(1, 1e-3, 10), 10, 16, rng)
+    table = np.array(COEFFICIENTS["polar_express"].table())
+    fast = newton_schulz(torch.from_numpy(a), "polar_express", safety=1.02, eps=1e-6, dtype=torch.float64).numpy()
+    ref = ortho_ref.ns_map(a, table, safety=1.02, eps=1e-6)
+    sigma_hat = ortho_ref.normalized_singular_values(a, safety=1.02, eps=1e-6)
+    bound = tol.ns_tolerance(sigma_hat, table, a.shape, "float64")
+    assert np.linalg.norm(fast - ref) <= bound
+    ref1 = ortho_ref.ns_map(a, table, safety=1.0, eps=1e-6)
+    assert np.linalg.norm(fast - ref1) > bound
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input: clear errors naming the argument
+# ---------------------------------------------------------------------------------------
+
+G = torch.ones(4, 6)
+
+
+@pytest.mark.parametrize(
+    "call, exc, arg",
+    [
+        (lambda: newton_schulz(torch.ones(5)), ValueError, "g"),
+        (lambda: newton_schulz(torch.ones(0, 4)), ValueError, "g"),
+        (lambda: newton_schulz(torch.ones(4, 0)), ValueError, "g"),
+        (lambda: newton_schulz(torch.ones(3, 4, dtype=torch.int64)), TypeError, "g"),
+        (lambda: newton_schulz(torch.ones(3, 4, dtype=torch.bool)), TypeError, "g"),
+        (lambda: newton_schulz(np.ones((3, 4))), TypeError, "g"),
+        (lambda: newton_schulz([[1.0, 2.0], [3.0, 4.0]]), TypeError, "g"),
+        (lambda: newton_schulz(G, "no_such_schedule"), KeyError, "coefficients"),
+        (lambda: newton_schulz(G, [[1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]]), ValueError, "coefficients"),
+        (lambda: newton_schulz(G, [[1.0, float("nan"), 0.0]]), ValueError, "coefficients"),
+        (lambda: newton_schulz(G, steps=0), ValueError, "steps"),
+        (lambda: newton_schulz(G, steps=-2), ValueError, "steps"),
+        (lambda: newton_schulz(G, safety=0), ValueError, "safety"),
+        (lambda: newton_schulz(G, safety=-1.0), ValueError, "safety"),
+        (lambda: newton_schulz(G, eps=-1), ValueError, "eps"),
+        (lambda: newton_schulz(G, eps=float("nan")), ValueError, "eps"),
+        (lambda: newton_schulz(G, eps_mode="foo"), ValueError, "eps_mode"),
+        (lambda: newton_schulz(G, dtype=torch.int32), TypeError, "dtype"),
+    ],
+)
+def test_bad_input_raises_naming_argument(call, exc, arg):
+    # messages start with "<arg>:" (KeyError's str() adds quotes)
+    with pytest.raises(exc, match=rf"^'?{arg}:"):
+        call()
+
+
+# ---------------------------------------------------------------------------------------
+# torch.compile
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_torch_compile_matches_eager_bitwise(backend):
+    torch._dynamo.reset()
+    g = torch.from_numpy(np.random.default_rng(6).standard_normal((16, 24))).float()
+    eager = newton_schulz(g, dtype=torch.float32)
+    compiled = torch.compile(newton_schulz, backend=backend, fullgraph=False)
+    t0 = time.perf_counter()
+    out = compiled(g, dtype=torch.float32)
+    assert time.perf_counter() - t0 < 60
+    assert out.dtype == eager.dtype and out.shape == eager.shape
+    assert torch.equal(out, eager)
+    # tall input goes through the transpose branch
+    assert torch.equal(compiled(g.mT.contiguous(), dtype=torch.float32), newton_schulz(g.mT.contiguous(), dtype=torch.float32))

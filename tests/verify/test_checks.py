@@ -1,0 +1,99 @@
+"""verify.checks: correct implementations pass, planted bugs are caught."""
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+import ortho_fast
+import ortho_fast.dion as fast_dion
+import ortho_fast.muon as fast_muon
+from verify import checks
+from verify.spectra import MatrixCase, matrix_with_spectrum
+
+fast_ns = importlib.import_module("ortho_fast.newton_schulz")  # the module, not the function of that name
+
+_real_ns = fast_ns.newton_schulz  # the unpatched function
+
+
+def _case(m, n, cond=1e2, seed=0):
+    s = np.geomspace(1.0, 1.0 / cond, min(m, n))
+    return MatrixCase(f"test/{m}x{n}", matrix_with_spectrum(s, m, n, np.random.default_rng(seed)), "synthetic", "test")
+
+
+CASES = [_case(24, 16), _case(16, 40, cond=1e4), _case(20, 20, cond=10)]
+
+
+def _all_pass(results):
+    return all(r.passed for r in results) and len(results) > 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_correct_implementations_pass(case):
+    results = checks.check_coefficient_registries()
+    for sched in ortho_fast.COEFFICIENTS:
+        for dtype in ("float64", "float32", "bfloat16"):
+            results += checks.check_newton_schulz(case, sched, dtype)
+    for cfg in checks.MUON_CONFIGS:
+        results += checks.check_muon(case, cfg, "float64")
+    results += checks.check_dion(case, 0.5, "float64") + checks.check_dion(case, 1.0, "float32")
+    results += checks.check_torch_muon(case)
+    failed = [r for r in results if not r.passed]
+    assert not failed, failed
+
+
+def test_wrong_coefficient_is_caught(monkeypatch):
+    bad = ortho_fast.CoefficientSchedule("jordan", (), (3.4445, -4.7750, 2.0415), 5, 1.0, 1e-7, "typo")
+    monkeypatch.setitem(ortho_fast.COEFFICIENTS, "jordan", bad)
+    assert not _all_pass(checks.check_coefficient_registries())
+    assert not checks.check_newton_schulz(CASES[0], "jordan", "float32")[0].passed
+
+
+def test_missing_step_is_caught(monkeypatch):
+    real = fast_ns.resolve_coefficients
+    monkeypatch.setattr(fast_ns, "resolve_coefficients", lambda c, steps=None: real(c, steps)[:-1])
+    assert not checks.check_newton_schulz(CASES[0], "polar_express", "float64")[0].passed
+
+
+def _ns_max_norm(g, coefficients="jordan", *, steps=None, safety=1.0, eps=1e-7, dtype=torch.bfloat16, **_):
+    """Newton–Schulz with the input divided by max |g| instead of ‖g‖_F (planted bug)."""
+    x = (g / (safety * g.abs().amax() + eps)).to(dtype)
+    tall = x.shape[0] > x.shape[1]
+    x = x.mT if tall else x
+    for a, b, c in fast_ns.resolve_coefficients(coefficients, steps):
+        x = fast_ns._quintic_step(x, a, b, c)
+    return (x.mT if tall else x).to(g.dtype)
+
+
+def test_max_norm_instead_of_frobenius_is_caught(monkeypatch):
+    monkeypatch.setattr(ortho_fast, "newton_schulz", _ns_max_norm)
+    assert not checks.check_newton_schulz(CASES[2], "jordan", "float64")[0].passed
+
+
+def test_bf16_where_float32_declared_is_caught(monkeypatch):
+    monkeypatch.setattr(ortho_fast, "newton_schulz",
+                        lambda g, c="jordan", **k: _real_ns(g, c, **{**k, "dtype": torch.bfloat16}))
+    assert not checks.check_newton_schulz(CASES[2], "jordan", "float32")[0].passed
+
+
+def test_wrong_error_feedback_sign_is_caught(monkeypatch):
+    real = fast_dion.dion_update
+    monkeypatch.setattr(fast_dion, "dion_update", lambda *a, mu, **k: real(*a, mu=2.0 - mu, **k))
+    monkeypatch.setattr(ortho_fast, "dion_update", lambda *a, mu, **k: real(*a, mu=2.0 - mu, **k))
+    results = checks.check_dion(CASES[0], 0.5, "float64")
+    assert not next(r for r in results if r.check == "dion_vs_reference" and "momentum" in r.detail).passed
+    assert not next(r for r in results if r.check == "dion_error_feedback").passed
+
+
+def test_wrong_lr_mode_is_caught(monkeypatch):
+    real = fast_muon.adjusted_lr_scale
+    monkeypatch.setattr(fast_muon, "adjusted_lr_scale", lambda mode, m, n: real("spectral_norm", m, n))
+    # wide case: "original" gives √max(1, m/n) = 1, "spectral_norm" √(m/n) < 1
+    assert not checks.check_muon(CASES[1], "torch.optim.Muon", "float64")[0].passed
+
+
+def test_torch_parity_detects_a_different_eps_mode(monkeypatch):
+    real = ortho_fast.Muon
+    monkeypatch.setattr(ortho_fast, "Muon", lambda params, **k: real(params, **{**k, "eps_mode": "add", "eps": 1e-3}))
+    assert not checks.check_torch_muon(CASES[0])[0].passed
