@@ -60,7 +60,7 @@ def dion_update(
     X ← (1 − lr·wd)X − lr·√(m/n)·PQᵀ. B = 0: M ← B, Q kept, only weight decay applies.
     Shapes: x, g, m (m, n); q (min(m, n), r). Dtypes: all floating, computed in m's dtype.
     Source: Ahn et al., arXiv 2504.05295, Algorithm 1; microsoft/dion ``dion_simple.py``.
-    Contract: equals ``ortho_ref.dion_step`` within ``verify.tolerances.dion_tolerance``.
+    Contract: equals ``ortho_ref.dion_step`` within ``verify.tolerances.dion_tolerances``.
     """
     rows, cols = x.shape
     transposed = rows < cols

@@ -1,0 +1,53 @@
+"""Repository contracts: the README's two commands, CI calling the test command, and the
+import rules of DESIGN.md (the oracle never imports torch; the product never imports the oracle)."""
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _readme_commands():
+    block = re.search(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    return [line for line in block.splitlines() if line and not line.startswith("#")]
+
+
+def test_readme_has_exactly_two_setup_commands():
+    cmds = _readme_commands()
+    assert len(cmds) == 2
+    assert "ortho-verify" in cmds[0] and "pytest" in cmds[1]
+    assert all(c.startswith("python3 -m venv .venv") for c in cmds)
+
+
+def test_ci_runs_the_readme_test_command():
+    assert _readme_commands()[1] in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_oracle_never_imports_torch():
+    code = "import sys, ortho_ref; ortho_ref.ns_map([[1.0, 2.0], [3.0, 4.0]], [[1.5, -0.5, 0.0]]); " \
+           "sys.exit(1 if 'torch' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_fast_side_never_imports_the_oracle():
+    offenders = [p.name for p in (ROOT / "ortho_fast").rglob("*.py") if "ortho_ref" in _imported_modules(p)]
+    assert offenders == []
+
+
+def test_oracle_imports_only_numpy_scipy_mpmath():
+    allowed = {"numpy", "scipy", "mpmath", "math", "dataclasses", "typing", "__future__", "functools"}
+    for path in (ROOT / "ortho_ref").rglob("*.py"):
+        assert _imported_modules(path) <= allowed, path.name
