@@ -37,12 +37,14 @@ def lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
 
 class MuonStep(NamedTuple):
     """Result of ``muon_step``: new weight (m, n), new momentum (m, n), the orthogonalized
-    update O (m, n) before lr, and the lr multiplier applied to it."""
+    update O (m, n) before lr, the lr multiplier applied to it, and ``ns_input`` U (m, n), the
+    momentum-mixed matrix that was orthogonalized."""
 
     weight: np.ndarray
     momentum: np.ndarray
     update: np.ndarray
     lr_scale: float
+    ns_input: np.ndarray
 
 
 def muon_step(
@@ -102,4 +104,4 @@ def muon_step(
     else:
         o = ns_map(u, table, safety=safety, eps=eps, eps_mode=eps_mode)
     w_new = w * (1.0 - lr * weight_decay) - (lr * scale) * o
-    return MuonStep(w_new, m_new, o, scale)
+    return MuonStep(w_new, m_new, o, scale, u)
