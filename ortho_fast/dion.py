@@ -149,6 +149,8 @@ class Dion(Optimizer):
         self.seed = int(seed)
         for group in self.param_groups:
             for p in group["params"]:
+                if not p.is_floating_point():
+                    raise TypeError(f"params: Dion expects floating-point parameters, got dtype {p.dtype}")
                 if p.ndim != 2:
                     raise ValueError(
                         f"params: Dion expects 2-D (m, n) parameters; got shape {tuple(p.shape)}. "

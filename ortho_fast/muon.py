@@ -114,6 +114,8 @@ class Muon(Optimizer):
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
+                if not p.is_floating_point():
+                    raise TypeError(f"params: Muon expects floating-point parameters, got dtype {p.dtype}")
                 if p.ndim != 2:
                     raise ValueError(
                         f"params: Muon expects 2-D (m, n) parameters; got shape {tuple(p.shape)}. "
