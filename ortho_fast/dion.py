@@ -26,10 +26,12 @@ def orthonormalize(y: torch.Tensor) -> torch.Tensor:
     """Thin Householder QR of y (m, r), m >= r, with signs fixed so that diag(R) > 0.
 
     Returns P (m, r) in y's dtype with PᵀP = I. sign(0) := +1 (rank-deficient y).
+    bfloat16 / float16 inputs are factored in float32 (as microsoft/dion ``dion_simple.py``).
     """
-    q, r = torch.linalg.qr(y, mode="reduced")
+    low_precision = y.dtype in (torch.bfloat16, torch.float16)
+    q, r = torch.linalg.qr(y.float() if low_precision else y, mode="reduced")
     signs = torch.where(torch.diagonal(r) < 0, -1.0, 1.0).to(q.dtype)
-    return q * signs
+    return (q * signs).to(y.dtype)
 
 
 class DionUpdate(NamedTuple):

@@ -133,6 +133,9 @@ class Muon(Optimizer):
                 if g.shape != p.shape:
                     raise ValueError(f"grad: expected shape {tuple(p.shape)}, got {tuple(g.shape)}")
                 check_finite(g, f"grad of parameter with shape {tuple(p.shape)}")
+                buf = self.state.get(p, {}).get("momentum_buffer")
+                if buf is not None and buf.shape != p.shape:
+                    raise ValueError(f"momentum_buffer: expected shape {tuple(p.shape)}, got {tuple(buf.shape)}")
 
     @torch.no_grad()
     def step(self, closure=None):

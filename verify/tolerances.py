@@ -48,16 +48,23 @@ def unit_roundoff(dtype) -> float:
 def ns_tolerance(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dtype) -> float:
     """Frobenius tolerance for ‖newton_schulz(G) − ns_map(G)‖_F in float32/float64.
 
+        C_NS · √k · (1 + √d) · (u + u64) · (G_0 + Σ_{t=1}^{T} G_t · S_t)
+
     Derivation (first order). Write the computed iterate as X̃_t = X_t + E_t where E_t is the
     rounding committed at step t (t = 0: rounding of the input and its normalization).
-    Each step's products have inner dimension ≤ d; by Higham & Mary's probabilistic bound
-    each contributes ‖E_t‖_F ≲ λ·√d·u·‖X_t‖_F, and ‖X_t‖_F ≤ √k·max x_t ≈ √k (the schedules
-    keep singular values in [0, ~1.2]). The error committed at step t is then amplified by
-    the Fréchet derivative of the remaining steps, whose norm is at most the gain G_t of
-    ``ortho_ref.ns_step_gains`` (Daleckii–Krein divided differences over the step-t
-    spectrum). Summing: ‖ΔX‖_F ≲ C_NS·√k·√d·(u + u64)·Σ_t G_t, the u64 term covering the
-    oracle's own backward-stable SVD. This refines DESIGN.md's c·u·L_f·√k: Σ_t G_t ≤ (T+1)·L_f,
-    and G_0 = sup|f′| over the actual spectrum instead of [0, 1].
+    Step t forms A = XXᵀ, B = bA + cA², X ← aX + BX. Its products have inner dimension
+    ≤ d, and by Higham & Mary's probabilistic bound each contributes ≲ λ√d·u relative to the
+    sizes of its terms; the sums add u relative to the same sizes. The terms are not the
+    result: they are |a_t|x + |b_t|x³ + |c_t|x⁵ per singular value x of the step input, and
+    cancel (``ortho_ref.ns_step_magnitudes`` gives their sup S_t). So per singular direction
+    E_t ≲ (1 + √d)·u·S_t, and over k directions ‖E_t‖_F ≲ λ√k(1 + √d)·u·S_t. To first order
+    E_t reaches the output multiplied by the Fréchet derivative of the remaining steps,
+    whose norm is at most G_t (``ortho_ref.ns_step_gains``, Daleckii–Krein divided
+    differences over the step-t spectrum). The u64 term covers the oracle's own
+    backward-stable SVD. This refines DESIGN.md's c·u·L_f·√k: Σ_t G_t ≤ (T+1)·L_f, G_0 is
+    sup|f′| over the actual spectrum rather than [0, 1], and the inner-dimension and
+    cancellation factors are explicit (a 1 × 1 input exceeded the form without S_t: local
+    step errors of 9–14u against ~2u modelled).
     Shapes: sigma_hat (k,) the normalized singular values; shape (m, n).
     """
     u = unit_roundoff(dtype)
@@ -67,7 +74,9 @@ def ns_tolerance(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dt
     if hi <= lo:
         hi = lo * (1 + 1e-12) + 1e-300
     gains = ortho_ref.ns_step_gains(coefficients, lo, hi)
-    return C_NS * math.sqrt(min(m, n)) * math.sqrt(max(m, n)) * (u + U64) * float(gains.sum())
+    sizes = ortho_ref.ns_step_magnitudes(coefficients, lo, hi)
+    weighted = float(gains[0] + np.dot(gains[1:], sizes))
+    return C_NS * math.sqrt(min(m, n)) * (1 + math.sqrt(max(m, n))) * (u + U64) * weighted
 
 
 def ns_singular_value_tolerance(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dtype) -> float:
@@ -118,7 +127,8 @@ def momentum_tolerance(grad_norm: float, momentum_norm: float, dtype) -> float:
     return 6 * (u + U64) * (grad_norm + momentum_norm)
 
 
-def dion_tolerances(ref: "ortho_ref.DionStep", q_in: np.ndarray, *, lr: float, mu: float, weight: np.ndarray, dtype) -> dict:
+def dion_tolerances(ref: "ortho_ref.DionStep", q_in: np.ndarray, *, lr: float, mu: float, weight: np.ndarray, dtype,
+                    error_feedback: bool = True) -> dict:
     """Frobenius tolerances for (P, Q, momentum, weight) of one fast Dion step vs the oracle.
 
     ``q_in`` is the right factor Q (n', r) the step started from.
@@ -129,7 +139,8 @@ def dion_tolerances(ref: "ortho_ref.DionStep", q_in: np.ndarray, *, lr: float, m
         δ_P = √(m'r)·κ₂(Y)·(u + u64).
     R = BᵀP: δ_R = ‖B‖₂·δ_P + √m'·(u + u64)·‖B‖_F.
     Column normalization Q_j = R_j/(‖R_j‖ + ε) is (2/‖R_j‖)-Lipschitz: δ_Q = 2δ_R / min_j ‖R_j‖.
-    M = B − (1−μ)PRᵀ: δ_M = (1−μ)(δ_P·‖R‖₂ + δ_R) + 2(u + u64)‖B‖_F.
+    M = B − (1−μ)PRᵀ: δ_M = (1−μ)(δ_P·‖R‖₂ + δ_R) + 2(u + u64)‖B‖_F; without error feedback
+    M = μPRᵀ: the same with μ in place of (1−μ).
     X = (1−lr·wd)X − lr·s·PQᵀ: δ_X = lr·s·(δ_P·‖Q‖₂ + δ_Q) + 2(u + u64)(‖X‖_F + lr·s·√r).
     The first-order model holds while δ_P ≪ 1; ``well_posed`` is False when δ_P ≥ 0.1 (a
     near rank-deficient BQ: P is then not determined by B to working precision).
@@ -146,7 +157,8 @@ def dion_tolerances(ref: "ortho_ref.DionStep", q_in: np.ndarray, *, lr: float, m
     d_r = b2 * d_p + math.sqrt(mp) * u * bf
     rn = np.linalg.norm(r_mat, axis=0)
     d_q = 2 * d_r / float(rn.min()) if rn.min() > 0 else math.inf
-    d_m = (1 - mu) * (d_p * float(np.linalg.norm(r_mat, 2)) + d_r) + 2 * u * bf
+    coef = (1 - mu) if error_feedback else mu
+    d_m = coef * (d_p * float(np.linalg.norm(r_mat, 2)) + d_r) + 2 * u * bf
     d_x = lr * ref.lr_scale * (d_p * float(np.linalg.norm(q, 2)) + d_q) + 2 * u * (
         float(np.linalg.norm(weight)) + lr * ref.lr_scale * math.sqrt(r)
     )

@@ -19,15 +19,15 @@ from verify import tolerances as tol
 from verify.spectra import matrix_with_spectrum
 
 SCHEDULES = sorted(COEFFICIENTS)
-TORCH = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+TORCH = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MAX_DIM = 48
 
 
 @st.composite
-def shapes(draw, max_dim: int = MAX_DIM):
-    """(m, n) that is tall (m > n), wide (m < n) or square, with 1 <= m, n <= max_dim."""
-    kind = draw(st.sampled_from(["tall", "wide", "square"]))
-    small = draw(st.integers(1, max_dim - 1))
+def shapes(draw, max_dim: int = MAX_DIM, min_dim: int = 1, kinds=("tall", "wide", "square")):
+    """(m, n) that is tall (m > n), wide (m < n) or square, with min_dim <= m, n <= max_dim."""
+    kind = draw(st.sampled_from(kinds))
+    small = draw(st.integers(min_dim, max_dim - 1))
     if kind == "square":
         return small, small
     large = draw(st.integers(small + 1, max_dim))
@@ -35,10 +35,10 @@ def shapes(draw, max_dim: int = MAX_DIM):
 
 
 @st.composite
-def spectral_matrices(draw, max_dim: int = MAX_DIM):
+def spectral_matrices(draw, max_dim: int = MAX_DIM, min_dim: int = 1):
     """A float64 (m, n) matrix U diag(s) Vᵀ with s geometric from `scale` down to scale/cond,
     cond in [1, 1e6], overall scale in [1e-3, 1e3], from a hypothesis-drawn seed."""
-    m, n = draw(shapes(max_dim))
+    m, n = draw(shapes(max_dim, min_dim))
     log_cond = draw(st.floats(0.0, 6.0))
     log_scale = draw(st.floats(-3.0, 3.0))
     seed = draw(st.integers(0, 2**32 - 1))
@@ -58,11 +58,26 @@ def _fast(a: np.ndarray, name: str, dtype: str, **kw) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
+# 1 x 1 and 1 x 2 inputs have no averaging and the steps' terms cancel: ns_tolerance covers
+# this through ns_step_magnitudes (found by the regression test for 1 x 1 inputs below).
+FLOAT32_MIN_DIM = 1
+
+
 @pytest.mark.parametrize("name", SCHEDULES)
 @settings(max_examples=25, deadline=None)
 @given(a=spectral_matrices())
-def test_matches_ns_map_within_ns_tolerance(name, dtype, a):
+def test_float64_matches_ns_map_within_ns_tolerance(name, a):
+    _check_ns_tolerance(name, "float64", a)
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+@settings(max_examples=25, deadline=None)
+@given(a=spectral_matrices(min_dim=FLOAT32_MIN_DIM))
+def test_float32_matches_ns_map_within_ns_tolerance(name, a):
+    _check_ns_tolerance(name, "float32", a)
+
+
+def _check_ns_tolerance(name: str, dtype: str, a: np.ndarray) -> None:
     sched = COEFFICIENTS[name]
     table = np.array(sched.table())
     ref = ortho_ref.ns_map(a, table, safety=sched.safety, eps=sched.eps)
@@ -74,18 +89,29 @@ def test_matches_ns_map_within_ns_tolerance(name, dtype, a):
     assert err <= bound, f"{name}/{dtype} {a.shape}: ‖fast − ns_map‖_F = {err:.3e} > {bound:.3e}"
 
 
+# Regression: these inputs exceeded ns_tolerance before it counted the steps' term sizes S_t.
+@pytest.mark.parametrize("name, value", [("jordan", -0.0008520375827612452), ("polar_express", -0.00010086800206755943)])
+def test_float32_1x1_within_ns_tolerance(name, value):
+    _check_ns_tolerance(name, "float32", np.array([[value]]))
+
+
+def _low_precision_singular_value_error(name: str, a: np.ndarray, dtype: str, fast: np.ndarray | None = None):
+    sched = COEFFICIENTS[name]
+    table = np.array(sched.table())
+    sigma_hat = ortho_ref.normalized_singular_values(a, safety=sched.safety, eps=sched.eps)
+    if fast is None:
+        fast = _fast(a, name, dtype)
+    sv_fast = np.sort(ortho_ref.singular_values(fast))
+    sv_ref = np.sort(ortho_ref.ns_polynomial(sigma_hat, table))
+    err = float(np.max(np.abs(sv_fast - sv_ref)))
+    return err, tol.ns_singular_value_tolerance(sigma_hat, table, a.shape, dtype)
+
+
 @pytest.mark.parametrize("name", SCHEDULES)
 @settings(max_examples=25, deadline=None)
 @given(a=spectral_matrices())
 def test_bfloat16_singular_values_within_tolerance(name, a):
-    sched = COEFFICIENTS[name]
-    table = np.array(sched.table())
-    sigma_hat = ortho_ref.normalized_singular_values(a, safety=sched.safety, eps=sched.eps)
-    fast = _fast(a, name, "bfloat16")
-    sv_fast = np.sort(ortho_ref.singular_values(fast))
-    sv_ref = np.sort(ortho_ref.ns_polynomial(sigma_hat, table))
-    err = float(np.max(np.abs(sv_fast - sv_ref)))
-    bound = tol.ns_singular_value_tolerance(sigma_hat, table, a.shape, "bfloat16")
+    err, bound = _low_precision_singular_value_error(name, a, "bfloat16")
     assert err <= bound, f"{name}/bf16 {a.shape}: max |Δσ| = {err:.3e} > {bound:.3e}"
 
 
@@ -123,6 +149,25 @@ def test_batched_equals_per_matrix_with_own_norm(shape, batch, log_cond, seed, n
         assert np.linalg.norm(out[i].numpy() - single) <= bound, f"member {i} vs single call"
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_batched_low_precision_matches_per_matrix_singular_values(name, dtype):
+    """Batched (b, m, n) in bf16 / fp16 (torch.bmm / baddbmm path) against the oracle's singular
+    values, per matrix, with ns_singular_value_tolerance; tall members go through the transpose.
+    Regression for cubic (c = 0): torch's CPU baddbmm in bf16/fp16 ignores beta when alpha = 0
+    for matrices >= 13 x 13, which made the batched iteration diverge."""
+    rng = np.random.default_rng(11)
+    sched = COEFFICIENTS[name]
+    for m, n in ((16, 20), (20, 16), (16, 16)):
+        mats = [matrix_with_spectrum(np.geomspace(1.0, 1e-2, min(m, n)) * 10.0**j, m, n, rng) for j in range(3)]
+        out = newton_schulz(torch.from_numpy(np.stack(mats)), name, safety=sched.safety, eps=sched.eps,
+                            dtype=TORCH[dtype])
+        assert out.shape == (3, m, n) and out.dtype == torch.float64
+        for a, o in zip(mats, out):
+            err, bound = _low_precision_singular_value_error(name, a, dtype, o.numpy())
+            assert err <= bound, f"{name}/{dtype} batched {a.shape}: max |Δσ| = {err:.3e} > {bound:.3e}"
+
+
 @settings(max_examples=25, deadline=None)
 @given(shape=shapes(24), log_cond=st.floats(0.0, 6.0), seed=st.integers(0, 2**32 - 1))
 def test_extra_leading_dims(shape, log_cond, seed):
@@ -145,12 +190,26 @@ def test_extra_leading_dims(shape, log_cond, seed):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @settings(max_examples=25, deadline=None)
-@given(shape=shapes(), seed=st.integers(0, 2**32 - 1), name=st.sampled_from(SCHEDULES))
+@given(shape=shapes(kinds=("tall", "wide")), seed=st.integers(0, 2**32 - 1), name=st.sampled_from(SCHEDULES))
 def test_transpose_is_bitwise(dtype, shape, seed, name):
+    """A tall input is transposed to the wide side, iterated and transposed back: exactly the
+    operations applied to its wide transpose."""
     g = torch.from_numpy(np.random.default_rng(seed).standard_normal(shape))
     a = newton_schulz(g.mT, name, dtype=dtype)
     b = newton_schulz(g, name, dtype=dtype).mT
     assert torch.equal(a, b)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, MAX_DIM), log_cond=st.floats(0.0, 6.0), seed=st.integers(0, 2**32 - 1))
+def test_square_transpose_within_tolerance(n, log_cond, seed):
+    """Square inputs are not transposed (Gram XXᵀ either way); NS(Gᵀ) = NS(G)ᵀ holds to rounding."""
+    a = matrix_with_spectrum(np.geomspace(1.0, 10.0**-log_cond, n), n, n, np.random.default_rng(seed))
+    table = np.array(COEFFICIENTS["jordan"].table())
+    bound = tol.ns_tolerance(ortho_ref.normalized_singular_values(a), table, a.shape, "float64")
+    g = torch.from_numpy(a)
+    diff = newton_schulz(g.mT, dtype=torch.float64) - newton_schulz(g, dtype=torch.float64).mT
+    assert float(torch.linalg.norm(diff)) <= 2 * bound  # each side within `bound` of ns_map
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
@@ -204,6 +263,16 @@ def test_zero_matrix_gives_zeros(shape, eps_mode):
         out = newton_schulz(torch.zeros(shape), dtype=dtype, eps_mode=eps_mode)
         assert out.shape == shape
         assert torch.equal(out, torch.zeros(shape))
+
+
+# Regression: with eps = 0 a zero matrix once gave 0/0 = NaN.
+@pytest.mark.parametrize("eps_mode", ["add", "clamp"])
+def test_zero_matrix_with_eps_zero_gives_zeros(eps_mode):
+    table = np.array(COEFFICIENTS["jordan"].table())
+    ref = ortho_ref.ns_map(np.zeros((3, 4)), table, eps=0.0, eps_mode=eps_mode)
+    for shape in ((3, 4), (2, 3, 4)):
+        out = newton_schulz(torch.zeros(shape, dtype=torch.float64), eps=0.0, eps_mode=eps_mode, dtype=torch.float64)
+        assert torch.equal(out.reshape(-1, 3, 4)[0], torch.from_numpy(ref))
 
 
 def test_output_dtype():
@@ -280,7 +349,7 @@ G = torch.ones(4, 6)
 )
 def test_bad_input_raises_naming_argument(call, exc, arg):
     # messages start with "<arg>:" (KeyError's str() adds quotes)
-    with pytest.raises(exc, match=rf"^'?{arg}:"):
+    with pytest.raises(exc, match=rf"^['\"]?{arg}:"):
         call()
 
 
