@@ -19,11 +19,11 @@ from .ns_map import (
     ns_step_magnitudes,
     normalized_singular_values,
 )
-from .polar import polar, polar_decomposition, singular_values
+from .polar import polar, polar_decomposition, singular_values, svd
 
 __all__ = [
     "SCHEDULES", "schedule", "DionStep", "column_normalize", "dion_rank", "dion_step", "dion_transposed",
     "orthonormalize", "q_shape", "MuonStep", "lr_scale", "muon_step", "ns_band", "ns_derivative",
     "ns_diagonal_gain", "ns_lipschitz", "ns_map", "ns_polynomial", "ns_step_gains", "ns_step_magnitudes",
-    "normalized_singular_values", "polar", "polar_decomposition", "singular_values",
+    "normalized_singular_values", "polar", "polar_decomposition", "singular_values", "svd",
 ]

@@ -8,6 +8,15 @@ import scipy.linalg
 from ._validate import as_matrix
 
 
+def svd(a) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Thin SVD A = U diag(s) Vᵀ by LAPACK gesdd (gesvd if gesdd does not converge).
+
+    Shapes: a (m, n) float -> U (m, k), s (k,) descending, Vt (k, n), float64, k = min(m, n).
+    Raises: as ``polar``.
+    """
+    return _svd(as_matrix(a, "a"))
+
+
 def _svd(a: np.ndarray):
     """Thin SVD with LAPACK gesdd, falling back to gesvd if gesdd does not converge."""
     try:

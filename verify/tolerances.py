@@ -96,6 +96,19 @@ def ns_singular_value_tolerance(sigma_hat: np.ndarray, coefficients, shape: tupl
     This is a first-order model, not a rigorous bound; it is only informative where it is
     below the width of the band (well-conditioned inputs) — the check reports it regardless.
     """
+    return float(np.max(ns_singular_value_tolerances(sigma_hat, coefficients, shape, dtype)))
+
+
+def ns_singular_value_tolerances(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dtype) -> np.ndarray:
+    """Per-direction tolerances τ_i = rho·sup_{|x − σ̂ᵢ| ≤ rho} gain(x) (see
+    ``ns_singular_value_tolerance``, whose value is their maximum).
+
+    Used directly for |uᵢᵀ X_fast vᵢ − f(σ̂ᵢ)| with uᵢ, vᵢ the exact singular vectors of
+    the input: to first order that projection is the i-th singular value of X_fast
+    (Stewart & Sun 1990, ch. V), so each direction gets its own tolerance and the
+    well-resolved directions of an ill-conditioned input keep a sharp check.
+    Shapes: sigma_hat (k,) -> (k,) float64.
+    """
     u = unit_roundoff(dtype)
     accumulation = 1.0 if u > UNIT_ROUNDOFF["float32"] else math.sqrt(max(shape))
     rho = ROUNDINGS_PER_STEP * accumulation * (u + U64)
@@ -104,7 +117,7 @@ def ns_singular_value_tolerance(sigma_hat: np.ndarray, coefficients, shape: tupl
     # measured to be exceeded: polar_express_paper, a 3 × 1 input at σ̂ = 0.99).
     x = np.asarray(sigma_hat, dtype=np.float64)[:, None] + rho * np.linspace(-1.0, 1.0, 33)[None, :]
     gain = ortho_ref.ns_diagonal_gain(np.clip(x, 0.0, None), coefficients)
-    return rho * float(np.max(gain))
+    return rho * np.max(gain, axis=1)
 
 
 def muon_tolerance(ns_tol: float, lr_scale: float, lr: float, weight_norm: float, update_norm: float, dtype) -> float:
