@@ -43,6 +43,13 @@ def _assert_state_equal(opt, saved: dict) -> None:
             assert torch.equal(v, saved[id(p)][k]), k
 
 
+def _assert_unchanged(ps, params_before, opt, state_before) -> None:
+    """Every parameter and every state tensor is bitwise what it was before the failed step."""
+    for p, before in zip(ps, params_before):
+        assert torch.equal(p.detach(), before)
+    _assert_state_equal(opt, state_before)
+
+
 # =======================================================================================
 # Muon
 # =======================================================================================
@@ -462,9 +469,7 @@ def test_nonfinite_grad_changes_nothing(name, bad, with_state):
         state_before = _state_clone(opt)
         with pytest.raises(ValueError, match=r"^grad"):
             opt.step()
-        for p, before in zip(ps, params_before):
-            assert torch.equal(p.detach(), before)
-        _assert_state_equal(opt, state_before)
+        _assert_unchanged(ps, params_before, opt, state_before)
 
 
 def test_dion_wrong_q_shape_changes_nothing():
@@ -485,9 +490,7 @@ def test_dion_wrong_q_shape_changes_nothing():
         state_before = _state_clone(opt)
         with pytest.raises(ValueError, match=r"^Q:"):
             opt.step()
-        for p, before in zip(ps, params_before):
-            assert torch.equal(p.detach(), before)  # also the first parameter, whose Q is fine
-        _assert_state_equal(opt, state_before)
+        _assert_unchanged(ps, params_before, opt, state_before)  # also the first parameter, whose Q is fine
 
 
 def test_muon_wrong_momentum_shape_changes_nothing():
@@ -504,9 +507,7 @@ def test_muon_wrong_momentum_shape_changes_nothing():
     state_before = _state_clone(opt)
     with pytest.raises(ValueError, match=r"momentum_buffer"):
         opt.step()
-    for p, before in zip(ps, params_before):
-        assert torch.equal(p.detach(), before)
-    _assert_state_equal(opt, state_before)
+    _assert_unchanged(ps, params_before, opt, state_before)
 
 
 P = [torch.nn.Parameter(torch.ones(4, 3))]
