@@ -28,6 +28,7 @@ DTYPES = ("float64", "float32", "bfloat16")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``ortho-verify`` command line (``--quick``, ``--out``, ``--cache-dir``, ``--seed``, ``--no-real``)."""
     parser = argparse.ArgumentParser(
         prog="ortho-verify",
         description="Check ortho_fast's Newton–Schulz, Muon and Dion against the exact oracle ortho_ref.",
