@@ -35,7 +35,7 @@ def polar(a) -> np.ndarray:
     Raises: TypeError for non-float dtypes; ValueError if ``a`` is not 2-D, empty, or not finite.
     Contract: exact up to the float64 SVD (backward stable, LAPACK gesdd).
     """
-    u, _, vt = _svd(as_matrix(a, "a"))
+    u, _, vt = svd(a)
     return u @ vt
 
 
@@ -47,7 +47,7 @@ def polar_decomposition(a) -> tuple[np.ndarray, np.ndarray]:
     Source: Higham, Functions of Matrices (2008), Thm. 8.1.
     Raises: as ``polar``.
     """
-    u, s, vt = _svd(as_matrix(a, "a"))
+    u, s, vt = svd(a)
     h = (vt.T * s) @ vt
     return u @ vt, 0.5 * (h + h.T)
 
