@@ -1,11 +1,28 @@
 """ortho_fast: production Newton–Schulz, Muon and Dion in torch (device-agnostic, batched)."""
 
 from .coefficients import COEFFICIENTS, CoefficientSchedule, resolve_coefficients
-from .dion import Dion, dion_rank, dion_update, initial_q, orthonormalize
-from .muon import Muon, adjusted_lr_scale, muon_momentum
-from .newton_schulz import newton_schulz
+from .dion import (
+    DION_DEFAULTS, Dion, check_dion_step, dion_group_step, dion_rank, dion_right_factor, dion_update,
+    gaussian_sketch, initial_q, normalize_dion_group, orthonormalize, sketch_generator,
+)
+from .muon import (
+    MUON_DEFAULTS, Muon, MuonLayout, adjusted_lr_scale, check_muon_step, is_expert_name, muon_group_step, muon_layout,
+    muon_momentum, normalize_muon_group,
+)
+from .newton_schulz import MATMUL_PRECISIONS, newton_schulz, resolve_compute_dtype
+from .scalar import (
+    ADAMW_DEFAULTS, LION_DEFAULTS, adamw_group_step, check_adamw_step, check_lion_step, lion_group_step,
+    normalize_adamw_group, normalize_lion_group,
+)
+from .hybrid import ALGORITHMS, DionConfig, HybridOptimizer, MuonConfig, normalize_name, param_groups
 
 __all__ = [
     "COEFFICIENTS", "CoefficientSchedule", "resolve_coefficients", "Dion", "dion_rank", "dion_update",
-    "initial_q", "orthonormalize", "Muon", "adjusted_lr_scale", "muon_momentum", "newton_schulz",
+    "initial_q", "orthonormalize", "DION_DEFAULTS", "check_dion_step", "dion_group_step", "dion_right_factor",
+    "gaussian_sketch", "normalize_dion_group", "sketch_generator", "Muon", "adjusted_lr_scale", "muon_momentum", "newton_schulz",
+    "MUON_DEFAULTS", "MuonLayout", "check_muon_step", "is_expert_name", "muon_group_step", "muon_layout",
+    "normalize_muon_group", "MATMUL_PRECISIONS", "resolve_compute_dtype",
+    "ADAMW_DEFAULTS", "LION_DEFAULTS", "adamw_group_step", "check_adamw_step", "check_lion_step",
+    "lion_group_step", "normalize_adamw_group", "normalize_lion_group",
+    "ALGORITHMS", "DionConfig", "HybridOptimizer", "MuonConfig", "normalize_name", "param_groups",
 ]

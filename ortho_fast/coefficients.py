@@ -4,6 +4,12 @@ A schedule gives ``rows`` (a, b, c) for steps 1..len(rows) and a ``tail`` row re
 for every later step (the convention of microsoft/dion and NVIDIA Emerging-Optimizers for
 ``steps`` beyond the table), plus the input normalization its source uses:
 X₀ = X / (safety·‖X‖_F + eps).
+
+Names used elsewhere (Megatron / NVIDIA Emerging-Optimizers ``coefficient_type``): "simple" is
+``jordan``, "quintic" is ``cesista5``, "cubic" is ``cubic``; Emerging-Optimizers'
+"polar_express" is ``polar_express_paper`` rounded to 4 decimals and run for >= 8 steps — pass
+its rows as a user table to reproduce it exactly. It is not this registry's ``polar_express``
+(microsoft/dion's rows, 5 steps, safety 1.02).
 """
 
 from __future__ import annotations
@@ -124,8 +130,10 @@ def resolve_coefficients(coefficients: CoefficientsLike, steps: int | None = Non
     A user table (T, 3) (a list of rows or a tensor) runs T steps by default; ``steps``
     beyond T repeats its last row, fewer truncates. A single (a, b, c) row counts as T = 1
     with the default of 5 steps (torch.optim.Muon's ``ns_coefficients`` convention).
-    Raises: KeyError for an unknown name (listing the registry); ValueError for a table
-    that is not (T, 3) with finite entries, or steps < 1.
+    Shapes: coefficients (T, 3) or (3,) -> list of T' = steps (or T) tuples (a, b, c), float.
+    Raises: KeyError for an unknown name (listing the registry); TypeError for something
+    that is not a name, a schedule or numbers; ValueError for a table that is not (T, 3)
+    with finite entries, or steps < 1.
     """
     if isinstance(coefficients, str):
         if coefficients not in COEFFICIENTS:
@@ -133,7 +141,13 @@ def resolve_coefficients(coefficients: CoefficientsLike, steps: int | None = Non
         return COEFFICIENTS[coefficients].table(steps)
     if isinstance(coefficients, CoefficientSchedule):
         return coefficients.table(steps)
-    rows = torch.as_tensor(coefficients, dtype=torch.float64).cpu()
+    try:
+        rows = torch.as_tensor(coefficients, dtype=torch.float64).cpu()
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(
+            f"coefficients: expected a schedule name, a CoefficientSchedule or (T, 3) rows of numbers, "
+            f"got {type(coefficients).__name__}"
+        ) from None
     single_row = rows.ndim == 1
     if single_row:
         rows = rows.reshape(1, -1)

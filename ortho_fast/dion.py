@@ -1,16 +1,42 @@
-"""Dion for one process (Ahn et al., arXiv 2504.05295, Algorithm 1)."""
+"""Dion for one process (Ahn et al., arXiv 2504.05295, Algorithm 1), with the variants of microsoft/dion.
+
+Pure functions first (``orthonormalize``, ``dion_update``), then the param-group functions
+(``DION_DEFAULTS``, ``normalize_dion_group``, ``check_dion_step``, ``dion_group_step``) that
+any optimizer owning Dion groups can drive, and the thin ``Dion`` optimizer on top.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Iterable, NamedTuple
+from itertools import chain
+from typing import Iterable, Mapping, NamedTuple
 
 import torch
 from torch.optim import Optimizer
 
 from ._validate import check_finite, check_hyper
 
-QR_METHODS = ("householder",)
+QR_METHODS = ("householder", "cholesky_qr", "randomized_cholesky_qr")
+#: microsoft/dion's names for the same methods (its "cqr" is one CholeskyQR pass, not CholeskyQR2).
+QR_METHOD_ALIASES = {"qr": "householder", "rcqr": "randomized_cholesky_qr"}
+RIGHT_FACTORS = ("column_norm", "qr")
+#: Sketch rows per column for the randomized CholeskyQR (microsoft/dion ``rcqr_oversample``).
+RCQR_OVERSAMPLE = 1.25
+#: CholeskyQR2 falls back to Householder when its first pass leaves ‖Y₁ᵀY₁ − I‖_F above this
+#: (κ(Y) beyond about u^(-1/2)); same rule as ``ortho_ref.dion.CQR2_GRAM_DEVIATION``.
+CQR2_GRAM_DEVIATION = 0.5
+
+#: Every key of a Dion param group with its default (microsoft/dion ``Dion`` defaults, except
+#: ``qr_method``: the reference Householder QR here, microsoft/dion's default is "rcqr").
+#: ``momentum_dtype`` / ``q_dtype`` None mean the parameter's dtype (microsoft/dion
+#: ``DionMixedPrecisionConfig``); ``oversample`` is microsoft/dion's ``rcqr_oversample``.
+DION_DEFAULTS: dict[str, object] = dict(
+    lr=0.01, mu=0.95, weight_decay=0.01, rank_fraction=1.0, rank_multiple_of=1, epsilon=1e-8, power_iters=1,
+    error_feedback=True, qr_method="householder", oversample=RCQR_OVERSAMPLE, right_factor="column_norm",
+    momentum_dtype=None, q_dtype=None, flatten=False,
+)
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def dion_rank(m: int, n: int, rank_fraction: float = 1.0, rank_multiple_of: int = 1) -> int:
@@ -22,16 +48,121 @@ def dion_rank(m: int, n: int, rank_fraction: float = 1.0, rank_multiple_of: int 
     return max(1, min(k * math.ceil(rank_fraction * min(m, n) / k), m, n))
 
 
-def orthonormalize(y: torch.Tensor) -> torch.Tensor:
-    """Thin Householder QR of y (m, r), m >= r, with signs fixed so that diag(R) > 0.
+def sketch_rows(rank: int, oversample: float = RCQR_OVERSAMPLE) -> int:
+    """Rows k = ceil(oversample·r) of the randomized CholeskyQR sketch (microsoft/dion rounds k
+    up to a multiple of 128; we do not). Same as ``ortho_ref.sketch_rows``."""
+    return math.ceil(oversample * rank)
 
-    Returns P (m, r) in y's dtype with PᵀP = I. sign(0) := +1 (rank-deficient y).
-    bfloat16 / float16 inputs are factored in float32 (as microsoft/dion ``dion_simple.py``).
+
+def _factor_dtype(dtype: torch.dtype) -> torch.dtype:
+    """QR / Cholesky run in float32 for bfloat16 / float16 data (as microsoft/dion)."""
+    return torch.float32 if dtype in _LOW_PRECISION else dtype
+
+
+def _splitmix(z: int) -> int:
+    z = z & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFF
+
+
+def _seed_for(seed: int, index: int) -> int:
+    """Deterministic 63-bit seed for parameter ``index`` (splitmix64-style mixing)."""
+    return _splitmix(seed * 0x9E3779B97F4A7C15 + index + 1)
+
+
+def initial_q(shape: tuple[int, int], seed: int, index: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Q0 ~ N(0, 1) of the global shape, drawn on the CPU from a generator seeded by
+    (seed, parameter index) — never the global RNG, identical on every device."""
+    gen = torch.Generator(device="cpu").manual_seed(_seed_for(seed, index))
+    return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+
+
+def sketch_generator(seed: int, index: int, step: int, device) -> torch.Generator:
+    """Generator of the randomized-CholeskyQR sketches of parameter ``index`` at ``step`` (>= 1):
+    seeded from (seed, index, step) only — never the global RNG — on ``device``. Each power
+    iteration draws the next sketch from it. Same seed, index, step and device type: same bits."""
+    return torch.Generator(device=device).manual_seed(_seed_for(_seed_for(seed, index), step))
+
+
+def gaussian_sketch(generator: torch.Generator, k: int, rows: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """S (k, rows) with i.i.d. N(0, 1/k) entries from ``generator`` (microsoft/dion's scaling)."""
+    return torch.randn((k, rows), generator=generator, dtype=dtype, device=device) / math.sqrt(k)
+
+
+def _householder(y: torch.Tensor) -> torch.Tensor:
+    q, r = torch.linalg.qr(y, mode="reduced")
+    return q * torch.where(torch.diagonal(r) < 0, -1.0, 1.0).to(q.dtype)
+
+
+def _cholesky_solve(y: torch.Tensor, gram: torch.Tensor, ok: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Y R⁻¹ with R = chol(gram) upper (one CholeskyQR pass); None if the factorization failed,
+    the result is not finite, or the extra condition ``ok`` (a bool tensor) is False. One host sync."""
+    r, info = torch.linalg.cholesky_ex(gram, upper=True)
+    p = torch.linalg.solve_triangular(r, y, upper=True, left=False)
+    good = (info == 0) & torch.isfinite(p).all()
+    return p if bool(good if ok is None else good & ok) else None
+
+
+def _cholesky_qr2(y: torch.Tensor) -> torch.Tensor | None:
+    p1 = _cholesky_solve(y, y.mT @ y)
+    if p1 is None:
+        return None
+    gram = p1.mT @ p1
+    eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    return _cholesky_solve(p1, gram, torch.linalg.matrix_norm(gram - eye) <= CQR2_GRAM_DEVIATION)
+
+
+def _randomized_cholesky_qr(y: torch.Tensor, generator: torch.Generator, oversample: float) -> torch.Tensor | None:
+    rows, r = y.shape
+    k = sketch_rows(r, oversample)
+    if k >= rows:  # the sketch would not compress: factor Y itself (no draw)
+        return None
+    r_s = torch.linalg.qr(gaussian_sketch(generator, k, rows, y.dtype, y.device) @ y, mode="r").R
+    r_s = r_s * torch.where(torch.diagonal(r_s) < 0, -1.0, 1.0).to(r_s.dtype)[:, None]
+    y1 = torch.linalg.solve_triangular(r_s, y, upper=True, left=False)
+    return _cholesky_solve(y1, y1.mT @ y1)
+
+
+def orthonormalize(y: torch.Tensor, method: str = "householder", *, oversample: float = RCQR_OVERSAMPLE,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """Q factor P of the thin QR Y = P R with diag(R) > 0, by one of ``QR_METHODS``.
+
+    ``householder`` (torch.linalg.qr, signs fixed, sign(0) := +1); ``cholesky_qr``
+    (CholeskyQR2); ``randomized_cholesky_qr`` (Gaussian sketch of k = ceil(oversample·r) rows
+    drawn from ``generator``, R_s from the QR of S Y, then one CholeskyQR pass on Y R_s⁻¹ —
+    microsoft/dion ``orthogonalize``). The Cholesky methods fall back to Householder where
+    they lose orthogonality (a failed Cholesky, a non-finite result, or for CholeskyQR2 a
+    first pass with ‖Y₁ᵀY₁ − I‖_F > ``CQR2_GRAM_DEVIATION``); the randomized method factors Y
+    directly when k >= rows. Each costs one or two host syncs. See ``ortho_ref.orthonormalize``.
+    Shapes: y (rows, r), rows >= r -> P (rows, r) in y's dtype with PᵀP = I; bfloat16 / float16
+    are factored in float32 (as microsoft/dion).
+    Raises: ValueError for an unknown method or a y that is not (rows, r) with rows >= r;
+    TypeError for the randomized method without a torch.Generator.
     """
-    low_precision = y.dtype in (torch.bfloat16, torch.float16)
-    q, r = torch.linalg.qr(y.float() if low_precision else y, mode="reduced")
-    signs = torch.where(torch.diagonal(r) < 0, -1.0, 1.0).to(q.dtype)
-    return (q * signs).to(y.dtype)
+    if method not in QR_METHODS:
+        raise ValueError(f"method: expected one of {QR_METHODS}, got {method!r}")
+    if y.ndim != 2 or y.shape[0] < y.shape[1]:
+        raise ValueError(f"y: expected shape (rows, r) with rows >= r, got {tuple(y.shape)}")
+    yf = y.to(_factor_dtype(y.dtype))
+    p = None
+    if method == "cholesky_qr":
+        p = _cholesky_qr2(yf)
+    elif method == "randomized_cholesky_qr":
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator: randomized_cholesky_qr needs a torch.Generator, got {type(generator).__name__}")
+        p = _randomized_cholesky_qr(yf, generator, oversample)
+    return (_householder(yf) if p is None else p).to(y.dtype)
+
+
+def dion_right_factor(r: torch.Tensor, right_factor: str = "column_norm", epsilon: float = 1e-8) -> torch.Tensor:
+    """New right factor from R = BᵀP (n', r): ``column_norm`` R / (‖R[:, j]‖₂ + ε) (the paper),
+    or ``qr`` the Householder Q factor of R with diag > 0 (Orth-Dion, as ``ortho_ref.dion_right_factor``).
+    Computed and returned in float32 for bfloat16 / float16 R (microsoft/dion normalizes in float32)."""
+    rf = r.to(_factor_dtype(r.dtype))
+    if right_factor == "qr":
+        return _householder(rf)
+    return rf / (torch.linalg.vector_norm(rf, dim=0, keepdim=True) + epsilon)
 
 
 class DionUpdate(NamedTuple):
@@ -54,16 +185,32 @@ def dion_update(
     epsilon: float,
     power_iters: int = 1,
     error_feedback: bool = True,
+    qr_method: str = "householder",
+    oversample: float = RCQR_OVERSAMPLE,
+    right_factor: str = "column_norm",
+    generator: torch.Generator | None = None,
 ) -> DionUpdate:
     """One Dion step in place on weight x (m, n), momentum m (m, n) and right factor q.
 
-    B = M + G (transposed when m < n, by the global shape only); P = orth(BQ);
-    R = BᵀP; M ← B − (1−μ)PRᵀ (``error_feedback=False``: M ← μPRᵀ); Q ← R / (‖R_j‖ + ε);
+    B = M + G (transposed when m < n, by the global shape only); P = orth(BQ) by ``qr_method``;
+    R = BᵀP; power_iters > 1 repeats Q ← right factor of R; M ← B − (1−μ)PRᵀ
+    (``error_feedback=False``: M ← μPRᵀ); Q ← R / (‖R_j‖ + ε) (``right_factor="qr"``: orth(R));
     X ← (1 − lr·wd)X − lr·√(m/n)·PQᵀ. B = 0: M ← B, Q kept, only weight decay applies.
-    Shapes: x, g, m (m, n); q (min(m, n), r). Dtypes: all floating, computed in m's dtype.
-    Source: Ahn et al., arXiv 2504.05295, Algorithm 1; microsoft/dion ``dion_simple.py``.
-    Contract: equals ``ortho_ref.dion_step`` within ``verify.tolerances.dion_tolerances``.
+    Shapes: x, g, m (m, n); q (min(m, n), r). Dtypes: all floating; B, P, R are computed in m's
+    dtype (the momentum dtype), Q is stored in q's dtype and used in that precision for the
+    update, QR and normalization run in float32 when m is bfloat16 / float16.
+    ``generator`` supplies the sketches of ``randomized_cholesky_qr`` (one per power iteration).
+    Source: Ahn et al., arXiv 2504.05295, Algorithm 1; microsoft/dion ``dion_simple.py``, ``dion.py``.
+    Contract: equals ``ortho_ref.dion_step`` with the same options within
+    ``verify.tolerances.dion_variant_tolerances``.
+    Raises: ValueError for an unknown qr_method / right_factor; TypeError for the randomized
+    method without a generator — before anything changes.
     """
+    if qr_method not in QR_METHODS or right_factor not in RIGHT_FACTORS:
+        raise ValueError(f"qr_method, right_factor: expected one of {QR_METHODS} and {RIGHT_FACTORS}, "
+                         f"got {qr_method!r}, {right_factor!r}")
+    if qr_method == "randomized_cholesky_qr" and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator: randomized_cholesky_qr needs a torch.Generator, got {type(generator).__name__}")
     rows, cols = x.shape
     transposed = rows < cols
     m.add_(g.to(m.dtype))  # m now holds B
@@ -73,48 +220,174 @@ def dion_update(
     if not bool(b.any()):
         return DionUpdate(b.new_zeros(b.shape[0], r_dim), b.new_zeros(b.shape[1], r_dim))
     qw = q.to(m.dtype)
-    for it in range(power_iters):
-        p = orthonormalize(b @ qw)
+    for _ in range(power_iters):
+        p = orthonormalize(b @ qw, qr_method, oversample=oversample, generator=generator)
         r = b.mT @ p
-        if it + 1 < power_iters:
-            qw = r / (torch.linalg.vector_norm(r, dim=0, keepdim=True) + epsilon)
+        q_new = dion_right_factor(r, right_factor, epsilon)
+        qw = q_new.to(m.dtype)
     if error_feedback:
         b.sub_((1 - mu) * (p @ r.mT))
     else:
         b.copy_(mu * (p @ r.mT))
-    q.copy_(r / (torch.linalg.vector_norm(r, dim=0, keepdim=True) + epsilon))
+    q.copy_(q_new)
     delta = p @ q.to(p.dtype).mT
     x.add_((delta.mT if transposed else delta).to(x.dtype), alpha=-lr * math.sqrt(rows / cols))
     return DionUpdate(p, r)
 
 
-def _seed_for(seed: int, index: int) -> int:
-    """Deterministic 63-bit seed for parameter ``index`` (splitmix64-style mixing)."""
-    z = (seed * 0x9E3779B97F4A7C15 + index + 1) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFF
+# ---------------------------------------------------------------------------------------
+# Param-group functions: the contract a hybrid optimizer drives Dion groups through.
+# ---------------------------------------------------------------------------------------
 
 
-def initial_q(shape: tuple[int, int], seed: int, index: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """Q0 ~ N(0, 1) of the global shape, drawn on the CPU from a generator seeded by
-    (seed, parameter index) — never the global RNG, identical on every device."""
-    gen = torch.Generator(device="cpu").manual_seed(_seed_for(seed, index))
-    return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+def _matrix_shape(p: torch.Tensor) -> tuple[int, int]:
+    """(m, n) Dion works on: the shape, or (shape[0], prod(shape[1:])) for a flattened ndim > 2."""
+    return (p.shape[0], p.numel() // p.shape[0]) if p.ndim > 2 else tuple(p.shape)
+
+
+def _rank(p: torch.Tensor, group: dict) -> int:
+    m, n = _matrix_shape(p)
+    return dion_rank(m, n, group["rank_fraction"], group["rank_multiple_of"])
+
+
+def _check_hyperparameters(group: dict) -> None:
+    """Every hyperparameter of a filled Dion group; raises naming the key, changes nothing."""
+    check_hyper(group["lr"], "lr")
+    check_hyper(group["mu"], "mu", high=1.0)
+    check_hyper(group["weight_decay"], "weight_decay")
+    check_hyper(group["rank_fraction"], "rank_fraction", high=1.0, low_open=True)
+    check_hyper(group["epsilon"], "epsilon")
+    check_hyper(group["oversample"], "oversample", low=1.0)
+    for key in ("rank_multiple_of", "power_iters"):
+        val = group[key]
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            raise ValueError(f"{key}: expected an integer >= 1, got {val!r}")
+    for key in ("error_feedback", "flatten"):
+        if not isinstance(group[key], bool):
+            raise TypeError(f"{key}: expected a bool, got {group[key]!r}")
+    for key, choices in (("qr_method", QR_METHODS), ("right_factor", RIGHT_FACTORS)):
+        if group[key] not in choices:
+            raise ValueError(f"{key}: expected one of {choices}, got {group[key]!r}")
+    for key in ("momentum_dtype", "q_dtype"):
+        dt = group[key]
+        if dt is not None and not (isinstance(dt, torch.dtype) and dt.is_floating_point):
+            raise TypeError(f"{key}: expected None or a floating torch.dtype, got {dt!r}")
+
+
+def normalize_dion_group(group: dict) -> None:
+    """Validate one Dion param group already filled with ``DION_DEFAULTS`` (hyperparameters and
+    its params' ndim and dtype), resolving microsoft/dion's ``qr_method`` aliases ("qr",
+    "rcqr") in place. Called at construction and by ``add_param_group``.
+    Raises: ValueError / TypeError naming the key ("lr: ...", "params: ...")."""
+    group["qr_method"] = QR_METHOD_ALIASES.get(group["qr_method"], group["qr_method"])
+    _check_hyperparameters(group)
+    for p in group["params"]:
+        if not isinstance(p, torch.Tensor) or not p.is_floating_point():
+            raise TypeError(f"params: Dion expects floating-point tensors, got {getattr(p, 'dtype', type(p).__name__)}")
+        if p.ndim < 2 or (p.ndim > 2 and not group["flatten"]) or p.numel() == 0:
+            hint = ("pass flatten=True to treat it as (shape[0], prod(shape[1:])) (conv weights, as "
+                    "microsoft/dion's Muon)" if p.ndim > 2 else "give vectors, scalars and embeddings to AdamW/Lion")
+            raise ValueError(f"params: Dion expects non-empty 2-D (m, n) parameters; got shape {tuple(p.shape)}: {hint}")
+
+
+def check_dion_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
+    """Check one group before any change: its hyperparameters (a scheduler may have set them),
+    and for each param with a grad, the grad (dense, real, the param's shape, finite) and any
+    existing state (``momentum`` of the param's shape, ``Q`` of shape (min(m, n), r)).
+    Changes nothing. Raises: ValueError / TypeError naming the key ("grad ...", "Q: ...")."""
+    _check_hyperparameters(group)
+    for p in group["params"]:
+        g = p.grad
+        if g is None:
+            continue
+        if g.is_sparse or not g.is_floating_point() or g.shape != p.shape:
+            raise ValueError(f"grad: expected a dense real tensor of shape {tuple(p.shape)}, got {tuple(g.shape)} {g.dtype}")
+        check_finite(g, f"grad of parameter with shape {tuple(p.shape)}")
+        st = state.get(p, {})
+        m, n = _matrix_shape(p)
+        want_q = (min(m, n), _rank(p, group))
+        for key, want in (("momentum", tuple(p.shape)), ("Q", want_q)):
+            if key in st and (tuple(st[key].shape) != want or not st[key].is_floating_point()):
+                raise ValueError(f"{key}: expected a floating tensor of shape {want} for parameter of shape "
+                                 f"{tuple(p.shape)}, got {tuple(st[key].shape)} {st[key].dtype}")
+        if "step" in st and not (torch.is_tensor(st["step"]) and st["step"].numel() == 1):
+            raise ValueError(f"step: expected a one-element tensor, got {st['step']!r}")
+
+
+def _matrix_view(t: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor, bool]:
+    """(view of t as shape, False), or (a reshaped copy, True) when no view exists."""
+    try:
+        return t.view(shape), False
+    except RuntimeError:
+        return t.reshape(shape), True
+
+
+def _state_dtype(group: dict, key: str, p: torch.Tensor) -> torch.dtype:
+    dt = group["momentum_dtype" if key == "momentum" else "q_dtype"]
+    return p.dtype if dt is None else dt
+
+
+def dion_group_step(group: dict, state, *, seed: int, first_index: int) -> None:
+    """Apply one Dion step to every param of ``group`` with a grad (``check_dion_step`` passed).
+
+    Param i of the group has global index ``first_index + i``: its Q0 is
+    ``initial_q(..., seed, first_index + i)`` and its sketches come from
+    ``sketch_generator(seed, first_index + i, step)``. State per param (created on first use):
+    ``momentum`` (param's shape, ``momentum_dtype``), ``Q`` ((min(m, n), r), ``q_dtype``) and
+    ``step`` (int64 CPU scalar tensor: steps taken, which keys the sketch so a resumed run draws
+    the same sketches). ``state`` is the optimizer's defaultdict(dict).
+    """
+    for i, p in enumerate(group["params"]):
+        if p.grad is None:
+            continue
+        st = state[p]
+        m, n = _matrix_shape(p)
+        if "momentum" not in st:
+            st["momentum"] = torch.zeros(p.shape, dtype=_state_dtype(group, "momentum", p), device=p.device)
+        if "Q" not in st:
+            st["Q"] = initial_q((min(m, n), _rank(p, group)), seed, first_index + i,
+                                _state_dtype(group, "Q", p), p.device)
+        if "step" not in st:
+            st["step"] = torch.zeros((), dtype=torch.int64)
+        st["step"] += 1
+        gen = None
+        if group["qr_method"] == "randomized_cholesky_qr":
+            gen = sketch_generator(seed, first_index + i, int(st["step"]), st["momentum"].device)
+        x, x_copied = _matrix_view(p, (m, n))
+        mom, m_copied = _matrix_view(st["momentum"], (m, n))
+        dion_update(
+            x, p.grad.reshape(m, n), mom, st["Q"], lr=group["lr"], mu=group["mu"],
+            weight_decay=group["weight_decay"], epsilon=group["epsilon"], power_iters=group["power_iters"],
+            error_feedback=group["error_feedback"], qr_method=group["qr_method"], oversample=group["oversample"],
+            right_factor=group["right_factor"], generator=gen,
+        )
+        for target, copy, copied in ((p, x, x_copied), (st["momentum"], mom, m_copied)):
+            if copied:
+                target.copy_(copy.view(target.shape))
 
 
 class Dion(Optimizer):
-    """Dion (DIstributed OrthoNormalization) for 2-D parameters, one process.
+    """Dion (DIstributed OrthoNormalization) for matrix parameters, one process.
 
     Args follow microsoft/dion: lr 0.01, mu 0.95, weight_decay 0.01, rank_fraction 1.0,
-    rank_multiple_of 1, epsilon 1e-8, power_iters 1; ``error_feedback`` (default True);
-    ``seed`` makes Q0 deterministic per parameter (index in the order of ``params``).
-    State per parameter: ``momentum`` (m, n) and ``Q`` (min(m, n), r) — inject a known Q
-    through ``load_state_dict`` (its shape is checked at the next step).
+    rank_multiple_of 1, epsilon 1e-8, power_iters 1, ``oversample`` 1.25 (its
+    ``rcqr_oversample``), ``momentum_dtype`` / ``q_dtype`` (its ``DionMixedPrecisionConfig``;
+    None = the parameter's dtype). Also: ``qr_method`` ("householder" default, "cholesky_qr",
+    "randomized_cholesky_qr"; aliases "qr", "rcqr"), ``right_factor`` ("column_norm" of the
+    paper, or "qr" for Orth-Dion), ``error_feedback`` (default True), ``flatten`` (ndim > 2
+    parameters as (shape[0], prod(rest)), as microsoft/dion's Muon), ``seed`` (Q0 and the
+    sketches are deterministic per parameter index, in the order of ``params``).
+    Every group key and default is in ``DION_DEFAULTS``; the group logic lives in
+    ``normalize_dion_group`` / ``check_dion_step`` / ``dion_group_step`` so a hybrid optimizer
+    can drive Dion groups.
+    State per parameter: ``momentum``, ``Q``, ``step`` (see ``dion_group_step``); inject a known
+    Q through ``load_state_dict`` (its shape is checked at the next step). ``load_state_dict``
+    keeps the configured state dtypes (torch would cast them to the parameter's dtype).
     Source: Ahn et al., arXiv 2504.05295, Algorithm 1; microsoft/dion.
-    Raises: ValueError at construction for non-2-D parameters or bad hyperparameters; at
-    ``step`` for non-finite or mis-shaped gradients or a Q of the wrong shape, before any
-    parameter or state changes.
+    Raises: ValueError / TypeError at construction (or ``add_param_group``) for bad
+    hyperparameters or parameters (1-D, ndim > 2 without flatten, non-floating); at ``step``
+    for non-finite or mis-shaped gradients or mis-shaped state, before any parameter or state
+    changes.
     """
 
     def __init__(
@@ -130,80 +403,62 @@ class Dion(Optimizer):
         power_iters: int = 1,
         error_feedback: bool = True,
         qr_method: str = "householder",
+        oversample: float = RCQR_OVERSAMPLE,
+        right_factor: str = "column_norm",
+        momentum_dtype: torch.dtype | None = None,
+        q_dtype: torch.dtype | None = None,
+        flatten: bool = False,
         seed: int = 0,
     ) -> None:
-        check_hyper(lr, "lr")
-        check_hyper(mu, "mu", high=1.0)
-        check_hyper(weight_decay, "weight_decay")
-        check_hyper(rank_fraction, "rank_fraction", high=1.0, low_open=True)
-        check_hyper(epsilon, "epsilon")
-        for name, val in (("rank_multiple_of", rank_multiple_of), ("power_iters", power_iters)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {val!r}")
-        if qr_method not in QR_METHODS:
-            raise ValueError(f"qr_method: expected one of {QR_METHODS}, got {qr_method!r}")
         defaults = dict(
-            lr=lr, mu=mu, weight_decay=weight_decay, rank_fraction=rank_fraction,
-            rank_multiple_of=rank_multiple_of, epsilon=epsilon, power_iters=power_iters,
-            error_feedback=error_feedback, qr_method=qr_method,
+            lr=lr, mu=mu, weight_decay=weight_decay, rank_fraction=rank_fraction, rank_multiple_of=rank_multiple_of,
+            epsilon=epsilon, power_iters=power_iters, error_feedback=error_feedback, qr_method=qr_method,
+            oversample=oversample, right_factor=right_factor, momentum_dtype=momentum_dtype, q_dtype=q_dtype,
+            flatten=flatten,
         )
-        super().__init__(params, defaults)
         self.seed = int(seed)
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Fill the group with the defaults, validate it (``normalize_dion_group``), then add it;
+        a bad group raises before the optimizer changes."""
+        group = dict(param_group)
+        params = group["params"]
+        if isinstance(params, set):
+            raise TypeError("params: expected an ordered collection of tensors, got a set")
+        group["params"] = [params] if isinstance(params, torch.Tensor) else list(params)
+        for key, val in self.defaults.items():
+            group.setdefault(key, val)
+        normalize_dion_group(group)
+        super().add_param_group(group)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's ``load_state_dict``, then ``momentum`` and ``Q`` restored from the saved
+        tensors in the group's ``momentum_dtype`` / ``q_dtype`` (torch casts floating state to
+        the parameter's dtype, which would round a float32 momentum of a bfloat16 parameter)."""
+        saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        id_map = dict(zip(saved_ids, chain.from_iterable(g["params"] for g in self.param_groups)))
+        saved = {id_map[k]: st for k, st in state_dict["state"].items() if k in id_map}
+        super().load_state_dict(state_dict)
         for group in self.param_groups:
             for p in group["params"]:
-                if not p.is_floating_point():
-                    raise TypeError(f"params: Dion expects floating-point parameters, got dtype {p.dtype}")
-                if p.ndim != 2:
-                    raise ValueError(
-                        f"params: Dion expects 2-D (m, n) parameters; got shape {tuple(p.shape)}. "
-                        "Give vectors, scalars and embeddings to AdamW/Lion."
-                    )
-
-    def _rank(self, p: torch.Tensor, group: dict) -> int:
-        return dion_rank(p.shape[0], p.shape[1], group["rank_fraction"], group["rank_multiple_of"])
-
-    def _check(self) -> None:
-        for group in self.param_groups:
-            for p in group["params"]:
-                g = p.grad
-                if g is None:
-                    continue
-                if g.is_sparse or torch.is_complex(g) or g.shape != p.shape:
-                    raise ValueError(f"grad: expected a dense real tensor of shape {tuple(p.shape)}, got {tuple(g.shape)}")
-                check_finite(g, f"grad of parameter with shape {tuple(p.shape)}")
-                state = self.state.get(p, {})
-                want = (min(p.shape), self._rank(p, group))
-                if "Q" in state and tuple(state["Q"].shape) != want:
-                    raise ValueError(f"Q: expected shape {want} for parameter of shape {tuple(p.shape)}, got {tuple(state['Q'].shape)}")
-                if "momentum" in state and state["momentum"].shape != p.shape:
-                    raise ValueError(f"momentum: expected shape {tuple(p.shape)}, got {tuple(state['momentum'].shape)}")
-
-    def _init_state(self, p: torch.Tensor, group: dict, index: int) -> dict:
-        state = self.state[p]
-        if "momentum" not in state:
-            state["momentum"] = torch.zeros_like(p)
-        if "Q" not in state:
-            state["Q"] = initial_q((min(p.shape), self._rank(p, group)), self.seed, index, p.dtype, p.device)
-        return state
+                for key in ("momentum", "Q"):
+                    val = saved.get(p, {}).get(key)
+                    if torch.is_tensor(val):
+                        self.state[p][key] = val.to(device=p.device, dtype=_state_dtype(group, key, p), copy=True)
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One Dion step for every parameter with a gradient. Returns the closure's loss."""
+        """One Dion step for every parameter with a gradient: every group is checked first
+        (``check_dion_step``), then stepped (``dion_group_step``). Returns the closure's loss."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check()  # all checks before the first change
-        index = 0
         for group in self.param_groups:
-            for p in group["params"]:
-                index += 1
-                if p.grad is None:
-                    continue
-                state = self._init_state(p, group, index - 1)
-                dion_update(
-                    p, p.grad, state["momentum"], state["Q"], lr=group["lr"], mu=group["mu"],
-                    weight_decay=group["weight_decay"], epsilon=group["epsilon"],
-                    power_iters=group["power_iters"], error_feedback=group["error_feedback"],
-                )
+            check_dion_step(group, self.state)
+        first = 0
+        for group in self.param_groups:
+            dion_group_step(group, self.state, seed=self.seed, first_index=first)
+            first += len(group["params"])
         return loss

@@ -1,34 +1,73 @@
-"""Muon for one process: momentum, Newton–Schulz orthogonalization, scaled update."""
+"""Muon for one process: momentum, Newton–Schulz orthogonalization, scaled update.
+
+Pure functions on tensors first (``adjusted_lr_scale``, ``muon_momentum``, ``muon_layout``),
+then the param-group contract a hybrid optimizer drives (``MUON_DEFAULTS``,
+``normalize_muon_group``, ``check_muon_step``, ``muon_group_step``), then the ``Muon`` class,
+which only owns state and grouping.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
 
 import torch
 from torch.optim import Optimizer
 
 from ._validate import check_finite, check_hyper
 from .coefficients import COEFFICIENTS, CoefficientsLike, resolve_coefficients
-from .newton_schulz import COMPUTE_DTYPES, EPS_MODES, newton_schulz
+from .newton_schulz import EPS_MODES, newton_schulz, resolve_compute_dtype
 
 MOMENTUM_STYLES = ("ema", "classic")
-ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral_norm", None)
+#: lr adjustment modes; the last three are Megatron / Emerging-Optimizers ``scale_mode`` names.
+ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral_norm", None, "shape_scaling", "spectral", "unit_rms_norm")
+#: Name components dropped before ``expert_keys`` matching (torch.compile, activation checkpointing; as Motif).
+DROPPED_NAME_COMPONENTS = ("_orig_mod", "_checkpoint_wrapped_module")
+
+#: Every Muon param-group key with its default (torch.optim.Muon's defaults where torch has the option).
+MUON_DEFAULTS: dict[str, object] = {
+    "lr": 1e-3,
+    "weight_decay": 0.1,
+    "momentum": 0.95,
+    "nesterov": True,
+    "momentum_style": "ema",
+    "coefficients": "jordan",
+    "ns_steps": None,  # None: the schedule's default (5 for jordan)
+    "safety": None,  # None: the named schedule's (1.0 jordan, 1.02 polar_express), else 1.0
+    "eps": None,  # None: the named schedule's (1e-7 jordan, 1e-6 polar_express), else 1e-7
+    "eps_mode": "add",
+    "adjust_lr": "original",
+    "extra_scale_factor": 1.0,
+    "cautious_weight_decay": False,
+    "dtype": torch.bfloat16,
+    "banks": False,
+    "expert_keys": (),
+    "split_sizes": None,
+    "split_groups": 1,
+    "num_heads": None,
+}
 
 
 def adjusted_lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
-    """lr multiplier for an (m, n) = (fan_out, fan_in) weight.
+    """lr multiplier for an (m, n) = (fan_out, fan_in) matrix.
 
-    "original" √max(1, m/n) (Keller Jordan, torch.optim.Muon); "match_rms_adamw"
-    0.2·√max(m, n) (Moonlight, arXiv 2502.16982); "spectral_norm" √(m/n) (microsoft/dion);
-    None: 1. Raises: ValueError for an unknown mode.
+    "original" = "shape_scaling" √max(1, m/n) (Keller Jordan, torch.optim.Muon, nanochat;
+    Megatron "shape_scaling"); "match_rms_adamw" 0.2·√max(m, n) (Moonlight, arXiv 2502.16982);
+    "spectral_norm" = "unit_rms_norm" √(m/n) (microsoft/dion; Megatron "unit_rms_norm");
+    "spectral" √max(m, n) (Megatron's default — not dion's "spectral_norm"); None: 1
+    (torch.optim.Muon's ``adjust_lr_fn=None`` means "original", not this).
+    Raises: ValueError for an unknown mode.
     """
-    if adjust_lr == "original":
+    if adjust_lr in ("original", "shape_scaling"):
         return math.sqrt(max(1.0, m / n))
     if adjust_lr == "match_rms_adamw":
         return 0.2 * math.sqrt(max(m, n))
-    if adjust_lr == "spectral_norm":
+    if adjust_lr in ("spectral_norm", "unit_rms_norm"):
         return math.sqrt(m / n)
+    if adjust_lr == "spectral":
+        return math.sqrt(max(m, n))
     if adjust_lr is None:
         return 1.0
     raise ValueError(f"adjust_lr: expected one of {ADJUST_LR_MODES}, got {adjust_lr!r}")
@@ -40,7 +79,7 @@ def muon_momentum(grad: torch.Tensor, buf: torch.Tensor, *, mu: float, nesterov:
     "ema": M ← M + (1−μ)(G − M) (``lerp``), U = G + μ(M − G) if nesterov else M
     (torch.optim.Muon, Keller Jordan, nanochat). "classic": M ← μM + G, U = G + μM if
     nesterov else M (microsoft/dion, Moonlight).
-    Shapes: grad, buf (..., m, n), same dtype -> (..., m, n).
+    Shapes: grad, buf (...) of the parameter's shape, same dtype -> (...).
     """
     if style == "ema":
         buf.lerp_(grad, 1 - mu)
@@ -49,27 +88,352 @@ def muon_momentum(grad: torch.Tensor, buf: torch.Tensor, *, mu: float, nesterov:
     return grad.add(buf, alpha=mu) if nesterov else buf
 
 
-class Muon(Optimizer):
-    """Muon (MomentUm Orthogonalized by Newton–Schulz) for 2-D parameters, one process.
+# ---------------------------------------------------------------------------------------
+# How a parameter is cut into matrices
+# ---------------------------------------------------------------------------------------
 
-    Per parameter W (m, n) with gradient G: momentum (``momentum_style``, ``nesterov``),
-    O = newton_schulz(U), W ← W·(1 − lr·weight_decay) − lr·adjusted_lr_scale(m, n)·O.
+
+@dataclass(frozen=True)
+class MuonLayout:
+    """The matrices Muon orthogonalizes for one parameter, as views of a param-shaped tensor.
+
+    The parameter is read as (*batch, m, n): experts (batch = (E,)) are (shape[1],
+    prod(shape[2:])) each; other parameters are (shape[0], prod(shape[1:])) (conv weights
+    flattened as Keller Jordan's and Moonlight's Muon). Its m rows are ``groups`` repetitions
+    of the row blocks ``blocks`` = ((offset, rows, head_rows), ...): block j of every
+    repetition is gathered into one (groups·rows, n) matrix (Megatron's per-query-group fused
+    QKV layout when groups > 1), then cut into heads of ``head_rows`` consecutive rows.
+    """
+
+    batch: tuple[int, ...]
+    m: int
+    n: int
+    groups: int
+    blocks: tuple[tuple[int, int, int], ...]
+
+    def views(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """One view (*batch, groups, rows, n) per block of a contiguous param-shaped tensor."""
+        base = t.view(*self.batch, self.groups, self.m // self.groups, self.n)
+        return [base[..., off:off + rows, :] for off, rows, _ in self.blocks]
+
+    def matrix_shapes(self) -> list[tuple[int, ...]]:
+        """Shape of each block's matrices for ``newton_schulz``: (*batch, head_rows, n) for one
+        head, (*batch, heads, head_rows, n) for several; heads ordered as the gathered rows."""
+        out = []
+        for _, rows, head_rows in self.blocks:
+            heads = self.groups * rows // head_rows
+            out.append((*self.batch, *((heads,) if heads > 1 else ()), head_rows, self.n))
+        return out
+
+    def matrices(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """The Newton–Schulz inputs of a param-shaped tensor (views where possible)."""
+        return [v.reshape(s) for v, s in zip(self.views(t.contiguous()), self.matrix_shapes())]
+
+
+def _count(value, name: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
+    return value
+
+
+def muon_layout(
+    shape: Sequence[int],
+    *,
+    expert: bool = False,
+    split_sizes: Sequence[int] | None = None,
+    split_groups: int = 1,
+    num_heads: int | Sequence[int] | None = None,
+    name: str = "parameter",
+) -> MuonLayout:
+    """Cut a parameter of ``shape`` into the matrices Muon orthogonalizes (see ``MuonLayout``).
+
+    Shapes: 2-D (m, n) as is; ≥ 3-D non-expert (conv (out, in, kh, kw), conv1d (out, in, k))
+    flattened to (shape[0], prod(shape[1:])); expert weights (E, m, n, ...) one matrix per
+    expert, (shape[1], prod(shape[2:])). ``split_sizes`` (s_1, …, s_B) cut the m rows into
+    blocks (fused projections, e.g. (q, k, v) rows of a fused QKV weight), repeated
+    ``split_groups`` times (Megatron's split_qkv layout: ``split_sizes = (heads_per_group·d,
+    d, d)``, ``split_groups = num_query_groups``); ``num_heads`` (one int for every block or
+    one per block) cuts each gathered block into that many per-head matrices.
+    Source: Keller Jordan's Muon and Moonlight (conv flattening); Megatron-LM
+    ``TensorParallelMuon`` split_qkv; microsoft/dion ``flatten``; Motif (experts).
+    Raises: ValueError naming the argument for < 2 dims (Muon is for matrices: give vectors
+    and scalars to AdamW / Lion) or a zero dim, experts with < 3 dims, split sizes that are not positive or
+    do not sum to m / split_groups, heads that do not divide a (gathered) block.
+    """
+    shape = tuple(int(s) for s in shape)
+    if len(shape) < 2:
+        raise ValueError(
+            f"params: Muon expects parameters with at least 2 dims (m, n); {name} has shape {shape}. "
+            "Give vectors, scalars and embeddings to AdamW/Lion."
+        )
+    if 0 in shape:
+        raise ValueError(f"params: {name} has shape {shape}; Muon needs non-empty matrices")
+    if expert and len(shape) < 3:
+        raise ValueError(f"expert_keys: {name} matches an expert key but has shape {shape}; expert weights are "
+                         "(experts, m, n, ...)")
+    batch = shape[:1] if expert else ()
+    m = shape[len(batch)]
+    n = math.prod(shape[len(batch) + 1:])
+    groups = _count(split_groups, "split_groups")
+    if split_sizes is None:
+        if groups != 1:
+            raise ValueError(f"split_groups: {groups} repetitions need split_sizes")
+        sizes = (m,)
+    else:
+        sizes = tuple(_count(s, "split_sizes") for s in split_sizes) if len(split_sizes) else ()
+        if not sizes or groups * sum(sizes) != m:
+            dim = len(batch)
+            raise ValueError(
+                f"split_sizes: {tuple(split_sizes)} × split_groups {groups} = {groups * sum(sizes)} rows, but {name} "
+                f"of shape {shape} has {m} rows (dim {dim}); the sizes must sum to dim {dim} / split_groups"
+            )
+    heads = num_heads if num_heads is not None else 1
+    heads = tuple(heads) if isinstance(heads, (tuple, list)) else (heads,) * len(sizes)
+    if len(heads) != len(sizes):
+        raise ValueError(f"num_heads: expected an integer or one per split block ({len(sizes)}), got {num_heads!r}")
+    blocks, offset = [], 0
+    for rows, h in zip(sizes, heads):
+        h = _count(h, "num_heads")
+        if (groups * rows) % h:
+            raise ValueError(f"num_heads: {h} heads do not divide the {groups}×{rows} rows of a block of {name}")
+        blocks.append((offset, rows, groups * rows // h))
+        offset += rows
+    return MuonLayout(batch, m, n, groups, tuple(blocks))
+
+
+# ---------------------------------------------------------------------------------------
+# The param-group contract (driven by Muon.step and by hybrid optimizers)
+# ---------------------------------------------------------------------------------------
+
+
+def _normalized_name(name: str) -> str:
+    return ".".join(c for c in name.split(".") if c not in DROPPED_NAME_COMPONENTS)
+
+
+def is_expert_name(name: str, expert_keys: Sequence[str]) -> bool:
+    """True if a key equals a dot-separated component (or a run of components) of ``name``,
+    after dropping ``DROPPED_NAME_COMPONENTS``: "experts" matches "layers.0.mlp.experts.w1",
+    not "layers.0.mlp.shared_experts.w1"."""
+    padded = f".{_normalized_name(name)}."
+    return any(f".{key}." in padded for key in expert_keys)
+
+
+def _param_name(group: dict, index: int, p: torch.Tensor) -> str:
+    names = group.get("param_names")
+    return repr(names[index]) if names else f"parameter {index} (shape {tuple(p.shape)})"
+
+
+def _layout(group: dict, index: int, p: torch.Tensor) -> MuonLayout:
+    names = group.get("param_names")
+    expert = bool(group["expert_keys"] and names) and is_expert_name(names[index], group["expert_keys"])
+    return muon_layout(p.shape, expert=expert, split_sizes=group["split_sizes"], split_groups=group["split_groups"],
+                       num_heads=group["num_heads"], name=_param_name(group, index, p))
+
+
+def _check_bool(group: dict, key: str) -> None:
+    if not isinstance(group[key], bool):
+        raise TypeError(f"{key}: expected a bool, got {group[key]!r}")
+
+
+def _check_choice(group: dict, key: str, choices) -> None:
+    if group[key] not in choices:
+        raise ValueError(f"{key}: expected one of {choices}, got {group[key]!r}")
+
+
+def _int_tuple(value, key: str, allow_int: bool):
+    """None, an int (if allowed) or a sequence -> None, the int, or a tuple; TypeError otherwise."""
+    if value is None or (allow_int and isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        what = "None, an integer or a sequence of integers" if allow_int else "None or a sequence of integers"
+        raise TypeError(f"{key}: expected {what}, got {value!r}")
+    return tuple(value)
+
+
+def normalize_muon_group(group: dict) -> None:
+    """Validate one Muon param group (already filled with ``MUON_DEFAULTS``) and resolve its
+    derived values in place: ``safety`` / ``eps`` None -> the named schedule's (else 1.0 /
+    1e-7), ``expert_keys`` / ``split_sizes`` / ``num_heads`` to tuples.
+
+    Checks every hyperparameter and every parameter (floating dtype, ≥ 2 dims, experts ≥ 3
+    dims, split sizes and heads that fit, names present when ``expert_keys`` is set).
+    Called at construction and by ``add_param_group`` / ``load_state_dict``.
+    Raises: ValueError / TypeError whose message starts with the offending key; KeyError for
+    an unknown coefficient schedule name. On error nothing the caller relies on is changed
+    except keys this function already normalized to an equivalent form.
+    """
+    missing = [k for k in MUON_DEFAULTS if k not in group]
+    if missing:
+        raise ValueError(f"{missing[0]}: missing from the Muon param group (fill it from MUON_DEFAULTS)")
+    for key, kw in (("lr", {}), ("weight_decay", {}), ("momentum", {"high": 1.0}),
+                    ("extra_scale_factor", {"low_open": True})):
+        check_hyper(group[key], key, **kw)
+    for key in ("nesterov", "cautious_weight_decay", "banks"):
+        _check_bool(group, key)
+    _check_choice(group, "momentum_style", MOMENTUM_STYLES)
+    _check_choice(group, "adjust_lr", ADJUST_LR_MODES)
+    _check_choice(group, "eps_mode", EPS_MODES)
+    resolve_compute_dtype(group["dtype"])
+    coefficients: CoefficientsLike = group["coefficients"]
+    resolve_coefficients(coefficients, group["ns_steps"])  # unknown name -> KeyError, bad table/steps -> ValueError
+    named = COEFFICIENTS.get(coefficients) if isinstance(coefficients, str) else None
+    if group["safety"] is None:
+        group["safety"] = named.safety if named else 1.0
+    if group["eps"] is None:
+        group["eps"] = named.eps if named else 1e-7
+    check_hyper(group["safety"], "safety", low_open=True)
+    check_hyper(group["eps"], "eps")
+    keys = group["expert_keys"]
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    if not all(isinstance(k, str) and k for k in keys):
+        raise TypeError(f"expert_keys: expected non-empty strings, got {group['expert_keys']!r}")
+    group["expert_keys"] = keys
+    group["split_sizes"] = _int_tuple(group["split_sizes"], "split_sizes", allow_int=False)
+    group["num_heads"] = _int_tuple(group["num_heads"], "num_heads", allow_int=True)
+    if keys and group["params"] and not group.get("param_names"):
+        raise ValueError("expert_keys: matching needs parameter names; pass model.named_parameters() (or "
+                         "(name, parameter) pairs) to the optimizer")
+    for i, p in enumerate(group["params"]):
+        if not p.is_floating_point():
+            raise TypeError(f"params: Muon expects floating-point parameters, got dtype {p.dtype} for "
+                            f"{_param_name(group, i, p)}")
+        _layout(group, i, p)
+
+
+def check_muon_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
+    """Check everything one ``muon_group_step`` will read; change nothing.
+
+    Per parameter with a gradient: the gradient is dense, real, of the parameter's shape and
+    finite; an existing ``momentum_buffer`` is a tensor of the parameter's shape and dtype;
+    the group's split / expert settings still fit the parameter.
+    Raises: ValueError starting with "grad" / "momentum_buffer" / the group key, naming the
+    parameter.
+    """
+    for i, p in enumerate(group["params"]):
+        g = p.grad
+        if g is None:
+            continue
+        name = _param_name(group, i, p)
+        if g.is_sparse or torch.is_complex(g):
+            raise ValueError(f"grad: Muon expects dense real gradients ({name})")
+        if g.shape != p.shape:
+            raise ValueError(f"grad: expected shape {tuple(p.shape)}, got {tuple(g.shape)} ({name})")
+        check_finite(g, f"grad of {name}")
+        buf = state[p].get("momentum_buffer") if p in state else None
+        if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape or buf.dtype != p.dtype):
+            got = (tuple(buf.shape), buf.dtype) if isinstance(buf, torch.Tensor) else type(buf).__name__
+            raise ValueError(f"momentum_buffer: expected a tensor of shape {tuple(p.shape)} and dtype {p.dtype}, "
+                             f"got {got} ({name})")
+        _layout(group, i, p)
+
+
+def _orthogonalize(mats: list[torch.Tensor], group: dict) -> list[torch.Tensor]:
+    """newton_schulz on every matrix batch, in its own dtype out. With ``banks``, inputs of the
+    same (rows, cols) and dtype are concatenated along the batch and orthogonalized in one
+    call (a lone member keeps its own call, so its bits do not depend on ``banks``)."""
+    kw = dict(steps=group["ns_steps"], safety=group["safety"], eps=group["eps"], dtype=group["dtype"],
+              eps_mode=group["eps_mode"])
+    if not group["banks"]:
+        return [newton_schulz(x, group["coefficients"], **kw) for x in mats]
+    banks: dict[tuple, list[int]] = defaultdict(list)
+    for i, x in enumerate(mats):
+        banks[(*x.shape[-2:], x.dtype)].append(i)
+    out: list[torch.Tensor] = [None] * len(mats)  # type: ignore[list-item]
+    for members in banks.values():
+        if len(members) == 1:
+            out[members[0]] = newton_schulz(mats[members[0]], group["coefficients"], **kw)
+            continue
+        flat = [mats[i].reshape(-1, *mats[i].shape[-2:]) for i in members]
+        result = newton_schulz(torch.cat(flat), group["coefficients"], **kw)
+        for i, part in zip(members, result.split([f.shape[0] for f in flat])):
+            out[i] = part.reshape(mats[i].shape)
+    return out
+
+
+def _apply_update(p: torch.Tensor, layout: MuonLayout, outs: list[torch.Tensor], group: dict) -> None:
+    """W ← W·(1 − lr·wd) − lr·s_j·O_j per block j (cautious: the decay only where
+    sign(O) · sign(W) >= 0), in the parameter's dtype, through views of W."""
+    lr, wd = float(group["lr"]), float(group["weight_decay"])
+    cautious = group["cautious_weight_decay"]
+    w = p if p.is_contiguous() else p.contiguous()
+    if not cautious:
+        w.mul_(1 - lr * wd)
+    for view, o, shape in zip(layout.views(w), outs, layout.matrix_shapes()):
+        o = o.reshape(view.shape)
+        if cautious:
+            decayed = torch.where(o.sign() * view.sign() >= 0, view * (1 - lr * wd), view)
+            view.copy_(decayed)
+        scale = adjusted_lr_scale(group["adjust_lr"], shape[-2], shape[-1]) * group["extra_scale_factor"]
+        view.add_(o, alpha=-lr * scale)
+    if w is not p:
+        p.copy_(w)
+
+
+@torch.no_grad()
+def muon_group_step(group: dict, state: "defaultdict[torch.Tensor, dict]") -> None:
+    """One Muon step for every parameter of ``group`` that has a gradient (``check_muon_step``
+    must have passed): momentum, Newton–Schulz per matrix of ``muon_layout`` (banked when
+    ``banks``), W ← W·(1 − lr·wd) − lr·s·O with s = adjusted_lr_scale(block shape)·
+    extra_scale_factor and the decoupled (or cautious) weight decay on the unscaled lr.
+
+    State: ``state[p]["momentum_buffer"]`` of the parameter's shape and dtype (created as
+    zeros), the key of torch.optim.Muon.
+    Source: Jordan et al. 2024 (Muon); torch.optim.Muon; microsoft/dion Muon; Chen et al.
+    2025 (arXiv 2510.12402, cautious weight decay).
+    """
+    items = []
+    for i, p in enumerate(group["params"]):
+        if p.grad is None:
+            continue
+        st = state[p]
+        if "momentum_buffer" not in st:
+            st["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+        u = muon_momentum(p.grad, st["momentum_buffer"], mu=group["momentum"], nesterov=group["nesterov"],
+                          style=group["momentum_style"])
+        layout = _layout(group, i, p)
+        items.append((p, layout, layout.matrices(u)))
+    outs = iter(_orthogonalize([x for _, _, mats in items for x in mats], group))
+    for p, layout, mats in items:
+        _apply_update(p, layout, [next(outs) for _ in mats], group)
+
+
+# ---------------------------------------------------------------------------------------
+# The optimizer
+# ---------------------------------------------------------------------------------------
+
+
+class Muon(Optimizer):
+    """Muon (MomentUm Orthogonalized by Newton–Schulz), one process.
+
+    Per matrix W (m, n) of a parameter (``muon_layout``: 2-D as is, conv weights flattened,
+    experts one matrix each, fused projections split) with gradient G: momentum
+    (``momentum_style``, ``nesterov``), O = newton_schulz(U), W ← W·(1 − lr·weight_decay) −
+    lr·s·O with s = adjusted_lr_scale(adjust_lr, m, n)·extra_scale_factor.
 
     Defaults follow ``torch.optim.Muon`` (lr 1e-3, weight_decay 0.1, momentum 0.95, nesterov,
     Keller Jordan's coefficients, 5 steps, eps 1e-7, bf16 Newton–Schulz, "original" lr
-    adjustment); with ``eps_mode="clamp"`` the update is bit-identical to torch's on CPU.
-    microsoft/dion's Muon: ``momentum_style="classic", nesterov=False,
-    coefficients="polar_express", adjust_lr="spectral_norm"`` (safety 1.02 and eps 1e-6 come
-    from the schedule).
+    adjustment); with ``eps_mode="clamp"`` the update is bit-identical to torch's on CPU
+    (for any list of 2-D parameters, because ``banks`` is off by default: a batched ``bmm``
+    differs from torch's 2-D ``addmm`` in the last bits). microsoft/dion's Muon:
+    ``momentum_style="classic", nesterov=False, coefficients="polar_express",
+    adjust_lr="spectral_norm"`` (safety 1.02 and eps 1e-6 come from the schedule).
+    Megatron: ``momentum_style="ema", nesterov=False, coefficients="cesista5",
+    adjust_lr="spectral", dtype="medium"`` plus its split_qkv as ``split_sizes``/``split_groups``.
 
-    Args: ``coefficients`` registry name or (T, 3) table; ``ns_steps`` steps (default from
-    the schedule); ``safety``/``eps`` the normalization (default from the named schedule,
-    else 1.0 / 1e-7); ``dtype`` the Newton–Schulz compute dtype.
-    State: ``momentum_buffer`` (same shape and dtype as the parameter), as torch.optim.Muon.
+    Args (each is also a param-group key, see ``MUON_DEFAULTS``): ``coefficients`` registry
+    name or per-step rows; ``ns_steps``; ``safety``/``eps``/``eps_mode`` the normalization;
+    ``dtype`` the Newton–Schulz compute dtype (``newton_schulz``); ``extra_scale_factor``;
+    ``cautious_weight_decay`` decay only where sign(O) = sign(W) (Chen et al. 2025, arXiv
+    2510.12402, I(u⊙x ≥ 0)); ``banks`` stack equal-shaped matrices of a group into one
+    batched call; ``expert_keys`` names whose parameters are (experts, m, n) stacks (needs
+    ``Muon(model.named_parameters())``); ``split_sizes``, ``split_groups``, ``num_heads``
+    fused-projection splits (per group: put the QKV weights in their own param group).
+    State: ``momentum_buffer`` (the parameter's shape and dtype), as torch.optim.Muon, so its
+    checkpoints load (missing group keys are taken from the current groups).
     Source: Jordan et al. 2024 (Muon blog); Liu et al. arXiv 2502.16982; torch.optim.Muon.
-    Raises: ValueError at construction for parameters that are not 2-D, bad hyperparameters
-    or unknown options; at ``step`` for sparse, complex, mismatched or non-finite gradients,
-    before any parameter or state changes.
+    Raises: at construction / add_param_group / load_state_dict, ValueError / TypeError /
+    KeyError from ``normalize_muon_group``; at ``step``, ValueError from ``check_muon_step``
+    for every group before any parameter or state changes.
     """
 
     def __init__(
@@ -87,55 +451,48 @@ class Muon(Optimizer):
         eps: float | None = None,
         eps_mode: str = "add",
         adjust_lr: str | None = "original",
-        dtype: torch.dtype = torch.bfloat16,
+        extra_scale_factor: float = 1.0,
+        cautious_weight_decay: bool = False,
+        dtype: torch.dtype | str | None = torch.bfloat16,
+        banks: bool = False,
+        expert_keys: Sequence[str] = (),
+        split_sizes: Sequence[int] | None = None,
+        split_groups: int = 1,
+        num_heads: int | Sequence[int] | None = None,
     ) -> None:
-        check_hyper(lr, "lr")
-        check_hyper(weight_decay, "weight_decay")
-        check_hyper(momentum, "momentum", high=1.0)
-        if momentum_style not in MOMENTUM_STYLES:
-            raise ValueError(f"momentum_style: expected one of {MOMENTUM_STYLES}, got {momentum_style!r}")
-        if adjust_lr not in ADJUST_LR_MODES:
-            raise ValueError(f"adjust_lr: expected one of {ADJUST_LR_MODES}, got {adjust_lr!r}")
-        if eps_mode not in EPS_MODES:
-            raise ValueError(f"eps_mode: expected one of {EPS_MODES}, got {eps_mode!r}")
-        if dtype not in COMPUTE_DTYPES:
-            raise TypeError(f"dtype: expected one of {COMPUTE_DTYPES}, got {dtype}")
-        named = COEFFICIENTS.get(coefficients) if isinstance(coefficients, str) else None
-        safety = (named.safety if named else 1.0) if safety is None else safety
-        eps = (named.eps if named else 1e-7) if eps is None else eps
-        check_hyper(safety, "safety", low_open=True)
-        check_hyper(eps, "eps")
-        resolve_coefficients(coefficients, ns_steps)  # validates name / table / steps now
         defaults = dict(
-            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-            momentum_style=momentum_style, coefficients=coefficients, ns_steps=ns_steps,
-            safety=safety, eps=eps, eps_mode=eps_mode, adjust_lr=adjust_lr, dtype=dtype,
+            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, momentum_style=momentum_style,
+            coefficients=coefficients, ns_steps=ns_steps, safety=safety, eps=eps, eps_mode=eps_mode,
+            adjust_lr=adjust_lr, extra_scale_factor=extra_scale_factor, cautious_weight_decay=cautious_weight_decay,
+            dtype=dtype, banks=banks, expert_keys=expert_keys, split_sizes=split_sizes, split_groups=split_groups,
+            num_heads=num_heads,
         )
+        normalize_muon_group({**defaults, "params": []})  # the defaults themselves, before any group
         super().__init__(params, defaults)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if not p.is_floating_point():
-                    raise TypeError(f"params: Muon expects floating-point parameters, got dtype {p.dtype}")
-                if p.ndim != 2:
-                    raise ValueError(
-                        f"params: Muon expects 2-D (m, n) parameters; got shape {tuple(p.shape)}. "
-                        "Give vectors, scalars and embeddings to AdamW/Lion."
-                    )
 
-    def _check_grads(self) -> None:
-        for group in self.param_groups:
-            for p in group["params"]:
-                g = p.grad
-                if g is None:
-                    continue
-                if g.is_sparse or torch.is_complex(g):
-                    raise ValueError("grad: Muon expects dense real gradients")
-                if g.shape != p.shape:
-                    raise ValueError(f"grad: expected shape {tuple(p.shape)}, got {tuple(g.shape)}")
-                check_finite(g, f"grad of parameter with shape {tuple(p.shape)}")
-                buf = self.state.get(p, {}).get("momentum_buffer")
-                if buf is not None and buf.shape != p.shape:
-                    raise ValueError(f"momentum_buffer: expected shape {tuple(p.shape)}, got {tuple(buf.shape)}")
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's add_param_group, then ``normalize_muon_group``; a rejected group is not added."""
+        super().add_param_group(param_group)
+        try:
+            normalize_muon_group(self.param_groups[-1])
+        except Exception:
+            self.param_groups.pop()
+            raise
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load_state_dict; Muon keys missing from a saved group (a torch.optim.Muon
+        checkpoint) are taken from the current group, and every group is validated first."""
+        saved = [dict(g) for g in state_dict["param_groups"]]
+        if len(saved) == len(self.param_groups):  # otherwise torch raises its own error
+            for group, current in zip(saved, self.param_groups):
+                for key in MUON_DEFAULTS:
+                    group.setdefault(key, current[key])
+                trial = {**group, "params": current["params"]}
+                if current.get("param_names") and not trial.get("param_names"):
+                    trial["param_names"] = current["param_names"]
+                normalize_muon_group(trial)
+                group.update({key: trial[key] for key in MUON_DEFAULTS})
+        super().load_state_dict({**state_dict, "param_groups": saved})
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -144,22 +501,8 @@ class Muon(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check_grads()  # all checks before the first change
+        for group in self.param_groups:  # all checks before the first change
+            check_muon_step(group, self.state)
         for group in self.param_groups:
-            lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-                u = muon_momentum(p.grad, state["momentum_buffer"], mu=mu, nesterov=group["nesterov"],
-                                  style=group["momentum_style"])
-                o = newton_schulz(
-                    u, group["coefficients"], steps=group["ns_steps"], safety=group["safety"],
-                    eps=group["eps"], dtype=group["dtype"], eps_mode=group["eps_mode"], out_dtype=p.dtype,
-                )
-                scale = adjusted_lr_scale(group["adjust_lr"], p.shape[-2], p.shape[-1])
-                p.mul_(1 - lr * wd)
-                p.add_(o, alpha=-lr * scale)
+            muon_group_step(group, self.state)
         return loss

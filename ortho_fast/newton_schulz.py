@@ -1,6 +1,28 @@
-"""Batched Newton–Schulz orthogonalization on (..., m, n) tensors."""
+"""Batched Newton–Schulz orthogonalization on (..., m, n) tensors.
+
+Dtype policy (``newton_schulz(g, dtype=..., out_dtype=...)``):
+
+* The input ``g`` may be any floating dtype. It is cast to the *compute dtype* first, and the
+  Frobenius normalization, every step's products and sums, and the transposes all happen in
+  the compute dtype (bfloat16 normalizes in bfloat16, exactly as ``torch.optim.Muon``).
+* Compute dtypes: ``torch.bfloat16`` (default; torch.optim.Muon, Keller Jordan, nanochat),
+  ``torch.float16``, ``torch.float32``, ``torch.float64``, or ``None`` for the input's own
+  dtype. bfloat16 / float16 matmuls accumulate in float32 and round each output once (CPU
+  and CUDA kernels); float16 has the range [6e-8, 65504], so singular values of the
+  normalized input below ~6e-8·‖G‖_F flush towards zero (the odd polynomial keeps 0 at 0).
+* Megatron / NVIDIA Emerging-Optimizers ``fp32_matmul_prec`` names are accepted as compute
+  dtypes: ``"medium"`` runs in bfloat16 (Emerging-Optimizers casts to bfloat16 for "medium";
+  it normalizes in float32 before the cast, we normalize after it, as torch.optim.Muon),
+  ``"high"`` runs in float32 with ``torch.set_float32_matmul_precision("high")`` (TF32 on
+  CUDA) for the duration of the call, ``"highest"`` in float32 with full-precision matmuls.
+  The precision switch is process-global while the call runs (as Emerging-Optimizers'
+  ``fp32_matmul_precision`` context); it is restored afterwards.
+* The result is cast to ``out_dtype`` (default: the input dtype) once, at the end.
+"""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -8,7 +30,41 @@ from ._validate import check_hyper, check_matrix_tensor
 from .coefficients import CoefficientsLike, resolve_coefficients
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+#: Megatron / Emerging-Optimizers ``fp32_matmul_prec`` -> (compute dtype, float32 matmul precision).
+MATMUL_PRECISIONS = {
+    "medium": (torch.bfloat16, None),
+    "high": (torch.float32, "high"),
+    "highest": (torch.float32, "highest"),
+}
 EPS_MODES = ("add", "clamp")
+
+
+
+def resolve_compute_dtype(dtype, input_dtype: torch.dtype | None = None) -> tuple[torch.dtype | None, str | None]:
+    """Map a compute-dtype setting to (torch dtype, float32 matmul precision or None).
+
+    ``dtype``: one of ``COMPUTE_DTYPES``, a key of ``MATMUL_PRECISIONS`` ("medium", "high",
+    "highest"), or None (the input's dtype; returned as ``input_dtype``).
+    Raises: TypeError naming ``dtype`` for anything else.
+    """
+    if dtype is None:
+        return input_dtype, None
+    if isinstance(dtype, str) and dtype in MATMUL_PRECISIONS:
+        return MATMUL_PRECISIONS[dtype]
+    if isinstance(dtype, str) or dtype not in COMPUTE_DTYPES:
+        raise TypeError(f"dtype: expected one of {COMPUTE_DTYPES}, None or {sorted(MATMUL_PRECISIONS)}, got {dtype!r}")
+    return dtype, None
+
+
+@contextlib.contextmanager
+def _float32_matmul_precision(precision: str):
+    """Set ``torch.set_float32_matmul_precision`` for the duration of the block."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 def _quintic_step(x: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor:
@@ -31,55 +87,8 @@ def _quintic_step(x: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor
     return torch.baddbmm(x, update, x, beta=a)
 
 
-def newton_schulz(
-    g: torch.Tensor,
-    coefficients: CoefficientsLike = "jordan",
-    *,
-    steps: int | None = None,
-    safety: float = 1.0,
-    eps: float = 1e-7,
-    dtype: torch.dtype = torch.bfloat16,
-    eps_mode: str = "add",
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """Odd quintic Newton–Schulz iteration approximating the polar factor of each matrix.
-
-    X₀ = G / (safety·‖G‖_F + eps) (``eps_mode="add"``; ``"clamp"`` divides by
-    max(safety·‖G‖_F, eps) as torch.optim.Muon does), then per step (a, b, c):
-    X <- aX + (bA + cA²)X with A = XXᵀ, computed on the wide side (tall inputs are
-    transposed and transposed back). In exact arithmetic the result is U f(Σ̂) Vᵀ
-    (``ortho_ref.ns_map``), not the polar factor U Vᵀ.
-
-    Shapes: g (..., m, n) -> (..., m, n); leading dims are independent matrices, each with
-    its own Frobenius norm. Dtypes: computed in ``dtype`` (bfloat16, float16, float32 or
-    float64), returned in ``out_dtype`` (default: g.dtype). Device: that of ``g``.
-    Args: ``coefficients`` a name in ``ortho_fast.COEFFICIENTS``, a schedule, or a (T, 3)
-    table; ``steps`` overrides the number of steps (last row repeated beyond the table).
-    Source: Keller Jordan's Muon (2024) ``zeropower_via_newtonschulz5``; torch.optim.Muon
-    ``_zeropower_via_newtonschulz``; Amsel et al. 2025 (arXiv 2505.16932) for per-step rows.
-    Raises: TypeError for a non-tensor or non-float ``g`` or an unsupported ``dtype``;
-    ValueError for fewer than 2 dims, an empty matrix, a bad table, steps < 1, safety <= 0,
-    eps < 0, or an unknown ``eps_mode``; KeyError for an unknown schedule name. NaN / Inf in
-    ``g`` propagate (the optimizers check gradients before calling this).
-    Contract: ‖result − ns_map(g)‖_F within ``verify.tolerances.ns_tolerance``.
-    """
-    check_matrix_tensor(g, "g")
-    if dtype not in COMPUTE_DTYPES:
-        raise TypeError(f"dtype: expected one of {COMPUTE_DTYPES}, got {dtype}")
-    if eps_mode not in EPS_MODES:
-        raise ValueError(f"eps_mode: expected one of {EPS_MODES}, got {eps_mode!r}")
-    safety = check_hyper(safety, "safety", low_open=True)
-    eps = check_hyper(eps, "eps")
-    table = resolve_coefficients(coefficients, steps)
-
-    m, n = g.shape[-2], g.shape[-1]
-    batch_shape = g.shape[:-2]
-    x = g.to(dtype)
-    if x.ndim > 2:
-        x = x.reshape(-1, m, n)
-    transpose = m > n
-    if transpose:
-        x = x.mT
+def _iterate(x: torch.Tensor, table, safety: float, eps: float, eps_mode: str) -> torch.Tensor:
+    """Normalize and run the steps on (m, n) or (batch, m, n) with m <= n, in x's dtype."""
     if x.ndim == 2:
         norm = x.norm()
     else:
@@ -92,6 +101,70 @@ def newton_schulz(
     x = x / denom
     for a, b, c in table:
         x = _quintic_step(x, a, b, c)
+    return x
+
+
+def newton_schulz(
+    g: torch.Tensor,
+    coefficients: CoefficientsLike = "jordan",
+    *,
+    steps: int | None = None,
+    safety: float = 1.0,
+    eps: float = 1e-7,
+    dtype: torch.dtype | str | None = torch.bfloat16,
+    eps_mode: str = "add",
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Odd quintic Newton–Schulz iteration approximating the polar factor of each matrix.
+
+    X₀ = G / (safety·‖G‖_F + eps) (``eps_mode="add"``; ``"clamp"`` divides by
+    max(safety·‖G‖_F, eps) as torch.optim.Muon does), then per step (a, b, c):
+    X <- aX + (bA + cA²)X with A = XXᵀ, computed on the wide side (tall inputs are
+    transposed and transposed back). In exact arithmetic the result is U f(Σ̂) Vᵀ
+    (``ortho_ref.ns_map``), not the polar factor U Vᵀ.
+
+    Shapes: g (..., m, n) -> (..., m, n); any number of leading dims, each matrix an
+    independent problem with its own Frobenius norm (a 2-D input takes the 2-D ``addmm``
+    path of torch.optim.Muon, a batch the ``bmm``/``baddbmm`` path; the two are equal in
+    exact arithmetic, not bit for bit). Dtypes: see the module docstring — computed in
+    ``dtype`` (bfloat16, float16, float32, float64, None = g.dtype, or Megatron's "medium" /
+    "high" / "highest"), returned in ``out_dtype`` (default g.dtype). Device: that of ``g``.
+    Args: ``coefficients`` a name in ``ortho_fast.COEFFICIENTS``, a ``CoefficientSchedule``,
+    or per-step rows (a list of (a, b, c) rows, or a (T, 3) tensor / array; one (a, b, c) row
+    alone is repeated for 5 steps); ``steps`` overrides the number of steps (last row
+    repeated beyond the table, fewer truncates).
+    Works under ``torch.compile`` (fullgraph for torch dtypes; the "high"/"highest" names
+    switch a global setting around the call and are meant for eager use).
+    Source: Keller Jordan's Muon (2024) ``zeropower_via_newtonschulz5``; torch.optim.Muon
+    ``_zeropower_via_newtonschulz``; Amsel et al. 2025 (arXiv 2505.16932) for per-step rows;
+    NVIDIA Emerging-Optimizers ``muon_utils.newton_schulz`` for the precision names.
+    Raises: TypeError for a non-tensor or non-float ``g`` or an unsupported ``dtype``;
+    ValueError for fewer than 2 dims, an empty matrix, a bad table, steps < 1, safety <= 0,
+    eps < 0, or an unknown ``eps_mode``; KeyError for an unknown schedule name. NaN / Inf in
+    ``g`` propagate (the optimizers check gradients before calling this).
+    Contract: ‖result − ns_map(g)‖_F within ``verify.tolerances.ns_tolerance`` (per matrix).
+    """
+    check_matrix_tensor(g, "g")
+    compute_dtype, precision = resolve_compute_dtype(dtype, g.dtype)
+    if eps_mode not in EPS_MODES:
+        raise ValueError(f"eps_mode: expected one of {EPS_MODES}, got {eps_mode!r}")
+    safety = check_hyper(safety, "safety", low_open=True)
+    eps = check_hyper(eps, "eps")
+    table = resolve_coefficients(coefficients, steps)
+
+    m, n = g.shape[-2], g.shape[-1]
+    batch_shape = g.shape[:-2]
+    x = g.to(compute_dtype)
+    if x.ndim > 2:
+        x = x.reshape(-1, m, n)
+    transpose = m > n
+    if transpose:
+        x = x.mT
+    if precision is None:
+        x = _iterate(x, table, safety, eps, eps_mode)
+    else:
+        with _float32_matmul_precision(precision):
+            x = _iterate(x, table, safety, eps, eps_mode)
     if transpose:
         x = x.mT
     return x.reshape(*batch_shape, m, n).to(g.dtype if out_dtype is None else out_dtype)

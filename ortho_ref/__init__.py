@@ -1,12 +1,28 @@
 """ortho_ref: the exact oracle (numpy, scipy, mpmath; never torch).
 
 Polar factor by SVD, the exact result of any Newton–Schulz schedule (``ns_map``), its
-bands and first-order gains, and reference Muon and Dion steps. Float64, one matrix at a
+bands and first-order gains, and reference Muon, Dion, AdamW and Lion steps. Float64, one matrix at a
 time, pure functions.
 """
 
 from .coefficients import SCHEDULES, schedule
-from .dion import DionStep, column_normalize, dion_rank, dion_step, dion_transposed, orthonormalize, q_shape
+from .dion import (
+    QR_METHODS,
+    RIGHT_FACTORS,
+    DionReplicatedStep,
+    DionStep,
+    column_normalize,
+    dion_ideal_step,
+    dion_rank,
+    dion_right_factor,
+    dion_step,
+    dion_step_replicated,
+    dion_transposed,
+    gaussian_sketch,
+    orthonormalize,
+    q_shape,
+    sketch_rows,
+)
 from .muon import MuonStep, lr_scale, muon_step
 from .ns_map import (
     ns_band,
@@ -19,11 +35,16 @@ from .ns_map import (
     ns_step_magnitudes,
     normalized_singular_values,
 )
-from .polar import polar, polar_decomposition, singular_values, svd
+from .mp import from_hi_lo, to_float64, to_hi_lo
+from .polar import polar, polar_condition, polar_decomposition, singular_values, svd
+from .scalar import AdamWStep, LionStep, adamw_step, lion_step
 
 __all__ = [
     "SCHEDULES", "schedule", "DionStep", "column_normalize", "dion_rank", "dion_step", "dion_transposed",
-    "orthonormalize", "q_shape", "MuonStep", "lr_scale", "muon_step", "ns_band", "ns_derivative",
+    "orthonormalize", "q_shape", "QR_METHODS", "RIGHT_FACTORS", "DionReplicatedStep", "dion_ideal_step",
+    "dion_right_factor", "dion_step_replicated", "gaussian_sketch", "sketch_rows", "MuonStep", "lr_scale", "muon_step", "ns_band", "ns_derivative",
     "ns_diagonal_gain", "ns_lipschitz", "ns_map", "ns_polynomial", "ns_step_gains", "ns_step_magnitudes",
     "normalized_singular_values", "polar", "polar_decomposition", "singular_values", "svd",
+    "polar_condition", "from_hi_lo", "to_float64", "to_hi_lo",
+    "AdamWStep", "LionStep", "adamw_step", "lion_step",
 ]

@@ -1,13 +1,34 @@
-"""Reference Dion step (Ahn et al., arXiv 2504.05295, Algorithm 1), float64, one matrix."""
+"""Reference Dion (Ahn et al., arXiv 2504.05295, Algorithm 1), float64, one matrix.
+
+Every variant the fast side offers, as plain numpy/scipy: the three QR methods of
+microsoft/dion (Householder, CholeskyQR2, randomized CholeskyQR), the two right factors
+(column normalization of the paper, or an orthonormal Q by QR), power iterations, the
+ideal step with the best rank-r approximation (truncated SVD), and the compressed
+data-parallel synchronization over a list of replicas.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
+import scipy.linalg
 
 from ._validate import as_like, as_matrix, check_scalar
+from .polar import svd
+
+QR_METHODS = ("householder", "cholesky_qr", "randomized_cholesky_qr")
+RIGHT_FACTORS = ("column_norm", "qr")
+
+#: Sketch rows per column of Y for the randomized CholeskyQR (microsoft/dion ``rcqr_oversample``).
+RCQR_OVERSAMPLE = 1.25
+
+#: CholeskyQR2 is accepted only when the Gram matrix of its first pass, G = Y₁ᵀY₁, has
+#: ‖G − I‖_F ≤ this; then κ(Y₁) ≤ √3 and the second pass is orthonormal to O(u)
+#: (Yamamoto et al., ETNA 44, 2015). Past it — κ(Y) beyond about u^(-1/2) — the first pass
+#: has lost orthogonality (‖Y₁ᵀY₁ − I‖ ≈ u·κ(Y)²) and the factorization falls back to Householder.
+CQR2_GRAM_DEVIATION = 0.5
 
 
 def dion_rank(m: int, n: int, rank_fraction: float = 1.0, rank_multiple_of: int = 1) -> int:
@@ -36,20 +57,125 @@ def q_shape(m: int, n: int, r: int) -> tuple[int, int]:
     return (min(m, n), r)
 
 
-def orthonormalize(y: np.ndarray) -> np.ndarray:
-    """Thin QR (Householder, LAPACK geqrf/orgqr) with signs fixed so that diag(R) > 0.
+def sketch_rows(rank: int, oversample: float = RCQR_OVERSAMPLE) -> int:
+    """Rows k = ceil(oversample·r) of the Gaussian sketch of the randomized CholeskyQR.
 
-    Shapes: y (m, r), m >= r -> P (m, r) float64 with PᵀP = I. A zero diagonal entry of R
-    (rank-deficient y) keeps its column's sign (sign(0) := +1).
+    microsoft/dion rounds k up to a multiple of 128 (a GPU tile); here k is the plain
+    oversampled rank, as in Balabanov (2022) / Fan, Guo, Lin (2021).
+    Raises: ValueError for oversample < 1 (the sketch needs k >= r rows) or rank < 1.
     """
+    oversample = check_scalar(oversample, "oversample", low=1.0)
+    if int(rank) != rank or rank < 1:
+        raise ValueError(f"rank: expected an integer >= 1, got {rank!r}")
+    return math.ceil(oversample * int(rank))
+
+
+def gaussian_sketch(rng: np.random.Generator, k: int, rows: int) -> np.ndarray:
+    """S (k, rows) with i.i.d. N(0, 1/k) entries drawn from ``rng`` (scaled as microsoft/dion,
+    so that ‖Sx‖ ≈ ‖x‖). Raises: TypeError if ``rng`` is not a numpy Generator."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
+    return rng.standard_normal((k, rows)) / math.sqrt(k)
+
+
+def _householder(y: np.ndarray) -> np.ndarray:
     q, r = np.linalg.qr(y, mode="reduced")
-    signs = np.where(np.diag(r) < 0, -1.0, 1.0)
-    return q * signs
+    return q * np.where(np.diag(r) < 0, -1.0, 1.0)
+
+
+def _cholesky_solve(y: np.ndarray, gram: np.ndarray) -> np.ndarray | None:
+    """Y R⁻¹ with R the upper Cholesky factor of ``gram`` (one CholeskyQR pass); None if
+    the Cholesky factorization fails or the result is not finite."""
+    try:
+        r = scipy.linalg.cholesky(gram, lower=False, check_finite=False)
+        p = scipy.linalg.solve_triangular(r, y.T, trans="T", lower=False, check_finite=False).T
+    except (np.linalg.LinAlgError, ValueError):
+        return None
+    return p if np.all(np.isfinite(p)) else None
+
+
+def _cholesky_qr2(y: np.ndarray) -> np.ndarray | None:
+    p1 = _cholesky_solve(y, y.T @ y)
+    if p1 is None:
+        return None
+    gram = p1.T @ p1
+    if np.linalg.norm(gram - np.eye(gram.shape[0])) > CQR2_GRAM_DEVIATION:
+        return None
+    return _cholesky_solve(p1, gram)
+
+
+def _randomized_cholesky_qr(y: np.ndarray, rng: np.random.Generator, oversample: float) -> np.ndarray | None:
+    rows, r = y.shape
+    k = sketch_rows(r, oversample)
+    if k >= rows:  # the sketch would not compress: factor Y itself
+        return None
+    r_s = np.linalg.qr(gaussian_sketch(rng, k, rows) @ y, mode="r")
+    r_s = r_s * np.where(np.diag(r_s) < 0, -1.0, 1.0)[:, None]  # diag(R_s) > 0, so diag(R) > 0 at the end
+    try:
+        y1 = scipy.linalg.solve_triangular(r_s, y.T, trans="T", lower=False, check_finite=False).T
+    except (np.linalg.LinAlgError, ValueError):
+        return None
+    return _cholesky_solve(y1, y1.T @ y1) if np.all(np.isfinite(y1)) else None
+
+
+def orthonormalize(y, method: str = "householder", *, rng: np.random.Generator | None = None,
+                   oversample: float = RCQR_OVERSAMPLE) -> np.ndarray:
+    """Q factor P of the thin QR Y = P R with diag(R) > 0, by one of ``QR_METHODS``.
+
+    ``householder``: LAPACK geqrf/orgqr, then the signs of P's columns fixed (sign(0) := +1).
+    ``cholesky_qr``: CholeskyQR2 — R₁ = chol(YᵀY), Y₁ = Y R₁⁻¹, and once more on Y₁.
+    ``randomized_cholesky_qr``: R_s from the QR of the sketch S Y (S Gaussian,
+    k = ``sketch_rows(r, oversample)`` rows, from ``rng``), Y₁ = Y R_s⁻¹, then one CholeskyQR
+    pass on Y₁ (microsoft/dion ``orthogonalize``, qr_method="rcqr").
+    All three give the same P in exact arithmetic (the thin QR with diag(R) > 0 is unique for a
+    full-rank Y; Cholesky factors have positive diagonals and R_s is sign-fixed).
+
+    Numerics. One CholeskyQR pass is orthonormal only to ≈ u·κ(Y)² (it squares the condition
+    number); CholeskyQR2 is orthonormal to O((m r + r²)·u) when κ(Y) ≲ u^(-1/2) (Yamamoto,
+    Nakatsukasa, Yanagisawa, Fukaya, ETNA 44, 2015); the sketch preconditions Y to κ(Y R_s⁻¹)
+    = O(1) with high probability for κ(Y) ≲ u⁻¹ (Balabanov 2022; Fan, Guo, Lin 2021). Past
+    these regimes the method falls back to Householder — like a numerics library, rather than
+    returning a non-orthonormal P: CholeskyQR2 when a Cholesky factorization fails, the result
+    is not finite, or the first pass left ‖Y₁ᵀY₁ − I‖_F > ``CQR2_GRAM_DEVIATION``; the randomized
+    method when a Cholesky factorization or triangular solve fails. It also factors Y directly
+    when k >= rows (the sketch would not compress). microsoft/dion has no such fallback for
+    "rcqr" (its "cqr" falls back to "rcqr"); it keeps diag(R) of arbitrary sign.
+
+    Shapes: y (rows, r) with rows >= r -> P (rows, r) float64.
+    Raises: TypeError / ValueError for a non-float, non-2-D, empty or non-finite y, rows < r,
+    an unknown method, or a randomized method without a numpy Generator ``rng``.
+    """
+    y = as_matrix(y, "y")
+    if y.shape[0] < y.shape[1]:
+        raise ValueError(f"y: expected shape (rows, r) with rows >= r, got {y.shape}")
+    _check_choice(method, "method", QR_METHODS)
+    p = None
+    if method == "cholesky_qr":
+        p = _cholesky_qr2(y)
+    elif method == "randomized_cholesky_qr":
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng: randomized_cholesky_qr needs a numpy.random.Generator, got {type(rng).__name__}")
+        p = _randomized_cholesky_qr(y, rng, oversample)
+    return _householder(y) if p is None else p
 
 
 def column_normalize(r: np.ndarray, epsilon: float) -> np.ndarray:
     """R[:, j] / (‖R[:, j]‖₂ + epsilon) for each column j (Dion's Q update)."""
     return r / (np.linalg.norm(r, axis=0, keepdims=True) + epsilon)
+
+
+def dion_right_factor(r: np.ndarray, right_factor: str = "column_norm", epsilon: float = 1e-8) -> np.ndarray:
+    """Dion's new right factor from R = BᵀP (n', r).
+
+    ``column_norm``: Q = R / (‖R[:, j]‖₂ + ε) (Ahn et al. 2504.05295, Algorithm 1).
+    ``qr``: Q = orth(R), the Householder Q factor with diag > 0 (Orth-Dion, arXiv 2605.16341 —
+    not found in our sources; implemented as this stated assumption). Then P Qᵀ has all its
+    r nonzero singular values equal to 1. P is unchanged in exact arithmetic: Q = R T⁻¹ and
+    R D⁻¹ differ by an upper-triangular factor with positive diagonal, which orth(B Q) absorbs.
+    Shapes: r (n', r) -> (n', r) float64. Raises: ValueError for an unknown ``right_factor``.
+    """
+    _check_choice(right_factor, "right_factor", RIGHT_FACTORS)
+    return column_normalize(r, epsilon) if right_factor == "column_norm" else _householder(r)
 
 
 class DionStep(NamedTuple):
@@ -66,6 +192,137 @@ class DionStep(NamedTuple):
     lr_scale: float
 
 
+class DionReplicatedStep(NamedTuple):
+    """Result of ``dion_step_replicated``: per replica ``weights`` and ``momenta`` (m, n); the
+    shared ``Q`` (n', r), ``P`` (m', r), ``R`` (n', r) and the replicas' B_i (m', n') in the
+    working orientation."""
+
+    weights: tuple
+    momenta: tuple
+    Q: np.ndarray
+    P: np.ndarray
+    R: np.ndarray
+    B: tuple
+    lr_scale: float
+
+
+def _check_choice(value, name: str, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {choices}, got {value!r}")
+
+
+def _check_hyper(lr, mu, weight_decay, epsilon, power_iters, right_factor) -> tuple[float, float, float, float]:
+    if int(power_iters) != power_iters or power_iters < 1:
+        raise ValueError(f"power_iters: expected an integer >= 1, got {power_iters!r}")
+    _check_choice(right_factor, "right_factor", RIGHT_FACTORS)
+    return (check_scalar(lr, "lr", low=0.0), check_scalar(mu, "mu", low=0.0, high=1.0),
+            check_scalar(weight_decay, "weight_decay", low=0.0), check_scalar(epsilon, "epsilon", low=0.0))
+
+
+def _mean(xs: list) -> np.ndarray:
+    """(x₁ + … + x_N)/N summed left to right (an all-reduce with op AVG); one term: x₁ exactly."""
+    total = xs[0].copy()
+    for x in xs[1:]:
+        total += x
+    return total / len(xs)
+
+
+def _finish(weights, bs, p, r_mat, q_new, *, lr, mu, weight_decay, error_feedback, transposed, scale):
+    """M_i = B_i − (1−μ)PRᵀ (or μPRᵀ), X_i = (1 − lr·wd)X_i − lr·s·PQᵀ, back in (m, n) layout."""
+    pr = p @ r_mat.T
+    momenta = [b - (1.0 - mu) * pr if error_feedback else mu * pr for b in bs]
+    delta = p @ q_new.T
+    if transposed:
+        momenta, delta = [mom.T for mom in momenta], delta.T
+    new_w = [w * (1.0 - lr * weight_decay) - (lr * scale) * delta for w in weights]
+    return new_w, momenta
+
+
+def dion_step_replicated(
+    weights: Sequence,
+    grads: Sequence,
+    momenta: Sequence,
+    Q,
+    *,
+    lr: float,
+    mu: float = 0.95,
+    weight_decay: float = 0.0,
+    epsilon: float = 1e-8,
+    power_iters: int = 1,
+    error_feedback: bool = True,
+    qr_method: str = "householder",
+    oversample: float = RCQR_OVERSAMPLE,
+    rng: np.random.Generator | None = None,
+    right_factor: str = "column_norm",
+) -> DionReplicatedStep:
+    """One Dion step on N data-parallel replicas with compressed synchronization.
+
+    Replica i holds its weight X_i, momentum M_i and gradient G_i; all share Q. In the working
+    orientation each forms B_i = M_i + G_i, and the replicas all-reduce (mean) the small
+    matrices instead of G:
+        P = orth(mean_i B_i Q)       R = mean_i B_iᵀ P        (each power iteration)
+        M_i ← B_i − (1 − μ) P Rᵀ     Q ← right factor of R    X_i ← (1 − lr·wd)X_i − lr·√(m/n)·P Qᵀ
+    By linearity mean_i M_i equals the momentum of one process fed the mean gradient, and the
+    weight update is the same on every replica (DESIGN "Compressed data-parallel sync").
+    If every B_i is zero: P = 0, R = 0, Q kept, M_i = B_i, only the weight decay applies.
+    The sketch of ``randomized_cholesky_qr`` is drawn once per power iteration from ``rng``
+    (one shared generator: in a real run every replica seeds it identically).
+
+    Shapes: weights, grads, momenta: N >= 1 arrays (m, n); Q (min(m, n), r), 1 <= r <= min(m, n).
+    Source: Ahn et al., arXiv 2504.05295 (the distributed algorithm's data-parallel
+    compression); microsoft/dion ``dion.py`` (``compressed_all_reduce`` of P and R) and README
+    ("Compressed Data-Parallel Gradient Sync").
+    Raises: TypeError / ValueError for lists of different lengths or shapes, non-float, non-2-D,
+    empty or non-finite arrays, a Q of the wrong shape, lr < 0, mu outside [0, 1],
+    weight_decay < 0, epsilon < 0, power_iters < 1, an unknown qr_method / right_factor, or a
+    randomized qr_method without ``rng``.
+    """
+    if not (len(weights) == len(grads) == len(momenta) >= 1):
+        raise ValueError(f"weights, grads, momenta: expected lists of the same length N >= 1, "
+                         f"got {len(weights)}, {len(grads)}, {len(momenta)}")
+    return _replicated_step(weights, grads, momenta, Q, ("weights[{}]", "grads[{}]", "momenta[{}]"), lr=lr, mu=mu,
+                            weight_decay=weight_decay, epsilon=epsilon, power_iters=power_iters,
+                            error_feedback=error_feedback, qr_method=qr_method, oversample=oversample, rng=rng,
+                            right_factor=right_factor)
+
+
+def _replicated_step(weights, grads, momenta, Q, names, *, lr, mu, weight_decay, epsilon, power_iters,
+                     error_feedback, qr_method, oversample, rng, right_factor) -> DionReplicatedStep:
+    """Validation (argument names from ``names``, formatted with the replica index) and the step."""
+    w_name, g_name, m_name = names
+    m, n = as_matrix(weights[0], w_name.format(0)).shape
+    ws = [as_like(w, w_name.format(i), (m, n)) for i, w in enumerate(weights)]
+    gs = [as_like(g, g_name.format(i), (m, n)) for i, g in enumerate(grads)]
+    ms = [as_like(mo, m_name.format(i), (m, n)) for i, mo in enumerate(momenta)]
+    q = np.asarray(Q)
+    if q.ndim != 2 or q.shape[0] != min(m, n) or not 1 <= q.shape[1] <= min(m, n):
+        raise ValueError(f"Q: expected shape (min(m, n), r) = ({min(m, n)}, r) with 1 <= r <= {min(m, n)}, got {q.shape}")
+    q = as_like(q, "Q", q.shape)
+    lr, mu, weight_decay, epsilon = _check_hyper(lr, mu, weight_decay, epsilon, power_iters, right_factor)
+    _check_choice(qr_method, "qr_method", QR_METHODS)
+    if qr_method == "randomized_cholesky_qr":
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng: randomized_cholesky_qr needs a numpy.random.Generator, got {type(rng).__name__}")
+        sketch_rows(q.shape[1], oversample)  # validates oversample
+
+    transposed = dion_transposed(m, n)
+    b_full = [mo + g for mo, g in zip(ms, gs)]
+    bs = [b.T for b in b_full] if transposed else b_full
+    scale = math.sqrt(m / n)
+    r = q.shape[1]
+    if not any(np.any(b) for b in bs):
+        decayed = tuple(w * (1.0 - lr * weight_decay) for w in ws)
+        return DionReplicatedStep(decayed, tuple(b_full), q, np.zeros((bs[0].shape[0], r)),
+                                  np.zeros((bs[0].shape[1], r)), tuple(bs), scale)
+    for it in range(int(power_iters)):
+        p = orthonormalize(_mean([b @ q for b in bs]), qr_method, rng=rng, oversample=oversample)
+        r_mat = _mean([b.T @ p for b in bs])
+        q = dion_right_factor(r_mat, right_factor, epsilon)
+    new_w, new_m = _finish(ws, bs, p, r_mat, q, lr=lr, mu=mu, weight_decay=weight_decay,
+                           error_feedback=error_feedback, transposed=transposed, scale=scale)
+    return DionReplicatedStep(tuple(new_w), tuple(new_m), q, p, r_mat, tuple(bs), scale)
+
+
 def dion_step(
     weight,
     grad,
@@ -78,60 +335,82 @@ def dion_step(
     epsilon: float = 1e-8,
     power_iters: int = 1,
     error_feedback: bool = True,
+    qr_method: str = "householder",
+    oversample: float = RCQR_OVERSAMPLE,
+    rng: np.random.Generator | None = None,
+    right_factor: str = "column_norm",
 ) -> DionStep:
     """One reference Dion step with the rank r taken from Q's shape.
 
     With B = M + G in the working orientation (Bᵀ when m < n; the choice depends on the
     global shape only), Q (n', r):
-        P = orth(B Q)               thin QR, diag(R) > 0; power_iters > 1 repeats Q ← colnorm(BᵀP)
+        P = orth(B Q)               thin QR, diag(R) > 0, by ``qr_method`` (``orthonormalize``);
+                                    power_iters > 1 repeats Q ← right factor of BᵀP
         R = Bᵀ P
         M = B − (1 − μ) P Rᵀ        error feedback (``error_feedback=False``: M = μ P Rᵀ,
                                     the rank-r residual is discarded)
-        Q = R / (‖R[:, j]‖₂ + ε)    column normalization
+        Q = R / (‖R[:, j]‖₂ + ε)    column normalization (``right_factor="qr"``: Q = orth(R))
         X = (1 − lr·wd) X − lr·√(m/n)·P Qᵀ   with (m, n) the weight's own shape
     If B = 0: P = 0, R = 0, Q kept, M = B, and only the weight decay applies.
+    This is ``dion_step_replicated`` with one replica (bit for bit).
 
     Shapes: weight, grad, momentum (m, n); Q (min(m, n), r) with 1 <= r <= min(m, n).
     Source: Ahn et al., arXiv 2504.05295, Algorithm 1; microsoft/dion ``dion_simple.py``.
-    Raises: TypeError / ValueError for non-float, non-2-D, empty or non-finite arrays, a Q of
-    the wrong shape, lr < 0, mu outside [0, 1], weight_decay < 0, epsilon < 0, power_iters < 1.
+    Raises: as ``dion_step_replicated``.
+    """
+    out = _replicated_step([weight], [grad], [momentum], Q, ("weight", "grad", "momentum"), lr=lr, mu=mu,
+                           weight_decay=weight_decay, epsilon=epsilon, power_iters=power_iters,
+                           error_feedback=error_feedback, qr_method=qr_method, oversample=oversample, rng=rng,
+                           right_factor=right_factor)
+    return DionStep(out.weights[0], out.momenta[0], out.Q, out.P, out.R, out.B[0], out.lr_scale)
+
+
+def dion_ideal_step(
+    weight,
+    grad,
+    momentum,
+    *,
+    rank: int,
+    lr: float,
+    mu: float = 0.95,
+    weight_decay: float = 0.0,
+    epsilon: float = 1e-8,
+    error_feedback: bool = True,
+    right_factor: str = "column_norm",
+) -> DionStep:
+    """Dion's step with P, R from the best rank-r approximation of B (Eckart–Young), for comparisons.
+
+    In the working orientation B = U Σ Vᵀ (thin SVD): P = U[:, :r] (each column's entry of
+    largest magnitude made positive), R = BᵀP (= V_r Σ_r); then M, Q and X exactly as in
+    ``dion_step``. This is the fixed point Dion's power iteration approaches when B is held
+    fixed (subspace iteration on BBᵀ), so ‖P_dion P_dionᵀ − P Pᵀ‖ measures how far one step is
+    from it. If B = 0: P = 0, R = 0, Q = 0 (there is no previous Q), M = B, only weight decay.
+
+    Shapes: weight, grad, momentum (m, n); rank 1 <= r <= min(m, n) -> ``DionStep`` with
+    Q (min(m, n), r).
+    Source: Ahn et al., arXiv 2504.05295, Sec. 2 (Dion as a low-rank approximation of the
+    orthonormalized update); Eckart & Young (1936).
+    Raises: TypeError / ValueError as ``dion_step``, and for a rank outside [1, min(m, n)].
     """
     w = as_matrix(weight, "weight")
-    g = as_like(grad, "grad", w.shape)
-    m_old = as_like(momentum, "momentum", w.shape)
     m, n = w.shape
-    q = np.asarray(Q)
-    if q.ndim != 2 or q.shape[0] != min(m, n) or not 1 <= q.shape[1] <= min(m, n):
-        raise ValueError(f"Q: expected shape (min(m, n), r) = ({min(m, n)}, r) with 1 <= r <= {min(m, n)}, got {q.shape}")
-    q = as_like(q, "Q", q.shape)
-    lr = check_scalar(lr, "lr", low=0.0)
-    mu = check_scalar(mu, "mu", low=0.0, high=1.0)
-    weight_decay = check_scalar(weight_decay, "weight_decay", low=0.0)
-    epsilon = check_scalar(epsilon, "epsilon", low=0.0)
-    if int(power_iters) != power_iters or power_iters < 1:
-        raise ValueError(f"power_iters: expected an integer >= 1, got {power_iters!r}")
-
+    g = as_like(grad, "grad", (m, n))
+    m_old = as_like(momentum, "momentum", (m, n))
+    if int(rank) != rank or not 1 <= rank <= min(m, n):
+        raise ValueError(f"rank: expected an integer in [1, {min(m, n)}], got {rank!r}")
+    lr, mu, weight_decay, epsilon = _check_hyper(lr, mu, weight_decay, epsilon, 1, right_factor)
     transposed = dion_transposed(m, n)
     b_full = m_old + g
     b = b_full.T if transposed else b_full
+    r = int(rank)
     scale = math.sqrt(m / n)
-    decayed = w * (1.0 - lr * weight_decay)
     if not np.any(b):
-        r = q.shape[1]
-        zero_p = np.zeros((b.shape[0], r))
-        return DionStep(decayed, b_full, q, zero_p, np.zeros((b.shape[1], r)), b, scale)
-
-    for it in range(int(power_iters)):
-        p = orthonormalize(b @ q)
-        r_mat = b.T @ p
-        if it + 1 < power_iters:
-            q = column_normalize(r_mat, epsilon)
-    if error_feedback:
-        m_new = b - (1.0 - mu) * (p @ r_mat.T)
-    else:
-        m_new = mu * (p @ r_mat.T)
-    q_new = column_normalize(r_mat, epsilon)
-    delta = p @ q_new.T
-    if transposed:
-        m_new, delta = m_new.T, delta.T
-    return DionStep(decayed - (lr * scale) * delta, m_new, q_new, p, r_mat, b, scale)
+        zeros_p, zeros_r = np.zeros((b.shape[0], r)), np.zeros((b.shape[1], r))
+        return DionStep(w * (1.0 - lr * weight_decay), b_full, zeros_r, zeros_p, zeros_r, b, scale)
+    u = svd(b)[0][:, :r]
+    p = u * np.where(u[np.argmax(np.abs(u), axis=0), np.arange(r)] < 0, -1.0, 1.0)
+    r_mat = b.T @ p
+    q = dion_right_factor(r_mat, right_factor, epsilon)
+    new_w, new_m = _finish([w], [b], p, r_mat, q, lr=lr, mu=mu, weight_decay=weight_decay,
+                           error_feedback=error_feedback, transposed=transposed, scale=scale)
+    return DionStep(new_w[0], new_m[0], q, p, r_mat, b, scale)

@@ -13,7 +13,8 @@ from .ns_map import ns_map
 from .polar import polar
 
 MOMENTUM_STYLES = ("ema", "classic")
-ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral_norm", None)
+#: The last three are the Megatron / NVIDIA Emerging-Optimizers ``scale_mode`` names.
+ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral_norm", None, "shape_scaling", "spectral", "unit_rms_norm")
 
 
 def lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
@@ -22,14 +23,19 @@ def lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
     "original": √max(1, m/n) (Keller Jordan; torch.optim.Muon default);
     "match_rms_adamw": 0.2·√max(m, n) (Moonlight, Liu et al. arXiv 2502.16982);
     "spectral_norm": √(m/n) (microsoft/dion Muon; Dion paper); None: 1.
+    Megatron / Emerging-Optimizers ``get_muon_scale_factor``: "shape_scaling" √max(1, m/n)
+    (= "original"), "spectral" √max(m, n) (its default; 5 × "match_rms_adamw"),
+    "unit_rms_norm" √(m/n) (= "spectral_norm").
     Raises: ValueError for an unknown mode.
     """
-    if adjust_lr == "original":
+    if adjust_lr in ("original", "shape_scaling"):
         return math.sqrt(max(1.0, m / n))
     if adjust_lr == "match_rms_adamw":
         return 0.2 * math.sqrt(max(m, n))
-    if adjust_lr == "spectral_norm":
+    if adjust_lr in ("spectral_norm", "unit_rms_norm"):
         return math.sqrt(m / n)
+    if adjust_lr == "spectral":
+        return math.sqrt(max(m, n))
     if adjust_lr is None:
         return 1.0
     raise ValueError(f"adjust_lr: expected one of {ADJUST_LR_MODES}, got {adjust_lr!r}")
@@ -37,8 +43,9 @@ def lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
 
 class MuonStep(NamedTuple):
     """Result of ``muon_step``: new weight (m, n), new momentum (m, n), the orthogonalized
-    update O (m, n) before lr, the lr multiplier applied to it, and ``ns_input`` U (m, n), the
-    momentum-mixed matrix that was orthogonalized."""
+    update O (m, n) before lr, the lr multiplier applied to it (``lr_scale`` of the mode times
+    ``extra_scale_factor``), and ``ns_input`` U (m, n), the momentum-mixed matrix that was
+    orthogonalized."""
 
     weight: np.ndarray
     momentum: np.ndarray
@@ -63,6 +70,8 @@ def muon_step(
     adjust_lr: str | None = "original",
     weight_decay: float = 0.0,
     orthogonalizer: str = "newton_schulz",
+    extra_scale_factor: float = 1.0,
+    cautious_weight_decay: bool = False,
 ) -> MuonStep:
     """One reference Muon step on an (m, n) weight.
 
@@ -70,14 +79,21 @@ def muon_step(
     Keller Jordan, nanochat); "classic" M ← μM + G, nesterov U = G + μM_new (microsoft/dion,
     Moonlight). Without nesterov U = M_new. Then O = ns_map(U, coefficients) (or the exact
     polar factor with ``orthogonalizer="polar"``) and
-    W ← W·(1 − lr·weight_decay) − lr·lr_scale(adjust_lr, m, n)·O (decoupled weight decay
-    with the unscaled lr, as torch.optim.Muon, microsoft/dion and Moonlight).
+    W ← W·(1 − lr·weight_decay) − lr·s·O with s = lr_scale(adjust_lr, m, n)·extra_scale_factor
+    (decoupled weight decay with the unscaled lr, as torch.optim.Muon, microsoft/dion and
+    Moonlight; ``extra_scale_factor`` as Megatron / Emerging-Optimizers). With
+    ``cautious_weight_decay`` the decay applies only to entries where the update and the weight
+    have the same sign, W ← W − lr·wd·I(O⊙W ≥ 0)⊙W − lr·s·O, with W the weight before the step
+    (Chen et al. 2025, "Cautious Weight Decay", arXiv 2510.12402, Eq. (CWD):
+    x ← x − η(u + λ·I(u⊙x ≥ 0)⊙x); u = s·O has the sign of O since s > 0; zero entries decay,
+    as the ≥; nanochat uses the same mask, (g·p) ≥ 0).
 
     Shapes: weight, grad, momentum (m, n) float -> MuonStep of float64 arrays.
     ``coefficients``: (T, 3) table; default the ``jordan`` schedule, 5 steps.
     Source: Jordan et al. (Muon blog, 2024); Liu et al. arXiv 2502.16982; torch.optim.Muon.
     Raises: TypeError / ValueError for non-float, non-2-D, empty or non-finite arrays, shape
-    mismatches, lr < 0, mu outside [0, 1), weight_decay < 0, unknown option strings.
+    mismatches, lr < 0, mu outside [0, 1), weight_decay < 0, extra_scale_factor <= 0,
+    unknown option strings.
     """
     w = as_matrix(weight, "weight")
     g = as_like(grad, "grad", w.shape)
@@ -86,7 +102,8 @@ def muon_step(
     mu = check_scalar(mu, "mu", low=0.0, high=1.0)
     weight_decay = check_scalar(weight_decay, "weight_decay", low=0.0)
     table = schedule("jordan") if coefficients is None else as_coefficients(coefficients)
-    scale = lr_scale(adjust_lr, *w.shape)
+    scale = lr_scale(adjust_lr, *w.shape) * check_scalar(extra_scale_factor, "extra_scale_factor", low=0.0,
+                                                         low_open=True)
     if orthogonalizer not in ("newton_schulz", "polar"):
         raise ValueError(f"orthogonalizer: expected 'newton_schulz' or 'polar', got {orthogonalizer!r}")
 
@@ -103,5 +120,8 @@ def muon_step(
         o = polar(u) if np.any(u) else np.zeros_like(u)
     else:
         o = ns_map(u, table, safety=safety, eps=eps, eps_mode=eps_mode)
-    w_new = w * (1.0 - lr * weight_decay) - (lr * scale) * o
+    decayed = w * (1.0 - lr * weight_decay)
+    if cautious_weight_decay:
+        decayed = np.where(np.sign(o) * np.sign(w) >= 0, decayed, w)
+    w_new = decayed - (lr * scale) * o
     return MuonStep(w_new, m_new, o, scale, u)

@@ -85,22 +85,34 @@ def normalized_singular_values(a, *, safety: float = 1.0, eps: float = 1e-7, eps
     return s / normalizer(float(np.linalg.norm(arr)), safety, eps, eps_mode)
 
 
-def ns_map(a, coefficients, *, safety: float = 1.0, eps: float = 1e-7, eps_mode: str = "add") -> np.ndarray:
+def ns_map(a, coefficients, *, safety: float = 1.0, eps: float = 1e-7, eps_mode: str = "add",
+           digits: int | None = None) -> np.ndarray:
     """Exact result of a Newton–Schulz iteration: U f(Σ / (safety·‖A‖_F + eps)) Vᵀ.
 
     Shapes: a (m, n) float -> (m, n) float64; coefficients (T, 3) rows (a_t, b_t, c_t),
     one per step (``ortho_ref.coefficients.schedule`` builds them by name).
     ``eps_mode="clamp"`` divides by max(safety·‖A‖_F, eps) instead (torch.optim.Muon).
+    With ``digits`` (an int in [16, 1000], m, n <= 64) the map is evaluated by mpmath at the
+    float64 values of a, the table, safety and eps, and returned as an (m, n) object array of
+    ``mpmath.mpf`` (``ortho_ref.mp.ns_map``).
     Source: polynomial view of NS, Amsel et al. 2025 (arXiv 2505.16932), Sec. 2.
     Raises: TypeError for non-float ``a``; ValueError if ``a`` is not 2-D, empty or not
-    finite, if the table is not (T, 3), if safety <= 0 or eps < 0.
+    finite, if the table is not (T, 3), if safety <= 0 or eps < 0, for an unknown eps_mode;
+    with ``digits``: TypeError for a non-integer, ValueError outside [16, 1000] or for m or n > 64.
     Contract: exact up to the float64 SVD (backward stable, LAPACK gesdd); the same for
     tall and wide inputs (the fast side transposes tall ones; the SVD needs no transpose).
+    With ``digits``: within 10^-digits·max(1, max|f|) of the exact value in every entry.
     """
     arr = as_matrix(a, "a")
     table = as_coefficients(coefficients)
     safety = check_scalar(safety, "safety", low=0.0, low_open=True)
     eps = check_scalar(eps, "eps", low=0.0)
+    if eps_mode not in EPS_MODES:
+        raise ValueError(f"eps_mode: expected one of {EPS_MODES}, got {eps_mode!r}")
+    if digits is not None:
+        from .mp import ns_map as mp_ns_map
+
+        return mp_ns_map(arr, table, safety=safety, eps=eps, eps_mode=eps_mode, digits=digits)
     u, s, vt = _svd(arr)
     denom = normalizer(float(np.linalg.norm(arr)), safety, eps, eps_mode)
     if denom == 0.0:  # zero matrix with eps = 0: NS of 0 is 0

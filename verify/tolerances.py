@@ -69,14 +69,19 @@ def ns_tolerance(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dt
     """
     u = unit_roundoff(dtype)
     m, n = shape
+    gains, sizes = _gains_and_sizes(sigma_hat, coefficients)
+    weighted = float(gains[0] + np.dot(gains[1:], sizes))
+    return C_NS * math.sqrt(min(m, n)) * (1 + math.sqrt(max(m, n))) * (u + U64) * weighted
+
+
+def _gains_and_sizes(sigma_hat: np.ndarray, coefficients) -> tuple[np.ndarray, np.ndarray]:
+    """``ns_step_gains`` (G_0..G_T) and ``ns_step_magnitudes`` (S_1..S_T) over the hull of σ̂
+    (widened by a relative 1e-12 when all σ̂ are equal)."""
     s = np.asarray(sigma_hat, dtype=np.float64)
     lo, hi = float(max(s.min(), 0.0)), float(s.max())
     if hi <= lo:
         hi = lo * (1 + 1e-12) + 1e-300
-    gains = ortho_ref.ns_step_gains(coefficients, lo, hi)
-    sizes = ortho_ref.ns_step_magnitudes(coefficients, lo, hi)
-    weighted = float(gains[0] + np.dot(gains[1:], sizes))
-    return C_NS * math.sqrt(min(m, n)) * (1 + math.sqrt(max(m, n))) * (u + U64) * weighted
+    return ortho_ref.ns_step_gains(coefficients, lo, hi), ortho_ref.ns_step_magnitudes(coefficients, lo, hi)
 
 
 def ns_singular_value_tolerance(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dtype) -> float:
@@ -162,7 +167,7 @@ def dion_tolerances(ref: "ortho_ref.DionStep", q_in: np.ndarray, *, lr: float, m
     b, p, r_mat, q = ref.B, ref.P, ref.R, ref.Q
     mp, r = p.shape
     y = b @ q_in
-    sv = np.linalg.svd(y, compute_uv=False) if np.any(y) else np.zeros(1)
+    sv = ortho_ref.singular_values(y) if np.any(y) else np.zeros(1)
     kappa = float(sv[0] / sv[-1]) if sv[-1] > 0 else math.inf
     b2 = float(np.linalg.norm(b, 2))
     bf = float(np.linalg.norm(b))
@@ -249,3 +254,682 @@ def prescribed_spectrum_tolerance(shape: tuple[int, int], sigma_max: float = 1.0
     10·d·u·σ_max.
     """
     return 10.0 * max(shape) * U64 * sigma_max
+
+
+#: First-order validity of the polar-factor bound (DESIGN.md): σ_k/‖A‖₂ ≥ POLAR_VALIDITY·√k·u,
+#: so that the backward error (a few √k·u·‖A‖₂ in practice) is at most ~1 % of σ_k and the
+#: second-order term (relative size ‖ΔA‖₂/σ_k) is negligible against the first.
+POLAR_VALIDITY = 100.0
+
+#: Roundings in one scalar step p(y) = y·(a + y²·(b + c·y²)) as ``ortho_ref.ns_polynomial`` evaluates it.
+SCALAR_STEP_ROUNDINGS = 6
+
+
+def polar_tolerance(a, dtype="float64") -> float | None:
+    """Frobenius tolerance for a polar factor computed in ``dtype`` by a backward-stable SVD
+    (``ortho_ref.polar``, LAPACK gesdd) against the exact polar factor of ``a``:
+
+        β·(2 + 3·‖A‖₂·κ_U(A)),   β = svd_residual_tolerance(shape, 1, dtype),
+        κ_U = ``ortho_ref.polar_condition`` (2/(σ_n + σ_{n−1}) square, 1/σ_k rectangular)
+
+    or None when the first-order bound does not apply: σ_k/‖A‖₂ < POLAR_VALIDITY·√k·u (DESIGN.md),
+    where only property checks are meaningful (UᵀU = I, UH = A, H symmetric PSD).
+    Derivation. The computed factors Ũ, Ṽ have ‖ŨᵀŨ − I‖_F ≤ β (likewise Ṽ) and residual
+    ‖ŨΣ̃Ṽᵀ − A‖_F ≤ β‖A‖₂ (``svd_residual_tolerance``). Their nearest orthonormal U′, V′
+    satisfy ‖Ũ − U′‖_F ≤ β, so U′Σ̃V′ᵀ = A + ΔA with ‖ΔA‖_F ≤ 3β‖A‖₂, and U′V′ᵀ = U_p(A + ΔA)
+    is within κ_U·‖ΔA‖_F of U_p(A) to first order (Higham, Functions of Matrices, Thm. 8.9);
+    replacing U′V′ᵀ by ŨṼᵀ adds 2β (the rounding of the product is inside β). With
+    κ_U ≤ 1/σ_k this is DESIGN.md's c·u·(k + √k·‖A‖₂/σ_min) with c·√k·u = β, i.e. c from
+    LAPACK's acceptance threshold and the d·u growth of the orthogonal transformations.
+    Two computations compared with each other: add their two tolerances.
+    Shapes: a (m, n) float. Raises: as ``ortho_ref.polar``; ValueError for an unknown dtype.
+    """
+    s = ortho_ref.singular_values(a)
+    u = unit_roundoff(dtype)
+    shape = np.shape(a)
+    k = min(shape)
+    if s[-1] < POLAR_VALIDITY * math.sqrt(k) * u * s[0] or s[0] == 0.0:
+        return None
+    beta = svd_residual_tolerance(shape, 1.0, dtype)
+    return beta * (2.0 + 3.0 * float(s[0]) * ortho_ref.polar_condition(a))
+
+
+def polar_hermitian_tolerance(shape: tuple[int, int], norm2: float, dtype="float64") -> float:
+    """Frobenius tolerance for the Hermitian polar factor H = (AᵀA)^{1/2} computed in ``dtype``
+    by a backward-stable SVD (``ortho_ref.polar_decomposition``) against the exact one:
+
+        (3 + 3√2)·β·‖A‖₂,   β = svd_residual_tolerance(shape, 1, dtype), norm2 = ‖A‖₂
+
+    Derivation. As in ``polar_tolerance``, V′Σ̃V′ᵀ = H(A + ΔA) with ‖ΔA‖_F ≤ 3β‖A‖₂; H is
+    globally √2-Lipschitz in the Frobenius norm (Araki & Yamagami 1981,
+    ‖|A| − |B|‖_F ≤ √2‖A − B‖_F; Higham, Functions of Matrices, Thm. 8.9), so no first-order
+    condition is needed; replacing V′ by Ṽ (‖Ṽ − V′‖_F ≤ β) adds 2β‖A‖₂ and forming ṼΣ̃Ṽᵀ adds β‖A‖₂.
+    Used for the property check U·H = A where ``polar_tolerance`` is None.
+    """
+    return (3.0 + 3.0 * math.sqrt(2.0)) * svd_residual_tolerance(shape, 1.0, dtype) * norm2
+
+
+def polar_condition_tolerance(a, dtype="float64") -> float:
+    """Absolute tolerance for ``ortho_ref.polar_condition(a)`` computed from float singular
+    values against its exact value κ: κ·(κ·β·‖A‖₂ + 2u), β = svd_residual_tolerance(shape, 1, dtype).
+
+    Derivation (first order): each computed singular value is within the SVD's backward error
+    β‖A‖₂ of the exact one (Weyl). κ = 2/(σ_n + σ_{n−1}) moves by κ²/2·|Δ(σ_n + σ_{n−1})| ≤ κ²β‖A‖₂,
+    κ = 1/σ_k by κ²β‖A‖₂; the sum and the division round twice (2u·κ). inf for inf κ.
+    """
+    kappa = ortho_ref.polar_condition(a)
+    s0 = float(ortho_ref.singular_values(a)[0])
+    return kappa * (kappa * svd_residual_tolerance(np.shape(a), 1.0, dtype) * s0 + 2 * unit_roundoff(dtype))
+
+
+def ns_map_tolerance(a, coefficients, dtype="float64", *, safety: float = 1.0, eps: float = 1e-7,
+                     eps_mode: str = "add") -> float:
+    """Frobenius tolerance for ``ortho_ref.ns_map`` computed in ``dtype`` (SVD, then f on σ̂)
+    against the exact U f(Σ̂) Vᵀ:
+
+        G_0·(3β + (3 + C_NS·√(mn))·u)/s + SCALAR_STEP_ROUNDINGS·√k·u·Σ_{t=1}^{T} G_t·S_t
+          + (2β + (1 + C_NS·√k)·k·u)·F
+
+    with β = svd_residual_tolerance(shape, 1, dtype), s = safety, G_t, S_t the step gains and
+    term sizes over the hull of σ̂ (as in ``ns_tolerance``), F = max_i |f(σ̂_i)|.
+    Derivation (first order), three sources:
+    (1) SVD: as in ``polar_tolerance``, Ũ Σ̃ Ṽᵀ is the exact SVD of A + ΔA, ‖ΔA‖_F ≤ 3β‖A‖₂, up
+    to factors within β of orthonormal ones. The normalizer is ≥ s‖A‖_F ≥ s‖A‖₂, so the
+    normalized input moves by ≤ 3β/s; the normalizer's own relative error (‖A‖_F as a sum of
+    mn squares: C_NS·√(mn)·u, Higham & Mary 2019; then ·s, +eps, ÷: 3u) scales it by 1 + δ,
+    a move of ≤ δ/s. The Fréchet derivative of X ↦ U f(Σ) Vᵀ is bounded by G_0 (Daleckii–Krein,
+    ``ortho_ref.ns_step_gains``).
+    (2) f evaluated per singular value: each step rounds SCALAR_STEP_ROUNDINGS times relative
+    to its term sizes ≤ S_t, carried to the output by ≤ G_t; k independent values: √k.
+    (3) Forming (U·f) Vᵀ: one scaling and inner products of length k, ≤ (1 + C_NS√k)·u per unit
+    of ‖|U||F||Vᵀ|‖_F ≤ k·F; non-orthonormal Ũ, Ṽ: 2β·F.
+    Shapes: a (m, n) float; coefficients (T, 3). Raises: as ``ortho_ref.ns_map``.
+    """
+    u = unit_roundoff(dtype)
+    m, n = np.shape(a)
+    k = min(m, n)
+    sigma_hat = ortho_ref.normalized_singular_values(a, safety=safety, eps=eps, eps_mode=eps_mode)
+    gains, sizes = _gains_and_sizes(sigma_hat, coefficients)
+    f_max = float(np.max(np.abs(ortho_ref.ns_polynomial(sigma_hat, coefficients))))
+    beta = svd_residual_tolerance((m, n), 1.0, dtype)
+    svd_part = gains[0] * (3 * beta + (3 + C_NS * math.sqrt(m * n)) * u) / safety
+    scalar_part = SCALAR_STEP_ROUNDINGS * math.sqrt(k) * u * float(np.dot(gains[1:], sizes))
+    forming = (2 * beta + (1 + C_NS * math.sqrt(k)) * k * u) * f_max
+    return float(svd_part + scalar_part + forming)
+
+
+def mp_accuracy(shape: tuple[int, int], digits: int, scale: float = 1.0) -> float:
+    """Frobenius distance allowed between an mpmath result (or its stored float64 hi + lo pair)
+    and the exact value: √(mn)·scale·(10^-digits + 2⁻¹⁰⁶).
+
+    Derivation: ``ortho_ref.mp`` returns every entry within 10^-digits·scale of the exact
+    value (scale 1 for the polar factor, max(1, max|f|) for ns_map, max |entry| in general),
+    and ``ortho_ref.to_hi_lo`` represents x as hi + lo to 2⁻¹⁰⁶|x| ≤ 2⁻¹⁰⁶·scale; over mn
+    entries in the Frobenius norm: √(mn).
+    """
+    m, n = shape
+    return math.sqrt(m * n) * scale * (10.0 ** -digits + 2.0 ** -106)
+
+
+def mp_agreement_tolerance(a, function: str, coefficients=None, *, safety: float = 1.0, eps: float = 1e-7,
+                           eps_mode: str = "add", digits: int = 50) -> float | None:
+    """Tolerance for ‖float64 oracle − mpmath oracle‖_F (DESIGN.md: "float64 reference vs
+    mpmath (≥ 50 digits): the float64 tolerance with u = 2⁻⁵³").
+
+        function="polar":  polar_tolerance(a, "float64") + mp_accuracy(shape, digits)
+                           (None where the polar bound is not first-order valid)
+        function="ns_map": ns_map_tolerance(a, coefficients, "float64", ...) +
+                           mp_accuracy(shape, digits, max(1, max|f(σ̂)|))
+
+    The float64 part bounds the float64 oracle's distance to the exact value; the mpmath
+    part bounds the mpmath result's (``mp_accuracy``); the triangle inequality adds them.
+    Shapes: a (m, n) float. Raises: ValueError for an unknown ``function``.
+    """
+    shape = np.shape(a)
+    if function == "polar":
+        tol = polar_tolerance(a, "float64")
+        return None if tol is None else tol + mp_accuracy(shape, digits)
+    if function == "ns_map":
+        sigma_hat = ortho_ref.normalized_singular_values(a, safety=safety, eps=eps, eps_mode=eps_mode)
+        scale = max(1.0, float(np.max(np.abs(ortho_ref.ns_polynomial(sigma_hat, coefficients)))))
+        return ns_map_tolerance(a, coefficients, "float64", safety=safety, eps=eps, eps_mode=eps_mode) + \
+            mp_accuracy(shape, digits, scale)
+    raise ValueError(f"function: expected 'polar' or 'ns_map', got {function!r}")
+
+
+# --- AdamW and Lion ---
+#
+# Element-wise optimizers: per-entry absolute tolerances (arrays of the parameter's shape),
+# first order in the unit roundoff. In torch the bias corrections, lr/(1 − β1ᵗ), 1 − lr·wd
+# and 1 − β are Python floats (float64 whatever the parameter dtype), so their rounding is
+# u64; the tensor operations round at the parameter dtype's u, and so does each such scalar
+# when an operation converts it to the dtype (float32 "opmath" for bfloat16). ``u`` below is
+# u + u64 (both sides of the comparison commit the same kinds of roundings; the oracle's
+# formulas use no more operations than the fast side's).
+
+
+def adamw_tolerances(ref: "ortho_ref.AdamWStep", weight, grad, exp_avg, *, lr: float, betas, eps: float,
+                     dtype) -> dict:
+    """Per-entry tolerances for (weight, exp_avg, exp_avg_sq) after one fast AdamW step vs
+    ``ortho_ref.adamw_step`` (``ref``; weight, grad, exp_avg are the step's inputs).
+
+    Derivation (t = ref.step, κᵢ = βᵢᵗ / (1 − βᵢᵗ), x = ref.update, d = √v/√(1 − β2ᵗ) + eps):
+    - m = lerp(m₀, g, 1 − β1) or β1m₀ + (1 − β1)g: three roundings of terms bounded by
+      |m₀| + |g| (cancellation possible) and the conversion of the weight: δm = 4u(|m₀| + |g|).
+    - v = β2v₀ + (1 − β2)g²: on the (1 − β2)g² path its conversion, two products and the
+      sum; all terms ≥ 0, so relative: δv = 4u·v.
+    - 1 − βᵢᵗ: rounding of βᵢᵗ is amplified by the cancellation, relative (1 + κᵢ)·u64.
+    - d: √v relative 2u (half of v's) + u; dividing by √(1 − β2ᵗ) (relative (1.5 + κ2/2)u64,
+      then converted) + 2u; adding eps ≥ 0 (converted) + 2u: relative 7u + (1.5 + κ2/2)u64.
+    - x·lr = (lr/(1 − β1ᵗ))·m/d: + u64 for lr/(1 − β1ᵗ), + 3u (convert, divide, multiply):
+      δx = δm/((1 − β1ᵗ)·d) + |x|·(10u + (3.5 + κ1 + κ2/2)·2u64) (the scalars on both sides).
+    - W' = W·(1 − lr·wd) − lr·x: the factor 2u64 per side and its conversion, multiply and
+      subtract: δW = u(3|W| + lr|x|) + 4u64|W| + lr·δx.
+    History: without the conversions of the scalars (first version: 3u, 5u, 7u, 2|W|) a sweep
+    of 2000 random float32 steps exceeded the weight bound by 1.16×.
+    First order: informative while (κ1 + κ2)·u64 and 10u are ≪ 1 (t = 1, β2 = 0.999: κ2 = 999);
+    no underflow (g² and v normal numbers: the model above is relative).
+    Source of the operation counts: torch ``_single_tensor_adam``; Higham, Accuracy and
+    Stability, ch. 3 (model fl(a ∘ b) = (a ∘ b)(1 + δ), |δ| ≤ u).
+    """
+    u = unit_roundoff(dtype) + U64
+    b1, b2 = (float(b) for b in betas)
+    t = ref.step
+    k1, k2 = b1**t / (1 - b1**t), b2**t / (1 - b2**t)
+    bc1 = 1 - b1**t
+    w0, g, m0 = (np.abs(np.asarray(a, dtype=np.float64)) for a in (weight, grad, exp_avg))
+    x = np.abs(ref.update)
+    d = np.sqrt(ref.exp_avg_sq) / math.sqrt(1 - b2**t) + eps
+    d_m = 4 * u * (m0 + g)
+    d_x = np.divide(d_m, bc1 * d, out=np.zeros_like(d_m), where=d > 0) + x * (10 * u + (3.5 + k1 + k2 / 2) * 2 * U64)
+    d_w = u * (3 * w0 + lr * x) + 4 * U64 * w0 + lr * d_x
+    return {"weight": d_w, "exp_avg": d_m, "exp_avg_sq": 4 * u * ref.exp_avg_sq}
+
+
+def lion_tolerances(ref: "ortho_ref.LionStep", weight, grad, exp_avg, *, lr: float, dtype) -> dict:
+    """Per-entry tolerances for (weight, exp_avg) after one fast Lion step vs
+    ``ortho_ref.lion_step`` (``ref``; weight, grad, exp_avg are the step's inputs), and the
+    ``sign_margin`` beyond which the two signs must agree.
+
+    Derivation. c = lerp(m₀, g, 1 − β1) (fast) or β1m₀ + (1 − β1)g (oracle): three
+    roundings each of terms bounded by |m₀| + |g| and the conversion of the weight, so
+    |c_fast − c_ref| ≤ 4u(|m₀| + |g|) =: sign_margin; where |c_ref| > sign_margin,
+    sign(c_fast) = sign(c_ref) exactly. The new momentum is the same interpolation with β2:
+    δm = sign_margin. Where the signs agree, W' = W·(1 − lr·wd) − lr·s differs only by the
+    factor (2u64 per side, then converted), the conversion of lr, the multiply and the
+    subtraction: δW = u(3|W| + 2lr) + 4u64|W|. Where |c_ref| ≤ sign_margin the signs may
+    differ (s ∈ {−1, 0, 1}), so δW gains 2·lr there: sign is discontinuous, no first-order
+    bound exists.
+    """
+    u = unit_roundoff(dtype) + U64
+    w0, g, m0 = (np.abs(np.asarray(a, dtype=np.float64)) for a in (weight, grad, exp_avg))
+    margin = 4 * u * (m0 + g)
+    d_w = u * (3 * w0 + 2 * lr) + 4 * U64 * w0 + np.where(np.abs(ref.interpolated) > margin, 0.0, 2 * lr)
+    return {"weight": d_w, "exp_avg": margin, "sign_margin": margin}
+
+
+# --- Dion QR methods and variants ---
+#
+# One step of ``ortho_fast.Dion`` with any option (QR method, right factor, power iterations,
+# mixed precision, compressed data-parallel sync) against ``ortho_ref.dion_step`` with the same
+# options. First order in the unit roundoffs; every quantity is the oracle's own (κ₂(BQ), ‖B‖,
+# ‖R_j‖, the sketch actually drawn). u_c is the unit roundoff of the compute dtype (the momentum
+# dtype), u_f that of the factorizations (float32 for bfloat16 / float16 data, as microsoft/dion),
+# m' × n' the working orientation, r the rank; each u below includes the oracle's u64.
+
+#: Validity limit of the first-order models: a computed factor farther than this (Frobenius)
+#: from the exact one is "not determined to working precision" (as ``dion_tolerances``).
+FIRST_ORDER_LIMIT = 0.1
+
+
+def _factor_roundoff(dtype) -> float:
+    """u_f + u64: QR and Cholesky run in float32 for bfloat16 / float16, else in the dtype."""
+    return min(unit_roundoff(dtype), UNIT_ROUNDOFF["float32"]) + U64
+
+
+def _matmul_roundoff(dtype, inner: int) -> float:
+    """ε with ‖fl(AB) − AB‖_F ≤ ε·‖A‖_F‖B‖_F for an inner dimension ``inner``.
+
+    One rounding of each output (u) plus the accumulation, in float32 for bfloat16 / float16
+    matmuls (CPU and GPU) or in the dtype itself, with Higham & Mary's probabilistic factor
+    C_NS·√inner; entrywise |fl(AB) − AB| ≤ ε|A||B| and ‖|A||B|‖_F ≤ ‖A‖_F‖B‖_F.
+    """
+    return unit_roundoff(dtype) + C_NS * math.sqrt(inner) * min(unit_roundoff(dtype), UNIT_ROUNDOFF["float32"]) + U64
+
+
+def _qr_model(rows: int, rank: int, method: str, dtype, sketch_condition: float | None,
+              oversample: float) -> tuple[float, float]:
+    """(ρ, ω): relative backward residual ‖PR − Y‖_F/‖Y‖₂ and orthogonality ‖PᵀP − I‖_F of P
+    computed by ``method`` (see ``qr_factor_tolerance``); Cholesky methods take the max with
+    Householder's, which is their fallback."""
+    u = _factor_roundoff(dtype)
+    r = rank
+    householder = (C_NS * math.sqrt(rows * r) * u, C_NS * math.sqrt(r) * (3 + rows) * u)
+    if method == "randomized_cholesky_qr" and math.ceil(oversample * r) >= rows:
+        method = "householder"
+    gram = C_NS * r * (math.sqrt(rows) + math.sqrt(r + 1)) * u  # ‖fl(YᵀY) − RᵀR‖_F / ‖Y‖_F², per pass
+    solve = C_NS * r**1.5 * u  # ‖Y − fl(Y R⁻¹)·R‖_F / (‖Y R⁻¹‖₂‖R‖₂), per triangular solve
+    if method == "householder":
+        return householder
+    if method == "cholesky_qr":
+        model = (2 * math.sqrt(1.5) * solve, 3 * gram + 2 * math.sqrt(3) * solve)
+    elif method == "randomized_cholesky_qr":
+        if sketch_condition is None:
+            raise ValueError("sketch_condition: randomized_cholesky_qr needs κ₂(Y R_s⁻¹) of the sketch used")
+        ks = float(sketch_condition)
+        model = (2 * solve * ks, ks**2 * gram + 2 * ks * solve)
+    else:
+        raise ValueError(f"method: expected one of {ortho_ref.QR_METHODS}, got {method!r}")
+    return max(model[0], householder[0]), max(model[1], householder[1])
+
+
+def qr_orthogonality_tolerance(rows: int, rank: int, method: str = "householder", dtype="float64", *,
+                               sketch_condition: float | None = None, oversample: float = 1.25) -> float:
+    """Tolerance for ‖PᵀP − I‖_F of P = orth(Y) (rows × rank) computed by ``method`` and returned in
+    ``dtype``: ω of ``qr_factor_tolerance`` (one CholeskyQR pass alone would reach ≈ u·κ(Y)²), plus,
+    for bfloat16 / float16 (factored in float32), the rounding of P to the dtype: P + E with
+    |E| ≤ u|P| gives ‖(P + E)ᵀ(P + E) − PᵀP‖_F ≤ 2u√r·‖P‖₂ + u²r."""
+    omega = _qr_model(rows, rank, method, dtype, sketch_condition, oversample)[1]
+    u = unit_roundoff(dtype)
+    return omega + ((2 * u * math.sqrt(rank) + u * u * rank) * (1 + omega) if u > UNIT_ROUNDOFF["float32"] else 0.0)
+
+
+def error_feedback_projection_tolerance(ef_tol: float, *, rows: int, b_norm: float, m_norm: float, r_norm: float,
+                                        p_norm: float, mu: float, orthogonality: float, dtype) -> float:
+    """Tolerance for the two identities of error feedback evaluated in float64 on a computed P,
+    R (n', r) and M_new: ‖(I − PPᵀ)(M_new − B)‖_F and ‖PᵀM_new − μPᵀB‖_F (DESIGN "What error
+    feedback guarantees").
+
+    ``ef_tol``: ``error_feedback_tolerance`` for M_new = B − (1−μ)PRᵀ itself, mapped by I − PPᵀ or
+    Pᵀ (2-norms ≤ 1 + ω, ω = ``orthogonality`` ≥ ‖PᵀP − I‖_F). The identities then fail only by
+    P's orthogonality defect — (I − PPᵀ)PRᵀ = P(I − PᵀP)Rᵀ and PᵀPRᵀ − Rᵀ = (PᵀP − I)Rᵀ, so
+    (1−μ)·(1 + ω)·ω·‖R‖_F — and, in the second, by the rounding of R = fl(BᵀP) in ``dtype``:
+    (1−μ)·ε_mm(rows)·‖B‖_F·‖P‖_F (``_matmul_roundoff``). Forming the projections in float64 (two
+    products of inner dimension ≤ rows, ‖P‖_F = ``p_norm``) adds 2·ε_mm(rows)·p_norm·(1 + ω)·(‖M_new‖_F + ‖B‖_F).
+    """
+    w = 1 + orthogonality
+    return (w * ef_tol + (1 - mu) * (w * orthogonality * r_norm + _matmul_roundoff(dtype, rows) * b_norm * p_norm)
+            + 2 * _matmul_roundoff("float64", rows) * p_norm * w * (m_norm + b_norm))
+
+
+def qr_factor_tolerance(kappa: float, rows: int, rank: int, method: str = "householder", dtype="float64", *,
+                        input_error: float = 0.0, sketch_condition: float | None = None,
+                        oversample: float = 1.25) -> float:
+    """Frobenius tolerance for ‖P − P(Y)‖ of the Q factor (diag R > 0) of Y (rows × rank)
+    computed by ``method`` (``ortho_ref.QR_METHODS``), κ = κ₂(Y).
+
+    Derivation. Write the computed P = P_o T (P_o orthonormal, T upper triangular with positive
+    diagonal: the QR of P itself); TᵀT = PᵀP, so ‖T − I‖_F ≤ ‖PᵀP − I‖_F =: ω. P_o is the exact Q
+    factor of P R = Y + ΔY (T·R is upper triangular, positive diagonal), with the residual
+    ‖ΔY‖_F ≤ (ρ + input_error)·‖Y‖₂ (``input_error``: the relative error of forming Y). First-order
+    QR sensitivity: ΔQ = (I − QQᵀ)F + Q·X with F = ΔY R⁻¹ and ‖X‖_F ≤ √2‖QᵀF‖_F, so
+    ‖ΔQ‖_F ≤ √2·κ·‖ΔY‖_F/‖Y‖₂ (Sun, BIT 31, 1991). Hence δ_P = √2·κ·(ρ + input_error) + ω.
+    (ρ, ω) per method, with u = u_f + u64 and the probabilistic inner-product model of
+    Higham & Mary (2019) used throughout this file (λ = C_NS, √d·u per inner product of length d):
+    - householder: ρ = C_NS·√(rows·r)·u (backward stable: Higham, Accuracy and Stability,
+      Thm. 19.4), ω = C_NS·√r·(3 + rows)·u as ``orthonormality_tolerance``.
+    - One CholeskyQR pass Y = Y₁R: the Gram matrix and the Cholesky factorization perturb
+      YᵀY by g·‖Y‖_F² with g = C_NS·(√rows + √(r+1))·u (Higham Thm. 10.3), so
+      ‖Y₁ᵀY₁ − I‖ ≤ ‖R⁻¹‖₂²·g·‖Y‖_F² ≤ κ(Y)²·r·g — the known ≈ u·κ² loss; the triangular solve
+      (rows of Y₁ backward stable, Higham Thm. 8.5) leaves a residual s·‖Y₁‖₂‖R‖₂ with
+      s = C_NS·r^{3/2}·u (‖Y₁‖_F‖R‖_F ≤ r‖Y₁‖₂‖R‖₂), and adds ≤ 2s‖R⁻¹‖₂‖R‖₂ to the orthogonality.
+    - cholesky_qr (CholeskyQR2): accepted only when the first pass left ‖Y₁ᵀY₁ − I‖_F ≤ 1/2
+      (``ortho_ref.dion.CQR2_GRAM_DEVIATION``; else Householder), so σ(Y₁)² ∈ [1/2, 3/2]: the
+      second pass has ω = 3r·g + 2√3·s, and the two solves leave ρ = 2√1.5·s (first pass residual
+      mapped by ‖Y₁‖₂ ≤ √1.5, second by ‖R₁‖₂ = ‖Y‖₂·(1 + O(u))). Same structure as Yamamoto,
+      Nakatsukasa, Yanagisawa, Fukaya (ETNA 44, 2015), whose worst-case constants are
+      ρ = 5r²√r·u and ω = 6(rows·r + r(r+1))·u.
+    - randomized_cholesky_qr with κ_s = κ₂(Y R_s⁻¹) (``sketch_condition``, of the actual sketch):
+      Y = Y₁R_s gives ‖Y₁‖₂‖R_s‖₂ ≤ κ_s‖Y‖₂, so the solve by R_s and the CholeskyQR pass on Y₁
+      leave ρ = 2s·κ_s, and that pass has ω = κ_s²·r·g + 2κ_s·s (Balabanov 2022; Fan, Guo, Lin
+      2021). When ceil(oversample·r) >= rows no sketch is drawn and Y is factored by Householder.
+    The Cholesky methods fall back to Householder, so each (ρ, ω) is at least Householder's.
+    """
+    rho, omega = _qr_model(rows, rank, method, dtype, sketch_condition, oversample)
+    return math.sqrt(2) * kappa * (rho + input_error) + omega
+
+
+def sketch_condition(y: np.ndarray, sketch: np.ndarray) -> float:
+    """κ₂(Y R_s⁻¹) with R_s the R factor of S·Y: how well the sketch S preconditions Y, float64."""
+    r_s = np.linalg.qr(sketch @ y, mode="r")
+    return _cond(np.linalg.solve(r_s.T, y.T).T)
+
+
+def _cond(a: np.ndarray) -> float:
+    sv = np.linalg.svd(a, compute_uv=False)
+    return float(sv[0] / sv[-1]) if sv[-1] > 0 else math.inf
+
+
+def dion_variant_tolerances(ref: "ortho_ref.DionStep", q_in: np.ndarray, *, lr: float, mu: float, weight: np.ndarray,
+                            dtype, error_feedback: bool = True, qr_method: str = "householder",
+                            right_factor: str = "column_norm", power_iters: int = 1, epsilon: float = 1e-8,
+                            oversample: float = 1.25, sketches=None, param_dtype=None, q_dtype=None,
+                            grad_norm: float | None = None, replicas: int = 1,
+                            replica_norm: float | None = None, q_error: float = 0.0) -> dict:
+    """Frobenius tolerances for (P, R, Q, momentum, weight) of one fast Dion step with the given
+    options vs the oracle's step ``ref`` with the same options; ``q_in`` (n', r) is the Q the step
+    started from, ``weight`` the weight before it.
+
+    ``dtype``: the compute (momentum) dtype; ``param_dtype`` / ``q_dtype`` default to it.
+    ``sketches``: for randomized_cholesky_qr, the sketch S (float64 copy) of each power iteration
+    that drew one. ``grad_norm``: ‖G‖_F (default ‖B‖_F; pass it when M and G cancel).
+    ``replicas`` N > 1 with ``replica_norm`` = mean_i(‖M_i‖_F + ‖G_i‖_F): the comparison of
+    ``ortho_ref.dion_step_replicated`` (the mean of the replicas' momenta, formed in float64) with
+    ``ref`` = the single process fed the mean gradient. ``q_error``: a Frobenius error of
+    ``q_in`` itself (one side started from a Q computed differently).
+
+    Derivation (first order; per power iteration t the exact Y_t = B Q_t, P_t, R_t are
+    recomputed in float64; Q₀ = q_in is rounded to the compute dtype, δ_Q = u_c‖Q₀‖_F + q_error):
+    - B = fl(M + fl(G)): e_B = u_c(‖G‖_F + ‖B‖_F); with N replicas the means of N terms add
+      N·u_c·replica_norm (Higham Eq. 4.4: the sum, then the division).
+    - Y = BQ: ‖ΔY‖_F ≤ e_B‖Q‖₂ + ‖B‖₂δ_Q + ε_mm(n')·‖|B||Q|‖_F (``_matmul_roundoff``; with N
+      replicas ‖B‖_F‖Q‖_F·replica_norm/‖B‖_F bounds the replicas' products).
+    - P: ``qr_factor_tolerance`` with input_error = ‖ΔY‖_F/‖Y‖₂ (randomized: κ_s of the drawn
+      sketch, widened by (1 + η)/(1 − η), η = √2·κ(Y)·C_NS√(k r)·u_f the relative error of the
+      fast R_s), plus u_c√r (P rounded to the compute dtype).
+    - R = BᵀP: δ_R = ‖B‖₂δ_P + e_B + ε_mm(m')·‖|B|ᵀ|P|‖_F (+ the replicas' mean).
+    - Right factor: column_norm R_j/(‖R_j‖ + ε) is 2/‖R_j‖-Lipschitz: 2δ_R/min_j‖R_j‖ + 3u_f√r;
+      qr: ``qr_factor_tolerance`` (Householder) of R with input_error δ_R/‖R‖₂. The stored Q adds
+      its rounding to q_dtype, u_q·‖Q‖_F; an intermediate Q its rounding to the compute dtype.
+    - M = B − c·PRᵀ (c = 1 − μ; no error feedback: M = μPRᵀ, c = μ, no B term):
+      δ_M = e_B + c(δ_P‖R‖₂ + δ_R + ε_mm(r)‖|P||R|ᵀ‖_F) + 2u_c(‖B‖_F + c‖R‖_F) (+ N·u64·(replica_norm
+      + c‖R‖_F) for the mean of the replicas' momenta).
+    - X = (1 − lr·wd)X − lr·s·PQᵀ, D = PQᵀ: δ_D = δ_P‖Q‖₂ + δ_Q + ε_mm(r)‖|P||Q|ᵀ‖_F + u_c(‖Q‖_F + ‖D‖_F)
+      (Q cast to the compute dtype, D rounded); δ_X = lr·s·δ_D + 2u_x(‖X‖_F + lr·s‖D‖_F).
+    ``well_posed`` is False where a column of R vanishes, the sketch does not precondition
+    (η ≥ 1/2), or a δ_P (or Orth-Dion's δ_Q) reaches ``FIRST_ORDER_LIMIT``: then P is not
+    determined to working precision and only invariants are checked.
+    """
+    u_c = unit_roundoff(dtype) + U64
+    u_f = _factor_roundoff(dtype)
+    u_x = unit_roundoff(param_dtype or dtype) + U64
+    u_q = unit_roundoff(q_dtype or dtype) + U64
+    b = ref.B
+    mp, npr = b.shape
+    r = q_in.shape[1]
+    b2, bf = float(np.linalg.norm(b, 2)), float(np.linalg.norm(b))
+    e_b = u_c * ((bf if grad_norm is None else grad_norm) + bf)
+    widen, reduce = 1.0, 0.0  # replicas: products bounded with replica_norm, and the means' rounding
+    if replicas > 1:
+        widen, reduce = max(1.0, replica_norm / bf), replicas * u_c * replica_norm
+        e_b += reduce
+    abs_b = np.abs(b)
+    q, d_q = np.asarray(q_in, dtype=np.float64), u_c * float(np.linalg.norm(q_in)) + q_error
+    valid, kappa, sketches = True, math.inf, list(sketches or [])
+    for t in range(power_iters):
+        y = b @ q
+        kappa = _cond(y)
+        y2 = float(np.linalg.norm(y, 2))
+        d_y = e_b * np.linalg.norm(q, 2) + b2 * d_q + _matmul_roundoff(dtype, npr) * widen * np.linalg.norm(abs_b @ np.abs(q))
+        ks = None
+        k = math.ceil(oversample * r)
+        if qr_method == "randomized_cholesky_qr" and k < mp:
+            if not sketches:
+                raise ValueError("sketches: one sketch per power iteration is needed for randomized_cholesky_qr")
+            eta = math.sqrt(2) * kappa * C_NS * math.sqrt(k * r) * u_f
+            ks = sketch_condition(y, sketches.pop(0)) * (1 + eta) / (1 - eta) if eta < 0.5 else math.inf
+        d_p = qr_factor_tolerance(kappa, mp, r, qr_method, dtype, input_error=d_y / y2 if y2 > 0 else math.inf,
+                                  sketch_condition=ks, oversample=oversample) + u_c * math.sqrt(r)
+        valid = valid and d_p < FIRST_ORDER_LIMIT
+        p = ortho_ref.orthonormalize(y) if y2 > 0 else np.zeros_like(y)
+        r_mat = b.T @ p
+        d_r = b2 * d_p + e_b + _matmul_roundoff(dtype, mp) * widen * np.linalg.norm(abs_b.T @ np.abs(p)) + reduce
+        q = ortho_ref.dion_right_factor(r_mat, right_factor, epsilon)
+        if right_factor == "column_norm":
+            rn = float(np.linalg.norm(r_mat, axis=0).min())
+            d_q = 2 * d_r / rn + 3 * u_f * math.sqrt(r) if rn > 0 else math.inf
+        else:
+            r2 = float(np.linalg.norm(r_mat, 2))
+            d_q = qr_factor_tolerance(_cond(r_mat), npr, r, "householder", dtype,
+                                      input_error=d_r / r2 if r2 > 0 else math.inf)
+            valid = valid and d_q < FIRST_ORDER_LIMIT
+        valid = valid and math.isfinite(d_q)
+        if t + 1 < power_iters:
+            d_q += u_c * float(np.linalg.norm(q))
+    d_q += u_q * float(np.linalg.norm(q))
+    coef = (1 - mu) if error_feedback else mu
+    rf, r2 = float(np.linalg.norm(r_mat)), float(np.linalg.norm(r_mat, 2))
+    kept = bf if error_feedback else 0.0
+    d_m = (e_b if error_feedback else 0.0) + 2 * u_c * (kept + coef * rf) + coef * (
+        d_p * r2 + d_r + _matmul_roundoff(dtype, r) * np.linalg.norm(np.abs(p) @ np.abs(r_mat).T))
+    if replicas > 1:
+        d_m += replicas * U64 * (replica_norm + coef * rf)
+    s = lr * ref.lr_scale
+    qf, q2 = float(np.linalg.norm(q)), float(np.linalg.norm(q, 2))
+    df = float(np.linalg.norm(p @ q.T))
+    d_d = d_p * q2 + d_q + _matmul_roundoff(dtype, r) * np.linalg.norm(np.abs(p) @ np.abs(q).T) + u_c * (qf + df)
+    d_x = s * d_d + 2 * u_x * (float(np.linalg.norm(weight)) + s * df)
+    return {"P": d_p, "R": d_r, "Q": d_q, "momentum": d_m, "weight": d_x, "kappa": kappa, "well_posed": bool(valid)}
+
+
+def dion_ideal_step_tolerances(ideal: "ortho_ref.DionStep", *, lr: float, mu: float,
+                               error_feedback: bool = True) -> dict:
+    """Frobenius bounds on the rounding of ``ortho_ref.dion_ideal_step`` itself (its P from the
+    float64 SVD), for comparisons of Dion with the ideal step.
+
+    Derivation. gesdd's triplets have residual ≤ ``svd_residual_tolerance``(B.shape, ‖B‖₂) =: ρ;
+    by Wedin's theorem (1972) each computed left singular vector is within sin θ ≤ ρ/gap of the
+    exact one, gap = min(σ_r − σ_{r+1}, min_{j<r}(σ_j − σ_{j+1})) (single vectors, not just the
+    subspace, so the gaps inside the first r count), and ‖Δu‖ ≤ √2·sin θ once the sign is fixed:
+    δ_P = √(2r)·ρ/gap. Then R = BᵀP: δ_R = ‖B‖₂δ_P; Q = R_j/(‖R_j‖ + ε): δ_Q = 2δ_R/min_j‖R_j‖;
+    M: δ_M = c(δ_P‖R‖₂ + δ_R) (c = 1 − μ, or μ without error feedback); X: δ_X = lr·s(δ_P‖Q‖₂ + δ_Q).
+    Also returns ``V`` = √(2r)·ρ/gap for the right singular vectors (a Q₀ built from them).
+    """
+    b = ideal.B
+    s = np.linalg.svd(b, compute_uv=False)
+    r = ideal.P.shape[1]
+    gaps = np.diff(-s[: r + 1]) if r < len(s) else np.diff(-s[:r])
+    gap = float(gaps.min()) if gaps.size else float(s[0])
+    d_u = math.sqrt(2 * r) * svd_residual_tolerance(b.shape, float(s[0])) / gap if gap > 0 else math.inf
+    b2 = float(s[0])
+    d_r = b2 * d_u
+    rn = float(np.linalg.norm(ideal.R, axis=0).min())
+    d_q = 2 * d_r / rn if rn > 0 else math.inf
+    coef = (1 - mu) if error_feedback else mu
+    d_m = coef * (d_u * float(np.linalg.norm(ideal.R, 2)) + d_r)
+    d_x = lr * ideal.lr_scale * (d_u * float(np.linalg.norm(ideal.Q, 2)) + d_q)
+    return {"P": d_u, "V": d_u, "R": d_r, "Q": d_q, "momentum": d_m, "weight": d_x}
+
+
+# --- verify product: error feedback and user checks ---
+#
+# Dion's error-feedback invariants (verify.error_feedback) measured on the fast side's own
+# P, R, B and M in the working orientation (m' × n', m' ≥ n', rank r); the checks evaluate
+# the identities in float64 from the fast values, so only the fast side's roundings and the
+# u64 of the evaluation count. δ_o = ``orthonormality_tolerance(m', r)`` bounds ‖I − PᵀP‖_F
+# (the check ``dion_orthonormal_P`` asserts it), hence ‖P‖₂ ≤ √(1 + δ_o).
+
+
+def ef_subspace_tolerances(b_norm: float, p_norm: float, r_norm: float, mu: float, rows: int, rank: int, dtype,
+                           error_feedback: bool = True) -> tuple[float, float]:
+    """(outside, inside) Frobenius tolerances for Dion's subspace split of the momentum.
+
+    With error feedback: ‖(I − PPᵀ)(M_new − B)‖_F and ‖PᵀM_new − μPᵀB‖_F; without it (M_new = μPRᵀ):
+    ‖(I − PPᵀ)M_new‖_F and the same inside form. Exact when PᵀP = I and R = BᵀP.
+    Derivation (c = 1 − μ with error feedback, μ without). M_new = B − cPRᵀ + E (or cPRᵀ + E) with
+    ‖E‖_F ≤ e = ``error_feedback_tolerance`` (forming PRᵀ, scaling, subtracting).
+    Outside: (I − PPᵀ)P = P(I − PᵀP), so the exact term is c‖P(I − PᵀP)Rᵀ‖ ≤ c√(1+δ_o)·δ_o·‖R‖_F,
+    and (I − PPᵀ)E ≤ (1 + δ_o)e. Inside: PᵀM_new − μPᵀB = c(PᵀB − Rᵀ) + c(I − PᵀP)Rᵀ + PᵀE; the fast
+    R = fl(BᵀP) has ‖R − BᵀP‖_F ≤ ``_matmul_roundoff``(m')·‖B‖_F‖P‖_F (Higham & Mary 2019), so
+    c(ε_mm‖B‖_F p + δ_o‖R‖_F) + √(1+δ_o)e. Both add the float64 evaluation, 2C_NS√m'·u64·(‖B‖_F + c·p‖R‖_F).
+    Arguments: Frobenius norms of the fast B, P, R; rows = m', rank = r.
+    """
+    d_o = orthonormality_tolerance(rows, rank, dtype)
+    c = (1.0 - mu) if error_feedback else mu
+    e = error_feedback_tolerance(b_norm if error_feedback else 0.0, p_norm, r_norm,
+                                 mu if error_feedback else 1.0 - mu, rows, rank, dtype)
+    evaluation = 2 * C_NS * math.sqrt(rows) * U64 * (b_norm + c * p_norm * r_norm)
+    outside = c * math.sqrt(1 + d_o) * d_o * r_norm + (1 + d_o) * e + evaluation
+    inside = c * (_matmul_roundoff(dtype, rows) * b_norm * p_norm + d_o * r_norm) + math.sqrt(1 + d_o) * e + evaluation
+    return outside, inside
+
+
+def ef_bookkeeping_tolerance(step_tolerances, b_norms, dtype) -> float:
+    """Frobenius tolerance for ‖Σ G_t − M_T − (1 − μ) Σ P_t R_tᵀ‖_F after T steps from M_0 = 0.
+
+        Σ_t (e_t + 2(u + u64)‖B_t‖_F)
+
+    Derivation: telescoping B_t = M_{t−1} + G_t + F_t (F_t the rounding of that sum, ≤ u‖B_t‖_F)
+    and M_t = B_t − (1−μ)P_tR_tᵀ + E_t (‖E_t‖ ≤ e_t = ``error_feedback_tolerance`` of step t)
+    gives Σ G_t − M_T − (1−μ)Σ P_tR_tᵀ = −Σ(F_t + E_t); the float64 sums on the checking side add
+    at most u64·‖B_t‖_F per step. Without error feedback the lost part L_t = B_t − P_tR_tᵀ is
+    added to the identity and the same bound holds with e_t of M_t = μP_tR_tᵀ.
+    Arguments: sequences of e_t and ‖B_t‖_F (floats, same length).
+    """
+    u = unit_roundoff(dtype) + U64
+    return float(sum(step_tolerances) + 2 * u * sum(b_norms))
+
+
+def subspace_perturbation(shape: tuple[int, int], rank: int, dtype) -> float:
+    """ε: relative size ‖ΔB‖₂/‖B‖₂ of the backward perturbation one Dion power-iteration step
+    commits, in the working orientation (m', n') at rank r.
+
+        ε = C_NS·(1 + √n' + √m' + √(m'r))·√r·(u + u64)
+
+    Derivation: Y = fl(BQ) (inner dim n'), the Householder QR of Y (backward error √(m'r)·u·‖Y‖,
+    Higham, Accuracy and Stability, Thm. 19.4), R = fl(BᵀP) (inner dim m') and the column scaling
+    (u per entry) each equal an exact step with B perturbed by that relative amount (probabilistic
+    factors of Higham & Mary 2019); over r columns in the spectral norm ≤ Frobenius: √r.
+    """
+    m, n = shape
+    u = unit_roundoff(dtype) + U64
+    return C_NS * (1 + math.sqrt(n) + math.sqrt(m) + math.sqrt(m * rank)) * math.sqrt(rank) * u
+
+
+def subspace_iteration_bounds(sigma: np.ndarray, rank: int, tan0: float, steps: int, shape: tuple[int, int],
+                              dtype) -> np.ndarray:
+    """Bounds τ_t on tan θ_max(span P_t, U_r), t = 1..steps, for Dion steps with a fixed B.
+
+    σ: singular values of B (descending); U_r its top-r left singular subspace; tan0 = tan θ_max
+    between span Q_0 and the top-r right singular subspace V_r. Exact arithmetic: span P_t =
+    span((BBᵀ)^{t−1} B Q_0) (column scaling and QR keep spans), so with q = σ_{r+1}/σ_r
+    tan θ_t ≤ q^{2t−1} tan θ_0 (subspace iteration on BBᵀ; Golub & Van Loan, Matrix
+    Computations, Thm. 8.2.2; Saad, Numerical Methods for Large Eigenvalue Problems, Thm. 5.2).
+    Rounding: each step is exact for B + ΔB with ‖ΔB‖₂ ≤ ε‖B‖₂ (``subspace_perturbation``).
+    Writing the basis as X = U_r C₁ + U_⊥ C₂ (‖C₁⁻¹‖₂ = sec θ = √(1 + τ²)), one step with the
+    operator A + Δ gives
+        τ' ≤ (a_{r+1} τ + ‖Δ‖√(1 + τ²)) / (a_r − ‖Δ‖√(1 + τ²)),
+    with (a, ‖Δ‖) = (σ, εσ₁) for the first step (B) and (σ², 2εσ₁²) after (BBᵀ); a
+    non-positive denominator gives inf (no claim). The oracle's U_r is exact for a perturbation
+    of relative size C_NS·√d·u64, adding C_NS·√d·u64·σ₁/(σ_r − σ_{r+1}) (Wedin 1972) to each τ_t.
+    Shapes: sigma (k,), k ≥ rank. Returns (steps,) float64.
+    """
+    s = np.asarray(sigma, dtype=np.float64)
+    hi, lo = float(s[rank - 1]), (float(s[rank]) if rank < len(s) else 0.0)
+    eps = subspace_perturbation(shape, rank, dtype)
+    gap = hi - lo
+    oracle = C_NS * math.sqrt(max(shape)) * U64 * float(s[0]) / gap if gap > 0 else math.inf
+    out, tau = [], float(tan0)
+    for t in range(steps):
+        a_hi, a_lo, delta = (hi, lo, eps * s[0]) if t == 0 else (hi**2, lo**2, 2 * eps * s[0] ** 2)
+        sec = math.sqrt(1 + tau * tau) if math.isfinite(tau) else math.inf
+        denom = a_hi - delta * sec
+        tau = (a_lo * tau + delta * sec) / denom if denom > 0 and math.isfinite(tau) else math.inf
+        out.append(tau + oracle)
+    return np.array(out)
+
+
+def full_rank_polar_bounds(sigma: np.ndarray, prefix_tan0: np.ndarray, steps: int, epsilon: float,
+                           shape: tuple[int, int], dtype) -> np.ndarray:
+    """Bounds on ‖P_t Q_tᵀ − U Vᵀ‖_F, t = 1..steps, for full-rank Dion (r = n') with a fixed B.
+
+    σ (n',) descending, all > 0; prefix_tan0[j−1] = tan θ_max(span Q_0[:, :j], V_j), j = 1..n'−1.
+    Derivation. QR and column scaling keep prefix spans, so span P_t[:, :j] is subspace iteration
+    on the first j columns and s_j = min(1, ``subspace_iteration_bounds`` at rank j) bounds its
+    sin θ_j (s_0 = s_{n'} = 0). Column p_j is ⊥ span P[:, :j−1] and inside span P[:, :j], so
+    p_j = c u_j + a + b with a ∈ span U_{j−1}, ‖a‖ ≤ s_{j−1}, b ⊥ U_j, ‖b‖ ≤ s_j, and
+    ‖p_j ∓ u_j‖ ≤ 2(s_{j−1} + s_j). Then Bᵀp_j = cσ_j v_j + Bᵀa + Bᵀb with ‖Bᵀa‖ ≤ σ₁s_{j−1},
+    ‖Bᵀb‖ ≤ σ_{j+1}s_j, and normalizing (‖x/‖x‖ − y/‖y‖‖ ≤ 2‖x − y‖/‖y‖) moves q_j from ±v_j by
+    at most 2(σ₁s_{j−1} + σ_{j+1}s_j)/(|c|σ_j) + ε/σ_j, |c| ≥ √(1 − s_{j−1}² − s_j²). Summing
+    ‖p_j q_jᵀ − u_j v_jᵀ‖ ≤ ‖p_j ∓ u_j‖ + ‖q_j ∓ v_j‖ over j gives the bound (signs cancel in
+    p_j q_jᵀ). The rounding of the last step adds ``polar_fixed_point_tolerance``. (The ε terms
+    make the limit ‖ε/(σ + ε)‖ rather than 0, as at the fixed point.) The σ₁/σ_j factor makes
+    the bound loose for ill-conditioned B (≈ 1e3× for condition 4e3); it is a valid bound.
+    Returns (steps,) float64 (inf where |c| = 0).
+    """
+    s = np.asarray(sigma, dtype=np.float64)
+    k = len(s)
+    sines = np.zeros((k + 1, steps))  # sines[j] bounds sin θ_j, j = 0..k
+    for j in range(1, k):
+        sines[j] = np.minimum(1.0, subspace_iteration_bounds(s, j, float(prefix_tan0[j - 1]), steps, shape, dtype))
+    nxt = np.append(s[1:], 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = np.sqrt(np.clip(1.0 - sines[:-1] ** 2 - sines[1:] ** 2, 0.0, None))
+        terms = 2 * (sines[:-1] + sines[1:]) + (2 * (s[0] * sines[:-1] + nxt[:, None] * sines[1:]) / cos
+                                                 + epsilon) / s[:, None]
+    return np.sum(terms, axis=0) + polar_fixed_point_tolerance(s, epsilon, shape, dtype)
+
+
+def polar_fixed_point_tolerance(sigma: np.ndarray, epsilon: float, shape: tuple[int, int], dtype) -> float:
+    """Tolerance for ‖PQᵀ − U diag(σ/(σ + ε)) Vᵀ‖_F after one full-rank Dion step from Q_0 = V.
+
+    Exact arithmetic: BV = UΣ has orthogonal columns, so its QR with diag(R) > 0 is P = U,
+    R = BᵀP = VΣ, Q = R/(‖R_j‖ + ε) = V diag(σ_j/(σ_j + ε)), and PQᵀ = U diag(σ/(σ + ε)) Vᵀ: the
+    polar factor UVᵀ up to ‖ε/(σ + ε)‖₂ (``epsilon`` enters the expected value, not this bound).
+    Rounding. Y = fl(BV) (inner dimension n': column j off by ≤ C_NS√n'·u·‖B‖_F) and its
+    Householder QR (backward error C_NS√(m'r)·u·‖y_j‖ per column; Higham & Mary 2019, Higham
+    Thm. 19.4), over r columns: ‖ΔY‖_F ≤ η = C_NS(√(n'r) + √(m'r))·(u + u64)·‖B‖_F.
+    First-order QR perturbation at Y = UΣ: dP = (I − UUᵀ)dY Σ⁻¹ + U S with S skew, S_ij = u_iᵀdy_j/σ_j
+    (i > j). So ‖dP‖_F ≤ η/σ_min =: δ_P, while BᵀdP = V Σ S has entries u_iᵀdy_j·σ_i/σ_j (i > j) and
+    −u_jᵀdy_i (i < j), all ≤ |dY| entries: ‖BᵀdP‖_F ≤ η with no condition number. R = fl(BᵀP) adds
+    C_NS√m'·u·‖B‖_F, and the column normalization is 2/σ_j-Lipschitz: δ_Q = 2(η + C_NS√m'u‖B‖_F)/σ_min.
+    ‖PQᵀ − P̂Q̂ᵀ‖ ≤ δ_P + δ_Q. The oracle's V is exact for a perturbation of relative size
+    C_NS·√d·u64 and moves by at most that times σ₁/(min gap) per column (Wedin 1972), √r columns.
+    Shapes: sigma (r,) descending (r = n'). Returns inf when a σ is 0 or repeated, or when
+    δ_P ≥ FIRST_ORDER_LIMIT (the first-order model does not hold: no claim).
+    """
+    s = np.asarray(sigma, dtype=np.float64)
+    m, n = shape
+    r = len(s)
+    u = unit_roundoff(dtype) + U64
+    gaps = -np.diff(s)
+    if s[-1] <= 0 or (len(gaps) and gaps.min() <= 0):
+        return math.inf
+    eta = C_NS * (math.sqrt(n * r) + math.sqrt(m * r)) * u * float(np.linalg.norm(s))
+    d_p = eta / float(s[-1])
+    if d_p >= FIRST_ORDER_LIMIT:
+        return math.inf
+    d_q = 2 * (eta + C_NS * math.sqrt(m) * u * float(np.linalg.norm(s))) / float(s[-1])
+    min_gap = float(gaps.min()) if len(gaps) else float(s[0])
+    oracle = C_NS * math.sqrt(max(m, n)) * U64 * float(s[0]) / min_gap * math.sqrt(r)
+    return d_p + d_q + oracle
+
+
+#: Baseline regression margin of ``ortho-verify --baseline``: a check regresses when its
+#: error/tolerance ratio r_new > max(BASELINE_GROWTH·r_old, BASELINE_FLOOR).
+#: Why 2: a seeded run is reproducible on one machine (any change of r is a code change), but
+#: another machine or BLAS build rounds differently. Measured with ``ortho-verify --quick`` at 1
+#: vs 2 torch threads (same inputs, different reduction orders): 337 of 1130 ratios changed;
+#: those above 0.01 by at most 1.37×, smaller ones by up to 123×. Why 0.1: a check using a
+#: tenth of its tolerance has an order of magnitude of headroom, and below that the ratio of a
+#: few roundings moves by large factors without meaning anything. With (2, 0.1) no check of
+#: that experiment was flagged.
+BASELINE_GROWTH = 2.0
+BASELINE_FLOOR = 0.1
+
+
+# --- Muon options ---
+
+
+def cautious_weight_decay_tolerance(weight: np.ndarray, update_ref: np.ndarray, ns_tol: float, lr: float,
+                                    weight_decay: float) -> float:
+    """Extra Frobenius tolerance for the weight of a Muon step with cautious weight decay,
+    added to ``muon_tolerance`` (float32 / float64 compute).
+
+        lr · weight_decay · ‖W ⊙ 1{|O_ref| ≤ ns_tol}‖_F
+
+    Derivation. Cautious weight decay (Chen et al. 2025, arXiv 2510.12402) decays entry (i, j)
+    only where sign(O_ij)·sign(W_ij) ≥ 0; both sides use the same W (the weight before the
+    step) and exact sign tests, so the masks can differ only where the fast update O_fast and
+    the reference O_ref have different signs (rounding O to the parameter dtype keeps the sign
+    or gives 0, which decays like the ≥). That needs |O_ref,ij| ≤ |O_fast,ij − O_ref,ij| ≤
+    ‖O_fast − O_ref‖_F ≤ ns_tol (``ns_tolerance`` at the momentum-mixed input). On such an
+    entry the two weights differ by the decay lr·wd·|W_ij| in addition to the rounding that
+    ``muon_tolerance`` bounds; elsewhere the masks agree and ``muon_tolerance`` applies as for
+    decoupled decay. The set is usually empty (the term is then 0 and the check is as sharp as
+    for decoupled decay).
+    Shapes: weight, update_ref (m, n) float64 -> float.
+    """
+    w = np.asarray(weight, dtype=np.float64)
+    ambiguous = np.abs(np.asarray(update_ref, dtype=np.float64)) <= ns_tol
+    return lr * weight_decay * float(np.linalg.norm(np.where(ambiguous, w, 0.0)))

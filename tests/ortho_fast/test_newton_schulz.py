@@ -371,3 +371,88 @@ def test_torch_compile_matches_eager_bitwise(backend):
     assert torch.equal(out, eager)
     # tall input goes through the transpose branch
     assert torch.equal(compiled(g.mT.contiguous(), dtype=torch.float32), newton_schulz(g.mT.contiguous(), dtype=torch.float32))
+
+
+# ---------------------------------------------------------------------------------------
+# Dtype policy: compute dtype names, None, Megatron's fp32_matmul_prec names
+# ---------------------------------------------------------------------------------------
+
+
+def test_compute_dtype_names_map_onto_the_policy():
+    """None computes in the input's dtype; Megatron's "medium" is bfloat16 and "highest" is
+    float32 (same bits as naming the dtype); "high" computes in float32 under
+    set_float32_matmul_precision("high") and restores the caller's setting."""
+    a = matrix_with_spectrum(np.geomspace(1, 1e-3, 12), 12, 20, np.random.default_rng(8))
+    g = torch.from_numpy(a)
+    assert torch.equal(newton_schulz(g, dtype=None), newton_schulz(g, dtype=torch.float64))
+    assert torch.equal(newton_schulz(g.float(), dtype=None), newton_schulz(g.float(), dtype=torch.float32))
+    assert torch.equal(newton_schulz(g, dtype="medium"), newton_schulz(g, dtype=torch.bfloat16))
+    assert torch.equal(newton_schulz(g, dtype="highest"), newton_schulz(g, dtype=torch.float32))
+    assert not torch.equal(newton_schulz(g, dtype="medium"), newton_schulz(g, dtype="highest"))
+    before = torch.get_float32_matmul_precision()
+    high = newton_schulz(g, dtype="high").numpy()
+    assert torch.get_float32_matmul_precision() == before
+    table = np.array(COEFFICIENTS["jordan"].table())
+    # TF32 (where a backend uses it for "high") rounds inputs to 10 mantissa bits: float16's u.
+    bound = tol.ns_tolerance(ortho_ref.normalized_singular_values(a), table, a.shape, "float16")
+    assert np.linalg.norm(high - ortho_ref.ns_map(a, table)) <= bound
+
+
+def test_per_step_user_rows_not_in_the_registry():
+    """A user's per-step table (Emerging-Optimizers' 4-decimal Polar Express, 8 rows) as a list,
+    an array and a tensor: all equal, and within ns_tolerance of ns_map with the same rows."""
+    rows = [(8.2051, -22.9019, 16.4607), (4.0664, -2.8612, 0.5184), (3.9096, -2.8234, 0.5250),
+            (3.2856, -2.4153, 0.4853), (2.2779, -1.6198, 0.3985), (1.8726, -1.2307, 0.3585),
+            (1.8564, -1.2132, 0.3568), (1.8750, -1.2500, 0.3750)]
+    a = matrix_with_spectrum(np.geomspace(1, 1e-4, 16), 16, 24, np.random.default_rng(9))
+    g = torch.from_numpy(a)
+    out = newton_schulz(g, rows, dtype=torch.float64)
+    assert torch.equal(out, newton_schulz(g, np.array(rows), dtype=torch.float64))
+    assert torch.equal(out, newton_schulz(g, torch.tensor(rows, dtype=torch.float64), dtype=torch.float64))
+    table = np.array(rows)
+    bound = tol.ns_tolerance(ortho_ref.normalized_singular_values(a), table, a.shape, "float64")
+    assert np.linalg.norm(out.numpy() - ortho_ref.ns_map(a, table)) <= bound
+
+
+@pytest.mark.parametrize("bad", [None, {"a": 1.0}, [[1.0, "x", 2.0]]])
+def test_coefficients_not_numbers_raise_type_error(bad):
+    with pytest.raises((TypeError, ValueError), match=r"^coefficients:"):
+        newton_schulz(G, bad)
+
+
+def test_bad_compute_dtype_name():
+    with pytest.raises(TypeError, match=r"^dtype:"):
+        newton_schulz(G, dtype="low")
+
+
+# ---------------------------------------------------------------------------------------
+# torch.compile with the default (inductor) backend: g++ on CPU
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_inductor_compile_within_ns_tolerance_of_eager():
+    """torch.compile(fullgraph=True, inductor) may fuse and reorder roundings, so bitwise
+    equality is not the contract: the compiled result must satisfy the eager contract (within
+    ns_tolerance of ns_map in float32 / float64, singular values within
+    ns_singular_value_tolerance in bfloat16), hence within twice the tolerance of eager."""
+    torch._dynamo.reset()
+    compiled = torch.compile(newton_schulz, fullgraph=True)
+    table = np.array(COEFFICIENTS["jordan"].table())
+    rng = np.random.default_rng(12)
+    for shape in ((24, 16), (3, 16, 24)):  # the transpose branch and the batched path; 6 graphs < recompile_limit
+        mats = rng.standard_normal(shape)
+        g = torch.from_numpy(mats)
+        for dtype in ("float64", "float32", "bfloat16"):
+            out = compiled(g, dtype=TORCH[dtype]).numpy()
+            eager = newton_schulz(g, dtype=TORCH[dtype]).numpy()
+            for a, o, e in zip(mats.reshape(-1, *shape[-2:]),
+                               out.reshape(-1, *shape[-2:]), eager.reshape(-1, *shape[-2:])):
+                sigma_hat = ortho_ref.normalized_singular_values(a)
+                if dtype == "bfloat16":
+                    err, bound = _low_precision_singular_value_error("jordan", a, dtype, o)
+                    assert err <= bound
+                    continue
+                bound = tol.ns_tolerance(sigma_hat, table, a.shape, dtype)
+                assert np.linalg.norm(o - ortho_ref.ns_map(a, table)) <= bound
+                assert np.linalg.norm(o - e) <= 2 * bound

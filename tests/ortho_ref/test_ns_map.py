@@ -91,6 +91,13 @@ def test_lipschitz_is_product_of_a_where_maximal_at_zero(name):
     assert lip <= prod * (1 + 4 * len(table) * U64)
 
 
+@pytest.mark.parametrize("name, quoted, half_unit", [("jordan", 485.0, 0.5), ("polar_express", 990.0, 5.0)])
+def test_lipschitz_quoted_in_design(name, quoted, half_unit):
+    # DESIGN.md: "jordan×5 ≈ 485; polar_express×5 ≈ 990, the product of its a's". A correct value
+    # is within half a unit of the last quoted significant digit (990 = 2 digits: 989.47).
+    assert abs(ortho_ref.ns_lipschitz(ortho_ref.schedule(name)) - quoted) <= half_unit
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.sampled_from(SCHEDULES), st.floats(1e-4, 0.49), st.floats(0.5, 1.0))
 def test_band_contains_samples_and_is_attained(name, lo, hi):

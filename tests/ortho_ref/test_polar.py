@@ -1,12 +1,13 @@
 """ortho_ref.polar: properties of the polar decomposition, and bad input."""
 
+import mpmath
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
 import ortho_ref
 from tests.strategies import spectral_matrices
-from verify.tolerances import svd_residual_tolerance
+from verify.tolerances import mp_accuracy, polar_condition_tolerance, svd_residual_tolerance
 
 
 @settings(max_examples=60, deadline=None)
@@ -40,6 +41,70 @@ def test_polar_matches_scipy():
     assert np.linalg.norm(ortho_ref.polar(a) - u_ref) <= svd_residual_tolerance(a.shape)
 
 
+@settings(max_examples=60, deadline=None)
+@given(spectral_matrices())
+def test_polar_condition_formula(case):
+    # Higham, Functions of Matrices, Thm. 8.9, from the computed singular values: exact.
+    a, _ = case
+    s = ortho_ref.singular_values(a)
+    kappa = ortho_ref.polar_condition(a)
+    if s[-1] == 0.0:
+        assert kappa == np.inf
+    elif a.shape[0] != a.shape[1]:
+        assert kappa == 1.0 / s[-1]
+    elif a.shape[0] == 1:
+        assert kappa == 0.0
+    else:
+        assert kappa == 2.0 / (s[-1] + s[-2])
+
+
+def _diagonal_case(m, n, s):
+    """A = diag(s) padded to (m, n) and its worst-case direction E (integers, exact in float64):
+    the skew pair of the last two singular directions (square) or the last column moved into
+    the orthogonal complement (tall; wide is its transpose)."""
+    k = min(m, n)
+    a = np.zeros((max(m, n), k))
+    a[np.arange(k), np.arange(k)] = s
+    e = np.zeros_like(a)
+    if m == n:
+        e[k - 2, k - 1], e[k - 1, k - 2] = 1.0, -1.0
+    else:
+        e[k, k - 1] = 1.0
+    return (a, e) if m >= n else (a.T, e.T)
+
+
+@pytest.mark.parametrize("m, n, s", [(4, 4, [9.0, 7.0, 3.0, 2.0]), (5, 3, [8.0, 5.0, 3.0]), (2, 6, [6.0, 1.0]),
+                                     (2, 2, [1000.0, 1.0])])
+def test_polar_condition_is_attained(m, n, s):
+    # Central difference of the exact (50-digit) polar factor along the worst-case direction E,
+    # h = 2^-30 so that A ± hE are exact float64 matrices. For these inputs the polar factor
+    # along A + tE is known in closed form (a plane rotation by atan(2t/(σ_{n-1} + σ_n)), or
+    # the last column (σ_k e_k + t e_{k+1})/√(σ_k² + t²)), giving
+    # ‖D‖_F/‖E‖_F = κ/√(1 + x²) with x = 2h/(σ_{n-1} + σ_n) (square) or h/σ_k (rectangular).
+    a, e = _diagonal_case(m, n, np.array(s))
+    h = 2.0**-30
+    digits = 50
+    plus, minus = ortho_ref.polar(a + h * e, digits=digits), ortho_ref.polar(a - h * e, digits=digits)
+    with mpmath.workdps(2 * digits):
+        e_norm = mpmath.sqrt(float(np.sum(e * e)))  # exact: e has integer entries
+        ratio = mpmath.sqrt(sum(x**2 for x in ((plus - minus) / (2 * h)).ravel())) / e_norm
+        if m == n:
+            kappa, x = mpmath.mpf(2) / (s[-1] + s[-2]), mpmath.mpf(2 * h) / (s[-1] + s[-2])
+        else:
+            kappa, x = 1 / mpmath.mpf(s[-1]), mpmath.mpf(h) / s[-1]
+        closed_form = kappa / mpmath.sqrt(1 + x**2)
+        # each 50-digit factor is within mp_accuracy of the exact one (Frobenius)
+        assert abs(ratio - closed_form) <= mp_accuracy(a.shape, digits) / (h * e_norm)
+    assert abs(ortho_ref.polar_condition(a) - float(kappa)) <= polar_condition_tolerance(a)
+
+
+def test_polar_condition_special_cases():
+    assert ortho_ref.polar_condition(np.array([[-3.0]])) == 0.0  # sign(a) is locally constant
+    assert ortho_ref.polar_condition(np.array([[0.0]])) == np.inf
+    assert ortho_ref.polar_condition(np.array([[1.0, 0.0], [2.0, 0.0]])) == np.inf  # a zero column
+    assert ortho_ref.polar_condition(np.array([[2.0], [0.0]])) == 0.5
+
+
 @pytest.mark.parametrize(
     "bad, exc, match",
     [
@@ -53,7 +118,8 @@ def test_polar_matches_scipy():
     ],
 )
 def test_bad_input(bad, exc, match):
-    for fn in (ortho_ref.polar, ortho_ref.polar_decomposition, lambda x: ortho_ref.ns_map(x, [[1.5, -0.5, 0.0]])):
+    for fn in (ortho_ref.polar, ortho_ref.polar_decomposition, ortho_ref.polar_condition,
+               lambda x: ortho_ref.ns_map(x, [[1.5, -0.5, 0.0]])):
         with pytest.raises(exc, match=match) as info:
             fn(bad)
         assert "a:" in str(info.value)
