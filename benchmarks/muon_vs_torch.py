@@ -3,7 +3,9 @@
 The parameter set is that of a GPT block stack (fused QKV, attention output, MLP up and
 down projections) for a few widths, so the step sees many shapes. Both optimizers run with
 torch.optim.Muon's defaults (ours with ``eps_mode="clamp"``, the bit-identical setting) on
-identical parameters and gradients, timed one right after the other.
+identical parameters and gradients, timed one right after the other. ``banks=True``
+(same-shape matrices stacked into one batched Newton–Schulz call; not bit-identical to
+torch, within the Newton–Schulz tolerance) is timed in the same run.
 
 Run: python benchmarks/muon_vs_torch.py [--quick] [--min-run-time S] [--threads N]
 """
@@ -40,14 +42,18 @@ def main() -> None:
     for d_model, n_layers in configs:
         shapes = gpt_matrices(d_model, n_layers)
         ours = Muon(make_params(shapes), lr=0.02, eps_mode="clamp")
+        banked = Muon(make_params(shapes), lr=0.02, eps_mode="clamp", banks=True)
         theirs = torch.optim.Muon(make_params(shapes), lr=0.02)
         t_ours = median_seconds(ours.step, args.min_run_time)
+        t_banks = median_seconds(banked.step, args.min_run_time)
         t_torch = median_seconds(theirs.step, args.min_run_time)
         n_params = sum(m * n for m, n in shapes)
         rows.append([f"d={d_model}, L={n_layers}", str(len(shapes)), f"{n_params / 1e6:.2f}M",
-                     f"{t_ours * 1e3:.1f}", f"{t_torch * 1e3:.1f}", f"{t_ours / t_torch:.2f}"])
+                     f"{t_ours * 1e3:.1f}", f"{t_banks * 1e3:.1f}", f"{t_torch * 1e3:.1f}",
+                     f"{t_ours / t_torch:.2f}", f"{t_banks / t_torch:.2f}"])
     print_table("ortho_fast.Muon.step vs torch.optim.Muon.step (torch defaults, bf16 Newton–Schulz)",
-                ["model", "matrices", "params", "ours ms", "torch ms", "ours / torch"], rows)
+                ["model", "matrices", "params", "ours ms", "banks ms", "torch ms", "ours / torch",
+                 "banks / torch"], rows)
 
 
 if __name__ == "__main__":

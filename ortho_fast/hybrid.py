@@ -518,7 +518,9 @@ class DionConfig(_HybridConfig):
     from microsoft/dion's ``Dion``; AdamW eps = microsoft/dion's epsilon 1e-8. Grouping as
     OLMo-core: matrices -> Dion, embeddings -> AdamW without weight decay, vectors -> AdamW,
     output head -> AdamW at lr/√d_model; one lr for every group (``scalar_lr`` None).
-    ``qr_method`` "householder" here (microsoft/dion's default is "rcqr", also available).
+    ``qr_method`` "randomized_cholesky_qr", microsoft/dion's default ("rcqr", oversample
+    1.25), which OLMo-core does not override; ``ortho_fast.Dion`` itself defaults to
+    "householder", the reference method.
     ``dion_options``: any other ``DION_DEFAULTS`` key. Lion for the scalars: betas (0.95,
     0.98) unless ``scalar_betas`` is given.
     ``build(model)`` -> ``HybridOptimizer`` over ``param_groups(model, ...)``.
@@ -532,7 +534,7 @@ class DionConfig(_HybridConfig):
     rank_multiple_of: int = 1
     epsilon: float = 1e-8
     power_iters: int = 1
-    qr_method: str = "householder"
+    qr_method: str = "randomized_cholesky_qr"
     lm_head_lr_scale: str | None = "inv_sqrt_d_model"
     dion_options: dict = field(default_factory=dict)
 

@@ -87,15 +87,30 @@ def _quintic_step(x: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor
     return torch.baddbmm(x, update, x, beta=a)
 
 
+def _power_of_two_scale(x: torch.Tensor) -> torch.Tensor:
+    """β = 2^e per matrix with max|X| in [2^(e−1), 2^e) (β = 1 for a zero matrix), shape
+    (..., 1, 1) in x's dtype; X/β is exact and its entries lie in (−1, 1)."""
+    amax = torch.linalg.vector_norm(x, ord=float("inf"), dim=(-2, -1), keepdim=True)
+    return torch.ldexp(torch.ones_like(amax), torch.frexp(amax).exponent)
+
+
 def _iterate(x: torch.Tensor, table, safety: float, eps: float, eps_mode: str) -> torch.Tensor:
-    """Normalize and run the steps on (m, n) or (batch, m, n) with m <= n, in x's dtype."""
-    if x.ndim == 2:
-        norm = x.norm()
-    else:
-        norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
+    """Normalize and run the steps on (m, n) or (batch, m, n) with m <= n, in x's dtype.
+
+    The Frobenius normalization is computed on X/β (``_power_of_two_scale``) as
+    (X/β) / (s·‖X/β‖_F + eps/β) or / max(s·‖X/β‖_F, eps/β). Scaling by a power of two
+    commutes with every rounding, so this gives the same bits as X / (s·‖X‖_F + eps) (the
+    form of torch.optim.Muon) whenever no intermediate is subnormal, and it stays correct
+    where that form fails: ‖X‖_F overflows for ‖X‖_F > 1.8e19 in float32 / bfloat16
+    (the squares pass 3.4e38) and above 65504 in float16, which made the result 0.
+    """
+    beta = _power_of_two_scale(x)
+    x = x / beta
+    norm = x.norm() if x.ndim == 2 else torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
     if safety != 1.0:
         norm = norm * safety
-    denom = norm + eps if eps_mode == "add" else norm.clamp(min=eps)
+    eps_scaled = torch.full_like(beta, eps) / beta  # eps rounded to x's dtype, as torch does
+    denom = norm + eps_scaled if eps_mode == "add" else torch.maximum(norm, eps_scaled)
     if eps == 0.0:  # a zero matrix maps to zero (as ns_map), not to 0/0
         denom = torch.where(denom == 0, torch.ones_like(denom), denom)
     x = x / denom

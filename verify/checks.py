@@ -7,9 +7,10 @@ matrices (``verify.spectra.MatrixCase``); the fast side runs in the dtype under 
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -28,7 +29,11 @@ TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": 
 
 @dataclass
 class CheckResult:
-    """One measured comparison. ``ratio`` = error / tolerance (0 when both are 0)."""
+    """One measured comparison. ``ratio`` = error / tolerance (0 when both are 0).
+
+    ``extra``: optional named measurements shown in the report (e.g. the fraction of the
+    gradient lost without error feedback); they change no verdict.
+    """
 
     check: str
     input: str
@@ -37,6 +42,7 @@ class CheckResult:
     tolerance: float
     passed: bool
     note: str = ""
+    extra: dict = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -48,9 +54,17 @@ class CheckResult:
         return {**asdict(self), "ratio": self.ratio}
 
 
-def _result(check, case_name, detail, error, tolerance, note="") -> CheckResult:
+def measured(check: str, case_name: str, detail: str, error, tolerance, note: str = "",
+             extra: dict | None = None) -> CheckResult:
+    """A ``CheckResult`` that passes iff error <= tolerance (NaN fails)."""
     error, tolerance = float(error), float(tolerance)
-    return CheckResult(check, case_name, detail, error, tolerance, bool(error <= tolerance), note)
+    return CheckResult(check, case_name, detail, error, tolerance, bool(error <= tolerance), note, extra or {})
+
+
+def as_float64(t: torch.Tensor) -> np.ndarray:
+    """A float64 numpy copy on the CPU (never sharing memory with ``t``: ``.double().numpy()``
+    of a float64 tensor would, and a later in-place update would change the copy)."""
+    return t.detach().to(device="cpu", dtype=torch.float64, copy=True).numpy()
 
 
 def _rng(case: MatrixCase, salt: str) -> np.random.Generator:
@@ -65,7 +79,7 @@ def check_coefficient_registries() -> list[CheckResult]:
     names = sorted(set(ortho_fast.COEFFICIENTS) | set(ortho_ref.SCHEDULES))
     for name in names:
         if name not in ortho_fast.COEFFICIENTS or name not in ortho_ref.SCHEDULES:
-            out.append(_result("coefficient_registry", name, "present on both sides", math.inf,
+            out.append(measured("coefficient_registry", name, "present on both sides", math.inf,
                                tol.COEFFICIENT_REGISTRY_TOLERANCE, "missing on one side"))
             continue
         fast, ref = ortho_fast.COEFFICIENTS[name], ortho_ref.SCHEDULES[name]
@@ -74,63 +88,100 @@ def check_coefficient_registries() -> list[CheckResult]:
             err = max(err, float(np.max(np.abs(np.array(fast.table(steps)) - ortho_ref.schedule(name, steps)))))
         err = max(err, abs(fast.safety - ref.safety), abs(fast.eps - ref.eps),
                   float(fast.default_steps != ref.default_steps) * math.inf)
-        out.append(_result("coefficient_registry", name, "tables, tail, normalization", err,
+        out.append(measured("coefficient_registry", name, "tables, tail, normalization", err,
                            tol.COEFFICIENT_REGISTRY_TOLERANCE))
     return out
 
 
-def check_newton_schulz(case: MatrixCase, schedule: str, dtype: str) -> list[CheckResult]:
-    """(a) ``newton_schulz`` vs ``ns_map`` and (b) the singular-value spread vs the exact band.
+def compare_ns_output(fast: np.ndarray, a: np.ndarray, table, *, safety: float, eps: float, dtype: str,
+                      input_name: str, detail: str, eps_mode: str = "add", extra: float = 0.0, svd=None,
+                      record: list | None = None, prefix: str = "") -> list[CheckResult]:
+    """Judge a computed Newton–Schulz result ``fast`` of the input ``a`` against the oracle.
 
-    float32/float64: ‖X_fast − X_ref‖_F ≤ ``ns_tolerance``. bfloat16: sorted singular
-    values within ``ns_singular_value_tolerance`` (Weyl), and per direction uᵢᵀX_fast vᵢ
-    against f(σ̂ᵢ) within ``ns_singular_value_tolerances``. Spread: every singular value of
-    X_fast lies in the exact band of f over [σ̂_min, σ̂_max] widened by the singular-value
-    tolerance; the error is the largest excursion outside the band.
+    (a) float32/float64: ‖fast − ns_map(a)‖_F ≤ ``ns_tolerance`` + ``extra``. bfloat16:
+    sorted singular values within ``ns_singular_value_tolerance`` (Weyl), and per direction
+    uᵢᵀ fast vᵢ against f(σ̂ᵢ) within ``ns_singular_value_tolerances`` (each + ``extra``).
+    (b) Spread: every singular value of ``fast`` lies in the exact band of f over
+    [σ̂_min, σ̂_max] widened by the tolerance of (a) (bfloat16: the singular-value one); the
+    error is the largest excursion outside the band.
+
+    Shapes: fast, a (m, n) float64; table (T, 3). ``dtype`` names the compute dtype the
+    tolerances are for; ``extra`` an absolute Frobenius allowance for errors made outside
+    the Newton–Schulz iteration (e.g. the weight update around it); ``svd`` an optional
+    precomputed ``ortho_ref.svd(a)``; ``record``: if a list, (σ̂, uᵢᵀ fast vᵢ) is appended
+    (the points of the singular-value map); ``prefix`` is prepended to the check names.
+    Returns: CheckResult rows ``ns_vs_ns_map``, ``ns_projected_singular_values`` (bfloat16)
+    and ``spread_in_band``; a non-finite or mis-shaped ``fast`` fails both with error inf.
+    """
+    names = [prefix + "ns_vs_ns_map", prefix + "spread_in_band"]
+    if fast.shape != a.shape or not np.all(np.isfinite(fast)):
+        why = f"output shape {fast.shape} != input shape {a.shape}" if fast.shape != a.shape else \
+            "output has NaN or Inf"
+        return [measured(name, input_name, detail, math.inf, 0.0, why) for name in names]
+    sigma_hat = ortho_ref.normalized_singular_values(a, safety=safety, eps=eps, eps_mode=eps_mode)
+    f_sigma = ortho_ref.ns_polynomial(sigma_hat, table)  # exact output singular values, per direction
+    sv_fast = np.sort(ortho_ref.singular_values(fast))
+    lo, hi = ortho_ref.ns_band(table, float(sigma_hat.min()), float(sigma_hat.max()) * (1 + 1e-12) + 1e-300)
+    weak_note = "tolerance exceeds the band's upper edge: too ill-conditioned for a sharp comparison in this dtype"
+    projected = None
+    if dtype == "bfloat16" or record is not None:
+        u_a, _, vt_a = ortho_ref.svd(a) if svd is None else svd
+        projected = np.einsum("ij,ik,kj->j", u_a, fast, vt_a.T)
+        if record is not None:
+            record.append((sigma_hat, projected))
+    out = []
+    if dtype == "bfloat16":
+        sv_tol = tol.ns_singular_value_tolerance(sigma_hat, table, a.shape, dtype) + extra
+        out.append(measured(names[0], input_name, detail + " (singular values)",
+                            np.max(np.abs(sv_fast - np.sort(f_sigma))), sv_tol, weak_note if sv_tol >= hi else ""))
+        # Per direction: uᵢᵀ X_fast vᵢ against f(σ̂ᵢ) with its own first-order tolerance.
+        taus = tol.ns_singular_value_tolerances(sigma_hat, table, a.shape, dtype) + extra
+        ratios = np.abs(projected - f_sigma) / taus
+        i = int(np.argmax(ratios))
+        sharp = int(np.sum(taus < SHARP_SINGULAR_VALUE_TOLERANCE))
+        out.append(measured(prefix + "ns_projected_singular_values", input_name, f"{detail} (worst direction)",
+                            abs(projected[i] - f_sigma[i]), taus[i],
+                            f"direction {i + 1}; {sharp} of {len(taus)} directions with tolerance < "
+                            f"{SHARP_SINGULAR_VALUE_TOLERANCE}"))
+    else:
+        ref = ortho_ref.ns_map(a, table, safety=safety, eps=eps, eps_mode=eps_mode)
+        # Spread in float32/float64: σᵢ(ns_map) = f(σ̂ᵢ) lies in the band, and by Weyl each σᵢ moves
+        # by at most ‖X_fast − X_ref‖₂ ≤ ‖·‖_F ≤ ns_tolerance, which counts the cancelling step terms
+        # (the first-order singular-value model does not: a 1 × 1 float32 input exceeded it by 2%).
+        sv_tol = tol.ns_tolerance(sigma_hat, table, a.shape, dtype) + extra
+        out.append(measured(names[0], input_name, detail + " (Frobenius)", np.linalg.norm(fast - ref), sv_tol))
+    excursion = max(0.0, lo - float(sv_fast.min()), float(sv_fast.max()) - hi)
+    weak = weak_note if sv_tol >= hi else ""
+    out.append(measured(names[1], input_name, detail, excursion, sv_tol,
+                       f"band [{lo:.3f}, {hi:.3f}], measured [{sv_fast.min():.3f}, {sv_fast.max():.3f}]"
+                       + (f"; {weak}" if weak else "")))
+    return out
+
+
+@functools.lru_cache(maxsize=2)
+def case_svd(case: MatrixCase):
+    """``ortho_ref.svd`` of a case's matrix, kept for the case's next checks (same input,
+    several schedules and dtypes)."""
+    return ortho_ref.svd(case.matrix)
+
+
+def check_newton_schulz(case: MatrixCase, schedule: str, dtype: str, record: list | None = None) -> list[CheckResult]:
+    """(a) ``newton_schulz`` vs ``ns_map`` and (b) the singular-value spread vs the exact band
+    (``compare_ns_output``), for a registered schedule computed in ``dtype``.
+
+    ``record``: optional list receiving (σ̂, uᵢᵀ X_fast vᵢ) for the singular-value map.
     """
     a = case.matrix
     # The reference uses the oracle's own transcription of the schedule; the fast side is
     # called by name, so a wrong entry in either registry shows up here too.
     sched = ortho_ref.SCHEDULES[schedule]
-    table = ortho_ref.schedule(schedule)
-    sigma_hat = ortho_ref.normalized_singular_values(a, safety=sched.safety, eps=sched.eps)
     fast = ortho_fast.newton_schulz(
         torch.from_numpy(a), schedule, safety=sched.safety, eps=sched.eps, dtype=TORCH_DTYPES[dtype]
     ).to(torch.float64).numpy()
-    ref = ortho_ref.ns_map(a, table, safety=sched.safety, eps=sched.eps)
-    detail = f"{schedule}/{dtype}"
-    if not np.all(np.isfinite(fast)):
-        return [_result(name, case.name, detail, math.inf, 0.0, "fast output has NaN or Inf")
-                for name in ("ns_vs_ns_map", "spread_in_band")]
-    f_sigma = ortho_ref.ns_polynomial(sigma_hat, table)  # exact output singular values, per direction
-    sv_fast = np.sort(ortho_ref.singular_values(fast))
-    sv_ref = np.sort(f_sigma)
-    sv_tol = tol.ns_singular_value_tolerance(sigma_hat, table, a.shape, dtype)
-    lo, hi = ortho_ref.ns_band(table, float(sigma_hat.min()), float(sigma_hat.max()) * (1 + 1e-12) + 1e-300)
-    weak = "tolerance exceeds the band's upper edge: too ill-conditioned for a sharp comparison in this dtype" \
-        if sv_tol >= hi else ""
-    out = []
-    if dtype == "bfloat16":
-        out.append(_result("ns_vs_ns_map", case.name, detail + " (singular values)",
-                           np.max(np.abs(sv_fast - sv_ref)), sv_tol, weak))
-        # Per direction: uᵢᵀ X_fast vᵢ against f(σ̂ᵢ) with its own first-order tolerance.
-        u_a, _, vt_a = ortho_ref.svd(a)
-        projected = np.einsum("ij,ik,kj->j", u_a, fast, vt_a.T)
-        taus = tol.ns_singular_value_tolerances(sigma_hat, table, a.shape, dtype)
-        ratios = np.abs(projected - f_sigma) / taus
-        i = int(np.argmax(ratios))
-        sharp = int(np.sum(taus < SHARP_SINGULAR_VALUE_TOLERANCE))
-        out.append(_result("ns_projected_singular_values", case.name, f"{detail} (direction {i + 1})",
-                           abs(projected[i] - f_sigma[i]), taus[i],
-                           f"{sharp} of {len(taus)} directions with tolerance < {SHARP_SINGULAR_VALUE_TOLERANCE}"))
-    else:
-        out.append(_result("ns_vs_ns_map", case.name, detail + " (Frobenius)", np.linalg.norm(fast - ref),
-                           tol.ns_tolerance(sigma_hat, table, a.shape, dtype)))
-    excursion = max(0.0, lo - float(sv_fast.min()), float(sv_fast.max()) - hi)
-    out.append(_result("spread_in_band", case.name, detail, excursion, sv_tol,
-                       f"band [{lo:.3f}, {hi:.3f}], measured [{sv_fast.min():.3f}, {sv_fast.max():.3f}]"
-                       + (f"; {weak}" if weak else "")))
-    return out
+    needs_svd = dtype == "bfloat16" or record is not None
+    return compare_ns_output(fast, a, ortho_ref.schedule(schedule), safety=sched.safety, eps=sched.eps, dtype=dtype,
+                             input_name=case.name, detail=f"{schedule}/{dtype}",
+                             svd=case_svd(case) if needs_svd else None, record=record)
 
 
 #: Muon option sets of the systems users come from (DESIGN.md, "Systems our users come from").
@@ -177,16 +228,35 @@ def check_muon(case: MatrixCase, config: str, dtype: str, mu: float = 0.95) -> l
     m_err = np.linalg.norm(opt.state[p]["momentum_buffer"].double().numpy() - ref.momentum)
     m_tol = tol.momentum_tolerance(float(np.linalg.norm(g)), float(np.linalg.norm(m0)), dtype)
     return [
-        _result("muon_vs_reference", case.name, f"{config}/{dtype} weight", w_err, w_tol),
-        _result("muon_vs_reference", case.name, f"{config}/{dtype} momentum", m_err, m_tol),
+        measured("muon_vs_reference", case.name, f"{config}/{dtype} weight", w_err, w_tol),
+        measured("muon_vs_reference", case.name, f"{config}/{dtype} momentum", m_err, m_tol),
     ]
+
+
+def dion_reference_rows(name: str, detail: str, ref: "ortho_ref.DionStep", q_in: np.ndarray, w_in: np.ndarray, *,
+                        lr: float, mu: float, dtype: str, weight, momentum, Q,
+                        error_feedback: bool = True) -> list[CheckResult]:
+    """``dion_vs_reference`` rows: the fast weight, momentum and Q (float64 arrays in the
+    parameter's orientation; Q (min(m, n), r)) against ``ref`` = ``ortho_ref.dion_step`` from
+    ``w_in`` and ``q_in``, within ``dion_tolerances``; one passing "ill-posed" row when κ₂(BQ)
+    is too large for the dtype (P is then not determined by B)."""
+    bounds = tol.dion_tolerances(ref, q_in, lr=lr, mu=mu, weight=w_in, dtype=dtype, error_feedback=error_feedback)
+    if not bounds["well_posed"]:
+        return [CheckResult("dion_vs_reference", name, detail, 0.0, 0.0, True,
+                            f"ill-posed: kappa(BQ) = {bounds['kappa']:.2e}, P not determined by B; invariants only")]
+    return [measured("dion_vs_reference", name, f"{detail} {key}", np.linalg.norm(fast - ref_val), bounds[key],
+                     f"kappa(BQ) = {bounds['kappa']:.2e}")
+            for key, fast, ref_val in (("weight", weight, ref.weight), ("momentum", momentum, ref.momentum),
+                                       ("Q", Q, ref.Q))]
 
 
 def check_dion(case: MatrixCase, rank_fraction: float, dtype: str, *, lr: float = 0.01, mu: float = 0.95,
                weight_decay: float = 0.1) -> list[CheckResult]:
     """(d) One ``ortho_fast.Dion`` step (known Q injected through ``load_state_dict``) vs
     ``ortho_ref.dion_step``, plus the error-feedback identity M_new = B − (1−μ)PRᵀ and
-    PᵀP = I measured on the fast side's own P and R."""
+    PᵀP = I measured on the fast side's own P and R (``verify.error_feedback.identity_rows``)."""
+    from verify import error_feedback  # it builds on this module
+
     g = case.matrix
     m, n = g.shape
     r = ortho_ref.dion_rank(m, n, rank_fraction)
@@ -205,42 +275,11 @@ def check_dion(case: MatrixCase, rank_fraction: float, dtype: str, *, lr: float 
     p.grad = torch.tensor(g, dtype=tdt)
     opt.step()
     ref = ortho_ref.dion_step(w0, g, m0, q0, lr=lr, mu=mu, weight_decay=weight_decay)
-    bounds = tol.dion_tolerances(ref, q0, lr=lr, mu=mu, weight=w0, dtype=dtype)
     state = opt.state[p]
-    out = []
-    if bounds["well_posed"]:
-        for key, fast_val, ref_val in (
-            ("weight", p.detach(), ref.weight),
-            ("momentum", state["momentum"], ref.momentum),
-            ("Q", state["Q"], ref.Q),
-        ):
-            err = np.linalg.norm(fast_val.double().numpy() - ref_val)
-            out.append(_result("dion_vs_reference", case.name, f"{detail} {key}", err, bounds[key],
-                               f"kappa(BQ) = {bounds['kappa']:.2e}"))
-    else:
-        out.append(CheckResult("dion_vs_reference", case.name, detail, 0.0, 0.0, True,
-                               f"ill-posed: kappa(BQ) = {bounds['kappa']:.2e}, P not determined by B; "
-                               "invariants only"))
-
-    # Error-feedback identity and orthonormality on the fast function's own P and R.
-    x = torch.tensor(w0, dtype=tdt)
-    mom = torch.tensor(m0, dtype=tdt)
-    b = (mom + torch.tensor(g, dtype=tdt)).double().numpy()
-    q = torch.tensor(q0, dtype=tdt)
-    upd = ortho_fast.dion_update(x, torch.tensor(g, dtype=tdt), mom, q, lr=lr, mu=mu,
-                                 weight_decay=weight_decay, epsilon=1e-8)
-    pp, rr = upd.P.double().numpy(), upd.R.double().numpy()
-    bw = b.T if m < n else b
-    mw = mom.double().numpy()
-    mw = mw.T if m < n else mw
-    ef_err = np.linalg.norm(mw - (bw - (1 - mu) * pp @ rr.T))
-    ef_tol = tol.error_feedback_tolerance(float(np.linalg.norm(b)), float(np.linalg.norm(pp)),
-                                          float(np.linalg.norm(rr)), mu, bw.shape[0], r, dtype)
-    out.append(_result("dion_error_feedback", case.name, f"{detail} M = B - (1-mu) P R^T", ef_err, ef_tol))
-    orth_err = np.linalg.norm(pp.T @ pp - np.eye(r))
-    out.append(_result("dion_orthonormal_P", case.name, f"{detail} P^T P = I", orth_err,
-                       tol.orthonormality_tolerance(bw.shape[0], r, dtype)))
-    return out
+    out = dion_reference_rows(case.name, detail, ref, q0, w0, lr=lr, mu=mu, dtype=dtype,
+                              weight=as_float64(p), momentum=as_float64(state["momentum"]), Q=as_float64(state["Q"]))
+    trace = error_feedback.run_fast_dion([g], q0, m0=m0, mu=mu, dtype=dtype)
+    return out + error_feedback.identity_rows(case.name, detail, trace, mu=mu, dtype=dtype)
 
 
 def check_torch_muon(case: MatrixCase, steps: int = 3) -> list[CheckResult]:
@@ -260,4 +299,4 @@ def check_torch_muon(case: MatrixCase, steps: int = 3) -> list[CheckResult]:
         o_ref.step()
         o_fast.step()
     err = float((p_ref.detach() - p_fast.detach()).abs().max())
-    return [_result("muon_vs_torch", case.name, f"{steps} steps, bf16 NS, max |dW|", err, tol.TORCH_MUON_TOLERANCE)]
+    return [measured("muon_vs_torch", case.name, f"{steps} steps, bf16 NS, max |dW|", err, tol.TORCH_MUON_TOLERANCE)]

@@ -2,8 +2,10 @@
 
 The default run trains a small byte-level GPT on the running Python's standard-library
 sources (cached), captures real gradient matrices, adds synthetic matrices with prescribed
-spectra, runs every check of ``verify.checks``, prints one table, writes ``report.json``
-and ``report.md`` and exits 1 if any check failed.
+spectra, runs every check of ``verify.checks``, the error-feedback checks of
+``verify.error_feedback`` and the oracle's golden files (``verify.golden``), prints one table,
+writes ``report.json``, ``report.md`` and PNG plots, optionally compares with a baseline, and
+exits 1 if any check failed.
 """
 
 from __future__ import annotations
@@ -17,41 +19,92 @@ from pathlib import Path
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from threadpoolctl import threadpool_limits
 
 import ortho_fast
-from verify import checks, data, report
+from verify import baseline, checks, data, error_feedback, plots, report
+from verify.checks import CheckResult
 from verify.spectra import synthetic_matrices
+from verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
 DTYPES = ("float64", "float32", "bfloat16")
+EF_DTYPES = ("float64", "float32")
+EF_RANK_FRACTION = 0.25
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``ortho-verify`` command line (``--quick``, ``--out``, ``--cache-dir``, ``--seed``, ``--no-real``)."""
+    """The ``ortho-verify`` command line."""
     parser = argparse.ArgumentParser(
         prog="ortho-verify",
         description="Check ortho_fast's Newton–Schulz, Muon and Dion against the exact oracle ortho_ref.",
     )
-    parser.add_argument("--quick", action="store_true", help="fewer inputs (< 60 s on 2 CPU cores)")
+    parser.add_argument("--quick", action="store_true", help="fewer inputs (a few seconds on 2 CPU cores)")
     parser.add_argument("--out", type=Path, default=Path("ortho-verify-out"),
-                        help="folder for report.json and report.md (default: ./ortho-verify-out)")
+                        help="folder for report.json, report.md and plots/ (default: ./ortho-verify-out)")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="cache for the captured real gradients (default: $ORTHO_CACHE_DIR or ~/.cache/ortho)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the model, data order and synthetic inputs")
     parser.add_argument("--no-real", action="store_true", help="skip the real-gradient inputs (synthetic only)")
+    parser.add_argument("--no-plots", action="store_true", help="do not write the PNG plots")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: the matrices are small; with 2 threads on a "
+                             "2-core machine that other processes also use, --quick took 19.6 s instead of 5.1 s)")
+    parser.add_argument("--baseline", type=Path, default=None, metavar="FILE",
+                        help="compare every check's error/tolerance with FILE and fail when one regresses: "
+                             f"ratio > max({BASELINE_GROWTH:g} x its baseline ratio, {BASELINE_FLOOR:g}); also fails "
+                             "when a golden file of the oracle changed, or when a check of the baseline is missing "
+                             "from a run of the same mode (--quick, --no-real, --seed)")
+    parser.add_argument("--update-baseline", action="store_true",
+                        help="write the run's ratios to the --baseline FILE instead of comparing (only if every "
+                             "check passed)")
     return parser
 
 
-def plan_jobs(cases, quick: bool) -> list[tuple[str, callable]]:
-    """Every (label, thunk) to run, in report order."""
+def error_feedback_inputs(cases) -> list:
+    """Inputs of the error-feedback checks: the gapped synthetic matrices of
+    ``error_feedback.error_feedback_matrices`` and, of the real gradients, those of the quick set
+    (last capture step, one matrix per kind of layer)."""
+    real = [c for c in cases if c.source == "real"]
+    if real:
+        last = max(int(c.name.split("/")[1].removeprefix("step")) for c in real)
+        real = [c for c in real if c.name.startswith(f"gpt/step{last}/") and c.name.split("/", 2)[2] in data._QUICK_PARAMS]
+    return error_feedback.error_feedback_matrices() + real
+
+
+def _golden_job():
+    """The golden-file check of ``verify.golden`` if that module is installed, else None; an
+    exception while reading the files becomes one failed row (the run goes on)."""
+    try:
+        from verify import golden
+    except ImportError:
+        return None
+
+    def run() -> list[CheckResult]:
+        try:
+            return golden.check_golden_files()
+        except Exception as err:  # reported, not raised: the other checks still run
+            return [checks.measured("golden", "ortho_ref/golden", "read the golden files", float("inf"), 0.0,
+                                    f"{type(err).__name__}: {err}")]
+
+    return run
+
+
+def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[str, callable]]:
+    """Every (label, thunk) to run, in report order. ``sv_points``: optional dict that the
+    Newton–Schulz checks fill with (schedule, dtype) -> [(σ̂, uᵢᵀ X_fast vᵢ)] for the plots."""
     jobs = [("coefficient registries", checks.check_coefficient_registries)]
+    golden = _golden_job()
+    if golden is not None:
+        jobs.append(("golden files of the oracle", golden))
     schedules = sorted(ortho_fast.COEFFICIENTS)
     for case in cases:
         for sched in schedules:
             for dtype in DTYPES:
+                rec = None if sv_points is None else sv_points.setdefault((sched, dtype), [])
                 jobs.append((f"NS {sched}/{dtype} {case.name}",
-                             lambda c=case, s=sched, d=dtype: checks.check_newton_schulz(c, s, d)))
+                             lambda c=case, s=sched, d=dtype, r=rec: checks.check_newton_schulz(c, s, d, r)))
     for case in cases:
         for cfg in checks.MUON_CONFIGS:
             for dtype in ("float64", "float32"):
@@ -63,27 +116,46 @@ def plan_jobs(cases, quick: bool) -> list[tuple[str, callable]]:
             for dtype in ("float64", "float32"):
                 jobs.append((f"Dion r={rf:g}/{dtype} {case.name}",
                              lambda c=case, f=rf, d=dtype: checks.check_dion(c, f, d)))
+    for case in error_feedback_inputs(cases):
+        for dtype in EF_DTYPES:
+            for on in (True, False):
+                jobs.append((f"error feedback {'on' if on else 'off'}/{dtype} {case.name}",
+                             lambda c=case, d=dtype, e=on: error_feedback.check_error_feedback(
+                                 c, EF_RANK_FRACTION, d, error_feedback=e)))
+            jobs.append((f"subspace iteration/{dtype} {case.name}",
+                         lambda c=case, d=dtype: error_feedback.check_subspace_convergence(c, EF_RANK_FRACTION, d)))
+            jobs.append((f"full-rank polar/{dtype} {case.name}",
+                         lambda c=case, d=dtype: error_feedback.check_full_rank_polar(c, d)))
     for case in cases:
         jobs.append((f"torch.optim.Muon {case.name}", lambda c=case: checks.check_torch_muon(c)))
     return jobs
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the checks; returns the exit code (0: every check passed, 1: a check failed)."""
+    """Run the checks; returns the exit code (0: every check passed, 1: a check failed, 2: bad
+    arguments)."""
     args = build_parser().parse_args(argv)
+    if args.update_baseline and args.baseline is None:
+        build_parser().error("--update-baseline needs --baseline FILE")
+    if args.threads < 1:
+        build_parser().error("--threads must be >= 1")
     # The oracle's SVDs are small (<= 512 x 1024): a single BLAS thread is faster than two
     # OpenBLAS threads competing with torch's pool (measured: 0.02 s vs 2.8 s per 256 x 512
     # SVD when a second process used the other core).
-    with threadpool_limits(limits=1, user_api="blas"):
-        return _run(args, argv)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        with threadpool_limits(limits=1, user_api="blas"):
+            return _run(args, argv)
+    finally:
+        torch.set_num_threads(previous)
 
 
-def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
-    console = Console() if sys.stdout.isatty() else Console(width=200)
-    started = time.perf_counter()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+def _collect(args: argparse.Namespace, console: Console, sv_points: dict) -> tuple[list, list, dict | None]:
+    """Inputs, results and the training metadata, with a progress bar on the terminal."""
     cases = []
-    progress_cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    progress_cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                     TimeRemainingColumn())
     train_info = None
     with Progress(*progress_cols, console=console, transient=True) as progress:
         if not args.no_real:
@@ -97,13 +169,30 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
             train_info = data.last_run_info()
             progress.remove_task(task)
         cases += synthetic_matrices(quick=args.quick, seed=args.seed)
-        jobs = plan_jobs(cases, args.quick)
+        jobs = plan_jobs(cases, args.quick, None if args.no_plots else sv_points)
         task = progress.add_task("checks", total=len(jobs))
         results = []
         for label, job in jobs:
             progress.update(task, description=label[:60])
             results += job()
             progress.advance(task)
+    return cases, results, train_info
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    started = time.perf_counter()
+    sv_points: dict = {}
+    cases, results, train_info = _collect(args, console, sv_points)
+    mode = {"quick": args.quick, "real_inputs_used": not args.no_real, "seed": args.seed}
+    baseline_note = ""
+    if args.baseline is not None and not args.update_baseline:
+        try:
+            results += baseline.compare(results, baseline.load(args.baseline), mode)
+            baseline_note = f"compared with baseline {args.baseline}"
+        except (OSError, ValueError) as err:
+            results.append(checks.measured("baseline_regression", str(args.baseline), "read the baseline",
+                                           float("inf"), 0.0, f"{type(err).__name__}: {err}"))
 
     report.print_table(results, console)
     elapsed = time.perf_counter() - started
@@ -118,13 +207,23 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,
-        "machine": f"{platform.machine()} {platform.system()}, {torch.get_num_threads()} threads",
+        "machine": f"{platform.machine()} {platform.system()}, {torch.get_num_threads()} torch threads",
     }
-    json_path, md_path = report.write_reports(results, args.out, meta)
+    if baseline_note:
+        meta["baseline"] = baseline_note
+    plot_paths = [] if args.no_plots else plots.write_plots(results, sv_points, args.out)
+    json_path, md_path = report.write_reports(results, args.out, meta, plot_paths)
     summ = report.summary(results)
     style = "green" if summ["failed"] == 0 else "bold red"
     console.print(f"[{style}]{summ['passed']} passed, {summ['failed']} failed[/] "
                   f"({len(cases)} inputs, {elapsed:.1f} s). Reports: {json_path}, {md_path}")
+    if args.update_baseline:
+        try:
+            path = baseline.write(args.baseline, results, mode)
+        except ValueError as err:
+            console.print(f"[bold red]baseline not written: {err}[/]")
+            return 1
+        console.print(f"baseline written: {path} ({len(results)} checks)")
     return 0 if summ["failed"] == 0 else 1
 
 

@@ -14,8 +14,8 @@ from verify.checks import CheckResult
 
 
 def _fmt(x: float) -> str:
-    if math.isinf(x):
-        return "inf"
+    if math.isinf(x) or math.isnan(x):
+        return str(x)
     return f"{x:.2e}" if x else "0"
 
 
@@ -57,8 +57,36 @@ def summary(results: list[CheckResult]) -> dict:
     }
 
 
-def write_reports(results: list[CheckResult], out_dir: Path, meta: dict) -> tuple[Path, Path]:
-    """Write ``report.json`` (every result, summary, run metadata) and ``report.md``."""
+def error_feedback_table(results: list[CheckResult]) -> list[str]:
+    """Markdown lines comparing Dion with and without error feedback, from the ``ef_bookkeeping``
+    rows: per input, rank and dtype, the fraction of Σ G_t that no term accounts for (rounding
+    with error feedback; the dropped gradient without it) and the largest fraction of B_t outside
+    span P_t. Empty when there are no such rows."""
+    rows: "OrderedDict[tuple, dict]" = OrderedDict()
+    for r in results:
+        if r.check == "ef_bookkeeping" and "lost_fraction" in r.extra:
+            key = (r.input, r.extra["rank"], r.detail.split("/")[2] if r.detail.count("/") >= 2 else "")
+            rows.setdefault(key, {})["on" if r.extra["error_feedback"] else "off"] = r.extra
+    if not rows:
+        return []
+    lines = ["## Error feedback: on vs off", "",
+             "Dion over T steps from M = 0: the part of the summed gradient that neither the momentum nor the "
+             "applied steps account for, ‖Σ G − M_T − (1 − μ) Σ P Rᵀ‖ / ‖Σ G‖ (rounding with error feedback; "
+             "what is lost without it), and ‖(I − PPᵀ)B‖ / ‖B‖ at the last step (what the step leaves outside its "
+             "rank-r subspace; with error feedback B carries the earlier residual).", "",
+             "| input | rank | dtype | lost, EF on | lost, EF off | outside span P at step T (on / off) |",
+             "|---|---|---|---|---|---|"]
+    for (inp, rank, dtype), modes in rows.items():
+        on, off = modes.get("on", {}), modes.get("off", {})
+        lines.append(f"| {inp} | {rank} | {dtype} | {_fmt(on.get('lost_fraction', math.nan))} | "
+                     f"{_fmt(off.get('lost_fraction', math.nan))} | {_fmt(on.get('outside_fraction', math.nan))} / "
+                     f"{_fmt(off.get('outside_fraction', math.nan))} |")
+    return lines + [""]
+
+
+def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=()) -> tuple[Path, Path]:
+    """Write ``report.json`` (every result, summary, run metadata) and ``report.md`` (summary,
+    the error-feedback comparison, the ``plots`` (paths relative to ``out_dir``) and every check)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summ = summary(results)
     json_path = out_dir / "report.json"
@@ -76,7 +104,10 @@ def write_reports(results: list[CheckResult], out_dir: Path, meta: dict) -> tupl
     lines += ["", "## Summary by check", "", "| check | passed | total | worst error/tolerance |", "|---|---|---|---|"]
     for name, s in summ["by_check"].items():
         lines.append(f"| {name} | {s['passed']} | {s['total']} | {s['worst_ratio']:.3f} |")
-    lines += ["", "## Every check", "",
+    lines += [""] + error_feedback_table(results)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).as_posix()})" for p in plots] + [""]
+    lines += ["## Every check", "",
               "| check | input | detail | error | tolerance | error/tol | result | note |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r.check} | {r.input} | {r.detail} | {_fmt(r.error)} | {_fmt(r.tolerance)} | "

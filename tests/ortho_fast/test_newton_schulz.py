@@ -456,3 +456,33 @@ def test_inductor_compile_within_ns_tolerance_of_eager():
                 bound = tol.ns_tolerance(sigma_hat, table, a.shape, dtype)
                 assert np.linalg.norm(o - ortho_ref.ns_map(a, table)) <= bound
                 assert np.linalg.norm(o - e) <= 2 * bound
+
+
+# Scale: the normalization is computed on X/2^e (exact), so a power-of-two rescaling of the
+# input leaves every bit unchanged, and huge or tiny matrices (whose plain ‖X‖_F overflows or
+# underflows in float32 / bfloat16 / float16) still get U f(Σ̂) Vᵀ.
+@settings(max_examples=30, deadline=None)
+@given(a=spectral_matrices(max_dim=12), k=st.integers(-60, 60),  # entries stay normal numbers
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]), batched=st.booleans())
+def test_power_of_two_rescaling_is_bitwise_invariant(a, k, dtype, batched):
+    g = torch.tensor(a, dtype=torch.float64)
+    g = torch.stack([g, 2 * g]) if batched else g
+    x = g.to(dtype)
+    assert torch.equal(newton_schulz(x * 2.0**k, eps=0.0, dtype=dtype), newton_schulz(x, eps=0.0, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype, scale", [(torch.float32, 1e30), (torch.float32, 1e-30),
+                                          (torch.float16, 1e4), (torch.bfloat16, 1e30)])
+def test_huge_and_tiny_inputs_match_ns_map(dtype, scale):
+    a = matrix_with_spectrum(np.geomspace(1.0, 1e-2, 8), 8, 16, np.random.default_rng(0)) * scale
+    fast = newton_schulz(torch.tensor(a).to(dtype), eps=0.0, dtype=dtype).double().numpy()
+    table = np.array(COEFFICIENTS["jordan"].table())
+    ref = ortho_ref.ns_map(a, table, eps=0.0)
+    sigma_hat = ortho_ref.normalized_singular_values(a, eps=0.0)
+    name = str(dtype).removeprefix("torch.")
+    if dtype == torch.float32:
+        assert np.linalg.norm(fast - ref) <= tol.ns_tolerance(sigma_hat, table, a.shape, name)
+    else:  # low precision: sorted singular values (Weyl), as the other bf16/fp16 checks
+        bound = tol.ns_singular_value_tolerance(sigma_hat, table, a.shape, name)
+        err = np.max(np.abs(np.linalg.svd(fast, compute_uv=False) - np.linalg.svd(ref, compute_uv=False)))
+        assert err <= bound

@@ -1,0 +1,187 @@
+"""Planted bugs: small, realistic mistakes in Newton–Schulz kernels and Muon / Dion optimizers.
+
+Each entry of ``PLANTED_BUGS`` is something a person writing their own kernel or optimizer
+gets wrong, packaged so that ``verify.check_orthogonalizer`` / ``verify.check_optimizer`` can
+be shown to catch it (tests/verify/test_planted.py runs them all; docs/verification.md lists
+them). The correct versions (``newton_schulz_kernel`` with default options, ``SimpleMuon``,
+``SimpleDion``) are "user code" too: compact implementations written independently of
+``ortho_fast``'s, and they pass the same checks.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+import ortho_fast
+from verify.api import DionConventions, MuonConventions
+
+__all__ = ["JORDAN", "PLANTED_BUGS", "PlantedBug", "SimpleDion", "SimpleMuon", "newton_schulz_kernel"]
+
+#: Keller Jordan's quintic coefficients (torch.optim.Muon's default), 5 steps.
+JORDAN = ((3.4445, -4.7750, 2.0315),) * 5
+
+
+def _gather_rows(x: torch.Tensor, shards: int, offset_bug: bool) -> torch.Tensor:
+    """Emulate an all-gather of row shards (FSDP Shard(0), ``torch.chunk`` sizes). With
+    ``offset_bug`` shard i is written at i·(m // shards) instead of the sum of the sizes before
+    it: correct for even m, shifted rows and a zero tail for uneven m."""
+    parts = torch.chunk(x, shards, dim=-2)
+    out = torch.zeros_like(x)
+    start = 0
+    for i, part in enumerate(parts):
+        at = i * (x.shape[-2] // shards) if offset_bug else start
+        out[..., at:at + part.shape[-2], :] = part
+        start += part.shape[-2]
+    return out
+
+
+def newton_schulz_kernel(g: torch.Tensor, coefficients=JORDAN, *, dtype: torch.dtype = torch.float32,
+                         norm: str = "fro", eps: float = 1e-7, transpose_back: bool = True, shards: int = 1,
+                         shard_offset_bug: bool = False) -> torch.Tensor:
+    """A user's Newton–Schulz kernel: X₀ = G/(‖G‖ + eps) per matrix, X ← aX + (bA + cA²)X with
+    A = XXᵀ on the wide side, for each (a, b, c) in ``coefficients``.
+
+    Shapes: g (..., m, n) -> (..., m, n) in g's dtype; computed in ``dtype``. The keyword options
+    plant bugs: ``norm="max"`` (max |G| instead of ‖G‖_F), ``transpose_back=False`` (a tall input
+    is transposed for the iteration and reshaped, not transposed, back), ``shards`` > 1 with
+    ``shard_offset_bug`` (rows gathered from shards at wrong offsets; see ``_gather_rows``).
+    Source: Keller Jordan, ``zeropower_via_newtonschulz5`` (2024).
+    Raises: ValueError for fewer than 2 dims or an unknown ``norm``.
+    """
+    if g.ndim < 2 or norm not in ("fro", "max"):
+        raise ValueError(f"g: expected (..., m, n), got shape {tuple(g.shape)}; norm: 'fro' or 'max', got {norm!r}")
+    x = _gather_rows(g, shards, shard_offset_bug) if shards > 1 else g
+    x = x.to(dtype)
+    scale = x.abs().amax(dim=(-2, -1), keepdim=True) if norm == "max" else \
+        torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
+    x = x / (scale + eps)
+    tall = x.shape[-2] > x.shape[-1]
+    if tall:
+        x = x.mT
+    for a, b, c in coefficients:
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    if tall:
+        x = x.mT if transpose_back else x.reshape(g.shape)
+    return x.to(g.dtype)
+
+
+class SimpleMuon(torch.optim.Optimizer):
+    """A compact Muon-like optimizer: the "user class" of the docs and the base of the planted
+    optimizer bugs. EMA momentum with Nesterov (torch.optim.Muon's), O = ``orthogonalizer``(U),
+    W ← W(1 − lr·wd) − lr·adjusted_lr_scale(adjust_lr, m, n)·O.
+
+    Args: lr, momentum, weight_decay as torch.optim.Muon; ``orthogonalizer`` maps (m, n) ->
+    (m, n) (default ``newton_schulz_kernel`` in float32); ``adjust_lr`` as ortho_fast.Muon.
+    State: ``momentum_buffer``. Source: Jordan et al. 2024 (Muon); torch.optim.Muon.
+    Raises: ValueError for non-2-D parameters (at construction).
+    """
+
+    def __init__(self, params: Iterable, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.1, *,
+                 orthogonalizer: Callable | None = None, adjust_lr: str | None = "original") -> None:
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+        if any(p.ndim != 2 for group in self.param_groups for p in group["params"]):
+            raise ValueError("params: SimpleMuon expects 2-D (m, n) parameters")
+        self.orthogonalizer = orthogonalizer or newton_schulz_kernel
+        self.adjust_lr = adjust_lr
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step for every parameter with a gradient."""
+        for group in self.param_groups:
+            lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                buf.lerp_(p.grad, 1 - mu)
+                o = self.orthogonalizer(p.grad.lerp(buf, mu))
+                p.mul_(1 - lr * wd).add_(o, alpha=-lr * ortho_fast.adjusted_lr_scale(self.adjust_lr, *p.shape))
+
+
+class SimpleDion(torch.optim.Optimizer):
+    """A compact Dion built on ``ortho_fast.dion_update`` (Ahn et al., arXiv 2504.05295,
+    Algorithm 1), with a planted-bug switch: ``error_feedback_sign=-1`` keeps
+    M = B + (1 − μ)PRᵀ instead of B − (1 − μ)PRᵀ.
+
+    Args: lr, mu, weight_decay, rank_fraction as microsoft/dion; ``seed`` for Q0.
+    State: ``momentum`` (m, n) and ``Q`` (min(m, n), r). Raises: ValueError for non-2-D params.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 0.01, mu: float = 0.95, weight_decay: float = 0.01, *,
+                 rank_fraction: float = 1.0, seed: int = 0, error_feedback_sign: int = 1) -> None:
+        super().__init__(params, dict(lr=lr, mu=mu, weight_decay=weight_decay, rank_fraction=rank_fraction))
+        if any(p.ndim != 2 for group in self.param_groups for p in group["params"]):
+            raise ValueError("params: SimpleDion expects 2-D (m, n) parameters")
+        self.seed, self.sign = seed, error_feedback_sign
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step for every parameter with a gradient."""
+        params = [(group, p) for group in self.param_groups for p in group["params"]]
+        for index, (group, p) in enumerate(params):
+            if p.grad is None:
+                continue
+            m, n = p.shape
+            state = self.state[p]
+            if "Q" not in state:  # Q0 from (seed, parameter index), as ortho_fast.Dion
+                r = ortho_fast.dion_rank(m, n, group["rank_fraction"])
+                state["momentum"] = torch.zeros_like(p)
+                state["Q"] = ortho_fast.initial_q((min(m, n), r), self.seed, index, p.dtype, p.device)
+            upd = ortho_fast.dion_update(p, p.grad, state["momentum"], state["Q"], lr=group["lr"], mu=group["mu"],
+                                         weight_decay=group["weight_decay"], epsilon=1e-8)
+            if self.sign != 1:  # planted: flip the sign of the error-feedback term
+                pr = upd.P @ upd.R.mT
+                state["momentum"].add_((pr.mT if m < n else pr).to(p.dtype), alpha=2 * (1 - group["mu"]))
+
+
+@dataclass(frozen=True)
+class PlantedBug:
+    """One planted bug: ``kind`` "orthogonalizer" (``make()`` returns the function) or
+    "optimizer" (``make`` is the optimizer class or factory), checked against ``conventions``
+    (MuonConventions / DionConventions; for orthogonalizers the declared coefficients and dtype)."""
+
+    name: str
+    kind: str
+    make: Callable
+    conventions: object
+    description: str
+
+
+_FLOAT32_MUON = MuonConventions(ns_dtype=torch.float32)
+_kernel = newton_schulz_kernel
+PLANTED_BUGS = [
+    PlantedBug("wrong coefficient", "orthogonalizer",
+               lambda: functools.partial(_kernel, coefficients=((3.4445, -4.7750, 2.0415),) * 5), None,
+               "c = 2.0415 instead of 2.0315 (a one-digit typo)"),
+    PlantedBug("one step missing", "orthogonalizer", lambda: functools.partial(_kernel, coefficients=JORDAN[:4]),
+               None, "4 Newton–Schulz steps where 5 are declared"),
+    PlantedBug("tall input not transposed back", "orthogonalizer",
+               lambda: functools.partial(_kernel, transpose_back=False), None,
+               "a tall input is iterated on its transpose and reshaped (not transposed) back"),
+    PlantedBug("max norm instead of Frobenius", "orthogonalizer", lambda: functools.partial(_kernel, norm="max"),
+               None, "X₀ = G / max|G| instead of G / ‖G‖_F"),
+    PlantedBug("bf16 arithmetic where float32 declared", "orthogonalizer",
+               lambda: functools.partial(_kernel, dtype=torch.bfloat16), None,
+               "the iteration runs in bfloat16 while the check declares float32"),
+    PlantedBug("shard offset error", "orthogonalizer",
+               lambda: functools.partial(_kernel, shards=4, shard_offset_bug=True), None,
+               "rows gathered from 4 shards at offset i·(m // 4): wrong for uneven m"),
+    PlantedBug("wrong error-feedback sign", "optimizer",
+               lambda: functools.partial(SimpleDion, error_feedback_sign=-1), DionConventions(),
+               "Dion keeps M = B + (1 − μ)PRᵀ"),
+    PlantedBug("lr scale of the wrong mode", "optimizer",
+               lambda: functools.partial(SimpleMuon, adjust_lr="spectral_norm"), _FLOAT32_MUON,
+               "√(m/n) (microsoft/dion) where √max(1, m/n) (torch.optim.Muon 'original') is declared"),
+    PlantedBug("shard offset error (optimizer)", "optimizer",
+               lambda: functools.partial(SimpleMuon, orthogonalizer=functools.partial(
+                   _kernel, shards=4, shard_offset_bug=True)), _FLOAT32_MUON,
+               "a Muon whose Newton–Schulz gathers row shards at wrong offsets"),
+]
+
+#: Correct user implementations and the conventions they declare (they must pass).
+CORRECT_OPTIMIZERS = {"SimpleMuon": (SimpleMuon, _FLOAT32_MUON), "SimpleDion": (SimpleDion, DionConventions())}
