@@ -185,6 +185,9 @@ def check_newton_schulz(case: MatrixCase, schedule: str, dtype: str, record: lis
 
 
 #: Muon option sets of the systems users come from (DESIGN.md, "Systems our users come from").
+#: Megatron: Emerging-Optimizers' defaults (EMA momentum without Nesterov, cesista5, "spectral"
+#: √max(m, n), clamped normalization) with extra_scale_factor 0.2 (= Moonlight's 0.2·√max(m, n));
+#: nanochat: Polar Express with cautious weight decay (its mask (g·p) >= 0).
 MUON_CONFIGS = {
     "torch.optim.Muon": dict(momentum_style="ema", nesterov=True, coefficients="jordan", adjust_lr="original",
                              weight_decay=0.1, lr=0.02),
@@ -192,94 +195,230 @@ MUON_CONFIGS = {
                            adjust_lr="spectral_norm", weight_decay=0.01, lr=0.01),
     "Moonlight": dict(momentum_style="classic", nesterov=True, coefficients="jordan", adjust_lr="match_rms_adamw",
                       weight_decay=0.1, lr=0.002),
+    "Megatron": dict(momentum_style="ema", nesterov=False, coefficients="cesista5", adjust_lr="spectral",
+                     extra_scale_factor=0.2, eps_mode="clamp", weight_decay=0.01, lr=3e-4),
+    "nanochat (cautious wd)": dict(momentum_style="ema", nesterov=True, coefficients="polar_express",
+                                   adjust_lr="original", cautious_weight_decay=True, weight_decay=0.2, lr=0.02),
 }
+
+#: Heads per q / k / v block in ``check_muon_layouts`` (the n_heads of ``verify.data``'s GPT,
+#: whose fused qkv weight is (3·d, d) with rows ordered q heads, k heads, v heads).
+LAYOUT_HEADS = 4
+#: Same-shape matrices stacked into one bank in ``check_muon_layouts``.
+LAYOUT_BANK = 3
 
 
 def _aux(case: MatrixCase, salt: str, shape, scale: float) -> np.ndarray:
     return _rng(case, salt).standard_normal(shape) * scale
 
 
+def _fast_muon(config: str, dtype: str, mu: float, groups) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One ``ortho_fast.Muon`` step with the options of ``MUON_CONFIGS[config]`` computed in
+    ``dtype``. ``groups``: [(extra group keys, [(weight, momentum, grad), ...])] of float64
+    arrays; returns (weight, momentum) after the step, float64, per parameter in order."""
+    opts = dict(MUON_CONFIGS[config])
+    lr, wd = opts.pop("lr"), opts.pop("weight_decay")
+    tdt = TORCH_DTYPES[dtype]
+    params = [[torch.nn.Parameter(torch.tensor(w, dtype=tdt)) for w, _, _ in arrays] for _, arrays in groups]
+    opt = ortho_fast.Muon([{**keys, "params": ps} for (keys, _), ps in zip(groups, params)], lr=lr, weight_decay=wd,
+                          momentum=mu, dtype=tdt, **opts)
+    for ps, (_, arrays) in zip(params, groups):
+        for p, (_, m0, g) in zip(ps, arrays):
+            opt.state[p]["momentum_buffer"] = torch.tensor(m0, dtype=tdt)
+            p.grad = torch.tensor(g, dtype=tdt)
+    opt.step()
+    return [(as_float64(p), as_float64(opt.state[p]["momentum_buffer"])) for ps in params for p in ps]
+
+
+def _muon_errors(config: str, dtype: str, mu: float, w0: np.ndarray, g: np.ndarray, m0: np.ndarray,
+                weight: np.ndarray, momentum: np.ndarray) -> list[tuple[str, float, float]]:
+    """[("weight", error, tolerance), ("momentum", error, tolerance)] of a fast Muon step on one
+    (m, n) matrix (float64 ``weight`` / ``momentum`` after it) against ``ortho_ref.muon_step``
+    from ``w0``, ``g``, ``m0`` with the options of ``MUON_CONFIGS[config]``: Frobenius errors,
+    tolerances ``muon_tolerance`` (+ ``cautious_weight_decay_tolerance``) and
+    ``momentum_tolerance`` for the compute ``dtype``."""
+    opts = MUON_CONFIGS[config]
+    lr, wd, eps_mode = opts["lr"], opts["weight_decay"], opts.get("eps_mode", "add")
+    sched = ortho_ref.SCHEDULES[opts["coefficients"]]
+    table = ortho_ref.schedule(opts["coefficients"])
+    ref = ortho_ref.muon_step(
+        w0, g, m0, lr=lr, mu=mu, nesterov=opts["nesterov"], momentum_style=opts["momentum_style"],
+        coefficients=table, safety=sched.safety, eps=sched.eps, eps_mode=eps_mode, adjust_lr=opts["adjust_lr"],
+        weight_decay=wd, extra_scale_factor=opts.get("extra_scale_factor", 1.0),
+        cautious_weight_decay=opts.get("cautious_weight_decay", False),
+    )
+    sigma_hat = ortho_ref.normalized_singular_values(ref.ns_input, safety=sched.safety, eps=sched.eps,
+                                                     eps_mode=eps_mode)
+    ns_tol = tol.ns_tolerance(sigma_hat, table, g.shape, dtype)
+    w_tol = tol.muon_tolerance(ns_tol, ref.lr_scale, lr, float(np.linalg.norm(w0)), float(np.linalg.norm(ref.update)),
+                               dtype)
+    if opts.get("cautious_weight_decay"):
+        w_tol += tol.cautious_weight_decay_tolerance(w0, ref.update, ns_tol, lr, wd)
+    m_tol = tol.momentum_tolerance(float(np.linalg.norm(g)), float(np.linalg.norm(m0)), dtype)
+    return [("weight", float(np.linalg.norm(weight - ref.weight)), w_tol),
+            ("momentum", float(np.linalg.norm(momentum - ref.momentum)), m_tol)]
+
+
+def _muon_inputs(case: MatrixCase, suffix: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(weight, momentum, gradient) of a Muon check: the case's matrix as the gradient."""
+    g = case.matrix
+    gscale = float(np.linalg.norm(g)) / math.sqrt(g.size)
+    return _aux(case, "weight" + suffix, g.shape, 0.02), _aux(case, "momentum" + suffix, g.shape, gscale), g
+
+
 def check_muon(case: MatrixCase, config: str, dtype: str, mu: float = 0.95) -> list[CheckResult]:
     """(c) One ``ortho_fast.Muon`` step vs ``ortho_ref.muon_step`` from the same weight and
     momentum, with the options of ``MUON_CONFIGS[config]``, computed in ``dtype``."""
-    opts = dict(MUON_CONFIGS[config])
-    lr, wd = opts.pop("lr"), opts.pop("weight_decay")
-    g = case.matrix
-    gscale = float(np.linalg.norm(g)) / math.sqrt(g.size)
-    w0 = _aux(case, "weight", g.shape, 0.02)
-    m0 = _aux(case, "momentum", g.shape, gscale)
-    sched = ortho_ref.SCHEDULES[opts["coefficients"]]
-    tdt = TORCH_DTYPES[dtype]
-    p = torch.nn.Parameter(torch.tensor(w0, dtype=tdt))
-    opt = ortho_fast.Muon([p], lr=lr, weight_decay=wd, momentum=mu, dtype=tdt, **opts)
-    opt.state[p]["momentum_buffer"] = torch.tensor(m0, dtype=tdt)
-    p.grad = torch.tensor(g, dtype=tdt)
-    opt.step()
-    ref = ortho_ref.muon_step(
-        w0, g, m0, lr=lr, mu=mu, nesterov=opts["nesterov"], momentum_style=opts["momentum_style"],
-        coefficients=ortho_ref.schedule(opts["coefficients"]), safety=sched.safety, eps=sched.eps,
-        adjust_lr=opts["adjust_lr"], weight_decay=wd,
-    )
-    table = ortho_ref.schedule(opts["coefficients"])
-    sigma_hat = ortho_ref.normalized_singular_values(ref.ns_input, safety=sched.safety, eps=sched.eps)
-    ns_tol = tol.ns_tolerance(sigma_hat, table, g.shape, dtype)
-    w_err = np.linalg.norm(p.detach().double().numpy() - ref.weight)
-    w_tol = tol.muon_tolerance(ns_tol, ref.lr_scale, lr, float(np.linalg.norm(w0)), float(np.linalg.norm(ref.update)), dtype)
-    m_err = np.linalg.norm(opt.state[p]["momentum_buffer"].double().numpy() - ref.momentum)
-    m_tol = tol.momentum_tolerance(float(np.linalg.norm(g)), float(np.linalg.norm(m0)), dtype)
-    return [
-        measured("muon_vs_reference", case.name, f"{config}/{dtype} weight", w_err, w_tol),
-        measured("muon_vs_reference", case.name, f"{config}/{dtype} momentum", m_err, m_tol),
-    ]
+    w0, m0, g = _muon_inputs(case)
+    [(w, mom)] = _fast_muon(config, dtype, mu, [({}, [(w0, m0, g)])])
+    return [measured("muon_vs_reference", case.name, f"{config}/{dtype} {key}", err, bound)
+            for key, err, bound in _muon_errors(config, dtype, mu, w0, g, m0, w, mom)]
+
+
+def check_muon_layouts(case: MatrixCase, dtype: str, config: str = "Megatron", mu: float = 0.95) -> list[CheckResult]:
+    """(c') ``ortho_fast.Muon``'s parameter layouts on one step, block by block against
+    ``ortho_ref.muon_step`` on each block alone (``_muon_errors``'s tolerances per block).
+
+    - fused QKV (when m is divisible by 3): ``split_sizes`` = (m/3,)·3 and ``num_heads`` =
+      ``LAYOUT_HEADS`` (1 when it does not divide m/3): each head's rows are one matrix;
+    - banks: ``LAYOUT_BANK`` parameters of the case's shape (same gradient, own weight and
+      momentum) with ``banks=True``, orthogonalized in one batched call.
+    One row per layout and quantity (weight, momentum): the block with the largest
+    error/tolerance, named in the note. Source: Megatron-LM split_qkv; Keller Jordan's and
+    nanochat's banked Muon.
+    """
+    m = case.matrix.shape[0]
+    bank = [_muon_inputs(case, f"/bank{i}" if i else "") for i in range(LAYOUT_BANK)]
+    layouts = [("banks", {"banks": True}, bank, [(i, slice(None)) for i in range(LAYOUT_BANK)])]
+    if m % 3 == 0:
+        heads = LAYOUT_HEADS if (m // 3) % LAYOUT_HEADS == 0 else 1
+        rows = m // (3 * heads)
+        layouts.insert(0, (f"qkv 3x{heads} heads", {"split_sizes": (m // 3,) * 3, "num_heads": heads}, bank[:1],
+                           [(0, slice(i, i + rows)) for i in range(0, m, rows)]))
+    fast = iter(_fast_muon(config, dtype, mu, [(keys, arrays) for _, keys, arrays, _ in layouts]))
+    out = []
+    for name, _, arrays, blocks in layouts:
+        after = [next(fast) for _ in arrays]
+        rows_by_key: dict[str, list[CheckResult]] = {}
+        for j, (i, sl) in enumerate(blocks):
+            (w0, m0, g), (w, mom) = arrays[i], after[i]
+            for key, err, bound in _muon_errors(config, dtype, mu, w0[sl], g[sl], m0[sl], w[sl], mom[sl]):
+                rows_by_key.setdefault(key, []).append(measured(
+                    "muon_layout_vs_reference", case.name, f"{config}/{dtype} {name} {key}", err, bound,
+                    f"worst of {len(blocks)} blocks: block {j + 1}"))
+        out += [max(rows, key=lambda r: (not r.passed, r.ratio)) for rows in rows_by_key.values()]
+    return out
 
 
 def dion_reference_rows(name: str, detail: str, ref: "ortho_ref.DionStep", q_in: np.ndarray, w_in: np.ndarray, *,
-                        lr: float, mu: float, dtype: str, weight, momentum, Q,
-                        error_feedback: bool = True) -> list[CheckResult]:
-    """``dion_vs_reference`` rows: the fast weight, momentum and Q (float64 arrays in the
-    parameter's orientation; Q (min(m, n), r)) against ``ref`` = ``ortho_ref.dion_step`` from
-    ``w_in`` and ``q_in``, within ``dion_tolerances``; one passing "ill-posed" row when κ₂(BQ)
-    is too large for the dtype (P is then not determined by B)."""
-    bounds = tol.dion_tolerances(ref, q_in, lr=lr, mu=mu, weight=w_in, dtype=dtype, error_feedback=error_feedback)
+                        lr: float, mu: float, dtype: str, weight, momentum, Q, error_feedback: bool = True,
+                        bounds: dict | None = None, check: str = "dion_vs_reference") -> list[CheckResult]:
+    """``check`` rows: the fast weight, momentum and Q (float64 arrays in the parameter's
+    orientation; Q (min(m, n), r)) against ``ref`` = ``ortho_ref.dion_step`` from ``w_in`` and
+    ``q_in``, within ``bounds`` (default ``dion_tolerances``; or ``dion_variant_tolerances`` for
+    the step's options); one passing "ill-posed" row when κ₂(BQ) is too large for the dtype
+    (P is then not determined by B, and is not compared)."""
+    if bounds is None:
+        bounds = tol.dion_tolerances(ref, q_in, lr=lr, mu=mu, weight=w_in, dtype=dtype, error_feedback=error_feedback)
     if not bounds["well_posed"]:
-        return [CheckResult("dion_vs_reference", name, detail, 0.0, 0.0, True,
-                            f"ill-posed: kappa(BQ) = {bounds['kappa']:.2e}, P not determined by B; invariants only")]
-    return [measured("dion_vs_reference", name, f"{detail} {key}", np.linalg.norm(fast - ref_val), bounds[key],
+        return [CheckResult(check, name, detail, 0.0, 0.0, True,
+                            f"ill-posed: kappa(BQ) = {bounds['kappa']:.2e}, P not determined by B; not compared")]
+    return [measured(check, name, f"{detail} {key}", np.linalg.norm(fast - ref_val), bounds[key],
                      f"kappa(BQ) = {bounds['kappa']:.2e}")
             for key, fast, ref_val in (("weight", weight, ref.weight), ("momentum", momentum, ref.momentum),
                                        ("Q", Q, ref.Q))]
 
 
-def check_dion(case: MatrixCase, rank_fraction: float, dtype: str, *, lr: float = 0.01, mu: float = 0.95,
-               weight_decay: float = 0.1) -> list[CheckResult]:
-    """(d) One ``ortho_fast.Dion`` step (known Q injected through ``load_state_dict``) vs
-    ``ortho_ref.dion_step``, plus the error-feedback identity M_new = B − (1−μ)PRᵀ and
-    PᵀP = I measured on the fast side's own P and R (``verify.error_feedback.identity_rows``)."""
+#: Dion options checked by ``check_dion(..., variant=...)``: the QR methods (microsoft/dion's
+#: "qr", CholeskyQR2, its default "rcqr"), Orth-Dion's QR right factor, and two power iterations.
+DION_VARIANTS = {
+    "householder": dict(qr_method="householder"),
+    "cholesky_qr": dict(qr_method="cholesky_qr"),
+    "randomized_cholesky_qr": dict(qr_method="randomized_cholesky_qr"),
+    "orth_dion": dict(right_factor="qr"),
+    "power_iters_2": dict(power_iters=2, qr_method="randomized_cholesky_qr"),
+}
+
+
+def dion_sketches(opts: dict, seed: int, index: int, step: int, rows: int, rank: int,
+                  dtype: torch.dtype) -> list[np.ndarray] | None:
+    """The sketches ``ortho_fast.Dion(seed=seed, **opts)`` draws for parameter ``index`` at
+    ``step`` (>= 1), for ``dion_variant_tolerances(sketches=...)``.
+
+    Shapes: one float64 (k, rows) array per power iteration, k = ``sketch_rows(rank,
+    oversample)``, rows = max(m, n) (the working orientation); drawn as the optimizer does
+    (``ortho_fast.sketch_generator`` on the CPU, in ``dtype``, the momentum dtype, or float32 for
+    bfloat16 / float16). None when the optimizer draws none (another ``qr_method``, or k >= rows).
+    Source: microsoft/dion ``orthogonalize`` (rcqr); ``ortho_fast.dion.gaussian_sketch``.
+    """
+    k = ortho_ref.sketch_rows(rank, opts.get("oversample", ortho_ref.dion.RCQR_OVERSAMPLE))
+    if opts.get("qr_method") != "randomized_cholesky_qr" or k >= rows:
+        return None
+    gen = ortho_fast.sketch_generator(seed, index, step, "cpu")
+    fdt = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    return [as_float64(ortho_fast.gaussian_sketch(gen, k, rows, fdt, "cpu")) for _ in range(opts.get("power_iters", 1))]
+
+
+def _rounded(a: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    return as_float64(torch.tensor(a, dtype=dtype))
+
+
+def check_dion(case: MatrixCase, rank_fraction: float, dtype: str, variant: str | None = None,
+               state_dtype: str | None = None, *, lr: float = 0.01, mu: float = 0.95, weight_decay: float = 0.1,
+               seed: int = 0) -> list[CheckResult]:
+    """(d) One ``ortho_fast.Dion`` step (momentum, known Q and step injected through
+    ``load_state_dict``) vs ``ortho_ref.dion_step`` from the same inputs (weight and gradient
+    rounded to the parameter's ``dtype``, momentum and Q to ``state_dtype``, default ``dtype``).
+
+    Default options (``variant`` and ``state_dtype`` None): rows ``dion_vs_reference``
+    within ``dion_tolerances``, plus the error-feedback identity M_new = B − (1−μ)PRᵀ and
+    PᵀP = I measured on the fast side's own P and R (``verify.error_feedback.identity_rows``).
+    Otherwise the options of ``DION_VARIANTS[variant]`` on both sides (the reference's own
+    sketches from ``seed``; the tolerance takes κ₂(Y R_s⁻¹) of the sketches the optimizer drew,
+    ``dion_sketches``) and mixed precision (``state_dtype`` as microsoft/dion's
+    ``DionMixedPrecisionConfig`` momentum_dtype = Q_dtype; B, P, R computed in it): rows
+    ``dion_variant_vs_reference`` within ``dion_variant_tolerances``.
+    Shapes: the case's matrix (m, n) is the gradient; r = ``dion_rank(m, n, rank_fraction)``;
+    ``dtype`` / ``state_dtype`` name entries of ``TORCH_DTYPES``.
+    Raises: KeyError for an unknown variant or dtype name.
+    """
     from verify import error_feedback  # it builds on this module
 
+    opts = DION_VARIANTS[variant] if variant is not None else {}
     g = case.matrix
     m, n = g.shape
     r = ortho_ref.dion_rank(m, n, rank_fraction)
     gscale = float(np.linalg.norm(g)) / math.sqrt(g.size)
-    w0 = _aux(case, "weight", g.shape, 0.02)
-    m0 = _aux(case, "momentum", g.shape, gscale)
-    q0 = _aux(case, "Q0", ortho_ref.q_shape(m, n, r), 1.0)
-    tdt = TORCH_DTYPES[dtype]
+    sdt_name = state_dtype or dtype
+    tdt, sdt = TORCH_DTYPES[dtype], TORCH_DTYPES[sdt_name]
+    w0, g = _rounded(_aux(case, "weight", g.shape, 0.02), tdt), _rounded(g, tdt)
+    m0 = _rounded(_aux(case, "momentum", g.shape, gscale), sdt)
+    q0 = _rounded(_aux(case, "Q0", ortho_ref.q_shape(m, n, r), 1.0), sdt)
     detail = f"rank {r}/{min(m, n)} ({rank_fraction:g})/{dtype}"
 
     p = torch.nn.Parameter(torch.tensor(w0, dtype=tdt))
-    opt = ortho_fast.Dion([p], lr=lr, mu=mu, weight_decay=weight_decay, rank_fraction=rank_fraction)
+    opt = ortho_fast.Dion([p], lr=lr, mu=mu, weight_decay=weight_decay, rank_fraction=rank_fraction,
+                          momentum_dtype=sdt, q_dtype=sdt, seed=seed, **opts)
     sd = opt.state_dict()
-    sd["state"] = {0: {"momentum": torch.tensor(m0, dtype=tdt), "Q": torch.tensor(q0, dtype=tdt)}}
+    sd["state"] = {0: {"momentum": torch.tensor(m0, dtype=sdt), "Q": torch.tensor(q0, dtype=sdt),
+                       "step": torch.tensor(0)}}
     opt.load_state_dict(sd)
     p.grad = torch.tensor(g, dtype=tdt)
     opt.step()
-    ref = ortho_ref.dion_step(w0, g, m0, q0, lr=lr, mu=mu, weight_decay=weight_decay)
+    ref = ortho_ref.dion_step(w0, g, m0, q0, lr=lr, mu=mu, weight_decay=weight_decay,
+                              rng=np.random.default_rng(seed), **opts)
     state = opt.state[p]
-    out = dion_reference_rows(case.name, detail, ref, q0, w0, lr=lr, mu=mu, dtype=dtype,
-                              weight=as_float64(p), momentum=as_float64(state["momentum"]), Q=as_float64(state["Q"]))
-    trace = error_feedback.run_fast_dion([g], q0, m0=m0, mu=mu, dtype=dtype)
-    return out + error_feedback.identity_rows(case.name, detail, trace, mu=mu, dtype=dtype)
+    fast = dict(weight=as_float64(p), momentum=as_float64(state["momentum"]), Q=as_float64(state["Q"]))
+    if variant is None and state_dtype is None:
+        out = dion_reference_rows(case.name, detail, ref, q0, w0, lr=lr, mu=mu, dtype=dtype, **fast)
+        trace = error_feedback.run_fast_dion([g], q0, m0=m0, mu=mu, dtype=dtype)
+        return out + error_feedback.identity_rows(case.name, detail, trace, mu=mu, dtype=dtype)
+    bounds = tol.dion_variant_tolerances(ref, q0, lr=lr, mu=mu, weight=w0, dtype=sdt_name, param_dtype=dtype,
+                                         q_dtype=sdt_name, sketches=dion_sketches(opts, seed, 0, 1, max(m, n), r, sdt),
+                                         grad_norm=float(np.linalg.norm(g)), **opts)
+    detail = f"{variant or 'default'} {detail}" + (f" state {sdt_name}" if state_dtype else "")
+    return dion_reference_rows(case.name, detail, ref, q0, w0, lr=lr, mu=mu, dtype=sdt_name, bounds=bounds,
+                               check="dion_variant_vs_reference", **fast)
 
 
 def check_torch_muon(case: MatrixCase, steps: int = 3) -> list[CheckResult]:

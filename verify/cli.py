@@ -32,6 +32,13 @@ from verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 DTYPES = ("float64", "float32", "bfloat16")
 EF_DTYPES = ("float64", "float32")
 EF_RANK_FRACTION = 0.25
+#: Compute dtype of the Muon layout checks (QKV split, banks): they test the indexing, which
+#: float32's tolerance already pins down (a block mixed up is off by O(1)).
+LAYOUT_DTYPE = "float32"
+#: (variant, parameter dtype, state dtype or None) of the Dion variant checks, at one rank fraction:
+#: every variant in float64, and bfloat16 parameters with float32 momentum and Q (mixed precision).
+DION_VARIANT_RUNS = (*((v, "float64", None) for v in checks.DION_VARIANTS), ("householder", "bfloat16", "float32"))
+DION_VARIANT_RANK_FRACTION = 0.25
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,12 +117,18 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
             for dtype in ("float64", "float32"):
                 jobs.append((f"Muon {cfg}/{dtype} {case.name}",
                              lambda c=case, g=cfg, d=dtype: checks.check_muon(c, g, d)))
+        jobs.append((f"Muon layouts/{LAYOUT_DTYPE} {case.name}",
+                     lambda c=case: checks.check_muon_layouts(c, LAYOUT_DTYPE)))
     rank_fractions = (1.0, 0.25) if quick else (1.0, 0.25, 1 / 16)
     for case in cases:
         for rf in rank_fractions:
             for dtype in ("float64", "float32"):
                 jobs.append((f"Dion r={rf:g}/{dtype} {case.name}",
                              lambda c=case, f=rf, d=dtype: checks.check_dion(c, f, d)))
+        for variant, dtype, sdt in DION_VARIANT_RUNS:
+            jobs.append((f"Dion {variant}/{dtype}{' state ' + sdt if sdt else ''} {case.name}",
+                         lambda c=case, v=variant, d=dtype, s=sdt: checks.check_dion(c, DION_VARIANT_RANK_FRACTION,
+                                                                                    d, v, s)))
     for case in error_feedback_inputs(cases):
         for dtype in EF_DTYPES:
             for on in (True, False):

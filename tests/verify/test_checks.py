@@ -37,10 +37,16 @@ def test_correct_implementations_pass(case):
             results += checks.check_newton_schulz(case, sched, dtype)
     for cfg in checks.MUON_CONFIGS:
         results += checks.check_muon(case, cfg, "float64")
+    results += checks.check_muon_layouts(case, "float32")
     results += checks.check_dion(case, 0.5, "float64") + checks.check_dion(case, 1.0, "float32")
-    results += checks.check_torch_muon(case)
+    variants = [r for v in checks.DION_VARIANTS for r in checks.check_dion(case, 0.5, "float64", v)]
+    variants += checks.check_dion(case, 0.5, "bfloat16", "householder", "float32")
+    assert all(not r.note.startswith("ill-posed") for r in variants)  # compared, not only marked ill-posed
+    results += variants + checks.check_torch_muon(case)
     failed = [r for r in results if not r.passed]
     assert not failed, failed
+    layouts = {r.detail for r in results if r.check == "muon_layout_vs_reference"}
+    assert len(layouts) == (4 if case.matrix.shape[0] % 3 == 0 else 2)  # (qkv,) banks x (weight, momentum)
 
 
 def test_wrong_coefficient_is_caught(monkeypatch):
@@ -107,3 +113,71 @@ def test_bf16_missing_step_on_ill_conditioned_input_is_caught_per_direction(monk
     results = {r.check: r for r in checks.check_newton_schulz(case, "jordan", "bfloat16")}
     assert not results["ns_projected_singular_values"].passed
     assert results["ns_vs_ns_map"].note  # the sorted comparison says it is not sharp
+
+
+def _muon_with(monkeypatch, **forced):
+    """Plant a bug: ortho_fast.Muon built with ``forced`` options whatever the check asks."""
+    real = ortho_fast.Muon
+    monkeypatch.setattr(ortho_fast, "Muon", lambda params, **k: real(params, **{**k, **forced}))
+
+
+def _weight_row(results):
+    return next(r for r in results if r.detail.endswith(" weight"))
+
+
+@pytest.mark.parametrize("config, forced, dtype", [
+    ("nanochat (cautious wd)", {"cautious_weight_decay": False}, "float32"),
+    ("Megatron", {"extra_scale_factor": 1.0}, "float32"),
+    ("Megatron", {"eps_mode": "add"}, "float64"),
+], ids=["cautious-wd-ignored", "extra-scale-factor-ignored", "add-eps-where-clamp"])
+def test_muon_option_bugs_are_caught(monkeypatch, config, forced, dtype):
+    assert _weight_row(checks.check_muon(CASES[0], config, dtype)).passed
+    _muon_with(monkeypatch, **forced)
+    assert not _weight_row(checks.check_muon(CASES[0], config, dtype)).passed
+
+
+def test_muon_heads_not_split_is_caught(monkeypatch):
+    real = fast_muon.muon_layout
+    monkeypatch.setattr(fast_muon, "muon_layout", lambda shape, **k: real(shape, **{**k, "num_heads": None}))
+    rows = {r.detail.split(" ", 1)[1]: r for r in checks.check_muon_layouts(CASES[0], "float32")}
+    assert not rows["qkv 3x4 heads weight"].passed and rows["banks weight"].passed
+
+
+def test_muon_banks_in_the_wrong_order_are_caught(monkeypatch):
+    real = fast_muon._orthogonalize
+
+    def rotated(mats, group):  # planted: the banked outputs go to the next parameter
+        out = real(mats, group)
+        return out[1:] + out[:1] if group["banks"] else out
+
+    monkeypatch.setattr(fast_muon, "_orthogonalize", rotated)
+    rows = {r.detail.split(" ", 1)[1]: r for r in checks.check_muon_layouts(CASES[1], "float32")}
+    assert not rows["banks weight"].passed
+
+
+def _dion_q_row(results):
+    return next(r for r in results if r.detail.endswith(" Q"))
+
+
+def test_dion_right_factor_swapped_is_caught(monkeypatch):
+    real = fast_dion.dion_right_factor
+    swap = {"qr": "column_norm", "column_norm": "qr"}
+    monkeypatch.setattr(fast_dion, "dion_right_factor", lambda r, rf="column_norm", eps=1e-8: real(r, swap[rf], eps))
+    assert not _dion_q_row(checks.check_dion(CASES[0], 0.5, "float64", "orth_dion")).passed
+
+
+@pytest.mark.parametrize("variant, dtypes, forced", [
+    ("power_iters_2", ("float64", None), {"power_iters": 1}),
+    ("householder", ("bfloat16", "float32"), {"momentum_dtype": torch.bfloat16, "q_dtype": torch.bfloat16}),
+], ids=["power-iteration-skipped", "state-in-parameter-dtype"])
+def test_dion_option_bugs_are_caught(monkeypatch, variant, dtypes, forced):
+    real = ortho_fast.Dion
+    monkeypatch.setattr(ortho_fast, "Dion", lambda params, **k: real(params, **{**k, **forced}))
+    assert not _all_pass(checks.check_dion(CASES[0], 0.5, *dtypes[:1], variant, dtypes[1]))
+
+
+def test_randomized_cholesky_qr_without_its_cholesky_pass_is_caught(monkeypatch):
+    # P = Y R_s^-1 (the sketch's preconditioned Y) is not orthonormal: off by O(kappa(Y R_s^-1) - 1)
+    assert _all_pass(checks.check_dion(CASES[0], 0.5, "float64", "randomized_cholesky_qr"))
+    monkeypatch.setattr(fast_dion, "_cholesky_solve", lambda y, gram, ok=None: y)
+    assert not _all_pass(checks.check_dion(CASES[0], 0.5, "float64", "randomized_cholesky_qr"))

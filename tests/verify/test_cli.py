@@ -22,7 +22,10 @@ def test_quick_synthetic_run_passes_and_writes_reports(tmp_path, capsys):
         "coefficient_registry", "ns_vs_ns_map", "spread_in_band", "muon_vs_reference",
         "dion_vs_reference", "dion_error_feedback", "dion_orthonormal_P", "muon_vs_torch",
         "ef_outside_subspace", "ef_inside_subspace", "ef_bookkeeping", "ef_subspace_convergence",
-        "ef_full_rank_polar", "ef_full_rank_convergence"}
+        "ef_full_rank_polar", "ef_full_rank_convergence", "muon_layout_vs_reference", "dion_variant_vs_reference"}
+    configs = {r["detail"].rsplit("/", 1)[0] for r in report["results"] if r["check"] == "muon_vs_reference"}
+    variants = {r["detail"].split(" rank")[0] for r in report["results"] if r["check"] == "dion_variant_vs_reference"}
+    assert configs == set(checks.MUON_CONFIGS) and variants == set(checks.DION_VARIANTS)
     assert all(r["error"] <= r["tolerance"] for r in report["results"])
     md = (tmp_path / "report.md").read_text()
     assert f"{report['summary']['passed']} of {report['summary']['total']} checks passed" in md
@@ -73,6 +76,21 @@ def test_baseline_round_trip_and_planted_regression(tmp_path, monkeypatch):
     assert all(r["passed"] for r in rows if r["check"] == "ns_vs_ns_map")
     regression = [r for r in rows if r["check"] == "baseline_regression" and not r["passed"]]
     assert len(regression) == 1 and "ns_vs_ns_map" in regression[0]["detail"]
+
+
+def test_a_baseline_without_the_newer_checks_still_compares(tmp_path, monkeypatch):
+    # A baseline written before checks were added: the new checks count as "new", nothing fails.
+    base = tmp_path / "baseline.json"
+    args = ["--quick", "--no-real", "--no-plots", "--out", str(tmp_path / "out"), "--baseline", str(base)]
+    monkeypatch.setattr(cli, "plan_jobs", _fast_jobs)
+    assert cli.main(args + ["--update-baseline"]) == 0
+    monkeypatch.setattr(cli, "plan_jobs", lambda cases, quick, sv=None: _fast_jobs(cases, quick) + [
+        ("new", lambda: checks.check_muon_layouts(cases[0], "float32") + checks.check_dion(cases[0], 0.25, "float64",
+                                                                                          "orth_dion"))])
+    assert cli.main(args) == 0
+    rows = json.loads((tmp_path / "out" / "report.json").read_text())["results"]
+    coverage = next(r for r in rows if r["check"] == "baseline_coverage")
+    assert coverage["passed"] and coverage["note"].endswith("4 compared, 5 new")
 
 
 def test_update_baseline_needs_a_file():
