@@ -1,13 +1,13 @@
 """ortho_fast: production Newton–Schulz, Muon and Dion in torch (device-agnostic, batched)."""
 
-from .coefficients import COEFFICIENTS, CoefficientSchedule, resolve_coefficients
+from .coefficients import COEFFICIENTS, CoefficientSchedule, UnknownScheduleError, resolve_coefficients
 from .dion import (
     DION_DEFAULTS, Dion, check_dion_step, dion_group_step, dion_rank, dion_right_factor, dion_update,
     gaussian_sketch, initial_q, normalize_dion_group, orthonormalize, sketch_generator,
 )
 from .muon import (
-    MUON_DEFAULTS, Muon, MuonLayout, adjusted_lr_scale, check_muon_step, is_expert_name, muon_group_step, muon_layout,
-    muon_momentum, normalize_muon_group,
+    MUON_DEFAULTS, Muon, MuonLayout, adjusted_lr_scale, check_muon_step, default_eps_mode, is_expert_name,
+    muon_group_step, muon_layout, muon_momentum, normalize_muon_group,
 )
 from .newton_schulz import MATMUL_PRECISIONS, newton_schulz, resolve_compute_dtype
 from .scalar import (
@@ -17,7 +17,8 @@ from .scalar import (
 from .hybrid import ALGORITHMS, DionConfig, HybridOptimizer, MuonConfig, normalize_name, param_groups
 
 __all__ = [
-    "COEFFICIENTS", "CoefficientSchedule", "resolve_coefficients", "Dion", "dion_rank", "dion_update",
+    "COEFFICIENTS", "CoefficientSchedule", "UnknownScheduleError", "resolve_coefficients", "default_eps_mode",
+    "Dion", "dion_rank", "dion_update",
     "initial_q", "orthonormalize", "DION_DEFAULTS", "check_dion_step", "dion_group_step", "dion_right_factor",
     "gaussian_sketch", "normalize_dion_group", "sketch_generator", "Muon", "adjusted_lr_scale", "muon_momentum", "newton_schulz",
     "MUON_DEFAULTS", "MuonLayout", "check_muon_step", "is_expert_name", "muon_group_step", "muon_layout",

@@ -37,8 +37,14 @@ def check_finite(x: torch.Tensor, name: str) -> None:
 
 
 def check_hyper(value, name: str, *, low: float = 0.0, high: float | None = None, low_open: bool = False) -> float:
-    """Check a scalar hyperparameter is finite and within [low, high]; returns it as float."""
+    """Check a scalar hyperparameter is a finite real number within [low, high] (``low_open``:
+    (low, high]); returns it as float. Strings are not numbers here (float("1e-3") would pass).
+
+    Raises: ValueError naming ``name``.
+    """
     try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
         x = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name}: expected a real number, got {value!r}") from None
@@ -47,3 +53,26 @@ def check_hyper(value, name: str, *, low: float = 0.0, high: float | None = None
         hi = "inf" if high is None else high
         raise ValueError(f"{name}: expected a finite value in {'(' if low_open else '['}{low}, {hi}], got {value!r}")
     return x
+
+
+def check_count(value, name: str, low: int = 1) -> int:
+    """Check an integer option (not a bool) is >= ``low``; returns it.
+
+    Raises: ValueError naming ``name``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
+    return value
+
+
+def check_choice(value, name: str, choices) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {value!r}")
+
+
+def check_filled(group: dict, defaults, algorithm: str) -> None:
+    """Raise ValueError naming the first key of ``defaults`` missing from a param group."""
+    missing = [k for k in defaults if k not in group]
+    if missing:
+        raise ValueError(f"{missing[0]}: missing from the {algorithm} param group (fill it from its defaults)")

@@ -124,6 +124,31 @@ COEFFICIENTS: dict[str, CoefficientSchedule] = {
 CoefficientsLike = Union[str, CoefficientSchedule, Sequence[Sequence[float]]]
 
 
+class UnknownScheduleError(KeyError, ValueError):
+    """An unknown schedule name: a KeyError (a failed registry look-up; what this package raised
+    before) that is also a ValueError (a bad argument value, what the house rules ask for).
+    ``str()`` gives the message without KeyError's quotes."""
+
+    __str__ = ValueError.__str__
+
+
+def schedule_of(coefficients: CoefficientsLike) -> CoefficientSchedule | None:
+    """The registry schedule ``coefficients`` names (or is), None for a user table.
+
+    Raises: UnknownScheduleError (KeyError and ValueError) naming ``coefficients`` and listing
+    the registry for an unknown name.
+    """
+    if isinstance(coefficients, CoefficientSchedule):
+        return coefficients
+    if not isinstance(coefficients, str):
+        return None
+    if coefficients not in COEFFICIENTS:
+        raise UnknownScheduleError(
+            f"coefficients: unknown schedule {coefficients!r}; expected one of {sorted(COEFFICIENTS)} "
+            "or a (T, 3) table of (a, b, c) rows")
+    return COEFFICIENTS[coefficients]
+
+
 def resolve_coefficients(coefficients: CoefficientsLike, steps: int | None = None) -> list[tuple[float, float, float]]:
     """Turn a registry name, a schedule, or a user table into per-step (a, b, c) rows.
 
@@ -131,16 +156,13 @@ def resolve_coefficients(coefficients: CoefficientsLike, steps: int | None = Non
     beyond T repeats its last row, fewer truncates. A single (a, b, c) row counts as T = 1
     with the default of 5 steps (torch.optim.Muon's ``ns_coefficients`` convention).
     Shapes: coefficients (T, 3) or (3,) -> list of T' = steps (or T) tuples (a, b, c), float.
-    Raises: KeyError for an unknown name (listing the registry); TypeError for something
-    that is not a name, a schedule or numbers; ValueError for a table that is not (T, 3)
-    with finite entries, or steps < 1.
+    Raises: UnknownScheduleError (a KeyError and a ValueError) for an unknown name, listing the
+    registry; TypeError for something that is not a name, a schedule or numbers; ValueError for
+    a table that is not (T, 3) with finite entries, or steps < 1.
     """
-    if isinstance(coefficients, str):
-        if coefficients not in COEFFICIENTS:
-            raise KeyError(f"coefficients: unknown schedule {coefficients!r}; known: {sorted(COEFFICIENTS)}")
-        return COEFFICIENTS[coefficients].table(steps)
-    if isinstance(coefficients, CoefficientSchedule):
-        return coefficients.table(steps)
+    named = schedule_of(coefficients)
+    if named is not None:
+        return named.table(steps)
     try:
         rows = torch.as_tensor(coefficients, dtype=torch.float64).cpu()
     except (TypeError, ValueError, RuntimeError):

@@ -8,13 +8,13 @@ any optimizer owning Dion groups can drive, and the thin ``Dion`` optimizer on t
 from __future__ import annotations
 
 import math
-from itertools import chain
 from typing import Iterable, Mapping, NamedTuple
 
 import torch
 from torch.optim import Optimizer
 
-from ._validate import check_finite, check_hyper
+from ._state import add_param_group_checked, load_state_dict_checked
+from ._validate import check_choice, check_count, check_filled, check_finite, check_hyper
 
 QR_METHODS = ("householder", "cholesky_qr", "randomized_cholesky_qr")
 #: microsoft/dion's names for the same methods (its "cqr" is one CholeskyQR pass, not CholeskyQR2).
@@ -42,10 +42,16 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 def dion_rank(m: int, n: int, rank_fraction: float = 1.0, rank_multiple_of: int = 1) -> int:
     """r = min(ceil_to_multiple(rank_multiple_of, rank_fraction·min(m, n)), m, n), at least 1.
 
+    Args: (m, n) the matrix shape; ``rank_fraction`` in (0, 1]; ``rank_multiple_of`` an int >= 1.
     Source: microsoft/dion ``Dion(rank_fraction, rank_multiple_of)``.
+    Raises: ValueError naming ``m`` / ``n`` (not an int >= 1), ``rank_fraction`` (not a finite
+    value in (0, 1]) or ``rank_multiple_of`` (not an int >= 1).
     """
-    k = int(rank_multiple_of)
-    return max(1, min(k * math.ceil(rank_fraction * min(m, n) / k), m, n))
+    check_count(m, "m")
+    check_count(n, "n")
+    fraction = check_hyper(rank_fraction, "rank_fraction", high=1.0, low_open=True)
+    k = check_count(rank_multiple_of, "rank_multiple_of")
+    return max(1, min(k * math.ceil(fraction * min(m, n) / k), m, n))
 
 
 def sketch_rows(rank: int, oversample: float = RCQR_OVERSAMPLE) -> int:
@@ -73,7 +79,22 @@ def _seed_for(seed: int, index: int) -> int:
 
 def initial_q(shape: tuple[int, int], seed: int, index: int, dtype: torch.dtype, device) -> torch.Tensor:
     """Q0 ~ N(0, 1) of the global shape, drawn on the CPU from a generator seeded by
-    (seed, parameter index) — never the global RNG, identical on every device."""
+    (seed, parameter index) — never the global RNG, identical on every device.
+
+    Shapes: ``shape`` (min(m, n), r) -> Q0 of that shape in ``dtype`` on ``device`` (drawn in
+    float64, then cast: the same numbers for every dtype up to its rounding).
+    Source: Ahn et al., arXiv 2504.05295, Algorithm 1 (Q₀ Gaussian, as microsoft/dion's
+    ``torch.randn``); the per-parameter generator is this package's determinism rule
+    (DESIGN.md: seeded from the optimizer seed and the parameter index, global shape).
+    Raises: ValueError naming ``shape`` unless it is two ints >= 1; TypeError naming ``dtype``
+    for a dtype that is not floating.
+    """
+    if len(tuple(shape)) != 2:
+        raise ValueError(f"shape: expected (rows, rank), got {shape!r}")
+    for size in shape:
+        check_count(size, "shape")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
     gen = torch.Generator(device="cpu").manual_seed(_seed_for(seed, index))
     return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
 
@@ -81,12 +102,29 @@ def initial_q(shape: tuple[int, int], seed: int, index: int, dtype: torch.dtype,
 def sketch_generator(seed: int, index: int, step: int, device) -> torch.Generator:
     """Generator of the randomized-CholeskyQR sketches of parameter ``index`` at ``step`` (>= 1):
     seeded from (seed, index, step) only — never the global RNG — on ``device``. Each power
-    iteration draws the next sketch from it. Same seed, index, step and device type: same bits."""
+    iteration draws the next sketch from it. Same seed, index, step and device type: same bits.
+
+    Source: this package's determinism rule (DESIGN.md); microsoft/dion draws its sketches
+    from the global RNG, so its runs do not repeat bit for bit.
+    Raises: ValueError naming ``step`` unless it is an int >= 1.
+    """
+    check_count(step, "step")
     return torch.Generator(device=device).manual_seed(_seed_for(_seed_for(seed, index), step))
 
 
 def gaussian_sketch(generator: torch.Generator, k: int, rows: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """S (k, rows) with i.i.d. N(0, 1/k) entries from ``generator`` (microsoft/dion's scaling)."""
+    """S (k, rows) with i.i.d. N(0, 1/k) entries from ``generator`` (microsoft/dion's scaling).
+
+    Shapes: -> (k, rows) in ``dtype`` on ``device`` (the generator's device type).
+    Source: microsoft/dion ``orthogonalize`` (rcqr: randn / √k); randomized Cholesky QR,
+    Balabanov, arXiv 2210.09953.
+    Raises: ValueError naming ``k`` / ``rows`` unless an int >= 1; TypeError naming
+    ``generator`` for something that is not a torch.Generator.
+    """
+    check_count(k, "k")
+    check_count(rows, "rows")
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
     return torch.randn((k, rows), generator=generator, dtype=dtype, device=device) / math.sqrt(k)
 
 
@@ -158,7 +196,11 @@ def orthonormalize(y: torch.Tensor, method: str = "householder", *, oversample: 
 def dion_right_factor(r: torch.Tensor, right_factor: str = "column_norm", epsilon: float = 1e-8) -> torch.Tensor:
     """New right factor from R = BᵀP (n', r): ``column_norm`` R / (‖R[:, j]‖₂ + ε) (the paper),
     or ``qr`` the Householder Q factor of R with diag > 0 (Orth-Dion, as ``ortho_ref.dion_right_factor``).
-    Computed and returned in float32 for bfloat16 / float16 R (microsoft/dion normalizes in float32)."""
+    Computed and returned in float32 for bfloat16 / float16 R (microsoft/dion normalizes in float32).
+    Source: Ahn et al., arXiv 2504.05295, Algorithm 1 (column normalization); microsoft/dion.
+    Raises: ValueError naming ``right_factor`` for a value not in ``RIGHT_FACTORS``.
+    """
+    check_choice(right_factor, "right_factor", RIGHT_FACTORS)
     rf = r.to(_factor_dtype(r.dtype))
     if right_factor == "qr":
         return _householder(rf)
@@ -252,6 +294,7 @@ def _rank(p: torch.Tensor, group: dict) -> int:
 
 def _check_hyperparameters(group: dict) -> None:
     """Every hyperparameter of a filled Dion group; raises naming the key, changes nothing."""
+    check_filled(group, DION_DEFAULTS, "Dion")
     check_hyper(group["lr"], "lr")
     check_hyper(group["mu"], "mu", high=1.0)
     check_hyper(group["weight_decay"], "weight_decay")
@@ -259,15 +302,12 @@ def _check_hyperparameters(group: dict) -> None:
     check_hyper(group["epsilon"], "epsilon")
     check_hyper(group["oversample"], "oversample", low=1.0)
     for key in ("rank_multiple_of", "power_iters"):
-        val = group[key]
-        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-            raise ValueError(f"{key}: expected an integer >= 1, got {val!r}")
+        check_count(group[key], key)
     for key in ("error_feedback", "flatten"):
         if not isinstance(group[key], bool):
             raise TypeError(f"{key}: expected a bool, got {group[key]!r}")
     for key, choices in (("qr_method", QR_METHODS), ("right_factor", RIGHT_FACTORS)):
-        if group[key] not in choices:
-            raise ValueError(f"{key}: expected one of {choices}, got {group[key]!r}")
+        check_choice(group[key], key, choices)
     for key in ("momentum_dtype", "q_dtype"):
         dt = group[key]
         if dt is not None and not (isinstance(dt, torch.dtype) and dt.is_floating_point):
@@ -286,7 +326,8 @@ def normalize_dion_group(group: dict) -> None:
             raise TypeError(f"params: Dion expects floating-point tensors, got {getattr(p, 'dtype', type(p).__name__)}")
         if p.ndim < 2 or (p.ndim > 2 and not group["flatten"]) or p.numel() == 0:
             hint = ("pass flatten=True to treat it as (shape[0], prod(shape[1:])) (conv weights, as "
-                    "microsoft/dion's Muon)" if p.ndim > 2 else "give vectors, scalars and embeddings to AdamW/Lion")
+                    "microsoft/dion's Muon); a stack of expert matrices (E, m, n) needs Muon with expert_keys"
+                    if p.ndim > 2 else "give vectors, scalars and embeddings to AdamW/Lion")
             raise ValueError(f"params: Dion expects non-empty 2-D (m, n) parameters; got shape {tuple(p.shape)}: {hint}")
 
 
@@ -322,7 +363,11 @@ def _matrix_view(t: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor,
         return t.reshape(shape), True
 
 
-def _state_dtype(group: dict, key: str, p: torch.Tensor) -> torch.dtype:
+def dion_state_dtype(group: dict, key: str, p: torch.Tensor) -> torch.dtype | None:
+    """The dtype of Dion state ``key`` of parameter ``p``: ``momentum_dtype`` / ``q_dtype``
+    (None: the parameter's dtype) for "momentum" / "Q", None for other keys."""
+    if key not in ("momentum", "Q"):
+        return None
     dt = group["momentum_dtype" if key == "momentum" else "q_dtype"]
     return p.dtype if dt is None else dt
 
@@ -343,10 +388,10 @@ def dion_group_step(group: dict, state, *, seed: int, first_index: int) -> None:
         st = state[p]
         m, n = _matrix_shape(p)
         if "momentum" not in st:
-            st["momentum"] = torch.zeros(p.shape, dtype=_state_dtype(group, "momentum", p), device=p.device)
+            st["momentum"] = torch.zeros(p.shape, dtype=dion_state_dtype(group, "momentum", p), device=p.device)
         if "Q" not in st:
             st["Q"] = initial_q((min(m, n), _rank(p, group)), seed, first_index + i,
-                                _state_dtype(group, "Q", p), p.device)
+                                dion_state_dtype(group, "Q", p), p.device)
         if "step" not in st:
             st["step"] = torch.zeros((), dtype=torch.int64)
         st["step"] += 1
@@ -383,11 +428,16 @@ class Dion(Optimizer):
     State per parameter: ``momentum``, ``Q``, ``step`` (see ``dion_group_step``); inject a known
     Q through ``load_state_dict`` (its shape is checked at the next step). ``load_state_dict``
     keeps the configured state dtypes (torch would cast them to the parameter's dtype).
+    Params: tensors, (name, tensor) pairs (``model.named_parameters()``: torch's
+    ``param_names``) or group dicts.
+    ``load_state_dict`` validates the saved groups first and never aliases the given tensors
+    (the ``step`` counter seeds the sketches: a shared one would advance both optimizers).
     Source: Ahn et al., arXiv 2504.05295, Algorithm 1; microsoft/dion.
-    Raises: ValueError / TypeError at construction (or ``add_param_group``) for bad
-    hyperparameters or parameters (1-D, ndim > 2 without flatten, non-floating); at ``step``
-    for non-finite or mis-shaped gradients or mis-shaped state, before any parameter or state
-    changes.
+    Raises: TypeError naming ``seed`` unless an int (not a bool); ValueError / TypeError at
+    construction (or ``add_param_group`` / ``load_state_dict``) for bad hyperparameters or
+    parameters (1-D, ndim > 2 without flatten, non-floating); at ``step`` for hyperparameters
+    edited since, non-finite or mis-shaped gradients or mis-shaped state, before any parameter
+    or state changes.
     """
 
     def __init__(
@@ -416,36 +466,25 @@ class Dion(Optimizer):
             oversample=oversample, right_factor=right_factor, momentum_dtype=momentum_dtype, q_dtype=q_dtype,
             flatten=flatten,
         )
-        self.seed = int(seed)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed: expected an int, got {seed!r}")
+        normalize_dion_group({**defaults, "params": []})  # the defaults themselves, before any group
+        self.seed = seed
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:
-        """Fill the group with the defaults, validate it (``normalize_dion_group``), then add it;
-        a bad group raises before the optimizer changes."""
-        group = dict(param_group)
-        params = group["params"]
-        if isinstance(params, set):
-            raise TypeError("params: expected an ordered collection of tensors, got a set")
-        group["params"] = [params] if isinstance(params, torch.Tensor) else list(params)
-        for key, val in self.defaults.items():
-            group.setdefault(key, val)
-        normalize_dion_group(group)
-        super().add_param_group(group)
+        """torch's add_param_group (defaults, (name, tensor) pairs, leaf and duplicate checks),
+        then ``normalize_dion_group``; a rejected group is removed again."""
+        add_param_group_checked(self, param_group, normalize_dion_group)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's ``load_state_dict``, then ``momentum`` and ``Q`` restored from the saved
-        tensors in the group's ``momentum_dtype`` / ``q_dtype`` (torch casts floating state to
-        the parameter's dtype, which would round a float32 momentum of a bfloat16 parameter)."""
-        saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
-        id_map = dict(zip(saved_ids, chain.from_iterable(g["params"] for g in self.param_groups)))
-        saved = {id_map[k]: st for k, st in state_dict["state"].items() if k in id_map}
-        super().load_state_dict(state_dict)
-        for group in self.param_groups:
-            for p in group["params"]:
-                for key in ("momentum", "Q"):
-                    val = saved.get(p, {}).get(key)
-                    if torch.is_tensor(val):
-                        self.state[p][key] = val.to(device=p.device, dtype=_state_dtype(group, key, p), copy=True)
+        """torch's ``load_state_dict`` through ``load_state_dict_checked``: saved groups
+        completed from the current ones and validated first, every state tensor a copy, and
+        ``momentum`` / ``Q`` restored from the saved tensors in the group's ``momentum_dtype``
+        / ``q_dtype`` (torch casts floating state to the parameter's dtype, which would round a
+        float32 momentum of a bfloat16 parameter)."""
+        load_state_dict_checked(self, state_dict, lambda i, saved, current: (DION_DEFAULTS, normalize_dion_group),
+                                dion_state_dtype)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -18,7 +18,9 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from .dion import DION_DEFAULTS, check_dion_step, dion_group_step, normalize_dion_group
+from ._state import add_param_group_checked, load_state_dict_checked
+from .coefficients import CoefficientsLike
+from .dion import DION_DEFAULTS, check_dion_step, dion_group_step, dion_state_dtype, normalize_dion_group
 from .muon import DROPPED_NAME_COMPONENTS, MUON_DEFAULTS, check_muon_step, is_expert_name, muon_group_step, normalize_muon_group
 from .scalar import (
     ADAMW_DEFAULTS, LION_DEFAULTS, adamw_group_step, check_adamw_step, check_lion_step, lion_group_step,
@@ -169,12 +171,7 @@ class HybridOptimizer(Optimizer):
         _in_group(index, algorithm, _check_foreign_keys, group, algorithm)
         for key, value in self.algorithm_defaults[algorithm].items():
             group.setdefault(key, value)
-        super().add_param_group(group)
-        try:
-            _in_group(index, algorithm, ALGORITHMS[algorithm].normalize, self.param_groups[-1])
-        except Exception:
-            self.param_groups.pop()
-            raise
+        add_param_group_checked(self, group, lambda g: _in_group(index, algorithm, ALGORITHMS[algorithm].normalize, g))
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -199,36 +196,22 @@ class HybridOptimizer(Optimizer):
         return loss
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's load_state_dict after checking and completing the saved groups (see the
-        class docstring); the loaded state owns its tensors."""
-        saved = [dict(g) for g in state_dict["param_groups"]]
-        if len(saved) == len(self.param_groups):  # otherwise torch raises its own error
-            for i, (group, current) in enumerate(zip(saved, self.param_groups)):
-                algorithm = group.setdefault("algorithm", current["algorithm"])
-                if algorithm != current["algorithm"]:
-                    raise ValueError(f"param group {i}: the state dict's algorithm {algorithm!r} differs from this "
-                                     f"optimizer's {current['algorithm']!r}")
-                for key in ALGORITHMS[algorithm].defaults:
-                    group.setdefault(key, current[key])
-                trial = {**group, "params": current["params"]}
-                if current.get("param_names") and not trial.get("param_names"):
-                    trial["param_names"] = current["param_names"]
-                _in_group(i, algorithm, ALGORITHMS[algorithm].normalize, trial)
-                group.update({key: trial[key] for key in ALGORITHMS[algorithm].defaults})
-        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        source = {p: state_dict["state"].get(i, {}) for i, p in zip(ids, params)}
-        super().load_state_dict({**state_dict, "param_groups": saved})
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state.get(p, {})
-                for key, value in list(st.items()):
-                    original = source[p].get(key)
-                    if group["algorithm"] == "dion" and key in ("momentum", "Q") and torch.is_tensor(original):
-                        dtype = group["momentum_dtype" if key == "momentum" else "q_dtype"] or p.dtype
-                        st[key] = original.to(device=p.device, dtype=dtype, copy=True)
-                    elif torch.is_tensor(value) and value is original:
-                        st[key] = value.clone()
+        """torch's load_state_dict through ``load_state_dict_checked``: the saved groups
+        checked and completed first (see the class docstring), the loaded state owns its tensors."""
+        load_state_dict_checked(self, state_dict, self._saved_group_spec,
+                                lambda group, key, p: dion_state_dtype(group, key, p) if group["algorithm"] == "dion"
+                                else None)
+
+    @staticmethod
+    def _saved_group_spec(i: int, group: dict, current: dict):
+        """The saved group's algorithm (missing: the current one; another one: ValueError),
+        its option keys and its normalize function (errors prefixed by "param group i (alg)")."""
+        algorithm = group.setdefault("algorithm", current["algorithm"])
+        if algorithm != current["algorithm"]:
+            raise ValueError(f"param group {i}: the state dict's algorithm {algorithm!r} differs from this "
+                             f"optimizer's {current['algorithm']!r}")
+        spec = ALGORITHMS[algorithm]
+        return spec.defaults, lambda trial: _in_group(i, algorithm, spec.normalize, trial)
 
 
 # ---------------------------------------------------------------------------------------
@@ -255,7 +238,15 @@ Override = tuple  # (glob str | Callable[[torch.Tensor, str], bool], dict of gro
 def normalize_name(name: str, *, data_parallel: bool = False) -> str:
     """``name`` without wrapper components (``WRAPPER_NAME_COMPONENTS``; the leading
     ``module`` too when ``data_parallel``): "_orig_mod.blocks.0._checkpoint_wrapped_module.fc.weight"
-    -> "blocks.0.fc.weight"."""
+    -> "blocks.0.fc.weight".
+
+    Source: Motif Muon (drops ``_orig_mod`` of torch.compile and ``_checkpoint_wrapped_module``
+    of activation checkpointing); FSDP1's ``_fsdp_wrapped_module`` and DataParallel / DDP's
+    ``module`` prefix likewise.
+    Raises: TypeError naming ``name`` for a name that is not a str.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a parameter name (str), got {type(name).__name__}")
     parts = [c for c in name.split(".") if c not in WRAPPER_NAME_COMPONENTS]
     if data_parallel and parts and parts[0] == "module":
         parts = parts[1:]
@@ -330,8 +321,11 @@ def param_groups(
        "scalar".
     4. "matrix": ≥ 2 dims, counting one dim less for names matching ``expert_keys`` (Motif,
        ``muon.is_expert_name``): 2-D weights, fused QKV, 3-D experts, 4-D conv ->
-       ``algorithm`` (Muon: experts via its ``expert_keys``, conv flattened; Dion: conv
-       with ``flatten=True``, experts rejected), ``lr``, ``weight_decay``.
+       ``algorithm`` (Muon: experts via its ``expert_keys``, ≥ 4-D conv flattened; Dion: ≥ 4-D
+       conv with ``flatten=True``, experts rejected), ``lr``, ``weight_decay``. A 3-D
+       parameter that matches no expert key (a conv1d weight, or an expert stack whose key
+       is missing) is rejected by Muon and Dion when the optimizer is built: give
+       ``expert_keys``, or an override with ``{"flatten": True}`` for conv1d.
     5. "scalar": everything else (norms, biases, gains, expert biases) -> ``scalar_algorithm``,
        ``scalar_lr``, ``scalar_weight_decay``.
     ``lr`` / ``weight_decay`` None: the matrix algorithm's defaults. ``scalar_lr`` None: ``lr``
@@ -415,7 +409,8 @@ def param_groups(
             if expert_keys and any(is_expert_name(n, expert_keys) for n in normalized[k]):
                 raise ValueError(f"expert_keys: {name!r} is an expert weight of shape {tuple(p.shape)}; Dion here "
                                  "has no per-expert batching: use algorithm='muon' or route it with overrides")
-            options.setdefault("flatten", True)
+            if p.ndim > 3:  # conv2d / conv3d; 3-D is ambiguous (conv1d or an unnamed expert stack)
+                options.setdefault("flatten", True)
         key = repr(sorted(options.items(), key=lambda kv: kv[0]))
         group = groups.setdefault(key, {"params": [], "param_names": [], **options})
         group["params"].append(p)
@@ -473,10 +468,13 @@ class MuonConfig(_HybridConfig):
     """Muon for the matrices, AdamW (or Lion) for the rest, with torch's defaults.
 
     Muon: torch.optim.Muon's defaults — lr 1e-3, weight_decay 0.1, momentum 0.95, nesterov,
-    Keller Jordan's coefficients ("jordan"), 5 steps, eps 1e-7 with torch's normalization
-    X₀ = U / max(‖U‖_F, eps) (``eps_mode="clamp"``: bitwise torch.optim.Muon on CPU), bf16
-    Newton–Schulz, "original" lr adjustment √max(1, m/n) (torch's ``adjust_lr_fn=None``).
-    ``muon_options``: any other ``MUON_DEFAULTS`` key (momentum_style, split_sizes, ...).
+    Keller Jordan's coefficients ("jordan"), bf16 Newton–Schulz, "original" lr adjustment
+    √max(1, m/n) (torch's ``adjust_lr_fn=None``). ``ns_steps``, ``safety``, ``eps`` and
+    ``eps_mode`` None come from the schedule exactly as in ``Muon``: "jordan" runs 5 steps
+    with torch's X₀ = U / max(‖U‖_F, 1e-7) (bitwise torch.optim.Muon on CPU), "polar_express"
+    5 steps with X₀ = U / (1.02‖U‖_F + 1e-6) (microsoft/dion, nanochat), "you6" 6 steps.
+    ``muon_options``: any other ``MUON_DEFAULTS`` key (momentum_style, split_sizes, flatten, ...;
+    a field that is set wins over the same key there).
     Scalars: torch.optim.AdamW's defaults — betas (0.9, 0.999), eps 1e-8, weight_decay 0.01 —
     at the Muon lr (``scalar_lr`` None; 1e-3 is also AdamW's default); embeddings without
     weight decay (OLMo-core); no output-head lr scaling (torch has none; "inv_sqrt_d_model"
@@ -484,23 +482,26 @@ class MuonConfig(_HybridConfig):
     Emerging-Optimizers) uses betas (0.95, 0.98) unless ``scalar_betas`` is given; Lion
     wants an lr 3–10× below AdamW's (Chen et al. 2023), so set ``scalar_lr``.
     ``build(model)`` -> ``HybridOptimizer`` over ``param_groups(model, ...)``.
+    Raises (at ``build``): what ``param_groups`` and ``HybridOptimizer`` raise.
     """
 
     lr: float = 1e-3
     weight_decay: float = 0.1
     momentum: float = 0.95
     nesterov: bool = True
-    coefficients: str = "jordan"
-    ns_steps: int = 5
-    eps: float = 1e-7
-    eps_mode: str = "clamp"
+    coefficients: CoefficientsLike = "jordan"
+    ns_steps: int | None = None
+    safety: float | None = None
+    eps: float | None = None
+    eps_mode: str | None = None
     adjust_lr: str | None = "original"
     muon_options: dict = field(default_factory=dict)
 
     def _matrix_options(self) -> dict:
+        schedule = {k: v for k, v in (("ns_steps", self.ns_steps), ("safety", self.safety), ("eps", self.eps),
+                                      ("eps_mode", self.eps_mode)) if v is not None}
         return dict(self.muon_options, lr=self.lr, weight_decay=self.weight_decay, momentum=self.momentum,
-                    nesterov=self.nesterov, coefficients=self.coefficients, ns_steps=self.ns_steps, eps=self.eps,
-                    eps_mode=self.eps_mode, adjust_lr=self.adjust_lr)
+                    nesterov=self.nesterov, coefficients=self.coefficients, adjust_lr=self.adjust_lr, **schedule)
 
     def build(self, model: nn.Module) -> HybridOptimizer:
         """The optimizer for ``model`` (see the class docstring)."""

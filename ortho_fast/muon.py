@@ -2,7 +2,7 @@
 
 Pure functions on tensors first (``adjusted_lr_scale``, ``muon_momentum``, ``muon_layout``),
 then the param-group contract a hybrid optimizer drives (``MUON_DEFAULTS``,
-``normalize_muon_group``, ``check_muon_step``, ``muon_group_step``), then the ``Muon`` class,
+``default_eps_mode``, ``normalize_muon_group``, ``check_muon_step``, ``muon_group_step``), then the ``Muon`` class,
 which only owns state and grouping.
 """
 
@@ -16,8 +16,9 @@ from typing import Iterable, Mapping, Sequence
 import torch
 from torch.optim import Optimizer
 
-from ._validate import check_finite, check_hyper
-from .coefficients import COEFFICIENTS, CoefficientsLike, resolve_coefficients
+from ._state import add_param_group_checked, load_state_dict_checked
+from ._validate import check_choice, check_count, check_filled, check_finite, check_hyper
+from .coefficients import CoefficientsLike, resolve_coefficients, schedule_of
 from .newton_schulz import EPS_MODES, newton_schulz, resolve_compute_dtype
 
 MOMENTUM_STYLES = ("ema", "classic")
@@ -37,7 +38,7 @@ MUON_DEFAULTS: dict[str, object] = {
     "ns_steps": None,  # None: the schedule's default (5 for jordan)
     "safety": None,  # None: the named schedule's (1.0 jordan, 1.02 polar_express), else 1.0
     "eps": None,  # None: the named schedule's (1e-7 jordan, 1e-6 polar_express), else 1e-7
-    "eps_mode": "add",
+    "eps_mode": None,  # None: "clamp" for the named schedule "jordan" (torch.optim.Muon), else "add"
     "adjust_lr": "original",
     "extra_scale_factor": 1.0,
     "cautious_weight_decay": False,
@@ -47,6 +48,7 @@ MUON_DEFAULTS: dict[str, object] = {
     "split_sizes": None,
     "split_groups": 1,
     "num_heads": None,
+    "flatten": None,  # None: >= 4-D flattened, 3-D rejected unless expert; True / False: microsoft/dion's flatten
 }
 
 
@@ -79,8 +81,13 @@ def muon_momentum(grad: torch.Tensor, buf: torch.Tensor, *, mu: float, nesterov:
     "ema": M ← M + (1−μ)(G − M) (``lerp``), U = G + μ(M − G) if nesterov else M
     (torch.optim.Muon, Keller Jordan, nanochat). "classic": M ← μM + G, U = G + μM if
     nesterov else M (microsoft/dion, Moonlight).
-    Shapes: grad, buf (...) of the parameter's shape, same dtype -> (...).
+    Shapes: grad, buf (...) of the parameter's shape, same dtype -> (...); computed in that dtype.
+    Source: torch.optim.Muon ``_single_tensor_muon`` (``lerp_``, nesterov ``lerp``); Keller
+    Jordan's ``muon_update``; microsoft/dion ``muon_update_pre_orthogonalize`` (classic).
+    Raises: ValueError naming ``style`` for a style not in ``MOMENTUM_STYLES``, before ``buf``
+    changes. Shapes and dtypes are not checked here (``check_muon_step`` does it).
     """
+    check_choice(style, "style", MOMENTUM_STYLES)
     if style == "ema":
         buf.lerp_(grad, 1 - mu)
         return grad.lerp(buf, mu) if nesterov else buf
@@ -99,7 +106,8 @@ class MuonLayout:
 
     The parameter is read as (*batch, m, n): experts (batch = (E,)) are (shape[1],
     prod(shape[2:])) each; other parameters are (shape[0], prod(shape[1:])) (conv weights
-    flattened as Keller Jordan's and Moonlight's Muon). Its m rows are ``groups`` repetitions
+    flattened as Keller Jordan's and Moonlight's Muon), or with ``flatten=False`` batches
+    (batch = shape[:-2]) of (shape[-2], shape[-1]) matrices. Its m rows are ``groups`` repetitions
     of the row blocks ``blocks`` = ((offset, rows, head_rows), ...): block j of every
     repetition is gathered into one (groups·rows, n) matrix (Megatron's per-query-group fused
     QKV layout when groups > 1), then cut into heads of ``head_rows`` consecutive rows.
@@ -130,12 +138,6 @@ class MuonLayout:
         return [v.reshape(s) for v, s in zip(self.views(t.contiguous()), self.matrix_shapes())]
 
 
-def _count(value, name: str, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
-    return value
-
-
 def muon_layout(
     shape: Sequence[int],
     *,
@@ -143,13 +145,20 @@ def muon_layout(
     split_sizes: Sequence[int] | None = None,
     split_groups: int = 1,
     num_heads: int | Sequence[int] | None = None,
+    flatten: bool | None = None,
     name: str = "parameter",
 ) -> MuonLayout:
     """Cut a parameter of ``shape`` into the matrices Muon orthogonalizes (see ``MuonLayout``).
 
-    Shapes: 2-D (m, n) as is; ≥ 3-D non-expert (conv (out, in, kh, kw), conv1d (out, in, k))
-    flattened to (shape[0], prod(shape[1:])); expert weights (E, m, n, ...) one matrix per
-    expert, (shape[1], prod(shape[2:])). ``split_sizes`` (s_1, …, s_B) cut the m rows into
+    Shapes: 2-D (m, n) as is; expert weights (E, m, n, ...) one matrix per expert,
+    (shape[1], prod(shape[2:])), whatever ``flatten``. Other parameters with ≥ 3 dims by
+    ``flatten``: None (default) flattens ≥ 4-D (conv2d (out, in, kh, kw), conv3d) to
+    (shape[0], prod(shape[1:])) as Keller Jordan's and Moonlight's Muon, and rejects 3-D,
+    which is either a conv1d weight (out, in, k) or a stack of expert matrices whose name
+    ``expert_keys`` missed — flattening the stack to one (E, m·n) matrix would silently be a
+    different update; True flattens every ≥ 3-D parameter (conv1d; microsoft/dion
+    ``flatten=True``); False reads it as a batch of (shape[-2], shape[-1]) matrices
+    (microsoft/dion's default ``flatten=False``). ``split_sizes`` (s_1, …, s_B) cut the m rows into
     blocks (fused projections, e.g. (q, k, v) rows of a fused QKV weight), repeated
     ``split_groups`` times (Megatron's split_qkv layout: ``split_sizes = (heads_per_group·d,
     d, d)``, ``split_groups = num_query_groups``); ``num_heads`` (one int for every block or
@@ -157,8 +166,9 @@ def muon_layout(
     Source: Keller Jordan's Muon and Moonlight (conv flattening); Megatron-LM
     ``TensorParallelMuon`` split_qkv; microsoft/dion ``flatten``; Motif (experts).
     Raises: ValueError naming the argument for < 2 dims (Muon is for matrices: give vectors
-    and scalars to AdamW / Lion) or a zero dim, experts with < 3 dims, split sizes that are not positive or
-    do not sum to m / split_groups, heads that do not divide a (gathered) block.
+    and scalars to AdamW / Lion) or a zero dim, a 3-D non-expert with ``flatten`` None (the
+    message names ``expert_keys`` and ``flatten``), experts with < 3 dims, split sizes that
+    are not positive or do not sum to m / split_groups, heads that do not divide a (gathered) block.
     """
     shape = tuple(int(s) for s in shape)
     if len(shape) < 2:
@@ -171,16 +181,23 @@ def muon_layout(
     if expert and len(shape) < 3:
         raise ValueError(f"expert_keys: {name} matches an expert key but has shape {shape}; expert weights are "
                          "(experts, m, n, ...)")
-    batch = shape[:1] if expert else ()
+    if len(shape) == 3 and not expert and flatten is None:
+        raise ValueError(
+            f"params: {name} has shape {shape}: a 3-D parameter is a stack of expert matrices (E, m, n) — "
+            "name it in expert_keys (one matrix per expert; needs named parameters) — or a conv1d weight "
+            "(out, in, k) — pass flatten=True for one (out, in·k) matrix (flatten=False: a batch of (m, n) "
+            "matrices, microsoft/dion's)"
+        )
+    batch = shape[:1] if expert else shape[:-2] if flatten is False else ()
     m = shape[len(batch)]
     n = math.prod(shape[len(batch) + 1:])
-    groups = _count(split_groups, "split_groups")
+    groups = check_count(split_groups, "split_groups")
     if split_sizes is None:
         if groups != 1:
             raise ValueError(f"split_groups: {groups} repetitions need split_sizes")
         sizes = (m,)
     else:
-        sizes = tuple(_count(s, "split_sizes") for s in split_sizes) if len(split_sizes) else ()
+        sizes = tuple(check_count(s, "split_sizes") for s in split_sizes) if len(split_sizes) else ()
         if not sizes or groups * sum(sizes) != m:
             dim = len(batch)
             raise ValueError(
@@ -193,7 +210,7 @@ def muon_layout(
         raise ValueError(f"num_heads: expected an integer or one per split block ({len(sizes)}), got {num_heads!r}")
     blocks, offset = [], 0
     for rows, h in zip(sizes, heads):
-        h = _count(h, "num_heads")
+        h = check_count(h, "num_heads")
         if (groups * rows) % h:
             raise ValueError(f"num_heads: {h} heads do not divide the {groups}×{rows} rows of a block of {name}")
         blocks.append((offset, rows, groups * rows // h))
@@ -206,16 +223,24 @@ def muon_layout(
 # ---------------------------------------------------------------------------------------
 
 
-def _normalized_name(name: str) -> str:
-    return ".".join(c for c in name.split(".") if c not in DROPPED_NAME_COMPONENTS)
-
-
-def is_expert_name(name: str, expert_keys: Sequence[str]) -> bool:
+def is_expert_name(name: str, expert_keys: str | Sequence[str]) -> bool:
     """True if a key equals a dot-separated component (or a run of components) of ``name``,
     after dropping ``DROPPED_NAME_COMPONENTS``: "experts" matches "layers.0.mlp.experts.w1",
-    not "layers.0.mlp.shared_experts.w1"."""
-    padded = f".{_normalized_name(name)}."
-    return any(f".{key}." in padded for key in expert_keys)
+    not "layers.0.mlp.shared_experts.w1".
+
+    Args: ``name`` a parameter name as ``named_parameters()`` gives it; ``expert_keys`` one key
+    or a sequence of keys (a single str is one key, not its characters).
+    Source: Motif Muon (``expert_keys``, names normalized by dropping ``_orig_mod`` and
+    ``_checkpoint_wrapped_module``).
+    Raises: TypeError naming ``name`` / ``expert_keys`` for a name or key that is not a str.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a parameter name (str), got {type(name).__name__}")
+    keys = (expert_keys,) if isinstance(expert_keys, str) else tuple(expert_keys)
+    if not all(isinstance(k, str) for k in keys):
+        raise TypeError(f"expert_keys: expected strings, got {expert_keys!r}")
+    padded = "." + ".".join(c for c in name.split(".") if c not in DROPPED_NAME_COMPONENTS) + "."
+    return any(f".{key}." in padded for key in keys)
 
 
 def _param_name(group: dict, index: int, p: torch.Tensor) -> str:
@@ -227,17 +252,12 @@ def _layout(group: dict, index: int, p: torch.Tensor) -> MuonLayout:
     names = group.get("param_names")
     expert = bool(group["expert_keys"] and names) and is_expert_name(names[index], group["expert_keys"])
     return muon_layout(p.shape, expert=expert, split_sizes=group["split_sizes"], split_groups=group["split_groups"],
-                       num_heads=group["num_heads"], name=_param_name(group, index, p))
+                       num_heads=group["num_heads"], flatten=group["flatten"], name=_param_name(group, index, p))
 
 
 def _check_bool(group: dict, key: str) -> None:
     if not isinstance(group[key], bool):
         raise TypeError(f"{key}: expected a bool, got {group[key]!r}")
-
-
-def _check_choice(group: dict, key: str, choices) -> None:
-    if group[key] not in choices:
-        raise ValueError(f"{key}: expected one of {choices}, got {group[key]!r}")
 
 
 def _int_tuple(value, key: str, allow_int: bool):
@@ -250,47 +270,79 @@ def _int_tuple(value, key: str, allow_int: bool):
     return tuple(value)
 
 
-def normalize_muon_group(group: dict) -> None:
-    """Validate one Muon param group (already filled with ``MUON_DEFAULTS``) and resolve its
-    derived values in place: ``safety`` / ``eps`` None -> the named schedule's (else 1.0 /
-    1e-7), ``expert_keys`` / ``split_sizes`` / ``num_heads`` to tuples.
+def default_eps_mode(coefficients: CoefficientsLike) -> str:
+    """The normalization a Muon group uses when ``eps_mode`` is None.
 
-    Checks every hyperparameter and every parameter (floating dtype, ≥ 2 dims, experts ≥ 3
-    dims, split sizes and heads that fit, names present when ``expert_keys`` is set).
-    Called at construction and by ``add_param_group`` / ``load_state_dict``.
-    Raises: ValueError / TypeError whose message starts with the offending key; KeyError for
-    an unknown coefficient schedule name. On error nothing the caller relies on is changed
-    except keys this function already normalized to an equivalent form.
+    "clamp", X₀ = U / max(s‖U‖_F, eps), for the named schedule "jordan": torch.optim.Muon's
+    ``_zeropower_via_newtonschulz`` divides by ``norm().clamp(min=eps)``, so the defaults give
+    torch's bits. "add", X₀ = U / (s‖U‖_F + eps), for every other schedule and for user tables
+    (even Keller Jordan's row given as numbers): Keller Jordan's original
+    ``zeropower_via_newtonschulz5`` (X / (‖X‖ + 1e-7)), Moonlight, microsoft/dion and nanochat
+    (X / (1.02‖X‖ + 1e-6) with Polar Express). The two differ only where ‖U‖_F is near eps.
+    Raises: UnknownScheduleError (KeyError, ValueError) for an unknown schedule name.
     """
-    missing = [k for k in MUON_DEFAULTS if k not in group]
-    if missing:
-        raise ValueError(f"{missing[0]}: missing from the Muon param group (fill it from MUON_DEFAULTS)")
+    named = schedule_of(coefficients)
+    return "clamp" if named is not None and named.name == "jordan" else "add"
+
+
+def _muon_options(group: dict) -> dict:
+    """Validate every option of a Muon group filled with ``MUON_DEFAULTS``, changing nothing;
+    return the resolved values of the keys that have a normalized form: ``safety`` / ``eps``
+    None -> the named schedule's (else 1.0 / 1e-7), ``eps_mode`` None -> ``default_eps_mode``,
+    ``expert_keys`` / ``split_sizes`` / ``num_heads`` as tuples.
+
+    Raises: ValueError / TypeError whose message starts with the offending key;
+    UnknownScheduleError (KeyError, ValueError) for an unknown schedule name.
+    """
+    check_filled(group, MUON_DEFAULTS, "Muon")
     for key, kw in (("lr", {}), ("weight_decay", {}), ("momentum", {"high": 1.0}),
                     ("extra_scale_factor", {"low_open": True})):
         check_hyper(group[key], key, **kw)
     for key in ("nesterov", "cautious_weight_decay", "banks"):
         _check_bool(group, key)
-    _check_choice(group, "momentum_style", MOMENTUM_STYLES)
-    _check_choice(group, "adjust_lr", ADJUST_LR_MODES)
-    _check_choice(group, "eps_mode", EPS_MODES)
+    if not any(group["flatten"] is v for v in (None, True, False)):
+        raise TypeError(f"flatten: expected None, True or False, got {group['flatten']!r}")
+    check_choice(group["momentum_style"], "momentum_style", MOMENTUM_STYLES)
+    check_choice(group["adjust_lr"], "adjust_lr", ADJUST_LR_MODES)
     resolve_compute_dtype(group["dtype"])
+    if group["ns_steps"] is not None:
+        check_count(group["ns_steps"], "ns_steps")
     coefficients: CoefficientsLike = group["coefficients"]
-    resolve_coefficients(coefficients, group["ns_steps"])  # unknown name -> KeyError, bad table/steps -> ValueError
-    named = COEFFICIENTS.get(coefficients) if isinstance(coefficients, str) else None
-    if group["safety"] is None:
-        group["safety"] = named.safety if named else 1.0
-    if group["eps"] is None:
-        group["eps"] = named.eps if named else 1e-7
-    check_hyper(group["safety"], "safety", low_open=True)
-    check_hyper(group["eps"], "eps")
+    resolve_coefficients(coefficients, group["ns_steps"])  # bad table -> ValueError / TypeError
+    named = schedule_of(coefficients)
+    out = {
+        "safety": group["safety"] if group["safety"] is not None else named.safety if named else 1.0,
+        "eps": group["eps"] if group["eps"] is not None else named.eps if named else 1e-7,
+        "eps_mode": group["eps_mode"] if group["eps_mode"] is not None else default_eps_mode(coefficients),
+    }
+    check_hyper(out["safety"], "safety", low_open=True)
+    check_hyper(out["eps"], "eps")
+    check_choice(out["eps_mode"], "eps_mode", EPS_MODES)
     keys = group["expert_keys"]
-    keys = (keys,) if isinstance(keys, str) else tuple(keys)
-    if not all(isinstance(k, str) and k for k in keys):
-        raise TypeError(f"expert_keys: expected non-empty strings, got {group['expert_keys']!r}")
-    group["expert_keys"] = keys
-    group["split_sizes"] = _int_tuple(group["split_sizes"], "split_sizes", allow_int=False)
-    group["num_heads"] = _int_tuple(group["num_heads"], "num_heads", allow_int=True)
-    if keys and group["params"] and not group.get("param_names"):
+    keys = (keys,) if isinstance(keys, str) else tuple(keys) if isinstance(keys, (tuple, list)) else None
+    if keys is None or not all(isinstance(k, str) and k for k in keys):
+        raise TypeError(f"expert_keys: expected a non-empty string or a sequence of them, got {group['expert_keys']!r}")
+    out["expert_keys"] = keys
+    out["split_sizes"] = _int_tuple(group["split_sizes"], "split_sizes", allow_int=False)
+    out["num_heads"] = _int_tuple(group["num_heads"], "num_heads", allow_int=True)
+    return out
+
+
+def normalize_muon_group(group: dict) -> None:
+    """Validate one Muon param group (already filled with ``MUON_DEFAULTS``) and store its
+    resolved options in place (``_muon_options``: ``safety`` / ``eps`` / ``eps_mode`` None ->
+    from the schedule, ``expert_keys`` / ``split_sizes`` / ``num_heads`` to tuples).
+
+    Checks every option, then every parameter (floating dtype, ≥ 2 dims, a 3-D non-expert
+    only with ``flatten`` set, experts ≥ 3 dims, split sizes and heads that fit, names
+    present when ``expert_keys`` is set).
+    Called at construction and by ``add_param_group`` / ``load_state_dict``.
+    Raises: ValueError / TypeError whose message starts with the offending key;
+    UnknownScheduleError (KeyError and ValueError) for an unknown coefficient schedule name.
+    A bad option changes nothing; a bad parameter leaves the options in their resolved form.
+    """
+    group.update(_muon_options(group))
+    if group["expert_keys"] and group["params"] and not group.get("param_names"):
         raise ValueError("expert_keys: matching needs parameter names; pass model.named_parameters() (or "
                          "(name, parameter) pairs) to the optimizer")
     for i, p in enumerate(group["params"]):
@@ -303,12 +355,15 @@ def normalize_muon_group(group: dict) -> None:
 def check_muon_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
     """Check everything one ``muon_group_step`` will read; change nothing.
 
-    Per parameter with a gradient: the gradient is dense, real, of the parameter's shape and
-    finite; an existing ``momentum_buffer`` is a tensor of the parameter's shape and dtype;
-    the group's split / expert settings still fit the parameter.
-    Raises: ValueError starting with "grad" / "momentum_buffer" / the group key, naming the
-    parameter.
+    Every option of the group (a scheduler or a user may have edited it after construction:
+    lr, coefficients, ns_steps, ...), as ``normalize_muon_group`` checks it. Per parameter with
+    a gradient: the gradient is dense, real, of the parameter's shape and finite; an existing
+    ``momentum_buffer`` is a tensor of the parameter's shape and dtype; the group's split /
+    expert / flatten settings still fit the parameter.
+    Raises: ValueError / TypeError starting with the option key, or with "grad" /
+    "momentum_buffer" naming the parameter; UnknownScheduleError for an unknown schedule name.
     """
+    group = {**group, **_muon_options(group)}
     for i, p in enumerate(group["params"]):
         g = p.grad
         if g is None:
@@ -381,6 +436,7 @@ def muon_group_step(group: dict, state: "defaultdict[torch.Tensor, dict]") -> No
     Source: Jordan et al. 2024 (Muon); torch.optim.Muon; microsoft/dion Muon; Chen et al.
     2025 (arXiv 2510.12402, cautious weight decay).
     """
+    group = {**group, **_muon_options(group)}  # options as check_muon_step validated them
     items = []
     for i, p in enumerate(group["params"]):
         if p.grad is None:
@@ -405,18 +461,22 @@ def muon_group_step(group: dict, state: "defaultdict[torch.Tensor, dict]") -> No
 class Muon(Optimizer):
     """Muon (MomentUm Orthogonalized by Newton–Schulz), one process.
 
-    Per matrix W (m, n) of a parameter (``muon_layout``: 2-D as is, conv weights flattened,
-    experts one matrix each, fused projections split) with gradient G: momentum
+    Per matrix W (m, n) of a parameter (``muon_layout``: 2-D as is, ≥ 4-D conv weights
+    flattened, experts one matrix each, fused projections split) with gradient G: momentum
     (``momentum_style``, ``nesterov``), O = newton_schulz(U), W ← W·(1 − lr·weight_decay) −
     lr·s·O with s = adjusted_lr_scale(adjust_lr, m, n)·extra_scale_factor.
 
     Defaults follow ``torch.optim.Muon`` (lr 1e-3, weight_decay 0.1, momentum 0.95, nesterov,
-    Keller Jordan's coefficients, 5 steps, eps 1e-7, bf16 Newton–Schulz, "original" lr
-    adjustment); with ``eps_mode="clamp"`` the update is bit-identical to torch's on CPU
-    (for any list of 2-D parameters, because ``banks`` is off by default: a batched ``bmm``
-    differs from torch's 2-D ``addmm`` in the last bits). microsoft/dion's Muon:
+    Keller Jordan's coefficients, 5 steps, eps 1e-7 clamped, bf16 Newton–Schulz, "original"
+    lr adjustment): ``Muon(params)`` is bit-identical to ``torch.optim.Muon(params)`` on CPU
+    for any list of 2-D parameters (``banks`` is off by default: a batched ``bmm`` differs
+    from torch's 2-D ``addmm`` in the last bits). The normalization follows the schedule:
+    ``eps_mode`` None is "clamp" (torch's U / max(‖U‖_F, eps)) for "jordan" and "add" (Keller
+    Jordan's original U / (s‖U‖_F + eps), as microsoft/dion, Moonlight, nanochat) for every
+    other schedule or table (``default_eps_mode``); ``safety`` / ``eps`` None are the named
+    schedule's (1.02 / 1e-6 for "polar_express"), else 1 / 1e-7. microsoft/dion's Muon:
     ``momentum_style="classic", nesterov=False, coefficients="polar_express",
-    adjust_lr="spectral_norm"`` (safety 1.02 and eps 1e-6 come from the schedule).
+    adjust_lr="spectral_norm"`` (its normalization comes from the schedule).
     Megatron: ``momentum_style="ema", nesterov=False, coefficients="cesista5",
     adjust_lr="spectral", dtype="medium"`` plus its split_qkv as ``split_sizes``/``split_groups``.
 
@@ -427,13 +487,18 @@ class Muon(Optimizer):
     2510.12402, I(u⊙x ≥ 0)); ``banks`` stack equal-shaped matrices of a group into one
     batched call; ``expert_keys`` names whose parameters are (experts, m, n) stacks (needs
     ``Muon(model.named_parameters())``); ``split_sizes``, ``split_groups``, ``num_heads``
-    fused-projection splits (per group: put the QKV weights in their own param group).
+    fused-projection splits (per group: put the QKV weights in their own param group);
+    ``flatten`` for ≥ 3-D parameters that are not experts: None flattens ≥ 4-D conv weights
+    and rejects 3-D (a conv1d weight or an unnamed expert stack: say which), True flattens
+    them (conv1d), False treats them as batches of matrices (microsoft/dion's ``flatten``).
     State: ``momentum_buffer`` (the parameter's shape and dtype), as torch.optim.Muon, so its
-    checkpoints load (missing group keys are taken from the current groups).
+    checkpoints load (missing group keys are taken from the current groups); the loaded state
+    owns its tensors (``load_state_dict`` never aliases the given state dict).
     Source: Jordan et al. 2024 (Muon blog); Liu et al. arXiv 2502.16982; torch.optim.Muon.
     Raises: at construction / add_param_group / load_state_dict, ValueError / TypeError /
-    KeyError from ``normalize_muon_group``; at ``step``, ValueError from ``check_muon_step``
-    for every group before any parameter or state changes.
+    UnknownScheduleError from ``normalize_muon_group``; at ``step``, the same for an option
+    edited since, and ValueError for a bad gradient or state, from ``check_muon_step`` for
+    every group before any parameter or state changes.
     """
 
     def __init__(
@@ -449,7 +514,7 @@ class Muon(Optimizer):
         ns_steps: int | None = None,
         safety: float | None = None,
         eps: float | None = None,
-        eps_mode: str = "add",
+        eps_mode: str | None = None,
         adjust_lr: str | None = "original",
         extra_scale_factor: float = 1.0,
         cautious_weight_decay: bool = False,
@@ -459,40 +524,27 @@ class Muon(Optimizer):
         split_sizes: Sequence[int] | None = None,
         split_groups: int = 1,
         num_heads: int | Sequence[int] | None = None,
+        flatten: bool | None = None,
     ) -> None:
         defaults = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, momentum_style=momentum_style,
             coefficients=coefficients, ns_steps=ns_steps, safety=safety, eps=eps, eps_mode=eps_mode,
             adjust_lr=adjust_lr, extra_scale_factor=extra_scale_factor, cautious_weight_decay=cautious_weight_decay,
             dtype=dtype, banks=banks, expert_keys=expert_keys, split_sizes=split_sizes, split_groups=split_groups,
-            num_heads=num_heads,
+            num_heads=num_heads, flatten=flatten,
         )
         normalize_muon_group({**defaults, "params": []})  # the defaults themselves, before any group
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's add_param_group, then ``normalize_muon_group``; a rejected group is not added."""
-        super().add_param_group(param_group)
-        try:
-            normalize_muon_group(self.param_groups[-1])
-        except Exception:
-            self.param_groups.pop()
-            raise
+        add_param_group_checked(self, param_group, normalize_muon_group)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's load_state_dict; Muon keys missing from a saved group (a torch.optim.Muon
-        checkpoint) are taken from the current group, and every group is validated first."""
-        saved = [dict(g) for g in state_dict["param_groups"]]
-        if len(saved) == len(self.param_groups):  # otherwise torch raises its own error
-            for group, current in zip(saved, self.param_groups):
-                for key in MUON_DEFAULTS:
-                    group.setdefault(key, current[key])
-                trial = {**group, "params": current["params"]}
-                if current.get("param_names") and not trial.get("param_names"):
-                    trial["param_names"] = current["param_names"]
-                normalize_muon_group(trial)
-                group.update({key: trial[key] for key in MUON_DEFAULTS})
-        super().load_state_dict({**state_dict, "param_groups": saved})
+        """torch's load_state_dict through ``load_state_dict_checked``: Muon keys missing from a
+        saved group (a torch.optim.Muon checkpoint) are taken from the current group, every
+        group is validated first, and the loaded ``momentum_buffer`` tensors are copies."""
+        load_state_dict_checked(self, state_dict, lambda i, saved, current: (MUON_DEFAULTS, normalize_muon_group))
 
     @torch.no_grad()
     def step(self, closure=None):

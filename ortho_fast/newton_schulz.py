@@ -45,6 +45,8 @@ def resolve_compute_dtype(dtype, input_dtype: torch.dtype | None = None) -> tupl
 
     ``dtype``: one of ``COMPUTE_DTYPES``, a key of ``MATMUL_PRECISIONS`` ("medium", "high",
     "highest"), or None (the input's dtype; returned as ``input_dtype``).
+    Source: torch.optim.Muon (bfloat16 Newton–Schulz); Megatron / NVIDIA Emerging-Optimizers
+    ``fp32_matmul_prec`` ("medium" casts to bfloat16, "high" TF32, "highest" full float32).
     Raises: TypeError naming ``dtype`` for anything else.
     """
     if dtype is None:
@@ -155,7 +157,8 @@ def newton_schulz(
     NVIDIA Emerging-Optimizers ``muon_utils.newton_schulz`` for the precision names.
     Raises: TypeError for a non-tensor or non-float ``g`` or an unsupported ``dtype``;
     ValueError for fewer than 2 dims, an empty matrix, a bad table, steps < 1, safety <= 0,
-    eps < 0, or an unknown ``eps_mode``; KeyError for an unknown schedule name. NaN / Inf in
+    eps < 0, or an unknown ``eps_mode``; UnknownScheduleError (a KeyError and a ValueError) for
+    an unknown schedule name. NaN / Inf in
     ``g`` propagate (the optimizers check gradients before calling this).
     Contract: ‖result − ns_map(g)‖_F within ``verify.tolerances.ns_tolerance`` (per matrix).
     """

@@ -18,7 +18,7 @@ from typing import Mapping
 
 import torch
 
-from ._validate import check_finite, check_hyper
+from ._validate import check_filled, check_finite, check_hyper
 
 #: torch.optim.AdamW's defaults (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2).
 ADAMW_DEFAULTS: dict[str, object] = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
@@ -28,8 +28,8 @@ ADAMW_DEFAULTS: dict[str, object] = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, 
 LION_DEFAULTS: dict[str, object] = dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0)
 
 
-def _normalize_betas(group: dict, *, high_open: bool) -> None:
-    betas = group["betas"]
+def _betas(betas, *, high_open: bool) -> tuple[float, float]:
+    """``betas`` validated as a pair of floats in [0, 1) (``high_open``) or [0, 1]."""
     try:
         b1, b2 = betas
     except (TypeError, ValueError):
@@ -37,7 +37,21 @@ def _normalize_betas(group: dict, *, high_open: bool) -> None:
     pair = (check_hyper(b1, "betas[0]", high=1.0), check_hyper(b2, "betas[1]", high=1.0))
     if high_open and 1.0 in pair:
         raise ValueError(f"betas: expected values in [0, 1), got {betas!r}")
-    group["betas"] = pair
+    return pair
+
+
+def _adamw_options(group: dict) -> dict:
+    """The AdamW options of ``group`` validated, as floats; changes nothing."""
+    check_filled(group, ADAMW_DEFAULTS, "AdamW")
+    out = {key: check_hyper(group[key], key) for key in ("lr", "eps", "weight_decay")}
+    return {**out, "betas": _betas(group["betas"], high_open=True)}
+
+
+def _lion_options(group: dict) -> dict:
+    """The Lion options of ``group`` validated, as floats; changes nothing."""
+    check_filled(group, LION_DEFAULTS, "Lion")
+    out = {key: check_hyper(group[key], key) for key in ("lr", "weight_decay")}
+    return {**out, "betas": _betas(group["betas"], high_open=False)}
 
 
 def normalize_adamw_group(group: dict) -> None:
@@ -46,9 +60,7 @@ def normalize_adamw_group(group: dict) -> None:
     Raises: ValueError naming the key for lr, eps, weight_decay < 0 or not finite, and betas
     not a pair in [0, 1).
     """
-    for key in ("lr", "eps", "weight_decay"):
-        group[key] = check_hyper(group[key], key)
-    _normalize_betas(group, high_open=True)
+    group.update(_adamw_options(group))
 
 
 def normalize_lion_group(group: dict) -> None:
@@ -57,9 +69,7 @@ def normalize_lion_group(group: dict) -> None:
     Raises: ValueError naming the key for lr, weight_decay < 0 or not finite, and betas not a
     pair in [0, 1].
     """
-    for key in ("lr", "weight_decay"):
-        group[key] = check_hyper(group[key], key)
-    _normalize_betas(group, high_open=False)
+    group.update(_lion_options(group))
 
 
 def _check_grads(group: dict, state: Mapping[torch.Tensor, dict], buffers: tuple[str, ...], name: str) -> None:
@@ -86,11 +96,13 @@ def _check_grads(group: dict, state: Mapping[torch.Tensor, dict], buffers: tuple
 def check_adamw_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
     """Checks before an AdamW step; changes nothing.
 
-    Raises: TypeError for a non-floating (integer, bool, complex) parameter; ValueError for a
-    sparse, non-finite gradient or one whose shape, dtype or device differs from the
-    parameter's, ``exp_avg`` / ``exp_avg_sq`` of the wrong shape, or a ``step`` that is not a
-    one-element tensor.
+    Raises: ValueError naming the option for lr, eps, weight_decay or betas edited since the
+    group was added (as ``normalize_adamw_group``); TypeError for a non-floating (integer,
+    bool, complex) parameter; ValueError for a sparse, non-finite gradient or one whose
+    shape, dtype or device differs from the parameter's, ``exp_avg`` / ``exp_avg_sq`` of the
+    wrong shape, or a ``step`` that is not a one-element tensor.
     """
+    _adamw_options(group)
     _check_grads(group, state, ("exp_avg", "exp_avg_sq"), "AdamW")
     for i, p in enumerate(group["params"]):
         step = state.get(p, {}).get("step")
@@ -101,10 +113,12 @@ def check_adamw_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
 def check_lion_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
     """Checks before a Lion step; changes nothing.
 
-    Raises: TypeError for a non-floating (integer, bool, complex) parameter; ValueError for a
-    sparse, non-finite gradient or one whose shape, dtype or device differs from the
-    parameter's, or an ``exp_avg`` of the wrong shape.
+    Raises: ValueError naming the option for lr, weight_decay or betas edited since the group
+    was added (as ``normalize_lion_group``); TypeError for a non-floating (integer, bool,
+    complex) parameter; ValueError for a sparse, non-finite gradient or one whose shape,
+    dtype or device differs from the parameter's, or an ``exp_avg`` of the wrong shape.
     """
+    _lion_options(group)
     _check_grads(group, state, ("exp_avg",), "Lion")
 
 

@@ -117,6 +117,18 @@ def test_float64_matches_reference_for_every_option(shape, rank_fraction, rank_m
                       cond=1e2 if opts["power_iters"] == 1 else 10.0)
 
 
+@pytest.mark.parametrize("epsilon", [0.3, 5.0])
+@pytest.mark.parametrize("qr_method", ortho_fast.dion.QR_METHODS)
+@pytest.mark.parametrize("power_iters", [1, 2])
+def test_float64_epsilon_matches_reference(epsilon, qr_method, power_iters):
+    """The column normalization's ε at sizes comparable to ‖R_j‖ (‖B‖ ≈ 1 here), where a fast
+    side that dropped or misplaced it would be far off; with 2 power iterations the shrunken
+    columns of the intermediate Q feed the next B·Q."""
+    for shape, rank_fraction in (((24, 16), 1.0), ((16, 24), 0.5)):
+        _step_and_compare(shape, dict(qr_method=qr_method, power_iters=power_iters, epsilon=epsilon,
+                                      rank_fraction=rank_fraction), cond=1e2 if power_iters == 1 else 10.0)
+
+
 def _warm_state(shape, r, g, rng):
     """A momentum in G's subspace and a Q near the top right singular vectors of B (working
     orientation) — the regime a few steps into training, where κ(BQ) is small."""
@@ -452,6 +464,8 @@ def _assert_snapshot(ps, opt, snap):
     (lambda ps, opt: ps[1].grad.__setitem__((1, 2), -float("inf")), "^grad"),
     (lambda ps, opt: opt.state[ps[1]].__setitem__("step", 3), "^step:"),
     (lambda ps, opt: opt.param_groups[1].__setitem__("lr", -1.0), "^lr:"),
+    (lambda ps, opt: opt.param_groups[1].__setitem__("lr", float("nan")), "^lr:"),
+    (lambda ps, opt: opt.param_groups[1].__setitem__("epsilon", "1e-8"), "^epsilon:"),
     (lambda ps, opt: opt.state[ps[1]].__setitem__("Q", torch.ones(8, 3, dtype=torch.float64)), "^Q:"),
     (lambda ps, opt: opt.state[ps[0]].__setitem__("momentum", torch.ones(2, 2, dtype=torch.float64)), "^momentum:"),
 ])
@@ -471,6 +485,96 @@ def test_bad_step_changes_nothing(corrupt, match):
     with pytest.raises((ValueError, TypeError), match=match):
         opt.step()
     _assert_snapshot(ps, opt, snap)
+
+
+def test_named_parameters_are_accepted():
+    """Dion(model.named_parameters()) keeps torch's param_names and steps exactly as
+    Dion(model.parameters()) (same order, same seed and indices)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8, bias=False), torch.nn.Linear(8, 4, bias=False)).double()
+    twin = copy.deepcopy(model)
+    named, plain = Dion(model.named_parameters(), seed=2, **RANDOMIZED), Dion(twin.parameters(), seed=2, **RANDOMIZED)
+    assert named.param_groups[0]["param_names"] == ["0.weight", "1.weight"]
+    rng = _rng("named")
+    for _ in range(2):
+        for p, q in zip(model.parameters(), twin.parameters()):
+            p.grad = q.grad = torch.tensor(rng.standard_normal(tuple(p.shape)))
+        named.step()
+        plain.step()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+    with pytest.raises(ValueError, match="^rank_fraction:"):
+        Dion(torch.nn.Linear(3, 2, bias=False).named_parameters(), rank_fraction=2.0)
+
+
+@pytest.mark.parametrize("seed", [True, 1.5, "3", None])
+def test_seed_must_be_an_int(seed):
+    with pytest.raises(TypeError, match="^seed:"):
+        Dion(P, seed=seed)
+
+
+def test_load_state_dict_copies_every_tensor():
+    """o2.load_state_dict(o1.state_dict()) then o2.step(): o1's step counter (it seeds the
+    randomized QR sketches), momentum and Q, and the state dict, are unchanged."""
+    rng = _rng("no-alias")
+    ps = [torch.nn.Parameter(torch.tensor(0.02 * rng.standard_normal(s))) for s in SHAPES]
+    o1 = Dion(ps, seed=1, **RANDOMIZED)
+    for p in ps:
+        p.grad = torch.tensor(_spectral(tuple(p.shape), rng))
+    o1.step()
+    sd = o1.state_dict()
+    before = copy.deepcopy(sd["state"])
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    o2 = Dion(qs, seed=1, **RANDOMIZED)
+    o2.load_state_dict(sd)
+    for q in qs:
+        q.grad = torch.tensor(_spectral(tuple(q.shape), rng))
+    o2.step()
+    for i, (p, q) in enumerate(zip(ps, qs)):
+        assert int(o2.state[q]["step"]) == 2
+        for key in ("momentum", "Q", "step"):
+            assert torch.equal(o1.state[p][key], before[i][key]) and torch.equal(sd["state"][i][key], before[i][key])
+
+
+@pytest.mark.parametrize("key, value, exc", [("rank_fraction", 2.0, ValueError), ("qr_method", "svd", ValueError),
+                                             ("momentum_dtype", torch.int8, TypeError)])
+def test_load_state_dict_rejects_a_bad_saved_group_before_any_change(key, value, exc):
+    rng = _rng("bad-saved")
+    ps = [torch.nn.Parameter(torch.tensor(0.02 * rng.standard_normal(s))) for s in SHAPES]
+    opt = Dion([{"params": ps[:1]}, {"params": ps[1:]}], seed=1, **RANDOMIZED)
+    for p in ps:
+        p.grad = torch.tensor(_spectral(tuple(p.shape), rng))
+    opt.step()
+    sd = copy.deepcopy(opt.state_dict())
+    sd["param_groups"][1][key] = value
+    for st_ in sd["state"].values():
+        st_["step"] += 5
+    groups_before = copy.deepcopy([{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups])
+    snap = _snapshot(ps, opt)
+    with pytest.raises(exc, match=f"^{key}:"):
+        opt.load_state_dict(sd)
+    _assert_snapshot(ps, opt, snap)
+    assert [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] == groups_before
+
+
+@pytest.mark.parametrize("call, exc, arg", [
+    (lambda: ortho_fast.dion_rank(8, 4, 0.0), ValueError, "rank_fraction"),
+    (lambda: ortho_fast.dion_rank(8, 4, -1.0), ValueError, "rank_fraction"),
+    (lambda: ortho_fast.dion_rank(8, 4, 2.0), ValueError, "rank_fraction"),
+    (lambda: ortho_fast.dion_rank(8, 4, float("nan")), ValueError, "rank_fraction"),
+    (lambda: ortho_fast.dion_rank(8, 4, 0.5, 0), ValueError, "rank_multiple_of"),
+    (lambda: ortho_fast.dion_rank(8, 4, 0.5, 2.0), ValueError, "rank_multiple_of"),
+    (lambda: ortho_fast.dion_rank(0, 4), ValueError, "m"),
+    (lambda: ortho_fast.dion_right_factor(torch.ones(4, 2), "bogus"), ValueError, "right_factor"),
+    (lambda: ortho_fast.initial_q((4, 0), 0, 0, torch.float32, "cpu"), ValueError, "shape"),
+    (lambda: ortho_fast.initial_q((4, 2, 1), 0, 0, torch.float32, "cpu"), ValueError, "shape"),
+    (lambda: ortho_fast.initial_q((4, 2), 0, 0, torch.int64, "cpu"), TypeError, "dtype"),
+    (lambda: ortho_fast.sketch_generator(0, 0, 0, "cpu"), ValueError, "step"),
+    (lambda: ortho_fast.gaussian_sketch(torch.Generator(), 0, 8, torch.float32, "cpu"), ValueError, "k"),
+    (lambda: ortho_fast.gaussian_sketch(None, 2, 8, torch.float32, "cpu"), TypeError, "generator"),
+])
+def test_public_helpers_reject_bad_input_naming_the_argument(call, exc, arg):
+    with pytest.raises(exc, match=f"^{arg}:"):
+        call()
 
 
 def test_rank_fraction_and_multiple_match_the_oracle():

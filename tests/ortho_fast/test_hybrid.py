@@ -352,8 +352,48 @@ def test_muon_config_defaults_are_torch_muon_and_torch_adamw():
     assert len(groups["muon"]) == 9 and len(groups["adamw"]) == 24
 
 
+@pytest.mark.parametrize("coefficients, resolved", [
+    ("jordan", (None, 1.0, 1e-7, "clamp")), ("polar_express", (None, 1.02, 1e-6, "add")),
+    ("you6", (None, 1.0, 1e-7, "add")),
+])
+def test_muon_config_normalization_and_steps_come_from_the_schedule(coefficients, resolved):
+    """MuonConfig resolves ns_steps / safety / eps / eps_mode as Muon does: you6 runs its 6
+    rows (ns_steps None), polar_express normalizes with 1.02 and 1e-6 added. The step equals
+    ortho_fast.Muon(coefficients=...) with its own defaults, bitwise."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 8, bias=False))
+    twin = copy.deepcopy(model)
+    opt = MuonConfig(coefficients=coefficients).build(model)
+    (group,) = opt.param_groups
+    assert (group["ns_steps"], group["safety"], group["eps"], group["eps_mode"]) == resolved
+    ref = ortho_fast.Muon(twin.parameters(), coefficients=coefficients)
+    _grads(model, 0)
+    _grads(twin, 0)
+    opt.step()
+    ref.step()
+    _assert_same_model(model, twin)
+    group = MuonConfig(coefficients=coefficients, ns_steps=2, eps_mode="clamp", muon_options={"eps": 0.5}).build(
+        copy.deepcopy(model)).param_groups[0]
+    assert (group["ns_steps"], group["eps_mode"], group["eps"]) == (2, "clamp", 0.5)
+
+
+def test_three_dim_parameters_need_expert_keys_or_flatten():
+    """A 3-D parameter no expert key matches (the MoE stack here, or a conv1d weight) is not
+    silently flattened by Muon or Dion: building raises naming expert_keys / flatten; an
+    override with flatten=True takes a conv1d weight as one (out, in·k) matrix."""
+    with pytest.raises(ValueError, match=r"param group \d \(muon\): params: '_orig_mod.moe.experts.w1'.*expert_keys"):
+        MuonConfig().build(_model())
+    with pytest.raises(ValueError, match=r"\(dion\): params: .*flatten=True.*expert_keys"):
+        DionConfig().build(_model())
+    net = nn.Sequential(nn.Conv1d(4, 6, 3, bias=False), nn.Conv2d(6, 4, 2, bias=False))
+    opt = MuonConfig(overrides=(("0.weight", {"flatten": True}),)).build(net)
+    assert [(g["param_names"], g["flatten"]) for g in opt.param_groups] == [(["0.weight"], True), (["1.weight"], None)]
+    opt = DionConfig(overrides=(("0.weight", {"flatten": True}),)).build(net)
+    assert all(g["flatten"] for g in opt.param_groups)
+
+
 def test_config_defaults_and_their_sources():
-    opt = DionConfig().build(_model())
+    opt = DionConfig(overrides=(("*experts.w1", {"algorithm": "muon"}),), expert_keys=("experts",)).build(_model())
     dion = next(g for g in opt.param_groups if g["algorithm"] == "dion")
     assert (dion["lr"], dion["mu"], dion["weight_decay"], dion["rank_fraction"], dion["rank_multiple_of"]) == \
         (0.01, 0.95, 0.1, 1.0, 1)
@@ -361,9 +401,10 @@ def test_config_defaults_and_their_sources():
     assert adamw["_orig_mod.ln_f.weight"]["betas"] == (0.9, 0.95) and adamw["_orig_mod.ln_f.weight"]["weight_decay"] == 0.1
     assert adamw["_orig_mod.wte.weight"]["weight_decay"] == 0.0
     assert adamw["_orig_mod.lm_head.weight"]["lr"] == 0.01 / math.sqrt(D)
-    lion = _by_name(MuonConfig(scalar_algorithm="lion").build(_model()).param_groups)["_orig_mod.ln_f.weight"]
+    lion = _by_name(MuonConfig(scalar_algorithm="lion", expert_keys=("experts",)).build(_model()).param_groups)
+    lion = lion["_orig_mod.ln_f.weight"]
     assert lion["algorithm"] == "lion" and lion["betas"] == (0.95, 0.98)  # Megatron's Lion betas
-    muon = _by_name(MuonConfig().build(_model()).param_groups)
+    muon = _by_name(MuonConfig(expert_keys=("experts",)).build(_model()).param_groups)
     assert muon["_orig_mod.ln_f.weight"]["betas"] == ADAMW_DEFAULTS["betas"]
     assert muon["_orig_mod.ln_f.weight"]["weight_decay"] == ADAMW_DEFAULTS["weight_decay"]
     assert muon["_orig_mod.lm_head.weight"]["lr"] == 1e-3  # no head scaling in torch
@@ -405,11 +446,11 @@ def test_state_dict_round_trip_is_bitwise(config):
 
 def test_load_state_dict_does_not_alias_the_given_tensors():
     model = _model()
-    opt = MuonConfig().build(model)
+    opt = MuonConfig(expert_keys=("experts",)).build(model)
     _grads(model, 0)
     opt.step()
     sd = opt.state_dict()  # references to opt's live state
-    opt2 = MuonConfig().build(copy.deepcopy(model))
+    opt2 = MuonConfig(expert_keys=("experts",)).build(copy.deepcopy(model))
     opt2.load_state_dict(sd)
     assert all(v is not sd["state"][i][k] for i, p in enumerate(opt2.param_groups[0]["params"])
                for k, v in opt2.state[p].items())
@@ -484,7 +525,7 @@ def _three_groups():
     ({"algorithm": "lion", "eps": 1e-8}, ValueError, r"param group 4 \(lion\): eps: an option of muon/adamw"),
     ({"algorithm": "adamw", "lr": -1.0}, ValueError, r"param group 4 \(adamw\): lr"),
     ({"algorithm": "adamw", "betas": (0.9, 0.99), "beta1": 0.8}, ValueError, r"param group 4 \(adamw\): betas"),
-    ({"algorithm": "muon", "coefficients": "nope"}, KeyError, r"param group 4 \(muon\)"),
+    ({"algorithm": "muon", "coefficients": "nope"}, ValueError, r"param group 4 \(muon\): coefficients: unknown"),
     ({"algorithm": "dion"}, ValueError, r"param group 4 \(dion\): params: Dion expects"),
 ])
 def test_add_param_group_rejects_bad_groups_and_adds_nothing(group, error, match):
@@ -529,6 +570,28 @@ def test_nan_gradient_in_any_group_changes_nothing(bad):
         assert torch.equal(p.detach(), before)
     for p, st in opt.state.items():
         assert st.keys() == state_before[id(p)].keys()
+        assert all(torch.equal(v, state_before[id(p)][k]) for k, v in st.items())
+
+
+@pytest.mark.parametrize("bad", [0, 1, 2, 3], ids=["muon", "dion", "adamw", "lion"])
+@pytest.mark.parametrize("key, value", [("lr", float("nan")), ("weight_decay", -1.0)])
+def test_option_edited_after_construction_changes_nothing(bad, key, value):
+    """An option edited on a live group of any algorithm (a scheduler writing NaN) is caught
+    by the check pass, naming the group and the key; no parameter or state changes."""
+    ps, groups = _three_groups()
+    opt = HybridOptimizer(groups, seed=1)
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    params_before = [p.detach().clone() for p in ps]
+    state_before = copy.deepcopy({id(p): dict(s) for p, s in opt.state.items()})
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt.param_groups[bad][key] = value
+    with pytest.raises(ValueError, match=f"param group {bad} \\({groups[bad]['algorithm']}\\): {key}:"):
+        opt.step()
+    assert all(torch.equal(p.detach(), b) for p, b in zip(ps, params_before))
+    for p, st in opt.state.items():
         assert all(torch.equal(v, state_before[id(p)][k]) for k, v in st.items())
 
 

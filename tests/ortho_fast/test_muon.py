@@ -20,6 +20,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+import ortho_fast
 import ortho_ref
 from ortho_fast import (
     MUON_DEFAULTS,
@@ -29,6 +30,7 @@ from ortho_fast import (
     is_expert_name,
     muon_group_step,
     muon_layout,
+    muon_momentum,
     newton_schulz,
     normalize_muon_group,
 )
@@ -45,23 +47,43 @@ def _rng(*key) -> np.random.Generator:
 # =======================================================================================
 
 #: Options of one float64 comparison (Muon keyword -> value); ``dtype`` is always float64.
+#: Optional keys: ``ns_steps``, ``safety``, ``eps`` (None or absent: the schedule's), ``eps_mode``
+#: (None: the documented default), ``coefficients`` a name or a user table of rows.
 BASE = dict(lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=True, momentum_style="ema", coefficients="jordan",
             eps_mode="add", adjust_lr="original", extra_scale_factor=1.0, cautious_weight_decay=False)
+
+
+def _normalization(opts):
+    """(table, safety, eps, eps_mode) the oracle runs for ``opts``, from the oracle's own
+    transcription and the documented rules (written here, not taken from ortho_fast):
+    a named schedule's rows (``ortho_ref.schedule``) and normalization, a user table's rows with
+    its last row repeated past its end, safety 1 / eps 1e-7 for tables, eps_mode "clamp" for
+    "jordan" (torch.optim.Muon) and "add" otherwise."""
+    coefficients, steps = opts["coefficients"], opts.get("ns_steps")
+    if isinstance(coefficients, str):
+        sched = ortho_ref.SCHEDULES[coefficients]
+        table, safety, eps = ortho_ref.schedule(coefficients, steps), sched.safety, sched.eps
+    else:
+        rows = [tuple(r) for r in coefficients]
+        t = len(rows) if steps is None else steps
+        table, safety, eps = np.array(rows[:t] + rows[-1:] * max(0, t - len(rows))), 1.0, 1e-7
+    safety = safety if opts.get("safety") is None else opts["safety"]
+    eps = eps if opts.get("eps") is None else opts["eps"]
+    eps_mode = opts.get("eps_mode") or ("clamp" if coefficients == "jordan" else "add")
+    return table, safety, eps, eps_mode
 
 
 def _reference(w, g, m, opts, dtype: str = "float64"):
     """ortho_ref.muon_step on one matrix, with the tolerances of verify.tolerances for a fast
     step computed in ``dtype`` (float32 / float64)."""
-    sched = ortho_ref.SCHEDULES[opts["coefficients"]]
-    table = ortho_ref.schedule(opts["coefficients"])
+    table, safety, eps, eps_mode = _normalization(opts)
     ref = ortho_ref.muon_step(
         w, g, m, lr=opts["lr"], mu=opts["momentum"], nesterov=opts["nesterov"], momentum_style=opts["momentum_style"],
-        coefficients=table, safety=sched.safety, eps=sched.eps, eps_mode=opts["eps_mode"], adjust_lr=opts["adjust_lr"],
+        coefficients=table, safety=safety, eps=eps, eps_mode=eps_mode, adjust_lr=opts["adjust_lr"],
         weight_decay=opts["weight_decay"], extra_scale_factor=opts["extra_scale_factor"],
         cautious_weight_decay=opts["cautious_weight_decay"],
     )
-    sigma_hat = ortho_ref.normalized_singular_values(ref.ns_input, safety=sched.safety, eps=sched.eps,
-                                                     eps_mode=opts["eps_mode"])
+    sigma_hat = ortho_ref.normalized_singular_values(ref.ns_input, safety=safety, eps=eps, eps_mode=eps_mode)
     ns_tol = tol.ns_tolerance(sigma_hat, table, w.shape, dtype)
     w_tol = tol.muon_tolerance(ns_tol, ref.lr_scale, opts["lr"], float(np.linalg.norm(w)),
                                float(np.linalg.norm(ref.update)), dtype)
@@ -137,7 +159,7 @@ def test_lr_modes_extra_scale_and_cautious_decay_match_reference(adjust_lr, extr
     style=st.sampled_from(["ema", "classic"]), nesterov=st.booleans(),
     adjust_lr=st.sampled_from(ADJUST_LR_MODES), extra=st.floats(0.05, 5.0),
     cautious=st.booleans(), coefficients=st.sampled_from(sorted(ortho_ref.SCHEDULES)),
-    eps_mode=st.sampled_from(["add", "clamp"]), wd=st.sampled_from([0.0, 0.1, 2.0]),
+    eps_mode=st.sampled_from([None, "add", "clamp"]), wd=st.sampled_from([0.0, 0.1, 2.0]),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_options_property_against_reference(m, n, style, nesterov, adjust_lr, extra, cautious, coefficients,
@@ -147,6 +169,40 @@ def test_options_property_against_reference(m, n, style, nesterov, adjust_lr, ex
                 cautious_weight_decay=cautious)
     (out,) = _run_one_step([(m, n)], opts, np.random.default_rng(seed))
     _check_against_reference(*out, [ROWS], opts)
+
+
+#: A user table (not in the registry) of two rows: X <- aX + (bA + cA²)X.
+USER_ROWS = [(3.0, -3.2, 1.2), (2.0, -1.5, 0.5)]
+
+
+#: (options, the options a fast side that ignored them would run instead).
+NORMALIZATION_CASES = [
+    (dict(safety=1.3), {}), (dict(eps=0.5), {}), (dict(eps=0.5, eps_mode="clamp"), dict(eps=0.5)),
+    (dict(eps=0.0), {}), (dict(ns_steps=3), {}),
+    (dict(coefficients="polar_express_paper", ns_steps=8), dict(coefficients="polar_express_paper")),
+    (dict(coefficients="you6"), dict(coefficients="you6", ns_steps=5)),
+    (dict(coefficients="polar_express", safety=1.0, eps=1e-7), dict(coefficients="polar_express")),
+    (dict(coefficients=USER_ROWS), {}),
+    (dict(coefficients=USER_ROWS, ns_steps=4, eps_mode=None),
+     dict(coefficients=USER_ROWS, ns_steps=4, eps_mode="clamp")),
+    (dict(coefficients="cesista5", eps_mode=None), dict(coefficients="cesista5", eps_mode="clamp")),
+    (dict(eps_mode=None), dict(eps_mode="add")),  # "jordan": torch's clamp
+]
+
+
+@pytest.mark.parametrize("extra, ignored", NORMALIZATION_CASES, ids=[repr(c[0]) for c in NORMALIZATION_CASES])
+def test_normalization_steps_and_tables_match_reference(extra, ignored):
+    """Muon's safety, eps, eps_mode (and its default), ns_steps and a user table against
+    ortho_ref.muon_step with the same values (tall, wide, square; ‖U‖_F ≈ 1, so eps = 0.5
+    matters). Each option must be applied: the oracle run with ``ignored`` instead is farther
+    than the tolerance, so the comparison can fail."""
+    opts = {**BASE, **extra}
+    outs = _run_one_step([(12, 8), (8, 12), (10, 10)], opts, _rng("normalization", repr(extra)))
+    for w_new, m_new, w0, g, m0 in outs:
+        _check_against_reference(w_new, m_new, w0, g, m0, [ROWS], opts)
+    w_new, _, w0, g, m0 = outs[0]
+    ref, w_tol, _ = _reference(w0, g, m0, {**BASE, **ignored})
+    assert np.linalg.norm(w_new - ref.weight) > w_tol, "the option changed nothing: this test could not fail"
 
 
 def test_adjusted_lr_scale_equals_oracle_transcription():
@@ -224,12 +280,43 @@ def test_oracle_cautious_decay_on_a_known_update():
 # =======================================================================================
 
 
-@pytest.mark.parametrize("shape", [(8, 3, 3, 3), (6, 4, 5), (4, 10, 1, 1)])
-def test_conv_weights_flattened_match_reference(shape):
+@pytest.mark.parametrize("shape, flatten", [((8, 3, 3, 3), None), ((4, 10, 1, 1), None), ((6, 4, 5), True),
+                                           ((8, 3, 3, 3), True)])
+def test_conv_weights_flattened_match_reference(shape, flatten):
+    """conv2d weights flattened by default (Keller Jordan, Moonlight); conv1d (3-D) with
+    flatten=True (microsoft/dion): one (out, in·k) matrix."""
     opts = {**BASE, "adjust_lr": "spectral_norm", "cautious_weight_decay": True}
     flat = (shape[0], math.prod(shape[1:]))
-    (out,) = _run_one_step([shape], opts, _rng("conv", shape), view_shapes=[flat])
+    (out,) = _run_one_step([shape], opts, _rng("conv", shape), view_shapes=[flat], flatten=flatten)
     _check_against_reference(*out, [ROWS], opts)
+
+
+@pytest.mark.parametrize("shape", [(6, 4, 5), (2, 3, 4, 5)])
+def test_flatten_false_is_a_batch_of_matrices(shape):
+    """flatten=False (microsoft/dion's default): every (shape[-2], shape[-1]) slice is its own
+    matrix with its own norm and lr scale."""
+    opts = {**BASE, "adjust_lr": "spectral_norm"}
+    batch = math.prod(shape[:-2])
+    (out,) = _run_one_step([shape], opts, _rng("batch", shape), view_shapes=[(batch, *shape[-2:])], flatten=False)
+    _check_against_reference(*out, [(i,) for i in range(batch)], opts)
+
+
+def test_three_dim_parameter_needs_expert_keys_or_flatten():
+    """A 3-D parameter no expert key matches is ambiguous (conv1d weight, or an expert stack
+    whose name was missed): an error naming both ways out, not a silent (E, m·n) matrix.
+    Experts are one matrix per expert whatever ``flatten`` says."""
+    p = torch.nn.Parameter(torch.ones(3, 8, 6))
+    with pytest.raises(ValueError, match=r"^params: 'moe\.expert\.w'.*expert_keys.*flatten=True"):
+        Muon([("moe.expert.w", p)], expert_keys=("experts",))
+    with pytest.raises(ValueError, match="^params:.*expert_keys.*flatten=True"):
+        Muon([p])
+    with pytest.raises(TypeError, match="^flatten:"):
+        Muon([p], flatten="yes")
+    for flatten in (None, True, False):
+        layout = muon_layout((3, 8, 6), expert=True, flatten=flatten)
+        assert (layout.batch, layout.m, layout.n) == ((3,), 8, 6)
+    assert muon_layout((3, 8, 6), flatten=True).matrix_shapes() == [(3, 48)]
+    assert muon_layout((2, 3, 8, 6), flatten=False).matrix_shapes() == [(2, 3, 8, 6)]
 
 
 def test_channels_last_conv_weight_same_bits_as_contiguous():
@@ -266,6 +353,13 @@ def test_expert_name_matching():
     assert is_expert_name("_orig_mod.layers.3._checkpoint_wrapped_module.mlp.experts.w", ["mlp.experts"])
     assert not is_expert_name("model.layers.3.mlp.shared_experts.w", ["experts"])
     assert not is_expert_name("model.layers.3.mlp.w", ["experts"])
+    assert is_expert_name("mlp.experts.w", "experts") and not is_expert_name("a.b.w", "ab")  # a str is one key
+    with pytest.raises(TypeError, match="^name:"):
+        is_expert_name(3, ["experts"])
+    with pytest.raises(TypeError, match="^expert_keys:"):
+        is_expert_name("mlp.experts.w", [None])
+    with pytest.raises(TypeError, match="^name:"):
+        ortho_fast.normalize_name(None)
 
 
 def _split_rows(sizes, groups=1, heads=None):
@@ -359,21 +453,27 @@ def _bank_run(banks: bool, dtype: torch.dtype):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_banks_equal_unbanked(dtype):
     """Banks stack the 12 x 20 matrices (two 2-D parameters and three experts) into one batched
-    call; the 20 x 12 one is its own bank, the lone 9 x 7 keeps its own call. Momentum is
-    elementwise: bitwise equal. The weights are not bitwise (bmm vs addmm, measured: float32
-    differs in the last bits): each side is within muon_tolerance of the oracle, so the two
-    are within twice it of each other (triangle inequality). The lone member: bitwise."""
+    call; the 20 x 12 one and the 9 x 7 one are banks of one and keep their own 2-D call.
+    Momentum is elementwise: bitwise equal. The weights are not bitwise equal to the unbanked
+    run (bmm vs addmm, measured: float32 differs in the last bits); both are within
+    muon_tolerance of the oracle, and the banked weights are bitwise the definition of a
+    bank: one newton_schulz call on the concatenated members, then each parameter's update."""
     (pa, oa, w0, grads), (pb, ob, _, _) = _bank_run(False, dtype), _bank_run(True, dtype)
     name = str(dtype).replace("torch.", "")
-    opts = {**BASE, "weight_decay": 0.1, "momentum": 0.95}
+    opts = {**BASE, "weight_decay": 0.1, "momentum": 0.95, "eps_mode": None}
     for a, b, w, g in zip(pa, pb, w0, grads):
         assert torch.equal(oa.state[a]["momentum_buffer"], ob.state[b]["momentum_buffer"])
         mats = zip(*(t.detach().double().numpy().reshape(-1, *a.shape[-2:]) for t in (a, b, w, g)))
         for wa, wb, wi, gi in mats:
             ref, w_tol, _ = _reference(wi, gi, np.zeros_like(gi), opts, name)
             assert np.linalg.norm(wa - ref.weight) <= w_tol and np.linalg.norm(wb - ref.weight) <= w_tol
-            assert np.linalg.norm(wa - wb) <= 2 * w_tol
-    assert torch.equal(pa[4], pb[4])
+    members = [0, 1, 3]  # a.w, b.w, experts.w (3 experts): every 12 x 20 matrix, in group order
+    us = [muon_momentum(grads[i], torch.zeros_like(grads[i]), mu=0.95, nesterov=True, style="ema") for i in members]
+    bank = newton_schulz(torch.cat([u.reshape(-1, 12, 20) for u in us]), dtype=dtype, eps_mode="clamp")
+    for i, o in zip(members, bank.split([1, 1, 3])):
+        expected = w0[i].clone().mul_(1 - 0.02 * 0.1).add_(o.reshape(w0[i].shape), alpha=-0.02)
+        assert torch.equal(pb[i].detach(), expected)
+    assert torch.equal(pa[2], pb[2]) and torch.equal(pa[4], pb[4])
 
 
 def test_banks_lone_members_bitwise_and_parity_unaffected():
@@ -384,7 +484,7 @@ def test_banks_lone_members_bitwise_and_parity_unaffected():
     runs = []
     for banks in (False, True):
         ps = [torch.nn.Parameter(w.clone()) for w in w0]
-        opt = Muon(ps, lr=0.02, banks=banks, eps_mode="clamp")
+        opt = Muon(ps, lr=0.02, banks=banks)
         for p in ps:
             p.grad = torch.ones_like(p) + p.detach()
         opt.step()
@@ -398,20 +498,21 @@ def test_banks_lone_members_bitwise_and_parity_unaffected():
 
 
 def test_torch_parity_with_equal_shapes_and_torch_checkpoint():
-    """Defaults (banks off) with several 16 x 24 parameters stay bitwise equal to torch; a
-    torch.optim.Muon state_dict loads (Muon keys it lacks come from the current groups, its
-    lr replaces ours) and the next steps stay bitwise equal to torch's uninterrupted run."""
+    """Plain defaults (banks off, eps_mode resolved to torch's clamp) with several 16 x 24
+    parameters stay bitwise equal to torch; a torch.optim.Muon state_dict loads (Muon keys it
+    lacks come from the current groups, its lr replaces ours) and the next steps stay bitwise
+    equal to torch's uninterrupted run."""
     rng = _rng("torch-ckpt")
     w0 = [torch.tensor(0.02 * rng.standard_normal((16, 24)), dtype=torch.float32) for _ in range(3)]
     grads = [[torch.tensor(rng.standard_normal((16, 24)), dtype=torch.float32) for _ in w0] for _ in range(4)]
     ps_ref, ps_fast, ps_t = ([torch.nn.Parameter(w.clone()) for w in w0] for _ in range(3))
     _run(ps_ref, torch.optim.Muon(ps_ref, lr=0.02), grads)
-    _run(ps_fast, Muon(ps_fast, lr=0.02, eps_mode="clamp"), grads)
+    _run(ps_fast, Muon(ps_fast, lr=0.02), grads)
     assert all(torch.equal(a, b) for a, b in zip(ps_ref, ps_fast))
     o_t = torch.optim.Muon(ps_t, lr=0.02)
     _run(ps_t, o_t, grads[:2])
     ps_load = [torch.nn.Parameter(p.detach().clone()) for p in ps_t]
-    o_load = Muon(ps_load, lr=0.5, eps_mode="clamp")
+    o_load = Muon(ps_load, lr=0.5)
     o_load.load_state_dict(copy.deepcopy(o_t.state_dict()))
     assert o_load.param_groups[0]["lr"] == 0.02 and o_load.param_groups[0]["coefficients"] == "jordan"
     _run(ps_load, o_load, grads[2:])
@@ -528,7 +629,11 @@ P2 = [torch.nn.Parameter(torch.ones(6, 4))]
         (lambda: Muon(P2, expert_keys=("experts",)), ValueError, "expert_keys"),
         (lambda: Muon([("layer.experts.w", P2[0])], expert_keys=("experts",)), ValueError, "expert_keys"),
         (lambda: Muon(P2, expert_keys=(3,)), TypeError, "expert_keys"),
-        (lambda: Muon(P2, coefficients="no_such_schedule"), KeyError, "coefficients"),
+        (lambda: Muon(P2, coefficients="no_such_schedule"), ValueError, "coefficients"),
+        (lambda: Muon(P2, ns_steps=0), ValueError, "ns_steps"),
+        (lambda: Muon(P2, ns_steps=2.0), ValueError, "ns_steps"),
+        (lambda: Muon(P2, eps_mode="max"), ValueError, "eps_mode"),
+        (lambda: Muon(P2, expert_keys=None), TypeError, "expert_keys"),
         (lambda: Muon(P2, coefficients=[[1.0, 2.0]]), ValueError, "coefficients"),
         (lambda: Muon(P2, adjust_lr="spectral_nrom"), ValueError, "adjust_lr"),
         (lambda: Muon(P2, extra_scale_factor=0.0), ValueError, "extra_scale_factor"),
@@ -607,19 +712,86 @@ def test_bad_momentum_buffer_changes_nothing(bad_buffer):
     _assert_same(ps, opt, snap)
 
 
-def test_group_changed_after_construction_is_checked_before_any_change():
-    """A split setting edited on a live group (as a scheduler might) is caught by the check
-    pass, before the first group steps."""
+@pytest.mark.parametrize("key, value, exc", [
+    ("split_sizes", (6, 6, 5), ValueError), ("split_sizes", 3, TypeError), ("coefficients", "nope", ValueError),
+    ("coefficients", [[1.0, 2.0]], ValueError), ("ns_steps", 0, ValueError), ("lr", float("nan"), ValueError),
+    ("lr", "0.02", ValueError), ("weight_decay", -1.0, ValueError), ("momentum", float("inf"), ValueError),
+    ("eps", -1.0, ValueError), ("safety", 0.0, ValueError), ("eps_mode", "max", ValueError),
+    ("momentum_style", "adam", ValueError), ("adjust_lr", "sqrt", ValueError), ("dtype", torch.int32, TypeError),
+    ("nesterov", 1, TypeError), ("flatten", "no", TypeError), ("extra_scale_factor", 0.0, ValueError),
+])
+def test_option_edited_after_construction_is_checked_before_any_change(key, value, exc):
+    """An option of the second group edited on the live group (as a scheduler or a user
+    might) is caught by the check pass: a clear error naming it, and every parameter and
+    momentum buffer of both groups bitwise unchanged (none written with NaN)."""
     rng = _rng("edited")
     ps = _layout_params(rng)
     opt = _layout_optimizer(ps)
+    _run(ps, opt, [[torch.randn(p.shape) for p in ps]])  # momentum buffers exist
     for p in ps:
         p.grad = torch.randn(p.shape)
-    opt.param_groups[1]["split_sizes"] = (6, 6, 5)
+    opt.param_groups[1][key] = value
     snap = _snapshot(ps, opt)
-    with pytest.raises(ValueError, match="^split_sizes:"):
+    with pytest.raises(exc, match=rf"^['\"]?{key}:"):
         opt.step()
     _assert_same(ps, opt, snap)
+
+
+def test_schedule_options_set_to_none_after_construction_resolve_as_at_construction():
+    """safety / eps / eps_mode set back to None on a live group mean "from the schedule" at
+    the next step, exactly as at construction."""
+    rng = _rng("none-again")
+    w0, g = torch.tensor(0.02 * rng.standard_normal((6, 10))), torch.tensor(rng.standard_normal((6, 10)))
+    a, b = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(w0.clone())
+    oa, ob = Muon([a], coefficients="polar_express"), Muon([b], coefficients="polar_express")
+    ob.param_groups[0].update(safety=None, eps=None, eps_mode=None)
+    a.grad, b.grad = g.clone(), g.clone()
+    oa.step()
+    ob.step()
+    assert torch.equal(a, b)
+
+
+def test_load_state_dict_copies_the_momentum_buffer():
+    """o2.load_state_dict(o1.state_dict()): stepping o2 changes nothing of o1 or of the state
+    dict (torch alone would share the momentum_buffer tensors)."""
+    rng = _rng("no-alias")
+    ps = _layout_params(rng)
+    o1 = _layout_optimizer(ps)
+    _run(ps, o1, [[torch.randn(p.shape) for p in ps]])
+    sd = o1.state_dict()
+    before = copy.deepcopy(sd["state"])
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    o2 = _layout_optimizer(qs)
+    o2.load_state_dict(sd)
+    _run(qs, o2, [[torch.randn(p.shape) for p in ps]])
+    ids = [i for g in sd["param_groups"] for i in g["params"]]
+    params = ([p for g in o.param_groups for p in g["params"]] for o in (o1, o2))
+    for i, p, q in zip(ids, *params):
+        assert torch.equal(o1.state[p]["momentum_buffer"], before[i]["momentum_buffer"])
+        assert torch.equal(sd["state"][i]["momentum_buffer"], before[i]["momentum_buffer"])
+        assert not torch.equal(o2.state[q]["momentum_buffer"], before[i]["momentum_buffer"])
+
+
+def test_load_state_dict_rejects_a_bad_saved_group_before_any_change():
+    rng = _rng("bad-saved")
+    ps = _layout_params(rng)
+    opt = _layout_optimizer(ps)
+    _run(ps, opt, [[torch.randn(p.shape) for p in ps]])
+    sd = copy.deepcopy(opt.state_dict())
+    sd["param_groups"][1]["coefficients"] = "nope"
+    groups_before = copy.deepcopy([{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups])
+    snap = _snapshot(ps, opt)
+    with pytest.raises(ValueError, match="^coefficients:"):
+        opt.load_state_dict(sd)
+    _assert_same(ps, opt, snap)
+    assert [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] == groups_before
+
+
+def test_muon_momentum_rejects_an_unknown_style():
+    buf = torch.zeros(3, 4)
+    with pytest.raises(ValueError, match=r"^style: expected one of \('ema', 'classic'\)"):
+        muon_momentum(torch.ones(3, 4), buf, mu=0.9, nesterov=True, style="bogus")
+    assert not buf.any()
 
 
 def test_muon_layout_shapes():

@@ -6,6 +6,7 @@ bitwise equality is asserted only where it is the contract (same torch ops in th
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -77,9 +78,15 @@ def test_float32_matches_ns_map_within_ns_tolerance(name, a):
     _check_ns_tolerance(name, "float32", a)
 
 
+def _oracle_schedule(name: str):
+    """(table, schedule) of the oracle's own transcription (``ortho_ref.schedule``), never the
+    fast registry's: a typo in a coefficient, safety or eps of ``ortho_fast.COEFFICIENTS``
+    makes the fast side (which runs its registry) disagree with this reference."""
+    return ortho_ref.schedule(name), ortho_ref.SCHEDULES[name]
+
+
 def _check_ns_tolerance(name: str, dtype: str, a: np.ndarray) -> None:
-    sched = COEFFICIENTS[name]
-    table = np.array(sched.table())
+    table, sched = _oracle_schedule(name)
     ref = ortho_ref.ns_map(a, table, safety=sched.safety, eps=sched.eps)
     sigma_hat = ortho_ref.normalized_singular_values(a, safety=sched.safety, eps=sched.eps)
     fast = _fast(a, name, dtype)
@@ -89,6 +96,18 @@ def _check_ns_tolerance(name: str, dtype: str, a: np.ndarray) -> None:
     assert err <= bound, f"{name}/{dtype} {a.shape}: ‖fast − ns_map‖_F = {err:.3e} > {bound:.3e}"
 
 
+@pytest.mark.parametrize("name, field, value", [("jordan", "tail", (3.4445, -4.7750, 2.0316)),
+                                                ("polar_express", "safety", 1.01), ("cesista5", "eps", 1e-3)])
+def test_a_typo_in_the_fast_registry_is_caught(monkeypatch, name, field, value):
+    """The reference comes from ortho_ref's own transcription: one changed digit (or the
+    normalization) of ortho_fast.COEFFICIENTS fails the float64 comparison."""
+    a = matrix_with_spectrum(np.geomspace(1.0, 1e-2, 8), 8, 12, np.random.default_rng(0))
+    _check_ns_tolerance(name, "float64", a)
+    monkeypatch.setitem(COEFFICIENTS, name, dataclasses.replace(COEFFICIENTS[name], **{field: value}))
+    with pytest.raises(AssertionError, match="fast − ns_map"):
+        _check_ns_tolerance(name, "float64", a)
+
+
 # Regression: these inputs exceeded ns_tolerance before it counted the steps' term sizes S_t.
 @pytest.mark.parametrize("name, value", [("jordan", -0.0008520375827612452), ("polar_express", -0.00010086800206755943)])
 def test_float32_1x1_within_ns_tolerance(name, value):
@@ -96,8 +115,7 @@ def test_float32_1x1_within_ns_tolerance(name, value):
 
 
 def _low_precision_singular_value_error(name: str, a: np.ndarray, dtype: str, fast: np.ndarray | None = None):
-    sched = COEFFICIENTS[name]
-    table = np.array(sched.table())
+    table, sched = _oracle_schedule(name)
     sigma_hat = ortho_ref.normalized_singular_values(a, safety=sched.safety, eps=sched.eps)
     if fast is None:
         fast = _fast(a, name, dtype)
@@ -135,9 +153,9 @@ def test_batched_equals_per_matrix_with_own_norm(shape, batch, log_cond, seed, n
     mats = [matrix_with_spectrum(s, m, n, rng) for _ in range(batch)]
     mats[1] = mats[1] * 1e3  # one member far larger: a shared (batch-wide) norm would shrink the others
     stacked = torch.from_numpy(np.stack(mats))
-    sched = COEFFICIENTS[name]
-    table = np.array(sched.table())
-    kw = dict(safety=sched.safety, eps=sched.eps, dtype=torch.float64)
+    table, sched = _oracle_schedule(name)
+    fast_sched = COEFFICIENTS[name]
+    kw = dict(safety=fast_sched.safety, eps=fast_sched.eps, dtype=torch.float64)
     out = newton_schulz(stacked, name, **kw)
     assert out.shape == (batch, m, n)
     for i, a in enumerate(mats):
@@ -205,7 +223,7 @@ def test_transpose_is_bitwise(dtype, shape, seed, name):
 def test_square_transpose_within_tolerance(n, log_cond, seed):
     """Square inputs are not transposed (Gram XXᵀ either way); NS(Gᵀ) = NS(G)ᵀ holds to rounding."""
     a = matrix_with_spectrum(np.geomspace(1.0, 10.0**-log_cond, n), n, n, np.random.default_rng(seed))
-    table = np.array(COEFFICIENTS["jordan"].table())
+    table = ortho_ref.schedule("jordan")
     bound = tol.ns_tolerance(ortho_ref.normalized_singular_values(a), table, a.shape, "float64")
     g = torch.from_numpy(a)
     diff = newton_schulz(g.mT, dtype=torch.float64) - newton_schulz(g, dtype=torch.float64).mT
@@ -268,7 +286,7 @@ def test_zero_matrix_gives_zeros(shape, eps_mode):
 # Regression: with eps = 0 a zero matrix once gave 0/0 = NaN.
 @pytest.mark.parametrize("eps_mode", ["add", "clamp"])
 def test_zero_matrix_with_eps_zero_gives_zeros(eps_mode):
-    table = np.array(COEFFICIENTS["jordan"].table())
+    table = ortho_ref.schedule("jordan")
     ref = ortho_ref.ns_map(np.zeros((3, 4)), table, eps=0.0, eps_mode=eps_mode)
     for shape in ((3, 4), (2, 3, 4)):
         out = newton_schulz(torch.zeros(shape, dtype=torch.float64), eps=0.0, eps_mode=eps_mode, dtype=torch.float64)
@@ -291,7 +309,7 @@ def test_eps_mode_clamp_matches_oracle(dtype):
     """eps_mode='clamp' (torch.optim.Muon's normalization) against ns_map(eps_mode='clamp');
     with a tiny matrix (‖G‖_F < eps) clamp and add normalize differently."""
     rng = np.random.default_rng(4)
-    table = np.array(COEFFICIENTS["jordan"].table())
+    table = ortho_ref.schedule("jordan")
     for scale in (1.0, 1e-8):
         a = matrix_with_spectrum(scale * np.geomspace(1, 1e-2, 12), 12, 20, rng)
         ref = ortho_ref.ns_map(a, table, eps_mode="clamp")
@@ -307,7 +325,7 @@ def test_safety_is_applied():
     differs from safety 1."""
     rng = np.random.default_rng(5)
     a = matrix_with_spectrum(np.geomspace(1, 1e-3, 10), 10, 16, rng)
-    table = np.array(COEFFICIENTS["polar_express"].table())
+    table = ortho_ref.schedule("polar_express")
     fast = newton_schulz(torch.from_numpy(a), "polar_express", safety=1.02, eps=1e-6, dtype=torch.float64).numpy()
     ref = ortho_ref.ns_map(a, table, safety=1.02, eps=1e-6)
     sigma_hat = ortho_ref.normalized_singular_values(a, safety=1.02, eps=1e-6)
@@ -334,7 +352,7 @@ G = torch.ones(4, 6)
         (lambda: newton_schulz(torch.ones(3, 4, dtype=torch.bool)), TypeError, "g"),
         (lambda: newton_schulz(np.ones((3, 4))), TypeError, "g"),
         (lambda: newton_schulz([[1.0, 2.0], [3.0, 4.0]]), TypeError, "g"),
-        (lambda: newton_schulz(G, "no_such_schedule"), KeyError, "coefficients"),
+        (lambda: newton_schulz(G, "no_such_schedule"), ValueError, "coefficients"),
         (lambda: newton_schulz(G, [[1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]]), ValueError, "coefficients"),
         (lambda: newton_schulz(G, [[1.0, float("nan"), 0.0]]), ValueError, "coefficients"),
         (lambda: newton_schulz(G, steps=0), ValueError, "steps"),
@@ -392,7 +410,7 @@ def test_compute_dtype_names_map_onto_the_policy():
     before = torch.get_float32_matmul_precision()
     high = newton_schulz(g, dtype="high").numpy()
     assert torch.get_float32_matmul_precision() == before
-    table = np.array(COEFFICIENTS["jordan"].table())
+    table = ortho_ref.schedule("jordan")
     # TF32 (where a backend uses it for "high") rounds inputs to 10 mantissa bits: float16's u.
     bound = tol.ns_tolerance(ortho_ref.normalized_singular_values(a), table, a.shape, "float16")
     assert np.linalg.norm(high - ortho_ref.ns_map(a, table)) <= bound
@@ -438,7 +456,7 @@ def test_inductor_compile_within_ns_tolerance_of_eager():
     ns_singular_value_tolerance in bfloat16), hence within twice the tolerance of eager."""
     torch._dynamo.reset()
     compiled = torch.compile(newton_schulz, fullgraph=True)
-    table = np.array(COEFFICIENTS["jordan"].table())
+    table = ortho_ref.schedule("jordan")
     rng = np.random.default_rng(12)
     for shape in ((24, 16), (3, 16, 24)):  # the transpose branch and the batched path; 6 graphs < recompile_limit
         mats = rng.standard_normal(shape)
@@ -476,7 +494,7 @@ def test_power_of_two_rescaling_is_bitwise_invariant(a, k, dtype, batched):
 def test_huge_and_tiny_inputs_match_ns_map(dtype, scale):
     a = matrix_with_spectrum(np.geomspace(1.0, 1e-2, 8), 8, 16, np.random.default_rng(0)) * scale
     fast = newton_schulz(torch.tensor(a).to(dtype), eps=0.0, dtype=dtype).double().numpy()
-    table = np.array(COEFFICIENTS["jordan"].table())
+    table = ortho_ref.schedule("jordan")
     ref = ortho_ref.ns_map(a, table, eps=0.0)
     sigma_hat = ortho_ref.normalized_singular_values(a, eps=0.0)
     name = str(dtype).removeprefix("torch.")

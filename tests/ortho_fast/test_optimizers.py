@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 import ortho_fast
 import ortho_ref
-from ortho_fast import COEFFICIENTS, Dion, Muon
+from ortho_fast import Dion, Muon
 from verify import tolerances as tol
 from verify.spectra import matrix_with_spectrum
 
@@ -64,7 +64,7 @@ def test_muon_bitwise_equals_torch_muon(shape, nesterov, adjust_lr, lr):
     w0 = torch.tensor(0.02 * rng.standard_normal(shape), dtype=torch.float32)
     p_ref, p_fast = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(w0.clone())
     o_ref = torch.optim.Muon([p_ref], lr=lr, nesterov=nesterov, adjust_lr_fn=adjust_lr)
-    o_fast = Muon([p_fast], lr=lr, nesterov=nesterov, adjust_lr=adjust_lr, eps_mode="clamp")
+    o_fast = Muon([p_fast], lr=lr, nesterov=nesterov, adjust_lr=adjust_lr)
     for _ in range(3):
         g = torch.tensor(_grad(shape, rng), dtype=torch.float32)
         p_ref.grad, p_fast.grad = g.clone(), g.clone()
@@ -77,13 +77,15 @@ def test_muon_bitwise_equals_torch_muon(shape, nesterov, adjust_lr, lr):
 
 
 def test_muon_bitwise_equals_torch_muon_several_params():
-    """One optimizer over tall, wide and square parameters (torch's defaults)."""
+    """One optimizer over tall, wide and square parameters: ``Muon(params)`` with plain
+    defaults is bitwise ``torch.optim.Muon(params)`` (its eps_mode resolves to torch's clamp)."""
     rng = _rng("torch-muon-multi")
     w0 = [torch.tensor(0.02 * rng.standard_normal(s), dtype=torch.float32) for s in SHAPES]
     ps_ref = [torch.nn.Parameter(w.clone()) for w in w0]
     ps_fast = [torch.nn.Parameter(w.clone()) for w in w0]
     o_ref = torch.optim.Muon(ps_ref)
-    o_fast = Muon(ps_fast, eps_mode="clamp")
+    o_fast = Muon(ps_fast)
+    assert o_fast.param_groups[0]["eps_mode"] == "clamp"
     for _ in range(3):
         for a, b in zip(ps_ref, ps_fast):
             g = torch.tensor(_grad(tuple(a.shape), rng), dtype=torch.float32)
@@ -95,18 +97,37 @@ def test_muon_bitwise_equals_torch_muon_several_params():
         assert torch.equal(o_ref.state[a]["momentum_buffer"], o_fast.state[b]["momentum_buffer"])
 
 
-def test_muon_default_eps_mode_add_differs_from_torch_on_tiny_gradient():
-    """eps_mode='add' (the default) is not torch's clamp: with ‖U‖_F ≈ eps they differ
-    (X₀ = U/(‖U‖ + eps) vs U/max(‖U‖, eps)); this also shows the parity test can fail."""
+@pytest.mark.parametrize("eps_mode, equal", [(None, True), ("clamp", True), ("add", False)])
+def test_muon_eps_mode_add_differs_from_torch_on_tiny_gradient(eps_mode, equal):
+    """eps_mode='add' is not torch's clamp: with ‖U‖_F ≈ eps they differ (X₀ = U/(‖U‖ + eps)
+    vs U/max(‖U‖, eps)), which shows the parity tests can fail; the default (None -> "clamp"
+    for "jordan") and "clamp" give torch's bits here too."""
     rng = _rng("eps-mode")
     w0 = torch.tensor(0.02 * rng.standard_normal((8, 12)), dtype=torch.float32)
     p_ref, p_fast = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(w0.clone())
-    o_ref, o_fast = torch.optim.Muon([p_ref], lr=0.02), Muon([p_fast], lr=0.02)
+    o_ref, o_fast = torch.optim.Muon([p_ref], lr=0.02), Muon([p_fast], lr=0.02, eps_mode=eps_mode)
     g = torch.tensor(1e-6 * _grad((8, 12), rng), dtype=torch.float32)  # ‖U‖_F ≈ 1e-7 = eps
     p_ref.grad, p_fast.grad = g.clone(), g.clone()
     o_ref.step()
     o_fast.step()
-    assert not torch.equal(p_ref, p_fast)
+    assert torch.equal(p_ref, p_fast) == equal
+
+
+@pytest.mark.parametrize("coefficients, expected", [
+    ("jordan", ("clamp", 1.0, 1e-7)), (ortho_fast.COEFFICIENTS["jordan"], ("clamp", 1.0, 1e-7)),
+    ("polar_express", ("add", 1.02, 1e-6)), ("cesista5", ("add", 1.0, 1e-7)), ("you6", ("add", 1.0, 1e-7)),
+    ([(3.4445, -4.7750, 2.0315)], ("add", 1.0, 1e-7)),  # a table, even Keller Jordan's row: "add"
+])
+def test_muon_normalization_defaults_follow_the_schedule(coefficients, expected):
+    """eps_mode / safety / eps None resolve from the schedule: torch.optim.Muon's clamp for
+    "jordan" only, Keller Jordan's original "add" (dion, Moonlight, nanochat) otherwise;
+    explicit values win."""
+    p = [torch.nn.Parameter(torch.ones(4, 6))]
+    group = Muon(p, coefficients=coefficients).param_groups[0]
+    assert (group["eps_mode"], group["safety"], group["eps"]) == expected
+    assert ortho_fast.default_eps_mode(coefficients) == expected[0]
+    group = Muon(p, coefficients=coefficients, eps_mode="add", safety=1.5, eps=0.0).param_groups[0]
+    assert (group["eps_mode"], group["safety"], group["eps"]) == ("add", 1.5, 0.0)
 
 
 MUON_COMBOS = [
@@ -121,9 +142,11 @@ MUON_COMBOS = [
 
 @pytest.mark.parametrize("style, nesterov, adjust_lr, weight_decay, coefficients", MUON_COMBOS)
 def test_muon_float64_matches_reference(style, nesterov, adjust_lr, weight_decay, coefficients):
+    """The oracle runs the oracle's own schedule transcription and the documented default
+    normalization (clamp for "jordan", add otherwise), so a wrong default on the fast side fails."""
     lr, mu = 0.02, 0.9
-    sched = COEFFICIENTS[coefficients]
-    table = np.array(sched.table())
+    sched, table = ortho_ref.SCHEDULES[coefficients], ortho_ref.schedule(coefficients)
+    eps_mode = "clamp" if coefficients == "jordan" else "add"
     for shape in SHAPES:
         rng = _rng("muon-ref", shape, style, nesterov, adjust_lr, weight_decay, coefficients)
         g = _grad(shape, rng, cond=1e2, scale=3.0)
@@ -136,9 +159,10 @@ def test_muon_float64_matches_reference(style, nesterov, adjust_lr, weight_decay
         p.grad = torch.tensor(g)
         opt.step()
         ref = ortho_ref.muon_step(w0, g, m0, lr=lr, mu=mu, nesterov=nesterov, momentum_style=style,
-                                  coefficients=table, safety=sched.safety, eps=sched.eps, adjust_lr=adjust_lr,
-                                  weight_decay=weight_decay)
-        sigma_hat = ortho_ref.normalized_singular_values(ref.ns_input, safety=sched.safety, eps=sched.eps)
+                                  coefficients=table, safety=sched.safety, eps=sched.eps, eps_mode=eps_mode,
+                                  adjust_lr=adjust_lr, weight_decay=weight_decay)
+        sigma_hat = ortho_ref.normalized_singular_values(ref.ns_input, safety=sched.safety, eps=sched.eps,
+                                                         eps_mode=eps_mode)
         ns_tol = tol.ns_tolerance(sigma_hat, table, shape, "float64")
         w_tol = tol.muon_tolerance(ns_tol, ref.lr_scale, lr, float(np.linalg.norm(w0)),
                                    float(np.linalg.norm(ref.update)), "float64")
@@ -524,10 +548,12 @@ P = [torch.nn.Parameter(torch.ones(4, 3))]
         (lambda: Muon(P, momentum_style="adam"), "momentum_style"),
         (lambda: Muon(P, adjust_lr="sqrt"), "adjust_lr"),
         (lambda: Muon(P, eps_mode="foo"), "eps_mode"),
-        (lambda: Muon(P, ns_steps=0), "steps"),
+        (lambda: Muon(P, ns_steps=0), "ns_steps"),
         (lambda: Muon(P, safety=0.0), "safety"),
         (lambda: Muon(P, eps=-1.0), "eps"),
         (lambda: Muon(P, coefficients=[[1.0, 2.0]]), "coefficients"),
+        (lambda: Muon(P, coefficients="no_such_schedule"), "coefficients"),
+        (lambda: Muon(P, lr="0.1"), "lr"),
         (lambda: Dion(P, lr=-0.01), "lr"),
         (lambda: Dion(P, mu=1.5), "mu"),
         (lambda: Dion(P, mu=-0.5), "mu"),
@@ -545,6 +571,11 @@ def test_bad_hyperparameters_raise_value_error(make, arg):
         make()
 
 
-def test_muon_unknown_schedule_raises_key_error():
-    with pytest.raises(KeyError, match="coefficients"):
+def test_unknown_schedule_error_is_a_key_error_and_a_value_error_listing_the_names():
+    """UnknownScheduleError: a ValueError naming the argument (house rule) that is still the
+    KeyError earlier versions raised; its message lists every registry name, unquoted."""
+    with pytest.raises(ortho_fast.UnknownScheduleError) as info:
         Muon(P, coefficients="no_such_schedule")
+    assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
+    assert str(info.value).startswith("coefficients: unknown schedule 'no_such_schedule'")
+    assert all(repr(name) in str(info.value) for name in ortho_fast.COEFFICIENTS)

@@ -315,7 +315,24 @@ def test_check_rejects_non_real_floating_parameters(algorithm, dtype):
     p.grad = torch.zeros(3, dtype=dtype)
     check = scalar.check_adamw_step if algorithm == "adamw" else scalar.check_lion_step
     with pytest.raises(TypeError, match="real floating-point"):
-        check({"params": [p]}, {})
+        check(_group(algorithm, [p]), {})
+
+
+@pytest.mark.parametrize("algorithm", ["adamw", "lion"])
+@pytest.mark.parametrize("key, value", [("lr", float("nan")), ("lr", "1e-3"), ("weight_decay", -0.1),
+                                        ("betas", (0.9, float("nan"))), ("betas", 0.9)])
+def test_check_rejects_options_edited_after_normalization(algorithm, key, value):
+    """check_<alg>_step re-checks the options (a scheduler may have written them) and changes
+    nothing: the group keeps the edited value, no state is created."""
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.grad = torch.ones(3)
+    group = _group(algorithm, [p])
+    group[key] = value
+    check = scalar.check_adamw_step if algorithm == "adamw" else scalar.check_lion_step
+    state = collections.defaultdict(dict)
+    with pytest.raises(ValueError, match=rf"^{key}(\[\d\])?:"):
+        check(group, state)
+    assert group[key] is value and not state
 
 
 def test_check_adamw_rejects_a_bad_step_entry():

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from ortho_fast._validate import check_finite
+from ortho_fast._validate import check_count, check_filled, check_finite, check_hyper
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 
@@ -28,3 +28,20 @@ def test_empty_and_scalar():
     check_finite(torch.tensor(1.0), "x")
     with pytest.raises(ValueError):
         check_finite(torch.tensor(float("nan")), "x")
+
+
+@pytest.mark.parametrize("value", ["0.1", b"1", None, float("nan"), float("inf"), -1.0, [0.1]])
+def test_check_hyper_takes_only_finite_real_numbers_in_range(value):
+    """A string is not a number here (float("0.1") would pass and break the step's arithmetic)."""
+    with pytest.raises(ValueError, match="^lr: expected"):
+        check_hyper(value, "lr")
+    assert check_hyper(torch.tensor(0.5), "lr") == 0.5 and check_hyper(1, "lr") == 1.0
+
+
+def test_check_count_and_check_filled():
+    assert check_count(3, "k") == 3
+    for bad in (0, True, 2.0, "2"):
+        with pytest.raises(ValueError, match="^k: expected an integer >= 1"):
+            check_count(bad, "k")
+    with pytest.raises(ValueError, match="^eps: missing from the AdamW param group"):
+        check_filled({"lr": 1e-3}, {"lr": 1e-3, "eps": 1e-8}, "AdamW")
