@@ -2,8 +2,10 @@
 
 Both run the implementation on inputs with known spectra, compare every result with the exact
 oracle (``ortho_ref``) under the tolerances of ``verify.tolerances``, and return a
-``VerificationReport``: ``passed``, the ``failures`` with the input that reproduces each, and
-error/tolerance for every case. A ten-line pytest test::
+``VerificationReport``: ``passed`` (False too when the report is inconclusive: nothing failed
+but some check compared nothing), the ``failures`` with the input that reproduces each, and
+error/tolerance for every case. A ten-line pytest test (``batched=False`` for a kernel that
+takes one (m, n) matrix only)::
 
     import torch
     from verify import check_orthogonalizer
@@ -29,10 +31,11 @@ import torch
 
 import ortho_fast
 import ortho_ref
+from verify import error_feedback
 from verify import tolerances as tol
-from verify.checks import CheckResult, as_float64 as _as_f64, compare_ns_output, dion_reference_rows, measured
+from verify.checks import CheckResult, as_float64 as _as_f64, compare_ns_output, dion_reference_rows, measured, verdict
 from verify.spectra import matrix_with_spectrum
-from verify.strategies import MAX_SCALE, SpectralExample, build_example
+from verify.strategies import DTYPES, MAX_SCALE, SpectralExample, build_example
 
 __all__ = [
     "DION", "DionConventions", "Failure", "MuonConventions", "ORTHO_MUON", "TORCH_MUON", "VerificationReport",
@@ -42,12 +45,20 @@ __all__ = [
 _NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def dtype_name(dtype) -> str:
-    """'float64' / 'float32' / 'bfloat16' / 'float16' for a torch dtype or such a name; TypeError otherwise."""
+def dtype_name(dtype, allowed=tuple(tol.UNIT_ROUNDOFF), argument: str = "dtype") -> str:
+    """'float64' / 'float32' / 'bfloat16' / 'float16' for a torch dtype or such a name, if in
+    ``allowed``; TypeError naming ``argument`` otherwise."""
     name = _NAMES.get(dtype, dtype)
-    if name not in tol.UNIT_ROUNDOFF:
-        raise TypeError(f"dtype: expected one of {sorted(tol.UNIT_ROUNDOFF)} (torch dtype or name), got {dtype!r}")
+    if name not in allowed:
+        raise TypeError(f"{argument}: expected one of {sorted(allowed)} (torch dtype or name), got {dtype!r}")
     return name
+
+
+def _ns_dtype_name(dtype) -> str:
+    """The compute dtype of an orthogonalizer check: float64, float32 or bfloat16 (the dtypes of
+    ``verify.strategies.DTYPES``, whose inputs and tolerances are defined); TypeError otherwise
+    (float16 included: its range would need inputs of their own)."""
+    return dtype_name(dtype, DTYPES)
 
 
 def _coarser(*names: str) -> str:
@@ -123,8 +134,9 @@ class DionConventions:
 #: torch.optim.Muon's own conventions (defaults: EMA momentum, Nesterov, Keller Jordan's
 #: coefficients, eps 1e-7 clamped, bf16 Newton–Schulz, adjust_lr_fn None = "original").
 TORCH_MUON = MuonConventions(eps_mode="clamp")
-#: ortho_fast.Muon's defaults (as torch's, with eps added: X₀ = U/(‖U‖_F + eps)).
-ORTHO_MUON = MuonConventions()
+#: ortho_fast.Muon's defaults: torch's, including the clamped normalization that
+#: ``ortho_fast.default_eps_mode("jordan")`` resolves to.
+ORTHO_MUON = MuonConventions(eps_mode="clamp")
 #: ortho_fast.Dion and microsoft/dion's Dion (state keys "momentum" and "Q", μ keyword "mu").
 DION = DionConventions()
 
@@ -146,6 +158,9 @@ class VerificationReport:
 
     ``results``: every CheckResult (error, tolerance, ratio = error/tolerance per case);
     ``inputs``: input name -> (arrays, provenance). ``bool(report)`` is ``report.passed``.
+    ``status`` (``verify.checks.verdict``): "passed", "failed", or "inconclusive" — nothing
+    failed but some check made no claim on any input (e.g. every Dion step ill-posed in the
+    dtype), or nothing was compared at all; an inconclusive report is not ``passed``.
     """
 
     subject: str
@@ -153,9 +168,19 @@ class VerificationReport:
     inputs: dict
 
     @property
+    def status(self) -> str:
+        """"passed", "failed" or "inconclusive" (see the class docstring)."""
+        return verdict(self.results)[0]
+
+    @property
     def passed(self) -> bool:
-        """True iff there is at least one result and every result passed."""
-        return bool(self.results) and all(r.passed for r in self.results)
+        """True iff nothing failed and every check made at least one claim (status "passed")."""
+        return self.status == "passed"
+
+    @property
+    def inconclusive(self) -> bool:
+        """True iff nothing failed but the report is no evidence (status "inconclusive")."""
+        return self.status == "inconclusive"
 
     def __bool__(self) -> bool:
         return self.passed
@@ -167,23 +192,30 @@ class VerificationReport:
 
     @property
     def worst_ratio(self) -> float:
-        """Largest error/tolerance over all results (0 when there are none)."""
-        return max((r.ratio for r in self.results), default=0.0)
+        """Largest error/tolerance over the claimed results (0 when there are none)."""
+        return max((r.ratio for r in self.results if r.claimed), default=0.0)
 
     def summary(self, max_rows: int = 12) -> str:
-        """Plain-text verdict, the worst case per check and the first failures with provenance."""
+        """Plain-text verdict with the counts of passed / failed / no-claim rows, why an
+        inconclusive report is one, the worst case per check, the first failures with
+        provenance and the first rows that made no claim (at most ``max_rows`` of each)."""
         from verify.report import worst_per_group
 
-        head = (f"{self.subject}: {'PASSED' if self.passed else 'FAILED'} — {sum(r.passed for r in self.results)} of "
-                f"{len(self.results)} checks passed, worst error/tolerance {self.worst_ratio:.3g}")
+        status, reasons = verdict(self.results)
+        counts = {k: sum(r.status == k for r in self.results) for k in ("pass", "fail", "no claim")}
+        head = (f"{self.subject}: {status.upper()} — {counts['pass']} of {len(self.results)} checks passed, "
+                f"{counts['fail']} failed, {counts['no claim']} made no claim; worst error/tolerance "
+                f"{self.worst_ratio:.3g}")
+        lines = [head] + [f"  nothing compared — {why}" for why in reasons]
         by_check: dict[str, CheckResult] = {}
         for worst, _, _ in worst_per_group(self.results):
-            if worst.check not in by_check or (not worst.passed, worst.ratio) > (not by_check[worst.check].passed,
-                                                                                by_check[worst.check].ratio):
+            key = (not worst.passed, worst.claimed, worst.ratio)
+            old = by_check.get(worst.check)
+            if old is None or key > (not old.passed, old.claimed, old.ratio):
                 by_check[worst.check] = worst
-        lines = [head, "worst case per check:"]
-        lines += [f"  {r.check}: {r.ratio:.3g} ({r.input}; {r.detail}){'' if r.passed else '  FAIL'}"
-                  for r in by_check.values()]
+        lines.append("worst case per check:")
+        lines += [f"  {r.check}: {r.ratio:.3g} ({r.input}; {r.detail}){'  FAIL' if not r.passed else ''}"
+                  f"{'' if r.claimed else '  no claim'}{' — ' + r.note if r.note else ''}" for r in by_check.values()]
         fails = self.failures
         if fails:
             lines.append(f"failures ({len(fails)}):")
@@ -193,6 +225,12 @@ class VerificationReport:
                 lines.append(f"    reproduce: {f.provenance}")
             if len(fails) > max_rows:
                 lines.append(f"  ... and {len(fails) - max_rows} more")
+        vacuous = [r for r in self.results if r.status == "no claim"]
+        if vacuous:
+            lines.append(f"no claim ({len(vacuous)}: passed vacuously, not counted as evidence):")
+            lines += [f"  {r.check} on {r.input} — {r.note}" for r in vacuous[:max_rows]]
+            if len(vacuous) > max_rows:
+                lines.append(f"  ... and {len(vacuous) - max_rows} more")
         return "\n".join(lines)
 
     def assert_passed(self) -> None:
@@ -218,7 +256,9 @@ class VerificationReport:
 
 #: (family, parameters, shape, scale) of the default inputs: every family, tall / wide /
 #: square, uneven row counts (a shard-offset bug needs m % shards != 0), one and two batch dims
-#: with per-matrix scales, 1 × 1 and 1 × n, and the extreme scales (scale "max" = MAX_SCALE).
+#: with per-matrix scales, 1 × 1 and 1 × n, the extreme scales (scale "max" = MAX_SCALE), and
+#: ‖G‖_F ≈ 1.6e-5, where the normalization's eps matters (eps = 1e-3 for 1e-7 shrinks σ̂ 60-fold;
+#: in bfloat16 only this input catches it).
 DEFAULT_SPECS = (
     ("geometric", {"log_cond": 2.0}, (37, 16), 1.0),
     ("geometric", {"log_cond": 2.0}, (12, 29), 1.0),
@@ -235,15 +275,19 @@ DEFAULT_SPECS = (
     ("geometric", {"log_cond": 1.0}, (9, 17), "max"),
     ("geometric", {"log_cond": 0.0}, (1, 1), 3.0),
     ("geometric", {"log_cond": 0.0}, (1, 6), 1.0),
+    ("geometric", {"log_cond": 1.0}, (20, 12), 1e-5),
 )
 
 
-def default_examples(dtype="float32", seed: int = 0) -> list[SpectralExample]:
+def default_examples(dtype="float32", seed: int = 0, batched: bool = True) -> list[SpectralExample]:
     """The inputs ``check_orthogonalizer`` uses by default (``DEFAULT_SPECS``), deterministic
-    for a seed; example i is drawn with seed ``seed + i``."""
-    name = dtype_name(dtype)
+    for a seed; example i is drawn with seed ``seed + i``. ``batched=False`` leaves out the
+    inputs with batch dimensions. Raises: TypeError for a dtype other than float64 / float32 /
+    bfloat16."""
+    name = _ns_dtype_name(dtype)
     return [build_example(kind, params, shape=shape, scale=MAX_SCALE[name] if scale == "max" else scale, dtype=name,
-                          seed=seed + i) for i, (kind, params, shape, scale) in enumerate(DEFAULT_SPECS)]
+                          seed=seed + i) for i, (kind, params, shape, scale) in enumerate(DEFAULT_SPECS)
+            if batched or len(shape) == 2]
 
 
 def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coefficients="jordan", dtype=None,
@@ -253,18 +297,22 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
     ``ortho_ref.ns_map`` (``verify.checks.compare_ns_output``), for use in hypothesis tests.
 
     ``dtype`` (default the example's): the compute dtype ``fn`` declares. Other arguments as
-    ``check_orthogonalizer``. Rows: ``orthogonalizer_runs`` (fn raised), ``input_unchanged``
-    (fn modified its input; tolerance 0), ``output_shape``, then per matrix ``ns_vs_ns_map``,
-    ``spread_in_band`` (and ``ns_projected_singular_values`` for bfloat16).
+    ``check_orthogonalizer``. Rows: ``orthogonalizer_runs`` (fn raised; on a batched input the
+    note says so and points to ``batched=False``), ``input_unchanged`` (fn modified its input;
+    tolerance 0), ``output_shape``, then per matrix ``ns_vs_ns_map``, ``spread_in_band`` (and
+    ``ns_projected_singular_values`` for bfloat16).
+    Raises: TypeError for a dtype other than float64 / float32 / bfloat16.
     """
-    name = dtype_name(example.dtype if dtype is None else dtype)
+    name = _ns_dtype_name(example.dtype if dtype is None else dtype)
     table, safety, eps = _table_and_normalization(coefficients, steps, safety, eps)
     x = example.tensor()
     pristine = x.clone()
     try:
         out = fn(x)
     except Exception as err:  # a crash is a failed check, reported with its input
-        return [measured("orthogonalizer_runs", example.name, "fn(input)", math.inf, 0.0, f"raised {err!r}")]
+        hint = (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
+                "batched=False if your kernel is 2-D only") if x.ndim > 2 else ""
+        return [measured("orthogonalizer_runs", example.name, "fn(input)", math.inf, 0.0, f"raised {err!r}{hint}")]
     rows = [measured("input_unchanged", example.name, "fn must not modify its input",
                      float((x.double() - pristine.double()).abs().max()), 0.0)]
     if not isinstance(out, torch.Tensor) or out.shape != x.shape:
@@ -279,28 +327,34 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
 
 def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.float32, steps: int | None = None,
                          safety: float | None = None, eps: float | None = None, eps_mode: str = "add",
-                         examples: list[SpectralExample] | None = None, seed: int = 0) -> VerificationReport:
+                         examples: list[SpectralExample] | None = None, seed: int = 0,
+                         batched: bool = True) -> VerificationReport:
     """Check a Newton–Schulz function against the exact oracle.
 
     ``fn`` maps a (..., m, n) tensor to its Newton–Schulz result of the same shape (leading dims
     are independent matrices, each normalized by its own Frobenius norm). It is called on
     ``default_examples(dtype, seed)`` (every spectrum family of ``verify.strategies``, tall / wide
-    / square / batched, scales 1e-30 to ``MAX_SCALE``), given in float64 when ``dtype`` is
-    float64, else float32, and each output matrix is compared with ``ortho_ref.ns_map`` for the
+    / square / batched, scales 1e-30 to ``MAX_SCALE``, ‖G‖_F ≈ 1.6e-5 where eps matters; with
+    ``batched=False`` only the 2-D ones, for a kernel that takes one (m, n) matrix), given in
+    float64 when ``dtype`` is float64, else float32, and each output matrix is compared with ``ortho_ref.ns_map`` for the
     declared ``coefficients`` (a registry name or a (T, 3) table; ``steps`` truncates / extends
     it), normalization X₀ = G/(safety‖G‖_F + eps) (``eps_mode="clamp"``: /max(safety‖G‖_F, eps);
     defaults from the named schedule, else 1 and 1e-7) and compute ``dtype`` (float64, float32:
     Frobenius ``ns_tolerance``; bfloat16: per-direction singular values).
-    Returns: ``VerificationReport`` (``passed``, ``failures`` with reproducing inputs, ratios).
-    Raises: TypeError for an unknown dtype, ValueError for an unknown schedule, a bad table or an
-    empty ``examples`` — exceptions raised by ``fn`` are reported as failed checks instead.
+    Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive, ``failures`` with
+    reproducing inputs, ratios; bfloat16 rows whose tolerance admits the zero output make no claim).
+    Raises: TypeError for a dtype other than float64 / float32 / bfloat16 (float16 included);
+    ValueError for an unknown schedule, a bad table, or no example left (``examples`` empty, or
+    only batched ones with ``batched=False``) — exceptions raised by ``fn`` are reported as failed
+    checks instead.
     Source: the polynomial view of Newton–Schulz, Amsel et al. 2025 (arXiv 2505.16932), Sec. 2.
     """
-    name = dtype_name(dtype)
+    name = _ns_dtype_name(dtype)
     _table_and_normalization(coefficients, steps, safety, eps)  # validate before running anything
-    examples = default_examples(name, seed) if examples is None else list(examples)
+    examples = default_examples(name, seed, batched) if examples is None else \
+        [ex for ex in examples if batched or ex.matrix.ndim == 2]
     if not examples:
-        raise ValueError("examples: expected at least one SpectralExample")
+        raise ValueError("examples: expected at least one SpectralExample (2-D when batched=False)")
     results, inputs = [], {}
     for ex in examples:
         rows = check_orthogonalizer_example(fn, ex, coefficients=coefficients, dtype=name, steps=steps, safety=safety,
@@ -357,10 +411,17 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     (``compare_ns_output`` in the coarser of ns_dtype and param_dtype, with the weight's rounding
     as extra allowance; checks ``muon_update/...``) and the momentum buffer (``muon_momentum``);
     Dion (from step 2: Q_0 is the optimizer's own draw): weight, momentum and Q against
-    ``ortho_ref.dion_step`` (``dion_vs_reference``, ``verify.tolerances.dion_tolerances``).
-    Returns: ``VerificationReport``; each failure carries the initial weight and gradients.
-    Raises: TypeError without conventions for an unknown class; ValueError for steps < 1 (Dion:
-    < 2), lr <= 0, or when the state lacks a declared key (after the first step).
+    ``ortho_ref.dion_step`` (``dion_vs_reference``, ``verify.tolerances.dion_variant_tolerances``
+    with B, P, R in the momentum state's dtype, as microsoft/dion's mixed precision) where P is
+    determined by B in that dtype — not with bfloat16 state (δ_P ≈ 0.9), where the step is left
+    out and said so in the notes — and at every step the invariants that need no P
+    (``verify.error_feedback.observed_step_rows``: ``dion_update_structure``,
+    ``dion_momentum_split``).
+    Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive); each failure
+    carries the initial weight and gradients.
+    Raises: TypeError without conventions for an unknown class or for a dtype outside float64 /
+    float32 / bfloat16 / float16; ValueError for steps < 1 (Dion: < 2), lr <= 0, or when the state
+    lacks a declared key (after the first step).
     """
     conventions = _default_conventions(optimizer) if conventions is None else conventions
     if not isinstance(conventions, (MuonConventions, DionConventions)):
@@ -370,7 +431,7 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
         raise ValueError(f"steps: expected an integer >= {first}, got {steps!r}")
     if not lr > 0:
         raise ValueError(f"lr: expected > 0 (the update is recovered by dividing by lr), got {lr!r}")
-    pdt = dtype_name(param_dtype)
+    pdt = dtype_name(param_dtype, argument="param_dtype")
     inputs = _optimizer_inputs(shapes, steps, cond, seed)
     params = [torch.nn.Parameter(torch.tensor(w0, dtype=param_dtype)) for w0, _ in inputs]
     names = conventions.hyperparameter_names
@@ -424,7 +485,8 @@ def _muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, 
     u = tol.unit_roundoff(pdt) + tol.U64
     extra = 4 * u * (float(np.linalg.norm(w_prev)) + step * float(np.linalg.norm(ref.update))) / step
     rows = compare_ns_output(measured_update, ref.ns_input, table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
-                             dtype=_coarser(dtype_name(conv.ns_dtype), pdt), input_name=name,
+                             dtype=_coarser(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt),
+                             input_name=name,
                              detail=f"update (W(1-lr wd) - W_new)/(lr s), s = {ref.lr_scale:.4g}", extra=extra,
                              prefix="muon_update/")
     if key:
@@ -440,10 +502,23 @@ def _dion_step_rows(opt, p, conv: DionConventions, before, grad, tracked, t, *, 
             _state(opt, p, key)  # the declared state exists (ValueError otherwise)
         return [], None
     m_prev, q_prev = state_prev[conv.momentum_state_key], state_prev[conv.q_state_key]
+    m_dt, q_dt = (dtype_name(opt.state[p][k].dtype, argument=f"optimizer.state[p][{k!r}]")
+                  for k in (conv.momentum_state_key, conv.q_state_key))
     ref = ortho_ref.dion_step(w_prev, grad, m_prev, q_prev, lr=lr, mu=mu, weight_decay=wd, epsilon=conv.epsilon,
                               power_iters=conv.power_iters, error_feedback=conv.error_feedback)
-    rows = dion_reference_rows(name, f"rank {q_prev.shape[1]}/{min(w_prev.shape)}/{pdt}", ref, q_prev, w_prev,
-                               lr=lr, mu=mu, dtype=pdt, error_feedback=conv.error_feedback,
-                               weight=_as_f64(p), momentum=_state(opt, p, conv.momentum_state_key),
-                               Q=_state(opt, p, conv.q_state_key))
-    return rows, None
+    # B, P, R in the momentum's dtype (microsoft/dion's mixed precision): float32 state with
+    # bfloat16 parameters keeps P determined; bfloat16 state does not (δ_P ≈ 0.9).
+    bounds = tol.dion_variant_tolerances(ref, q_prev, lr=lr, mu=mu, weight=w_prev, dtype=m_dt, param_dtype=pdt,
+                                         q_dtype=q_dt, error_feedback=conv.error_feedback, epsilon=conv.epsilon,
+                                         power_iters=conv.power_iters, grad_norm=float(np.linalg.norm(grad)))
+    w_new, m_new, q_new = _as_f64(p), _state(opt, p, conv.momentum_state_key), _state(opt, p, conv.q_state_key)
+    detail = f"rank {q_prev.shape[1]}/{min(w_prev.shape)}/{pdt}" + (f" state {m_dt}" if m_dt != pdt else "")
+    rows = dion_reference_rows(name, detail, ref, q_prev, w_prev, lr=lr, mu=mu, dtype=m_dt, bounds=bounds,
+                               error_feedback=conv.error_feedback, weight=w_new, momentum=m_new, Q=q_new)
+    # A comparison that was not made is said in the invariant rows' notes, not as a row of its own:
+    # the invariants below are the evidence for such a step.
+    note = "" if rows[0].claimed else f"reference not compared: {rows[0].note}"
+    invariants = error_feedback.observed_step_rows(
+        name, detail, weight=w_prev, weight_new=w_new, momentum=m_prev, grad=grad, momentum_new=m_new, q_new=q_new,
+        lr=lr, mu=mu, weight_decay=wd, dtype=_coarser(pdt, m_dt, q_dt), error_feedback=conv.error_feedback, note=note)
+    return [r for r in rows if r.claimed] + invariants, None

@@ -1,8 +1,10 @@
 """Regression baselines for ``ortho-verify --baseline FILE``.
 
-A baseline is a JSON file with the error/tolerance ratio of every check of a run, keyed by
-(check, input, detail), the run's mode (quick, real inputs, seed) and the SHA-256 of the
-oracle's golden files (``ortho_ref/golden/data``). ``compare`` turns a new run into
+A baseline is a JSON file with the error/tolerance ratio of every claimed check of a run
+(rows that made no claim are left out: a check that stops making its claim shows as missing),
+keyed by (check, input, detail), the run's mode (quick, real inputs, seed) and a SHA-256 per
+golden file of the oracle (``ortho_ref/golden/data``) over what it asserts — function,
+arguments, digits and the stored arrays — not the sidecar's date, versions or mpmath backend. ``compare`` turns a new run into
 ``baseline_regression`` rows (one per check name, the worst key), a ``baseline_coverage`` row
 (checks of the baseline missing from a run of the same mode) and a ``baseline_golden_files``
 row (golden files changed or removed). A ratio regresses when
@@ -16,12 +18,14 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 from verify.checks import CheckResult, measured
 from verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
 __all__ = ["FORMAT", "GOLDEN_DIR", "allowed_ratio", "compare", "golden_hashes", "load", "write"]
 
-FORMAT = 1
+FORMAT = 2  # 2: golden files hashed by content (``golden_hashes``), no-claim rows left out
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "ortho_ref" / "golden" / "data"
 _MODE_KEYS = ("quick", "real_inputs_used", "seed")
 
@@ -30,20 +34,47 @@ def _key(r: CheckResult) -> str:
     return f"{r.check} | {r.input} | {r.detail}"
 
 
+#: Sidecar fields a golden file's hash covers: what the stored values mean. The others (date,
+#: generator, mpmath / numpy versions and backend, provenance, the stored tolerance) describe how
+#: and when the file was made and may change when the same data is regenerated.
+GOLDEN_FIELDS = ("function", "arguments", "digits", "inputs", "outputs")
+
+
+def _golden_digest(root: Path, name: str) -> str:
+    """SHA-256 over the ``GOLDEN_FIELDS`` of ``name``.json (canonical JSON) and every array of
+    ``name``.npz (name, dtype, shape, bytes, in name order); over the raw bytes of both files when
+    they cannot be read as a golden pair (a corrupted file still changes the digest)."""
+    h = hashlib.sha256()
+    try:
+        meta = json.loads((root / f"{name}.json").read_text())
+        h.update(json.dumps({k: meta.get(k) for k in GOLDEN_FIELDS}, sort_keys=True).encode())
+        with np.load(root / f"{name}.npz", allow_pickle=False) as data:
+            for key in sorted(data.files):
+                a = np.ascontiguousarray(data[key])
+                h.update(f"{key}|{a.dtype.str}|{a.shape}".encode())
+                h.update(a.tobytes())
+    except (OSError, ValueError):
+        h = hashlib.sha256(b"unreadable")
+        for path in (root / f"{name}.json", root / f"{name}.npz"):
+            h.update(path.read_bytes() if path.is_file() else b"missing")
+    return h.hexdigest()
+
+
 def golden_hashes(directory: Path | None = None) -> dict[str, str]:
-    """SHA-256 of every file under the golden directory (relative path -> hex); {} if absent."""
+    """Content digest (``_golden_digest``) of every golden file (a ``<name>.json`` with its
+    ``<name>.npz``) in the golden directory: name -> hex; {} if the directory is absent."""
     root = GOLDEN_DIR if directory is None else Path(directory)
     if not root.is_dir():
         return {}
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {p.stem: _golden_digest(root, p.stem) for p in sorted(root.glob("*.json"))}
 
 
 def _ratios(results: list[CheckResult]) -> dict[str, float]:
-    """Worst ratio per key (a key measured twice keeps its larger ratio); inf stored as a string."""
+    """Worst ratio per key of the claimed rows (a key measured twice keeps its larger ratio)."""
     out: dict[str, float] = {}
     for r in results:
-        out[_key(r)] = max(out.get(_key(r), 0.0), r.ratio)
+        if r.claimed:
+            out[_key(r)] = max(out.get(_key(r), 0.0), r.ratio)
     return out
 
 
@@ -85,9 +116,10 @@ def compare(results: list[CheckResult], baseline: dict, mode: dict, golden_dir: 
 
     ``baseline_regression`` per check name present in both: error = the new ratio of the key with
     the largest new/allowed, tolerance = its allowed ratio, the old ratio in the note.
-    ``baseline_coverage``: error = number of baseline keys absent from this run, tolerance 0 when
-    the modes are equal (else reported, not failed). ``baseline_golden_files``: error = number
-    of golden files changed or removed since the baseline, tolerance 0.
+    ``baseline_coverage`` (only when the run's mode equals the baseline's; otherwise there is no
+    claim to make, and every row's note says so): error = number of baseline keys absent from
+    this run, tolerance 0; a row that made a claim in the baseline and none now counts as absent. ``baseline_golden_files``: error = number of golden files whose
+    content (``golden_hashes``) changed or that were removed since the baseline, tolerance 0.
     """
     old, new = baseline["ratios"], _ratios(results)
     worst: dict[str, tuple[float, str]] = {}
@@ -105,14 +137,18 @@ def compare(results: list[CheckResult], baseline: dict, mode: dict, golden_dir: 
                              f"{BASELINE_FLOOR:g})"))
     same_mode = all(baseline.get("mode", {}).get(k) == mode.get(k) for k in _MODE_KEYS)
     missing = sorted(set(old) - set(new))
-    rows.append(measured("baseline_coverage", "baseline", "checks of the baseline present in this run",
-                         len(missing), 0.0 if same_mode else math.inf,
-                         (f"missing: {missing[0]}{' ...' if len(missing) > 1 else ''}; " if missing else "")
-                         + f"{len(set(old) & set(new))} compared, {len(set(new) - set(old))} new"
-                         + ("" if same_mode else "; run mode differs from the baseline's: not enforced")))
+    counts = f"{len(set(old) & set(new))} compared, {len(set(new) - set(old))} new"
+    if same_mode:
+        rows.append(measured("baseline_coverage", "baseline", "checks of the baseline present in this run",
+                             len(missing), 0.0,
+                             (f"missing: {missing[0]}{' ...' if len(missing) > 1 else ''}; " if missing else "")
+                             + counts))
     then, now = baseline.get("golden_files", {}), golden_hashes(golden_dir)
     changed = sorted(name for name, digest in then.items() if now.get(name) != digest)
     rows.append(measured("baseline_golden_files", "ortho_ref/golden", "golden files unchanged since the baseline",
                          len(changed), 0.0, f"changed or removed: {', '.join(changed)}" if changed else
                          f"{len(then)} files, {len(set(now) - set(then))} added"))
+    if not same_mode:
+        for row in rows:
+            row.note += f"; run mode differs from the baseline's: coverage not enforced ({counts})"
     return rows

@@ -31,7 +31,11 @@ TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": 
 class CheckResult:
     """One measured comparison. ``ratio`` = error / tolerance (0 when both are 0).
 
-    ``extra``: optional named measurements shown in the report (e.g. the fraction of the
+    ``passed``: no violation was found. ``claimed``: the row is evidence — False for a
+    comparison that was not made (ill-posed: P not determined by B) or whose tolerance cannot
+    reject a wrong result (infinite, or admitting the zero output); such a row passed vacuously,
+    its ``status`` is "no claim" and reports count it apart (``verdict``). A failed row is always
+    claimed. ``extra``: optional named measurements shown in the report (e.g. the fraction of the
     gradient lost without error feedback); they change no verdict.
     """
 
@@ -43,6 +47,7 @@ class CheckResult:
     passed: bool
     note: str = ""
     extra: dict = field(default_factory=dict)
+    claimed: bool = True
 
     @property
     def ratio(self) -> float:
@@ -50,15 +55,48 @@ class CheckResult:
             return self.error / self.tolerance
         return 0.0 if self.error == 0 else math.inf
 
+    @property
+    def status(self) -> str:
+        """"fail", "pass" (a claim that held) or "no claim" (passed vacuously)."""
+        return "fail" if not self.passed else "pass" if self.claimed else "no claim"
+
     def as_dict(self) -> dict:
-        return {**asdict(self), "ratio": self.ratio}
+        return {**asdict(self), "ratio": self.ratio, "status": self.status}
 
 
 def measured(check: str, case_name: str, detail: str, error, tolerance, note: str = "",
-             extra: dict | None = None) -> CheckResult:
-    """A ``CheckResult`` that passes iff error <= tolerance (NaN fails)."""
+             extra: dict | None = None, informative: bool = True) -> CheckResult:
+    """A ``CheckResult`` that passes iff error <= tolerance (NaN fails). It is a claim unless it
+    passed with an infinite tolerance or with ``informative`` False (see ``CheckResult``)."""
     error, tolerance = float(error), float(tolerance)
-    return CheckResult(check, case_name, detail, error, tolerance, bool(error <= tolerance), note, extra or {})
+    passed = bool(error <= tolerance)
+    return CheckResult(check, case_name, detail, error, tolerance, passed, note, extra or {},
+                       not passed or (informative and math.isfinite(tolerance)))
+
+
+def no_claim(check: str, case_name: str, detail: str, why: str, extra: dict | None = None) -> CheckResult:
+    """A row for a comparison that was not made (error 0, tolerance inf): ``why`` is its note."""
+    return CheckResult(check, case_name, detail, 0.0, math.inf, True, why, extra or {}, False)
+
+
+def verdict(results) -> tuple[str, list[str]]:
+    """("passed" | "failed" | "inconclusive", reasons) of a list of ``CheckResult``.
+
+    failed: some row failed. inconclusive (nothing failed, but not evidence of correctness): no
+    row made a claim, or some check made no claim on any of its inputs; the reasons name each
+    such check with its row count and the note of its first row. passed: otherwise.
+    """
+    results = list(results)
+    if any(not r.passed for r in results):
+        return "failed", []
+    families: dict[str, list[CheckResult]] = {}
+    for r in results:
+        families.setdefault(r.check, []).append(r)
+    reasons = [f"{check}: no claim on any of its {len(rows)} rows ({rows[0].note or 'no note'})"
+               for check, rows in families.items() if not any(r.claimed for r in rows)]
+    if not results:
+        reasons = ["no check was run"]
+    return ("inconclusive" if reasons else "passed"), reasons
 
 
 def as_float64(t: torch.Tensor) -> np.ndarray:
@@ -93,17 +131,43 @@ def check_coefficient_registries() -> list[CheckResult]:
     return out
 
 
+def _envelope_row(check: str, input_name: str, detail: str, values: np.ndarray, exact_low, exact_high,
+                  taus: np.ndarray, informative: bool, note: str) -> CheckResult:
+    """``values`` (any order) against per-direction intervals: the exact value of direction i
+    lies in [a_i, b_i] (``exact_low``, ``exact_high``: arrays or scalars) and the computed one
+    within τᵢ of it; the pairing is unknown. Order statistics are monotone (x_i ∈ [l_i, h_i] for
+    every i implies sort(x)_k ∈ [sort(l)_k, sort(h)_k]), so the k-th smallest value v_k must lie in
+    [sort(a − τ)_k, sort(b + τ)_k]: error = its excursion outside [sort(a)_k, sort(b)_k], tolerance =
+    the envelope's widening on that side; the row reports the k with the largest ratio."""
+    a, b = np.broadcast_to(exact_low, taus.shape), np.broadcast_to(exact_high, taus.shape)
+    v, lo, hi = np.sort(values), np.sort(a), np.sort(b)
+    below, above = lo - np.sort(a - taus), np.sort(b + taus) - hi
+    error = np.maximum(0.0, np.maximum(lo - v, v - hi))
+    bound = np.where(v < lo, below, above)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(bound > 0, error / bound, np.where(error > 0, np.inf, 0.0))
+    k = int(np.argmax(ratios))
+    return measured(check, input_name, detail, error[k], bound[k],
+                    f"k = {k + 1} of {len(v)} (ascending): {v[k]:.3f}, exact in [{lo[k]:.3f}, {hi[k]:.3f}], allowed "
+                    f"[{lo[k] - below[k]:.3f}, {hi[k] + above[k]:.3f}]" + (f"; {note}" if note else ""),
+                    informative=informative)
+
+
 def compare_ns_output(fast: np.ndarray, a: np.ndarray, table, *, safety: float, eps: float, dtype: str,
                       input_name: str, detail: str, eps_mode: str = "add", extra: float = 0.0, svd=None,
                       record: list | None = None, prefix: str = "") -> list[CheckResult]:
     """Judge a computed Newton–Schulz result ``fast`` of the input ``a`` against the oracle.
 
-    (a) float32/float64: ‖fast − ns_map(a)‖_F ≤ ``ns_tolerance`` + ``extra``. bfloat16:
-    sorted singular values within ``ns_singular_value_tolerance`` (Weyl), and per direction
-    uᵢᵀ fast vᵢ against f(σ̂ᵢ) within ``ns_singular_value_tolerances`` (each + ``extra``).
-    (b) Spread: every singular value of ``fast`` lies in the exact band of f over
-    [σ̂_min, σ̂_max] widened by the tolerance of (a) (bfloat16: the singular-value one); the
-    error is the largest excursion outside the band.
+    float32/float64: (a) ‖fast − ns_map(a)‖_F ≤ ``ns_tolerance`` + ``extra``; (b) spread: every
+    singular value of ``fast`` lies in the exact band of f over [σ̂_min, σ̂_max] widened by that
+    tolerance (error: the largest excursion outside the band).
+    bfloat16, with the per-direction tolerances τᵢ of ``ns_singular_value_tolerances`` (+ ``extra``):
+    (a) the sorted singular values of ``fast`` within the order-statistic envelope of the
+    intervals f(σ̂ᵢ) ± τᵢ (``_envelope_row``), and per direction uᵢᵀ fast vᵢ against f(σ̂ᵢ) within
+    τᵢ (``ns_projected_singular_values``); (b) spread: the sorted singular values within the
+    envelope of [lo − τᵢ, hi + τᵢ] (band [lo, hi]). A bfloat16 row whose intervals all contain
+    0 (f(σ̂ᵢ) ≤ τᵢ for every i; band: lo ≤ τᵢ) admits the zero output: it makes no claim
+    (``CheckResult.claimed``) unless it fails.
 
     Shapes: fast, a (m, n) float64; table (T, 3). ``dtype`` names the compute dtype the
     tolerances are for; ``extra`` an absolute Frobenius allowance for errors made outside
@@ -122,40 +186,41 @@ def compare_ns_output(fast: np.ndarray, a: np.ndarray, table, *, safety: float, 
     f_sigma = ortho_ref.ns_polynomial(sigma_hat, table)  # exact output singular values, per direction
     sv_fast = np.sort(ortho_ref.singular_values(fast))
     lo, hi = ortho_ref.ns_band(table, float(sigma_hat.min()), float(sigma_hat.max()) * (1 + 1e-12) + 1e-300)
-    weak_note = "tolerance exceeds the band's upper edge: too ill-conditioned for a sharp comparison in this dtype"
+    band = f"band [{lo:.3f}, {hi:.3f}], measured [{sv_fast.min():.3f}, {sv_fast.max():.3f}]"
     projected = None
     if dtype == "bfloat16" or record is not None:
         u_a, _, vt_a = ortho_ref.svd(a) if svd is None else svd
         projected = np.einsum("ij,ik,kj->j", u_a, fast, vt_a.T)
         if record is not None:
             record.append((sigma_hat, projected))
-    out = []
-    if dtype == "bfloat16":
-        sv_tol = tol.ns_singular_value_tolerance(sigma_hat, table, a.shape, dtype) + extra
-        out.append(measured(names[0], input_name, detail + " (singular values)",
-                            np.max(np.abs(sv_fast - np.sort(f_sigma))), sv_tol, weak_note if sv_tol >= hi else ""))
-        # Per direction: uᵢᵀ X_fast vᵢ against f(σ̂ᵢ) with its own first-order tolerance.
-        taus = tol.ns_singular_value_tolerances(sigma_hat, table, a.shape, dtype) + extra
-        ratios = np.abs(projected - f_sigma) / taus
-        i = int(np.argmax(ratios))
-        sharp = int(np.sum(taus < SHARP_SINGULAR_VALUE_TOLERANCE))
-        out.append(measured(prefix + "ns_projected_singular_values", input_name, f"{detail} (worst direction)",
-                            abs(projected[i] - f_sigma[i]), taus[i],
-                            f"direction {i + 1}; {sharp} of {len(taus)} directions with tolerance < "
-                            f"{SHARP_SINGULAR_VALUE_TOLERANCE}"))
-    else:
+    if dtype != "bfloat16":
         ref = ortho_ref.ns_map(a, table, safety=safety, eps=eps, eps_mode=eps_mode)
         # Spread in float32/float64: σᵢ(ns_map) = f(σ̂ᵢ) lies in the band, and by Weyl each σᵢ moves
         # by at most ‖X_fast − X_ref‖₂ ≤ ‖·‖_F ≤ ns_tolerance, which counts the cancelling step terms
         # (the first-order singular-value model does not: a 1 × 1 float32 input exceeded it by 2%).
         sv_tol = tol.ns_tolerance(sigma_hat, table, a.shape, dtype) + extra
-        out.append(measured(names[0], input_name, detail + " (Frobenius)", np.linalg.norm(fast - ref), sv_tol))
-    excursion = max(0.0, lo - float(sv_fast.min()), float(sv_fast.max()) - hi)
-    weak = weak_note if sv_tol >= hi else ""
-    out.append(measured(names[1], input_name, detail, excursion, sv_tol,
-                       f"band [{lo:.3f}, {hi:.3f}], measured [{sv_fast.min():.3f}, {sv_fast.max():.3f}]"
-                       + (f"; {weak}" if weak else "")))
-    return out
+        weak = "; tolerance exceeds the band's upper edge" if sv_tol >= hi else ""
+        excursion = max(0.0, lo - float(sv_fast.min()), float(sv_fast.max()) - hi)
+        return [measured(names[0], input_name, detail + " (Frobenius)", np.linalg.norm(fast - ref), sv_tol),
+                measured(names[1], input_name, detail, excursion, sv_tol, band + weak)]
+    taus = tol.ns_singular_value_tolerances(sigma_hat, table, a.shape, dtype) + extra
+    resolved = f_sigma > taus  # directions whose interval f ± τ excludes 0
+    vacuous = "no claim: every direction's tolerance admits 0 (f(sigma_i) <= tau_i), too ill-conditioned " \
+              "or too small for bfloat16"
+    ratios = np.abs(projected - f_sigma) / taus
+    i = int(np.argmax(ratios))
+    sharp = int(np.sum(taus < SHARP_SINGULAR_VALUE_TOLERANCE))
+    return [
+        _envelope_row(names[0], input_name, detail + " (singular values)", sv_fast, f_sigma, f_sigma, taus,
+                      bool(resolved.any()), "" if resolved.any() else vacuous),
+        measured(prefix + "ns_projected_singular_values", input_name, f"{detail} (worst direction)",
+                 abs(projected[i] - f_sigma[i]), taus[i],
+                 f"direction {i + 1}; {int(resolved.sum())} of {len(taus)} directions resolved (f > tau), {sharp} "
+                 f"with tau < {SHARP_SINGULAR_VALUE_TOLERANCE}" + ("" if resolved.any() else f"; {vacuous}"),
+                 informative=bool(resolved.any())),
+        _envelope_row(names[1], input_name, detail, sv_fast, lo, hi, taus, bool(np.any(lo > taus)),
+                      band + ("" if np.any(lo > taus) else "; no claim: the band widened by tau reaches 0")),
+    ]
 
 
 @functools.lru_cache(maxsize=2)
@@ -190,11 +255,11 @@ def check_newton_schulz(case: MatrixCase, schedule: str, dtype: str, record: lis
 #: nanochat: Polar Express with cautious weight decay (its mask (g·p) >= 0).
 MUON_CONFIGS = {
     "torch.optim.Muon": dict(momentum_style="ema", nesterov=True, coefficients="jordan", adjust_lr="original",
-                             weight_decay=0.1, lr=0.02),
+                             eps_mode="clamp", weight_decay=0.1, lr=0.02),
     "microsoft/dion": dict(momentum_style="classic", nesterov=False, coefficients="polar_express",
                            adjust_lr="spectral_norm", weight_decay=0.01, lr=0.01),
     "Moonlight": dict(momentum_style="classic", nesterov=True, coefficients="jordan", adjust_lr="match_rms_adamw",
-                      weight_decay=0.1, lr=0.002),
+                      eps_mode="add", weight_decay=0.1, lr=0.002),  # Moonlight divides by ‖X‖ + 1e-7
     "Megatron": dict(momentum_style="ema", nesterov=False, coefficients="cesista5", adjust_lr="spectral",
                      extra_scale_factor=0.2, eps_mode="clamp", weight_decay=0.01, lr=3e-4),
     "nanochat (cautious wd)": dict(momentum_style="ema", nesterov=True, coefficients="polar_express",
@@ -316,13 +381,13 @@ def dion_reference_rows(name: str, detail: str, ref: "ortho_ref.DionStep", q_in:
     """``check`` rows: the fast weight, momentum and Q (float64 arrays in the parameter's
     orientation; Q (min(m, n), r)) against ``ref`` = ``ortho_ref.dion_step`` from ``w_in`` and
     ``q_in``, within ``bounds`` (default ``dion_tolerances``; or ``dion_variant_tolerances`` for
-    the step's options); one passing "ill-posed" row when κ₂(BQ) is too large for the dtype
-    (P is then not determined by B, and is not compared)."""
+    the step's options); one "no claim" row (``no_claim``) when κ₂(BQ) is too large for the
+    dtype (P is then not determined by B, and is not compared)."""
     if bounds is None:
         bounds = tol.dion_tolerances(ref, q_in, lr=lr, mu=mu, weight=w_in, dtype=dtype, error_feedback=error_feedback)
     if not bounds["well_posed"]:
-        return [CheckResult(check, name, detail, 0.0, 0.0, True,
-                            f"ill-posed: kappa(BQ) = {bounds['kappa']:.2e}, P not determined by B; not compared")]
+        return [no_claim(check, name, detail, f"ill-posed: kappa(BQ) = {bounds['kappa']:.2e}, P not determined by "
+                                              f"B in {dtype}; not compared")]
     return [measured(check, name, f"{detail} {key}", np.linalg.norm(fast - ref_val), bounds[key],
                      f"kappa(BQ) = {bounds['kappa']:.2e}")
             for key, fast, ref_val in (("weight", weight, ref.weight), ("momentum", momentum, ref.momentum),

@@ -5,7 +5,8 @@ sources (cached), captures real gradient matrices, adds synthetic matrices with 
 spectra, runs every check of ``verify.checks``, the error-feedback checks of
 ``verify.error_feedback`` and the oracle's golden files (``verify.golden``), prints one table,
 writes ``report.json``, ``report.md`` and PNG plots, optionally compares with a baseline, and
-exits 1 if any check failed.
+exits 1 if any check failed or a check made no claim on any of its inputs (rows that made no
+claim — not compared, or a tolerance that cannot reject a wrong result — are counted apart).
 """
 
 from __future__ import annotations
@@ -145,8 +146,8 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the checks; returns the exit code (0: every check passed, 1: a check failed, 2: bad
-    arguments)."""
+    """Run the checks; returns the exit code (0: every check passed, 1: a check failed or a check
+    made no claim on any input (inconclusive, ``verify.checks.verdict``), 2: bad arguments)."""
     args = build_parser().parse_args(argv)
     if args.update_baseline and args.baseline is None:
         build_parser().error("--update-baseline needs --baseline FILE")
@@ -227,9 +228,11 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     plot_paths = [] if args.no_plots else plots.write_plots(results, sv_points, args.out)
     json_path, md_path = report.write_reports(results, args.out, meta, plot_paths)
     summ = report.summary(results)
-    style = "green" if summ["failed"] == 0 else "bold red"
-    console.print(f"[{style}]{summ['passed']} passed, {summ['failed']} failed[/] "
+    style = "green" if summ["verdict"] == "passed" else "bold red"
+    console.print(f"[{style}]{summ['passed']} passed, {summ['failed']} failed[/], {summ['no_claim']} made no claim "
                   f"({len(cases)} inputs, {elapsed:.1f} s). Reports: {json_path}, {md_path}")
+    for why in summ["inconclusive"]:
+        console.print(f"[bold red]inconclusive: nothing compared — {why}[/]")
     if args.update_baseline:
         try:
             path = baseline.write(args.baseline, results, mode)
@@ -237,7 +240,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
             console.print(f"[bold red]baseline not written: {err}[/]")
             return 1
         console.print(f"baseline written: {path} ({len(results)} checks)")
-    return 0 if summ["failed"] == 0 else 1
+    return 0 if summ["verdict"] == "passed" else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

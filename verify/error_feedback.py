@@ -32,12 +32,12 @@ import torch
 import ortho_fast
 import ortho_ref
 from verify import tolerances as tol
-from verify.checks import TORCH_DTYPES, CheckResult, as_float64 as _f64, measured
+from verify.checks import TORCH_DTYPES, CheckResult, as_float64 as _f64, measured, no_claim
 from verify.spectra import MatrixCase, matrix_with_spectrum
 
 __all__ = [
     "DionTrace", "check_error_feedback", "check_full_rank_polar", "check_subspace_convergence",
-    "error_feedback_matrices", "identity_rows", "run_fast_dion", "tan_max_angle",
+    "error_feedback_matrices", "identity_rows", "observed_step_rows", "run_fast_dion", "tan_max_angle",
 ]
 
 EPSILON = 1e-8  # Dion's column-normalization ε (microsoft/dion, ortho_fast.Dion default)
@@ -249,9 +249,10 @@ def check_full_rank_polar(case: MatrixCase, dtype: str, *, steps: int = 24, mu: 
     step gives PQᵀ = UVᵀ within ``polar_fixed_point_tolerance``; (b) from a Gaussian Q_0,
     ‖P_tQ_tᵀ − UVᵀ‖_F stays within ``full_rank_polar_bounds`` for t = 1..steps.
 
-    Rows ``ef_full_rank_polar`` (fixed point) and ``ef_full_rank_convergence`` (worst t); an
-    input whose bound is not first-order valid (δ_P ≥ 0.1: B too ill-conditioned for the
-    dtype) gives a passing row marked ill-posed.
+    Rows ``ef_full_rank_polar`` (fixed point) and ``ef_full_rank_convergence`` (worst t over the
+    steps with a finite bound; the note names the others). An input whose fixed-point bound is
+    not first-order valid (δ_P ≥ 0.1: B too ill-conditioned for the dtype), or whose convergence
+    bound is infinite at every step, gives a "no claim" row (``verify.checks.no_claim``).
     """
     b, (u, s, vt), transposed = _fixed_b(case, dtype)
     m, n = b.shape
@@ -261,9 +262,9 @@ def check_full_rank_polar(case: MatrixCase, dtype: str, *, steps: int = 24, mu: 
     name, out = case.name, []
     fixed_tol = tol.polar_fixed_point_tolerance(s, EPSILON, shape, dtype)
     if not math.isfinite(fixed_tol):
-        return [CheckResult("ef_full_rank_polar", name, f"rank {k}/{k}/{dtype}", 0.0, 0.0, True,
-                            f"ill-posed: cond(B) = {s[0] / s[-1] if s[-1] > 0 else math.inf:.1e} or repeated "
-                            "singular values; P Q^T not determined to working precision")]
+        return [no_claim("ef_full_rank_polar", name, f"rank {k}/{k}/{dtype}",
+                         f"ill-posed: cond(B) = {s[0] / s[-1] if s[-1] > 0 else math.inf:.1e} or repeated "
+                         "singular values; P Q^T not determined to working precision")]
     # (a) Q_0 = V: the fixed point, PQᵀ = U diag(σ/(σ + ε)) Vᵀ (ε of the column normalization).
     fixed = run_fast_dion([b], vt[:k].T, mu=mu, dtype=dtype)
     expected = (u[:, :k] * (s / (s + EPSILON))) @ vt[:k]
@@ -281,22 +282,70 @@ def check_full_rank_polar(case: MatrixCase, dtype: str, *, steps: int = 24, mu: 
     dists = np.array([np.linalg.norm(p @ q.T - polar) for p, q in zip(trace.P, trace.Q)])
     bounds = tol.full_rank_polar_bounds(s, np.array(prefix), steps, EPSILON, shape, dtype,
                                         _conditions(q0_used_raw, trace))
-    t = int(np.argmax(dists / bounds))
-    out.append(measured("ef_full_rank_convergence", name, f"rank {k}/{k}/{dtype} ||P_t Q_t^T - U V^T||, t <= {steps}",
-                        dists[t], bounds[t],
-                        f"worst t = {t + 1}; distance to the polar factor {dists[0]:.1e} (t=1) -> {dists[-1]:.1e} "
-                        f"(t={steps})",
-                        {"distance": dists.tolist(), "bound": bounds.tolist()}))
+    detail = f"rank {k}/{k}/{dtype} ||P_t Q_t^T - U V^T||, t <= {steps}"
+    trend = f"distance to the polar factor {dists[0]:.1e} (t=1) -> {dists[-1]:.1e} (t={steps})"
+    extra = {"distance": dists.tolist(), "bound": bounds.tolist()}
+    finite = np.flatnonzero(np.isfinite(bounds))
+    if not len(finite):  # a non-positive denominator at some rank j (B too ill-conditioned for the dtype)
+        out.append(no_claim("ef_full_rank_convergence", name, detail,
+                            f"bound infinite at every step: B too ill-conditioned for {dtype}; {trend}", extra))
+        return out
+    t = int(finite[np.argmax(dists[finite] / bounds[finite])])
+    skipped = f"; no claim for t = 1..{finite[0]} (bound infinite)" if finite[0] else ""
+    out.append(measured("ef_full_rank_convergence", name, detail, dists[t], bounds[t],
+                        f"worst t = {t + 1}; {trend}{skipped}", extra))
     return out
+
+
+def observed_step_rows(name: str, detail: str, *, weight: np.ndarray, weight_new: np.ndarray, momentum: np.ndarray,
+                       grad: np.ndarray, momentum_new: np.ndarray, q_new: np.ndarray, lr: float, mu: float,
+                       weight_decay: float, dtype: str, error_feedback: bool = True, note: str = "") -> list[CheckResult]:
+    """Invariants of one Dion step from its inputs and the state after it — weight, momentum and
+    stored Q, no P — for optimizers whose P is not determined to working precision (bfloat16).
+
+    With O = (W(1 − lr·wd) − W_new)/(lr·√(m/n)) = P Qᵀ in the working orientation and B = M + G:
+    ``dion_update_structure``: ‖OᵀO − QQᵀ‖_F (the update is an orthonormal P times the stored Q:
+    a wrong lr scale, noise in the weights or an update from another Q fails it);
+    ``dion_momentum_split``: ‖M_new − (B − (1 − μ)Π̂B)‖_F (without error feedback ‖M_new − μΠ̂B‖_F),
+    Π̂ the projector on the top-r left singular vectors of O (= span P): error feedback keeps in
+    the momentum what the step did not use, Ahn et al. (arXiv 2504.05295) Algorithm 1.
+    Tolerances: ``verify.tolerances.dion_observed_step_tolerances`` (``dtype``: the coarsest of
+    the parameter and state dtypes). Shapes: weight, weight_new, momentum, grad, momentum_new
+    (m, n) float64 in the parameter's orientation; q_new (min(m, n), r). ``note`` is appended.
+    """
+    m, n = weight.shape
+    transposed = ortho_ref.dion_transposed(m, n)
+    step, decay = lr * math.sqrt(m / n), 1.0 - lr * weight_decay
+    o = _working((decay * weight - weight_new) / step, transposed)
+    b = _working(momentum + grad, transposed)
+    r = q_new.shape[1]
+    u_o, s_o, _ = ortho_ref.svd(o)
+    projected = u_o[:, :r] @ (u_o[:, :r].T @ b)
+    expected = b - (1 - mu) * projected if error_feedback else mu * projected
+    bounds = tol.dion_observed_step_tolerances(
+        weight_norms=(float(np.linalg.norm(weight)), float(np.linalg.norm(weight_new))), decay=decay, step=step,
+        q=q_new, b_norm=float(np.linalg.norm(b)), sigma_r=float(s_o[r - 1]) if r <= len(s_o) else 0.0, mu=mu,
+        rows=o.shape[0], dtype=dtype, error_feedback=error_feedback)
+    tail = f"; {note}" if note else ""
+    split = "M = B - (1-mu) P P^T B" if error_feedback else "M = mu P P^T B"
+    return [measured("dion_update_structure", name, f"{detail} O^T O = Q Q^T, O = (W(1-lr wd) - W_new)/(lr s)",
+                     np.linalg.norm(o.T @ o - q_new @ q_new.T), bounds["update"],
+                     f"||O - P Q^T|| <= {bounds['update_error']:.2e}{tail}"),
+            measured("dion_momentum_split", name, f"{detail} {split}, span P = top-{r} left singular subspace of O",
+                     np.linalg.norm(_working(momentum_new, transposed) - expected), bounds["momentum"],
+                     f"sin theta(span P, estimate) <= {bounds['sin_theta']:.2f}{tail}")]
 
 
 def error_feedback_matrices(seed: int = 0) -> list[MatrixCase]:
     """Synthetic inputs for the error-feedback checks: σ_j = 0.7^(j−1) (every consecutive ratio
     0.7, so subspace iteration converges at every rank at the rate 0.49 per step, condition
-    number 0.7^(1−k)), tall 48 × 24 and wide 20 × 36 (Dion works on the transpose)."""
+    number 0.7^(1−k)), tall 48 × 24 and wide 20 × 36 (Dion works on the transpose), and tall
+    12 × 6 (condition number 5.9): the bounds of ``full_rank_polar_bounds`` are infinite in
+    float32 for the two larger ones (subspace_iteration_bounds' denominator at the small σ_j),
+    finite from t = 6 for this one, so check (v) makes a claim in float32 too."""
     rng = np.random.default_rng(seed)
     cases = []
-    for m, n in ((48, 24), (20, 36)):
+    for m, n in ((48, 24), (20, 36), (12, 6)):
         s = 0.7 ** np.arange(min(m, n))
         cases.append(MatrixCase(f"synthetic/gapped-0.7/{m}x{n}", matrix_with_spectrum(s, m, n, rng), "synthetic",
                                 f"U diag(0.7^j) V^T, U, V Haar, seed {seed}"))

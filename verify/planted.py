@@ -11,7 +11,7 @@ them). The correct versions (``newton_schulz_kernel`` with default options, ``Si
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
@@ -105,19 +105,23 @@ class SimpleMuon(torch.optim.Optimizer):
 
 class SimpleDion(torch.optim.Optimizer):
     """A compact Dion built on ``ortho_fast.dion_update`` (Ahn et al., arXiv 2504.05295,
-    Algorithm 1), with a planted-bug switch: ``error_feedback_sign=-1`` keeps
-    M = B + (1 − μ)PRᵀ instead of B − (1 − μ)PRᵀ.
+    Algorithm 1), with planted-bug switches: ``error_feedback_sign=-1`` keeps
+    M = B + (1 − μ)PRᵀ instead of B − (1 − μ)PRᵀ; ``weight_noise`` > 0 adds that times N(0, 1)
+    noise to the weights after each step.
 
-    Args: lr, mu, weight_decay, rank_fraction as microsoft/dion; ``seed`` for Q0.
-    State: ``momentum`` (m, n) and ``Q`` (min(m, n), r). Raises: ValueError for non-2-D params.
+    Args: lr, mu, weight_decay, rank_fraction as microsoft/dion; ``seed`` for Q0 (and the noise).
+    State: ``momentum`` (m, n) and ``Q`` (min(m, n), r), in the parameter's dtype.
+    Raises: ValueError for non-2-D params.
     """
 
     def __init__(self, params: Iterable, lr: float = 0.01, mu: float = 0.95, weight_decay: float = 0.01, *,
-                 rank_fraction: float = 1.0, seed: int = 0, error_feedback_sign: int = 1) -> None:
+                 rank_fraction: float = 1.0, seed: int = 0, error_feedback_sign: int = 1,
+                 weight_noise: float = 0.0) -> None:
         super().__init__(params, dict(lr=lr, mu=mu, weight_decay=weight_decay, rank_fraction=rank_fraction))
         if any(p.ndim != 2 for group in self.param_groups for p in group["params"]):
             raise ValueError("params: SimpleDion expects 2-D (m, n) parameters")
-        self.seed, self.sign = seed, error_feedback_sign
+        self.seed, self.sign, self.noise = seed, error_feedback_sign, weight_noise
+        self.generator = torch.Generator().manual_seed(seed)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -137,19 +141,24 @@ class SimpleDion(torch.optim.Optimizer):
             if self.sign != 1:  # planted: flip the sign of the error-feedback term
                 pr = upd.P @ upd.R.mT
                 state["momentum"].add_((pr.mT if m < n else pr).to(p.dtype), alpha=2 * (1 - group["mu"]))
+            if self.noise:  # planted: noise in the weights
+                p.add_(torch.randn(p.shape, generator=self.generator).to(p), alpha=self.noise)
 
 
 @dataclass(frozen=True)
 class PlantedBug:
     """One planted bug: ``kind`` "orthogonalizer" (``make()`` returns the function) or
     "optimizer" (``make`` is the optimizer class or factory), checked against ``conventions``
-    (MuonConventions / DionConventions; for orthogonalizers the declared coefficients and dtype)."""
+    (MuonConventions / DionConventions; None for orthogonalizers, declared jordan), with
+    ``check_kwargs`` for the check (``dtype`` of ``check_orthogonalizer``, default float32;
+    ``param_dtype`` of ``check_optimizer``)."""
 
     name: str
     kind: str
     make: Callable
     conventions: object
     description: str
+    check_kwargs: dict = field(default_factory=dict)
 
 
 _FLOAT32_MUON = MuonConventions(ns_dtype=torch.float32)
@@ -171,9 +180,20 @@ PLANTED_BUGS = [
     PlantedBug("shard offset error", "orthogonalizer",
                lambda: functools.partial(_kernel, shards=4, shard_offset_bug=True), None,
                "rows gathered from 4 shards at offset i·(m // 4): wrong for uneven m"),
+    PlantedBug("wrong eps (bf16 kernel)", "orthogonalizer",
+               lambda: functools.partial(_kernel, eps=1e-3, dtype=torch.bfloat16), None,
+               "X₀ = G/(‖G‖_F + 1e-3) where 1e-7 is declared, in a bfloat16 kernel: matters once ‖G‖_F ≲ 1e-4",
+               {"dtype": torch.bfloat16}),
     PlantedBug("wrong error-feedback sign", "optimizer",
                lambda: functools.partial(SimpleDion, error_feedback_sign=-1), DionConventions(),
                "Dion keeps M = B + (1 − μ)PRᵀ"),
+    PlantedBug("wrong error-feedback sign (bf16 parameters)", "optimizer",
+               lambda: functools.partial(SimpleDion, error_feedback_sign=-1), DionConventions(),
+               "the same with bfloat16 parameters and state, where P is not determined by B",
+               {"param_dtype": torch.bfloat16}),
+    PlantedBug("noise in the weights (bf16 parameters)", "optimizer",
+               lambda: functools.partial(SimpleDion, weight_noise=1e-2), DionConventions(),
+               "0.01·N(0, 1) added to bfloat16 weights after each Dion step", {"param_dtype": torch.bfloat16}),
     PlantedBug("lr scale of the wrong mode", "optimizer",
                lambda: functools.partial(SimpleMuon, adjust_lr="spectral_norm"), _FLOAT32_MUON,
                "√(m/n) (microsoft/dion) where √max(1, m/n) (torch.optim.Muon 'original') is declared"),

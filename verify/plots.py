@@ -67,13 +67,14 @@ def singular_value_map(schedule: str, points: dict, path: Path) -> Path:
 def ratio_distribution(results: list[CheckResult], path: Path) -> Path:
     """One row per check: every error/tolerance ratio (log axis, jittered), the failure line at 1
     and the baseline floor 0.1. Ratios of 0 (bitwise checks) are drawn at ``RATIO_FLOOR``, ratios
-    above 20 (and inf) at 20."""
+    above 20 (and inf) at 20. Rows that made no claim (``CheckResult.claimed``) are left out."""
     from verify.tolerances import BASELINE_FLOOR
 
     plt = _pyplot()
     groups: "OrderedDict[str, list[float]]" = OrderedDict()
     for r in results:
-        groups.setdefault(r.check, []).append(r.ratio)
+        if r.claimed:
+            groups.setdefault(r.check, []).append(r.ratio)
     fig, ax = plt.subplots(figsize=(8, 0.38 * len(groups) + 1.4))
     rng = np.random.default_rng(0)
     for i, (check, ratios) in enumerate(groups.items()):

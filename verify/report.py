@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from verify.checks import CheckResult
+from verify.checks import CheckResult, verdict
 
 
 def _fmt(x: float) -> str:
@@ -20,11 +20,13 @@ def _fmt(x: float) -> str:
 
 
 def worst_per_group(results: list[CheckResult]) -> list[tuple[CheckResult, int, int]]:
-    """(worst result, passed count, total) per (check, input), in first-seen order."""
+    """(worst result, passed count, total) per (check, input), in first-seen order; a failure
+    before a claim before a row that made no claim; "passed" counts rows with status "pass"."""
     groups: "OrderedDict[tuple[str, str], list[CheckResult]]" = OrderedDict()
     for r in results:
         groups.setdefault((r.check, r.input), []).append(r)
-    return [(max(rs, key=lambda r: (not r.passed, r.ratio)), sum(r.passed for r in rs), len(rs)) for rs in groups.values()]
+    return [(max(rs, key=lambda r: (not r.passed, r.claimed, r.ratio)), sum(r.status == "pass" for r in rs), len(rs))
+            for rs in groups.values()]
 
 
 def print_table(results: list[CheckResult], console: Console | None = None) -> None:
@@ -35,24 +37,33 @@ def print_table(results: list[CheckResult], console: Console | None = None) -> N
                       ("tolerance", "right"), ("error/tol", "right"), ("result", "center")):
         table.add_column(col, justify=just, overflow="fold")
     for worst, ok, total in worst_per_group(results):
-        verdict = f"[green]pass {ok}/{total}[/]" if ok == total else f"[bold red]FAIL {total - ok}/{total}[/]"
+        failed = not worst.passed
+        shown = f"[bold red]FAIL {total - ok}/{total}[/]" if failed else f"[green]pass {ok}/{total}[/]" if ok else \
+            f"[yellow]no claim {total}/{total}[/]"
         table.add_row(worst.check, worst.input, worst.detail, _fmt(worst.error), _fmt(worst.tolerance),
-                      f"{worst.ratio:.3f}", verdict)
+                      f"{worst.ratio:.3f}", shown)
     console.print(table)
 
 
 def summary(results: list[CheckResult]) -> dict:
-    """Counts and the worst error/tolerance ratio per check."""
+    """Counts (passed, failed, no_claim: rows that passed vacuously), the verdict
+    (``verify.checks.verdict``) with its reasons, and per check the counts and the worst
+    error/tolerance ratio of its claimed rows."""
     by_check: dict[str, dict] = {}
     for r in results:
-        s = by_check.setdefault(r.check, {"total": 0, "passed": 0, "worst_ratio": 0.0})
+        s = by_check.setdefault(r.check, {"total": 0, "passed": 0, "no_claim": 0, "worst_ratio": 0.0})
         s["total"] += 1
-        s["passed"] += int(r.passed)
-        s["worst_ratio"] = max(s["worst_ratio"], r.ratio)
+        s["passed"] += int(r.status == "pass")
+        s["no_claim"] += int(r.status == "no claim")
+        s["worst_ratio"] = max(s["worst_ratio"], r.ratio if r.claimed else 0.0)
+    status, reasons = verdict(results)
     return {
         "total": len(results),
-        "passed": sum(r.passed for r in results),
+        "passed": sum(r.status == "pass" for r in results),
         "failed": sum(not r.passed for r in results),
+        "no_claim": sum(r.status == "no claim" for r in results),
+        "verdict": status,
+        "inconclusive": reasons,
         "by_check": by_check,
     }
 
@@ -95,15 +106,19 @@ def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=(
     lines = [
         "# ortho-verify report",
         "",
-        f"{summ['passed']} of {summ['total']} checks passed, {summ['failed']} failed.",
+        f"{summ['passed']} of {summ['total']} checks passed, {summ['failed']} failed, {summ['no_claim']} made no claim "
+        f"(passed vacuously: not compared, or a tolerance that cannot reject a wrong result). Verdict: "
+        f"{summ['verdict']}.",
         "",
+        *[f"- nothing compared — {why}" for why in summ["inconclusive"]],
         "## Run",
         "",
     ]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
-    lines += ["", "## Summary by check", "", "| check | passed | total | worst error/tolerance |", "|---|---|---|---|"]
+    lines += ["", "## Summary by check", "", "| check | passed | no claim | total | worst error/tolerance |",
+              "|---|---|---|---|---|"]
     for name, s in summ["by_check"].items():
-        lines.append(f"| {name} | {s['passed']} | {s['total']} | {s['worst_ratio']:.3f} |")
+        lines.append(f"| {name} | {s['passed']} | {s['no_claim']} | {s['total']} | {s['worst_ratio']:.3f} |")
     lines += [""] + error_feedback_table(results)
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).as_posix()})" for p in plots] + [""]
@@ -111,7 +126,7 @@ def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=(
               "| check | input | detail | error | tolerance | error/tol | result | note |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r.check} | {r.input} | {r.detail} | {_fmt(r.error)} | {_fmt(r.tolerance)} | "
-                     f"{r.ratio:.3f} | {'pass' if r.passed else 'FAIL'} | {r.note} |")
+                     f"{r.ratio:.3f} | {r.status if r.passed else 'FAIL'} | {r.note} |")
     md_path = out_dir / "report.md"
     md_path.write_text("\n".join(lines) + "\n")
     return json_path, md_path

@@ -23,14 +23,15 @@ inputs stop at ``MAX_SCALE`` (see there). Layouts: tall (m > n), wide (m < n), s
 optionally with batch dimensions (each batch element its own Haar vectors and its own
 scale within 10^±2 of the example's, so a per-batch normalization bug shows).
 
-Use in a test::
+Use in a test (``my_kernel``: your (..., m, n) -> (..., m, n) Newton–Schulz function)::
 
     from hypothesis import given
+    from verify import check_orthogonalizer_example
     from verify.strategies import spectral_examples, target_worst_ratio
 
     @given(spectral_examples(dtypes=("float32",), max_batch=3))
     def test_my_kernel(example):
-        results = verify.check_orthogonalizer_example(my_kernel, example, coefficients="jordan")
+        results = check_orthogonalizer_example(my_kernel, example, coefficients="jordan")
         target_worst_ratio(results)          # steer the search toward the worst error/tolerance
         assert all(r.passed for r in results)
 """

@@ -61,8 +61,10 @@ def ns_tolerance(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dt
     E_t reaches the output multiplied by the Fréchet derivative of the remaining steps,
     whose norm is at most G_t (``ortho_ref.ns_step_gains``, Daleckii–Krein divided
     differences over the step-t spectrum). The u64 term covers the oracle's own
-    backward-stable SVD. This refines DESIGN.md's c·u·L_f·√k: Σ_t G_t ≤ (T+1)·L_f, G_0 is
-    sup|f′| over the actual spectrum rather than [0, 1], and the inner-dimension and
+    backward-stable SVD. This refines DESIGN.md's c·u·L_f·√k: G_0 is the sup over the actual
+    spectrum's hull, at most ``ortho_ref.ns_lipschitz(table, 0, σ̂_max)`` ≤ L_f (mean value
+    theorem; checked on every call, see ``_gains_and_sizes``), the later steps' roundings are
+    weighted by their own gains G_t, and the inner-dimension and
     cancellation factors are explicit (a 1 × 1 input exceeded the form without S_t: local
     step errors of 9–14u against ~2u modelled).
     Shapes: sigma_hat (k,) the normalized singular values; shape (m, n).
@@ -75,13 +77,28 @@ def ns_tolerance(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dt
 
 
 def _gains_and_sizes(sigma_hat: np.ndarray, coefficients) -> tuple[np.ndarray, np.ndarray]:
-    """``ns_step_gains`` (G_0..G_T) and ``ns_step_magnitudes`` (S_1..S_T) over the hull of σ̂
-    (widened by a relative 1e-12 when all σ̂ are equal)."""
+    """``ns_step_gains`` (G_0..G_T) and ``ns_step_magnitudes`` (S_1..S_T) over the hull [lo, hi]
+    of σ̂ (widened by a relative 1e-12 when all σ̂ are equal).
+
+    Checked against ``ortho_ref.ns_lipschitz`` on every call: G_0 = sup over [lo, hi] of
+    max(|f′(x)|, |f(x)/x|), and |f(x)/x| = |f′(ξ)| for some ξ ∈ (0, x) (mean value theorem,
+    f(0) = 0), so ns_lipschitz(lo, hi) <= G_0 <= ns_lipschitz(0, hi), and the latter is at most
+    DESIGN.md's L_f = sup_[0,1] |f′| when hi <= 1. The lower inequality is exact in floating
+    point (G_0 maximizes over a superset of ns_lipschitz's points); the upper one is allowed a
+    relative √u64 ≈ 1.5e-8, far above the float64 rounding of f′ and f(x)/x (≲ 10³·u64 with the
+    registry's cancellation) and far below the 1e-2 by which a sampled sup missed it.
+    Raises: RuntimeError if either fails (the oracle's sup missed a critical point).
+    """
     s = np.asarray(sigma_hat, dtype=np.float64)
     lo, hi = float(max(s.min(), 0.0)), float(s.max())
     if hi <= lo:
         hi = lo * (1 + 1e-12) + 1e-300
-    return ortho_ref.ns_step_gains(coefficients, lo, hi), ortho_ref.ns_step_magnitudes(coefficients, lo, hi)
+    gains = ortho_ref.ns_step_gains(coefficients, lo, hi)
+    inner, outer = ortho_ref.ns_lipschitz(coefficients, lo, hi), ortho_ref.ns_lipschitz(coefficients, 0.0, hi)
+    if not inner <= gains[0] <= outer * (1 + math.sqrt(U64)):
+        raise RuntimeError(f"ns_step_gains: G_0 = {gains[0]!r} outside [ns_lipschitz(lo, hi), ns_lipschitz(0, hi)] = "
+                           f"[{inner!r}, {outer!r}] on σ̂ ∈ [{lo!r}, {hi!r}]")
+    return gains, ortho_ref.ns_step_magnitudes(coefficients, lo, hi)
 
 
 def ns_singular_value_tolerance(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dtype) -> float:
@@ -900,6 +917,51 @@ def polar_fixed_point_tolerance(sigma: np.ndarray, epsilon: float, shape: tuple[
     min_gap = float(gaps.min()) if len(gaps) else float(s[0])
     oracle = C_NS * math.sqrt(max(m, n)) * U64 * float(s[0]) / min_gap * math.sqrt(r)
     return d_p + d_q + oracle
+
+
+def dion_observed_step_tolerances(*, weight_norms: tuple[float, float], decay: float, step: float, q: np.ndarray,
+                                  b_norm: float, sigma_r: float, mu: float, rows: int, dtype,
+                                  error_feedback: bool = True) -> dict:
+    """Tolerances for the invariants of one Dion step seen only through what it leaves behind
+    (``verify.error_feedback.observed_step_rows``): no P, and none of P's conditioning.
+
+    Working orientation (m', n'), rank r; O = (decay·W − W_new)/step (step = lr·s, decay = 1 − lr·wd)
+    is P Qᵀ with Q (n', r) the stored right factor; B = M + G from the stored momentum and the gradient.
+    ``dtype``: the coarsest of the parameter, momentum and Q dtypes (every rounding is counted with
+    its u). ``weight_norms`` = (‖W‖_F, ‖W_new‖_F); ``sigma_r`` = σ_r(O).
+    Derivation. δ_o = ``qr_orthogonality_tolerance``(m', r) ≥ ‖PᵀP − I‖_F (P factored in float32 for
+    bfloat16 / float16, then rounded), so ‖P‖₂ ≤ p₂ = √(1 + δ_o), ‖P‖_F ≤ p_F = √(r + √r·δ_o).
+    - The update D = fl(P·fl(Q)ᵀ): ‖D − PQᵀ‖_F ≤ e_D = (u·p₂ + ε_mm(r)·p_F)·‖Q‖_F (``_matmul_roundoff``),
+      and W_new = fl(fl(decay·W) − step·fl(D)) adds u(decay‖W‖_F + ‖W_new‖_F + 2·step·‖D‖_F); so
+      ‖O − PQᵀ‖_F ≤ e_O = e_D + u(decay‖W‖_F + ‖W_new‖_F + 2·step·(p₂‖Q‖_F + e_D))/step.
+    - "update": OᵀO − QQᵀ = Q(PᵀP − I)Qᵀ + (PQᵀ)ᵀE + Eᵀ(PQᵀ) + EᵀE, E = O − PQᵀ:
+      ‖·‖_F ≤ ‖Q‖₂²δ_o + 2p₂‖Q‖₂e_O + e_O², plus the float64 products 2ε_mm,64(m')·(p_F‖Q‖_F + e_O)².
+    - "momentum": M_new = B̃ − c·fl(P·fl(B̃ᵀP)ᵀ) (c = 1 − μ; without error feedback M_new = c·fl(PRᵀ),
+      c = μ), B̃ = fl(M + G) = B + F, ‖F‖_F ≤ u‖B‖_F; and PRᵀ = PPᵀB̃ up to the roundings of R
+      (p₂·ε_mm(m')·p_F‖B‖_F) and of forming M (ε_mm(r)·p_F·p₂‖B‖_F + 2u(‖B‖_F + c·p₂²‖B‖_F)). The check
+      uses Π̂, the projector on the top-r left singular vectors of O: ‖PPᵀ − Π_P‖₂ ≤ δ_o, and by
+      Wedin's theorem (1972; PQᵀ has rank r and range span P when Q has full column rank)
+      ‖Π_P − Π̂‖₂ = sin θ ≤ min(1, e_O/σ_r(O)). Total: (k + c)u‖B‖_F + c(1 + u)(δ_o + sin θ)‖B‖_F +
+      c·p₂·ε_mm(m')·p_F‖B‖_F + c·ε_mm(r)·p_F·p₂‖B‖_F + 2u(k + c·p₂²)‖B‖_F (k = 1 with error feedback,
+      else 0), plus 2ε_mm,64(m')·√r·‖B‖_F for Π̂B in float64.
+    Returns {"update": ..., "momentum": ..., "update_error": e_O, "sin_theta": ..., "orthogonality": δ_o}.
+    """
+    u = unit_roundoff(dtype) + U64
+    r = q.shape[1]
+    d_o = qr_orthogonality_tolerance(rows, r, "householder", dtype)
+    p2, pf = math.sqrt(1 + d_o), math.sqrt(r + math.sqrt(r) * d_o)
+    qf, q2 = float(np.linalg.norm(q)), float(np.linalg.norm(q, 2))
+    e_d = (u * p2 + _matmul_roundoff(dtype, r) * pf) * qf
+    w_prev, w_new = weight_norms
+    e_o = e_d + u * (decay * w_prev + w_new + 2 * step * (p2 * qf + e_d)) / step
+    eval64 = 2 * _matmul_roundoff("float64", rows)
+    update = q2 * q2 * d_o + 2 * p2 * q2 * e_o + e_o * e_o + eval64 * (pf * qf + e_o) ** 2
+    c, kept = (1 - mu, 1.0) if error_feedback else (mu, 0.0)
+    sin_theta = min(1.0, e_o / sigma_r) if sigma_r > 0 else 1.0
+    momentum = b_norm * ((kept + c) * u + c * (1 + u) * (d_o + sin_theta) + c * p2 * pf * (
+        _matmul_roundoff(dtype, rows) + _matmul_roundoff(dtype, r)) + 2 * u * (kept + c * p2 * p2)
+        + eval64 * math.sqrt(r))
+    return {"update": update, "momentum": momentum, "update_error": e_o, "sin_theta": sin_theta, "orthogonality": d_o}
 
 
 #: Baseline regression margin of ``ortho-verify --baseline``: a check regresses when its

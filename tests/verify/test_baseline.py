@@ -6,6 +6,7 @@ import math
 import pytest
 
 from verify import baseline
+from verify import checks
 from verify.checks import CheckResult
 from verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
@@ -59,8 +60,9 @@ def test_missing_checks_fail_only_in_the_same_mode(stored):
     partial = [_row("ns", "x", 0.02)]
     same = {r.check: r for r in baseline.compare(partial, body, MODE, golden_dir=golden)}
     assert not same["baseline_coverage"].passed and same["baseline_coverage"].error == 2
-    other = {r.check: r for r in baseline.compare(partial, body, {**MODE, "quick": False}, golden_dir=golden)}
-    assert other["baseline_coverage"].passed and "not enforced" in other["baseline_coverage"].note
+    other = baseline.compare(partial, body, {**MODE, "quick": False}, golden_dir=golden)
+    assert "baseline_coverage" not in {r.check for r in other}  # no claim to make: no row
+    assert all(r.passed and "coverage not enforced" in r.note for r in other)
 
 
 def test_changed_golden_file_fails(stored):
@@ -69,7 +71,7 @@ def test_changed_golden_file_fails(stored):
     assert _verdicts(baseline.compare(results, body, MODE, golden_dir=golden))["baseline_golden_files"]
     (golden / "a.json").write_text('{"changed": 1}')
     row = {r.check: r for r in baseline.compare(results, body, MODE, golden_dir=golden)}["baseline_golden_files"]
-    assert not row.passed and "a.json" in row.note
+    assert not row.passed and row.note == "changed or removed: a"
 
 
 def test_write_refuses_failures_and_load_validates(tmp_path):
@@ -80,7 +82,52 @@ def test_write_refuses_failures_and_load_validates(tmp_path):
         baseline.load(tmp_path / "bad.json")
 
 
+def test_rows_without_a_claim_are_not_recorded(tmp_path):
+    vacuous = checks.no_claim("dion", "z", "d", "ill-posed")
+    body = baseline.load(baseline.write(tmp_path / "b.json", [_row("ns", "x", 0.02), vacuous], MODE))
+    assert list(body["ratios"]) == ["ns | x | d"]
+    # a row that claimed in the baseline and no longer does counts as missing
+    then = baseline.load(baseline.write(tmp_path / "c.json", [_row("ns", "x", 0.02), _row("dion", "z", 0.1)], MODE))
+    coverage = {r.check: r for r in baseline.compare([_row("ns", "x", 0.02), vacuous], then, MODE)}
+    assert not coverage["baseline_coverage"].passed and "dion | z | d" in coverage["baseline_coverage"].note
+
+
 def test_infinite_ratio_round_trips(tmp_path):
     inf_row = CheckResult("c", "i", "d", 1.0, 0.0, True)  # passed flag set by hand; ratio is inf
     body = baseline.load(baseline.write(tmp_path / "b.json", [inf_row], MODE))
     assert math.isinf(body["ratios"]["c | i | d"]) and baseline.allowed_ratio(math.inf) == math.inf
+
+
+def _copy_golden(tmp_path, name="dion_24x16_rank4"):
+    import shutil
+
+    folder = tmp_path / "golden_copy"
+    folder.mkdir()
+    for ext in ("json", "npz"):
+        shutil.copy(baseline.GOLDEN_DIR / f"{name}.{ext}", folder / f"{name}.{ext}")
+    return folder, name
+
+
+def test_golden_hash_ignores_how_and_when_the_data_was_made(tmp_path):
+    import numpy as np
+
+    folder, name = _copy_golden(tmp_path)
+    before = baseline.golden_hashes(folder)
+    sidecar = folder / f"{name}.json"
+    meta = json.loads(sidecar.read_text())
+    meta.update(date="2031-01-01", mpmath_backend="gmpy", mpmath_version="9.9", numpy_version="9.9")
+    meta["tolerance"]["P"]["value"] *= 2
+    sidecar.write_text(json.dumps(meta, indent=4))  # regenerated another day, with gmpy2: same data
+    assert baseline.golden_hashes(folder) == before
+    meta["arguments"]["mu"] = 0.9  # what the data means changed
+    sidecar.write_text(json.dumps(meta))
+    assert baseline.golden_hashes(folder) != before
+    meta["arguments"]["mu"] = 0.95
+    sidecar.write_text(json.dumps(meta))
+    with np.load(folder / f"{name}.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["hi_weight"] = arrays["hi_weight"].copy()
+    arrays["hi_weight"][0, 0] = np.nextafter(arrays["hi_weight"][0, 0], np.inf)  # one ulp in one stored value
+    np.savez(folder / f"{name}.npz", **arrays)
+    changed = baseline.golden_hashes(folder)
+    assert set(changed) == {name} and changed != before

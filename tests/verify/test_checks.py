@@ -181,3 +181,24 @@ def test_randomized_cholesky_qr_without_its_cholesky_pass_is_caught(monkeypatch)
     assert _all_pass(checks.check_dion(CASES[0], 0.5, "float64", "randomized_cholesky_qr"))
     monkeypatch.setattr(fast_dion, "_cholesky_solve", lambda y, gram, ok=None: y)
     assert not _all_pass(checks.check_dion(CASES[0], 0.5, "float64", "randomized_cholesky_qr"))
+
+
+def test_rows_without_a_claim_are_not_evidence():
+    assert checks.measured("c", "i", "d", 0.5, 1.0).status == "pass"
+    assert checks.measured("c", "i", "d", 2.0, 1.0).status == "fail"
+    assert checks.measured("c", "i", "d", 0.5, np.inf).status == "no claim"  # an infinite bound claims nothing
+    assert checks.measured("c", "i", "d", 0.5, 1.0, informative=False).status == "no claim"
+    failed = checks.measured("c", "i", "d", 2.0, 1.0, informative=False)
+    assert failed.status == "fail" and failed.claimed  # a violation is evidence whatever the tolerance
+    skipped = checks.no_claim("c", "i", "d", "ill-posed")
+    assert skipped.status == "no claim" and skipped.ratio == 0 and skipped.as_dict()["status"] == "no claim"
+
+
+def test_verdict_needs_a_claim_in_every_check():
+    claim, vacuous = checks.measured("a", "x", "d", 0.1, 1.0), checks.no_claim("b", "x", "d", "ill-posed")
+    assert checks.verdict([claim]) == ("passed", [])
+    status, reasons = checks.verdict([claim, vacuous, checks.no_claim("b", "y", "d", "ill-posed")])
+    assert status == "inconclusive" and len(reasons) == 1 and reasons[0].startswith("b: no claim on any of its 2 rows")
+    assert checks.verdict([claim, vacuous, checks.measured("b", "y", "d", 0.1, 1.0)])[0] == "passed"
+    assert checks.verdict([vacuous, checks.measured("a", "x", "d", 2.0, 1.0)])[0] == "failed"
+    assert checks.verdict([]) == ("inconclusive", ["no check was run"])

@@ -56,6 +56,15 @@ def test_a_failing_check_gives_exit_code_1(tmp_path, monkeypatch):
     assert report["summary"]["failed"] == 1 and report["results"][0]["ratio"] == pytest.approx(2.0)
 
 
+def test_a_check_without_any_claim_gives_exit_code_1(tmp_path, monkeypatch, capsys):
+    rows = [checks.measured("compared", "input", "detail", 0.5, 1.0), checks.no_claim("skipped", "input", "d", "ill-posed")]
+    monkeypatch.setattr(cli, "plan_jobs", lambda *a: [("planted", lambda: rows)])
+    assert cli.main(["--quick", "--no-real", "--no-plots", "--out", str(tmp_path)]) == 1
+    summary = json.loads((tmp_path / "report.json").read_text())["summary"]
+    assert (summary["passed"], summary["failed"], summary["no_claim"], summary["verdict"]) == (1, 0, 1, "inconclusive")
+    assert "inconclusive: nothing compared — skipped" in capsys.readouterr().out
+
+
 def test_baseline_round_trip_and_planted_regression(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "plan_jobs", _fast_jobs)
     base = tmp_path / "ci" / "baseline.json"

@@ -78,13 +78,24 @@ def test_right_factor_not_carried_over_is_caught(monkeypatch):
     monkeypatch.setattr(ortho_fast, "dion_update", stale_q)
     assert _failed(ef.check_subspace_convergence(GAPPED[0], 0.25, "float64")) == {"ef_subspace_convergence"}
     assert "ef_full_rank_convergence" in _failed(ef.check_full_rank_polar(GAPPED[0], "float64"))
+    assert "ef_full_rank_convergence" in _failed(ef.check_full_rank_polar(GAPPED[2], "float32"))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_full_rank_convergence_makes_a_claim_in_every_dtype(dtype):
+    rows = [r for c in GAPPED for r in ef.check_full_rank_polar(c, dtype) if r.check == "ef_full_rank_convergence"]
+    finite = [bool(np.isfinite(r.extra["bound"]).any()) for r in rows]
+    assert any(finite)
+    # a bound infinite at every step is no claim (not a pass with ratio 0); a finite one is a claim
+    assert [r.claimed for r in rows] == finite and all(r.passed for r in rows)
+    assert all(r.note.startswith("bound infinite") for r, f in zip(rows, finite) if not f)
 
 
 def test_ill_conditioned_full_rank_is_reported_not_claimed():
     s = np.concatenate([np.ones(4), np.full(4, 1e-14)])
     case = MatrixCase("test/cond1e14/12x8", matrix_with_spectrum(s, 12, 8, np.random.default_rng(0)), "synthetic", "t")
     [row] = ef.check_full_rank_polar(case, "float32")
-    assert row.passed and row.note.startswith("ill-posed")
+    assert row.status == "no claim" and row.note.startswith("ill-posed")
 
 
 @settings(deadline=None)

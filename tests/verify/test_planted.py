@@ -24,10 +24,10 @@ def _ours(dtype, coefficients="jordan"):
 @pytest.mark.parametrize("bug", PLANTED_BUGS, ids=lambda b: b.name)
 def test_every_planted_bug_is_caught(bug):
     if bug.kind == "orthogonalizer":
-        report = check_orthogonalizer(bug.make(), coefficients="jordan", dtype=torch.float32)
+        report = check_orthogonalizer(bug.make(), coefficients="jordan", **{"dtype": torch.float32, **bug.check_kwargs})
     else:
-        report = check_optimizer(bug.make(), bug.conventions)
-    assert not report.passed, f"{bug.name} not caught"
+        report = check_optimizer(bug.make(), bug.conventions, **bug.check_kwargs)
+    assert report.status == "failed", f"{bug.name} not caught"
     failure = report.failures[0]
     assert failure.inputs and failure.provenance  # the reproducing input comes with the failure
     assert failure.result.ratio > 1 and bug.name in [b.name for b in PLANTED_BUGS]
@@ -65,6 +65,23 @@ def test_correct_optimizers_pass(optimizer, conventions):
     assert len(report.results) >= 6
 
 
+@pytest.mark.parametrize("optimizer, conventions", [
+    (ortho_fast.Dion, DION), CORRECT_OPTIMIZERS["SimpleDion"],
+    (functools.partial(ortho_fast.Dion, momentum_dtype=torch.float32, q_dtype=torch.float32), DION),
+], ids=["ortho_fast.Dion", "SimpleDion", "ortho_fast.Dion(float32 state)"])
+def test_correct_bf16_dion_passes_on_evidence(optimizer, conventions):
+    report = check_optimizer(optimizer, conventions, param_dtype=torch.bfloat16)
+    assert report.passed, report.summary()
+    assert all(r.claimed for r in report.results)  # every row counted is a comparison that was made
+    by_check = {check: [r for r in report.results if r.check == check]
+                for check in ("dion_vs_reference", "dion_update_structure", "dion_momentum_split")}
+    assert len(by_check["dion_update_structure"]) == len(by_check["dion_momentum_split"]) == 6  # 3 shapes x 2 steps
+    if by_check["dion_vs_reference"]:  # float32 state: P determined by B, the reference comparison is made
+        assert len(by_check["dion_vs_reference"]) == 18
+    else:  # bfloat16 state: the invariants are the evidence, and say why
+        assert all("reference not compared: ill-posed" in r.note for r in by_check["dion_momentum_split"])
+
+
 def test_wrong_declared_conventions_fail():
     # torch.optim.Muon is EMA momentum: declaring microsoft/dion's classic momentum must fail
     report = check_optimizer(torch.optim.Muon, MuonConventions(momentum_style="classic", eps_mode="clamp"))
@@ -99,6 +116,10 @@ def test_bad_arguments_raise_before_running():
     calls = []
     with pytest.raises(TypeError, match="dtype"):
         check_orthogonalizer(calls.append, dtype=torch.int32)
+    with pytest.raises(TypeError, match="dtype"):  # not a ValueError from inside build_example
+        check_orthogonalizer(calls.append, dtype=torch.float16)
+    with pytest.raises(ValueError, match="examples"):
+        check_orthogonalizer(calls.append, examples=[build_example("flat", {}, shape=(2, 3, 4))], batched=False)
     with pytest.raises(ValueError, match="coefficients"):
         check_orthogonalizer(calls.append, coefficients="nonesuch")
     with pytest.raises(ValueError, match="coefficients"):
@@ -132,3 +153,40 @@ def test_our_newton_schulz_on_drawn_spectra(example):
     results = check_orthogonalizer_example(_ours(getattr(torch, example.dtype)), example, coefficients="jordan")
     target_worst_ratio(results)
     assert all(r.passed for r in results), [r for r in results if not r.passed]
+
+
+def test_two_dimensional_kernel_with_batched_false():
+    def kernel_2d(g):  # Moonlight-style: one (m, n) matrix only
+        assert g.ndim == 2, "expected a matrix"
+        return newton_schulz_kernel(g)
+
+    report = check_orthogonalizer(kernel_2d, coefficients="jordan", dtype=torch.float32)
+    assert report.status == "failed"
+    assert {f.result.check for f in report.failures} == {"orthogonalizer_runs"}
+    assert all("raised on a batched (" in f.result.note and "batched=False" in f.result.note for f in report.failures)
+    report = check_orthogonalizer(kernel_2d, coefficients="jordan", dtype=torch.float32, batched=False)
+    assert report.passed, report.summary()
+    assert all(len(report.inputs[r.input][0]["input"].shape) == 2 for r in report.results)
+
+
+def test_zeros_fail_every_informative_bf16_row():
+    report = check_orthogonalizer(lambda g: torch.zeros_like(g), coefficients="jordan", dtype=torch.bfloat16)
+    rows = [r for r in report.results if r.check in ("ns_vs_ns_map", "ns_projected_singular_values", "spread_in_band")]
+    assert {r.status for r in rows} == {"fail", "no claim"}
+    vacuous = [r for r in rows if r.status == "no claim"]
+    assert all(r.note and r.tolerance > 0 for r in vacuous)
+    assert "no claim (" in report.summary(max_rows=100) and all(r.input in report.summary(max_rows=100) for r in vacuous)
+    # the same rows are claims that hold for a correct kernel: only the hopeless ones make none
+    ours = check_orthogonalizer(_ours(torch.bfloat16), coefficients="jordan", dtype=torch.bfloat16)
+    assert ours.passed and {(r.check, r.input) for r in ours.results if not r.claimed} == \
+        {(r.check, r.input) for r in vacuous}
+
+
+def test_nothing_compared_is_inconclusive_not_passed():
+    tiny = [build_example("geometric", {"log_cond": 1.0}, shape=(17, 9), scale=1e-30, dtype="bfloat16")]
+    report = check_orthogonalizer(_ours(torch.bfloat16), coefficients="jordan", dtype=torch.bfloat16, examples=tiny)
+    assert report.status == "inconclusive" and report.inconclusive and not report.passed and not report
+    assert all(not r.claimed for r in report.results if r.check != "input_unchanged")
+    assert "INCONCLUSIVE" in report.summary() and "nothing compared — ns_vs_ns_map" in report.summary()
+    with pytest.raises(AssertionError, match="INCONCLUSIVE"):
+        report.assert_passed()

@@ -92,3 +92,27 @@ def test_legacy_spectral_matrices_keeps_its_contract(drawn, _):
     a, s = drawn
     assert a.ndim == 2 and s.shape == (min(a.shape),) and np.all(np.diff(s) <= 0)
     assert np.max(np.abs(np.linalg.svd(a, compute_uv=False) - s)) <= prescribed_spectrum_tolerance(a.shape, s[0])
+
+
+def test_module_docstring_example_runs_as_written():
+    import textwrap
+
+    import verify.strategies
+    from verify.planted import newton_schulz_kernel
+
+    doc = verify.strategies.__doc__
+    code = textwrap.dedent(doc[doc.index("::\n") + 3:])
+    namespace = {"my_kernel": newton_schulz_kernel}
+    exec(compile(code, "verify/strategies.py docstring", "exec"), namespace)  # every name it uses is imported
+    settings(max_examples=3, deadline=None, database=None)(namespace["test_my_kernel"])()
+
+
+def test_verify_tests_leave_the_example_count_to_the_profile():
+    """A hard-coded max_examples overrides the dev / ci / deep profiles (``--hypothesis-profile deep``)."""
+    from pathlib import Path
+
+    folder = Path(__file__).parent
+    hard_coded = [f"{p.name}:{i}" for p in sorted(folder.glob("*.py"))
+                  for i, line in enumerate(p.read_text().splitlines(), 1)
+                  if line.lstrip().startswith("@settings(") and "max_examples" in line]
+    assert not hard_coded, hard_coded
