@@ -160,16 +160,32 @@ def orthonormalize(y, method: str = "householder", *, rng: np.random.Generator |
 
 
 def column_normalize(r: np.ndarray, epsilon: float) -> np.ndarray:
-    """R[:, j] / (‖R[:, j]‖₂ + epsilon) for each column j (Dion's Q update)."""
-    return r / (np.linalg.norm(r, axis=0, keepdims=True) + epsilon)
+    """R[:, j] / (‖R[:, j]‖₂ + epsilon) for each column j (Dion's Q update).
+
+    Shapes: r (n', r) float -> (n', r) float64; epsilon a scalar >= 0 (Dion's ε, default 1e-8
+    in ``dion_step``), in the units of R's column norms.
+    Source: Ahn et al., arXiv 2504.05295, Algorithm 1 (Q ← ColNorm(R)); microsoft/dion
+    ``dion_simple.py`` (``R / (R.norm(dim=0) + epsilon)``).
+    Raises: TypeError for a non-float ``r``; ValueError if ``r`` is not 2-D, empty or not
+    finite, if ``epsilon`` is not a finite number >= 0, or if epsilon = 0 and a column of R is
+    zero (0/0).
+    """
+    r = as_matrix(r, "r")
+    epsilon = check_scalar(epsilon, "epsilon", low=0.0)
+    norms = np.linalg.norm(r, axis=0, keepdims=True)
+    if epsilon == 0.0 and not np.all(norms > 0):
+        raise ValueError(f"epsilon: 0 with a zero column of r (columns {np.flatnonzero(norms == 0).tolist()}) gives 0/0; "
+                         "expected epsilon > 0")
+    return r / (norms + epsilon)
 
 
 def dion_right_factor(r: np.ndarray, right_factor: str = "column_norm", epsilon: float = 1e-8) -> np.ndarray:
     """Dion's new right factor from R = BᵀP (n', r).
 
     ``column_norm``: Q = R / (‖R[:, j]‖₂ + ε) (Ahn et al. 2504.05295, Algorithm 1).
-    ``qr``: Q = orth(R), the Householder Q factor with diag > 0 (Orth-Dion, arXiv 2605.16341 —
-    not found in our sources; implemented as this stated assumption). Then P Qᵀ has all its
+    ``qr``: Q = orth(R), the Householder Q factor with diag > 0 (Orth-Dion, arXiv 2605.16341).
+    That the paper's "right factor by QR" is this sign-fixed Householder Q of R is our reading,
+    to be confirmed against the paper (it was not in our sources). Then P Qᵀ has all its
     r nonzero singular values equal to 1. P is unchanged in exact arithmetic: Q = R T⁻¹ and
     R D⁻¹ differ by an upper-triangular factor with positive diagonal, which orth(B Q) absorbs.
     Shapes: r (n', r) -> (n', r) float64. Raises: ValueError for an unknown ``right_factor``.

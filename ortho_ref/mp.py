@@ -33,7 +33,7 @@ import mpmath
 import numpy as np
 
 from ._validate import as_matrix
-from .ns_map import ns_step_gains, ns_step_magnitudes
+from .ns_map import check_ns_options, ns_step_gains, ns_step_magnitudes
 
 #: Fewer digits than float64 carries: use the float64 functions instead.
 MIN_DIGITS = 16
@@ -65,16 +65,17 @@ def check_digits(digits) -> int:
     return d
 
 
-def as_mp_input(a, digits) -> tuple[np.ndarray, int]:
-    """Validate ``digits`` and ``a`` for the mpmath tier: (float64 (m, n) array, digits).
+def as_mp_input(a, digits, name: str = "a") -> tuple[np.ndarray, int]:
+    """Validate ``digits`` and the matrix ``a`` (called ``name`` in errors) for the mpmath tier:
+    (float64 (m, n) array, digits).
 
     Raises: as ``check_digits``; as ``ortho_ref.polar`` for ``a``; ValueError if m or n
     exceeds MAX_DIM (quoting the limit).
     """
     d = check_digits(digits)
-    arr = as_matrix(a, "a")
+    arr = as_matrix(a, name)
     if max(arr.shape) > MAX_DIM:
-        raise ValueError(f"a: the mpmath tier accepts m, n <= MAX_DIM = {MAX_DIM} (a 64 x 64 polar at 50 digits "
+        raise ValueError(f"{name}: the mpmath tier accepts m, n <= MAX_DIM = {MAX_DIM} (a 64 x 64 polar at 50 digits "
                          f"takes about 9 s), got shape {arr.shape}")
     return arr, d
 
@@ -132,15 +133,17 @@ def ns_map(a, coefficients, *, safety: float, eps: float, eps_mode: str, digits)
     Shapes: a (m, n) float, m, n <= MAX_DIM -> (m, n) object array of mpmath.mpf;
     coefficients (T, 3) float64 (validated by the caller).
     Precision: working digits = digits + GUARD_DIGITS + log10(G₀ + Σ_t G_t·S_t), the first-order
-    gains and term sizes of the schedule (``ns_step_gains``, ``ns_step_magnitudes``) over
-    σ̂ ∈ [0, 1/safety], the largest range a normalized input can have. Every entry is then
-    within 10^-digits·max(1, max|f|) of the exact value.
+    gains and term sizes of the schedule (``ns_step_gains``, ``ns_step_magnitudes``, exact sups)
+    over σ̂ ∈ [0, 1/safety], the largest range a normalized input can have (there G₀ =
+    ``ns_lipschitz(table, 0, 1/safety)``). Every entry is then within 10^-digits·max(1, max|f|)
+    of the exact value.
     Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2; mpmath.svd_r.
-    Raises: as ``as_mp_input``; ValueError if the gains overflow float64 (the schedule is
+    Raises: as ``as_mp_input``; ValueError as ``ortho_ref.ns_map`` for the table, safety <= 0,
+    eps < 0 or an unknown eps_mode; ValueError if the gains overflow float64 (the schedule is
     unusable at any precision this tier allows).
     """
     arr, d = as_mp_input(a, digits)
-    table = np.asarray(coefficients, dtype=np.float64)
+    table, safety, eps = check_ns_options(coefficients, safety, eps, eps_mode)
     hi = 1.0 / safety
     gains = ns_step_gains(table, 0.0, hi)
     amplification = float(gains[0] + np.dot(gains[1:], ns_step_magnitudes(table, 0.0, hi)))

@@ -8,7 +8,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from ortho_ref import golden
+from ortho_ref import golden, mp
 from verify import tolerances as tol
 from verify.golden import check_golden_files, golden_tolerances
 
@@ -88,3 +88,15 @@ def test_dion_step_exact_bad_input():
         golden.dion_step_exact(w, np.ones((6, 4)), w, np.ones((4, 2)), **args)  # B Q has rank 1
     with pytest.raises(ValueError, match="mu"):
         golden.dion_step_exact(w, np.eye(6, 4), w, np.eye(4, 2), **{**args, "mu": 2.0})
+
+
+@pytest.mark.parametrize("shape", [(mp.MAX_DIM + 1, 4), (4, mp.MAX_DIM + 1), (256, 256)])
+def test_dion_step_exact_refuses_large_inputs_before_any_work(shape):
+    # 256 x 256 ran for over 30 s before the limit; now the same MAX_DIM as every mpmath function.
+    m, n = shape
+    w, q = np.ones(shape), np.ones((min(m, n), 2))
+    args = dict(lr=0.01, mu=0.95, weight_decay=0.1, epsilon=1e-8)
+    with pytest.raises(ValueError, match=f"^weight: .*MAX_DIM = {mp.MAX_DIM}"):
+        golden.dion_step_exact(w, w, w, q, **args)
+    with pytest.raises(ValueError, match=str(mp.MAX_DIGITS)):
+        golden.dion_step_exact(w[:4, :4], w[:4, :4], w[:4, :4], q[:4], digits=mp.MAX_DIGITS + 1, **args)

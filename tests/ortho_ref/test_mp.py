@@ -1,5 +1,7 @@
 """ortho_ref's mpmath tier: float64 oracle vs 50 digits, the tier's own accuracy, bad input."""
 
+import math
+
 import mpmath
 import numpy as np
 import pytest
@@ -45,6 +47,9 @@ def _check_ns_map(a, name, eps_mode):
     assert np.linalg.norm(ortho_ref.ns_map(a, table, **kw) - mp.to_float64(exact)) <= bound
 
 
+# The mpmath tests keep an explicit max_examples (it overrides the dev/ci/deep profiles on
+# purpose): one example costs up to ~0.2 s (a 16 x 16 SVD at 50 digits, pure Python), so the
+# default run takes 6 and the slow test below 150.
 @settings(max_examples=6, deadline=None)
 @given(CASES)
 def test_float64_polar_agrees_with_50_digits(case):
@@ -87,22 +92,46 @@ def test_mp_result_is_correct_to_its_digits(a):
         assert diff <= scale * (mpmath.mpf(10) ** -DIGITS + mpmath.mpf(10) ** -(DIGITS + 20))
 
 
+#: Digits at which the rank-deficient residuals are evaluated.
+EVAL_DIGITS = 40
+
+
+def _partial_isometry_residual_bounds(eps: float, norm_a: float, rank: int) -> dict:
+    """Bounds on four residuals of u = U + E, U the exact rank-``rank`` partial isometry of A
+    (Uᵀ A = H symmetric, U v = 0 for A v = 0), ‖E‖_F <= eps — exact in E, not first order:
+
+    - isometry ‖u uᵀu − u‖_F: −E(I − UᵀU) + U EᵀU + U UᵀE (first order, ‖U‖₂ = 1) plus
+      EEᵀU + EUᵀE + UEᵀE and EEᵀE: 3eps + 3eps² + eps³;
+    - symmetry ‖uᵀA − Aᵀu‖_F = ‖EᵀA − AᵀE‖_F <= 2·eps·‖A‖₂ (linear in E);
+    - trace |tr(uᵀu) − rank| = |2 tr(EᵀU) + ‖E‖_F²| <= 2·eps·√rank + eps² (‖U‖_F = √rank);
+    - null space ‖u(e₁ − e₃)‖ = ‖E(e₁ − e₃)‖ <= √2·eps (linear in E);
+
+    each plus the rounding of evaluating it at EVAL_DIGITS digits: a few dozen operations on
+    entries of size <= max(1, ‖A‖₂), relative error 10^-EVAL_DIGITS each, < 10^(2 − EVAL_DIGITS)
+    per unit of that size.
+    """
+    rounding = 10.0 ** (2 - EVAL_DIGITS)
+    return {"isometry": 3 * eps + 3 * eps**2 + eps**3 + rounding, "symmetry": (2 * eps + rounding) * max(1.0, norm_a),
+            "trace": 2 * eps * math.sqrt(rank) + eps**2 + rounding, "null": math.sqrt(2) * eps + rounding}
+
+
 def test_rank_deficient_polar_is_the_partial_isometry():
     b = np.arange(12.0).reshape(6, 2) + 1.0
     a = np.hstack([b, b[:, :1]])  # rank 2 exactly: column 3 is a float64 copy of column 1
     u = ortho_ref.polar(a, digits=30)
-    # E = u − U_exact has ‖E‖_F <= eps (contract); the checks below are first order in E.
-    eps = tol.mp_accuracy(a.shape, 30)
-    with mpmath.workdps(40):
+    # E = u − U_exact has ‖E‖_F <= eps (the tier's contract, ``mp_accuracy``)
+    norm_a = float(np.linalg.norm(a, 2))
+    bounds = _partial_isometry_residual_bounds(tol.mp_accuracy(a.shape, 30), norm_a, rank=2)
+    with mpmath.workdps(EVAL_DIGITS):
         gram = u.T @ u
-        isometry_err = mpmath.sqrt(sum(x**2 for x in (u @ gram - u).ravel()))  # U UᵀU = U: 3‖E‖
-        sym_err = mpmath.sqrt(sum(x**2 for x in (u.T @ a - a.T @ u).ravel()))  # UᵀA = H: 2‖E‖‖A‖₂
-        trace = sum(gram[i, i] for i in range(3))  # rank 2: |tr(EᵀU + UᵀE)| <= 2√3‖E‖
-        null = mpmath.sqrt(sum(x**2 for x in (u[:, 0] - u[:, 2])))  # A(e1 − e3) = 0: √2‖E‖
-    assert isometry_err <= 3.5 * eps
-    assert sym_err <= 2.5 * eps * float(np.linalg.norm(a, 2))
-    assert abs(trace - 2) <= 2.5 * np.sqrt(3) * eps
-    assert null <= 1.5 * np.sqrt(2) * eps
+        isometry_err = mpmath.sqrt(sum(x**2 for x in (u @ gram - u).ravel()))
+        sym_err = mpmath.sqrt(sum(x**2 for x in (u.T @ a - a.T @ u).ravel()))
+        trace = sum(gram[i, i] for i in range(3))
+        null = mpmath.sqrt(sum(x**2 for x in (u[:, 0] - u[:, 2])))  # A(e1 − e3) = 0
+        assert isometry_err <= bounds["isometry"]
+        assert sym_err <= bounds["symmetry"]
+        assert abs(trace - 2) <= bounds["trace"]
+        assert null <= bounds["null"]
 
 
 def test_zero_matrix():
@@ -163,6 +192,13 @@ def test_bad_matrix_and_options_with_digits():
         ortho_ref.ns_map(np.eye(2), [[1.5, -0.5, 0.0]], eps_mode="max", digits=DIGITS)
     with pytest.raises(ValueError, match="coefficients"):
         ortho_ref.ns_map(np.eye(2), [[1.5, -0.5]], digits=DIGITS)
+    # called directly, the tier validates like ortho_ref.ns_map (safety = 0 divided by zero before)
+    for kw, match in [(dict(safety=0.0), "^safety:"), (dict(eps=-1.0), "^eps:"), (dict(eps_mode="max"), "^eps_mode:")]:
+        args = {**dict(safety=1.0, eps=1e-7, eps_mode="add"), **kw}
+        with pytest.raises(ValueError, match=match):
+            mp.ns_map(np.eye(2), [[1.5, -0.5, 0.0]], digits=DIGITS, **args)
+    with pytest.raises(ValueError, match="^coefficients:"):
+        mp.ns_map(np.eye(2), [[1.5, -0.5]], safety=1.0, eps=1e-7, eps_mode="add", digits=DIGITS)
 
 
 def test_polar_tolerance_validity_limit():

@@ -10,7 +10,7 @@ from tests.strategies import spectral_matrices
 from verify.tolerances import mp_accuracy, polar_condition_tolerance, svd_residual_tolerance
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(spectral_matrices())
 def test_polar_properties(case):
     a, s = case
@@ -41,7 +41,7 @@ def test_polar_matches_scipy():
     assert np.linalg.norm(ortho_ref.polar(a) - u_ref) <= svd_residual_tolerance(a.shape)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(spectral_matrices())
 def test_polar_condition_formula(case):
     # Higham, Functions of Matrices, Thm. 8.9, from the computed singular values: exact.

@@ -23,7 +23,7 @@ vectors = hnp.arrays(np.float64, st.integers(1, 16), elements=finite)
 betas = st.tuples(st.floats(0.5, 0.99), st.floats(0.9, 0.9999))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(g=vectors, b=betas, eps=st.sampled_from([1e-8, 1e-6, 1e-3]))
 def test_adamw_first_step_is_g_over_abs_g_plus_eps(g, b, eps):
     """From zero state, m̂ = g and √v̂ = |g|: the update is g / (|g| + eps), |update| < 1, so a
@@ -39,7 +39,7 @@ def test_adamw_first_step_is_g_over_abs_g_plus_eps(g, b, eps):
     assert np.array_equal(out.exp_avg_sq, (1.0 - b[1]) * g * g)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), k=st.integers(-30, 30), step=st.integers(0, 50), b=betas,
        shape=st.sampled_from(SHAPES))
 def test_adamw_scale_invariance_is_exact(seed, k, step, b, shape):
@@ -79,7 +79,7 @@ def test_adamw_eps_zero_zero_coordinate_gives_zero_update():
     assert np.all(np.isfinite(out.update))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), shape=st.sampled_from(SHAPES), b=st.tuples(st.floats(0, 1), st.floats(0, 1)),
        lr=st.floats(1e-6, 1.0), k=st.integers(-30, 30))
 def test_lion_update_is_sign_and_scale_free(seed, shape, b, lr, k):
