@@ -268,12 +268,16 @@ def dion_update(
         q_new = dion_right_factor(r, right_factor, epsilon)
         qw = q_new.to(m.dtype)
     if error_feedback:
-        b.sub_((1 - mu) * (p @ r.mT))
+        b.addmm_(p, r.mT, alpha=-(1 - mu))  # fused: no (m, n) temporaries
     else:
-        b.copy_(mu * (p @ r.mT))
+        torch.mul(p @ r.mT, mu, out=b)
     q.copy_(q_new)
-    delta = p @ q.to(p.dtype).mT
-    x.add_((delta.mT if transposed else delta).to(x.dtype), alpha=-lr * math.sqrt(rows / cols))
+    qp, alpha = q.to(p.dtype), -lr * math.sqrt(rows / cols)
+    left, right = (qp, p.mT) if transposed else (p, qp.mT)  # the update PQᵀ in x's orientation
+    if x.dtype == p.dtype:
+        x.addmm_(left, right, alpha=alpha)
+    else:  # mixed precision: the product in the momentum dtype, rounded once to x's dtype
+        x.add_((left @ right).to(x.dtype), alpha=alpha)
     return DionUpdate(p, r)
 
 

@@ -383,11 +383,15 @@ def check_muon_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
 
 
 def _orthogonalize(mats: list[torch.Tensor], group: dict) -> list[torch.Tensor]:
-    """newton_schulz on every matrix batch, in its own dtype out. With ``banks``, inputs of the
-    same (rows, cols) and dtype are concatenated along the batch and orthogonalized in one
-    call (a lone member keeps its own call, so its bits do not depend on ``banks``)."""
+    """newton_schulz on every matrix batch, returned in the compute dtype (the update adds it
+    to the parameter with type promotion, which converts exactly as an explicit cast would,
+    without the extra pass). With ``banks``, inputs of the same (rows, cols) and dtype are
+    concatenated along the batch and orthogonalized in one call (a lone member keeps its own
+    call, so its bits do not depend on ``banks``)."""
     kw = dict(steps=group["ns_steps"], safety=group["safety"], eps=group["eps"], dtype=group["dtype"],
               eps_mode=group["eps_mode"])
+    if group["dtype"] is not None:  # None: each input's own dtype, returned as such
+        kw["out_dtype"] = resolve_compute_dtype(group["dtype"])[0]
     if not group["banks"]:
         return [newton_schulz(x, group["coefficients"], **kw) for x in mats]
     banks: dict[tuple, list[int]] = defaultdict(list)
