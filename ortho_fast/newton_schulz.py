@@ -91,16 +91,17 @@ def _quintic_step(x: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor
 
 def _power_of_two_scale(x: torch.Tensor) -> torch.Tensor:
     """β = 2^e per matrix with max|X| in [2^(e−1), 2^e) (β = 1 for a zero matrix), shape
-    (..., 1, 1) in x's dtype; X/β is exact and its entries lie in (−1, 1)."""
+    (batch, 1, 1), or () for a 2-D x (a 0-dim tensor takes torch's scalar fast path in the
+    divisions), in x's dtype; X/β is exact and its entries lie in (−1, 1)."""
     if x.ndim == 2:  # aminmax: one pass, no |X| temporary (10× faster than an inf-norm here)
         lo, hi = torch.aminmax(x)
-        amax = torch.maximum(hi, -lo).reshape(1, 1)
+        amax = torch.maximum(hi, -lo)
     else:
         amax = x.abs().amax(dim=(-2, -1), keepdim=True)
     return torch.ldexp(torch.ones_like(amax), torch.frexp(amax).exponent)
 
 
-def _iterate(x: torch.Tensor, table, safety: float, eps: float, eps_mode: str) -> torch.Tensor:
+def _iterate(x: torch.Tensor, beta: torch.Tensor, table, safety: float, eps: float, eps_mode: str) -> torch.Tensor:
     """Normalize and run the steps on (m, n) or (batch, m, n) with m <= n, in x's dtype.
 
     The Frobenius normalization is computed on X/β (``_power_of_two_scale``) as
@@ -109,8 +110,9 @@ def _iterate(x: torch.Tensor, table, safety: float, eps: float, eps_mode: str) -
     form of torch.optim.Muon) whenever no intermediate is subnormal, and it stays correct
     where that form fails: ‖X‖_F overflows for ‖X‖_F > 1.8e19 in float32 / bfloat16
     (the squares pass 3.4e38) and above 65504 in float16, which made the result 0.
+    ``beta`` is ``_power_of_two_scale`` of x, computed by the caller before any transpose
+    (a reduction over a transposed view is several times slower).
     """
-    beta = _power_of_two_scale(x)
     x = x / beta  # exact (not x·β⁻¹: 1/β overflows for subnormal max|X|, 2^23 > 65504 in float16)
     norm = x.norm() if x.ndim == 2 else torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
     if safety != 1.0:
@@ -119,7 +121,7 @@ def _iterate(x: torch.Tensor, table, safety: float, eps: float, eps_mode: str) -
     denom = norm + eps_scaled if eps_mode == "add" else torch.maximum(norm, eps_scaled)
     if eps == 0.0:  # a zero matrix maps to zero (as ns_map), not to 0/0
         denom = torch.where(denom == 0, torch.ones_like(denom), denom)
-    x = x / denom
+    x.div_(denom)  # x is our own tensor here (the division by β made it)
     for a, b, c in table:
         x = _quintic_step(x, a, b, c)
     return x
@@ -179,14 +181,15 @@ def newton_schulz(
     x = g.to(compute_dtype)
     if x.ndim > 2:
         x = x.reshape(-1, m, n)
+    beta = _power_of_two_scale(x)  # () or (batch, 1, 1): unchanged by the transpose
     transpose = m > n
     if transpose:
         x = x.mT
     if precision is None:
-        x = _iterate(x, table, safety, eps, eps_mode)
+        x = _iterate(x, beta, table, safety, eps, eps_mode)
     else:
         with _float32_matmul_precision(precision):
-            x = _iterate(x, table, safety, eps, eps_mode)
+            x = _iterate(x, beta, table, safety, eps, eps_mode)
     if transpose:
         x = x.mT
     return x.reshape(*batch_shape, m, n).to(g.dtype if out_dtype is None else out_dtype)
