@@ -4,10 +4,26 @@
   threads competing with torch's, small SVDs run 100× slower on 2 cores.
 - Tests marked ``slow`` are skipped unless selected with ``-m slow`` (or any ``-m``
   expression naming them) — the default run is what CI runs on 2 cores.
+- Hypothesis: unless a profile is chosen (``--hypothesis-profile dev|ci|deep`` or
+  ``ORTHO_HYPOTHESIS_PROFILE``, see ``verify.pytest_plugin``), the suite runs hypothesis's
+  default example counts without a per-example deadline: a shared 2-core CI machine must
+  not turn a slow example into a failure. Example counts are left to the profiles.
 """
 
+import os
+
 import pytest
+from hypothesis import settings
 from threadpoolctl import threadpool_limits
+
+from verify.pytest_plugin import ENV_PROFILE
+
+settings.register_profile("ortho-tests", deadline=None)
+
+
+def pytest_configure(config):
+    if not config.getoption("--hypothesis-profile", default=None) and not os.environ.get(ENV_PROFILE):
+        settings.load_profile("ortho-tests")
 
 
 @pytest.fixture(autouse=True, scope="session")

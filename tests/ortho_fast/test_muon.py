@@ -153,7 +153,7 @@ def test_lr_modes_extra_scale_and_cautious_decay_match_reference(adjust_lr, extr
         _check_against_reference(w_new, m_new, w0, g, m0, [ROWS], opts)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(deadline=None)
 @given(
     m=st.integers(1, 24), n=st.integers(1, 24),
     style=st.sampled_from(["ema", "classic"]), nesterov=st.booleans(),
@@ -403,7 +403,7 @@ def split_layouts(draw):
     return sizes, groups, heads, draw(st.sampled_from([0, 2]))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(layout=split_layouts(), n=st.integers(1, 10), cautious=st.booleans(),
        adjust_lr=st.sampled_from(ADJUST_LR_MODES), seed=st.integers(0, 2**32 - 1))
 def test_split_layouts_property_against_per_block_reference(layout, n, cautious, adjust_lr, seed):

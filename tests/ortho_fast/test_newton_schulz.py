@@ -65,14 +65,14 @@ FLOAT32_MIN_DIM = 1
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(a=spectral_matrices())
 def test_float64_matches_ns_map_within_ns_tolerance(name, a):
     _check_ns_tolerance(name, "float64", a)
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(a=spectral_matrices(min_dim=FLOAT32_MIN_DIM))
 def test_float32_matches_ns_map_within_ns_tolerance(name, a):
     _check_ns_tolerance(name, "float32", a)
@@ -126,7 +126,7 @@ def _low_precision_singular_value_error(name: str, a: np.ndarray, dtype: str, fa
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(a=spectral_matrices())
 def test_bfloat16_singular_values_within_tolerance(name, a):
     err, bound = _low_precision_singular_value_error(name, a, "bfloat16")
@@ -138,7 +138,7 @@ def test_bfloat16_singular_values_within_tolerance(name, a):
 # ---------------------------------------------------------------------------------------
 
 
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(
     shape=shapes(32),
     batch=st.integers(2, 4),
@@ -186,7 +186,7 @@ def test_batched_low_precision_matches_per_matrix_singular_values(name, dtype):
             assert err <= bound, f"{name}/{dtype} batched {a.shape}: max |Δσ| = {err:.3e} > {bound:.3e}"
 
 
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(shape=shapes(24), log_cond=st.floats(0.0, 6.0), seed=st.integers(0, 2**32 - 1))
 def test_extra_leading_dims(shape, log_cond, seed):
     """(b1, b2, m, n) gives the same result as the flattened (b1·b2, m, n) batch."""
@@ -207,7 +207,7 @@ def test_extra_leading_dims(shape, log_cond, seed):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(shape=shapes(kinds=("tall", "wide")), seed=st.integers(0, 2**32 - 1), name=st.sampled_from(SCHEDULES))
 def test_transpose_is_bitwise(dtype, shape, seed, name):
     """A tall input is transposed to the wide side, iterated and transposed back: exactly the
@@ -218,7 +218,7 @@ def test_transpose_is_bitwise(dtype, shape, seed, name):
     assert torch.equal(a, b)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(n=st.integers(1, MAX_DIM), log_cond=st.floats(0.0, 6.0), seed=st.integers(0, 2**32 - 1))
 def test_square_transpose_within_tolerance(n, log_cond, seed):
     """Square inputs are not transposed (Gram XXᵀ either way); NS(Gᵀ) = NS(G)ᵀ holds to rounding."""
@@ -479,7 +479,7 @@ def test_inductor_compile_within_ns_tolerance_of_eager():
 # Scale: the normalization is computed on X/2^e (exact), so a power-of-two rescaling of the
 # input leaves every bit unchanged, and huge or tiny matrices (whose plain ‖X‖_F overflows or
 # underflows in float32 / bfloat16 / float16) still get U f(Σ̂) Vᵀ.
-@settings(max_examples=30, deadline=None)
+@settings(deadline=None)
 @given(a=spectral_matrices(max_dim=12), k=st.integers(-60, 60),  # entries stay normal numbers
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]), batched=st.booleans())
 def test_power_of_two_rescaling_is_bitwise_invariant(a, k, dtype, batched):

@@ -170,7 +170,7 @@ def test_adamw_matches_reference(shape, options, torch_adamw, dtype):
                      torch_adamw=torch_adamw, dtype=dtype)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), b1=st.floats(0.5, 0.99), b2=st.floats(0.9, 0.9999),
        lr=st.floats(1e-5, 0.1), wd=st.floats(0.0, 0.5), eps=st.sampled_from([0.0, 1e-8, 1e-6]),
        shape=st.sampled_from(SHAPES))
@@ -206,14 +206,14 @@ def test_lion_matches_reference(shape, options, dtype):
     _lion_vs_oracle(shape, zlib.crc32(repr((shape, sorted(options.items()))).encode()), options, dtype=dtype)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), b1=st.floats(0.0, 1.0), b2=st.floats(0.0, 1.0), lr=st.floats(1e-6, 0.1),
        wd=st.floats(0.0, 1.0), shape=st.sampled_from(SHAPES))
 def test_lion_float64_matches_reference_property(seed, b1, b2, lr, wd, shape):
     _lion_vs_oracle(shape, seed, dict(lr=lr, betas=(b1, b2), weight_decay=wd), steps=2)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), lr=st.floats(1e-6, 1.0),
        dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]))
 def test_lion_moves_each_weight_by_exactly_lr(seed, lr, dtype):
