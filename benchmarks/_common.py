@@ -33,7 +33,8 @@ def setup(args: argparse.Namespace) -> None:
 def median_seconds(fn, min_run_time: float) -> float:
     """Median seconds per call of ``fn()`` (torch.utils.benchmark blocked_autorange)."""
     fn()  # warm-up outside the measurement (allocations, lazy init)
-    return Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median
+    timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())  # Timer's default is 1
+    return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
 def machine() -> str:

@@ -276,8 +276,8 @@ def dion_update(
     left, right = (qp, p.mT) if transposed else (p, qp.mT)  # the update PQᵀ in x's orientation
     if x.dtype == p.dtype:
         x.addmm_(left, right, alpha=alpha)
-    else:  # mixed precision: the product in the momentum dtype, rounded once to x's dtype
-        x.add_((left @ right).to(x.dtype), alpha=alpha)
+    else:  # mixed precision: the product in the momentum dtype, rounded once into x's dtype
+        x.add_(left @ right, alpha=alpha)
     return DionUpdate(p, r)
 
 

@@ -23,6 +23,7 @@ Dtype policy (``newton_schulz(g, dtype=..., out_dtype=...)``):
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -90,34 +91,40 @@ def _quintic_step(x: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor
 
 
 def _power_of_two_scale(x: torch.Tensor) -> torch.Tensor:
-    """β = 2^e per matrix with max|X| in [2^(e−1), 2^e) (β = 1 for a zero matrix), shape
-    (batch, 1, 1), or () for a 2-D x (a 0-dim tensor takes torch's scalar fast path in the
-    divisions), in x's dtype; X/β is exact and its entries lie in (−1, 1)."""
+    """β = 2^e per matrix with max|X| in [2^(e−1), 2^e) (β = 1 for a zero matrix), e capped at
+    the dtype's largest finite power of two (then max|X/β| < 2); shape (batch, 1, 1), or ()
+    for a 2-D x (a 0-dim tensor takes torch's scalar fast path in the divisions); x's dtype.
+    X/β is exact."""
     if x.ndim == 2:  # aminmax: one pass, no |X| temporary (10× faster than an inf-norm here)
         lo, hi = torch.aminmax(x)
         amax = torch.maximum(hi, -lo)
     else:
         amax = x.abs().amax(dim=(-2, -1), keepdim=True)
-    return torch.ldexp(torch.ones_like(amax), torch.frexp(amax).exponent)
+    largest = math.floor(math.log2(torch.finfo(x.dtype).max))  # 2^largest is finite: 15 for float16
+    exponent = torch.frexp(amax).exponent.clamp(max=largest)
+    return torch.ldexp(torch.ones_like(amax), exponent)
 
 
 def _iterate(x: torch.Tensor, beta: torch.Tensor, table, safety: float, eps: float, eps_mode: str) -> torch.Tensor:
     """Normalize and run the steps on (m, n) or (batch, m, n) with m <= n, in x's dtype.
 
-    The Frobenius normalization is computed on X/β (``_power_of_two_scale``) as
-    (X/β) / (s·‖X/β‖_F + eps/β) or / max(s·‖X/β‖_F, eps/β). Scaling by a power of two
-    commutes with every rounding, so this gives the same bits as X / (s·‖X‖_F + eps) (the
-    form of torch.optim.Muon) whenever no intermediate is subnormal, and it stays correct
-    where that form fails: ‖X‖_F overflows for ‖X‖_F > 1.8e19 in float32 / bfloat16
-    (the squares pass 3.4e38) and above 65504 in float16, which made the result 0.
-    ``beta`` is ``_power_of_two_scale`` of x, computed by the caller before any transpose
-    (a reduction over a transposed view is several times slower).
+    ``x`` is X/β already (our own tensor), β = ``_power_of_two_scale(X)`` in the input's
+    dtype, computed by the caller before the cast to the compute dtype and before any
+    transpose. The Frobenius normalization is (X/β) / (s·‖X/β‖_F + eps/β) or
+    / max(s·‖X/β‖_F, eps/β), with eps rounded to the compute dtype first (as torch does with
+    a Python scalar). Scaling by a power of two commutes with every rounding, so in float32,
+    bfloat16 and float64 this gives the same bits as X / (s·‖X‖_F + eps) (the form of
+    torch.optim.Muon) whenever no intermediate is subnormal; in float16 entries below
+    6e-5·β become subnormal and may differ in their last bits. It stays correct where that
+    form fails: ‖X‖_F overflows for ‖X‖_F > 1.8e19 in float32 / bfloat16 (the squares pass
+    3.4e38) and above 65504 in float16, and a float32 input above 65504 overflows in the cast
+    to float16 — all of which made the result 0 or NaN.
     """
-    x = x / beta  # exact (not x·β⁻¹: 1/β overflows for subnormal max|X|, 2^23 > 65504 in float16)
     norm = x.norm() if x.ndim == 2 else torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
     if safety != 1.0:
         norm = norm * safety
-    eps_scaled = torch.full_like(beta, eps) / beta  # eps rounded to x's dtype, as torch does
+    eps_rounded = torch.full_like(beta, eps, dtype=x.dtype).double()
+    eps_scaled = (eps_rounded / beta.double()).to(x.dtype)  # exact unless it underflows
     denom = norm + eps_scaled if eps_mode == "add" else torch.maximum(norm, eps_scaled)
     if eps == 0.0:  # a zero matrix maps to zero (as ns_map), not to 0/0
         denom = torch.where(denom == 0, torch.ones_like(denom), denom)
@@ -178,10 +185,9 @@ def newton_schulz(
 
     m, n = g.shape[-2], g.shape[-1]
     batch_shape = g.shape[:-2]
-    x = g.to(compute_dtype)
-    if x.ndim > 2:
-        x = x.reshape(-1, m, n)
-    beta = _power_of_two_scale(x)  # () or (batch, 1, 1): unchanged by the transpose
+    x = g.reshape(-1, m, n) if g.ndim > 2 else g
+    beta = _power_of_two_scale(x)  # () or (batch, 1, 1), g's dtype: unchanged by the transpose
+    x = (x / beta).to(compute_dtype)  # exact; entries below 2 cannot overflow any compute dtype
     transpose = m > n
     if transpose:
         x = x.mT

@@ -6,8 +6,10 @@
   expression naming them) — the default run is what CI runs on 2 cores.
 - Hypothesis: unless a profile is chosen (``--hypothesis-profile dev|ci|deep`` or
   ``ORTHO_HYPOTHESIS_PROFILE``, see ``verify.pytest_plugin``), the suite runs hypothesis's
-  default example counts without a per-example deadline: a shared 2-core CI machine must
-  not turn a slow example into a failure. Example counts are left to the profiles.
+  default example counts, derandomized (every run of ``.ci/run`` tests the same examples)
+  and without a per-example deadline (a shared 2-core CI machine must not turn a slow
+  example into a failure). Example counts are left to the profiles; ``dev`` and ``deep``
+  draw new examples each run.
 """
 
 import os
@@ -18,7 +20,7 @@ from threadpoolctl import threadpool_limits
 
 from verify.pytest_plugin import ENV_PROFILE
 
-settings.register_profile("ortho-tests", deadline=None)
+settings.register_profile("ortho-tests", deadline=None, derandomize=True)
 
 
 def pytest_configure(config):

@@ -489,11 +489,16 @@ def test_power_of_two_rescaling_is_bitwise_invariant(a, k, dtype, batched):
     assert torch.equal(newton_schulz(x * 2.0**k, eps=0.0, dtype=dtype), newton_schulz(x, eps=0.0, dtype=dtype))
 
 
-@pytest.mark.parametrize("dtype, scale", [(torch.float32, 1e30), (torch.float32, 1e-30),
-                                          (torch.float16, 1e4), (torch.bfloat16, 1e30)])
-def test_huge_and_tiny_inputs_match_ns_map(dtype, scale):
+@pytest.mark.parametrize("dtype, scale, input_dtype", [
+    (torch.float32, 1e30, None), (torch.float32, 1e-30, None), (torch.float32, 3e37, None),
+    (torch.float16, 1e4, None), (torch.float16, 1.2e5, None),  # max|G| in [32768, 65504]: β capped at 2^15
+    (torch.float16, 1e7, torch.float32),  # float32 input beyond float16's range, computed in float16
+    (torch.bfloat16, 1e30, None)])
+def test_huge_and_tiny_inputs_match_ns_map(dtype, scale, input_dtype):
     a = matrix_with_spectrum(np.geomspace(1.0, 1e-2, 8), 8, 16, np.random.default_rng(0)) * scale
-    fast = newton_schulz(torch.tensor(a).to(dtype), eps=0.0, dtype=dtype).double().numpy()
+    g = torch.tensor(a).to(input_dtype or dtype)
+    assert torch.isfinite(g).all()
+    fast = newton_schulz(g, eps=0.0, dtype=dtype).double().numpy()
     table = ortho_ref.schedule("jordan")
     ref = ortho_ref.ns_map(a, table, eps=0.0)
     sigma_hat = ortho_ref.normalized_singular_values(a, eps=0.0)
