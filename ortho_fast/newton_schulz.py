@@ -123,8 +123,9 @@ def _iterate(x: torch.Tensor, beta: torch.Tensor, table, safety: float, eps: flo
     norm = x.norm() if x.ndim == 2 else torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
     if safety != 1.0:
         norm = norm * safety
-    eps_rounded = torch.full_like(beta, eps, dtype=x.dtype).double()
-    eps_scaled = (eps_rounded / beta.double()).to(x.dtype)  # exact unless it underflows
+    wide = torch.promote_types(x.dtype, beta.dtype)  # holds eps rounded to x's dtype, and β (no float64 on MPS)
+    eps_rounded = torch.full_like(beta, eps, dtype=x.dtype).to(wide)
+    eps_scaled = (eps_rounded / beta.to(wide)).to(x.dtype)  # exact unless it underflows
     denom = norm + eps_scaled if eps_mode == "add" else torch.maximum(norm, eps_scaled)
     if eps == 0.0:  # a zero matrix maps to zero (as ns_map), not to 0/0
         denom = torch.where(denom == 0, torch.ones_like(denom), denom)
