@@ -21,6 +21,7 @@ from ortho_fast import DION_DEFAULTS, Dion, check_dion_step, dion_group_step, no
 from ortho_fast.dion import sketch_rows
 from verify import tolerances as tol
 from verify.spectra import matrix_with_spectrum
+from tests.round_trip import round_trip
 
 LR, MU, WD, SEED = 0.05, 0.9, 0.1, 7
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -334,16 +335,7 @@ def test_state_dict_round_trip_is_bitwise(param_dtype, extra):
     w0 = [0.02 * rng.standard_normal(s) for s in SHAPES]
     grads = [[_spectral(s, rng) for s in SHAPES] for _ in range(4)]
     make = lambda ps: Dion(ps, lr=0.02, seed=3, **extra)  # noqa: E731
-    full = _run(make, grads, w0, param_dtype)
-    ps, first = _run(make, grads[:2], w0, param_dtype)
-    saved = copy.deepcopy(first.state_dict())
-    resumed_ps = [torch.nn.Parameter(p.detach().clone()) for p in ps]
-    resumed = make(resumed_ps)
-    resumed.load_state_dict(saved)
-    for step in grads[2:]:
-        for p, g in zip(resumed_ps, step):
-            p.grad = torch.tensor(g, dtype=param_dtype)
-        resumed.step()
+    full, (resumed_ps, resumed) = round_trip(make, w0, grads, dtype=param_dtype)
     _assert_same(full, (resumed_ps, resumed))
     mdt = extra.get("momentum_dtype", param_dtype)
     assert resumed.state[resumed_ps[0]]["momentum"].dtype == mdt

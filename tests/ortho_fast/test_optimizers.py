@@ -17,6 +17,7 @@ import ortho_ref
 from ortho_fast import Dion, Muon
 from verify import tolerances as tol
 from verify.spectra import matrix_with_spectrum
+from tests.round_trip import assert_bitwise_same, round_trip
 
 SHAPES = [(24, 16), (16, 24), (20, 20)]  # tall, wide, square
 SHAPE_IDS = ["tall", "wide", "square"]
@@ -413,33 +414,7 @@ def test_muon_zero_gradient_with_eps_zero_only_decays():
 
 def _round_trip(make_opt, shapes, dtype, grads):
     w0 = [torch.tensor(0.02 * _rng("rt", s).standard_normal(s), dtype=dtype) for s in shapes]
-    # 4 uninterrupted steps
-    pa = [torch.nn.Parameter(w.clone()) for w in w0]
-    oa = make_opt(pa)
-    for step in grads:
-        for p, g in zip(pa, step):
-            p.grad = torch.tensor(g, dtype=dtype)
-        oa.step()
-    # 2 steps, save, reload into a fresh optimizer on cloned parameters, 2 more steps
-    pb = [torch.nn.Parameter(w.clone()) for w in w0]
-    ob = make_opt(pb)
-    for step in grads[:2]:
-        for p, g in zip(pb, step):
-            p.grad = torch.tensor(g, dtype=dtype)
-        ob.step()
-    saved = copy.deepcopy(ob.state_dict())
-    pc = [torch.nn.Parameter(p.detach().clone()) for p in pb]
-    oc = make_opt(pc)
-    oc.load_state_dict(saved)
-    for step in grads[2:]:
-        for p, g in zip(pc, step):
-            p.grad = torch.tensor(g, dtype=dtype)
-        oc.step()
-    for a, c in zip(pa, pc):
-        assert torch.equal(a, c)
-        assert set(oa.state[a]) == set(oc.state[c])
-        for k in oa.state[a]:
-            assert torch.equal(oa.state[a][k], oc.state[c][k]), k
+    assert_bitwise_same(*round_trip(make_opt, w0, grads, dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
