@@ -12,6 +12,7 @@ claim — not compared, or a tolerance that cannot reject a wrong result — are
 from __future__ import annotations
 
 import argparse
+import importlib
 import platform
 import sys
 import time
@@ -42,11 +43,17 @@ DION_VARIANT_RUNS = (*((v, "float64", None) for v in checks.DION_VARIANTS), ("ho
 DION_VARIANT_RANK_FRACTION = 0.25
 
 
+#: ``ortho-verify NAME ...`` runs ``main(argv)`` of the module (its own --help).
+SUBCOMMANDS = {"sharding": "verify.sharding", "reproduce": "verify.reproduce"}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``ortho-verify`` command line."""
+    """The ``ortho-verify`` command line (the default run; ``SUBCOMMANDS`` have their own)."""
     parser = argparse.ArgumentParser(
         prog="ortho-verify",
-        description="Check ortho_fast's Newton–Schulz, Muon and Dion against the exact oracle ortho_ref.",
+        description="Check ortho_fast's Newton–Schulz, Muon and Dion against the exact oracle ortho_ref. "
+                    "Subcommands: 'ortho-verify sharding --help' (distributed layouts equal to one process) "
+                    "and 'ortho-verify reproduce --help' (the papers' claims on real text).",
     )
     parser.add_argument("--quick", action="store_true", help="fewer inputs (a few seconds on 2 CPU cores)")
     parser.add_argument("--out", type=Path, default=Path("ortho-verify-out"),
@@ -148,6 +155,10 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
 def main(argv: list[str] | None = None) -> int:
     """Run the checks; returns the exit code (0: every check passed, 1: a check failed or a check
     made no claim on any input (inconclusive, ``verify.checks.verdict``), 2: bad arguments)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:  # ortho-verify sharding ... / ortho-verify reproduce ...
+        module = importlib.import_module(SUBCOMMANDS[argv[0]])
+        return module.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.update_baseline and args.baseline is None:
         build_parser().error("--update-baseline needs --baseline FILE")
