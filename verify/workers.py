@@ -1,0 +1,104 @@
+"""Start gloo worker processes on CPU (fork), run one function on every rank, collect the results.
+
+``run_workers(world_size, fn, *args)`` forks ``world_size`` children; each sets
+``torch.set_num_threads(1)``, joins a gloo process group through a file store, runs
+``fn(rank, world_size, *args)`` and sends its (picklable) result back through a pipe. The parent
+waits at most ``timeout`` seconds: a hang (a collective some rank never joins) kills every
+child and raises ``TimeoutError`` naming the ranks that did not finish, never blocks CI; a rank
+that raised re-raises here as ``WorkerError`` with the child's traceback.
+
+Fork, not spawn: the children inherit the imported modules (no re-import per rank) and the
+function needs no pickling. Use one launch per test module or CLI run, not per test.
+Under ``torchrun`` (a process group already exists) use ``fn(rank, world_size, ...)`` directly.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import tempfile
+import time
+import traceback
+from typing import Any, Callable
+
+__all__ = ["WorkerError", "run_workers", "DEFAULT_TIMEOUT"]
+
+#: Seconds a launch may take before its workers are killed.
+DEFAULT_TIMEOUT = 300.0
+
+
+class WorkerError(RuntimeError):
+    """A worker raised; the message carries its rank and traceback."""
+
+
+def _child(rank: int, world_size: int, store_path: str, fn: Callable, args: tuple, conn) -> None:
+    status, payload = "ok", None
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
+        try:
+            payload = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the parent, which re-raises
+        status, payload = "error", traceback.format_exc()
+    try:
+        conn.send_bytes(pickle.dumps((status, payload)))
+    except Exception:  # noqa: BLE001 - an unpicklable result is an error too
+        conn.send_bytes(pickle.dumps(("error", f"rank {rank}: result not picklable\n{traceback.format_exc()}")))
+    conn.close()
+    os._exit(0)
+
+
+def run_workers(world_size: int, fn: Callable[..., Any], *args, timeout: float = DEFAULT_TIMEOUT) -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` forked gloo ranks; returns the results
+    in rank order.
+
+    Raises: ValueError naming ``world_size`` unless an int >= 1; TimeoutError after ``timeout``
+    seconds (the children are killed); WorkerError if a rank raised (the first failing rank's
+    traceback; the other ranks are killed, they may be waiting on it).
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
+    ctx = mp.get_context("fork")
+    with tempfile.TemporaryDirectory(prefix="ortho-gloo-") as tmp:
+        store = os.path.join(tmp, "store")
+        procs, conns = [], []
+        for rank in range(world_size):
+            parent, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(rank, world_size, store, fn, args, child), daemon=True)
+            proc.start()
+            child.close()
+            procs.append(proc)
+            conns.append(parent)
+        results: dict[int, tuple] = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(results) < world_size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(range(world_size)) - set(results))
+                    raise TimeoutError(f"run_workers: ranks {missing} of {world_size} did not finish within {timeout:g} s "
+                                       f"(a collective not joined by every rank hangs)")
+                ready = mp.connection.wait([c for r, c in enumerate(conns) if r not in results], timeout=min(left, 1.0))
+                for conn in ready:
+                    rank = conns.index(conn)
+                    try:
+                        results[rank] = pickle.loads(conn.recv_bytes())
+                    except EOFError:
+                        results[rank] = ("error", f"rank {rank} exited without a result (exit code "
+                                                  f"{procs[rank].exitcode})")
+                    if results[rank][0] == "error":
+                        raise WorkerError(f"rank {rank} of {world_size} failed:\n{results[rank][1]}")
+        finally:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.kill()
+                proc.join(timeout=10)
+            for conn in conns:
+                conn.close()
+    return [results[r][1] for r in range(world_size)]
