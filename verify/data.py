@@ -22,7 +22,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 import torch
@@ -31,7 +31,8 @@ from torch import nn
 
 from verify.spectra import MatrixCase
 
-__all__ = ["GPTConfig", "last_run_info", "real_gradients", "stdlib_corpus", "train_and_capture"]
+__all__ = ["CorpusSplit", "GPTConfig", "last_run_info", "real_gradients", "stdlib_corpus", "stdlib_split",
+           "train_and_capture"]
 
 VOCAB_SIZE = 256  # byte-level tokens
 _SKIP_DIRS = frozenset({"site-packages", "test", "tests", "idle_test"})
@@ -71,17 +72,53 @@ def stdlib_corpus(max_bytes: int | None = None) -> bytes:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     chunks: list[bytes] = []
     total = 0
-    for path in _stdlib_sources():
-        if max_bytes is not None and total >= max_bytes:
-            break
-        try:
-            data = path.read_bytes()
-        except OSError:
-            continue
+    for data in _stdlib_files():
         chunks.append(data)
         total += len(data)
+        if max_bytes is not None and total >= max_bytes:
+            break
     corpus = b"".join(chunks)
     return corpus if max_bytes is None else corpus[:max_bytes]
+
+
+class CorpusSplit(NamedTuple):
+    """The standard-library corpus split by file (:func:`stdlib_split`).
+
+    Attributes: ``train``, ``validation``, ``test`` the concatenated bytes of each split's
+    files; ``files`` the number of files in each, in that order.
+    """
+
+    train: bytes
+    validation: bytes
+    test: bytes
+    files: tuple[int, int, int]
+
+
+def stdlib_split(heldout_every: int = 10) -> CorpusSplit:
+    """The files of :func:`stdlib_corpus` dealt into train, validation and test splits.
+
+    File i (0-based, in :func:`stdlib_corpus`'s order, counting only readable files) goes to
+    validation if ``i % k == k - 2``, to test if ``i % k == k - 1``, else to train
+    (k = ``heldout_every``): one file in k is held out for validation and one for test,
+    spread over the whole library, and no file contributes to two splits, so held-out text
+    is never a window of the training text. Deterministic for a given installation.
+
+    Args:
+        heldout_every: k >= 3 (k = 10: 80 % / 10 % / 10 % of the files).
+
+    Returns:
+        a :class:`CorpusSplit` (train + validation + test is a permutation of the files
+        of ``stdlib_corpus()``).
+
+    Raises:
+        ValueError: if ``heldout_every`` is not an int >= 3.
+    """
+    if isinstance(heldout_every, bool) or not isinstance(heldout_every, int) or heldout_every < 3:
+        raise ValueError(f"heldout_every: expected an int >= 3, got {heldout_every!r}")
+    parts: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
+    for i, data in enumerate(_stdlib_files()):
+        parts[{heldout_every - 2: 1, heldout_every - 1: 2}.get(i % heldout_every, 0)].append(data)
+    return CorpusSplit(*(b"".join(parts[j]) for j in range(3)), files=tuple(len(parts[j]) for j in range(3)))
 
 
 def _stdlib_sources() -> Iterator[Path]:
@@ -90,6 +127,15 @@ def _stdlib_sources() -> Iterator[Path]:
         subdirs[:] = sorted(d for d in subdirs if d not in _SKIP_DIRS)
         for name in sorted(f for f in files if f.endswith(".py")):
             yield Path(directory, name)
+
+
+def _stdlib_files() -> Iterator[bytes]:
+    """Bytes of each readable file of :func:`_stdlib_sources`, in order (unreadable ones skipped)."""
+    for path in _stdlib_sources():
+        try:
+            yield path.read_bytes()
+        except OSError:
+            continue
 
 
 @dataclass(frozen=True)
@@ -182,7 +228,7 @@ class _GPT(nn.Module):
         self.lm_head = nn.Linear(config.d_model, VOCAB_SIZE, bias=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1]))
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_f(x))
