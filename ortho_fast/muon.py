@@ -373,7 +373,7 @@ def check_muon_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
             raise ValueError(f"grad: Muon expects dense real gradients ({name})")
         if g.shape != p.shape:
             raise ValueError(f"grad: expected shape {tuple(p.shape)}, got {tuple(g.shape)} ({name})")
-        check_finite(g, f"grad of {name}")
+        check_finite(g.to_local() if hasattr(g, "to_local") else g, f"grad of {name}")  # a DTensor: this rank's shard
         buf = state[p].get("momentum_buffer") if p in state else None
         if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape or buf.dtype != p.dtype):
             got = (tuple(buf.shape), buf.dtype) if isinstance(buf, torch.Tensor) else type(buf).__name__
@@ -409,15 +409,17 @@ def _orthogonalize(mats: list[torch.Tensor], group: dict) -> list[torch.Tensor]:
     return out
 
 
-def _apply_update(p: torch.Tensor, layout: MuonLayout, outs: list[torch.Tensor], group: dict) -> None:
+def _apply_update(p: torch.Tensor, layout: MuonLayout, outs: list[torch.Tensor], group: dict,
+                  shapes: Sequence[tuple[int, ...]] | None = None) -> None:
     """W ← W·(1 − lr·wd) − lr·s_j·O_j per block j (cautious: the decay only where
-    sign(O) · sign(W) >= 0), in the parameter's dtype, through views of W."""
+    sign(O) · sign(W) >= 0), in the parameter's dtype, through views of W; s_j from the block's
+    matrix shape, or from ``shapes[j]`` (a shard's update is scaled by the global shape)."""
     lr, wd = float(group["lr"]), float(group["weight_decay"])
     cautious = group["cautious_weight_decay"]
     w = p if p.is_contiguous() else p.contiguous()
     if not cautious:
         w.mul_(1 - lr * wd)
-    for view, o, shape in zip(layout.views(w), outs, layout.matrix_shapes()):
+    for view, o, shape in zip(layout.views(w), outs, shapes or layout.matrix_shapes()):
         o = o.reshape(view.shape)
         if cautious:
             decayed = torch.where(o.sign() * view.sign() >= 0, view * (1 - lr * wd), view)
@@ -495,6 +497,22 @@ class Muon(Optimizer):
     ``flatten`` for ≥ 3-D parameters that are not experts: None flattens ≥ 4-D conv weights
     and rejects 3-D (a conv1d weight or an unnamed expert stack: say which), True flattens
     them (conv1d), False treats them as batches of matrices (microsoft/dion's ``flatten``).
+    Distributed (``ortho_fast.distributed.muon``; every rank constructs and steps the optimizer
+    with the same parameters in the same order): ``distributed_mesh`` a 1-D DeviceMesh or a
+    ProcessGroup (microsoft/dion's Muon argument): DTensor parameters sharded on it are FSDP
+    (each matrix gathered to one owner rank, round-robin by parameter index, orthogonalized
+    there and scattered back; the momentum stays a DTensor like the parameter), plain tensors and
+    parameters replicated on it are DDP (the owner orthogonalizes, every rank receives the
+    update by broadcast; gradients must already be averaged). ``tp_mesh`` a 1-D DeviceMesh of
+    tensor parallelism (``Shard(0)`` colwise, ``Shard(1)`` rowwise, ``_StridedShard`` under FSDP)
+    with ``tp_mode`` (Megatron / Emerging-Optimizers names): "duplicated" (all-gather, every TP
+    rank orthogonalizes the whole matrix), "distributed" (Newton–Schulz on the shards, the Gram
+    matrix all-reduced each step), "blockwise" (each TP shard orthogonalized alone and scaled
+    by its own shape: layout-dependent by design). FSDP + TP: ``distributed_mesh=mesh["dp"],
+    tp_mesh=mesh["tp"]``. FSDP, DDP and TP "duplicated" are bitwise the one-process update;
+    "distributed" equal to rounding. Sharded parameters take no ``banks``, ``split_sizes`` /
+    ``split_groups`` / ``num_heads``, ``expert_keys`` or ``flatten=False`` batches (plain and
+    replicated ones take every option).
     State: ``momentum_buffer`` (the parameter's shape and dtype), as torch.optim.Muon, so its
     checkpoints load (missing group keys are taken from the current groups); the loaded state
     owns its tensors (``load_state_dict`` never aliases the given state dict).
@@ -502,7 +520,11 @@ class Muon(Optimizer):
     Raises: at construction / add_param_group / load_state_dict, ValueError / TypeError /
     UnknownScheduleError from ``normalize_muon_group``; at ``step``, the same for an option
     edited since, and ValueError for a bad gradient or state, from ``check_muon_step`` for
-    every group before any parameter or state changes.
+    every group before any parameter or state changes (distributed: on every rank, after one
+    all-reduce of a 1-element flag, so a bad shard raises everywhere instead of hanging its peers);
+    at construction LayoutError (a ValueError) for a mesh or a parameter layout that cannot be
+    used (``ortho_fast.distributed.muon.MuonSharding``), ValueError naming ``tp_mode`` or an option
+    a sharded parameter cannot take; RuntimeError if torch.distributed is not initialized.
     """
 
     def __init__(
@@ -529,6 +551,9 @@ class Muon(Optimizer):
         split_groups: int = 1,
         num_heads: int | Sequence[int] | None = None,
         flatten: bool | None = None,
+        distributed_mesh=None,
+        tp_mesh=None,
+        tp_mode: str = "duplicated",
     ) -> None:
         defaults = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, momentum_style=momentum_style,
@@ -538,11 +563,23 @@ class Muon(Optimizer):
             num_heads=num_heads, flatten=flatten,
         )
         normalize_muon_group({**defaults, "params": []})  # the defaults themselves, before any group
+        from .distributed.muon import MuonSharding
+
+        self._sharding = MuonSharding(distributed_mesh, tp_mesh, tp_mode)
         super().__init__(params, defaults)
 
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_sharding": self._sharding}
+
     def add_param_group(self, param_group: dict) -> None:
-        """torch's add_param_group, then ``normalize_muon_group``; a rejected group is not added."""
-        add_param_group_checked(self, param_group, normalize_muon_group)
+        """torch's add_param_group, then ``normalize_muon_group`` and the distributed plan of its
+        parameters (``MuonSharding.add_group``); a rejected group is not added."""
+
+        def normalize(group: dict) -> None:
+            normalize_muon_group(group)
+            self._sharding.add_group(group)
+
+        add_param_group_checked(self, param_group, normalize)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load_state_dict through ``load_state_dict_checked``: Muon keys missing from a
@@ -557,6 +594,9 @@ class Muon(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._sharding.active:
+            self._sharding.step(self.param_groups, self.state)
+            return loss
         for group in self.param_groups:  # all checks before the first change
             check_muon_step(group, self.state)
         for group in self.param_groups:

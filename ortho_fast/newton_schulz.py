@@ -120,7 +120,11 @@ def _iterate(x: torch.Tensor, beta: torch.Tensor, table, safety: float, eps: flo
     3.4e38) and above 65504 in float16, and a float32 input above 65504 overflows in the cast
     to float16 — all of which made the result 0 or NaN.
     """
-    norm = x.norm() if x.ndim == 2 else torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
+    if x.dtype in (torch.bfloat16, torch.float16):  # torch.optim.Muon's own norm: bitwise parity
+        norm = x.norm() if x.ndim == 2 else torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
+    else:  # torch's CPU float32 norm accumulates serially: 3.0e-5 relative off on a 1024 x 2048
+        # Gaussian, against 2.4e-8 for the cascade summation of sum() (measured)
+        norm = x.square().sum(dim=(-2, -1), keepdim=x.ndim > 2).sqrt()
     if safety != 1.0:
         norm = norm * safety
     wide = torch.promote_types(x.dtype, beta.dtype)  # holds eps rounded to x's dtype, and β (no float64 on MPS)

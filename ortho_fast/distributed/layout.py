@@ -193,8 +193,28 @@ class MatrixLayout:
         rows, cols = idx[0], _flat_indices(idx[1:], self._tensor_shape[1:])
         return (cols, rows) if self._swapped else (rows, cols)
 
+    def without(self, name: str) -> "MatrixLayout":
+        """The layout if the axis ``name`` (a ``MeshAxis.name``) did not shard the parameter (its
+        mesh dim read as Replicate): e.g. the tensor-parallel block of a rank before FSDP shards
+        it further. ``self`` if that axis does not shard the parameter."""
+        if name not in self._axis_dims:
+            return self
+        from torch.distributed.tensor.placement_types import Replicate
 
-def matrix_layout(param: torch.Tensor, axes: Mapping[str, MeshAxis | None]) -> MatrixLayout:
+        placements = list(self._placements)
+        placements[self._axis_dims[name]] = Replicate()
+        idx = _dim_indices(self._tensor_shape, self._mesh_shape, self._coordinate, placements)
+        rows, cols = idx[0], _flat_indices(idx[1:], self._tensor_shape[1:])
+        row_axes, col_axes = (tuple(a for a in axes if a.name != name) for axes in (self.row_axes, self.col_axes))
+        dims = {k: d for k, d in self._axis_dims.items() if k != name}
+        if self._swapped:
+            rows, cols = cols, rows
+        return MatrixLayout(self.shape, rows, cols, row_axes, col_axes, self._tensor_shape, self._mesh_shape,
+                            self._coordinate, tuple(placements), dims, self._swapped)
+
+
+def matrix_layout(param: torch.Tensor, axes: Mapping[str, MeshAxis | None], *,
+                  hint: str = "pass it as outer_shard_mesh (FSDP) or inner_shard_mesh (TP)") -> MatrixLayout:
     """The ``MatrixLayout`` of a parameter of ndim >= 2 as the matrix (shape[0], prod(shape[1:])).
 
     A plain tensor is whole on this rank (no axes). A DTensor's mesh dims are matched, by their
@@ -203,7 +223,8 @@ def matrix_layout(param: torch.Tensor, axes: Mapping[str, MeshAxis | None]) -> M
     ``Replicate`` mesh dim may be any axis or none.
     Raises: LayoutError naming the parameter's mesh dim for a ``Partial`` placement, a sharded
     mesh dim that is none of the given meshes ("a DTensor sharded on a mesh the optimizer was
-    not given"), or sharded by the replicate mesh; ValueError for ndim < 2.
+    not given"; ``hint`` ends that message with the optimizer's own argument names), or sharded
+    by the replicate mesh; ValueError for ndim < 2.
     """
     if param.ndim < 2:
         raise ValueError(f"param: expected ndim >= 2, got shape {tuple(param.shape)}")
@@ -228,10 +249,9 @@ def matrix_layout(param: torch.Tensor, axes: Mapping[str, MeshAxis | None]) -> M
         ranks = _group_ranks(mesh.get_group(d))
         role = next((r for r in ROLES if axes.get(r) is not None and axes[r].ranks == ranks), None)
         if role is None:
-            given = {r: a.ranks for r, a in axes.items() if a is not None}
+            given = {a.name: a.ranks for a in axes.values() if a is not None}
             raise LayoutError(f"param: a DTensor of shape {shape} is sharded ({pl}) on mesh dim {names[d]!r} with ranks "
-                              f"{ranks}, which is none of the meshes the optimizer was given {given}; pass it as "
-                              f"outer_shard_mesh (FSDP) or inner_shard_mesh (TP)")
+                              f"{ranks}, which is none of the meshes the optimizer was given {given}; {hint}")
         if role == "replicate":
             raise LayoutError(f"param: mesh dim {names[d]!r} shards the parameter ({pl}) but is the replicate_mesh; "
                               f"the replicate mesh must hold whole replicas (pass it as outer_shard_mesh)")

@@ -1,0 +1,458 @@
+"""Muon over torch.distributed: FSDP or DDP over ``distributed_mesh``, tensor parallelism over ``tp_mesh``.
+
+``ortho_fast.Muon(params, ..., distributed_mesh=None, tp_mesh=None, tp_mode="duplicated")``
+drives ``MuonSharding``, which reads every parameter's placements once at construction
+(``ortho_fast.distributed.layout``) and steps each matrix in five phases, the same on every
+rank, every collective through ``ortho_fast.distributed.comm`` (so a ``Ledger`` sees them):
+
+1. momentum on this rank's block (elementwise, so a shard's momentum is bitwise the one-process
+   momentum restricted to it; a DTensor parameter keeps a DTensor momentum like itself);
+2. over ``distributed_mesh`` (the *dp* axis, p ranks): each matrix has an owner, the rank at
+   position ``index % p`` (round-robin by parameter index over all groups, as microsoft/dion's
+   Muon). FSDP (the parameter is sharded on the dp axis): every rank's block of the momentum
+   matrix U is gathered to the owner (``gather_blocks``); DDP (a plain tensor, or replicated
+   on the dp axis): every rank already holds U, only the owner goes on;
+3. the owner orthogonalizes. Without tensor parallelism the whole matrix (``newton_schulz``,
+   the one-process call). With a ``tp_mesh`` sharding the parameter (``tp_mode``, Megatron /
+   NVIDIA Emerging-Optimizers ``newton_schulz_tp``): "duplicated" all-gathers the TP shards,
+   orthogonalizes the whole matrix on every TP rank and keeps its own part; "distributed" runs
+   Newton–Schulz on the shards with the Gram matrix all-reduced each step
+   (``newton_schulz_sharded``); "blockwise" orthogonalizes each TP shard alone and scales it
+   by the shard's own shape (Megatron's blockwise passes ``partition_dim=None`` to both the
+   orthogonalization and the scale) — layout-dependent by design;
+4. back over the dp axis: FSDP scatters the owner's result (``scatter_blocks``), DDP
+   broadcasts it;
+5. W ← W·(1 − lr·wd) − lr·s·O on this rank's block, s from the global (m, n) (blockwise: the shard's).
+
+Equality with one process (``ortho_fast.Muon`` on the full tensors): FSDP, DDP and TP
+"duplicated" orthogonalize the very matrix one process does with the same call, and the
+rest is elementwise, so they are bitwise equal; "distributed" sums the Gram matrix in
+another order, equal to rounding (``verify.tolerances.sharded_tolerance``); "blockwise"
+equals ``ortho_fast.Muon`` stepping each TP shard as a parameter of its own.
+
+Memory and overlap: phase 2 runs for every matrix of a param group before phase 3, so each
+rank orthogonalizes its own ~1/p of the matrices while the others do theirs (an owner holds its
+gathered matrices of one group at once, as dion's batches). The collectives are blocking.
+
+FSDP + TP (``distributed_mesh=mesh["dp"], tp_mesh=mesh["tp"]``): phase 2 gathers over dp the
+TP shard of each rank's TP position (FSDP2 on top of colwise TP gives ``_StridedShard``,
+rowwise TP ``Shard(0)`` on dp and ``Shard(1)`` on tp), phase 3 runs the TP mode among the
+owners (one TP group: they share their dp position), phase 4 scatters over dp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from .._validate import check_choice
+from ..coefficients import resolve_coefficients
+from ..muon import (
+    MuonLayout, _apply_update, _layout, _muon_options, _orthogonalize, _param_name, check_muon_step, is_expert_name,
+    muon_momentum,
+)
+from ..newton_schulz import _float32_matmul_precision, resolve_compute_dtype
+from . import comm
+from .layout import LayoutError, MatrixLayout, MeshAxis, check_axes, local_tensor, matrix_layout, mesh_axis
+
+__all__ = ["TP_MODES", "MuonSharding", "newton_schulz_sharded", "muon_comm_volume"]
+
+#: Tensor-parallel Newton–Schulz modes (Megatron ``muon_tp_mode`` / Emerging-Optimizers ``newton_schulz_tp``).
+TP_MODES = ("duplicated", "distributed", "blockwise")
+_HINT = "pass its mesh dimension as distributed_mesh (FSDP) or tp_mesh (tensor parallelism)"
+
+
+def newton_schulz_sharded(block: torch.Tensor, axis: MeshAxis | None, *, sharded_dim: int, coefficients="jordan",
+                          steps: int | None = None, safety: float = 1.0, eps: float = 1e-7, eps_mode: str = "add",
+                          dtype=torch.bfloat16, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Newton–Schulz on a matrix X (m, n) sharded over ``axis`` along ``sharded_dim``; returns this
+    rank's block of the result.
+
+    Shapes: ``block`` (r, n) = X[R, :] for ``sharded_dim=0`` (or (m, c) = X[:, C] for 1), the
+    blocks of the ranks of ``axis`` partitioning that dim (empty blocks allowed) -> the same
+    shape, in ``out_dtype`` (default the block's dtype). Options as ``ortho_fast.newton_schulz``.
+    Algorithm: with Y = Xᵀ for ``sharded_dim=0`` (X otherwise), the sharded dim is the one the
+    Gram matrix contracts: A = Y Yᵀ = Σ_ranks Y_k Y_kᵀ is all-reduced (d × d, d the unsharded
+    dim) and each rank updates its columns Y_k ← a·Y_k + (b·A + c·A²)·Y_k. Since
+    p(XXᵀ)X = X p(XᵀX), this is the one-process iteration in exact arithmetic whichever side
+    is sharded; the one-process code works on the wide side, so sharding the long dim costs the
+    same d = min(m, n) and sharding the short one a Gram of max(m, n)² (the case Megatron warns
+    "wastes compute"). The normalization X / (s·‖X‖_F + eps) (or max(·) for "clamp") takes the
+    power-of-two scale β from the all-reduced max |X| (as ``newton_schulz``, to keep ‖X‖_F in
+    range) and ‖X‖_F² from an all-reduced sum. bfloat16 / float16: the Gram matrix and ‖X‖_F²
+    are summed in float32 and rounded once, as the one-process matmul accumulates.
+    Communication: 2 + steps·d² elements (all-reduces over ``axis``, tags "ns_scale", "ns_norm",
+    "gram"); every rank of ``axis`` must call it with its block, empty or not.
+    Source: NVIDIA Emerging-Optimizers ``newton_schulz_tp(mode="distributed")`` /
+    ``distributed_normalize_p2`` (which transposes so that the partition dim is contracted);
+    Megatron-LM ``TensorParallelMuon``.
+    Raises: ValueError for ``sharded_dim`` not 0 / 1 or a block that is not 2-D; the errors of
+    ``resolve_coefficients`` / ``resolve_compute_dtype`` for bad options.
+    """
+    if sharded_dim not in (0, 1) or block.ndim != 2:
+        raise ValueError(f"sharded_dim: expected 0 or 1 and a 2-D block, got {sharded_dim!r} and shape "
+                         f"{tuple(block.shape)}")
+    table = resolve_coefficients(coefficients, steps)
+    compute, precision = resolve_compute_dtype(dtype, block.dtype)
+    acc = torch.float32 if compute in (torch.bfloat16, torch.float16) else compute
+    y = block.mT if sharded_dim == 0 else block
+    amax = y.abs().amax() if y.numel() else y.new_zeros(())
+    comm.all_reduce(amax, axis, op=dist.ReduceOp.MAX, tag="ns_scale")
+    # β = 2^e with max|X| in [2^(e−1), 2^e), capped at the dtype's largest power of two (newton_schulz's scale)
+    exponent = torch.frexp(amax).exponent.clamp(max=math.floor(math.log2(torch.finfo(block.dtype).max)))
+    beta = torch.ldexp(torch.ones_like(amax), exponent)
+    x = (y / beta).to(compute)
+    sq = x.to(acc).square().sum()
+    comm.all_reduce(sq, axis, tag="ns_norm")
+    norm = sq.sqrt().to(compute) * safety if safety != 1.0 else sq.sqrt().to(compute)
+    wide = torch.promote_types(compute, beta.dtype)
+    eps_scaled = (torch.full_like(beta, eps, dtype=compute).to(wide) / beta.to(wide)).to(compute)
+    denom = norm + eps_scaled if eps_mode == "add" else torch.maximum(norm, eps_scaled)
+    if eps == 0.0:
+        denom = torch.where(denom == 0, torch.ones_like(denom), denom)
+    x = x / denom
+    with _float32_matmul_precision(precision) if precision else contextlib.nullcontext():
+        for a, b, c in table:
+            gram = x.to(acc) @ x.to(acc).mT
+            comm.all_reduce(gram, axis, tag="gram")
+            gram = gram.to(compute)
+            x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    out = x.mT if sharded_dim == 0 else x
+    return out.to(block.dtype if out_dtype is None else out_dtype)
+
+
+def muon_comm_volume(m: int, n: int, *, dp: str | None = None, tp_mode: str | None = None, tp_size: int = 1,
+                     tp_dim: int = 0, tp_index: int = 0, ns_steps: int = 5, owner: bool = True) -> dict[str, int]:
+    """Elements one rank's ``Ledger`` records for one (m, n) matrix in one Muon step, by collective.
+
+    Args: ``dp`` None, "fsdp" (the matrix sharded on ``distributed_mesh``) or "ddp" (whole on
+    every rank of it); ``tp_mode`` None (no tensor parallelism) or one of ``TP_MODES``, with
+    ``tp_size`` ranks sharding dim ``tp_dim`` (0 colwise, 1 rowwise), this rank at TP position
+    ``tp_index``; ``owner``: whether this rank is at the owner's dp position (non-owners take
+    part in the dp collectives only).
+    Returns {"gather", "scatter", "broadcast", "all_gather", "all_reduce": elements}, zero
+    entries left out. Volumes (``comm``'s convention, the Dion paper's Table 1: the logical
+    tensor, every shard counted once): with B the block TP position ``tp_index`` holds (m·n /
+    tp_size for divisible shapes; ``torch.chunk``'s otherwise; m·n without TP),
+    FSDP gather B + scatter B; DDP broadcast B; TP "duplicated" all-gather m·n; "distributed"
+    all-reduce ns_steps·d² + 2 (the Gram matrix each step, d = n for colwise and m for rowwise:
+    the dim that is not sharded; plus max|X| and ‖X‖_F²); "blockwise" nothing. Shapes not
+    divisible by the mesh sizes travel padded to the largest shard (``comm``), so the ledger
+    then records up to p·ceil(m/p)·n instead of m·n. The per-step error flag (1 element per
+    axis, tag "check") is not included. Dtypes: U is gathered in the momentum's dtype, O
+    scattered / broadcast in the Newton–Schulz compute dtype (bf16 by default: half the bytes).
+    Raises: ValueError for an unknown ``dp`` / ``tp_mode`` or ``tp_dim`` not 0 / 1.
+    """
+    check_choice(dp, "dp", (None, "fsdp", "ddp"))
+    check_choice(tp_mode, "tp_mode", (None, *TP_MODES))
+    check_choice(tp_dim, "tp_dim", (0, 1))
+    block = m * n
+    if tp_mode:
+        dim = (m, n)[tp_dim]
+        chunk = -(-dim // tp_size)
+        block = block // dim * max(0, min(chunk, dim - tp_index * chunk))
+    out = {"gather": block, "scatter": block} if dp == "fsdp" else {"broadcast": block} if dp == "ddp" else {}
+    if owner and tp_mode == "duplicated":
+        out["all_gather"] = m * n
+    if owner and tp_mode == "distributed":
+        out["all_reduce"] = ns_steps * (n if tp_dim == 0 else m) ** 2 + 2
+    return out
+
+
+@dataclass
+class _Plan:
+    """How one parameter is stepped (fixed at construction from its placements)."""
+
+    owner: int  # dp position of the rank that orthogonalizes it
+    layout: MatrixLayout | None = None  # None: the whole parameter on this rank (plain or replicated)
+    dp_shards: bool = False
+    tp_dim: int | None = None  # matrix dim the tp axis shards (0 rows, 1 cols), None: not sharded by tp
+    tp_shape: tuple[int, int] = (0, 0)  # the block of this rank's TP position (the whole matrix without TP)
+    tp_index: tuple[torch.Tensor, torch.Tensor] | None = None  # its global rows / cols
+    dp_shapes: list[tuple[int, int]] = field(default_factory=list)  # every dp peer's block
+    dp_index: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # ... positions in the TP block
+    tp_shapes: list[tuple[int, int]] = field(default_factory=list)  # every TP position's block
+    tp_blocks: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # ... global rows / cols
+
+
+@dataclass
+class _Item:
+    """One parameter in one step."""
+
+    p: torch.Tensor
+    index: int  # in its group
+    plan: _Plan
+    u: torch.Tensor  # momentum output on this rank (param-shaped local tensor)
+    t: torch.Tensor | None = None  # the owner's input: the TP block (sharded) or None
+    mats: list[torch.Tensor] = field(default_factory=list)  # whole parameter: the Newton–Schulz inputs
+    outs: list[torch.Tensor] = field(default_factory=list)
+
+
+def is_dtensor(t) -> bool:
+    """isinstance(t, DTensor) without importing torch.distributed.tensor (0.4 s) when no DTensor exists."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
+def _positions(index: torch.Tensor, within: torch.Tensor, size: int) -> torch.Tensor:
+    """Positions of the global indices ``index`` inside the index set ``within``."""
+    inverse = torch.full((size,), -1, dtype=torch.int64)
+    inverse[within] = torch.arange(len(within))
+    return inverse[index]
+
+
+def _assemble(parts: list[torch.Tensor], index: list[tuple[torch.Tensor, torch.Tensor]],
+              shape: tuple[int, int]) -> torch.Tensor:
+    out = parts[0].new_empty(shape)
+    for part, (r, c) in zip(parts, index):
+        out[r[:, None], c] = part
+    return out
+
+
+def _same_set(parts: list[torch.Tensor], whole: torch.Tensor) -> bool:
+    joined = torch.cat(parts)
+    return len(joined) == len(whole) and torch.equal(joined.sort().values, whole.sort().values)
+
+
+class MuonSharding:
+    """The distributed plan of a ``Muon`` optimizer: its meshes, and per parameter who owns it and
+    where its blocks live (see the module docstring for the algorithm).
+
+    Args: ``distributed_mesh`` a 1-D DeviceMesh (FSDP and DDP) or a ProcessGroup (DDP of plain
+    tensors only; microsoft/dion's convention), ``tp_mesh`` a 1-D DeviceMesh (or ProcessGroup)
+    of tensor parallelism, ``tp_mode`` one of ``TP_MODES``. Both None: ``active`` is False and
+    the optimizer runs the one-process step (then a sharded DTensor parameter is an error).
+    Raises: ValueError naming ``tp_mode``; LayoutError (a ValueError) for a mesh that is not
+    1-D, does not contain this rank, or overlaps the other one; RuntimeError if torch.distributed
+    is not initialized. ``add_group`` raises LayoutError / ValueError for a parameter (see there).
+    Every check depends only on the meshes and placements, which all ranks share, so an error
+    is raised on every rank, before any collective.
+    """
+
+    def __init__(self, distributed_mesh=None, tp_mesh=None, tp_mode: str = "duplicated") -> None:
+        check_choice(tp_mode, "tp_mode", TP_MODES)
+        self.tp_mode = tp_mode
+        self.dp = mesh_axis(distributed_mesh, "distributed_mesh")
+        self.tp = mesh_axis(tp_mesh, "tp_mesh")
+        check_axes([self.dp, self.tp])
+        self.dp_is_group = isinstance(distributed_mesh, dist.ProcessGroup)
+        self.active = distributed_mesh is not None or tp_mesh is not None
+        self.plans: dict[torch.Tensor, _Plan] = {}
+
+    # -- construction --------------------------------------------------------------------
+
+    def add_group(self, group: dict) -> None:
+        """Plan every parameter of a normalized Muon group; nothing is kept if one fails.
+
+        Raises: LayoutError for a DTensor sharded on a mesh dim that is neither mesh (or any
+        sharded DTensor when no mesh was given), a Partial placement, a DTensor with a
+        ProcessGroup ``distributed_mesh``, or the tp and dp axes sharding one tensor dim with
+        the TP shards interleaved (``Shard(d)`` on dp before ``Shard(d)`` on tp: FSDP2 on top
+        of TP gives ``_StridedShard`` and contiguous TP shards); ValueError naming ``banks``,
+        ``split_sizes``, ``num_heads``, ``expert_keys`` or ``flatten`` for a sharded parameter
+        that would need them.
+        """
+        start = len(self.plans)
+        plans = {p: self._plan(group, i, p, start + i) for i, p in enumerate(group["params"])}
+        self.plans.update(plans)
+
+    def _plan(self, group: dict, i: int, p: torch.Tensor, index: int) -> _Plan:
+        name = _param_name(group, i, p)
+        owner = index % self.dp.size if self.dp else 0
+        if not is_dtensor(p):
+            return _Plan(owner)
+        if self.dp_is_group:
+            raise LayoutError(f"distributed_mesh: a ProcessGroup means DDP of plain tensors, but {name} is a DTensor "
+                              f"(placements {tuple(p.placements)}); pass the 1-D DeviceMesh dimension instead, e.g. "
+                              f"distributed_mesh=mesh['dp']")
+        try:
+            lay = matrix_layout(p, {"outer": self.dp, "inner": self.tp}, hint=_HINT)
+        except LayoutError as err:
+            raise LayoutError(f"{name}: {err}") from None
+        if not lay.is_sharded:
+            return _Plan(owner)
+        _check_sharded_options(group, i, p, name)
+        dp_name, tp_name = (axis.name if axis else "" for axis in (self.dp, self.tp))
+        in_rows, in_cols = [a.name for a in lay.row_axes], [a.name for a in lay.col_axes]
+        dp_shards = dp_name in in_rows + in_cols
+        tp_dim = 0 if tp_name in in_rows else 1 if tp_name in in_cols else None
+        tl = lay.without(dp_name)  # the block of this rank's TP position
+        plan = _Plan(owner, lay, dp_shards, tp_dim, tl.local_shape, (tl.rows, tl.cols))
+        m, n = lay.shape
+        if dp_shards:
+            peers = [lay.peer({dp_name: j}) for j in range(self.dp.size)]
+            if not (_same_set([r for r, _ in peers], tl.rows) if dp_name in in_rows else
+                    _same_set([c for _, c in peers], tl.cols)):
+                raise LayoutError(
+                    f"{name}: distributed_mesh and tp_mesh shard the same tensor dim with the tensor-parallel shards "
+                    f"interleaved (placements {tuple(p.placements)}); FSDP on top of tensor parallelism shards each TP "
+                    f"shard further (torch's fully_shard gives _StridedShard on the dp dim), so each TP rank's "
+                    f"block stays the contiguous chunk that parallelize_module made")
+            plan.dp_shapes = [(len(r), len(c)) for r, c in peers]
+            plan.dp_index = [(_positions(r, tl.rows, m), _positions(c, tl.cols, n)) for r, c in peers]
+        if tp_dim is not None:
+            plan.tp_blocks = [tl.peer({tp_name: t}) for t in range(self.tp.size)]
+            plan.tp_shapes = [(len(r), len(c)) for r, c in plan.tp_blocks]
+        # index tensors where the blocks live (CPU index sets would be copied to the GPU at every use)
+        plan.tp_index = tuple(x.to(p.device) for x in plan.tp_index)
+        plan.dp_index, plan.tp_blocks = ([(r.to(p.device), c.to(p.device)) for r, c in pairs]
+                                         for pairs in (plan.dp_index, plan.tp_blocks))
+        return plan
+
+    # -- the step ------------------------------------------------------------------------
+
+    def _owns(self, plan: _Plan) -> bool:
+        return self.dp is None or plan.owner == self.dp.index
+
+    def check(self, groups: list[dict], state) -> None:
+        """``check_muon_step`` for every group plus the distributed invariants (the gradient of a
+        DTensor parameter is a DTensor of its placements, a plain one plain; options still
+        allowed for sharded parameters), then one all-reduce (MAX) of a 1-element error flag
+        over the dp and tp axes, so every rank raises if any rank found a problem.
+        Raises: the local error (ValueError / TypeError) where it was found, ValueError elsewhere."""
+        error = None
+        try:
+            for group in groups:
+                check_muon_step(group, state)
+                merged = {**group, **_muon_options(group)}
+                for i, p in enumerate(group["params"]):
+                    if p.grad is None:
+                        continue
+                    plan = self.plans[p]
+                    if is_dtensor(p) != is_dtensor(p.grad) or (is_dtensor(p) and (
+                            p.grad.placements != p.placements or p.grad.device_mesh != p.device_mesh)):
+                        raise ValueError(f"grad: expected the parameter's layout ({_param_name(group, i, p)}: "
+                                         f"{tuple(p.placements) if is_dtensor(p) else 'a plain tensor'})")
+                    if plan.layout is not None:
+                        _check_sharded_options(merged, i, p, _param_name(group, i, p))
+        except Exception as err:  # noqa: BLE001 - re-raised below, after the peers have heard of it
+            error = err
+        device = next((p.device for g in groups for p in g["params"]), torch.device("cpu"))  # NCCL: the GPU
+        flag = torch.tensor([float(error is not None)], device=device)
+        comm.all_reduce_axes(flag, [a for a in (self.dp, self.tp) if a is not None], op=dist.ReduceOp.MAX, tag="check")
+        if error is not None:
+            raise error
+        if flag.item():
+            raise ValueError("grad: another rank found an invalid gradient, state or option in this step (its own "
+                             "error names it); no parameter or state was changed")
+
+    @torch.no_grad()
+    def step(self, groups: list[dict], state) -> None:
+        """One distributed Muon step for every group (``check`` first, then ``group_step``)."""
+        self.check(groups, state)
+        for group in groups:
+            self.group_step(group, state)
+
+    def group_step(self, group: dict, state) -> None:
+        """The five phases of the module docstring for one group, every rank in the same order."""
+        group = {**group, **_muon_options(group)}
+        items: list[_Item] = []
+        for i, p in enumerate(group["params"]):
+            if p.grad is None:
+                continue
+            st = state[p]
+            if "momentum_buffer" not in st:
+                st["momentum_buffer"] = torch.zeros_like(p.grad)
+            u = muon_momentum(local_tensor(p.grad), local_tensor(st["momentum_buffer"]), mu=group["momentum"],
+                              nesterov=group["nesterov"], style=group["momentum_style"])
+            items.append(_Item(p, i, self.plans[p], u))
+            if items[-1].plan.layout is None and self._owns(items[-1].plan):
+                items[-1].mats = _layout(group, i, p).matrices(u)
+        for it in items:  # phase 2: to the owner
+            if it.plan.layout is None:
+                continue
+            block = it.u.reshape(it.plan.layout.local_shape)
+            if it.plan.dp_shards:
+                parts = comm.gather_blocks(block, self.dp, it.plan.dp_shapes, it.plan.owner, tag="U")
+                it.t = None if parts is None else _assemble(parts, it.plan.dp_index, it.plan.tp_shape)
+            elif self._owns(it.plan):
+                it.t = block
+        self._owner_phase(items, group)  # phase 3
+        for it in items:  # phase 4: back from the owner
+            self._return(it, group)
+        for it in items:  # phase 5
+            self._apply(it, group)
+
+    def _owner_phase(self, items: list[_Item], group: dict) -> None:
+        """Phase 3 on the owner: TP all-gathers ("duplicated"), then every whole-matrix
+        Newton–Schulz in one ``_orthogonalize`` call (banks apply to plain parameters), then the
+        "distributed" ones (collectives inside), each in parameter order."""
+        mine = [it for it in items if self._owns(it.plan)]
+        local: list[tuple[_Item, torch.Tensor]] = [(it, x) for it in mine for x in it.mats]
+        for it in mine:
+            if it.plan.layout is None:
+                continue
+            mode = self.tp_mode if it.plan.tp_dim is not None else None
+            if mode == "duplicated":
+                parts = comm.all_gather_blocks(it.t, self.tp, it.plan.tp_shapes, tag="U")
+                local.append((it, _assemble(parts, it.plan.tp_blocks, it.plan.layout.shape)))
+            elif mode is None or (mode == "blockwise" and it.t.numel()):
+                local.append((it, it.t))
+        for (it, _), o in zip(local, _orthogonalize([x for _, x in local], group)):
+            full = it.plan.layout is not None and it.plan.tp_dim is not None and self.tp_mode == "duplicated"
+            it.outs.append(o[it.plan.tp_index[0][:, None], it.plan.tp_index[1]] if full else o)
+        for it in mine:
+            if it.plan.layout is not None and it.plan.tp_dim is not None and self.tp_mode == "distributed":
+                it.outs.append(newton_schulz_sharded(
+                    it.t, self.tp, sharded_dim=it.plan.tp_dim, coefficients=group["coefficients"],
+                    steps=group["ns_steps"], safety=group["safety"], eps=group["eps"], eps_mode=group["eps_mode"],
+                    dtype=group["dtype"], out_dtype=_out_dtype(group, it.u)))
+            elif it.plan.layout is not None and not it.outs:  # an empty blockwise TP shard
+                it.outs.append(it.t.to(_out_dtype(group, it.u)))
+
+    def _return(self, it: _Item, group: dict) -> None:
+        """Phase 4: this rank's block of the orthogonalized matrix (``it.outs``) from the owner."""
+        if self.dp is None:
+            return
+        plan, mine = it.plan, self._owns(it.plan)
+        dtype = _out_dtype(group, it.u)
+        if plan.layout is None:  # DDP of a whole parameter: broadcast each Newton–Schulz output
+            shapes = _layout(group, it.index, it.p).matrix_shapes()
+            outs = [o.contiguous() for o in it.outs] if mine else [it.u.new_empty(s, dtype=dtype) for s in shapes]
+            it.outs = [comm.broadcast(o, self.dp, plan.owner, tag="O") for o in outs]
+        elif plan.dp_shards:
+            blocks = [it.outs[0][r[:, None], c] for r, c in plan.dp_index] if mine else None
+            it.outs = [comm.scatter_blocks(blocks, self.dp, plan.dp_shapes, plan.owner,
+                                           like=it.u.new_empty(0, dtype=dtype), tag="O")]
+        else:  # DDP of a TP shard
+            out = it.outs[0].contiguous() if mine else it.u.new_empty(plan.layout.local_shape, dtype=dtype)
+            it.outs = [comm.broadcast(out, self.dp, plan.owner, tag="O")]
+
+    def _apply(self, it: _Item, group: dict) -> None:
+        """Phase 5 on this rank's block (the parameter's local tensor, in place)."""
+        w = local_tensor(it.p)
+        plan = it.plan
+        if plan.layout is None:
+            _apply_update(w, _layout(group, it.index, it.p), it.outs, group)
+            return
+        r, c = plan.layout.local_shape
+        if r * c == 0:
+            return
+        shape = plan.tp_shape if plan.tp_dim is not None and self.tp_mode == "blockwise" else plan.layout.shape
+        _apply_update(w, MuonLayout((), r, c, 1, ((0, r, r),)), it.outs, group, shapes=[shape])
+
+
+def _out_dtype(group: dict, like: torch.Tensor) -> torch.dtype:
+    """The dtype ``_orthogonalize`` returns for an input like ``like`` (the compute dtype, or the
+    input's own for ``dtype=None``)."""
+    return resolve_compute_dtype(group["dtype"], like.dtype)[0]
+
+
+def _check_sharded_options(group: dict, i: int, p: torch.Tensor, name: str) -> None:
+    """ValueError naming the first option a sharded parameter cannot take: a sharded parameter
+    is one (shape[0], prod(shape[1:])) matrix, orthogonalized alone."""
+    names = group.get("param_names")
+    expert = bool(group["expert_keys"] and names) and is_expert_name(names[i], group["expert_keys"])
+    lay = _layout(group, i, p)
+    bad = ("banks" if group["banks"] else "expert_keys" if expert else "flatten" if lay.batch else
+           "split_sizes" if len(lay.blocks) > 1 or lay.groups > 1 else
+           "num_heads" if lay.blocks[0][2] != lay.m else None)
+    if bad:
+        raise ValueError(f"{bad}: {name} is sharded (placements {tuple(p.placements)}); a sharded parameter is "
+                         f"orthogonalized as one (shape[0], prod(shape[1:])) matrix, so {bad}={group[bad]!r} cannot "
+                         f"apply to it (put it in a param group without {bad})")
