@@ -3,11 +3,15 @@
 Pure functions first (``orthonormalize``, ``dion_update``), then the param-group functions
 (``DION_DEFAULTS``, ``normalize_dion_group``, ``check_dion_step``, ``dion_group_step``) that
 any optimizer owning Dion groups can drive, and the thin ``Dion`` optimizer on top.
+The step is written against ``WholeDim`` (how a dimension of the working matrix is held): in
+one process it communicates nothing; ``ortho_fast.distributed.dion`` runs the same step on each
+rank's block with sharded dimensions whose sums are all-reduces (``Dion(..., outer_shard_mesh=...)``).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Iterable, Mapping, NamedTuple
 
 import torch
@@ -133,33 +137,89 @@ def _householder(y: torch.Tensor) -> torch.Tensor:
     return q * torch.where(torch.diagonal(r) < 0, -1.0, 1.0).to(q.dtype)
 
 
-def _cholesky_solve(y: torch.Tensor, gram: torch.Tensor, ok: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Y R⁻¹ with R = chol(gram) upper (one CholeskyQR pass); None if the factorization failed,
-    the result is not finite, or the extra condition ``ok`` (a bool tensor) is False. One host sync."""
+class WholeDim:
+    """A matrix dimension this process holds whole: the one-process case of the interface the
+    QR methods and the right factor are written against (``ortho_fast.distributed.dion`` has the
+    sharded one). ``total`` is the dimension's global length, ``sum`` the sum over the ranks
+    sharding it (here: nothing to add), ``all_finite`` whether every rank's block is finite
+    (``needed=False``: a caller that does not depend on it; one process checks anyway),
+    ``sketch`` this rank's columns of a sketch drawn at the global size, ``householder`` this
+    rank's rows of the Householder Q factor of the whole matrix, ``column_norms`` the column
+    2-norms of the whole matrix. No communication here."""
+
+    @staticmethod
+    def total(y: torch.Tensor) -> int:
+        return y.shape[0]
+
+    @staticmethod
+    def sum(t: torch.Tensor, tag: str) -> torch.Tensor:
+        return t
+
+    @staticmethod
+    def all_finite(p: torch.Tensor, needed: bool = True) -> torch.Tensor:
+        return torch.isfinite(p).all()
+
+    @staticmethod
+    def sketch(s: torch.Tensor) -> torch.Tensor:
+        return s
+
+    @staticmethod
+    def householder(y: torch.Tensor) -> torch.Tensor:
+        return _householder(y)
+
+    @staticmethod
+    def column_norms(rf: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.vector_norm(rf, dim=0, keepdim=True)
+
+
+WHOLE = WholeDim()
+
+
+def _cholesky_solve(y: torch.Tensor, gram: torch.Tensor, rows, ok: torch.Tensor | None = None,
+                    needed: bool = True) -> torch.Tensor | None:
+    """Y R⁻¹ with R = chol(gram) upper (one CholeskyQR pass; ``gram`` already summed over the
+    ranks holding Y's rows); None if the factorization failed, the result is not finite, or the
+    extra condition ``ok`` (a bool tensor) is False. One host sync."""
     r, info = torch.linalg.cholesky_ex(gram, upper=True)
     p = torch.linalg.solve_triangular(r, y, upper=True, left=False)
-    good = (info == 0) & torch.isfinite(p).all()
+    good = (info == 0) & rows.all_finite(p, needed)
     return p if bool(good if ok is None else good & ok) else None
 
 
-def _cholesky_qr2(y: torch.Tensor) -> torch.Tensor | None:
-    p1 = _cholesky_solve(y, y.mT @ y)
+def _cholesky_qr2(y: torch.Tensor, rows=WHOLE) -> torch.Tensor | None:
+    # Distributed, neither pass needs its own finiteness vote: a non-finite P₁ makes the second
+    # Gram non-finite on every rank, which fails the deviation test; a second pass that passes
+    # it has ‖R₂⁻¹‖₂ <= √2 and |P₁| <= √(3/2), so P₂ is finite.
+    p1 = _cholesky_solve(y, rows.sum(y.mT @ y, "gram"), rows, needed=False)
     if p1 is None:
         return None
-    gram = p1.mT @ p1
+    gram = rows.sum(p1.mT @ p1, "gram")
     eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
-    return _cholesky_solve(p1, gram, torch.linalg.matrix_norm(gram - eye) <= CQR2_GRAM_DEVIATION)
+    return _cholesky_solve(p1, gram, rows, torch.linalg.matrix_norm(gram - eye) <= CQR2_GRAM_DEVIATION, needed=False)
 
 
-def _randomized_cholesky_qr(y: torch.Tensor, generator: torch.Generator, oversample: float) -> torch.Tensor | None:
-    rows, r = y.shape
+def _randomized_cholesky_qr(y: torch.Tensor, generator: torch.Generator, oversample: float,
+                            rows=WHOLE) -> torch.Tensor | None:
+    total, r = rows.total(y), y.shape[1]
     k = sketch_rows(r, oversample)
-    if k >= rows:  # the sketch would not compress: factor Y itself (no draw)
+    if k >= total:  # the sketch would not compress: factor Y itself (no draw)
         return None
-    r_s = torch.linalg.qr(gaussian_sketch(generator, k, rows, y.dtype, y.device) @ y, mode="r").R
+    sketch = rows.sketch(gaussian_sketch(generator, k, total, y.dtype, y.device))
+    r_s = torch.linalg.qr(rows.sum(sketch @ y, "sketch"), mode="r").R
     r_s = r_s * torch.where(torch.diagonal(r_s) < 0, -1.0, 1.0).to(r_s.dtype)[:, None]
     y1 = torch.linalg.solve_triangular(r_s, y, upper=True, left=False)
-    return _cholesky_solve(y1, y1.mT @ y1)
+    return _cholesky_solve(y1, rows.sum(y1.mT @ y1, "gram"), rows)
+
+
+def _orthonormalize(y: torch.Tensor, method: str, oversample: float, generator, rows=WHOLE) -> torch.Tensor:
+    """``orthonormalize`` without the argument checks, on this rank's rows of Y (``rows``)."""
+    yf = y.to(_factor_dtype(y.dtype))
+    p = None
+    if method == "cholesky_qr":
+        p = _cholesky_qr2(yf, rows)
+    elif method == "randomized_cholesky_qr":
+        p = _randomized_cholesky_qr(yf, generator, oversample, rows)
+    return (rows.householder(yf) if p is None else p).to(y.dtype)
 
 
 def orthonormalize(y: torch.Tensor, method: str = "householder", *, oversample: float = RCQR_OVERSAMPLE,
@@ -182,15 +242,9 @@ def orthonormalize(y: torch.Tensor, method: str = "householder", *, oversample: 
         raise ValueError(f"method: expected one of {QR_METHODS}, got {method!r}")
     if y.ndim != 2 or y.shape[0] < y.shape[1]:
         raise ValueError(f"y: expected shape (rows, r) with rows >= r, got {tuple(y.shape)}")
-    yf = y.to(_factor_dtype(y.dtype))
-    p = None
-    if method == "cholesky_qr":
-        p = _cholesky_qr2(yf)
-    elif method == "randomized_cholesky_qr":
-        if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator: randomized_cholesky_qr needs a torch.Generator, got {type(generator).__name__}")
-        p = _randomized_cholesky_qr(yf, generator, oversample)
-    return (_householder(yf) if p is None else p).to(y.dtype)
+    if method == "randomized_cholesky_qr" and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator: randomized_cholesky_qr needs a torch.Generator, got {type(generator).__name__}")
+    return _orthonormalize(y, method, oversample, generator)
 
 
 def dion_right_factor(r: torch.Tensor, right_factor: str = "column_norm", epsilon: float = 1e-8) -> torch.Tensor:
@@ -201,10 +255,15 @@ def dion_right_factor(r: torch.Tensor, right_factor: str = "column_norm", epsilo
     Raises: ValueError naming ``right_factor`` for a value not in ``RIGHT_FACTORS``.
     """
     check_choice(right_factor, "right_factor", RIGHT_FACTORS)
+    return _right_factor(r, right_factor, epsilon)
+
+
+def _right_factor(r: torch.Tensor, right_factor: str, epsilon: float, cols=WHOLE) -> torch.Tensor:
+    """``dion_right_factor`` on this rank's rows of R (``cols``: how R's rows are held)."""
     rf = r.to(_factor_dtype(r.dtype))
     if right_factor == "qr":
-        return _householder(rf)
-    return rf / (torch.linalg.vector_norm(rf, dim=0, keepdim=True) + epsilon)
+        return cols.householder(rf)
+    return rf / (cols.column_norms(rf) + epsilon)
 
 
 class DionUpdate(NamedTuple):
@@ -253,26 +312,46 @@ def dion_update(
                          f"got {qr_method!r}, {right_factor!r}")
     if qr_method == "randomized_cholesky_qr" and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator: randomized_cholesky_qr needs a torch.Generator, got {type(generator).__name__}")
-    rows, cols = x.shape
-    transposed = rows < cols
+    return _dion_apply(x, g, m, q, shape=tuple(x.shape), lr=lr, mu=mu, weight_decay=weight_decay, epsilon=epsilon,
+                       power_iters=power_iters, error_feedback=error_feedback, qr_method=qr_method,
+                       oversample=oversample, right_factor=right_factor, generator=generator)
+
+
+def _same(t: torch.Tensor, tag: str) -> torch.Tensor:
+    return t
+
+
+@torch.no_grad()
+def _dion_apply(x, g, m, q, *, shape, lr, mu, weight_decay, epsilon, power_iters, error_feedback, qr_method,
+                oversample, right_factor, generator, rows=WHOLE, cols=WHOLE, replica_mean=_same,
+                nonzero: bool | None = None) -> DionUpdate:
+    """``dion_update`` on this rank's block of the matrix of global ``shape`` (m, n).
+
+    x, g, m: the block W[I][:, J] (m's block in place holds B); q: Q's rows of this block's
+    working columns. ``rows`` / ``cols`` (``WholeDim`` or a sharded dimension): how the working
+    orientation's rows and columns are held; ``replica_mean`` the mean over data-parallel
+    replicas (compressed sync); ``nonzero`` whether B != 0 anywhere (None: decided here).
+    With the defaults this is one process."""
+    rows_, cols_ = shape
+    transposed = rows_ < cols_
     m.add_(g.to(m.dtype))  # m now holds B
     b = m.mT if transposed else m
     x.mul_(1 - lr * weight_decay)
     r_dim = q.shape[1]
-    if not bool(b.any()):
+    if not (bool(b.any()) if nonzero is None else nonzero):
         return DionUpdate(b.new_zeros(b.shape[0], r_dim), b.new_zeros(b.shape[1], r_dim))
     qw = q.to(m.dtype)
     for _ in range(power_iters):
-        p = orthonormalize(b @ qw, qr_method, oversample=oversample, generator=generator)
-        r = b.mT @ p
-        q_new = dion_right_factor(r, right_factor, epsilon)
+        p = _orthonormalize(replica_mean(cols.sum(b @ qw, "P"), "P"), qr_method, oversample, generator, rows)
+        r = replica_mean(rows.sum(b.mT @ p, "R"), "R")
+        q_new = _right_factor(r, right_factor, epsilon, cols)
         qw = q_new.to(m.dtype)
     if error_feedback:
         b.addmm_(p, r.mT, alpha=-(1 - mu))  # fused: no (m, n) temporaries
     else:
         torch.mul(p @ r.mT, mu, out=b)
     q.copy_(q_new)
-    qp, alpha = q.to(p.dtype), -lr * math.sqrt(rows / cols)
+    qp, alpha = q.to(p.dtype), -lr * math.sqrt(rows_ / cols_)
     left, right = (qp, p.mT) if transposed else (p, qp.mT)  # the update PQᵀ in x's orientation
     if x.dtype == p.dtype:
         x.addmm_(left, right, alpha=alpha)
@@ -335,11 +414,13 @@ def normalize_dion_group(group: dict) -> None:
             raise ValueError(f"params: Dion expects non-empty 2-D (m, n) parameters; got shape {tuple(p.shape)}: {hint}")
 
 
-def check_dion_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
+def check_dion_step(group: dict, state: Mapping[torch.Tensor, dict], *, finite: bool = True) -> None:
     """Check one group before any change: its hyperparameters (a scheduler may have set them),
     and for each param with a grad, the grad (dense, real, the param's shape, finite) and any
     existing state (``momentum`` of the param's shape, ``Q`` of shape (min(m, n), r)).
-    Changes nothing. Raises: ValueError / TypeError naming the key ("grad ...", "Q: ...")."""
+    ``finite=False`` leaves the finiteness test to the caller (the sharded step tests each
+    rank's block and decides on every rank together). Changes nothing.
+    Raises: ValueError / TypeError naming the key ("grad ...", "Q: ...")."""
     _check_hyperparameters(group)
     for p in group["params"]:
         g = p.grad
@@ -347,7 +428,8 @@ def check_dion_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
             continue
         if g.is_sparse or not g.is_floating_point() or g.shape != p.shape:
             raise ValueError(f"grad: expected a dense real tensor of shape {tuple(p.shape)}, got {tuple(g.shape)} {g.dtype}")
-        check_finite(g, f"grad of parameter with shape {tuple(p.shape)}")
+        if finite:
+            check_finite(g, f"grad of parameter with shape {tuple(p.shape)}")
         st = state.get(p, {})
         m, n = _matrix_shape(p)
         want_q = (min(m, n), _rank(p, group))
@@ -376,6 +458,41 @@ def dion_state_dtype(group: dict, key: str, p: torch.Tensor) -> torch.dtype | No
     return p.dtype if dt is None else dt
 
 
+def init_dion_state(p: torch.Tensor, st: dict, group: dict, *, seed: int, index: int) -> None:
+    """Create the missing state of one-process parameter ``p`` (global index ``index``):
+    ``momentum`` zeros, ``Q`` = ``initial_q`` of (min(m, n), r), ``step`` 0. No parameter changes."""
+    m, n = _matrix_shape(p)
+    if "momentum" not in st:
+        st["momentum"] = torch.zeros(p.shape, dtype=dion_state_dtype(group, "momentum", p), device=p.device)
+    if "Q" not in st:
+        st["Q"] = initial_q((min(m, n), _rank(p, group)), seed, index, dion_state_dtype(group, "Q", p), p.device)
+    if "step" not in st:
+        st["step"] = torch.zeros((), dtype=torch.int64)
+
+
+@torch.no_grad()
+def _step_block(x_t: torch.Tensor, g_t: torch.Tensor, m_t: torch.Tensor, q: torch.Tensor, st: dict, group: dict, *,
+                seed: int, index: int, shape: tuple[int, int], local_shape: tuple[int, int], **sharding) -> None:
+    """One step of parameter ``index`` on its block: x_t, g_t, m_t (any shape of ``local_shape``'s
+    size) viewed as the (|I|, |J|) block of the (m, n) = ``shape`` matrix; ``sharding`` passed to
+    ``_dion_apply`` (nothing: one process)."""
+    st["step"] += 1
+    gen = None
+    if group["qr_method"] == "randomized_cholesky_qr":
+        gen = sketch_generator(seed, index, int(st["step"]), m_t.device)
+    x, x_copied = _matrix_view(x_t, local_shape)
+    mom, m_copied = _matrix_view(m_t, local_shape)
+    _dion_apply(
+        x, g_t.reshape(local_shape), mom, q, shape=shape, lr=group["lr"], mu=group["mu"],
+        weight_decay=group["weight_decay"], epsilon=group["epsilon"], power_iters=group["power_iters"],
+        error_feedback=group["error_feedback"], qr_method=group["qr_method"], oversample=group["oversample"],
+        right_factor=group["right_factor"], generator=gen, **sharding,
+    )
+    for target, copy, copied in ((x_t, x, x_copied), (m_t, mom, m_copied)):
+        if copied:
+            target.copy_(copy.view(target.shape))
+
+
 def dion_group_step(group: dict, state, *, seed: int, first_index: int) -> None:
     """Apply one Dion step to every param of ``group`` with a grad (``check_dion_step`` passed).
 
@@ -390,33 +507,15 @@ def dion_group_step(group: dict, state, *, seed: int, first_index: int) -> None:
         if p.grad is None:
             continue
         st = state[p]
-        m, n = _matrix_shape(p)
-        if "momentum" not in st:
-            st["momentum"] = torch.zeros(p.shape, dtype=dion_state_dtype(group, "momentum", p), device=p.device)
-        if "Q" not in st:
-            st["Q"] = initial_q((min(m, n), _rank(p, group)), seed, first_index + i,
-                                dion_state_dtype(group, "Q", p), p.device)
-        if "step" not in st:
-            st["step"] = torch.zeros((), dtype=torch.int64)
-        st["step"] += 1
-        gen = None
-        if group["qr_method"] == "randomized_cholesky_qr":
-            gen = sketch_generator(seed, first_index + i, int(st["step"]), st["momentum"].device)
-        x, x_copied = _matrix_view(p, (m, n))
-        mom, m_copied = _matrix_view(st["momentum"], (m, n))
-        dion_update(
-            x, p.grad.reshape(m, n), mom, st["Q"], lr=group["lr"], mu=group["mu"],
-            weight_decay=group["weight_decay"], epsilon=group["epsilon"], power_iters=group["power_iters"],
-            error_feedback=group["error_feedback"], qr_method=group["qr_method"], oversample=group["oversample"],
-            right_factor=group["right_factor"], generator=gen,
-        )
-        for target, copy, copied in ((p, x, x_copied), (st["momentum"], mom, m_copied)):
-            if copied:
-                target.copy_(copy.view(target.shape))
+        init_dion_state(p, st, group, seed=seed, index=first_index + i)
+        shape = _matrix_shape(p)
+        _step_block(p, p.grad, st["momentum"], st["Q"], st, group, seed=seed, index=first_index + i, shape=shape,
+                    local_shape=shape)
 
 
 class Dion(Optimizer):
-    """Dion (DIstributed OrthoNormalization) for matrix parameters, one process.
+    """Dion (DIstributed OrthoNormalization) for matrix parameters, in one process or over a
+    DeviceMesh / DTensor / ProcessGroup.
 
     Args follow microsoft/dion: lr 0.01, mu 0.95, weight_decay 0.01, rank_fraction 1.0,
     rank_multiple_of 1, epsilon 1e-8, power_iters 1, ``oversample`` 1.25 (its
@@ -429,6 +528,28 @@ class Dion(Optimizer):
     Every group key and default is in ``DION_DEFAULTS``; the group logic lives in
     ``normalize_dion_group`` / ``check_dion_step`` / ``dion_group_step`` so a hybrid optimizer
     can drive Dion groups.
+
+    Distributed (microsoft/dion's arguments; each mesh a 1-D DeviceMesh such as
+    ``world_mesh["dp_shard"]``, or a ProcessGroup): ``replicate_mesh`` (DDP, the replicate dim of
+    HSDP), ``outer_shard_mesh`` (FSDP: FSDP2 ``fully_shard``'s Shard(0)), ``inner_shard_mesh``
+    (TP: ``parallelize_module``'s colwise Shard(0) / rowwise Shard(1)); FSDP on top of colwise
+    TP (``_StridedShard``), HSDP + TP and uneven or empty shards work the same way. Parameters
+    are DTensors whose sharded mesh dims are among these meshes (plain tensors are whole on every
+    rank). ``process_group``: DDP over plain tensors (the replicate axis; excludes the meshes).
+    ``replicate_mesh_grad_sync`` (default True): the gradients differ between replicas and Dion
+    synchronizes them compressed (P and R averaged over the replicate axis, (m + n)·r per matrix
+    instead of m·n; each replica keeps its own momentum, whose mean is the momentum of one
+    process fed the mean gradient; weights and Q stay identical). False: the gradients are
+    already averaged (DDP, FSDP2's HSDP all-reduce) and there is no replicate communication.
+    With FSDP2 HSDP either disable FSDP's replicate all-reduce and keep True, or keep it and
+    pass False (OLMo-core's setting). The result equals one process on the full tensors to
+    rounding for every layout (the orientation and Q0 depend on the global shape only; see
+    ``ortho_fast.distributed.dion``). State of a DTensor parameter: ``momentum`` with its
+    layout, ``Q`` a DTensor on its mesh sharded like the working columns, so
+    ``torch.distributed.checkpoint`` saves and reshards both; call
+    ``synchronize_for_checkpoint()`` before saving, and ``init_state()`` on a fresh optimizer
+    before ``dcp.load(opt.state_dict())`` then ``opt.load_state_dict``.
+
     State per parameter: ``momentum``, ``Q``, ``step`` (see ``dion_group_step``); inject a known
     Q through ``load_state_dict`` (its shape is checked at the next step). ``load_state_dict``
     keeps the configured state dtypes (torch would cast them to the parameter's dtype).
@@ -436,12 +557,17 @@ class Dion(Optimizer):
     ``param_names``) or group dicts.
     ``load_state_dict`` validates the saved groups first and never aliases the given tensors
     (the ``step`` counter seeds the sketches: a shared one would advance both optimizers).
-    Source: Ahn et al., arXiv 2504.05295, Algorithm 1; microsoft/dion.
+    Source: Ahn et al., arXiv 2504.05295, Algorithm 1 and its distributed form (compressed
+    data-parallel sync, sharded weights); microsoft/dion.
     Raises: TypeError naming ``seed`` unless an int (not a bool); ValueError / TypeError at
     construction (or ``add_param_group`` / ``load_state_dict``) for bad hyperparameters or
-    parameters (1-D, ndim > 2 without flatten, non-floating); at ``step`` for hyperparameters
-    edited since, non-finite or mis-shaped gradients or mis-shaped state, before any parameter
-    or state changes.
+    parameters (1-D, ndim > 2 without flatten, non-floating); at construction, LayoutError (a
+    ValueError) / TypeError naming the argument for a mesh that is not 1-D or overlaps another,
+    ``process_group`` with a mesh or with DTensor parameters, a DTensor without any mesh, sharded
+    on a mesh dim the optimizer was not given or by the replicate mesh, with a Partial placement
+    or on a mesh this rank is not in; at ``step`` for hyperparameters edited since, non-finite
+    or mis-shaped gradients or mis-shaped state, before any parameter or state changes (in a
+    distributed step on every rank together: see ``sharded_dion_step``).
     """
 
     def __init__(
@@ -463,6 +589,11 @@ class Dion(Optimizer):
         q_dtype: torch.dtype | None = None,
         flatten: bool = False,
         seed: int = 0,
+        replicate_mesh=None,
+        outer_shard_mesh=None,
+        inner_shard_mesh=None,
+        replicate_mesh_grad_sync: bool = True,
+        process_group=None,
     ) -> None:
         defaults = dict(
             lr=lr, mu=mu, weight_decay=weight_decay, rank_fraction=rank_fraction, rank_multiple_of=rank_multiple_of,
@@ -474,30 +605,91 @@ class Dion(Optimizer):
             raise TypeError(f"seed: expected an int, got {seed!r}")
         normalize_dion_group({**defaults, "params": []})  # the defaults themselves, before any group
         self.seed = seed
+        self._meshes, self._plans = None, {}
+        if any(a is not None for a in (replicate_mesh, outer_shard_mesh, inner_shard_mesh, process_group)):
+            from .distributed.dion import resolve_dion_meshes
+
+            self._meshes = resolve_dion_meshes(replicate_mesh, outer_shard_mesh, inner_shard_mesh,
+                                               replicate_mesh_grad_sync, process_group)
+        elif not isinstance(replicate_mesh_grad_sync, bool):
+            raise TypeError(f"replicate_mesh_grad_sync: expected a bool, got {replicate_mesh_grad_sync!r}")
         super().__init__(params, defaults)
+
+    def _normalize_group(self, group: dict) -> None:
+        """``normalize_dion_group``, then each param's distributed plan (kept once the group is)."""
+        normalize_dion_group(group)
+        if self._meshes is None:
+            dtensor = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before it is imported
+            if dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in group["params"]):
+                from .distributed.layout import LayoutError
+
+                raise LayoutError("params: DTensor parameters need the mesh arguments (replicate_mesh, "
+                                  "outer_shard_mesh, inner_shard_mesh) that their placements shard over")
+            return
+        from .distributed.dion import dion_plan
+
+        self._plans.update({p: dion_plan(p, self._meshes) for p in group["params"]})
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's add_param_group (defaults, (name, tensor) pairs, leaf and duplicate checks),
-        then ``normalize_dion_group``; a rejected group is removed again."""
-        add_param_group_checked(self, param_group, normalize_dion_group)
+        then ``normalize_dion_group`` and the layout checks; a rejected group is removed again."""
+        add_param_group_checked(self, param_group, self._normalize_group)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's ``load_state_dict`` through ``load_state_dict_checked``: saved groups
         completed from the current ones and validated first, every state tensor a copy, and
         ``momentum`` / ``Q`` restored from the saved tensors in the group's ``momentum_dtype``
         / ``q_dtype`` (torch casts floating state to the parameter's dtype, which would round a
-        float32 momentum of a bfloat16 parameter)."""
+        float32 momentum of a bfloat16 parameter). Distributed: the state of a DTensor
+        parameter must be DTensors with its layout (``torch.distributed.checkpoint`` into
+        ``init_state()``'s state), checked at the next step."""
         load_state_dict_checked(self, state_dict, lambda i, saved, current: (DION_DEFAULTS, normalize_dion_group),
                                 dion_state_dtype)
 
     @torch.no_grad()
+    def init_state(self) -> None:
+        """Create the state of every parameter now, with or without a gradient, without changing
+        any parameter and without communication: ``momentum`` zeros, ``Q`` = Q0, ``step`` 0 —
+        exactly what the first step would create (existing entries are kept). Call it on a fresh
+        optimizer before ``torch.distributed.checkpoint.load(opt.state_dict(), ...)`` so there
+        are tensors (DTensors with the right placements) to load into, then ``load_state_dict``."""
+        index = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                if self._meshes is None:
+                    init_dion_state(p, self.state[p], group, seed=self.seed, index=index)
+                else:
+                    from .distributed.dion import init_sharded_state
+
+                    init_sharded_state(p, self.state[p], group, self._plans[p], seed=self.seed, index=index)
+                index += 1
+
+    @torch.no_grad()
+    def synchronize_for_checkpoint(self) -> None:
+        """Make the state the same on every replica before a checkpoint is saved: with
+        compressed sync each replica's momentum is its own, this averages it over the replicate
+        axis (and broadcasts Q, already equal, from the first replica). A no-op in one process,
+        without a replicate axis or with ``replicate_mesh_grad_sync=False`` (as microsoft/dion).
+        See ``ortho_fast.distributed.dion.synchronize_replicas``."""
+        if self._meshes is not None:
+            from .distributed.dion import synchronize_replicas
+
+            synchronize_replicas(self.param_groups, self.state, self._meshes)
+
+    @torch.no_grad()
     def step(self, closure=None):
         """One Dion step for every parameter with a gradient: every group is checked first
-        (``check_dion_step``), then stepped (``dion_group_step``). Returns the closure's loss."""
+        (``check_dion_step``), then stepped (``dion_group_step``; distributed:
+        ``ortho_fast.distributed.dion.sharded_dion_step``). Returns the closure's loss."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._meshes is not None:
+            from .distributed.dion import sharded_dion_step
+
+            sharded_dion_step(self.param_groups, self.state, self._plans, self._meshes, seed=self.seed)
+            return loss
         for group in self.param_groups:
             check_dion_step(group, self.state)
         first = 0
