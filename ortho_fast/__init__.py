@@ -14,7 +14,8 @@ from .scalar import (
     ADAMW_DEFAULTS, LION_DEFAULTS, adamw_group_step, check_adamw_step, check_lion_step, lion_group_step,
     normalize_adamw_group, normalize_lion_group,
 )
-from .hybrid import ALGORITHMS, DionConfig, HybridOptimizer, MuonConfig, normalize_name, param_groups
+from .hybrid import (ALGORITHMS, DionConfig, HybridOptimizer, MuonConfig, meshes_from_world_mesh, normalize_name,
+                     param_groups)
 
 __all__ = [
     "COEFFICIENTS", "CoefficientSchedule", "UnknownScheduleError", "resolve_coefficients", "default_eps_mode",

@@ -513,6 +513,54 @@ def dion_group_step(group: dict, state, *, seed: int, first_index: int) -> None:
                     local_shape=shape)
 
 
+def resolve_meshes(replicate_mesh=None, outer_shard_mesh=None, inner_shard_mesh=None,
+                   replicate_mesh_grad_sync: bool = True, process_group=None):
+    """The ``ortho_fast.distributed.dion.DionMeshes`` of Dion's mesh arguments, or None when
+    none is given (one process; torch.distributed is then not imported).
+    Raises: as ``resolve_dion_meshes``; TypeError naming ``replicate_mesh_grad_sync`` unless a bool."""
+    if any(a is not None for a in (replicate_mesh, outer_shard_mesh, inner_shard_mesh, process_group)):
+        from .distributed.dion import resolve_dion_meshes
+
+        return resolve_dion_meshes(replicate_mesh, outer_shard_mesh, inner_shard_mesh, replicate_mesh_grad_sync,
+                                   process_group)
+    if not isinstance(replicate_mesh_grad_sync, bool):
+        raise TypeError(f"replicate_mesh_grad_sync: expected a bool, got {replicate_mesh_grad_sync!r}")
+    return None
+
+
+def plan_dion_group(group: dict, meshes, plans: dict) -> None:
+    """Add the distributed plan (``ortho_fast.distributed.dion.dion_plan``) of every parameter of
+    a normalized Dion group to ``plans``; nothing is added if one fails. Without meshes, a
+    DTensor parameter is an error.
+    Raises: LayoutError (a ValueError) as ``dion_plan``, or for DTensors without mesh arguments."""
+    if meshes is None:
+        dtensor = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before it is imported
+        if dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in group["params"]):
+            from .distributed.layout import LayoutError
+
+            raise LayoutError("params: DTensor parameters need the mesh arguments (replicate_mesh, "
+                              "outer_shard_mesh, inner_shard_mesh) that their placements shard over")
+        return
+    from .distributed.dion import dion_plan
+
+    plans.update({p: dion_plan(p, meshes) for p in group["params"]})
+
+
+def init_dion_groups(groups, state, meshes, plans: dict, *, seed: int) -> None:
+    """``init_dion_state`` (or its sharded form) for every parameter of ``groups``, numbered in
+    group order as the step numbers them: the state a first step would create, no communication."""
+    index = 0
+    for group in groups:
+        for p in group["params"]:
+            if meshes is None:
+                init_dion_state(p, state[p], group, seed=seed, index=index)
+            else:
+                from .distributed.dion import init_sharded_state
+
+                init_sharded_state(p, state[p], group, plans[p], seed=seed, index=index)
+            index += 1
+
+
 class Dion(Optimizer):
     """Dion (DIstributed OrthoNormalization) for matrix parameters, in one process or over a
     DeviceMesh / DTensor / ProcessGroup.
@@ -605,30 +653,14 @@ class Dion(Optimizer):
             raise TypeError(f"seed: expected an int, got {seed!r}")
         normalize_dion_group({**defaults, "params": []})  # the defaults themselves, before any group
         self.seed = seed
-        self._meshes, self._plans = None, {}
-        if any(a is not None for a in (replicate_mesh, outer_shard_mesh, inner_shard_mesh, process_group)):
-            from .distributed.dion import resolve_dion_meshes
-
-            self._meshes = resolve_dion_meshes(replicate_mesh, outer_shard_mesh, inner_shard_mesh,
-                                               replicate_mesh_grad_sync, process_group)
-        elif not isinstance(replicate_mesh_grad_sync, bool):
-            raise TypeError(f"replicate_mesh_grad_sync: expected a bool, got {replicate_mesh_grad_sync!r}")
+        self._meshes, self._plans = resolve_meshes(replicate_mesh, outer_shard_mesh, inner_shard_mesh,
+                                                   replicate_mesh_grad_sync, process_group), {}
         super().__init__(params, defaults)
 
     def _normalize_group(self, group: dict) -> None:
         """``normalize_dion_group``, then each param's distributed plan (kept once the group is)."""
         normalize_dion_group(group)
-        if self._meshes is None:
-            dtensor = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before it is imported
-            if dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in group["params"]):
-                from .distributed.layout import LayoutError
-
-                raise LayoutError("params: DTensor parameters need the mesh arguments (replicate_mesh, "
-                                  "outer_shard_mesh, inner_shard_mesh) that their placements shard over")
-            return
-        from .distributed.dion import dion_plan
-
-        self._plans.update({p: dion_plan(p, self._meshes) for p in group["params"]})
+        plan_dion_group(group, self._meshes, self._plans)
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's add_param_group (defaults, (name, tensor) pairs, leaf and duplicate checks),
@@ -653,16 +685,7 @@ class Dion(Optimizer):
         exactly what the first step would create (existing entries are kept). Call it on a fresh
         optimizer before ``torch.distributed.checkpoint.load(opt.state_dict(), ...)`` so there
         are tensors (DTensors with the right placements) to load into, then ``load_state_dict``."""
-        index = 0
-        for group in self.param_groups:
-            for p in group["params"]:
-                if self._meshes is None:
-                    init_dion_state(p, self.state[p], group, seed=self.seed, index=index)
-                else:
-                    from .distributed.dion import init_sharded_state
-
-                    init_sharded_state(p, self.state[p], group, self._plans[p], seed=self.seed, index=index)
-                index += 1
+        init_dion_groups(self.param_groups, self.state, self._meshes, self._plans, seed=self.seed)
 
     @torch.no_grad()
     def synchronize_for_checkpoint(self) -> None:

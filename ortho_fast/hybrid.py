@@ -20,7 +20,8 @@ from torch.optim import Optimizer
 
 from ._state import add_param_group_checked, load_state_dict_checked
 from .coefficients import CoefficientsLike
-from .dion import DION_DEFAULTS, check_dion_step, dion_group_step, dion_state_dtype, normalize_dion_group
+from .dion import (DION_DEFAULTS, check_dion_step, dion_group_step, dion_state_dtype, normalize_dion_group,
+                   plan_dion_group, resolve_meshes)
 from .muon import DROPPED_NAME_COMPONENTS, MUON_DEFAULTS, check_muon_step, is_expert_name, muon_group_step, normalize_muon_group
 from .scalar import (
     ADAMW_DEFAULTS, LION_DEFAULTS, adamw_group_step, check_adamw_step, check_lion_step, lion_group_step,
@@ -118,6 +119,17 @@ class HybridOptimizer(Optimizer):
     Args: ``params_or_groups`` an iterable of tensors, (name, tensor) pairs or group dicts;
     ``seed`` (int) for Dion's Q0 and sketches; ``algorithm`` the algorithm of groups that
     name none; ``defaults`` per-algorithm option overrides.
+    Distributed (every rank builds and steps the optimizer with the same groups): Dion groups
+    take ``Dion``'s ``replicate_mesh``, ``outer_shard_mesh``, ``inner_shard_mesh``,
+    ``replicate_mesh_grad_sync`` and ``process_group``; Muon groups take ``Muon``'s
+    ``distributed_mesh``, ``tp_mesh`` and ``tp_mode`` (``meshes_from_world_mesh`` derives both
+    from a named world mesh, as OLMo-core). AdamW and Lion groups are elementwise and run on
+    DTensor parameters as they are. The step checks every group on every rank first (one small
+    all-reduce per algorithm that communicates), so a bad gradient on one rank raises on all of
+    them before anything changes; ``synchronize_for_checkpoint()`` acts on the Dion groups as
+    ``Dion``'s does. For a ``torch.distributed.checkpoint`` load, torch's ``get_state_dict``
+    creates every group's state on a fresh optimizer (a step with zero gradients at lr 0, which
+    changes no parameter).
     State: each algorithm's own (see its ``*_group_step``). ``load_state_dict`` checks that
     the saved groups run the same algorithms, fills options missing from a saved group (a
     torch.optim.AdamW / torch.optim.Muon checkpoint) from the current group, never aliases the
@@ -135,6 +147,14 @@ class HybridOptimizer(Optimizer):
         seed: int = 0,
         algorithm: str | None = None,
         defaults: Mapping[str, Mapping[str, Any]] | None = None,
+        replicate_mesh=None,
+        outer_shard_mesh=None,
+        inner_shard_mesh=None,
+        replicate_mesh_grad_sync: bool = True,
+        process_group=None,
+        distributed_mesh=None,
+        tp_mesh=None,
+        tp_mode: str = "duplicated",
     ) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed: expected an int, got {seed!r}")
@@ -151,7 +171,27 @@ class HybridOptimizer(Optimizer):
         self.seed = seed
         self.algorithm = algorithm
         self.algorithm_defaults = {name: {**spec.defaults, **overrides.get(name, {})} for name, spec in ALGORITHMS.items()}
+        from .distributed.muon import MuonSharding
+
+        self._muon_sharding = MuonSharding(distributed_mesh, tp_mesh, tp_mode)
+        self._dion_meshes, self._dion_plans = resolve_meshes(replicate_mesh, outer_shard_mesh, inner_shard_mesh,
+                                                             replicate_mesh_grad_sync, process_group), {}
         super().__init__(params_or_groups, {})
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_muon_sharding": self._muon_sharding, "_dion_meshes": self._dion_meshes,
+                "_dion_plans": self._dion_plans}
+
+    def _normalize(self, index: int, algorithm: str, group: dict) -> None:
+        """The algorithm's ``normalize``, then the distributed plan of a Muon or Dion group."""
+        _in_group(index, algorithm, ALGORITHMS[algorithm].normalize, group)
+        if algorithm == "muon":
+            _in_group(index, algorithm, self._muon_sharding.add_group, group)
+        elif algorithm == "dion":
+            _in_group(index, algorithm, plan_dion_group, group, self._dion_meshes, self._dion_plans)
+
+    def _groups(self, algorithm: str) -> list[dict]:
+        return [g for g in self.param_groups if g["algorithm"] == algorithm]
 
     def add_param_group(self, param_group: dict) -> None:
         """Fill the group from its algorithm's defaults, add it with torch's checks (leaf
@@ -171,7 +211,7 @@ class HybridOptimizer(Optimizer):
         _in_group(index, algorithm, _check_foreign_keys, group, algorithm)
         for key, value in self.algorithm_defaults[algorithm].items():
             group.setdefault(key, value)
-        add_param_group_checked(self, group, lambda g: _in_group(index, algorithm, ALGORITHMS[algorithm].normalize, g))
+        add_param_group_checked(self, group, lambda g: self._normalize(index, algorithm, g))
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -181,19 +221,38 @@ class HybridOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        sharded_muon, sharded_dion = self._muon_sharding.active, self._dion_meshes is not None
         for i, group in enumerate(self.param_groups):
             algorithm = group.get("algorithm")
             if algorithm not in ALGORITHMS:
                 raise ValueError(f"param group {i}: algorithm: expected one of {sorted(ALGORITHMS)}, got {algorithm!r}")
-            _in_group(i, algorithm, ALGORITHMS[algorithm].check, group, self.state)
+            if not ((algorithm == "muon" and sharded_muon) or (algorithm == "dion" and sharded_dion)):
+                _in_group(i, algorithm, ALGORITHMS[algorithm].check, group, self.state)
+        if sharded_muon:  # checks on every rank, one all-reduce of an error flag
+            self._muon_sharding.check(self._groups("muon"), self.state)
+        if sharded_dion:  # checks on every rank, then (nothing changed before) every Dion group's step
+            from .distributed.dion import sharded_dion_step
+
+            sharded_dion_step(self._groups("dion"), self.state, self._dion_plans, self._dion_meshes, seed=self.seed)
         first_dion = 0
         for group in self.param_groups:
             if group["algorithm"] == "dion":
-                dion_group_step(group, self.state, seed=self.seed, first_index=first_dion)
+                if not sharded_dion:
+                    dion_group_step(group, self.state, seed=self.seed, first_index=first_dion)
                 first_dion += len(group["params"])
+            elif group["algorithm"] == "muon" and sharded_muon:
+                self._muon_sharding.group_step(group, self.state)
             else:
                 ALGORITHMS[group["algorithm"]].step(group, self.state)
         return loss
+
+    @torch.no_grad()
+    def synchronize_for_checkpoint(self) -> None:
+        """``Dion.synchronize_for_checkpoint`` for the Dion groups (a no-op without compressed sync)."""
+        if self._dion_meshes is not None:
+            from .distributed.dion import synchronize_replicas
+
+            synchronize_replicas(self._groups("dion"), self.state, self._dion_meshes)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load_state_dict through ``load_state_dict_checked``: the saved groups
@@ -450,7 +509,8 @@ class _HybridConfig:
             return {"betas": _resolve(self.scalar_betas, self.LION_BETAS)}
         return {"betas": _resolve(self.scalar_betas, adamw_betas), "eps": self.scalar_eps}
 
-    def _build(self, model: nn.Module, algorithm: str, adamw_betas, scalar_weight_decay: float) -> HybridOptimizer:
+    def _build(self, model: nn.Module, algorithm: str, adamw_betas, scalar_weight_decay: float,
+               mesh=None, **distributed) -> HybridOptimizer:
         matrix = self._matrix_options()
         groups = param_groups(
             model, algorithm=algorithm, scalar_algorithm=self.scalar_algorithm, lr=matrix.pop("lr"),
@@ -460,7 +520,44 @@ class _HybridConfig:
             d_model=self.d_model, expert_keys=self.expert_keys, overrides=self.overrides,
             matrix_options=matrix, scalar_options=self._scalar_options(adamw_betas),
         )
-        return HybridOptimizer(groups, seed=self.seed)
+        meshes = meshes_from_world_mesh(mesh)
+        keys = ("distributed_mesh", "tp_mesh") if algorithm == "muon" else (
+            "replicate_mesh", "outer_shard_mesh", "inner_shard_mesh", "replicate_mesh_grad_sync")
+        return HybridOptimizer(groups, seed=self.seed, **{k: meshes[k] for k in keys if k in meshes}, **distributed)
+
+
+def meshes_from_world_mesh(mesh) -> dict:
+    """The distributed arguments of ``HybridOptimizer`` from a world DeviceMesh with named dims,
+    as OLMo-core builds its Dion: ``dp_replicate`` + ``dp_shard`` -> HSDP (replicate mesh, outer
+    shard mesh), any other single ``dp*`` dim -> the outer shard mesh (FSDP; DDP when the
+    parameters are plain tensors), ``tp`` -> the inner shard mesh; gradient sync left to FSDP /
+    DDP (``replicate_mesh_grad_sync=False``). Muon gets the same shard dim as ``distributed_mesh``
+    and ``tp`` as ``tp_mesh`` (its parameters are replicated over ``dp_replicate``, whose gradient
+    all-reduce FSDP does). Other dims (``cp``, ``pp``, ``ep``, ...) are not passed: a parameter
+    sharded on one raises at construction. None -> {} (one process).
+    Shapes: ``mesh`` an N-D DeviceMesh with ``mesh_dim_names``.
+    Source: allenai/OLMo-core ``DionConfig`` (``src/olmo_core/optim/dion.py``).
+    Raises: ValueError naming ``mesh`` for a mesh without dim names or with several ``dp*`` dims
+    other than the ``dp_replicate`` / ``dp_shard`` pair.
+    """
+    if mesh is None:
+        return {}
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    if not names:
+        raise ValueError("mesh: expected a DeviceMesh with mesh_dim_names (e.g. ('dp_replicate', 'dp_shard', 'tp'))")
+    dp = [n for n in names if n.startswith("dp")]
+    replicate = shard = None
+    if "dp_replicate" in names and "dp_shard" in names:
+        replicate, shard = mesh["dp_replicate"], mesh["dp_shard"]
+        dp = [n for n in dp if n not in ("dp_replicate", "dp_shard")]
+    elif len(dp) == 1:
+        shard, dp = mesh[dp[0]], []
+    if dp:
+        raise ValueError(f"mesh: cannot tell the data-parallel dims apart in {names}; expected 'dp_replicate' + "
+                         f"'dp_shard' (HSDP) or a single 'dp*' dim")
+    tp = mesh["tp"] if "tp" in names else None
+    return dict(replicate_mesh=replicate, outer_shard_mesh=shard, inner_shard_mesh=tp, replicate_mesh_grad_sync=False,
+                distributed_mesh=shard, tp_mesh=tp)
 
 
 @dataclass(kw_only=True)
@@ -481,7 +578,8 @@ class MuonConfig(_HybridConfig):
     for OLMo-core's). ``scalar_algorithm="lion"`` (recommended with Muon by Megatron /
     Emerging-Optimizers) uses betas (0.95, 0.98) unless ``scalar_betas`` is given; Lion
     wants an lr 3–10× below AdamW's (Chen et al. 2023), so set ``scalar_lr``.
-    ``build(model)`` -> ``HybridOptimizer`` over ``param_groups(model, ...)``.
+    ``build(model, mesh=None)`` -> ``HybridOptimizer`` over ``param_groups(model, ...)``; a named
+    world ``mesh`` distributes it (``meshes_from_world_mesh``; ``tp_mode`` for tensor parallelism).
     Raises (at ``build``): what ``param_groups`` and ``HybridOptimizer`` raise.
     """
 
@@ -495,6 +593,7 @@ class MuonConfig(_HybridConfig):
     eps: float | None = None
     eps_mode: str | None = None
     adjust_lr: str | None = "original"
+    tp_mode: str = "duplicated"
     muon_options: dict = field(default_factory=dict)
 
     def _matrix_options(self) -> dict:
@@ -503,9 +602,11 @@ class MuonConfig(_HybridConfig):
         return dict(self.muon_options, lr=self.lr, weight_decay=self.weight_decay, momentum=self.momentum,
                     nesterov=self.nesterov, coefficients=self.coefficients, adjust_lr=self.adjust_lr, **schedule)
 
-    def build(self, model: nn.Module) -> HybridOptimizer:
-        """The optimizer for ``model`` (see the class docstring)."""
-        return self._build(model, "muon", ADAMW_DEFAULTS["betas"], ADAMW_DEFAULTS["weight_decay"])
+    def build(self, model: nn.Module, mesh=None) -> HybridOptimizer:
+        """The optimizer for ``model`` (see the class docstring); ``mesh`` a named world
+        DeviceMesh of a distributed model (``meshes_from_world_mesh``), with ``tp_mode``."""
+        return self._build(model, "muon", ADAMW_DEFAULTS["betas"], ADAMW_DEFAULTS["weight_decay"], mesh,
+                           tp_mode=self.tp_mode)
 
 
 @dataclass(kw_only=True)
@@ -524,7 +625,8 @@ class DionConfig(_HybridConfig):
     "householder", the reference method.
     ``dion_options``: any other ``DION_DEFAULTS`` key. Lion for the scalars: betas (0.95,
     0.98) unless ``scalar_betas`` is given.
-    ``build(model)`` -> ``HybridOptimizer`` over ``param_groups(model, ...)``.
+    ``build(model, mesh=None)`` -> ``HybridOptimizer`` over ``param_groups(model, ...)``; a named
+    world ``mesh`` distributes it as OLMo-core does (``meshes_from_world_mesh``).
     """
 
     lr: float = 0.01
@@ -544,6 +646,7 @@ class DionConfig(_HybridConfig):
                     rank_fraction=self.rank_fraction, rank_multiple_of=self.rank_multiple_of, epsilon=self.epsilon,
                     power_iters=self.power_iters, qr_method=self.qr_method)
 
-    def build(self, model: nn.Module) -> HybridOptimizer:
-        """The optimizer for ``model`` (see the class docstring)."""
-        return self._build(model, "dion", self.betas, self.weight_decay)
+    def build(self, model: nn.Module, mesh=None) -> HybridOptimizer:
+        """The optimizer for ``model`` (see the class docstring); ``mesh`` a named world
+        DeviceMesh of a distributed model (``meshes_from_world_mesh``: OLMo-core's mapping)."""
+        return self._build(model, "dion", self.betas, self.weight_decay, mesh)

@@ -9,7 +9,8 @@ head ``Shard(0)`` on "dp" only. The hidden size 66 and the vocabulary 17 give un
 Each dp rank trains on its own fixed token batch; the one-process model trains on their
 concatenation with the mean loss, which is what FSDP's gradient average computes. Matrices go to
 Dion (rank fraction 0.5) or Muon (TP "duplicated" and "distributed"), the rest to
-``torch.optim.AdamW`` (a case with AdamW alone checks the harness). Every parameter's
+``torch.optim.AdamW`` (a case with AdamW alone checks the harness), or the whole model goes
+through ``DionConfig`` / ``MuonConfig(...).build(model, mesh=world_mesh)`` (``HybridOptimizer``). Every parameter's
 ``full_tensor()`` after each step and every final optimizer state (momentum, Q, AdamW moments)
 is compared with the one-process run in relative Frobenius norm against
 ``sharded_tolerance(float64)``; the gradients themselves differ at rounding level (TP and FSDP
@@ -51,8 +52,11 @@ CASES = {
                         lambda mesh: dict(distributed_mesh=mesh["dp"], tp_mesh=mesh["tp"], tp_mode="duplicated")),
     "muon_distributed": ("Muon", dict(lr=0.02, weight_decay=0.1, dtype=DTYPE),
                          lambda mesh: dict(distributed_mesh=mesh["dp"], tp_mesh=mesh["tp"], tp_mode="distributed")),
+    # the whole model through the hybrid optimizer, distributed from the named world mesh (OLMo-core's mapping)
+    "hybrid_dion": ("DionConfig", dict(lr=0.02, rank_fraction=0.5, d_model=D_MODEL), None),
+    "hybrid_muon": ("MuonConfig", dict(lr=0.02, muon_options=dict(dtype=DTYPE), tp_mode="distributed"), None),
 }
-CHECKPOINTED = ("adamw", "dion", "muon_duplicated")
+CHECKPOINTED = ("adamw", "dion", "muon_duplicated", "hybrid_dion")
 ADAMW = dict(lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, foreach=False)
 
 
@@ -119,6 +123,8 @@ def make_optimizers(case: str, model: nn.Module, mesh=None) -> list[torch.optim.
     if CASES[case] is None:
         return [torch.optim.AdamW(model.parameters(), **ADAMW)]
     cls, options, mesh_options = CASES[case]
+    if cls.endswith("Config"):  # HybridOptimizer over param_groups(model): one optimizer
+        return [getattr(ortho_fast, cls)(**options).build(model, mesh=mesh)]
     matrices = [p for n, p in model.named_parameters() if is_matrix(n)]
     rest = [p for n, p in model.named_parameters() if not is_matrix(n)]
     matrix_opt = getattr(ortho_fast, cls)(matrices, **options, **(mesh_options(mesh) if mesh is not None else {}))
@@ -188,9 +194,9 @@ def _checkpoint_round_trip(case: str, mesh, tok: torch.Tensor, path: str) -> tup
     model = _sharded_model(mesh, seed=1)
     opts = make_optimizers(case, model, mesh)
     for opt in opts:
-        if hasattr(opt, "init_state"):  # Dion: the state to load into, created without a step
+        if isinstance(opt, ortho_fast.Dion):  # Dion: the state to load into, created without a step
             opt.init_state()
-    # the others' state is created here, by torch's step with zero gradients and lr 0
+    # the others' state (the hybrid's too) is created here, by torch's step with zero gradients and lr 0
     model_sd, optim_sd = get_state_dict(model, opts)
     loaded = {"model": model_sd, "optim": optim_sd}
     dcp.load(loaded, checkpoint_id=path)

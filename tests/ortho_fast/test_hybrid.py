@@ -608,3 +608,35 @@ def test_named_parameters_keep_their_names():
     opt = HybridOptimizer(model.named_parameters(), algorithm="adamw")
     assert opt.param_groups[0]["param_names"] == [n for n, _ in model.named_parameters()]
     assert opt.state_dict()["param_groups"][0]["param_names"] == opt.param_groups[0]["param_names"]
+
+
+class _NamedMesh:
+    """Stand-in for a world DeviceMesh: its dims by name (``mesh["tp"]`` -> "tp")."""
+
+    def __init__(self, *names):
+        self.mesh_dim_names = names
+
+    def __getitem__(self, name):
+        assert name in self.mesh_dim_names
+        return name
+
+
+@pytest.mark.parametrize("names, want", [
+    (("dp_replicate", "dp_shard", "tp"), ("dp_replicate", "dp_shard", "tp")),
+    (("dp_replicate", "dp_shard"), ("dp_replicate", "dp_shard", None)),
+    (("dp", "tp"), (None, "dp", "tp")),
+    (("dp_shard_cp", "pp"), (None, "dp_shard_cp", None)),
+    (("tp",), (None, None, "tp")),
+])
+def test_meshes_from_world_mesh_follows_olmo_core(names, want):
+    got = ortho_fast.meshes_from_world_mesh(_NamedMesh(*names))
+    assert (got["replicate_mesh"], got["outer_shard_mesh"], got["inner_shard_mesh"]) == want
+    assert (got["distributed_mesh"], got["tp_mesh"]) == want[1:]
+    assert got["replicate_mesh_grad_sync"] is False
+    assert ortho_fast.meshes_from_world_mesh(None) == {}
+
+
+@pytest.mark.parametrize("names", [(), ("dp", "dp_shard")])
+def test_meshes_from_world_mesh_rejects_ambiguous_meshes(names):
+    with pytest.raises(ValueError, match="mesh:"):
+        ortho_fast.meshes_from_world_mesh(_NamedMesh(*names))
