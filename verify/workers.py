@@ -15,6 +15,7 @@ Under ``torchrun`` (a process group already exists) use ``fn(rank, world_size, .
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import pickle
 import tempfile
