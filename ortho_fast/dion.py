@@ -657,6 +657,11 @@ class Dion(Optimizer):
                                                    replicate_mesh_grad_sync, process_group), {}
         super().__init__(params, defaults)
 
+    def __getstate__(self) -> dict:
+        """torch's state (defaults, state, param_groups) plus the seed and the distributed plans,
+        so ``copy.deepcopy`` / pickle give an optimizer that steps as this one does."""
+        return {**super().__getstate__(), "seed": self.seed, "_meshes": self._meshes, "_plans": self._plans}
+
     def _normalize_group(self, group: dict) -> None:
         """``normalize_dion_group``, then each param's distributed plan (kept once the group is)."""
         normalize_dion_group(group)

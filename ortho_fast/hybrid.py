@@ -125,9 +125,9 @@ class HybridOptimizer(Optimizer):
     ``distributed_mesh``, ``tp_mesh`` and ``tp_mode`` (``meshes_from_world_mesh`` derives both
     from a named world mesh, as OLMo-core). AdamW and Lion groups are elementwise and run on
     DTensor parameters as they are. The step checks every group on every rank first (one small
-    all-reduce per algorithm that communicates), so a bad gradient on one rank raises on all of
-    them before anything changes; ``synchronize_for_checkpoint()`` acts on the Dion groups as
-    ``Dion``'s does. For a ``torch.distributed.checkpoint`` load, torch's ``get_state_dict``
+    all-reduce for the groups that do not communicate, then one per algorithm that does), so a
+    bad gradient on one rank raises on all of them before anything changes;
+    ``synchronize_for_checkpoint()`` acts on the Dion groups as ``Dion``'s does. For a ``torch.distributed.checkpoint`` load, torch's ``get_state_dict``
     creates every group's state on a fresh optimizer (a step with zero gradients at lr 0, which
     changes no parameter).
     State: each algorithm's own (see its ``*_group_step``). ``load_state_dict`` checks that
@@ -179,8 +179,10 @@ class HybridOptimizer(Optimizer):
         super().__init__(params_or_groups, {})
 
     def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "_muon_sharding": self._muon_sharding, "_dion_meshes": self._dion_meshes,
-                "_dion_plans": self._dion_plans}
+        """torch's state (defaults, state, param_groups) plus this optimizer's own attributes, so
+        ``copy.deepcopy`` / pickle give an optimizer that steps and adds groups as this one does."""
+        return {**super().__getstate__(), **{key: self.__dict__[key] for key in (
+            "seed", "algorithm", "algorithm_defaults", "_muon_sharding", "_dion_meshes", "_dion_plans")}}
 
     def _normalize(self, index: int, algorithm: str, group: dict) -> None:
         """The algorithm's ``normalize``, then the distributed plan of a Muon or Dion group."""
@@ -222,12 +224,14 @@ class HybridOptimizer(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         sharded_muon, sharded_dion = self._muon_sharding.active, self._dion_meshes is not None
+        local = []
         for i, group in enumerate(self.param_groups):
             algorithm = group.get("algorithm")
             if algorithm not in ALGORITHMS:
                 raise ValueError(f"param group {i}: algorithm: expected one of {sorted(ALGORITHMS)}, got {algorithm!r}")
             if not ((algorithm == "muon" and sharded_muon) or (algorithm == "dion" and sharded_dion)):
-                _in_group(i, algorithm, ALGORITHMS[algorithm].check, group, self.state)
+                local.append((i, group))
+        self._check_local_groups(local)
         if sharded_muon:  # checks on every rank, one all-reduce of an error flag
             self._muon_sharding.check(self._groups("muon"), self.state)
         if sharded_dion:  # checks on every rank, then (nothing changed before) every Dion group's step
@@ -245,6 +249,43 @@ class HybridOptimizer(Optimizer):
             else:
                 ALGORITHMS[group["algorithm"]].step(group, self.state)
         return loss
+
+    def _check_local_groups(self, groups: list[tuple[int, dict]]) -> None:
+        """``check_<alg>_step`` of the (index, group) pairs whose algorithm does not communicate
+        here (AdamW, Lion, a Muon / Dion without meshes; a DTensor gradient is checked finite on
+        this rank's shard). In a distributed optimizer every group is checked even after an
+        error, and one all-reduce (MAX) of an error flag over every axis the Muon and Dion groups
+        communicate on makes the verdict global: a gradient one rank
+        rejects raises on every rank, before the Muon / Dion checks' collectives, which the
+        other ranks would otherwise wait in forever.
+        Raises: the first error found here (naming "param group i (alg)"), on the other ranks
+        ValueError saying another rank rejected its input."""
+        axes = {a.ranks: a for a in (self._muon_sharding.dp, self._muon_sharding.tp,
+                                     *(self._dion_meshes.comm_axes if self._dion_meshes else ()))
+                if a is not None and a.size > 1}
+        error = None
+        for i, group in groups:
+            algorithm = group["algorithm"]
+            try:
+                _in_group(i, algorithm, ALGORITHMS[algorithm].check, group, self.state)  # DTensors: local shards
+            except (ValueError, TypeError, KeyError) as err:
+                if not axes:
+                    raise
+                error = error or err
+        if not axes or not groups:
+            return
+        import torch.distributed as dist
+
+        from .distributed.comm import all_reduce_axes
+
+        device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))  # NCCL: GPU
+        flag = torch.tensor([float(error is not None)], device=device)
+        all_reduce_axes(flag, list(axes.values()), op=dist.ReduceOp.MAX, tag="check")
+        if error is not None:
+            raise error
+        if flag.item():
+            raise ValueError("grad: another rank rejected its gradient, state or option in this step (its own error "
+                             "names it); no parameter or state was changed")
 
     @torch.no_grad()
     def synchronize_for_checkpoint(self) -> None:

@@ -47,10 +47,10 @@ import torch
 import torch.distributed as dist
 
 from ..dion import (
-    RCQR_OVERSAMPLE, WHOLE, WholeDim, _householder, _rank, _step_block, check_dion_step, dion_state_dtype,
-    init_dion_state, initial_q, sketch_rows,
+    QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, RIGHT_FACTORS, WHOLE, WholeDim, _householder, _rank, _step_block,
+    check_dion_step, dion_state_dtype, init_dion_state, initial_q, sketch_rows,
 )
-from .._validate import check_finite
+from .._validate import check_choice, check_count, check_finite, check_hyper
 from .comm import all_gather_blocks, all_reduce, all_reduce_axes, broadcast
 from .layout import (
     LayoutError, MatrixLayout, MeshAxis, _dim_indices, _flat_indices, check_axes, is_dtensor, local_tensor,
@@ -209,7 +209,8 @@ def _q_placements(param, transposed: bool) -> tuple:
     column dim of the parameter, on Q's dim 0; Replicate elsewhere. A flattened ndim > 2
     parameter sharded on a trailing dim must give Q's rows the same blocks (checked at every
     coordinate of the sharding mesh dims).
-    Raises: LayoutError naming ``param`` when it does not (uneven trailing-dim shards)."""
+    Raises: LayoutError naming ``param`` when it does not (dim 1 sharded unevenly, or a later dim
+    sharded while an earlier trailing dim has size > 1: the columns are then strided)."""
     from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard
 
     mesh, placements, shape = param.device_mesh, tuple(param.placements), tuple(param.shape)
@@ -229,8 +230,9 @@ def _q_placements(param, transposed: bool) -> tuple:
             cols = _flat_indices(_dim_indices(shape, tuple(mesh.shape), coordinate, placements)[1:], shape[1:])
             if not torch.equal(cols, _dim_indices((n, 1), tuple(mesh.shape), coordinate, out)[0]):
                 raise LayoutError(f"param: the flattened parameter of shape {shape} with placements {placements} has "
-                                  f"column blocks that no placement of Q ({n}, r) reproduces (a trailing dim sharded "
-                                  f"unevenly); shard dim 0, or a trailing dim whose size the mesh divides")
+                                  f"column blocks that no placement of Q ({n}, r) reproduces (each rank's flattened "
+                                  f"columns must be the contiguous chunk torch.chunk gives Q's rows); shard dim 0, or "
+                                  f"dim 1 with a size the mesh divides")
     return tuple(out)
 
 
@@ -429,10 +431,17 @@ def dion_comm_volume(m: int, n: int, r: int, *, row_shards: Sequence[int] = (), 
     once per step. Exact for dims divisible by their shard counts (uneven blocks travel padded
     in gathers and the largest block sets the all-reduce sizes).
     Source: Ahn et al., arXiv 2504.05295, Table 1, refined per layout.
-    Raises: ValueError for m, n, r not positive or r > min(m, n).
+    Raises: ValueError for m, n, r not positive or r > min(m, n), and naming ``qr_method`` /
+    ``right_factor`` (not one of ``Dion``'s, aliases "qr" / "rcqr" accepted), ``power_iters``
+    (not an int >= 1) or ``oversample`` (not a finite value >= 1).
     """
     if min(m, n, r) < 1 or r > min(m, n):
         raise ValueError(f"m, n, r: expected positive sizes with r <= min(m, n), got {(m, n, r)}")
+    qr_method = QR_METHOD_ALIASES.get(qr_method, qr_method)
+    check_choice(qr_method, "qr_method", QR_METHODS)
+    check_choice(right_factor, "right_factor", RIGHT_FACTORS)
+    check_count(power_iters, "power_iters")
+    check_hyper(oversample, "oversample", low=1.0)
     rows, cols = [s for s in row_shards if s > 1], [s for s in col_shards if s > 1]
     if m < n:
         m, n, rows, cols = n, m, cols, rows

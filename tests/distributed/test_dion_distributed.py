@@ -19,7 +19,9 @@ uninterrupted run bitwise.
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import io
 import math
 import zlib
 from typing import NamedTuple
@@ -301,6 +303,8 @@ def _bad_construction(meshes: dict) -> dict:
         "flatten_uneven": lambda: ortho_fast.Dion([param(ab, ("R", "S1"), (8, 3, 2))], inner_shard_mesh=ab["b"],
                                                   flatten=True),
         "not_in_mesh": lambda: ortho_fast.Dion([param(sub, ("S0",))], outer_shard_mesh=x),
+        "flatten_strided": lambda: ortho_fast.Dion([param(ab, ("R", "S2"), (12, 4, 2))], inner_shard_mesh=ab["b"],
+                                                   flatten=True),
     }
     out = {}
     for name, call in calls.items():
@@ -515,6 +519,14 @@ def test_table1_volumes():
     assert dion_comm_volume(64, 32, 8, replicas=4, replicate_mesh_grad_sync=False) == {}
     with pytest.raises(ValueError, match="r <= min"):
         dion_comm_volume(4, 3, 5)
+    # Dion's aliases mean the same method; an unknown method or a count that is no count is an error
+    assert dion_comm_volume(64, 32, 8, row_shards=(4,), qr_method="rcqr") == dion_comm_volume(
+        64, 32, 8, row_shards=(4,), qr_method="randomized_cholesky_qr") == {"sketch": 10 * 8, "gram": 64, "finite": 1,
+                                                                             "R": 32 * 8}
+    for kwargs, name in ((dict(qr_method="cqr"), "qr_method"), (dict(right_factor="norm"), "right_factor"),
+                         (dict(power_iters=0), "power_iters"), (dict(oversample=0.5), "oversample")):
+        with pytest.raises(ValueError, match=f"^{name}:"):
+            dion_comm_volume(64, 32, 8, row_shards=(4,), **kwargs)
 
 
 def test_bad_construction_raises_on_every_rank(results):
@@ -525,6 +537,8 @@ def test_bad_construction_raises_on_every_rank(results):
         "pg_with_mesh": "process_group: pass either", "pg_type": "TypeError: process_group",
         "sync_type": "TypeError: replicate_mesh_grad_sync", "no_mesh": "DTensor parameters need the mesh arguments",
         "flatten_uneven": "no placement of Q", "not_in_mesh": "param:",
+        # dim 2 split evenly, but each rank's flattened columns are strided: the hint names dim 1
+        "flatten_strided": "shard dim 0, or dim 1 with a size the mesh divides",
     }
     for rank, out in enumerate(results[0][4]):
         errors = out["construction"]
@@ -583,3 +597,27 @@ def test_init_state_one_process():
     for a, b in zip(pa, pb):
         assert torch.equal(a, b)
         assert all(torch.equal(oa.state[a][k], ob.state[b][k]) for k in ("momentum", "Q", "step"))
+
+
+def test_deepcopy_and_pickle_step_as_the_original():
+    """copy.deepcopy / pickle keep the seed and the (one-process: empty) distributed plan, which
+    torch's Optimizer.__getstate__ drops: the copies step bitwise as the original."""
+    params = [torch.nn.Parameter(_tensor(("copy", i), s, F64)) for i, s in enumerate(((6, 4), (3, 7)))]
+    opt = ortho_fast.Dion(params, lr=LR, seed=SEED, rank_fraction=0.5, qr_method="randomized_cholesky_qr")
+    for step in range(2):
+        for i, p in enumerate(params):
+            p.grad = _tensor(("copy-g", i, step), p.shape, F64)
+        if step == 1:
+            buffer = io.BytesIO()
+            torch.save(opt, buffer)
+            copies = [copy.deepcopy(opt), torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)]
+        opt.step()
+    for copied in copies:
+        assert copied.seed == SEED
+        mine = [p for g in copied.param_groups for p in g["params"]]
+        for a, b in zip(params, mine):
+            b.grad = a.grad.clone()
+        copied.step()
+        assert all(torch.equal(a, b) for a, b in zip(params, mine))
+        assert all(torch.equal(opt.state[a][k], copied.state[b][k]) for a, b in zip(params, mine)
+                   for k in ("momentum", "Q", "step"))
