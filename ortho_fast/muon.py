@@ -521,7 +521,10 @@ class Muon(Optimizer):
     UnknownScheduleError from ``normalize_muon_group``; at ``step``, the same for an option
     edited since, and ValueError for a bad gradient or state, from ``check_muon_step`` for
     every group before any parameter or state changes (distributed: on every rank, after one
-    all-reduce of a 1-element flag, so a bad shard raises everywhere instead of hanging its peers);
+    all-reduce of an error flag and of which parameters have a gradient, so a bad shard raises
+    everywhere instead of hanging its peers; also a gradient or ``momentum_buffer`` not laid out
+    as its parameter, and a parameter with a gradient on some ranks only — every rank must step
+    the same parameters);
     at construction LayoutError (a ValueError) for a mesh or a parameter layout that cannot be
     used (``ortho_fast.distributed.muon.MuonSharding``), ValueError naming ``tp_mode`` or an option
     a sharded parameter cannot take; RuntimeError if torch.distributed is not initialized.

@@ -8,7 +8,9 @@ rank assembles the full weights and state (``DTensor.full_tensor()``) and rank 0
 with the one-process run in relative Frobenius norm against ``sharded_tolerance(dtype)``
 (DESIGN.md's layout contract). Three kinds of check:
 
-- ``equal``: the sharded step equals the one-process step (every replica fed the same gradient).
+- ``equal``: the sharded step equals the one-process step (every replica fed the same gradient),
+  and every rank holds the same full weights and state (a digest per rank; rank 0's alone is
+  compared with one process, so a DDP copy on another rank could otherwise diverge unseen).
 - ``compressed``: Dion's compressed data-parallel sync (Ahn et al., arXiv 2504.05295, Sec. 3;
   DESIGN.md): replicas are fed *different* gradients; the weights and Q must be bitwise
   identical on every replica, the mean over replicas of the momentum must equal the momentum of
@@ -364,12 +366,43 @@ def _rotating(collective):
     return wrapped
 
 
+def _rotating_sent(collective):
+    """``collective`` (scatter) whose blocks to send are rotated one rank over first: every rank
+    receives its neighbour's block."""
+
+    def wrapped(*args, **kwargs):
+        for parts in args:
+            if isinstance(parts, list) and len(parts) > 1:
+                parts[:] = parts[1:] + parts[:1]
+        return collective(*args, **kwargs)
+
+    return wrapped
+
+
+def _first_rank_only(collective):
+    """``broadcast`` whose result reaches global rank 0 only: the other receiving ranks keep a
+    zero buffer (as if they were on another group), so their copies diverge while rank 0's
+    stays right."""
+
+    def wrapped(tensor, *, group, group_src):  # as ``ortho_fast.distributed.comm.broadcast`` calls it
+        result = collective(tensor, group=group, group_src=group_src)
+        if dist.get_rank() not in (0, dist.get_global_rank(group, group_src)):
+            tensor.zero_()
+        return result
+
+    return wrapped
+
+
 #: name -> (what it breaks, {torch.distributed attribute: replacement factory}).
 PLANTS = {
     "no_all_reduce": ("every all-reduce of a matrix skipped (partial sums left local)",
                       {"all_reduce": _skipping_matrix_all_reduce}),
     "rotated_blocks": ("every gathered block placed one rank over (a wrong shard offset)",
                        {"all_gather": _rotating, "gather": _rotating}),
+    "rotated_scatter": ("every scattered block sent one rank over (the way back to the shards)",
+                        {"scatter": _rotating_sent}),
+    "broadcast_to_rank_0": ("every broadcast reaches global rank 0 only (the other copies diverge unseen by "
+                            "rank 0's comparison)", {"broadcast": _first_rank_only}),
 }
 
 
@@ -492,10 +525,14 @@ def _check_layout(layout: Layout, mesh_shape, mesh, dtype_name: str, plan: Plan,
             opt.step()
         steps.append((ledger.total_numel(), ledger.total_bytes()))
         state = _state(opt, params, layout.optimizer)
+        # every rank must hold the same full weights and state (only rank 0's are compared with one
+        # process; a plain or replicated copy on another rank could diverge unseen); compressed
+        # sync: the weights and Q, each replica keeps its own momentum
+        shared = state["weights"] + state.get("Q", []) if layout.check == "compressed" else sum(state.values(), [])
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, _digest(shared))
+        identical &= len(set(everyone)) == 1
         if layout.check == "compressed":
-            everyone = [None] * dist.get_world_size()
-            dist.all_gather_object(everyone, _digest(state["weights"] + state.get("Q", [])))
-            identical &= len(set(everyone)) == 1
             state["momentum"] = _world_mean(state["momentum"], device)
         if rank == 0:
             for key, tensors in state.items():
@@ -535,7 +572,7 @@ def _row(layout, mesh_shape, dtype_name, plan, errors, bitwise, identical, steps
     if layout.bitwise and not bitwise:
         notes.append("not bitwise equal (required: same operations as one process)")
     if not identical:
-        notes.append("weights or Q differ between replicas")
+        notes.append("weights or state differ between ranks")
     if comm_verdict == "MISMATCH":
         notes.append("measured communication differs from the analytic volume")
     ok = worst <= tol and (bitwise or not layout.bitwise) and identical and comm_verdict != "MISMATCH"
@@ -543,7 +580,7 @@ def _row(layout, mesh_shape, dtype_name, plan, errors, bitwise, identical, steps
         world_size=dist.get_world_size(), optimizer=layout.optimizer, layout=layout.name, mesh=list(mesh_shape),
         dims=list(layout.dims), placements=list(layout.placements) if layout.placements else None,
         check=layout.check, dtype=dtype_name, errors=errors, worst=worst, bound=tol, bitwise=bitwise,
-        bitwise_required=layout.bitwise, replicas_identical=identical if layout.check == "compressed" else None,
+        bitwise_required=layout.bitwise, replicas_identical=identical,
         status="pass" if ok else "FAIL", notes=notes, plant=plan.plant,
         comm=dict(numel=sum(m["numel"] for m in matrices), bytes=sum(m["bytes"] for m in matrices),
                   analytic=None if "no formula" in verdicts else sum(m["analytic"] for m in matrices),
@@ -658,8 +695,10 @@ def analytic_volume(layout: Layout, mesh_shape: tuple[int, ...], shape: tuple[in
     alone, from the distributed optimizer's own formula (``muon_comm_volume`` /
     ``dion_comm_volume``, the Dion paper's Table 1 per layout), for the owner rank (the largest);
     ``padded``: evaluated at ``_padded_shape``, the most that zero-padded uneven shards can add
-    (gloo and NCCL gather equal-sized blocks). None where no formula exists (yet)."""
-    m, n = _padded_shape(layout, mesh_shape, shape) if padded else shape
+    (gloo and NCCL gather equal-sized blocks). Muon's formula counts that padding itself (its
+    largest blocks), so for Muon ``padded`` changes nothing: the ledger must equal the formula
+    for every shape. None where no formula exists (yet)."""
+    m, n = _padded_shape(layout, mesh_shape, shape) if padded and layout.optimizer != "muon" else shape
     if layout.optimizer == "muon":
         from ortho_fast.distributed.muon import muon_comm_volume
 
@@ -667,7 +706,8 @@ def analytic_volume(layout: Layout, mesh_shape: tuple[int, ...], shape: tuple[in
         tp_size, tp_dim = _sharding(layout, mesh_shape, "tp_mesh")
         dp = None if dp_size == 1 else "ddp" if dp_dim is None else "fsdp"
         tp_mode = optimizer_options(layout).get("tp_mode", "duplicated") if tp_size > 1 else None
-        return sum(muon_comm_volume(m, n, dp=dp, tp_mode=tp_mode, tp_size=tp_size, tp_dim=tp_dim or 0).values())
+        return sum(muon_comm_volume((m, n), dp=dp, dp_size=dp_size, dp_dim=dp_dim or 0, tp_mode=tp_mode,
+                                    tp_size=tp_size, tp_dim=tp_dim or 0).values())
     from ortho_fast.distributed.dion import dion_comm_volume
 
     shards = [(size, dim) for role in ("outer_shard_mesh", "inner_shard_mesh")
@@ -796,7 +836,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder for sharding.json and sharding.md (default: ./ortho-verify-out)")
     parser.add_argument("--write-docs", action="store_true",
                         help=f"also write docs/layouts.md; runs world sizes {' '.join(map(str, DOCS_WORLD_SIZES))} "
-                             "besides those given (the page covers them all); not with --quick, --layout, --dtype")
+                             "besides those given (the page covers them all); not with --quick, --layout, --dtype, "
+                             "nor under torchrun")
     parser.add_argument("--timeout", type=float, default=TIMEOUT,
                         help=f"seconds per launch before the workers are killed (default {TIMEOUT:g})")
     return parser
@@ -809,6 +850,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().error("--world-size: each N must be >= 1")
     if args.write_docs and (args.quick or args.layout or args.dtype):
         build_parser().error("--write-docs documents the full run: drop --quick, --layout and --dtype")
+    if args.write_docs and under_torchrun():  # one launched world size, the page covers all of DOCS_WORLD_SIZES
+        build_parser().error("--write-docs runs world sizes 1 2 4 8 as gloo workers: run it without torchrun")
     dtypes = tuple(args.dtype or DTYPES)
     started = time.perf_counter()
     from rich.console import Console
@@ -872,7 +915,9 @@ weights, the momentum and Q, all matrices and steps, must stay within DESIGN.md'
 `verify.tolerances.sharded_tolerance`: float64 ≤ 1e-12, float32 ≤ 1e-5 (its derivation is in
 [tolerances.md](tolerances.md#sharded-vs-one-process-sharded_tolerance)). Three kinds of check:
 
-- **equal**: every rank is fed the same gradient; the sharded step must equal one process.
+- **equal**: every rank is fed the same gradient; the sharded step must equal one process, and
+  every rank must hold the same full weights and state (their digests are compared: rank 0's
+  copy alone is compared with one process).
   Where the sharded step performs the very operations of one process (Muon FSDP, DDP, TP
   "duplicated" and "blockwise"; Dion DDP with the gradients already averaged, which
   communicates nothing) the equality must be bitwise ("pass (bitwise)").
@@ -886,8 +931,10 @@ weights, the momentum and Q, all matrices and steps, must stay within DESIGN.md'
   NVIDIA Emerging-Optimizers `newton_schulz_tp`): it is checked against its own definition,
   one-process Muon stepping each TP shard as a parameter of its own (scaled by the shard's shape).
 
-A check must be able to fail: `tests/verify/test_sharding.py` plants a skipped all-reduce and
-gathered blocks placed one rank over (a wrong shard offset) and requires those layouts to fail.
+A check must be able to fail: `tests/verify/test_sharding.py` plants a skipped all-reduce,
+gathered blocks placed one rank over (a wrong shard offset), scattered blocks sent one rank over,
+and a broadcast that reaches rank 0 only (the other DDP copies diverge), and requires those
+layouts to fail.
 
 ## How Dion computes each layout (`ortho_fast/distributed/dion.py`)
 
@@ -949,6 +996,9 @@ The momentum is elementwise on each rank's block. Each matrix has an owner on
 - **FSDP + TP** (`distributed_mesh` × `tp_mesh`): the owner's dp position gathers each TP
   block (m n / tp) over the dp axis, runs the TP mode among the TP ranks at that position, and
   scatters back.
+- Uneven shapes: the gathered, scattered and all-gathered blocks travel zero-padded to the
+  largest shard (⌈m/p⌉ rows of m over p ranks, `torch.chunk`'s blocks); `muon_comm_volume`
+  counts them so.
 
 FSDP, DDP, "duplicated" and "blockwise" orthogonalize the very matrices one process does with
 the same call, so they are bitwise equal; "distributed" sums the Gram matrix in another order.
@@ -965,15 +1015,16 @@ of the backend and is not counted. A group of one rank issues nothing.
 
 "elements/step" is measured per matrix — one step of an optimizer holding that matrix alone, so
 every collective is attributed to it — on the rank whose ledger is largest (the owner), summed
-over the matrices. The small per-step flags (Muon's "check": 1 element per axis; Dion's
+over the matrices. The small per-step flags (Muon's "check": 1 + (parameters) per axis; Dion's
 "flags": 1 + 2·(parameters) per axis, `dion_check_volume`) are left out. "analytic" is the
 distributed optimizer's own formula (`muon_comm_volume`, `dion_comm_volume`) summed the same way.
-"comm" is **exact** when measured = analytic for every matrix (required of every shape whose
-sharded dims divide evenly, e.g. 16×24); **padding** when a matrix with uneven shards measured
-more, but no more than the formula evaluated at its padded shape (each sharded dim rounded up
-to a multiple of its shard count: gloo and NCCL gather equal-sized blocks, so uneven blocks
-travel zero-padded, and the formulas count m // p rows); anything else is a **MISMATCH** and
-fails the layout.
+"comm" is **exact** when measured = analytic for every matrix. Muon's formula counts the zero
+padding of uneven shards (gloo and NCCL gather equal-sized blocks, so uneven blocks travel padded
+to the largest, ⌈m/p⌉ rows): every Muon layout must be exact for every shape. Dion's formula
+counts m // p rows, so Dion must be exact where the sharded dims divide evenly (e.g. 16×24) and
+may be **padding** for a matrix with uneven shards that measured more, but no more than the
+formula evaluated at its padded shape (each sharded dim rounded up to a multiple of its shard
+count); anything else is a **MISMATCH** and fails the layout.
 
 ## Results
 

@@ -3,7 +3,9 @@
 ``ortho_fast.Muon(params, ..., distributed_mesh=None, tp_mesh=None, tp_mode="duplicated")``
 drives ``MuonSharding``, which reads every parameter's placements once at construction
 (``ortho_fast.distributed.layout``) and steps each matrix in five phases, the same on every
-rank, every collective through ``ortho_fast.distributed.comm`` (so a ``Ledger`` sees them):
+rank, every collective through ``ortho_fast.distributed.comm`` (so a ``Ledger`` sees them),
+after ``MuonSharding.check`` made every rank agree that the inputs are valid and which
+parameters have a gradient (the same on every rank, or the collectives would not match):
 
 1. momentum on this rank's block (elementwise, so a shard's momentum is bitwise the one-process
    momentum restricted to it; a DTensor parameter keeps a DTensor momentum like itself);
@@ -46,6 +48,7 @@ import contextlib
 import math
 import sys
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -126,40 +129,60 @@ def newton_schulz_sharded(block: torch.Tensor, axis: MeshAxis | None, *, sharded
     return out.to(block.dtype if out_dtype is None else out_dtype)
 
 
-def muon_comm_volume(m: int, n: int, *, dp: str | None = None, tp_mode: str | None = None, tp_size: int = 1,
-                     tp_dim: int = 0, tp_index: int = 0, ns_steps: int = 5, owner: bool = True) -> dict[str, int]:
-    """Elements one rank's ``Ledger`` records for one (m, n) matrix in one Muon step, by collective.
+def muon_comm_volume(shape: Sequence[int], *, dp: str | None = None, dp_size: int = 1, dp_dim: int = 0,
+                     tp_mode: str | None = None, tp_size: int = 1, tp_dim: int = 0, tp_index: int = 0,
+                     ns_steps: int = 5, owner: bool = True) -> dict[str, int]:
+    """Elements one rank's ``Ledger`` records for one parameter in one Muon step, by collective:
+    exactly, uneven shards included.
 
-    Args: ``dp`` None, "fsdp" (the matrix sharded on ``distributed_mesh``) or "ddp" (whole on
-    every rank of it); ``tp_mode`` None (no tensor parallelism) or one of ``TP_MODES``, with
-    ``tp_size`` ranks sharding dim ``tp_dim`` (0 colwise, 1 rowwise), this rank at TP position
+    Args: ``shape`` the parameter's shape, read as the matrix (m, n) = (shape[0],
+    prod(shape[1:])); ``dp`` None, "fsdp" (sharded on ``distributed_mesh``, tensor dim
+    ``dp_dim``: 0 for FSDP2) or "ddp" (whole on every rank of it), over ``dp_size`` ranks;
+    ``tp_mode`` None (no tensor parallelism) or one of ``TP_MODES``, with ``tp_size`` ranks
+    sharding tensor dim ``tp_dim`` (0 colwise, 1 rowwise), this rank at TP position
     ``tp_index``; ``owner``: whether this rank is at the owner's dp position (non-owners take
-    part in the dp collectives only).
+    part in the dp collectives only). An axis of one rank issues nothing.
     Returns {"gather", "scatter", "broadcast", "all_gather", "all_reduce": elements}, zero
     entries left out. Volumes (``comm``'s convention, the Dion paper's Table 1: the logical
-    tensor, every shard counted once): with B the block TP position ``tp_index`` holds (m·n /
-    tp_size for divisible shapes; ``torch.chunk``'s otherwise; m·n without TP),
-    FSDP gather B + scatter B; DDP broadcast B; TP "duplicated" all-gather m·n; "distributed"
-    all-reduce ns_steps·d² + 2 (the Gram matrix each step, d = n for colwise and m for rowwise:
-    the dim that is not sharded; plus max|X| and ‖X‖_F²); "blockwise" nothing. Shapes not
-    divisible by the mesh sizes travel padded to the largest shard (``comm``), so the ledger
-    then records up to p·ceil(m/p)·n instead of m·n. The per-step error flag (1 element per
-    axis, tag "check") is not included. Dtypes: U is gathered in the momentum's dtype, O
-    scattered / broadcast in the Newton–Schulz compute dtype (bf16 by default: half the bytes).
-    Raises: ValueError for an unknown ``dp`` / ``tp_mode`` or ``tp_dim`` not 0 / 1.
+    tensor, every shard counted once, uneven shards zero-padded to the largest, as gloo and NCCL
+    move them). Shards follow ``torch.chunk`` (DTensor ``Shard``): a dim of s entries over k
+    ranks has blocks of ⌈s/k⌉ and the rest; when dp and tp shard one dim (FSDP2 over colwise TP:
+    ``_StridedShard``) dp splits each TP block. With B the block at TP position ``tp_index`` (the
+    whole parameter without TP) and B_dp its largest dp block: FSDP gather and scatter dp_size·B_dp
+    each (m·n for even shapes); DDP broadcast B; TP "duplicated" all-gather tp_size·(largest TP
+    block) (m·n for even shapes); "distributed" all-reduce ns_steps·d² + 2 (the Gram matrix each
+    step, d = n for tp_dim 0 and m otherwise: the matrix dim that is not sharded; plus max|X|
+    and ‖X‖_F²); "blockwise" nothing. The per-step check (1 + number of parameters elements per
+    axis, tag "check", ``MuonSharding.check``) is not included. Dtypes: U is gathered and
+    all-gathered in the momentum's dtype, O scattered / broadcast in the Newton–Schulz compute
+    dtype (bf16 by default: half the bytes); "distributed" reduces the Gram matrix and ‖X‖_F² in
+    float32 for a bf16 / fp16 compute dtype (its accumulation dtype), max|X| in the input's.
+    Raises: ValueError for an unknown ``dp`` / ``tp_mode``, a shape of fewer than 2 dims, sizes
+    below 1, or ``dp_dim`` / ``tp_dim`` / ``tp_index`` out of range.
     """
     check_choice(dp, "dp", (None, "fsdp", "ddp"))
     check_choice(tp_mode, "tp_mode", (None, *TP_MODES))
-    check_choice(tp_dim, "tp_dim", (0, 1))
-    block = m * n
-    if tp_mode:
-        dim = (m, n)[tp_dim]
-        chunk = -(-dim // tp_size)
-        block = block // dim * max(0, min(chunk, dim - tp_index * chunk))
-    out = {"gather": block, "scatter": block} if dp == "fsdp" else {"broadcast": block} if dp == "ddp" else {}
-    if owner and tp_mode == "duplicated":
-        out["all_gather"] = m * n
-    if owner and tp_mode == "distributed":
+    dims = [int(s) for s in shape]
+    if len(dims) < 2 or min(dp_size, tp_size) < 1 or not (0 <= dp_dim < len(dims) and 0 <= tp_dim < len(dims)
+                                                         and 0 <= tp_index < tp_size):
+        raise ValueError(f"shape / dp_size / dp_dim / tp_size / tp_dim / tp_index: expected a shape of >= 2 dims, "
+                         f"sizes >= 1 and dims and index within range, got {tuple(dims)}, {dp_size}, {dp_dim}, "
+                         f"{tp_size}, {tp_dim}, {tp_index}")
+    m, n = dims[0], math.prod(dims[1:])
+    tp = tp_mode if tp_size > 1 else None
+    chunk = -(-dims[tp_dim] // tp_size)  # the largest TP block's size along tp_dim
+    padded_tp = tp_size * chunk * math.prod(s for d, s in enumerate(dims) if d != tp_dim)
+    if tp:
+        dims[tp_dim] = max(0, min(chunk, dims[tp_dim] - tp_index * chunk))
+    out: dict[str, int] = {}
+    if dp == "fsdp" and dp_size > 1:
+        largest = [-(-s // dp_size) if d == dp_dim else s for d, s in enumerate(dims)]
+        out["gather"] = out["scatter"] = dp_size * math.prod(largest)
+    elif dp == "ddp" and dp_size > 1:
+        out["broadcast"] = math.prod(dims)
+    if owner and tp == "duplicated":
+        out["all_gather"] = padded_tp
+    if owner and tp == "distributed":
         out["all_reduce"] = ns_steps * (n if tp_dim == 0 else m) ** 2 + 2
     return out
 
@@ -310,11 +333,17 @@ class MuonSharding:
         return self.dp is None or plan.owner == self.dp.index
 
     def check(self, groups: list[dict], state) -> None:
-        """``check_muon_step`` for every group plus the distributed invariants (the gradient of a
-        DTensor parameter is a DTensor of its placements, a plain one plain; options still
-        allowed for sharded parameters), then one all-reduce (MAX) of a 1-element error flag
-        over the dp and tp axes, so every rank raises if any rank found a problem.
-        Raises: the local error (ValueError / TypeError) where it was found, ValueError elsewhere."""
+        """``check_muon_step`` for every group plus the distributed invariants (the gradient and
+        an existing ``momentum_buffer`` of a DTensor parameter are DTensors of its placements and
+        mesh, a plain parameter's are plain; options still allowed for sharded parameters), then
+        one all-reduce (SUM) over the dp and tp axes of 1 + N numbers (an error flag, then per
+        parameter of ``groups`` whether it has a gradient), so every rank raises if any rank found
+        a problem, and every rank raises if a parameter has a gradient on some ranks and not on
+        others (its collectives would not match: a hang, or blocks of different parameters
+        exchanged). Communication: 1 + N elements per axis of more than one rank (tag "check").
+        Raises: the local error (ValueError / TypeError) where it was found, ValueError elsewhere;
+        ValueError naming the parameters with a gradient on some ranks only. Nothing changes first."""
+        entries = [(group, i, p) for group in groups for i, p in enumerate(group["params"])]
         error = None
         try:
             for group in groups:
@@ -323,23 +352,35 @@ class MuonSharding:
                 for i, p in enumerate(group["params"]):
                     if p.grad is None:
                         continue
-                    plan = self.plans[p]
-                    if is_dtensor(p) != is_dtensor(p.grad) or (is_dtensor(p) and (
-                            p.grad.placements != p.placements or p.grad.device_mesh != p.device_mesh)):
-                        raise ValueError(f"grad: expected the parameter's layout ({_param_name(group, i, p)}: "
-                                         f"{tuple(p.placements) if is_dtensor(p) else 'a plain tensor'})")
-                    if plan.layout is not None:
+                    buf = state[p].get("momentum_buffer") if p in state else None
+                    for key, t in (("grad", p.grad), ("momentum_buffer", buf)):
+                        if t is not None and not _same_layout(p, t):
+                            raise ValueError(
+                                f"{key}: expected the parameter's layout ({_param_name(group, i, p)}: "
+                                f"{_layout_name(p)}), got {_layout_name(t)}" + (
+                                    "; load sharded optimizer state with torch.distributed.checkpoint "
+                                    "(set_optimizer_state_dict), which keeps each parameter's placements"
+                                    if key == "momentum_buffer" else ""))
+                    if self.plans[p].layout is not None:
                         _check_sharded_options(merged, i, p, _param_name(group, i, p))
         except Exception as err:  # noqa: BLE001 - re-raised below, after the peers have heard of it
             error = err
-        device = next((p.device for g in groups for p in g["params"]), torch.device("cpu"))  # NCCL: the GPU
-        flag = torch.tensor([float(error is not None)], device=device)
-        comm.all_reduce_axes(flag, [a for a in (self.dp, self.tp) if a is not None], op=dist.ReduceOp.MAX, tag="check")
+        device = next((p.device for _, _, p in entries), torch.device("cpu"))  # NCCL: the GPU
+        flags = torch.tensor([float(error is not None), *(float(p.grad is not None) for _, _, p in entries)],
+                             device=device)
+        axes = [a for a in (self.dp, self.tp) if a is not None]
+        comm.all_reduce_axes(flags, axes, tag="check")
         if error is not None:
             raise error
-        if flag.item():
+        if flags[0] > 0:
             raise ValueError("grad: another rank found an invalid gradient, state or option in this step (its own "
                              "error names it); no parameter or state was changed")
+        ranks = math.prod(a.size for a in axes)
+        partial = [_param_name(group, i, p) for (group, i, p), n in zip(entries, flags[1:].tolist()) if 0 < n < ranks]
+        if partial:
+            raise ValueError(f"grad: {', '.join(partial)} have a gradient on some ranks and not on others; every rank "
+                             f"of distributed_mesh and tp_mesh must step the same parameters (no parameter or state "
+                             f"was changed)")
 
     @torch.no_grad()
     def step(self, groups: list[dict], state) -> None:
@@ -435,6 +476,18 @@ class MuonSharding:
             return
         shape = plan.tp_shape if plan.tp_dim is not None and self.tp_mode == "blockwise" else plan.layout.shape
         _apply_update(w, MuonLayout((), r, c, 1, ((0, r, r),)), it.outs, group, shapes=[shape])
+
+
+def _same_layout(p: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether ``t`` (a gradient or momentum) is laid out as the parameter ``p``: both plain, or
+    DTensors with the same placements on the same mesh (so their local blocks match)."""
+    if is_dtensor(p) != is_dtensor(t):
+        return False
+    return not is_dtensor(p) or (t.placements == p.placements and t.device_mesh == p.device_mesh)
+
+
+def _layout_name(t: torch.Tensor) -> str:
+    return f"a DTensor with placements {tuple(t.placements)}" if is_dtensor(t) else "a plain tensor"
 
 
 def _out_dtype(group: dict, like: torch.Tensor) -> torch.dtype:
