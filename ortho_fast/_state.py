@@ -31,10 +31,36 @@ def add_param_group_checked(optimizer: Optimizer, param_group: dict, normalize: 
         raise
 
 
+_DTYPE_PREFIX = "torch."
+
+
+def state_dict_with_dtype_names(optimizer: Optimizer) -> dict:
+    """torch's ``Optimizer.state_dict`` with every torch.dtype group option (Muon's ``dtype``,
+    Dion's ``momentum_dtype`` / ``q_dtype``) written as its name ("torch.float32"):
+    ``torch.distributed.checkpoint``'s full state dict (``StateDictOptions(full_state_dict=True)``)
+    rejects a torch.dtype value. ``load_state_dict_checked`` reads the names back."""
+    state_dict = Optimizer.state_dict(optimizer)
+    for group in state_dict["param_groups"]:  # torch's copies of the groups
+        for key, value in group.items():
+            if isinstance(value, torch.dtype):
+                group[key] = str(value)
+    return state_dict
+
+
+def _dtype_from_name(value):
+    """"torch.float32" -> torch.float32 (what ``state_dict_with_dtype_names`` wrote); anything else as is."""
+    if isinstance(value, str) and value.startswith(_DTYPE_PREFIX):
+        dtype = getattr(torch, value[len(_DTYPE_PREFIX):], None)
+        if isinstance(dtype, torch.dtype):
+            return dtype
+    return value
+
+
 def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: GroupSpec,
                             state_dtype: StateDtype | None = None) -> None:
     """``torch.optim.Optimizer.load_state_dict`` with this package's guarantees.
 
+    0. Dtype names written by ``state_dict_with_dtype_names`` become torch.dtypes again.
     1. Each saved group (when there are as many as the optimizer has; otherwise torch raises
        its own error) gets the options it lacks from the current group (a torch.optim.Muon or
        torch.optim.AdamW checkpoint has fewer keys) and is normalized — on a trial copy with
@@ -51,7 +77,7 @@ def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: 
     Raises: whatever ``group_spec`` or its normalize function raise (before any change), and
     torch's errors for a state dict of another shape.
     """
-    saved = [dict(g) for g in state_dict["param_groups"]]
+    saved = [{k: _dtype_from_name(v) for k, v in g.items()} for g in state_dict["param_groups"]]
     if len(saved) == len(optimizer.param_groups):
         for i, (group, current) in enumerate(zip(saved, optimizer.param_groups)):
             keys, normalize = group_spec(i, group, current)

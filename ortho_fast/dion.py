@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, NamedTuple
 import torch
 from torch.optim import Optimizer
 
-from ._state import add_param_group_checked, load_state_dict_checked
+from ._state import add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
 from ._validate import check_choice, check_count, check_filled, check_finite, check_hyper
 
 QR_METHODS = ("householder", "cholesky_qr", "randomized_cholesky_qr")
@@ -671,6 +671,10 @@ class Dion(Optimizer):
         """torch's add_param_group (defaults, (name, tensor) pairs, leaf and duplicate checks),
         then ``normalize_dion_group`` and the layout checks; a rejected group is removed again."""
         add_param_group_checked(self, param_group, self._normalize_group)
+
+    def state_dict(self) -> dict:
+        """torch's ``state_dict`` with dtype options as names (``state_dict_with_dtype_names``)."""
+        return state_dict_with_dtype_names(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's ``load_state_dict`` through ``load_state_dict_checked``: saved groups

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from ._state import add_param_group_checked, load_state_dict_checked
+from ._state import add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
 from .coefficients import CoefficientsLike
 from .dion import (DION_DEFAULTS, check_dion_step, dion_group_step, dion_state_dtype, normalize_dion_group,
                    plan_dion_group, resolve_meshes)
@@ -294,6 +294,10 @@ class HybridOptimizer(Optimizer):
             from .distributed.dion import synchronize_replicas
 
             synchronize_replicas(self._groups("dion"), self.state, self._dion_meshes)
+
+    def state_dict(self) -> dict:
+        """torch's ``state_dict`` with dtype options as names (``state_dict_with_dtype_names``)."""
+        return state_dict_with_dtype_names(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load_state_dict through ``load_state_dict_checked``: the saved groups

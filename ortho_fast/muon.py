@@ -16,7 +16,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 from torch.optim import Optimizer
 
-from ._state import add_param_group_checked, load_state_dict_checked
+from ._state import add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
 from ._validate import check_choice, check_count, check_filled, check_finite, check_hyper
 from .coefficients import CoefficientsLike, resolve_coefficients, schedule_of
 from .newton_schulz import EPS_MODES, newton_schulz, resolve_compute_dtype
@@ -583,6 +583,10 @@ class Muon(Optimizer):
             self._sharding.add_group(group)
 
         add_param_group_checked(self, param_group, normalize)
+
+    def state_dict(self) -> dict:
+        """torch's ``state_dict`` with dtype options as names (``state_dict_with_dtype_names``)."""
+        return state_dict_with_dtype_names(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load_state_dict through ``load_state_dict_checked``: Muon keys missing from a
