@@ -32,6 +32,7 @@ import platform
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
@@ -66,6 +67,11 @@ CLOSE_MARGIN = 0.025
 SV_SCHEDULES = ("jordan", "polar_express")
 SV_DTYPES = ("float32", "bfloat16")
 NS_DTYPES = ("bfloat16", "float16", "float32", "float64")
+#: Muon's per-matrix lr scale (``ortho_fast.adjusted_lr_scale``): "spectral_norm" √(m/n), Dion's own
+#: convention (microsoft/dion's Muon), so that Muon and Dion differ only in how they orthogonalize;
+#: "original" √max(1, m/n) (torch.optim.Muon, Keller Jordan), which gives an (m, n) matrix with m < n
+#: √(n/m) times Dion's step.
+MUON_LR_CONVENTIONS = ("spectral_norm", "original")
 
 
 # ---------------------------------------------------------------------------------------
@@ -120,16 +126,17 @@ class ReproConfig:
     ``curve_points`` + 1 evenly spaced steps (step 0 included) of the evaluation runs.
     ``heldout_every``: one file in k validation, one test (``verify.data.stdlib_split``).
     Seeds: ``sweep_seed`` for the lr sweep, ``seeds`` for the evaluation (disjoint).
-    Grids: ``adamw_lrs``, ``muon_lrs`` (Muon's "original" lr scaling √max(1, m/n)),
-    ``dion_lrs`` (Dion's √(m/n)); ``lr_extensions`` rounds that extend a grid by a factor
-    ``lr_factor`` beyond an edge that won. AdamW: ``betas``, ``adamw_eps``; Muon / Dion
-    momentum ``momentum``; Newton–Schulz compute dtype ``ns_dtype``; weight decay 0 everywhere.
+    Grids: ``adamw_lrs``, ``muon_lrs`` (scaled per matrix by ``muon_adjust_lr``, one of
+    ``MUON_LR_CONVENTIONS``; default Dion's √(m/n)), ``dion_lrs`` (Dion's √(m/n));
+    ``lr_extensions`` rounds that extend a grid by a factor ``lr_factor`` beyond an edge that
+    won. AdamW: ``betas``, ``adamw_eps``; Muon / Dion momentum ``momentum``; Newton–Schulz
+    compute dtype ``ns_dtype``; weight decay 0 everywhere.
     ``capture_points`` steps (1, ..., steps) at which the Muon (Keller) runs record gradients.
 
     Raises: ValueError naming the field for a non-positive size, d_model not divisible by
     n_heads, an empty / unsorted / non-positive grid, no evaluation seed, the sweep seed among
     the evaluation seeds, a momentum outside [0, 1), lr_factor <= 1, a warm-up or final lr
-    fraction outside [0, 1) / (0, 1], or an unknown ns_dtype.
+    fraction outside [0, 1) / (0, 1], or an unknown ns_dtype / muon_adjust_lr.
     """
 
     d_model: int = 64
@@ -153,6 +160,7 @@ class ReproConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     adamw_eps: float = 1e-8
     momentum: float = 0.95
+    muon_adjust_lr: str = "spectral_norm"
     ns_dtype: str = "bfloat16"
     capture_points: int = 3
 
@@ -182,6 +190,8 @@ class ReproConfig:
                              f"{self.warmup_fraction!r}, {self.final_lr_fraction!r}")
         if self.ns_dtype not in NS_DTYPES:
             raise ValueError(f"ns_dtype: expected one of {NS_DTYPES}, got {self.ns_dtype!r}")
+        if self.muon_adjust_lr not in MUON_LR_CONVENTIONS:
+            raise ValueError(f"muon_adjust_lr: expected one of {MUON_LR_CONVENTIONS}, got {self.muon_adjust_lr!r}")
 
     def scaled(self, k: int) -> "ReproConfig":
         """This configuration with d_model, n_heads (head size kept), batch_size, steps and
@@ -243,10 +253,10 @@ def build_optimizer(method: Method, model: torch.nn.Module, lr: float, scalar_lr
     "adamw": ``torch.optim.AdamW`` at ``lr`` on every parameter. "muon" / "dion":
     ``ortho_fast.HybridOptimizer`` over ``ortho_fast.param_groups`` — the hidden matrices on
     Muon (torch.optim.Muon's defaults: EMA momentum ``config.momentum`` with Nesterov, 5 steps of
-    ``method.coefficients`` with its own normalization, computed in ``config.ns_dtype``, lr
-    scaled by √max(1, m/n)) or Dion (Ahn et al. Algorithm 1: μ = ``config.momentum``,
-    Householder QR, one power iteration, column-normalized Q, lr scaled by √(m/n), Q0 from
-    ``seed``), at ``lr``; embeddings, LayerNorms and lm_head on AdamW at ``scalar_lr``. AdamW
+    ``method.coefficients`` with its own normalization, computed in ``config.ns_dtype``; lr
+    scaled per matrix by ``config.muon_adjust_lr``) or Dion (Ahn et al. Algorithm 1:
+    μ = ``config.momentum``, Householder QR, one power iteration, column-normalized Q, lr scaled
+    by √(m/n), Q0 from ``seed``), at ``lr``; embeddings, LayerNorms and lm_head on AdamW at ``scalar_lr``. AdamW
     everywhere with ``config.betas``, ``config.adamw_eps``; weight decay 0 for every parameter.
     Raises: what ``param_groups`` / ``HybridOptimizer`` raise for bad options.
     """
@@ -254,7 +264,7 @@ def build_optimizer(method: Method, model: torch.nn.Module, lr: float, scalar_lr
         return torch.optim.AdamW(model.parameters(), lr=lr, betas=config.betas, eps=config.adamw_eps, weight_decay=0.0)
     if method.family == "muon":
         options = dict(momentum=config.momentum, nesterov=True, coefficients=method.coefficients,
-                       adjust_lr="original", dtype=getattr(torch, config.ns_dtype))
+                       adjust_lr=config.muon_adjust_lr, dtype=getattr(torch, config.ns_dtype))
     else:
         options = dict(mu=config.momentum, rank_fraction=method.rank_fraction, error_feedback=method.error_feedback,
                        qr_method="householder")
@@ -299,7 +309,8 @@ def train_run(config: ReproConfig, method_key: str, lr: float, seed: int, *, sca
     The initialization and the batches come from one ``torch.Generator`` seeded with ``seed``
     (``verify.data._build_model``, then ``batch_size`` uniform window starts per step), so two
     methods with the same seed see the same initial weights and the same batches; the global
-    RNG is not used. A non-finite training loss (or gradient) stops the run: ``diverged``.
+    RNG is not used. A non-finite training loss, gradient or held-out loss stops the run:
+    ``diverged``.
 
     Args: ``method_key`` a key of ``METHODS``; ``scalar_lr`` the AdamW lr of the non-matrix
     parameters of Muon / Dion (default ``lr``); ``split`` "validation" or "test" (held-out
@@ -350,7 +361,11 @@ def train_run(config: ReproConfig, method_key: str, lr: float, seed: int, *, sca
         optimizer.step()
         scheduler.step()
         if step in curve_steps:
-            curve_losses.append(_heldout_loss(model, heldout, config, dev))
+            heldout_loss = _heldout_loss(model, heldout, config, dev)
+            if not math.isfinite(heldout_loss):  # this step's update made the weights non-finite
+                diverged = True
+                break
+            curve_losses.append(heldout_loss)
             train_curve.append(float(np.mean(interval)))
             interval = []
     if diverged:
@@ -419,12 +434,13 @@ class _Runner:
 
 
 def _loss_key(loss: float | None) -> float:
-    return math.inf if loss is None else loss
+    return math.inf if loss is None or not math.isfinite(loss) else loss
 
 
 def _sweep(runner: _Runner, methods: Sequence[Method], scalar_lr: float | None, sweep: dict) -> None:
     """Fill ``sweep[key]`` = [{"lr", "validation_loss"}] for each method, extending a grid
-    whose best lr lies on an edge (``config.lr_extensions`` rounds)."""
+    whose best lr lies on an edge (``config.lr_extensions`` rounds; a grid whose every lr
+    diverged is extended downwards)."""
     config = runner.config
     pending = [(m, lr) for m in methods for lr in config.grid(m.family)]
     for round_ in range(config.lr_extensions + 1):
@@ -437,7 +453,7 @@ def _sweep(runner: _Runner, methods: Sequence[Method], scalar_lr: float | None, 
         for m in methods if round_ < config.lr_extensions else ():
             best, edge = best_learning_rate(sweep[m.key])
             lrs = [p["lr"] for p in sweep[m.key]]
-            if edge and any(p["validation_loss"] is not None for p in sweep[m.key]):
+            if edge:
                 pending.append((m, best / config.lr_factor if best == min(lrs) else best * config.lr_factor))
         if not pending:
             break
@@ -475,9 +491,10 @@ def _git(*args: str) -> str | None:
 
 
 def environment(device: str, threads: int, jobs: int) -> dict:
-    """Versions and hardware of this run: python, torch, numpy, scipy, matplotlib, platform,
-    CPU model and counts, device (and GPU name), threads, jobs, load average, git commit and
-    whether the checkout had uncommitted changes."""
+    """Versions and hardware of this run: python, torch (and the CUDA it was built with, None for
+    a CPU build), numpy, scipy, matplotlib, platform, CPU model and counts, device (and GPU
+    name), threads, jobs, load average, git commit and whether the checkout had uncommitted
+    changes."""
     import scipy
 
     try:
@@ -488,9 +505,9 @@ def environment(device: str, threads: int, jobs: int) -> dict:
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     dev = torch.device(device)
     return {
-        "python": sys.version, "torch": torch.__version__, "numpy": np.__version__, "scipy": scipy.__version__,
-        "matplotlib": mpl, "platform": platform.platform(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
-        "cpus_available": affinity, "device": str(dev),
+        "python": sys.version, "torch": torch.__version__, "cuda": torch.version.cuda, "numpy": np.__version__,
+        "scipy": scipy.__version__, "matplotlib": mpl, "platform": platform.platform(), "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(), "cpus_available": affinity, "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_model(),
         "torch_threads_per_job": threads, "jobs": jobs, "deterministic_algorithms": True,
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -573,8 +590,9 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
     ``seeds``, ``sweep`` {key: [{"lr", "validation_loss"}]}, ``best_lr``, ``best_at_edge``,
     ``scalar_lr`` (AdamW's best lr, used for the non-matrix parameters of Muon / Dion),
     ``evaluation`` {key: {"lr", "seeds", "test_loss", "curve_steps", "curves", "train_curves",
-    "diverged", "seconds"}}, ``spectral`` (``singular_value_study``; None if every Muon (Keller)
-    evaluation run diverged before its first gradient), ``claims``
+    "diverged", "seconds"}}, ``spectral`` (``singular_value_study`` in ``SV_DTYPES`` and
+    ``config.ns_dtype``; None if every Muon (Keller) evaluation run diverged before its first
+    gradient), ``claims``
     (``evaluate_claims``), ``wall_seconds``, ``run_seconds``. ``points`` feed the
     singular-value map plots. Deterministic given the configuration, device and threads.
     Raises: ValueError for jobs or threads < 1.
@@ -617,7 +635,8 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
             if r.get("gradients"):  # none from a run that diverged at step 1
                 gradients[r["seed"]] = r["gradients"]
         log("singular-value map of Newton–Schulz on the captured gradients")
-        spectral, points = singular_value_study(gradients, device=device) if gradients else (None, {})
+        sv_dtypes = tuple(dict.fromkeys((*SV_DTYPES, config.ns_dtype)))  # claim 5 reads the training's dtype
+        spectral, points = singular_value_study(gradients, sv_dtypes, device) if gradients else (None, {})
     finally:
         runner.close()
         blas.restore_original_limits()
@@ -900,8 +919,9 @@ def _plot_curves(results: Mapping, path: Path) -> Path:
             ax.fill_between(steps, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0), alpha=0.15,
                             color=_style(key)["color"])
             late = steps >= 0.25 * steps[-1]
-            tops.append(np.nanmax(mean[late]))
-            bottoms.append(np.nanmin(curves))
+            if np.isfinite(mean[late]).any():  # a method diverged on every seed has no curve to frame
+                tops.append(np.nanmax(mean[late]))
+                bottoms.append(np.nanmin(curves))
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -973,8 +993,10 @@ def write_plots(results: Mapping, points: Mapping, folder: Path) -> list[Path]:
     except ImportError:
         return []
     folder.mkdir(parents=True, exist_ok=True)
-    paths = [_plot_curves(results, folder / "loss_curves.png"), _plot_test_loss(results, folder / "test_loss.png"),
-             _plot_sweep(results, folder / "lr_sweep.png")]
+    with warnings.catch_warnings():  # a method diverged on every seed: an all-NaN mean, drawn as nothing
+        warnings.simplefilter("ignore", RuntimeWarning)
+        paths = [_plot_curves(results, folder / "loss_curves.png"),
+                 _plot_test_loss(results, folder / "test_loss.png"), _plot_sweep(results, folder / "lr_sweep.png")]
     for schedule in SV_SCHEDULES:
         pairs = {dtype: points.get((schedule, dtype), []) for dtype in SV_DTYPES}
         paths.append(singular_value_map(schedule, pairs, folder / f"sv_map_{schedule}.png"))
@@ -1031,7 +1053,7 @@ def _spectral_section(results: Mapping) -> list[str]:
         e = s["schedules"][name]
         norm = ("" if e["safety"] == 1 else f"{e['safety']:g}·") + "‖G‖_F"
         x0 = f"G / ({norm} + {e['eps']:g})" if e["eps_mode"] == "add" else f"G / max({norm}, {e['eps']:g})"
-        for kind in (k for k in ("exact", *SV_DTYPES) if k in e):
+        for kind in (k for k in e if isinstance(e[k], dict)):  # "exact", then the dtypes computed
             how = "exact map f(σ̂)" if kind == "exact" else kind
             lines.append(f"| {name} | {x0} | {how} | {_mean_std(e[kind]['rms_by_seed'])} | "
                          f"{e[kind]['worst_in_band']:.3f} |")
@@ -1061,10 +1083,10 @@ def _setup(results: Mapping) -> list[str]:
         "output projection, MLP fc and projection) are trained by Muon / Dion; the embeddings, LayerNorms and "
         "lm_head are trained by AdamW at the AdamW baseline's best learning rate "
         f"({results['scalar_lr']:g}), so that methods differ only in the optimizer of the matrices. AdamW: betas "
-        f"{tuple(c['betas'])}, eps {c['adamw_eps']:g}. Muon: torch.optim.Muon's defaults — EMA momentum "
-        f"{c['momentum']} with Nesterov, 5 Newton–Schulz steps in {c['ns_dtype']}, lr scaled by √max(1, m/n) "
-        "(Keller Jordan's \"original\" convention) — with Keller's coefficients (X₀ = U / max(‖U‖_F, 1e-7), U the "
-        "Nesterov momentum) or Polar Express's (X₀ = U / (1.02‖U‖_F + 1e-6)). Dion: Ahn et al. Algorithm 1 "
+        f"{tuple(c['betas'])}, eps {c['adamw_eps']:g}. Muon: EMA momentum {c['momentum']} with Nesterov and 5 "
+        f"Newton–Schulz steps in {c['ns_dtype']} (torch.optim.Muon's defaults) with Keller's coefficients "
+        "(X₀ = U / max(‖U‖_F, 1e-7), U the Nesterov momentum) or Polar Express's (X₀ = U / (1.02‖U‖_F + 1e-6)); "
+        f"lr scaled by {_MUON_LR_TEXT[config.muon_adjust_lr]}. Dion: Ahn et al. Algorithm 1 "
         f"(`ortho_fast`), μ {c['momentum']}, Householder QR, one power iteration, column-normalized Q, lr scaled by "
         f"√(m/n), rank r = rank fraction × min(m, n) ({_ranks(config)}); without error feedback M ← μ P Rᵀ instead of "
         "M ← B − (1 − μ) P Rᵀ.",
@@ -1077,6 +1099,15 @@ def _setup(results: Mapping) -> list[str]:
         f"- **Held-out loss**: mean next-byte cross-entropy in nats per byte over {c['eval_windows']} evenly spaced "
         f"windows of {c['context']} bytes of the split (ln 256 = 5.545 is chance).",
     ]
+
+
+_MUON_LR_TEXT = {
+    "spectral_norm": "√(m/n) per (m, n) matrix, Dion's convention (microsoft/dion's Muon), so that Muon and Dion "
+                     "differ only in how they orthogonalize (torch.optim.Muon's √max(1, m/n) would give the MLP "
+                     "output projection, d × 4d, twice Dion's step relative to the lr)",
+    "original": "√max(1, m/n) per (m, n) matrix (torch.optim.Muon, Keller Jordan; Dion's √(m/n) gives the MLP "
+                "output projection, d × 4d, half Muon's step relative to the lr)",
+}
 
 
 def _config_of(results: Mapping) -> ReproConfig:
@@ -1112,7 +1143,8 @@ def _reproducibility(results: Mapping) -> list[str]:
         f"- Seeds: learning-rate sweep {results['seeds']['sweep']}, evaluation {results['seeds']['evaluation']}; every "
         "random draw (initialization, batches, Dion's Q₀) comes from a `torch.Generator` seeded with the run's seed; "
         "`torch.use_deterministic_algorithms(True)` (warn only).",
-        f"- Versions: Python {env['python'].split()[0]}, torch {env['torch']}, numpy {env['numpy']}, scipy "
+        f"- Versions: Python {env['python'].split()[0]}, torch {env['torch']}"
+        f"{', CUDA ' + env['cuda'] if env.get('cuda') else ''}, numpy {env['numpy']}, scipy "
         f"{env['scipy']}, matplotlib {env['matplotlib']}; git commit {env['git_commit'] or 'unknown'}"
         f"{' with uncommitted changes' if env.get('git_uncommitted_changes') else ''}.",
         f"- Hardware: {env['platform']}; {env['cpu']}, {env['cpu_count']} CPUs ({env['cpus_available']} available); "
@@ -1186,7 +1218,8 @@ def render_markdown(results: Mapping, plots: Sequence[str] = ()) -> str:
         f"±δ, δ = {MATCH_MARGIN:.1%} / {CLOSE_MARGIN:.1%} of Muon's mean test loss (reproduced); entirely outside "
         "it: not reproduced; otherwise inconclusive. The margins are fixed in `verify.reproduce` (`MATCH_MARGIN`, "
         "`CLOSE_MARGIN`) before any run; the numbers are printed so that a reader can apply another margin.",
-        "- With one seed or a diverged evaluation run, every claim is inconclusive.",
+        "- With one evaluation seed every claim is inconclusive (no spread); a diverged evaluation run makes the "
+        "claims on its method inconclusive.",
         "",
         "## Reproducibility",
         "",
@@ -1269,6 +1302,8 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ReproC
         parser.error(f"--device {args.device!r}: {err}")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available in this torch build / machine")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        parser.error(f"--device {args.device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     config = QUICK if args.quick else ReproConfig().scaled(args.scale)
     changes = {}
     if args.steps is not None:

@@ -2,15 +2,18 @@
 and the command line's errors."""
 
 import json
-from dataclasses import asdict
+import math
+from dataclasses import asdict, replace
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import ortho_fast
 from verify import cli, data
 from verify import reproduce as rp
 
@@ -130,6 +133,33 @@ def test_best_learning_rate_and_edges():
     assert rp.best_learning_rate(points[:2]) == (0.02, True)
     with pytest.raises(ValueError, match="points"):
         rp.best_learning_rate([])
+    # a run whose last update made the held-out loss NaN is never the best
+    assert rp.best_learning_rate([*points, {"lr": 0.005, "validation_loss": math.nan}]) == (0.02, False)
+
+
+class _FakeRunner:
+    """``_Runner``'s interface with a validation loss given as a function of the lr."""
+
+    def __init__(self, loss):
+        self.config, self.loss, self.rounds = rp.ReproConfig(), loss, []
+
+    def map(self, phase, jobs):
+        self.rounds.append(sorted(job["lr"] for job in jobs))
+        return [{"loss": self.loss(job["lr"])} for job in jobs]
+
+
+@pytest.mark.parametrize("loss, added", [
+    (lambda lr: abs(math.log(lr / 0.02)), None),  # interior optimum: the grid is kept
+    (lambda lr: -lr, 0.08),  # the largest lr wins: one point above
+    (lambda lr: lr, 0.005),  # the smallest wins: one point below
+    (lambda lr: None, 0.005),  # every lr diverged: one point below, not an evaluation at a diverging lr
+])
+def test_sweep_extends_a_grid_beyond_a_winning_edge(loss, added):
+    runner, sweep = _FakeRunner(loss), {}
+    rp._sweep(runner, rp.METHODS[1:2], 0.002, sweep)
+    grid = list(runner.config.muon_lrs)
+    assert runner.rounds == [grid] + ([] if added is None else [[added]])
+    assert sorted(p["lr"] for p in sweep["muon-jordan"]) == sorted(grid + ([] if added is None else [added]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -154,6 +184,8 @@ def test_config_validation():
         rp.ReproConfig(d_model=30)
     with pytest.raises(ValueError, match="muon_lrs"):
         rp.ReproConfig(muon_lrs=(0.02, 0.01))
+    with pytest.raises(ValueError, match="muon_adjust_lr"):
+        rp.ReproConfig(muon_adjust_lr="match_rms_adamw")
     with pytest.raises(ValueError, match="scale"):
         rp.ReproConfig().scaled(0)
     big = rp.ReproConfig().scaled(2)
@@ -178,9 +210,67 @@ def test_runs_are_deterministic_and_paired():
     assert len(one["curve"]) == len(one["curve_steps"]) == rp.QUICK.curve_points + 1
 
 
-def test_divergence_is_recorded_not_raised():
+def test_divergence_is_recorded_not_raised(monkeypatch):
     run = rp.train_run(rp.QUICK, "muon-jordan", 1e6, 1, scalar_lr=1e6, curve=False)
     assert run["diverged"] and run["loss"] is None
+    # the last update leaves non-finite weights: no training step follows to see it, the held-out loss does
+    evaluate = rp._heldout_loss
+    monkeypatch.setattr(rp, "_heldout_loss", lambda model, *args: evaluate(model, *args) if any(
+        p.grad is None for p in model.parameters()) else math.nan)
+    run = rp.train_run(rp.QUICK, "adamw", 0.004, 1)
+    assert run["diverged"] and run["loss"] is None and run["curve"][1:] == [None] * rp.QUICK.curve_points
+    assert math.isfinite(run["curve"][0]) and run["train_curve"] == [None] * rp.QUICK.curve_points
+
+
+def _matrix_shapes(config):
+    d = config.d_model
+    return {f"blocks.{i}.{name}": shape for i in range(config.n_layers)
+            for name, shape in (("attn.qkv.weight", (3 * d, d)), ("attn.proj.weight", (d, d)),
+                                ("mlp.fc.weight", (4 * d, d)), ("mlp.proj.weight", (d, 4 * d)))}
+
+
+@pytest.mark.parametrize("method", rp.METHODS, ids=lambda m: m.key)
+def test_every_method_trains_the_same_matrices_with_its_own_options(method):
+    """Muon / Dion train exactly the hidden matrices (everything else on AdamW at the scalar lr),
+    weight decay 0 everywhere, Muon's per-matrix lr scale is Dion's √(m/n), Dion's rank is
+    ceil(rank fraction × min(m, n)) and its error feedback the method's."""
+    config = rp.QUICK
+    model = data._build_model(rp._gpt_config(config), torch.Generator().manual_seed(0))
+    optimizer = rp.build_optimizer(method, model, 0.01, 0.004, config, seed=1)
+    groups = optimizer.param_groups
+    assert all(g["weight_decay"] == 0.0 for g in groups)
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    if method.family == "adamw":
+        assert isinstance(optimizer, torch.optim.AdamW) and [g["lr"] for g in groups] == [0.01]
+        return
+    matrices = {n: p for g in groups if g["algorithm"] == method.family for n, p in zip(g["param_names"], g["params"])}
+    shapes = _matrix_shapes(config)
+    assert {n: tuple(p.shape) for n, p in matrices.items()} == shapes
+    assert all(g["lr"] == (0.01 if g["algorithm"] == method.family else 0.004) for g in groups)
+    assert {g["algorithm"] for g in groups} == {method.family, "adamw"}
+    (group,) = [g for g in groups if g["algorithm"] == method.family]
+    if method.family == "muon":
+        assert group["coefficients"] == method.coefficients and group["dtype"] == torch.bfloat16
+        scales = [ortho_fast.adjusted_lr_scale(group["adjust_lr"], m, n) for m, n in shapes.values()]
+        assert scales == [math.sqrt(m / n) for m, n in shapes.values()]  # Dion's scale: only the orthogonalizer differs
+        return
+    assert (group["rank_fraction"], group["error_feedback"]) == (method.rank_fraction, method.error_feedback)
+    batch = torch.randint(0, data.VOCAB_SIZE, (2, config.context + 1), generator=torch.Generator().manual_seed(0))
+    rp.F.cross_entropy(model(batch[:, :-1]).reshape(-1, data.VOCAB_SIZE), batch[:, 1:].reshape(-1)).backward()
+    optimizer.step()
+    for name, p in matrices.items():
+        assert optimizer.state[p]["Q"].shape[1] == math.ceil(method.rank_fraction * min(shapes[name])), name
+
+
+def test_methods_see_the_same_batches():
+    """Same seed, same initial weights and batches: the first gradients of two methods are bitwise equal."""
+    config = replace(rp.QUICK, steps=3, capture_points=2)
+    runs = [rp.train_run(config, key, 0.01, 2, scalar_lr=0.004, curve=False, capture=True)["gradients"]
+            for key in ("muon-polar_express", "dion-1/16-noef")]
+    first = [[(name, g) for name, step, g in run if step == 1] for run in runs]
+    assert len(first[0]) == len(_matrix_shapes(config))
+    assert all(n0 == n1 and (g0 == g1).all() for (n0, g0), (n1, g1) in zip(*first))
+    assert not all((g0 == g1).all() for (_, s0, g0), (_, s1, g1) in zip(*runs) if s0 == s1 == 3)
 
 
 # ---------------------------------------------------------------------------------------
@@ -216,6 +306,24 @@ def test_quick_run_writes_report_plots_and_results(tmp_path, capsys):
     results["claims"] = [asdict(c) for c in rp.evaluate_claims(results)]
     assert results["claims"][-1]["verdict"] == "inconclusive"
     assert "No gradient was captured" in rp.render_markdown(results)
+    # a method that diverged on every seed (and at every lr of its sweep) still gets its plots drawn
+    adamw = results["evaluation"]["adamw"]
+    adamw["test_loss"] = [None] * len(adamw["test_loss"])
+    adamw["curves"] = [[curve[0]] + [None] * (len(curve) - 1) for curve in adamw["curves"]]
+    for point in results["sweep"]["adamw"]:
+        point["validation_loss"] = None
+    assert len(rp.write_plots(results, {}, tmp_path / "diverged")) == len(pngs)
+
+
+def test_claim_5_is_measured_in_the_training_dtype():
+    """A Newton–Schulz dtype outside ``SV_DTYPES`` is measured too, and claim 5 judges it."""
+    config = replace(rp.QUICK, steps=4, ns_dtype="float16", lr_extensions=0, curve_points=1, eval_windows=8,
+                     adamw_lrs=(4e-3,), muon_lrs=(0.02,), dion_lrs=(0.02,))
+    results, _ = rp.run_study(config, log=lambda _: None)
+    claim = results["claims"][-1]
+    assert claim["key"] == "polar_express" and claim["numbers"]["dtype"] == "float16"
+    assert claim["numbers"]["difference"]["finite"] and "float16" in claim["sentence"]
+    assert "| jordan | G / max(‖G‖_F, 1e-07) | float16 |" in rp.render_markdown(results)
 
 
 @pytest.mark.parametrize("argv, option", [
@@ -234,6 +342,11 @@ def test_cuda_without_cuda_is_a_clear_error(capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         rp.main(["--device", "cuda"])
     assert exit_.value.code == 2 and "CUDA is not available" in capsys.readouterr().err
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    with pytest.raises(SystemExit) as exit_:
+        rp.main(["--device", "cuda:1"])
+    assert exit_.value.code == 2 and "1 CUDA device" in capsys.readouterr().err
 
 
 def test_entry_points_reach_the_parser(capsys):
