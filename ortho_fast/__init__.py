@@ -26,5 +26,6 @@ __all__ = [
     "normalize_muon_group", "MATMUL_PRECISIONS", "resolve_compute_dtype",
     "ADAMW_DEFAULTS", "LION_DEFAULTS", "adamw_group_step", "check_adamw_step", "check_lion_step",
     "lion_group_step", "normalize_adamw_group", "normalize_lion_group",
-    "ALGORITHMS", "DionConfig", "HybridOptimizer", "MuonConfig", "normalize_name", "param_groups",
+    "ALGORITHMS", "DionConfig", "HybridOptimizer", "MuonConfig", "meshes_from_world_mesh", "normalize_name",
+    "param_groups",
 ]

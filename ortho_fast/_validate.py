@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 
@@ -22,13 +24,28 @@ def check_matrix_tensor(x, name: str, *, min_ndim: int = 2) -> torch.Tensor:
     return x
 
 
+def is_dtensor(t) -> bool:
+    """isinstance(t, DTensor) without importing torch.distributed.tensor (0.4 s) when no DTensor
+    can exist yet (none does before that module is imported)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (a view sharing storage), or ``t`` itself."""
+    return t.to_local() if is_dtensor(t) else t
+
+
 def check_finite(x: torch.Tensor, name: str) -> None:
     """Raise ValueError if ``x`` holds NaN or Inf (one reduction, one host sync).
 
     ``torch.aminmax`` propagates NaN and returns ±Inf when present, so the two extremes are
     finite iff every entry is; it is one pass without the boolean temporary of
-    ``isfinite(x).all()`` (measured 10× faster on a 1024² float32 CPU tensor).
+    ``isfinite(x).all()`` (measured 10× faster on a 1024² float32 CPU tensor). A DTensor is
+    checked on this rank's local shard: its own min/max all-reduce would drop a NaN of one shard
+    (and costs a collective); distributed callers make the verdict global themselves.
     """
+    x = local_tensor(x)
     if x.numel() == 0:
         return
     lo, hi = torch.aminmax(x)

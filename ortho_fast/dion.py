@@ -11,7 +11,6 @@ rank's block with sharded dimensions whose sums are all-reduces (``Dion(..., out
 from __future__ import annotations
 
 import math
-import sys
 from typing import Iterable, Mapping, NamedTuple
 
 import torch
@@ -534,10 +533,9 @@ def plan_dion_group(group: dict, meshes, plans: dict) -> None:
     DTensor parameter is an error.
     Raises: LayoutError (a ValueError) as ``dion_plan``, or for DTensors without mesh arguments."""
     if meshes is None:
-        dtensor = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before it is imported
-        if dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in group["params"]):
-            from .distributed.layout import LayoutError
+        from .distributed.layout import LayoutError, is_dtensor
 
+        if any(is_dtensor(p) for p in group["params"]):
             raise LayoutError("params: DTensor parameters need the mesh arguments (replicate_mesh, "
                               "outer_shard_mesh, inner_shard_mesh) that their placements shard over")
         return

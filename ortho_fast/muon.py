@@ -373,7 +373,7 @@ def check_muon_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
             raise ValueError(f"grad: Muon expects dense real gradients ({name})")
         if g.shape != p.shape:
             raise ValueError(f"grad: expected shape {tuple(p.shape)}, got {tuple(g.shape)} ({name})")
-        check_finite(g.to_local() if hasattr(g, "to_local") else g, f"grad of {name}")  # a DTensor: this rank's shard
+        check_finite(g, f"grad of {name}")
         buf = state[p].get("momentum_buffer") if p in state else None
         if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape or buf.dtype != p.dtype):
             got = (tuple(buf.shape), buf.dtype) if isinstance(buf, torch.Tensor) else type(buf).__name__

@@ -86,8 +86,7 @@ def _check_grads(group: dict, state: Mapping[torch.Tensor, dict], buffers: tuple
             raise ValueError(f"grad: {where}: expected a dense tensor of shape {tuple(p.shape)}, dtype {p.dtype} "
                              f"on {p.device}, got {'sparse ' if g.is_sparse else ''}{g.dtype} of shape "
                              f"{tuple(g.shape)} on {g.device}")
-        # a DTensor: this rank's shard (its own min/max all-reduce would drop a NaN of one shard)
-        check_finite(g.to_local() if hasattr(g, "to_local") else g, f"grad of {where}")
+        check_finite(g, f"grad of {where}")
         st = state.get(p, {})
         for key in buffers:
             if key in st and st[key].shape != p.shape:

@@ -28,6 +28,8 @@ from typing import Mapping, NamedTuple, Sequence
 import torch
 import torch.distributed as dist
 
+from .._validate import is_dtensor, local_tensor  # re-exported: one definition for the package
+
 __all__ = ["ROLES", "LayoutError", "MeshAxis", "MatrixLayout", "mesh_axis", "check_axes", "matrix_layout",
            "is_dtensor", "local_tensor"]
 
@@ -100,17 +102,6 @@ def check_axes(axes: Sequence[MeshAxis | None]) -> None:
         if a.size > 1 and b.size > 1 and common != {a.ranks[a.index]}:
             raise LayoutError(f"{a.name} and {b.name} overlap: ranks {sorted(common)} are in both "
                               f"({a.name} {a.ranks}, {b.name} {b.ranks}); each must be a different dimension of one mesh")
-
-
-def is_dtensor(t) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (a view sharing storage), or ``t`` itself."""
-    return t.to_local() if is_dtensor(t) else t
 
 
 def _dim_indices(shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int],

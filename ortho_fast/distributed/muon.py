@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -61,7 +60,7 @@ from ..muon import (
 )
 from ..newton_schulz import _float32_matmul_precision, resolve_compute_dtype
 from . import comm
-from .layout import LayoutError, MatrixLayout, MeshAxis, check_axes, local_tensor, matrix_layout, mesh_axis
+from .layout import LayoutError, MatrixLayout, MeshAxis, check_axes, is_dtensor, local_tensor, matrix_layout, mesh_axis
 
 __all__ = ["TP_MODES", "MuonSharding", "newton_schulz_sharded", "muon_comm_volume"]
 
@@ -214,12 +213,6 @@ class _Item:
     t: torch.Tensor | None = None  # the owner's input: the TP block (sharded) or None
     mats: list[torch.Tensor] = field(default_factory=list)  # whole parameter: the Newton–Schulz inputs
     outs: list[torch.Tensor] = field(default_factory=list)
-
-
-def is_dtensor(t) -> bool:
-    """isinstance(t, DTensor) without importing torch.distributed.tensor (0.4 s) when no DTensor exists."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(t, module.DTensor)
 
 
 def _positions(index: torch.Tensor, within: torch.Tensor, size: int) -> torch.Tensor:
