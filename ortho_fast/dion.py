@@ -302,7 +302,7 @@ def dion_update(
     ``generator`` supplies the sketches of ``randomized_cholesky_qr`` (one per power iteration).
     Source: Ahn et al., arXiv 2504.05295, Algorithm 1; microsoft/dion ``dion_simple.py``, ``dion.py``.
     Contract: equals ``ortho_ref.dion_step`` with the same options within
-    ``verify.tolerances.dion_variant_tolerances``.
+    ``ortho_verify.tolerances.dion_variant_tolerances``.
     Raises: ValueError for an unknown qr_method / right_factor; TypeError for the randomized
     method without a generator — before anything changes.
     """

@@ -178,7 +178,7 @@ def newton_schulz(
     eps < 0, or an unknown ``eps_mode``; UnknownScheduleError (a KeyError and a ValueError) for
     an unknown schedule name. NaN / Inf in
     ``g`` propagate (the optimizers check gradients before calling this).
-    Contract: ‖result − ns_map(g)‖_F within ``verify.tolerances.ns_tolerance`` (per matrix).
+    Contract: ‖result − ns_map(g)‖_F within ``ortho_verify.tolerances.ns_tolerance`` (per matrix).
     """
     check_matrix_tensor(g, "g")
     compute_dtype, precision = resolve_compute_dtype(dtype, g.dtype)

@@ -279,7 +279,7 @@ def ns_lipschitz(coefficients, lo: float = 0.0, hi: float = 1.0) -> float:
     every registry schedule (jordan×5: 3.4445⁵ ≈ 485).
     Role in the tolerances: by the mean value theorem |f(x)/x| = |f′(ξ)| for some ξ ∈ (0, x),
     so ns_lipschitz(t, lo, hi) <= G_0 <= ns_lipschitz(t, 0, hi) for ``ns_step_gains``' G_0, a
-    consistency check ``verify.tolerances`` makes on every Newton–Schulz tolerance.
+    consistency check ``ortho_verify.tolerances`` makes on every Newton–Schulz tolerance.
     Shapes: -> float.
     Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2 (polynomial view); DESIGN.md (L_f).
     Raises: ValueError unless 0 <= lo < hi, or for a malformed table.

@@ -1,11 +1,11 @@
 """Test-session settings.
 
-- One BLAS thread for the oracle's small SVDs (see verify.cli.main): with two OpenBLAS
+- One BLAS thread for the oracle's small SVDs (see ortho_verify.cli.main): with two OpenBLAS
   threads competing with torch's, small SVDs run 100× slower on 2 cores.
 - Tests marked ``slow`` are skipped unless selected with ``-m slow`` (or any ``-m``
   expression naming them) — the default run is what CI runs on 2 cores.
 - Hypothesis: unless a profile is chosen (``--hypothesis-profile dev|ci|deep`` or
-  ``ORTHO_HYPOTHESIS_PROFILE``, see ``verify.pytest_plugin``), the suite runs hypothesis's
+  ``ORTHO_HYPOTHESIS_PROFILE``, see ``ortho_verify.pytest_plugin``), the suite runs hypothesis's
   default example counts, derandomized (every run of ``.ci/run`` tests the same examples)
   and without a per-example deadline (a shared 2-core CI machine must not turn a slow
   example into a failure). Example counts are left to the profiles; ``dev`` and ``deep``
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import settings
 from threadpoolctl import threadpool_limits
 
-from verify.pytest_plugin import ENV_PROFILE
+from ortho_verify.pytest_plugin import ENV_PROFILE
 
 settings.register_profile("ortho-tests", deadline=None, derandomize=True)
 

@@ -1,4 +1,4 @@
-"""Hypothesis strategies shared by the tests: a re-export of ``verify.strategies``."""
+"""Hypothesis strategies shared by the tests: a re-export of ``ortho_verify.strategies``."""
 
-from verify.strategies import *  # noqa: F401,F403
-from verify.strategies import __all__  # noqa: F401
+from ortho_verify.strategies import *  # noqa: F401,F403
+from ortho_verify.strategies import __all__  # noqa: F401

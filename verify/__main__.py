@@ -1,7 +1,7 @@
-"""``python -m verify`` runs ``ortho-verify``."""
+"""``python -m ortho_verify`` runs ``ortho-verify``."""
 
 import sys
 
-from verify.cli import main
+from ortho_verify.cli import main
 
 sys.exit(main())

@@ -1,14 +1,14 @@
 """Check someone else's implementation: ``check_orthogonalizer`` and ``check_optimizer``.
 
 Both run the implementation on inputs with known spectra, compare every result with the exact
-oracle (``ortho_ref``) under the tolerances of ``verify.tolerances``, and return a
+oracle (``ortho_ref``) under the tolerances of ``ortho_verify.tolerances``, and return a
 ``VerificationReport``: ``passed`` (False too when the report is inconclusive: nothing failed
 but some check compared nothing), the ``failures`` with the input that reproduces each, and
 error/tolerance for every case. A ten-line pytest test (``batched=False`` for a kernel that
 takes one (m, n) matrix only)::
 
     import torch
-    from verify import check_orthogonalizer
+    from ortho_verify import check_orthogonalizer
 
     def my_newton_schulz(g):                      # (..., m, n) -> (..., m, n)
         ...
@@ -31,11 +31,11 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from verify import error_feedback
-from verify import tolerances as tol
-from verify.checks import CheckResult, as_float64 as _as_f64, compare_ns_output, dion_reference_rows, measured, verdict
-from verify.spectra import matrix_with_spectrum
-from verify.strategies import DTYPES, MAX_SCALE, SpectralExample, build_example
+from ortho_verify import error_feedback
+from ortho_verify import tolerances as tol
+from ortho_verify.checks import CheckResult, as_float64 as _as_f64, compare_ns_output, dion_reference_rows, measured, verdict
+from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.strategies import DTYPES, MAX_SCALE, SpectralExample, build_example
 
 __all__ = [
     "DION", "DionConventions", "Failure", "MuonConventions", "ORTHO_MUON", "TORCH_MUON", "VerificationReport",
@@ -56,7 +56,7 @@ def dtype_name(dtype, allowed=tuple(tol.UNIT_ROUNDOFF), argument: str = "dtype")
 
 def _ns_dtype_name(dtype) -> str:
     """The compute dtype of an orthogonalizer check: float64, float32 or bfloat16 (the dtypes of
-    ``verify.strategies.DTYPES``, whose inputs and tolerances are defined); TypeError otherwise
+    ``ortho_verify.strategies.DTYPES``, whose inputs and tolerances are defined); TypeError otherwise
     (float16 included: its range would need inputs of their own)."""
     return dtype_name(dtype, DTYPES)
 
@@ -158,7 +158,7 @@ class VerificationReport:
 
     ``results``: every CheckResult (error, tolerance, ratio = error/tolerance per case);
     ``inputs``: input name -> (arrays, provenance). ``bool(report)`` is ``report.passed``.
-    ``status`` (``verify.checks.verdict``): "passed", "failed", or "inconclusive" — nothing
+    ``status`` (``ortho_verify.checks.verdict``): "passed", "failed", or "inconclusive" — nothing
     failed but some check made no claim on any input (e.g. every Dion step ill-posed in the
     dtype), or nothing was compared at all; an inconclusive report is not ``passed``.
     """
@@ -199,7 +199,7 @@ class VerificationReport:
         """Plain-text verdict with the counts of passed / failed / no-claim rows, why an
         inconclusive report is one, the worst case per check, the first failures with
         provenance and the first rows that made no claim (at most ``max_rows`` of each)."""
-        from verify.report import worst_per_group
+        from ortho_verify.report import worst_per_group
 
         status, reasons = verdict(self.results)
         counts = {k: sum(r.status == k for r in self.results) for k in ("pass", "fail", "no claim")}
@@ -239,9 +239,9 @@ class VerificationReport:
             raise AssertionError(self.summary())
 
     def save(self, out_dir) -> Path:
-        """Write ``report.json``, ``report.md`` (``verify.report``) and ``failures.npz`` (the
+        """Write ``report.json``, ``report.md`` (``ortho_verify.report``) and ``failures.npz`` (the
         reproducing inputs of the failures, keyed ``<input>/<array>``) to ``out_dir``; returns it."""
-        from verify.report import write_reports
+        from ortho_verify.report import write_reports
 
         out = Path(out_dir)
         write_reports(self.results, out, {"subject": self.subject})
@@ -294,7 +294,7 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
                                  steps: int | None = None, safety: float | None = None, eps: float | None = None,
                                  eps_mode: str = "add", record: list | None = None) -> list[CheckResult]:
     """Run ``fn`` on one ``SpectralExample`` and compare each matrix of the result with
-    ``ortho_ref.ns_map`` (``verify.checks.compare_ns_output``), for use in hypothesis tests.
+    ``ortho_ref.ns_map`` (``ortho_verify.checks.compare_ns_output``), for use in hypothesis tests.
 
     ``dtype`` (default the example's): the compute dtype ``fn`` declares. Other arguments as
     ``check_orthogonalizer``. Rows: ``orthogonalizer_runs`` (fn raised; on a batched input the
@@ -333,7 +333,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
 
     ``fn`` maps a (..., m, n) tensor to its Newton–Schulz result of the same shape (leading dims
     are independent matrices, each normalized by its own Frobenius norm). It is called on
-    ``default_examples(dtype, seed)`` (every spectrum family of ``verify.strategies``, tall / wide
+    ``default_examples(dtype, seed)`` (every spectrum family of ``ortho_verify.strategies``, tall / wide
     / square / batched, scales 1e-30 to ``MAX_SCALE``, ‖G‖_F ≈ 1.6e-5 where eps matters; with
     ``batched=False`` only the 2-D ones, for a kernel that takes one (m, n) matrix), given in
     float64 when ``dtype`` is float64, else float32, and each output matrix is compared with ``ortho_ref.ns_map`` for the
@@ -411,11 +411,11 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     (``compare_ns_output`` in the coarser of ns_dtype and param_dtype, with the weight's rounding
     as extra allowance; checks ``muon_update/...``) and the momentum buffer (``muon_momentum``);
     Dion (from step 2: Q_0 is the optimizer's own draw): weight, momentum and Q against
-    ``ortho_ref.dion_step`` (``dion_vs_reference``, ``verify.tolerances.dion_variant_tolerances``
+    ``ortho_ref.dion_step`` (``dion_vs_reference``, ``ortho_verify.tolerances.dion_variant_tolerances``
     with B, P, R in the momentum state's dtype, as microsoft/dion's mixed precision) where P is
     determined by B in that dtype — not with bfloat16 state (δ_P ≈ 0.9), where the step is left
     out and said so in the notes — and at every step the invariants that need no P
-    (``verify.error_feedback.observed_step_rows``: ``dion_update_structure``,
+    (``ortho_verify.error_feedback.observed_step_rows``: ``dion_update_structure``,
     ``dion_momentum_split``).
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive); each failure
     carries the initial weight and gradients.
@@ -441,7 +441,7 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     subject = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
     labels = [f"{m}x{n}" for m, n in shapes]
     report_inputs = {f"{label} step {t + 1}": ({"weight0": w0, **{f"grad{i + 1}": g for i, g in enumerate(gs)}},
-                                               f"verify.api._optimizer_inputs({tuple(shapes)}, {steps}, {cond}, {seed})")
+                                               f"ortho_verify.api._optimizer_inputs({tuple(shapes)}, {steps}, {cond}, {seed})")
                      for label, (w0, gs) in zip(labels, inputs) for t in range(steps)}
     step = _muon_step_rows if isinstance(conventions, MuonConventions) else _dion_step_rows
     tracked = [None] * len(params)

@@ -8,7 +8,7 @@ arguments, digits and the stored arrays — not the sidecar's date, versions or 
 ``baseline_regression`` rows (one per check name, the worst key), a ``baseline_coverage`` row
 (checks of the baseline missing from a run of the same mode) and a ``baseline_golden_files``
 row (golden files changed or removed). A ratio regresses when
-r_new > max(BASELINE_GROWTH·r_old, BASELINE_FLOOR) (``verify.tolerances``: 2 and 0.1).
+r_new > max(BASELINE_GROWTH·r_old, BASELINE_FLOOR) (``ortho_verify.tolerances``: 2 and 0.1).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from verify.checks import CheckResult, measured
-from verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
+from ortho_verify.checks import CheckResult, measured
+from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
 __all__ = ["FORMAT", "GOLDEN_DIR", "allowed_ratio", "compare", "golden_hashes", "load", "write"]
 

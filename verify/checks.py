@@ -1,8 +1,8 @@
 """The checks of ``ortho-verify``: the fast side measured against the oracle.
 
 Each check returns ``CheckResult`` rows: what was measured, on which input, the error, the
-tolerance from ``verify.tolerances`` and whether it passed. Inputs are float64 numpy
-matrices (``verify.spectra.MatrixCase``); the fast side runs in the dtype under test.
+tolerance from ``ortho_verify.tolerances`` and whether it passed. Inputs are float64 numpy
+matrices (``ortho_verify.spectra.MatrixCase``); the fast side runs in the dtype under test.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from verify import tolerances as tol
-from verify.spectra import MatrixCase
+from ortho_verify import tolerances as tol
+from ortho_verify.spectra import MatrixCase
 
 #: A per-direction tolerance below this (a tenth of the band's typical width) counts as a
 #: sharp check in the report's notes; it changes no verdict.
@@ -266,7 +266,7 @@ MUON_CONFIGS = {
                                    adjust_lr="original", cautious_weight_decay=True, weight_decay=0.2, lr=0.02),
 }
 
-#: Heads per q / k / v block in ``check_muon_layouts`` (the n_heads of ``verify.data``'s GPT,
+#: Heads per q / k / v block in ``check_muon_layouts`` (the n_heads of ``ortho_verify.data``'s GPT,
 #: whose fused qkv weight is (3·d, d) with rows ordered q heads, k heads, v heads).
 LAYOUT_HEADS = 4
 #: Same-shape matrices stacked into one bank in ``check_muon_layouts``.
@@ -437,7 +437,7 @@ def check_dion(case: MatrixCase, rank_fraction: float, dtype: str, variant: str 
 
     Default options (``variant`` and ``state_dtype`` None): rows ``dion_vs_reference``
     within ``dion_tolerances``, plus the error-feedback identity M_new = B − (1−μ)PRᵀ and
-    PᵀP = I measured on the fast side's own P and R (``verify.error_feedback.identity_rows``).
+    PᵀP = I measured on the fast side's own P and R (``ortho_verify.error_feedback.identity_rows``).
     Otherwise the options of ``DION_VARIANTS[variant]`` on both sides (the reference's own
     sketches from ``seed``; the tolerance takes κ₂(Y R_s⁻¹) of the sketches the optimizer drew,
     ``dion_sketches``) and mixed precision (``state_dtype`` as microsoft/dion's
@@ -447,7 +447,7 @@ def check_dion(case: MatrixCase, rank_fraction: float, dtype: str, variant: str 
     ``dtype`` / ``state_dtype`` name entries of ``TORCH_DTYPES``.
     Raises: KeyError for an unknown variant or dtype name.
     """
-    from verify import error_feedback  # it builds on this module
+    from ortho_verify import error_feedback  # it builds on this module
 
     opts = DION_VARIANTS[variant] if variant is not None else {}
     g = case.matrix

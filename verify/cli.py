@@ -2,8 +2,8 @@
 
 The default run trains a small byte-level GPT on the running Python's standard-library
 sources (cached), captures real gradient matrices, adds synthetic matrices with prescribed
-spectra, runs every check of ``verify.checks``, the error-feedback checks of
-``verify.error_feedback`` and the oracle's golden files (``verify.golden``), prints one table,
+spectra, runs every check of ``ortho_verify.checks``, the error-feedback checks of
+``ortho_verify.error_feedback`` and the oracle's golden files (``ortho_verify.golden``), prints one table,
 writes ``report.json``, ``report.md`` and PNG plots, optionally compares with a baseline, and
 exits 1 if any check failed or a check made no claim on any of its inputs (rows that made no
 claim — not compared, or a tolerance that cannot reject a wrong result — are counted apart).
@@ -26,10 +26,10 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, 
 from threadpoolctl import threadpool_limits
 
 import ortho_fast
-from verify import baseline, checks, data, error_feedback, plots, report
-from verify.checks import CheckResult
-from verify.spectra import synthetic_matrices
-from verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
+from ortho_verify import baseline, checks, data, error_feedback, plots, report
+from ortho_verify.checks import CheckResult
+from ortho_verify.spectra import synthetic_matrices
+from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
 DTYPES = ("float64", "float32", "bfloat16")
 EF_DTYPES = ("float64", "float32")
@@ -44,7 +44,7 @@ DION_VARIANT_RANK_FRACTION = 0.25
 
 
 #: ``ortho-verify NAME ...`` runs ``main(argv)`` of the module (its own --help).
-SUBCOMMANDS = {"sharding": "verify.sharding", "reproduce": "verify.reproduce"}
+SUBCOMMANDS = {"sharding": "ortho_verify.sharding", "reproduce": "ortho_verify.reproduce"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,10 +89,10 @@ def error_feedback_inputs(cases) -> list:
 
 
 def _golden_job():
-    """The golden-file check of ``verify.golden`` if that module is installed, else None; an
+    """The golden-file check of ``ortho_verify.golden`` if that module is installed, else None; an
     exception while reading the files becomes one failed row (the run goes on)."""
     try:
-        from verify import golden
+        from ortho_verify import golden
     except ImportError:
         return None
 
@@ -154,7 +154,7 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
 
 def main(argv: list[str] | None = None) -> int:
     """Run the checks; returns the exit code (0: every check passed, 1: a check failed or a check
-    made no claim on any input (inconclusive, ``verify.checks.verdict``), 2: bad arguments)."""
+    made no claim on any input (inconclusive, ``ortho_verify.checks.verdict``), 2: bad arguments)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in SUBCOMMANDS:  # ortho-verify sharding ... / ortho-verify reproduce ...
         module = importlib.import_module(SUBCOMMANDS[argv[0]])

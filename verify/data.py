@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verify.spectra import MatrixCase
+from ortho_verify.spectra import MatrixCase
 
 __all__ = ["CorpusSplit", "GPTConfig", "last_run_info", "real_gradients", "stdlib_corpus", "stdlib_split",
            "train_and_capture"]

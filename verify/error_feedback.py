@@ -17,7 +17,7 @@ R = BᵀP this guarantees, exactly:
 
 Every check runs ``ortho_fast.dion_update`` (the fast side) step by step, reads its P and R
 and evaluates the identities in float64 from the fast values; the tolerances are in
-``verify.tolerances`` (section "verify product: error feedback and user checks").
+``ortho_verify.tolerances`` (section "verify product: error feedback and user checks").
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from verify import tolerances as tol
-from verify.checks import TORCH_DTYPES, CheckResult, as_float64 as _f64, measured, no_claim
-from verify.spectra import MatrixCase, matrix_with_spectrum
+from ortho_verify import tolerances as tol
+from ortho_verify.checks import TORCH_DTYPES, CheckResult, as_float64 as _f64, measured, no_claim
+from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
 
 __all__ = [
     "DionTrace", "check_error_feedback", "check_full_rank_polar", "check_subspace_convergence",
@@ -252,7 +252,7 @@ def check_full_rank_polar(case: MatrixCase, dtype: str, *, steps: int = 24, mu: 
     Rows ``ef_full_rank_polar`` (fixed point) and ``ef_full_rank_convergence`` (worst t over the
     steps with a finite bound; the note names the others). An input whose fixed-point bound is
     not first-order valid (δ_P ≥ 0.1: B too ill-conditioned for the dtype), or whose convergence
-    bound is infinite at every step, gives a "no claim" row (``verify.checks.no_claim``).
+    bound is infinite at every step, gives a "no claim" row (``ortho_verify.checks.no_claim``).
     """
     b, (u, s, vt), transposed = _fixed_b(case, dtype)
     m, n = b.shape
@@ -309,7 +309,7 @@ def observed_step_rows(name: str, detail: str, *, weight: np.ndarray, weight_new
     ``dion_momentum_split``: ‖M_new − (B − (1 − μ)Π̂B)‖_F (without error feedback ‖M_new − μΠ̂B‖_F),
     Π̂ the projector on the top-r left singular vectors of O (= span P): error feedback keeps in
     the momentum what the step did not use, Ahn et al. (arXiv 2504.05295) Algorithm 1.
-    Tolerances: ``verify.tolerances.dion_observed_step_tolerances`` (``dtype``: the coarsest of
+    Tolerances: ``ortho_verify.tolerances.dion_observed_step_tolerances`` (``dtype``: the coarsest of
     the parameter and state dtypes). Shapes: weight, weight_new, momentum, grad, momentum_new
     (m, n) float64 in the parameter's orientation; q_new (min(m, n), r). ``note`` is appended.
     """

@@ -3,7 +3,7 @@
 For every file of ``ortho_ref.golden`` (or another directory), run the float64 oracle
 (``ortho_ref.polar``, ``ortho_ref.ns_map``, ``ortho_ref.dion_step``) on the stored inputs and
 compare each output with the stored hi + lo pair, within a tolerance from
-``verify.tolerances``: ``mp_agreement_tolerance`` for polar and ns_map, ``dion_tolerances``
+``ortho_verify.tolerances``: ``mp_agreement_tolerance`` for polar and ns_map, ``dion_tolerances``
 (float64) plus ``mp_accuracy`` for the Dion step. The error is ‖X_oracle − (hi + lo)‖_F,
 formed as ‖(X_oracle − hi) − lo‖_F.
 """
@@ -14,8 +14,8 @@ import numpy as np
 
 import ortho_ref
 from ortho_ref import golden as golden_files
-from verify import tolerances as tol
-from verify.checks import CheckResult, measured, no_claim
+from ortho_verify import tolerances as tol
+from ortho_verify.checks import CheckResult, measured, no_claim
 
 CHECK = "golden"
 DION_OUTPUTS = ("weight", "momentum", "Q", "P")

@@ -1,7 +1,7 @@
 """Planted bugs: small, realistic mistakes in Newton–Schulz kernels and Muon / Dion optimizers.
 
 Each entry of ``PLANTED_BUGS`` is something a person writing their own kernel or optimizer
-gets wrong, packaged so that ``verify.check_orthogonalizer`` / ``verify.check_optimizer`` can
+gets wrong, packaged so that ``ortho_verify.check_orthogonalizer`` / ``ortho_verify.check_optimizer`` can
 be shown to catch it (tests/verify/test_planted.py runs them all; docs/verification.md lists
 them). The correct versions (``newton_schulz_kernel`` with default options, ``SimpleMuon``,
 ``SimpleDion``) are "user code" too: compact implementations written independently of
@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 import torch
 
 import ortho_fast
-from verify.api import DionConventions, MuonConventions
+from ortho_verify.api import DionConventions, MuonConventions
 
 __all__ = ["JORDAN", "PLANTED_BUGS", "PlantedBug", "SimpleDion", "SimpleMuon", "newton_schulz_kernel"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 import ortho_ref
-from verify.checks import CheckResult
-from verify.tables import BAND_INTERVAL
+from ortho_verify.checks import CheckResult
+from ortho_verify.tables import BAND_INTERVAL
 
 __all__ = ["ratio_distribution", "singular_value_map", "write_plots"]
 
@@ -68,7 +68,7 @@ def ratio_distribution(results: list[CheckResult], path: Path) -> Path:
     """One row per check: every error/tolerance ratio (log axis, jittered), the failure line at 1
     and the baseline floor 0.1. Ratios of 0 (bitwise checks) are drawn at ``RATIO_FLOOR``, ratios
     above 20 (and inf) at 20. Rows that made no claim (``CheckResult.claimed``) are left out."""
-    from verify.tolerances import BASELINE_FLOOR
+    from ortho_verify.tolerances import BASELINE_FLOOR
 
     plt = _pyplot()
     groups: "OrderedDict[str, list[float]]" = OrderedDict()

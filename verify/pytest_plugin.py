@@ -11,8 +11,8 @@ the environment variable ``ORTHO_HYPOTHESIS_PROFILE`` (used when the option is a
 Nothing is loaded unless asked: without the option or the variable hypothesis keeps its own
 default (or ``ci`` when it detects CI).
 
-Fixtures: ``verify_orthogonalizer`` and ``verify_optimizer`` — ``verify.check_orthogonalizer`` /
-``verify.check_optimizer`` that fail the test with the report's summary; with
+Fixtures: ``verify_orthogonalizer`` and ``verify_optimizer`` — ``ortho_verify.check_orthogonalizer`` /
+``ortho_verify.check_optimizer`` that fail the test with the report's summary; with
 ``--ortho-report DIR`` each report is also saved under DIR/<test name>/.
 """
 
@@ -75,17 +75,17 @@ def _checker(request, check):
 
 @pytest.fixture
 def verify_orthogonalizer(request):
-    """``verify_orthogonalizer(fn, coefficients=..., dtype=...)``: ``verify.check_orthogonalizer``
+    """``verify_orthogonalizer(fn, coefficients=..., dtype=...)``: ``ortho_verify.check_orthogonalizer``
     that fails the test with the report's summary; returns the report when it passed."""
-    from verify.api import check_orthogonalizer
+    from ortho_verify.api import check_orthogonalizer
 
     return _checker(request, check_orthogonalizer)
 
 
 @pytest.fixture
 def verify_optimizer(request):
-    """``verify_optimizer(optimizer_class, conventions, ...)``: ``verify.check_optimizer`` that
+    """``verify_optimizer(optimizer_class, conventions, ...)``: ``ortho_verify.check_optimizer`` that
     fails the test with the report's summary; returns the report when it passed."""
-    from verify.api import check_optimizer
+    from ortho_verify.api import check_optimizer
 
     return _checker(request, check_optimizer)

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from verify.checks import CheckResult, verdict
+from ortho_verify.checks import CheckResult, verdict
 
 
 def _fmt(x: float) -> str:
@@ -47,7 +47,7 @@ def print_table(results: list[CheckResult], console: Console | None = None) -> N
 
 def summary(results: list[CheckResult]) -> dict:
     """Counts (passed, failed, no_claim: rows that passed vacuously), the verdict
-    (``verify.checks.verdict``) with its reasons, and per check the counts and the worst
+    (``ortho_verify.checks.verdict``) with its reasons, and per check the counts and the worst
     error/tolerance ratio of its claimed rows."""
     by_check: dict[str, dict] = {}
     for r in results:

@@ -1,8 +1,8 @@
 """Research reproduction: the papers' claims on Muon, Dion and Polar Express, re-measured on real text.
 
-``ortho-verify reproduce`` (or ``python -m verify.reproduce``) trains the byte-level GPT of
-``verify.data`` on the running Python's standard-library sources, split by file into train,
-validation and test (``verify.data.stdlib_split``), with AdamW, Muon (Keller Jordan's and the
+``ortho-verify reproduce`` (or ``python -m ortho_verify.reproduce``) trains the byte-level GPT of
+``ortho_verify.data`` on the running Python's standard-library sources, split by file into train,
+validation and test (``ortho_verify.data.stdlib_split``), with AdamW, Muon (Keller Jordan's and the
 Polar Express coefficients) and Dion at rank fractions 1, 1/4 and 1/16 with and without error
 feedback. Protocol:
 
@@ -46,8 +46,8 @@ from threadpoolctl import threadpool_limits
 
 import ortho_fast
 import ortho_ref
-from verify.data import VOCAB_SIZE, GPTConfig, _build_model, stdlib_split
-from verify.tables import BAND_INTERVAL
+from ortho_verify.data import VOCAB_SIZE, GPTConfig, _build_model, stdlib_split
+from ortho_verify.tables import BAND_INTERVAL
 
 __all__ = [
     "CLAIMS", "CLOSE_MARGIN", "Claim", "MATCH_MARGIN", "METHODS", "Method", "QUICK", "ReproConfig", "VERDICTS",
@@ -117,14 +117,14 @@ def _check_grid(name: str, grid) -> None:
 class ReproConfig:
     """Sizes, schedule, seeds and learning-rate grids of the reproduction.
 
-    Model (``verify.data``'s GPT): ``d_model``, ``n_layers``, ``n_heads``, ``context`` (bytes).
+    Model (``ortho_verify.data``'s GPT): ``d_model``, ``n_layers``, ``n_heads``, ``context`` (bytes).
     Training: ``steps`` optimizer steps of ``batch_size`` random windows of the train split,
     every lr on the schedule of ``lr_multiplier``: linear warm-up over ``warmup_fraction`` of the
     steps, then cosine decay to ``final_lr_fraction`` of the peak (the same for every method).
     Held-out loss (nats per byte): mean next-byte cross-entropy over ``eval_windows`` evenly
     spaced windows of the validation (sweep) or test (evaluation) split, recorded at
     ``curve_points`` + 1 evenly spaced steps (step 0 included) of the evaluation runs.
-    ``heldout_every``: one file in k validation, one test (``verify.data.stdlib_split``).
+    ``heldout_every``: one file in k validation, one test (``ortho_verify.data.stdlib_split``).
     Seeds: ``sweep_seed`` for the lr sweep, ``seeds`` for the evaluation (disjoint).
     Grids: ``adamw_lrs``, ``muon_lrs`` (scaled per matrix by ``muon_adjust_lr``, one of
     ``MUON_LR_CONVENTIONS``; default Dion's √(m/n)), ``dion_lrs`` (Dion's √(m/n));
@@ -307,7 +307,7 @@ def train_run(config: ReproConfig, method_key: str, lr: float, seed: int, *, sca
     """Train one model with one method at one lr and seed; return its losses.
 
     The initialization and the batches come from one ``torch.Generator`` seeded with ``seed``
-    (``verify.data._build_model``, then ``batch_size`` uniform window starts per step), so two
+    (``ortho_verify.data._build_model``, then ``batch_size`` uniform window starts per step), so two
     methods with the same seed see the same initial weights and the same batches; the global
     RNG is not used. A non-finite training loss, gradient or held-out loss stops the run:
     ``diverged``.
@@ -528,13 +528,13 @@ def singular_value_study(gradients: Mapping[int, list], ns_dtypes: Sequence[str]
     of ``ns_dtypes`` on ``device``. Per "exact" and per dtype: ``rms`` = ‖X − U Vᵀ‖_F / √k, the
     distance to the polar factor of G (exact: ‖f(σ̂) − 1‖₂ / √k), averaged over the gradients
     of each seed; ``worst_in_band`` = max |uᵢᵀ X vᵢ − 1| (exact: |f(σ̂ᵢ) − 1|) over the
-    directions with σ̂ᵢ in ``verify.tables.BAND_INTERVAL`` [1e-3, 1], over all gradients.
+    directions with σ̂ᵢ in ``ortho_verify.tables.BAND_INTERVAL`` [1e-3, 1], over all gradients.
 
     Returns: (stats, points). stats = {"seeds", "gradients" (count per seed), "names",
     "steps", "below_band_fraction" (σ̂ < 1e-3), "schedules": {schedule: {"safety", "eps",
     "eps_mode", "steps", kind: {"rms_by_seed", "rms_mean", "worst_in_band"}}}} with kind in
     ("exact", *ns_dtypes); points = {(schedule, dtype): [(σ̂, uᵢᵀ X vᵢ)]} for
-    ``verify.plots.singular_value_map``.
+    ``ortho_verify.plots.singular_value_map``.
     Source: Amsel et al., arXiv 2505.16932, Sec. 2 (NS as a polynomial of the singular values).
     Raises: ValueError for no gradients.
     """
@@ -606,7 +606,7 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
     previous = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     _init_worker(threads)
     runner = _Runner(config, device, jobs, threads, log)
-    # One BLAS thread for the oracle's SVDs, as verify.cli: two OpenBLAS threads on a 2-core machine that
+    # One BLAS thread for the oracle's SVDs, as ortho_verify.cli: two OpenBLAS threads on a 2-core machine that
     # other processes use made this study's SVDs take minutes instead of seconds.
     blas = threadpool_limits(limits=1, user_api="blas")
     try:
@@ -647,7 +647,7 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
         "format": RESULTS_FORMAT,
         "config": asdict(config),
         "methods": [asdict(m) for m in METHODS],
-        "corpus": {"source": "standard-library .py files of the running Python (verify.data.stdlib_split)",
+        "corpus": {"source": "standard-library .py files of the running Python (ortho_verify.data.stdlib_split)",
                    "heldout_every": config.heldout_every, "files": split["files"],
                    "bytes": {k: len(v) for k, v in split["tensors"].items()}},
         "environment": env,
@@ -903,7 +903,7 @@ def _array(rows) -> np.ndarray:
 
 
 def _plot_curves(results: Mapping, path: Path) -> Path:
-    from verify.plots import _pyplot
+    from ortho_verify.plots import _pyplot
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
@@ -937,7 +937,7 @@ def _plot_curves(results: Mapping, path: Path) -> Path:
 
 
 def _plot_test_loss(results: Mapping, path: Path) -> Path:
-    from verify.plots import _pyplot
+    from ortho_verify.plots import _pyplot
 
     plt = _pyplot()
     keys = [m.key for m in METHODS if m.key in results["evaluation"]]
@@ -957,7 +957,7 @@ def _plot_test_loss(results: Mapping, path: Path) -> Path:
 
 
 def _plot_sweep(results: Mapping, path: Path) -> Path:
-    from verify.plots import _pyplot
+    from ortho_verify.plots import _pyplot
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -984,10 +984,10 @@ def _plot_sweep(results: Mapping, path: Path) -> Path:
 
 def write_plots(results: Mapping, points: Mapping, folder: Path) -> list[Path]:
     """PNG plots of a study into ``folder``: ``loss_curves.png``, ``test_loss.png``,
-    ``lr_sweep.png`` and ``sv_map_<schedule>.png`` (``verify.plots.singular_value_map``).
+    ``lr_sweep.png`` and ``sv_map_<schedule>.png`` (``ortho_verify.plots.singular_value_map``).
     Returns the written paths; [] if matplotlib is not installed."""
     try:
-        from verify.plots import _pyplot, singular_value_map
+        from ortho_verify.plots import _pyplot, singular_value_map
 
         _pyplot()
     except ImportError:
@@ -1069,14 +1069,14 @@ def _setup(results: Mapping) -> list[str]:
         f"{corpus['files']['validation']} / {corpus['files']['test']} files, {corpus['bytes']['train']:,} / "
         f"{corpus['bytes']['validation']:,} / {corpus['bytes']['test']:,} bytes), so held-out text is never part of a "
         "training file. Tokens are bytes (vocabulary 256).",
-        f"- **Model**: the byte-level GPT-2-style decoder of `verify.data` (pre-norm blocks, fused qkv, 4× GELU MLP, "
+        f"- **Model**: the byte-level GPT-2-style decoder of `ortho_verify.data` (pre-norm blocks, fused qkv, 4× GELU MLP, "
         f"untied lm_head): d_model {c['d_model']}, {_plural(c['n_layers'], 'layer')}, "
         f"{_plural(c['n_heads'], 'head')}, context {c['context']} bytes; {params}.",
         f"- **Training**: {c['steps']} steps of {c['batch_size']} random windows ({c['batch_size'] * c['context']} "
         "bytes) per step, the same for every method; for a given seed every method starts from the same weights "
         "and sees the same batches, so methods are compared per seed (paired). Every learning rate (matrix and "
         f"AdamW) follows the same schedule: linear warm-up over {_plural(config.warmup_steps(), 'step')}, then "
-        f"cosine decay to {c['final_lr_fraction']:g} × the peak at the last step (`verify.reproduce.lr_multiplier`). "
+        f"cosine decay to {c['final_lr_fraction']:g} × the peak at the last step (`ortho_verify.reproduce.lr_multiplier`). "
         "Weight decay 0 for every method (the runs are short; decay would couple differently to each method's lr "
         "convention), so AdamW here is Adam with decoupled (zero) decay.",
         f"- **Optimizers**: as Muon and Dion are used in practice, only the hidden matrices (attention qkv and "
@@ -1149,7 +1149,7 @@ def _reproducibility(results: Mapping) -> list[str]:
         f"{' with uncommitted changes' if env.get('git_uncommitted_changes') else ''}.",
         f"- Hardware: {env['platform']}; {env['cpu']}, {env['cpu_count']} CPUs ({env['cpus_available']} available); "
         f"device {env['device']} ({env['device_name']}). Started {env['started_utc']}.",
-        "- Configuration (`verify.reproduce.ReproConfig`; `results.json` holds it with every number of this page):",
+        "- Configuration (`ortho_verify.reproduce.ReproConfig`; `results.json` holds it with every number of this page):",
         "",
         "```json",
         json.dumps(results["config"], sort_keys=True),
@@ -1216,7 +1216,7 @@ def render_markdown(results: Mapping, plots: Sequence[str] = ()) -> str:
         "inconclusive. With 3 seeds this is a one-sided paired t statistic above √3 ≈ 1.7.",
         f"- *Matches* / *stays close* (claims 2, 3; equivalence): the interval mean(d) ± spread(d) must lie within "
         f"±δ, δ = {MATCH_MARGIN:.1%} / {CLOSE_MARGIN:.1%} of Muon's mean test loss (reproduced); entirely outside "
-        "it: not reproduced; otherwise inconclusive. The margins are fixed in `verify.reproduce` (`MATCH_MARGIN`, "
+        "it: not reproduced; otherwise inconclusive. The margins are fixed in `ortho_verify.reproduce` (`MATCH_MARGIN`, "
         "`CLOSE_MARGIN`) before any run; the numbers are printed so that a reader can apply another margin.",
         "- With one evaluation seed every claim is inconclusive (no spread); a diverged evaluation run makes the "
         "claims on its method inconclusive.",
@@ -1340,6 +1340,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from verify.reproduce import main as _main  # the importable module, so spawned jobs unpickle its functions
+    from ortho_verify.reproduce import main as _main  # the importable module, so spawned jobs unpickle its functions
 
     sys.exit(_main())

@@ -25,7 +25,7 @@ and its elements are compared with the analytic volume of the layout (the Dion p
 refined per layout, ``ortho_fast.distributed.dion.dion_comm_volume`` /
 ``ortho_fast.distributed.muon.muon_comm_volume``).
 
-``run(world_size)`` starts gloo workers on CPU (``verify.workers.run_workers``); under
+``run(world_size)`` starts gloo workers on CPU (``ortho_verify.workers.run_workers``); under
 ``torchrun`` (``RANK`` / ``WORLD_SIZE`` set, or a process group already initialized) the same
 code runs in-process, with NCCL on CUDA when available. ``main(argv)`` is the command line.
 """
@@ -49,8 +49,8 @@ import torch
 import torch.distributed as dist
 
 import ortho_fast
-from verify.tolerances import sharded_tolerance
-from verify.workers import WorkerError, run_workers
+from ortho_verify.tolerances import sharded_tolerance
+from ortho_verify.workers import WorkerError, run_workers
 
 __all__ = ["Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS", "DOCS_PATH", "layouts_for",
            "initial_weight", "gradient", "mean_gradient", "optimizer_options", "reference", "analytic_volume", "run",
@@ -635,7 +635,7 @@ def run(world_size: int | None = None, *, dtypes: Sequence[str] = DTYPES, quick:
     (``world_size`` None or equal to it; NCCL + CUDA if available, else gloo), and returns the
     rows on rank 0, [] elsewhere. ``plant``: a key of ``PLANTS`` (a bug the checks must catch).
     Raises: ValueError for a bad ``world_size``, an unknown dtype or plant, or a filter matching
-    no layout; TimeoutError / verify.workers.WorkerError from the launch.
+    no layout; TimeoutError / ortho_verify.workers.WorkerError from the launch.
     """
     for d in dtypes:
         sharded_tolerance(d)  # ValueError naming the dtype
@@ -912,7 +912,7 @@ Muon `{muon}` (Newton–Schulz in the parameter's dtype).
 After every step every rank assembles the full weights and state (`DTensor.full_tensor()`)
 and the largest relative Frobenius difference ‖X_sharded − X_one‖_F / ‖X_one‖_F over the
 weights, the momentum and Q, all matrices and steps, must stay within DESIGN.md's contract,
-`verify.tolerances.sharded_tolerance`: float64 ≤ 1e-12, float32 ≤ 1e-5 (its derivation is in
+`ortho_verify.tolerances.sharded_tolerance`: float64 ≤ 1e-12, float32 ≤ 1e-5 (its derivation is in
 [tolerances.md](tolerances.md#sharded-vs-one-process-sharded_tolerance)). Three kinds of check:
 
 - **equal**: every rank is fed the same gradient; the sharded step must equal one process, and

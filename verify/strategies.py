@@ -1,7 +1,7 @@
 """Hypothesis strategies: matrices with prescribed singular spectra, for testing orthogonalizers.
 
 Every example is U diag(s) Vᵀ with Haar-random U, V (QR of a Gaussian with the sign fix,
-``verify.spectra.haar_orthogonal``) and a spectrum s from one of six families, so the
+``ortho_verify.spectra.haar_orthogonal``) and a spectrum s from one of six families, so the
 singular values are known exactly and the singular vectors are in general position.
 ``hypothesis.extra.numpy.arrays`` is not used for matrices: its draws are mostly low rank
 and never ill-conditioned in a controlled way.
@@ -26,8 +26,8 @@ scale within 10^±2 of the example's, so a per-batch normalization bug shows).
 Use in a test (``my_kernel``: your (..., m, n) -> (..., m, n) Newton–Schulz function)::
 
     from hypothesis import given
-    from verify import check_orthogonalizer_example
-    from verify.strategies import spectral_examples, target_worst_ratio
+    from ortho_verify import check_orthogonalizer_example
+    from ortho_verify.strategies import spectral_examples, target_worst_ratio
 
     @given(spectral_examples(dtypes=("float32",), max_batch=3))
     def test_my_kernel(example):
@@ -46,7 +46,7 @@ from hypothesis import note, target
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from verify.spectra import MatrixCase, haar_orthogonal, matrix_with_spectrum
+from ortho_verify.spectra import MatrixCase, haar_orthogonal, matrix_with_spectrum
 
 __all__ = [
     "DTYPES", "LAYOUTS", "MAX_SCALE", "SPECTRUM_KINDS", "SpectralExample", "build_example", "haar_orthogonal",
@@ -142,7 +142,7 @@ class SpectralExample:
     @property
     def provenance(self) -> str:
         """How to rebuild it: ``build_example(...)`` with the example's arguments."""
-        return (f"verify.strategies.build_example({self.kind!r}, {dict(self.params)!r}, shape={tuple(self.matrix.shape)}, "
+        return (f"ortho_verify.strategies.build_example({self.kind!r}, {dict(self.params)!r}, shape={tuple(self.matrix.shape)}, "
                 f"scale={self.scale!r}, dtype={self.dtype!r}, seed={self.seed})")
 
     def tensor(self):
@@ -227,7 +227,7 @@ def target_worst_ratio(results, label: str = "error/tolerance") -> float:
     error/tolerance ratio (log10, capped at 1e6), so the search steers toward the inputs
     closest to failing. Outside a test it only returns the ratio.
 
-    ``results``: objects with ``.ratio`` (``verify.checks.CheckResult``); returns the worst ratio.
+    ``results``: objects with ``.ratio`` (``ortho_verify.checks.CheckResult``); returns the worst ratio.
     Raises: ValueError for an empty ``results``.
     """
     if not results:

@@ -1,4 +1,4 @@
-"""Tables quoted in the docs, computed by the oracle (``python -m verify.tables`` prints them).
+"""Tables quoted in the docs, computed by the oracle (``python -m ortho_verify.tables`` prints them).
 
 docs/tolerances.md embeds the output verbatim and a test regenerates it, so the numbers in
 the docs are the ones the code computes.

@@ -259,7 +259,7 @@ def svd_residual_tolerance(shape: tuple[int, int], scale: float = 1.0, dtype="fl
 
 
 def prescribed_spectrum_tolerance(shape: tuple[int, int], sigma_max: float = 1.0) -> float:
-    """Absolute tolerance on the singular values of ``verify.spectra.matrix_with_spectrum``
+    """Absolute tolerance on the singular values of ``ortho_verify.spectra.matrix_with_spectrum``
     (and on ‖QᵀQ − I‖₂ of ``haar_orthogonal`` with sigma_max = 1), float64.
 
     The matrix is fl(Û S V̂ᵀ): (1) Û, V̂ from Householder QR are orthogonal to O(d·u)
@@ -750,7 +750,7 @@ def dion_ideal_step_tolerances(ideal: "ortho_ref.DionStep", *, lr: float, mu: fl
 
 # --- verify product: error feedback and user checks ---
 #
-# Dion's error-feedback invariants (verify.error_feedback) measured on the fast side's own
+# Dion's error-feedback invariants (ortho_verify.error_feedback) measured on the fast side's own
 # P, R, B and M in the working orientation (m' × n', m' ≥ n', rank r); the checks evaluate
 # the identities in float64 from the fast values, so only the fast side's roundings and the
 # u64 of the evaluation count. δ_o = ``orthonormality_tolerance(m', r)`` bounds ‖I − PᵀP‖_F
@@ -923,7 +923,7 @@ def dion_observed_step_tolerances(*, weight_norms: tuple[float, float], decay: f
                                   b_norm: float, sigma_r: float, mu: float, rows: int, dtype,
                                   error_feedback: bool = True) -> dict:
     """Tolerances for the invariants of one Dion step seen only through what it leaves behind
-    (``verify.error_feedback.observed_step_rows``): no P, and none of P's conditioning.
+    (``ortho_verify.error_feedback.observed_step_rows``): no P, and none of P's conditioning.
 
     Working orientation (m', n'), rank r; O = (decay·W − W_new)/step (step = lr·s, decay = 1 − lr·wd)
     is P Qᵀ with Q (n', r) the stored right factor; B = M + G from the stored momentum and the gradient.
@@ -1014,7 +1014,7 @@ SHARDED_RTOL = {"float64": 1e-12, "float32": 1e-5}
 def sharded_tolerance(dtype) -> float:
     """Relative Frobenius bound ‖X_sharded − X_one‖_F / ‖X_one‖_F for a distributed Muon or Dion
     step (weights, momenta, Q; the largest over matrices and steps) against the same optimizer in
-    one process on the full tensors (``verify.sharding``, ``ortho-verify sharding``).
+    one process on the full tensors (``ortho_verify.sharding``, ``ortho-verify sharding``).
 
     DESIGN.md's layout contract, float64 1e-12 (≈ 9000·u) and float32 1e-5 (≈ 168·u): a
     requirement, not a fitted number. Derivation of when it holds. A sharded step performs the
@@ -1037,7 +1037,7 @@ def sharded_tolerance(dtype) -> float:
     covered by this argument, the float64 one has 50× more room.
 
     Muon: FSDP, DDP, TP "duplicated" and "blockwise" orthogonalize the very matrices one process
-    does with the same calls, and the rest is elementwise: equal bitwise (``verify.sharding``
+    does with the same calls, and the rest is elementwise: equal bitwise (``ortho_verify.sharding``
     requires it). TP "distributed" all-reduces the Gram matrix of every Newton–Schulz step; a
     relative √d·u perturbation at step t is amplified by the remaining steps' first-order gain
     G_t (``ortho_ref.ns_step_gains``), and the all-reduced ‖X‖_F² perturbs the normalization

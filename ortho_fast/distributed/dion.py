@@ -25,7 +25,7 @@ variant of the paper's distributed Dion):
 Q0 is ``initial_q`` of the global shape sliced to this rank's rows of Q; the sketches come from
 ``sketch_generator(seed, index, step)`` at the global size. So every layout computes the
 one-process update to rounding (DESIGN.md "Distributed layouts": float64 relative Frobenius
-<= 1e-12, float32 <= 1e-5, ``verify.tolerances.sharded_tolerance``). Whether B = 0 anywhere
+<= 1e-12, float32 <= 1e-5, ``ortho_verify.tolerances.sharded_tolerance``). Whether B = 0 anywhere
 (one process then skips the update), whether each rank's gradient is finite and whether the
 state is well formed are decided for all parameters at once by one small all-reduce per
 mesh axis, so a bad input raises on every rank and never hangs a collective.

@@ -29,7 +29,7 @@ parameters have a gradient (the same on every rank, or the collectives would not
 Equality with one process (``ortho_fast.Muon`` on the full tensors): FSDP, DDP and TP
 "duplicated" orthogonalize the very matrix one process does with the same call, and the
 rest is elementwise, so they are bitwise equal; "distributed" sums the Gram matrix in
-another order, equal to rounding (``verify.tolerances.sharded_tolerance``); "blockwise"
+another order, equal to rounding (``ortho_verify.tolerances.sharded_tolerance``); "blockwise"
 equals ``ortho_fast.Muon`` stepping each TP shard as a parameter of its own.
 
 Memory and overlap: phase 2 runs for every matrix of a param group before phase 3, so each

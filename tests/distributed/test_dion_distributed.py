@@ -6,7 +6,7 @@ FSDP2 ``fully_shard`` over ``parallelize_module`` — with tall and wide matrice
 orientations), uneven and empty shards, the three QR methods, Orth-Dion, two power
 iterations, flattened ndim > 2 weights and mixed precision, steps 3 times and is compared with
 ``ortho_fast.Dion`` in one process on the full tensors (``DTensor.full_tensor()``): weights,
-momenta and Q in relative Frobenius norm within ``verify.tolerances.sharded_tolerance``
+momenta and Q in relative Frobenius norm within ``ortho_verify.tolerances.sharded_tolerance``
 (DESIGN.md's contract). Under compressed sync the one-process run is fed the replicas' mean
 gradient, the replicas' weights and Q must be identical and their mean momentum must match
 (and every replica's after ``synchronize_for_checkpoint``). Hypothesis draws further layouts
@@ -33,8 +33,8 @@ from hypothesis import strategies as st
 
 import ortho_fast
 from ortho_fast.distributed.dion import dion_check_volume, dion_comm_volume
-from verify.tolerances import sharded_tolerance
-from verify.workers import run_workers
+from ortho_verify.tolerances import sharded_tolerance
+from ortho_verify.workers import run_workers
 
 LR, MU, WD, SEED, STEPS = 0.05, 0.9, 0.1, 5, 3
 F64, F32 = torch.float64, torch.float32

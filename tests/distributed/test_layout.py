@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from verify.workers import WorkerError, run_workers
+from ortho_verify.workers import WorkerError, run_workers
 
 WORLD = 4
 # (global shape, placements on the (2, 2) mesh ("a", "b"))

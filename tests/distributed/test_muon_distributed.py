@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from tests.distributed.test_layout import _placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
 from tests.strategies import spectral_matrices
-from verify.tolerances import sharded_tolerance
-from verify.workers import run_workers
+from ortho_verify.tolerances import sharded_tolerance
+from ortho_verify.workers import run_workers
 
 STEPS = 3
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bf16": torch.float32}  # bf16: NS dtype, fp32 params

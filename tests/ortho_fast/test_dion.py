@@ -1,5 +1,5 @@
 """ortho_fast.Dion with every option against the float64 oracle (ortho_ref.dion_step with the
-same options) within verify.tolerances.dion_variant_tolerances; mixed precision; determinism of
+same options) within ortho_verify.tolerances.dion_variant_tolerances; mixed precision; determinism of
 Q0 and the sketches; state_dict round trips; the param-group contract; bad input."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import ortho_fast
 import ortho_ref
 from ortho_fast import DION_DEFAULTS, Dion, check_dion_step, dion_group_step, normalize_dion_group
 from ortho_fast.dion import sketch_rows
-from verify import tolerances as tol
-from verify.spectra import matrix_with_spectrum
+from ortho_verify import tolerances as tol
+from ortho_verify.spectra import matrix_with_spectrum
 from tests.round_trip import round_trip
 
 LR, MU, WD, SEED = 0.05, 0.9, 0.1, 7

@@ -3,7 +3,7 @@
 flattened), parameter banks, the param-group contract, torch.optim.Muon checkpoints,
 state_dict round trips, determinism and the error contract.
 
-Tolerances come from verify.tolerances; bitwise equality is asserted where the same torch
+Tolerances come from ortho_verify.tolerances; bitwise equality is asserted where the same torch
 operations run in the same order.
 """
 
@@ -35,7 +35,7 @@ from ortho_fast import (
     normalize_muon_group,
 )
 from ortho_fast.muon import ADJUST_LR_MODES
-from verify import tolerances as tol
+from ortho_verify import tolerances as tol
 from tests.round_trip import assert_bitwise_same, round_trip
 
 
@@ -75,7 +75,7 @@ def _normalization(opts):
 
 
 def _reference(w, g, m, opts, dtype: str = "float64"):
-    """ortho_ref.muon_step on one matrix, with the tolerances of verify.tolerances for a fast
+    """ortho_ref.muon_step on one matrix, with the tolerances of ortho_verify.tolerances for a fast
     step computed in ``dtype`` (float32 / float64)."""
     table, safety, eps, eps_mode = _normalization(opts)
     ref = ortho_ref.muon_step(

@@ -1,6 +1,6 @@
 """Tests for ortho_fast.newton_schulz against the exact oracle ortho_ref.ns_map.
 
-Every tolerance comes from verify.tolerances (derived there from perturbation theory);
+Every tolerance comes from ortho_verify.tolerances (derived there from perturbation theory);
 bitwise equality is asserted only where it is the contract (same torch ops in the same order).
 """
 
@@ -16,8 +16,8 @@ from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_fast import COEFFICIENTS, newton_schulz, resolve_coefficients
-from verify import tolerances as tol
-from verify.spectra import matrix_with_spectrum
+from ortho_verify import tolerances as tol
+from ortho_verify.spectra import matrix_with_spectrum
 
 SCHEDULES = sorted(COEFFICIENTS)
 TORCH = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

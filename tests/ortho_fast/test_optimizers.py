@@ -1,5 +1,5 @@
 """Tests for ortho_fast.Muon and ortho_fast.Dion: parity with torch.optim.Muon, agreement with
-the float64 oracle (ortho_ref.muon_step / dion_step) within verify.tolerances, determinism,
+the float64 oracle (ortho_ref.muon_step / dion_step) within ortho_verify.tolerances, determinism,
 state_dict round trips and the error contract (checks before any state changes)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from hypothesis import given, settings, strategies as st
 import ortho_fast
 import ortho_ref
 from ortho_fast import Dion, Muon
-from verify import tolerances as tol
-from verify.spectra import matrix_with_spectrum
+from ortho_verify import tolerances as tol
+from ortho_verify.spectra import matrix_with_spectrum
 from tests.round_trip import assert_bitwise_same, round_trip
 
 SHAPES = [(24, 16), (16, 24), (20, 20)]  # tall, wide, square
@@ -192,7 +192,7 @@ def _dion_with_state(p, m0, q0, **kw) -> Dion:
 
 
 def _dion_bounds(ref, q_in, w_in, error_feedback: bool) -> dict:
-    """verify.tolerances.dion_tolerances for one step (with or without error feedback)."""
+    """ortho_verify.tolerances.dion_tolerances for one step (with or without error feedback)."""
     return tol.dion_tolerances(ref, q_in, lr=DION_LR, mu=DION_MU, weight=w_in, dtype="float64",
                                error_feedback=error_feedback)
 

@@ -1,6 +1,6 @@
 """ortho_fast.scalar (AdamW and Lion group steps): bitwise parity with torch.optim.AdamW,
 agreement with the float64 oracle (ortho_ref.adamw_step / lion_step) within
-verify.tolerances, and the error contract (checks before any change)."""
+ortho_verify.tolerances, and the error contract (checks before any change)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_fast import scalar
-from verify import tolerances as tol
+from ortho_verify import tolerances as tol
 
 SHAPES = [(), (7,), (5, 3), (2, 3, 4)]
 
@@ -126,7 +126,7 @@ def test_adamw_state_from_torch_continues_bitwise():
 
 
 # =======================================================================================
-# Float64: fast vs oracle (and torch.optim.AdamW vs oracle) within verify.tolerances
+# Float64: fast vs oracle (and torch.optim.AdamW vs oracle) within ortho_verify.tolerances
 # =======================================================================================
 
 

@@ -1,6 +1,6 @@
 """Reference Dion variants: QR methods, right factors, power iterations, the ideal (truncated
 SVD) step and the compressed data-parallel sync, against exact identities and the tolerances of
-verify.tolerances."""
+ortho_verify.tolerances."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 import ortho_ref
 from ortho_ref.dion import CQR2_GRAM_DEVIATION
 from tests.strategies import spectral_matrices
-from verify import tolerances as tol
-from verify.spectra import matrix_with_spectrum
+from ortho_verify import tolerances as tol
+from ortho_verify.spectra import matrix_with_spectrum
 
 METHODS = ortho_ref.QR_METHODS
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ortho_ref import golden, mp
-from verify import tolerances as tol
-from verify.golden import check_golden_files, golden_tolerances
+from ortho_verify import tolerances as tol
+from ortho_verify.golden import check_golden_files, golden_tolerances
 
 SIDECAR_KEYS = {"name", "function", "arguments", "inputs", "outputs", "digits", "generator", "mpmath_version",
                 "mpmath_backend", "numpy_version", "date", "provenance", "accuracy", "tolerance"}

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import ortho_ref
 from ortho_ref import mp
 from tests.strategies import spectral_matrices
-from verify import tolerances as tol
+from ortho_verify import tolerances as tol
 
 DIGITS = 50
 SCHEDULES = sorted(ortho_ref.SCHEDULES)
@@ -71,7 +71,7 @@ def test_float64_agrees_with_50_digits_deep(case, name, eps_mode):
 
 
 def _ill_conditioned(m, n, cond, seed):
-    from verify.spectra import matrix_with_spectrum
+    from ortho_verify.spectra import matrix_with_spectrum
 
     return matrix_with_spectrum(np.geomspace(1.0, 1.0 / cond, min(m, n)), m, n, np.random.default_rng(seed))
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import ortho_ref
 from tests.strategies import spectral_matrices
-from verify.tolerances import U64, ns_singular_value_tolerance, ns_tolerance, svd_residual_tolerance
+from ortho_verify.tolerances import U64, ns_singular_value_tolerance, ns_tolerance, svd_residual_tolerance
 
 SCHEDULES = sorted(ortho_ref.SCHEDULES)
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 
 import ortho_ref
 from tests.strategies import spectral_matrices
-from verify.tolerances import mp_accuracy, polar_condition_tolerance, svd_residual_tolerance
+from ortho_verify.tolerances import mp_accuracy, polar_condition_tolerance, svd_residual_tolerance
 
 
 @settings(deadline=None)

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import ortho_ref
-from verify.tolerances import U64, adamw_tolerances, lion_tolerances
+from ortho_verify.tolerances import U64, adamw_tolerances, lion_tolerances
 
 SHAPES = [(), (7,), (5, 3), (2, 3, 4)]
 

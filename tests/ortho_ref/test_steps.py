@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ortho_ref
-from verify.tolerances import U64, momentum_tolerance, orthonormality_tolerance
+from ortho_verify.tolerances import U64, momentum_tolerance, orthonormality_tolerance
 
 
 def _arrays(m, n, seed=0):

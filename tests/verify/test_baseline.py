@@ -1,14 +1,14 @@
-"""verify.baseline: the regression margin, coverage and golden-file rows."""
+"""ortho_verify.baseline: the regression margin, coverage and golden-file rows."""
 
 import json
 import math
 
 import pytest
 
-from verify import baseline
-from verify import checks
-from verify.checks import CheckResult
-from verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
+from ortho_verify import baseline
+from ortho_verify import checks
+from ortho_verify.checks import CheckResult
+from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
 MODE = {"quick": True, "real_inputs_used": False, "seed": 0}
 

@@ -1,4 +1,4 @@
-"""verify.checks: correct implementations pass, planted bugs are caught."""
+"""ortho_verify.checks: correct implementations pass, planted bugs are caught."""
 
 import importlib
 
@@ -9,8 +9,8 @@ import torch
 import ortho_fast
 import ortho_fast.dion as fast_dion
 import ortho_fast.muon as fast_muon
-from verify import checks
-from verify.spectra import MatrixCase, matrix_with_spectrum
+from ortho_verify import checks
+from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
 
 fast_ns = importlib.import_module("ortho_fast.newton_schulz")  # the module, not the function of that name
 

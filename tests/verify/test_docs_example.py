@@ -30,17 +30,17 @@ def _doc_test_files() -> dict[str, str]:
 
 
 def _pytest(folder: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
-    plugin_installed = any(e.value == "verify.pytest_plugin" for e in entry_points(group="pytest11"))
+    plugin_installed = any(e.value == "ortho_verify.pytest_plugin" for e in entry_points(group="pytest11"))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(folder)]
     if not plugin_installed:  # running from a checkout that was not pip-installed
-        cmd[3:3] = ["-p", "verify.pytest_plugin"]
+        cmd[3:3] = ["-p", "ortho_verify.pytest_plugin"]
     return subprocess.run(cmd, cwd=folder, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
                           capture_output=True, text=True, timeout=600)
 
 
 def test_pyproject_declares_the_plugin():
     text = (ROOT / "pyproject.toml").read_text()
-    assert '[project.entry-points.pytest11]\northo_verify = "verify.pytest_plugin"' in text
+    assert '[project.entry-points.pytest11]\northo_verify = "ortho_verify.pytest_plugin"' in text
 
 
 def test_docs_examples_pass_as_a_users_tests(tmp_path):

@@ -1,4 +1,4 @@
-"""verify.error_feedback: Dion's error-feedback invariants hold for ortho_fast, and planted bugs
+"""ortho_verify.error_feedback: Dion's error-feedback invariants hold for ortho_fast, and planted bugs
 (wrong sign, Q not carried over, error feedback ignored) are caught."""
 
 import numpy as np
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ortho_fast
-from verify import error_feedback as ef
-from verify.spectra import MatrixCase, matrix_with_spectrum
+from ortho_verify import error_feedback as ef
+from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
 
 GAPPED = ef.error_feedback_matrices()
 REAL_LIKE = MatrixCase("test/lowrank-plus-noise/40x24", matrix_with_spectrum(

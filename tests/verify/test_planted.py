@@ -1,4 +1,4 @@
-"""verify.check_orthogonalizer / check_optimizer: every planted bug is caught, correct
+"""ortho_verify.check_orthogonalizer / check_optimizer: every planted bug is caught, correct
 implementations (ours, torch.optim.Muon with its settings, the compact user classes) pass."""
 
 import functools
@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 
 import ortho_fast
-from verify import (DION, ORTHO_MUON, TORCH_MUON, MuonConventions, check_optimizer, check_orthogonalizer,
+from ortho_verify import (DION, ORTHO_MUON, TORCH_MUON, MuonConventions, check_optimizer, check_orthogonalizer,
                     check_orthogonalizer_example)
-from verify.planted import CORRECT_OPTIMIZERS, PLANTED_BUGS, newton_schulz_kernel
-from verify.strategies import build_example, spectral_examples, target_worst_ratio
+from ortho_verify.planted import CORRECT_OPTIMIZERS, PLANTED_BUGS, newton_schulz_kernel
+from ortho_verify.strategies import build_example, spectral_examples, target_worst_ratio
 
 
 def _ours(dtype, coefficients="jordan"):
@@ -93,7 +93,7 @@ def test_failures_reproduce():
     buggy = functools.partial(newton_schulz_kernel, coefficients=((3.4445, -4.7750, 2.0315),) * 4)
     report = check_orthogonalizer(buggy, coefficients="jordan", dtype=torch.float32)
     failure = report.failures[0]
-    example = eval(failure.provenance, {"verify": __import__("verify.strategies")})
+    example = eval(failure.provenance, {"ortho_verify": __import__("ortho_verify.strategies")})
     again = check_orthogonalizer(buggy, coefficients="jordan", dtype=torch.float32, examples=[example])
     assert not again.passed
     assert any(np.array_equal(case.matrix, failure.inputs["input"]) for case in example.cases())
@@ -138,7 +138,7 @@ def test_bad_arguments_raise_before_running():
 def test_report_summary_and_save(tmp_path):
     report = check_orthogonalizer(PLANTED_BUGS[1].make(), coefficients="jordan", dtype=torch.float32)
     text = report.summary(max_rows=2)
-    assert "FAILED" in text and "reproduce: verify.strategies.build_example(" in text and "more" in text
+    assert "FAILED" in text and "reproduce: ortho_verify.strategies.build_example(" in text and "more" in text
     with pytest.raises(AssertionError, match="FAILED"):
         report.assert_passed()
     out = report.save(tmp_path / "r")

@@ -1,4 +1,4 @@
-"""verify.reproduce: the claim functions both ways, the protocol's invariants, a --quick run end to end
+"""ortho_verify.reproduce: the claim functions both ways, the protocol's invariants, a --quick run end to end
 and the command line's errors."""
 
 import json
@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ortho_fast
-from verify import cli, data
-from verify import reproduce as rp
+from ortho_verify import cli, data
+from ortho_verify import reproduce as rp
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = (1, 2, 3)
@@ -353,7 +353,7 @@ def test_entry_points_reach_the_parser(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["reproduce", "--help"])
     assert exit_.value.code == 0 and "ortho-verify reproduce" in capsys.readouterr().out
-    run = subprocess.run([sys.executable, "-m", "verify.reproduce", "--help"], cwd=ROOT, capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "ortho_verify.reproduce", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0 and "--scale" in run.stdout
 

@@ -1,4 +1,4 @@
-"""``verify.sharding`` (``ortho-verify sharding``): the layout list and the analytic volumes (no
+"""``ortho_verify.sharding`` (``ortho-verify sharding``): the layout list and the analytic volumes (no
 processes), one launch of 4 gloo ranks checking a subset of layouts and the same layouts with
 planted bugs (which must fail), and the command line at 2 ranks with --quick."""
 
@@ -12,10 +12,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from verify import sharding
-from verify.sharding import LAYOUTS, Layout, analytic_volume, layouts_for
-from verify.tolerances import sharded_tolerance
-from verify.workers import run_workers
+from ortho_verify import sharding
+from ortho_verify.sharding import LAYOUTS, Layout, analytic_volume, layouts_for
+from ortho_verify.tolerances import sharded_tolerance
+from ortho_verify.workers import run_workers
 
 # ---------------------------------------------------------------------------------------
 # The layout list (no processes)

@@ -1,17 +1,17 @@
-"""Tests for verify.spectra: Haar matrices and matrices with prescribed spectra."""
+"""Tests for ortho_verify.spectra: Haar matrices and matrices with prescribed spectra."""
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from verify.tolerances import U64 as U, prescribed_spectrum_tolerance
-from verify.spectra import MatrixCase, haar_orthogonal, matrix_with_spectrum, synthetic_matrices
+from ortho_verify.tolerances import U64 as U, prescribed_spectrum_tolerance
+from ortho_verify.spectra import MatrixCase, haar_orthogonal, matrix_with_spectrum, synthetic_matrices
 
 
 
 def tol_constant(m: int, n: int) -> float:
-    """The tolerance of verify.tolerances.prescribed_spectrum_tolerance in units of u·σ_max."""
+    """The tolerance of ortho_verify.tolerances.prescribed_spectrum_tolerance in units of u·σ_max."""
     return prescribed_spectrum_tolerance((m, n)) / U
 
 

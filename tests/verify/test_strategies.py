@@ -1,4 +1,4 @@
-"""verify.strategies: prescribed spectra, families, scales, batches, provenance and targeting."""
+"""ortho_verify.strategies: prescribed spectra, families, scales, batches, provenance and targeting."""
 
 import math
 
@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.strategies import spectral_matrices  # the re-export other tests use
-from verify.strategies import (MAX_SCALE, SPECTRUM_KINDS, build_example, make_spectrum, spectral_examples,
+from ortho_verify.strategies import (MAX_SCALE, SPECTRUM_KINDS, build_example, make_spectrum, spectral_examples,
                                target_worst_ratio)
-from verify.tolerances import prescribed_spectrum_tolerance
+from ortho_verify.tolerances import prescribed_spectrum_tolerance
 
 
 @settings(deadline=None)
@@ -62,7 +62,7 @@ def test_batched_examples_have_per_matrix_scales_and_haar_vectors():
 def test_provenance_rebuilds_the_example():
     ex = build_example("two_level", {"top_fraction": 0.5, "log_gap": 3.0}, shape=(5, 9), scale=1e-30,
                        dtype="float32", seed=11)
-    namespace = {"verify": __import__("verify.strategies")}
+    namespace = {"ortho_verify": __import__("ortho_verify.strategies")}
     again = eval(ex.provenance, namespace)
     assert np.array_equal(again.matrix, ex.matrix) and again.dtype == "float32"
 
@@ -97,10 +97,10 @@ def test_legacy_spectral_matrices_keeps_its_contract(drawn, _):
 def test_module_docstring_example_runs_as_written():
     import textwrap
 
-    import verify.strategies
-    from verify.planted import newton_schulz_kernel
+    import ortho_verify.strategies
+    from ortho_verify.planted import newton_schulz_kernel
 
-    doc = verify.strategies.__doc__
+    doc = ortho_verify.strategies.__doc__
     code = textwrap.dedent(doc[doc.index("::\n") + 3:])
     namespace = {"my_kernel": newton_schulz_kernel}
     exec(compile(code, "verify/strategies.py docstring", "exec"), namespace)  # every name it uses is imported
