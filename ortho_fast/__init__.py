@@ -1,4 +1,9 @@
-"""ortho_fast: production Newton–Schulz, Muon and Dion in torch (device-agnostic, batched)."""
+"""ortho_fast: production Newton–Schulz, Muon and Dion in torch (device-agnostic, batched).
+
+Layers (docs/design.md, "Layers and import rules"): ``ortho_fast.functional`` (per-tensor math),
+``ortho_fast.groups`` (param groups: options resolved once, checks, one check-then-step driver),
+the optimizer classes (``Muon``, ``Dion``, ``HybridOptimizer``) and ``ortho_fast.distributed``.
+"""
 
 from .coefficients import COEFFICIENTS, CoefficientSchedule, UnknownScheduleError, resolve_coefficients
 from .dion import (
@@ -16,6 +21,7 @@ from .scalar import (
 )
 from .hybrid import (ALGORITHMS, DionConfig, HybridOptimizer, MuonConfig, meshes_from_world_mesh, normalize_name,
                      param_groups)
+from . import functional, groups  # noqa: F401  (the layers: ortho_fast.functional, ortho_fast.groups)
 
 __all__ = [
     "COEFFICIENTS", "CoefficientSchedule", "UnknownScheduleError", "resolve_coefficients", "default_eps_mode",

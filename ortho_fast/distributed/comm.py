@@ -174,3 +174,34 @@ def all_reduce_axes(t: torch.Tensor, axes: Sequence[MeshAxis], *, op=dist.Reduce
     for axis in axes:
         all_reduce(t, axis, op=op, tag=tag)
     return t
+
+
+#: What a rank raises when another rank's input was rejected (its own error names the argument).
+ANOTHER_RANK_REJECTED = ("grad: another rank rejected its gradient, state or option in this step (its own error names "
+                         "it); no parameter or state was changed")
+
+
+def raise_together(error: BaseException | None, axes: Sequence[MeshAxis], flags: torch.Tensor | None = None, *,
+                   tag: str = "check", device=None) -> torch.Tensor:
+    """The cross-rank error protocol of every distributed step: check locally, then agree.
+
+    Each rank passes the first error its checks found (or None); ``flags`` (a 1-D float tensor,
+    default one element) has entry 0 set to 1 when ``error`` is given; the other entries are counts
+    the caller wants summed (which parameters have a gradient, ...). One all-reduce (SUM) per axis
+    of ``axes`` (tag ``tag``) makes the verdict global, so a bad input on one rank raises on every
+    rank before any collective of the step itself, which the other ranks would wait in forever.
+    Shapes: ``flags`` (1 + k,) on the device the backend reduces (NCCL: the GPU; ``device``).
+    Returns: the reduced ``flags``.
+    Raises: ``error`` itself on the rank that found it; ValueError (``ANOTHER_RANK_REJECTED``) on
+    every other rank when any rank found one.
+    """
+    if flags is None:
+        flags = torch.zeros(1, device=device)
+    if error is not None:
+        flags[0] = 1.0
+    all_reduce_axes(flags, axes, tag=tag)
+    if error is not None:
+        raise error
+    if flags[0] > 0:
+        raise ValueError(ANOTHER_RANK_REJECTED)
+    return flags

@@ -24,7 +24,7 @@ variant of the paper's distributed Dion):
 
 Q0 is ``initial_q`` of the global shape sliced to this rank's rows of Q; the sketches come from
 ``sketch_generator(seed, index, step)`` at the global size. So every layout computes the
-one-process update to rounding (DESIGN.md "Distributed layouts": float64 relative Frobenius
+one-process update to rounding (docs/design.md, "Distributed layouts and the layout contract": float64 relative Frobenius
 <= 1e-12, float32 <= 1e-5, ``ortho_verify.tolerances.sharded_tolerance``). Whether B = 0 anywhere
 (one process then skips the update), whether each rank's gradient is finite and whether the
 state is well formed are decided for all parameters at once by one small all-reduce per
@@ -46,19 +46,22 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ..dion import (
-    QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, RIGHT_FACTORS, WHOLE, WholeDim, _householder, _rank, _step_block,
-    check_dion_step, dion_state_dtype, init_dion_state, initial_q, sketch_rows,
-)
 from .._validate import check_choice, check_count, check_finite, check_hyper
-from .comm import all_gather_blocks, all_reduce, all_reduce_axes, broadcast
+from ..functional.dion import RIGHT_FACTORS, initial_q
+from ..functional.qr import QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, WHOLE, WholeDim, householder, sketch_rows
+from ..groups.dion import (
+    DION_OPTION_KEYS, check_dion_step, dion_state_dtype, init_dion_state, param_rank, resolve_dion_options, step_block,
+)
+from ..groups.driver import GroupRunner
+from ..groups.options import OptionsCache
+from .comm import all_gather_blocks, all_reduce, all_reduce_axes, broadcast, raise_together
 from .layout import (
-    LayoutError, MatrixLayout, MeshAxis, _dim_indices, _flat_indices, check_axes, is_dtensor, local_tensor,
+    LayoutError, MatrixLayout, MeshAxis, dim_indices, flat_indices, check_axes, is_dtensor, local_tensor,
     matrix_layout, mesh_axis,
 )
 
-__all__ = ["DionMeshes", "ShardedDim", "DionPlan", "resolve_dion_meshes", "dion_plan", "init_sharded_state",
-           "sharded_dion_step", "synchronize_replicas", "dion_comm_volume", "dion_check_volume"]
+__all__ = ["DionMeshes", "ShardedDim", "DionPlan", "ShardedDionGroups", "resolve_dion_meshes", "dion_plan",
+           "init_sharded_state", "sharded_dion_step", "synchronize_replicas", "dion_comm_volume", "dion_check_volume"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,7 @@ class ShardedDim(WholeDim):
         return s[:, self.index.to(s.device)]
 
     def householder(self, y: torch.Tensor) -> torch.Tensor:
-        return _householder(self.gather(y))[self.index.to(y.device)]
+        return householder(self.gather(y))[self.index.to(y.device)]
 
     def column_norms(self, rf: torch.Tensor) -> torch.Tensor:
         return self.sum((rf * rf).sum(dim=0, keepdim=True), "norms").sqrt()
@@ -227,8 +230,8 @@ def _q_placements(param, transposed: bool) -> tuple:
         for values in itertools.product(*(range(mesh.size(d)) for d in sharding)):
             for d, v in zip(sharding, values):
                 coordinate[d] = v
-            cols = _flat_indices(_dim_indices(shape, tuple(mesh.shape), coordinate, placements)[1:], shape[1:])
-            if not torch.equal(cols, _dim_indices((n, 1), tuple(mesh.shape), coordinate, out)[0]):
+            cols = flat_indices(dim_indices(shape, tuple(mesh.shape), coordinate, placements)[1:], shape[1:])
+            if not torch.equal(cols, dim_indices((n, 1), tuple(mesh.shape), coordinate, out)[0]):
                 raise LayoutError(f"param: the flattened parameter of shape {shape} with placements {placements} has "
                                   f"column blocks that no placement of Q ({n}, r) reproduces (each rank's flattened "
                                   f"columns must be the contiguous chunk torch.chunk gives Q's rows); shard dim 0, or "
@@ -275,7 +278,7 @@ def init_sharded_state(p: torch.Tensor, st: dict, group: dict, plan: DionPlan, *
         zeros = torch.zeros(local.shape, dtype=dion_state_dtype(group, "momentum", p), device=local.device)
         st["momentum"] = DTensor.from_local(zeros, mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
     if "Q" not in st:
-        k, r = min(plan.shape), _rank(p, group)
+        k, r = min(plan.shape), param_rank(p, group)
         q0 = initial_q((k, r), seed, index, dion_state_dtype(group, "Q", p), local.device)
         st["Q"] = DTensor.from_local(q0[plan.q_index.to(q0.device)].contiguous(), mesh, plan.q_placements,
                                      run_check=False, shape=torch.Size((k, r)), stride=(r, 1))
@@ -316,54 +319,81 @@ def _nonzero(block: torch.Tensor, st: dict, group: dict, p: torch.Tensor) -> tor
     return g.any() if mom is None else (local_tensor(mom) != g.neg()).any()
 
 
-def sharded_dion_step(groups: Sequence[dict], state, plans, meshes: DionMeshes, *, seed: int) -> None:
-    """One distributed Dion step for every parameter with a gradient (all groups at once).
+class ShardedDionGroups(GroupRunner):
+    """Runs a distributed ``Dion``'s groups (``GroupRunner`` of ``ortho_fast.groups.driver``):
+    ``check`` on every rank together, then ``step`` per group on each rank's block.
 
-    First, on every rank, the group checks (``check_dion_step`` without the finiteness test),
-    the gradient's and state's layouts and the finiteness of this rank's gradient block, and
-    whether B != 0 on the block; one all-reduce per axis of ``meshes.comm_axes`` of 1 + 2N
-    numbers (N parameters: an error flag, then per parameter "has a gradient" and "B != 0")
-    makes the verdict global. Then each parameter is stepped on its block (``_step_block``
-    with the plan's ``rows`` / ``cols`` and the replicas' mean) in the one-process order, so
-    its Q0 and sketches are indexed as in one process.
-    Raises (on every rank, before any parameter or state changes): the failing rank's own
-    ValueError / TypeError, on the others a ValueError saying another rank rejected its input;
-    ValueError when a parameter has a gradient on some ranks and not on others.
+    ``check(groups, state)``: on every rank, the group checks (``check_dion_step`` without the
+    finiteness test), the gradient's and state's layouts and the finiteness of this rank's
+    gradient block, and whether B != 0 on the block; one all-reduce per axis of
+    ``meshes.comm_axes`` of 1 + 2N numbers (N parameters: an error flag, then per parameter "has
+    a gradient" and "B != 0") makes the verdict global (``comm.raise_together``).
+    ``step(group, state, first_index)``: each parameter with a gradient on its block
+    (``step_block`` with the plan's ``rows`` / ``cols`` and the replicas' mean), numbered as in
+    one process so its Q0 and sketches are the same.
+    Raises (in ``check``, on every rank, before any parameter or state changes): the failing
+    rank's own ValueError / TypeError, on the others a ValueError saying another rank rejected
+    its input; ValueError when a parameter has a gradient on some ranks and not on others.
     """
-    entries = [(group, p) for group in groups for p in group["params"]]
-    device = local_tensor(entries[0][1]).device if entries else None  # NCCL reduces device tensors only
-    flags = torch.zeros(1 + 2 * len(entries), dtype=torch.float64, device=device)
-    error = None
-    try:
-        for group in groups:
-            check_dion_step(group, state, finite=False)
-        for k, (group, p) in enumerate(entries):
-            if p.grad is not None:
-                st = state.get(p, {})
-                block = _check_block(p, st, plans[p])
-                flags[1 + 2 * k] = 1.0
-                flags[2 + 2 * k] = _nonzero(block, st, group, p).to(flags.device)
-    except (ValueError, TypeError) as e:
-        error, flags[0] = e, 1.0
-    for axis in meshes.comm_axes:
-        all_reduce(flags, axis, tag="flags")
-    if flags[0] > 0:
-        raise error if error is not None else ValueError(
-            "grad: another rank rejected its gradient or state (its error names the argument); nothing was changed")
-    ranks = math.prod(a.size for a in meshes.comm_axes)
-    has_grad = flags[1::2]
-    partial = ((has_grad > 0) & (has_grad < ranks)).nonzero().flatten().tolist()
-    if partial:
-        raise ValueError(f"grad: parameters {partial} (in param-group order) have a gradient on some ranks and not on "
-                         f"others; every rank must step the same parameters")
-    for k, (group, p) in enumerate(entries):
-        if p.grad is None:
-            continue
-        plan, st = plans[p], state[p]
-        init_sharded_state(p, st, group, plan, seed=seed, index=k)
-        _step_block(local_tensor(p), local_tensor(p.grad), local_tensor(st["momentum"]), local_tensor(st["Q"]), st,
-                    group, seed=seed, index=k, shape=plan.shape, local_shape=plan.local_shape, rows=plan.rows,
-                    cols=plan.cols, replica_mean=meshes.replica_mean, nonzero=bool(flags[2 + 2 * k] > 0))
+
+    communicates = True
+
+    def __init__(self, plans: dict, meshes: DionMeshes, seed: int) -> None:
+        self.plans, self.meshes, self.seed = plans, meshes, seed
+        self.cache = OptionsCache()
+        self._nonzero: dict[int, bool] = {}
+
+    def options(self, group: dict):
+        return self.cache.get(group, DION_OPTION_KEYS, resolve_dion_options)
+
+    def check(self, groups, state) -> None:
+        entries = [(group, p) for group in groups for p in group["params"]]
+        device = local_tensor(entries[0][1]).device if entries else None  # NCCL reduces device tensors only
+        flags = torch.zeros(1 + 2 * len(entries), dtype=torch.float64, device=device)
+        error = None
+        try:
+            for group in groups:
+                check_dion_step(group, state, finite=False, options=self.options(group))
+            for k, (group, p) in enumerate(entries):
+                if p.grad is not None:
+                    st = state.get(p, {})
+                    block = _check_block(p, st, self.plans[p])
+                    flags[1 + 2 * k] = 1.0
+                    flags[2 + 2 * k] = _nonzero(block, st, group, p).to(flags.device)
+        except (ValueError, TypeError) as e:
+            error = e
+        raise_together(error, self.meshes.comm_axes, flags, tag="flags")
+        ranks = math.prod(a.size for a in self.meshes.comm_axes)
+        has_grad = flags[1::2]
+        partial = ((has_grad > 0) & (has_grad < ranks)).nonzero().flatten().tolist()
+        if partial:
+            raise ValueError(f"grad: parameters {partial} (in param-group order) have a gradient on some ranks and not "
+                             f"on others; every rank must step the same parameters")
+        nonzero = (flags[2::2] > 0).tolist()
+        self._nonzero = {id(p): nz for (_, p), nz in zip(entries, nonzero)}
+
+    def step(self, group: dict, state, first_index: int) -> None:
+        options = self.options(group)
+        for i, p in enumerate(group["params"]):
+            if p.grad is None:
+                continue
+            plan, st, k = self.plans[p], state[p], first_index + i
+            init_sharded_state(p, st, group, plan, seed=self.seed, index=k)
+            step_block(local_tensor(p), local_tensor(p.grad), local_tensor(st["momentum"]), local_tensor(st["Q"]), st,
+                       options, seed=self.seed, index=k, shape=plan.shape, local_shape=plan.local_shape,
+                       rows=plan.rows, cols=plan.cols, replica_mean=self.meshes.replica_mean,
+                       nonzero=self._nonzero[id(p)])
+
+
+def sharded_dion_step(groups: Sequence[dict], state, plans, meshes: DionMeshes, *, seed: int) -> None:
+    """One distributed Dion step for every parameter with a gradient of ``groups`` (all at once):
+    ``ShardedDionGroups.check`` then its ``step`` per group. Raises as ``ShardedDionGroups.check``."""
+    runner = ShardedDionGroups(plans, meshes, seed)
+    runner.check(groups, state)
+    first = 0
+    for group in groups:
+        runner.step(group, state, first)
+        first += len(group["params"])
 
 
 def _in_place(t: torch.Tensor, collective) -> None:
@@ -378,7 +408,7 @@ def synchronize_replicas(groups: Sequence[dict], state, meshes: DionMeshes) -> N
     """Average every ``momentum`` over the replicas and broadcast every ``Q`` from the first
     replica, so the state is the same on every replica before a checkpoint is saved (DCP writes
     one replica's copy). With compressed sync the momenta differ between replicas (each keeps
-    its own error feedback, DESIGN.md); their mean is the momentum of one process fed the mean
+    its own error feedback, docs/design.md "Dion"); their mean is the momentum of one process fed the mean
     gradient. Q is already the same on every replica (it is computed from all-reduced values);
     the broadcast makes that independent of the backend. A no-op without compressed sync
     (``meshes.replica`` None: no replicate axis, or ``replicate_mesh_grad_sync=False``)."""

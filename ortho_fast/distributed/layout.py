@@ -14,7 +14,7 @@ The index sets follow ``torch.distributed.tensor._utils._compute_local_shape_and
 (left-to-right over the mesh dims, ``_StridedShard`` materializing its strided offsets); a test
 checks them against ``DTensor.full_tensor()`` for every layout.
 
-Terms (microsoft/dion's constructor arguments, DESIGN.md): the *replicate* mesh carries data
+Terms (microsoft/dion's constructor arguments, docs/design.md): the *replicate* mesh carries data
 parallelism (DDP, the replicate dim of HSDP), the *outer shard* mesh weight sharding (FSDP),
 the *inner shard* mesh tensor parallelism (TP). Each is a 1-D DeviceMesh or a ProcessGroup.
 """
@@ -104,7 +104,7 @@ def check_axes(axes: Sequence[MeshAxis | None]) -> None:
                               f"({a.name} {a.ranks}, {b.name} {b.ranks}); each must be a different dimension of one mesh")
 
 
-def _dim_indices(shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int],
+def dim_indices(shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int],
                  placements: Sequence) -> list[torch.Tensor]:
     """Global indices along each tensor dim held at mesh ``coordinate`` (left-to-right over
     the mesh dims, as torch's ``_compute_local_shape_and_global_offset``)."""
@@ -125,7 +125,7 @@ def _dim_indices(shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Se
     return idx
 
 
-def _flat_indices(idx: Sequence[torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
+def flat_indices(idx: Sequence[torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
     """Row-major flat indices of the product of per-dim index sets (``reshape`` order)."""
     flat = torch.zeros(1, dtype=torch.int64)
     for ix, size in zip(idx, shape):
@@ -180,8 +180,8 @@ class MatrixLayout:
         for name, pos in positions.items():
             if name in self._axis_dims:
                 coord[self._axis_dims[name]] = pos
-        idx = _dim_indices(self._tensor_shape, self._mesh_shape, coord, self._placements)
-        rows, cols = idx[0], _flat_indices(idx[1:], self._tensor_shape[1:])
+        idx = dim_indices(self._tensor_shape, self._mesh_shape, coord, self._placements)
+        rows, cols = idx[0], flat_indices(idx[1:], self._tensor_shape[1:])
         return (cols, rows) if self._swapped else (rows, cols)
 
     def without(self, name: str) -> "MatrixLayout":
@@ -194,8 +194,8 @@ class MatrixLayout:
 
         placements = list(self._placements)
         placements[self._axis_dims[name]] = Replicate()
-        idx = _dim_indices(self._tensor_shape, self._mesh_shape, self._coordinate, placements)
-        rows, cols = idx[0], _flat_indices(idx[1:], self._tensor_shape[1:])
+        idx = dim_indices(self._tensor_shape, self._mesh_shape, self._coordinate, placements)
+        rows, cols = idx[0], flat_indices(idx[1:], self._tensor_shape[1:])
         row_axes, col_axes = (tuple(a for a in axes if a.name != name) for axes in (self.row_axes, self.col_axes))
         dims = {k: d for k, d in self._axis_dims.items() if k != name}
         if self._swapped:
@@ -248,6 +248,6 @@ def matrix_layout(param: torch.Tensor, axes: Mapping[str, MeshAxis | None], *,
                               f"the replicate mesh must hold whole replicas (pass it as outer_shard_mesh)")
         axis_dims[axes[role].name] = d
         (row_axes if pl.dim % param.ndim == 0 else col_axes).append(axes[role])
-    idx = _dim_indices(shape, tuple(mesh.shape), tuple(coordinate), placements)
-    return MatrixLayout((m, n), idx[0], _flat_indices(idx[1:], shape[1:]), tuple(row_axes), tuple(col_axes),
+    idx = dim_indices(shape, tuple(mesh.shape), tuple(coordinate), placements)
+    return MatrixLayout((m, n), idx[0], flat_indices(idx[1:], shape[1:]), tuple(row_axes), tuple(col_axes),
                         shape, tuple(mesh.shape), tuple(coordinate), placements, axis_dims)

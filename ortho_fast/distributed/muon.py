@@ -44,7 +44,6 @@ owners (one TP group: they share their dp position), phase 4 scatters over dp.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -53,79 +52,20 @@ import torch
 import torch.distributed as dist
 
 from .._validate import check_choice
-from ..coefficients import resolve_coefficients
-from ..muon import (
-    MuonLayout, _apply_update, _layout, _muon_options, _orthogonalize, _param_name, check_muon_step, is_expert_name,
-    muon_momentum,
-)
-from ..newton_schulz import _float32_matmul_precision, resolve_compute_dtype
+from ..functional import muon as muon_math
+from ..functional.layout import MuonLayout, is_expert_name
+from ..groups.driver import GroupRunner
+from ..groups.muon import MUON_OPTION_KEYS, check_muon_step, momentum_of, param_layout, param_name, resolve_muon_options
+from ..groups.options import MuonOptions, OptionsCache
 from . import comm
-from .layout import LayoutError, MatrixLayout, MeshAxis, check_axes, is_dtensor, local_tensor, matrix_layout, mesh_axis
+from .newton_schulz import newton_schulz_sharded
+from .layout import LayoutError, MatrixLayout, check_axes, is_dtensor, local_tensor, matrix_layout, mesh_axis
 
 __all__ = ["TP_MODES", "MuonSharding", "newton_schulz_sharded", "muon_comm_volume"]
 
 #: Tensor-parallel Newton–Schulz modes (Megatron ``muon_tp_mode`` / Emerging-Optimizers ``newton_schulz_tp``).
 TP_MODES = ("duplicated", "distributed", "blockwise")
 _HINT = "pass its mesh dimension as distributed_mesh (FSDP) or tp_mesh (tensor parallelism)"
-
-
-def newton_schulz_sharded(block: torch.Tensor, axis: MeshAxis | None, *, sharded_dim: int, coefficients="jordan",
-                          steps: int | None = None, safety: float = 1.0, eps: float = 1e-7, eps_mode: str = "add",
-                          dtype=torch.bfloat16, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Newton–Schulz on a matrix X (m, n) sharded over ``axis`` along ``sharded_dim``; returns this
-    rank's block of the result.
-
-    Shapes: ``block`` (r, n) = X[R, :] for ``sharded_dim=0`` (or (m, c) = X[:, C] for 1), the
-    blocks of the ranks of ``axis`` partitioning that dim (empty blocks allowed) -> the same
-    shape, in ``out_dtype`` (default the block's dtype). Options as ``ortho_fast.newton_schulz``.
-    Algorithm: with Y = Xᵀ for ``sharded_dim=0`` (X otherwise), the sharded dim is the one the
-    Gram matrix contracts: A = Y Yᵀ = Σ_ranks Y_k Y_kᵀ is all-reduced (d × d, d the unsharded
-    dim) and each rank updates its columns Y_k ← a·Y_k + (b·A + c·A²)·Y_k. Since
-    p(XXᵀ)X = X p(XᵀX), this is the one-process iteration in exact arithmetic whichever side
-    is sharded; the one-process code works on the wide side, so sharding the long dim costs the
-    same d = min(m, n) and sharding the short one a Gram of max(m, n)² (the case Megatron warns
-    "wastes compute"). The normalization X / (s·‖X‖_F + eps) (or max(·) for "clamp") takes the
-    power-of-two scale β from the all-reduced max |X| (as ``newton_schulz``, to keep ‖X‖_F in
-    range) and ‖X‖_F² from an all-reduced sum. bfloat16 / float16: the Gram matrix and ‖X‖_F²
-    are summed in float32 and rounded once, as the one-process matmul accumulates.
-    Communication: 2 + steps·d² elements (all-reduces over ``axis``, tags "ns_scale", "ns_norm",
-    "gram"); every rank of ``axis`` must call it with its block, empty or not.
-    Source: NVIDIA Emerging-Optimizers ``newton_schulz_tp(mode="distributed")`` /
-    ``distributed_normalize_p2`` (which transposes so that the partition dim is contracted);
-    Megatron-LM ``TensorParallelMuon``.
-    Raises: ValueError for ``sharded_dim`` not 0 / 1 or a block that is not 2-D; the errors of
-    ``resolve_coefficients`` / ``resolve_compute_dtype`` for bad options.
-    """
-    if sharded_dim not in (0, 1) or block.ndim != 2:
-        raise ValueError(f"sharded_dim: expected 0 or 1 and a 2-D block, got {sharded_dim!r} and shape "
-                         f"{tuple(block.shape)}")
-    table = resolve_coefficients(coefficients, steps)
-    compute, precision = resolve_compute_dtype(dtype, block.dtype)
-    acc = torch.float32 if compute in (torch.bfloat16, torch.float16) else compute
-    y = block.mT if sharded_dim == 0 else block
-    amax = y.abs().amax() if y.numel() else y.new_zeros(())
-    comm.all_reduce(amax, axis, op=dist.ReduceOp.MAX, tag="ns_scale")
-    # β = 2^e with max|X| in [2^(e−1), 2^e), capped at the dtype's largest power of two (newton_schulz's scale)
-    exponent = torch.frexp(amax).exponent.clamp(max=math.floor(math.log2(torch.finfo(block.dtype).max)))
-    beta = torch.ldexp(torch.ones_like(amax), exponent)
-    x = (y / beta).to(compute)
-    sq = x.to(acc).square().sum()
-    comm.all_reduce(sq, axis, tag="ns_norm")
-    norm = sq.sqrt().to(compute) * safety if safety != 1.0 else sq.sqrt().to(compute)
-    wide = torch.promote_types(compute, beta.dtype)
-    eps_scaled = (torch.full_like(beta, eps, dtype=compute).to(wide) / beta.to(wide)).to(compute)
-    denom = norm + eps_scaled if eps_mode == "add" else torch.maximum(norm, eps_scaled)
-    if eps == 0.0:
-        denom = torch.where(denom == 0, torch.ones_like(denom), denom)
-    x = x / denom
-    with _float32_matmul_precision(precision) if precision else contextlib.nullcontext():
-        for a, b, c in table:
-            gram = x.to(acc) @ x.to(acc).mT
-            comm.all_reduce(gram, axis, tag="gram")
-            gram = gram.to(compute)
-            x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    out = x.mT if sharded_dim == 0 else x
-    return out.to(block.dtype if out_dtype is None else out_dtype)
 
 
 def muon_comm_volume(shape: Sequence[int], *, dp: str | None = None, dp_size: int = 1, dp_dim: int = 0,
@@ -235,7 +175,7 @@ def _same_set(parts: list[torch.Tensor], whole: torch.Tensor) -> bool:
     return len(joined) == len(whole) and torch.equal(joined.sort().values, whole.sort().values)
 
 
-class MuonSharding:
+class MuonSharding(GroupRunner):
     """The distributed plan of a ``Muon`` optimizer: its meshes, and per parameter who owns it and
     where its blocks live (see the module docstring for the algorithm).
 
@@ -247,8 +187,11 @@ class MuonSharding:
     1-D, does not contain this rank, or overlaps the other one; RuntimeError if torch.distributed
     is not initialized. ``add_group`` raises LayoutError / ValueError for a parameter (see there).
     Every check depends only on the meshes and placements, which all ranks share, so an error
-    is raised on every rank, before any collective.
+    is raised on every rank, before any collective. As a ``GroupRunner`` (``communicates``):
+    ``check`` makes every rank agree, ``step`` runs one group; options are cached per group.
     """
+
+    communicates = True
 
     def __init__(self, distributed_mesh=None, tp_mesh=None, tp_mode: str = "duplicated") -> None:
         check_choice(tp_mode, "tp_mode", TP_MODES)
@@ -259,6 +202,11 @@ class MuonSharding:
         self.dp_is_group = isinstance(distributed_mesh, dist.ProcessGroup)
         self.active = distributed_mesh is not None or tp_mesh is not None
         self.plans: dict[torch.Tensor, _Plan] = {}
+        self.cache = OptionsCache()
+
+    def entry(self, group: dict):
+        """The group's options cache entry (resolved again when an option changed)."""
+        return self.cache.entry(group, MUON_OPTION_KEYS, resolve_muon_options)
 
     # -- construction --------------------------------------------------------------------
 
@@ -278,7 +226,7 @@ class MuonSharding:
         self.plans.update(plans)
 
     def _plan(self, group: dict, i: int, p: torch.Tensor, index: int) -> _Plan:
-        name = _param_name(group, i, p)
+        name = param_name(group, i, p)
         owner = index % self.dp.size if self.dp else 0
         if not is_dtensor(p):
             return _Plan(owner)
@@ -292,7 +240,7 @@ class MuonSharding:
             raise LayoutError(f"{name}: {err}") from None
         if not lay.is_sharded:
             return _Plan(owner)
-        _check_sharded_options(group, i, p, name)
+        _check_sharded_options(group, resolve_muon_options(group), i, p, name)
         dp_name, tp_name = (axis.name if axis else "" for axis in (self.dp, self.tp))
         in_rows, in_cols = [a.name for a in lay.row_axes], [a.name for a in lay.col_axes]
         dp_shards = dp_name in in_rows + in_cols
@@ -340,8 +288,8 @@ class MuonSharding:
         error = None
         try:
             for group in groups:
-                check_muon_step(group, state)
-                merged = {**group, **_muon_options(group)}
+                entry = self.entry(group)
+                check_muon_step(group, state, entry.options, entry.per_param)
                 for i, p in enumerate(group["params"]):
                     if p.grad is None:
                         continue
@@ -349,54 +297,50 @@ class MuonSharding:
                     for key, t in (("grad", p.grad), ("momentum_buffer", buf)):
                         if t is not None and not _same_layout(p, t):
                             raise ValueError(
-                                f"{key}: expected the parameter's layout ({_param_name(group, i, p)}: "
+                                f"{key}: expected the parameter's layout ({param_name(group, i, p)}: "
                                 f"{_layout_name(p)}), got {_layout_name(t)}" + (
                                     "; load sharded optimizer state with torch.distributed.checkpoint "
                                     "(set_optimizer_state_dict), which keeps each parameter's placements"
                                     if key == "momentum_buffer" else ""))
                     if self.plans[p].layout is not None:
-                        _check_sharded_options(merged, i, p, _param_name(group, i, p))
-        except Exception as err:  # noqa: BLE001 - re-raised below, after the peers have heard of it
+                        _check_sharded_options(group, entry.options, i, p, param_name(group, i, p))
+        except Exception as err:  # noqa: BLE001 - re-raised by raise_together, after the peers have heard of it
             error = err
         device = next((p.device for _, _, p in entries), torch.device("cpu"))  # NCCL: the GPU
-        flags = torch.tensor([float(error is not None), *(float(p.grad is not None) for _, _, p in entries)],
-                             device=device)
+        flags = torch.tensor([0.0, *(float(p.grad is not None) for _, _, p in entries)], device=device)
         axes = [a for a in (self.dp, self.tp) if a is not None]
-        comm.all_reduce_axes(flags, axes, tag="check")
-        if error is not None:
-            raise error
-        if flags[0] > 0:
-            raise ValueError("grad: another rank found an invalid gradient, state or option in this step (its own "
-                             "error names it); no parameter or state was changed")
+        comm.raise_together(error, axes, flags, tag="check")
         ranks = math.prod(a.size for a in axes)
-        partial = [_param_name(group, i, p) for (group, i, p), n in zip(entries, flags[1:].tolist()) if 0 < n < ranks]
+        partial = [param_name(group, i, p) for (group, i, p), n in zip(entries, flags[1:].tolist()) if 0 < n < ranks]
         if partial:
             raise ValueError(f"grad: {', '.join(partial)} have a gradient on some ranks and not on others; every rank "
                              f"of distributed_mesh and tp_mesh must step the same parameters (no parameter or state "
                              f"was changed)")
 
     @torch.no_grad()
-    def step(self, groups: list[dict], state) -> None:
-        """One distributed Muon step for every group (``check`` first, then ``group_step``)."""
-        self.check(groups, state)
-        for group in groups:
+    def step(self, groups_or_group, state, first_index: int | None = None) -> None:
+        """``GroupRunner.step``: one group (``step(group, state, first_index)``); called with the
+        list of groups and no index, one distributed Muon step for all of them (``check`` first,
+        then ``group_step`` each)."""
+        if first_index is not None:
+            self.group_step(groups_or_group, state)
+            return
+        self.check(groups_or_group, state)
+        for group in groups_or_group:
             self.group_step(group, state)
 
     def group_step(self, group: dict, state) -> None:
         """The five phases of the module docstring for one group, every rank in the same order."""
-        group = {**group, **_muon_options(group)}
+        entry = self.entry(group)
+        options = entry.options
         items: list[_Item] = []
         for i, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
-            st = state[p]
-            if "momentum_buffer" not in st:
-                st["momentum_buffer"] = torch.zeros_like(p.grad)
-            u = muon_momentum(local_tensor(p.grad), local_tensor(st["momentum_buffer"]), mu=group["momentum"],
-                              nesterov=group["nesterov"], style=group["momentum_style"])
+            u = momentum_of(p, state, options, grad=local_tensor(p.grad), buf_of=local_tensor)
             items.append(_Item(p, i, self.plans[p], u))
             if items[-1].plan.layout is None and self._owns(items[-1].plan):
-                items[-1].mats = _layout(group, i, p).matrices(u)
+                items[-1].mats = self._param_layout(group, entry, i, p).matrices(u)
         for it in items:  # phase 2: to the owner
             if it.plan.layout is None:
                 continue
@@ -406,15 +350,24 @@ class MuonSharding:
                 it.t = None if parts is None else _assemble(parts, it.plan.dp_index, it.plan.tp_shape)
             elif self._owns(it.plan):
                 it.t = block
-        self._owner_phase(items, group)  # phase 3
+        self._owner_phase(items, group, options)  # phase 3
         for it in items:  # phase 4: back from the owner
-            self._return(it, group)
+            self._return(it, group, entry)
         for it in items:  # phase 5
-            self._apply(it, group)
+            self._apply(it, group, entry)
 
-    def _owner_phase(self, items: list[_Item], group: dict) -> None:
+    def _param_layout(self, group: dict, entry, i: int, p: torch.Tensor) -> MuonLayout:
+        """The one-process layout of a plain / replicated parameter, cached with the group's options."""
+        hit = entry.per_param.get(i)
+        if hit is not None and hit[0] is p and hit[1] == p.shape:
+            return hit[2]
+        lay = param_layout(group, entry.options, i, p)
+        entry.per_param[i] = (p, p.shape, lay)
+        return lay
+
+    def _owner_phase(self, items: list[_Item], group: dict, options: MuonOptions) -> None:
         """Phase 3 on the owner: TP all-gathers ("duplicated"), then every whole-matrix
-        Newton–Schulz in one ``_orthogonalize`` call (banks apply to plain parameters), then the
+        Newton–Schulz in one ``orthogonalize`` call (banks apply to plain parameters), then the
         "distributed" ones (collectives inside), each in parameter order."""
         mine = [it for it in items if self._owns(it.plan)]
         local: list[tuple[_Item, torch.Tensor]] = [(it, x) for it in mine for x in it.mats]
@@ -427,26 +380,27 @@ class MuonSharding:
                 local.append((it, _assemble(parts, it.plan.tp_blocks, it.plan.layout.shape)))
             elif mode is None or (mode == "blockwise" and it.t.numel()):
                 local.append((it, it.t))
-        for (it, _), o in zip(local, _orthogonalize([x for _, x in local], group)):
+        outs = muon_math.orthogonalize([x for _, x in local], options.table, **options.orthogonalize_kwargs())
+        for (it, _), o in zip(local, outs):
             full = it.plan.layout is not None and it.plan.tp_dim is not None and self.tp_mode == "duplicated"
             it.outs.append(o[it.plan.tp_index[0][:, None], it.plan.tp_index[1]] if full else o)
         for it in mine:
             if it.plan.layout is not None and it.plan.tp_dim is not None and self.tp_mode == "distributed":
                 it.outs.append(newton_schulz_sharded(
                     it.t, self.tp, sharded_dim=it.plan.tp_dim, coefficients=group["coefficients"],
-                    steps=group["ns_steps"], safety=group["safety"], eps=group["eps"], eps_mode=group["eps_mode"],
-                    dtype=group["dtype"], out_dtype=_out_dtype(group, it.u)))
+                    steps=group["ns_steps"], safety=options.safety, eps=options.eps, eps_mode=options.eps_mode,
+                    dtype=group["dtype"], out_dtype=_out_dtype(options, it.u)))
             elif it.plan.layout is not None and not it.outs:  # an empty blockwise TP shard
-                it.outs.append(it.t.to(_out_dtype(group, it.u)))
+                it.outs.append(it.t.to(_out_dtype(options, it.u)))
 
-    def _return(self, it: _Item, group: dict) -> None:
+    def _return(self, it: _Item, group: dict, entry) -> None:
         """Phase 4: this rank's block of the orthogonalized matrix (``it.outs``) from the owner."""
         if self.dp is None:
             return
         plan, mine = it.plan, self._owns(it.plan)
-        dtype = _out_dtype(group, it.u)
+        dtype = _out_dtype(entry.options, it.u)
         if plan.layout is None:  # DDP of a whole parameter: broadcast each Newton–Schulz output
-            shapes = _layout(group, it.index, it.p).matrix_shapes()
+            shapes = self._param_layout(group, entry, it.index, it.p).matrix_shapes()
             outs = [o.contiguous() for o in it.outs] if mine else [it.u.new_empty(s, dtype=dtype) for s in shapes]
             it.outs = [comm.broadcast(o, self.dp, plan.owner, tag="O") for o in outs]
         elif plan.dp_shards:
@@ -457,18 +411,19 @@ class MuonSharding:
             out = it.outs[0].contiguous() if mine else it.u.new_empty(plan.layout.local_shape, dtype=dtype)
             it.outs = [comm.broadcast(out, self.dp, plan.owner, tag="O")]
 
-    def _apply(self, it: _Item, group: dict) -> None:
+    def _apply(self, it: _Item, group: dict, entry) -> None:
         """Phase 5 on this rank's block (the parameter's local tensor, in place)."""
         w = local_tensor(it.p)
         plan = it.plan
+        update = entry.options.update_kwargs()
         if plan.layout is None:
-            _apply_update(w, _layout(group, it.index, it.p), it.outs, group)
+            muon_math.muon_update(w, self._param_layout(group, entry, it.index, it.p), it.outs, **update)
             return
         r, c = plan.layout.local_shape
         if r * c == 0:
             return
         shape = plan.tp_shape if plan.tp_dim is not None and self.tp_mode == "blockwise" else plan.layout.shape
-        _apply_update(w, MuonLayout((), r, c, 1, ((0, r, r),)), it.outs, group, shapes=[shape])
+        muon_math.muon_update(w, MuonLayout((), r, c, 1, ((0, r, r),)), it.outs, shapes=[shape], **update)
 
 
 def _same_layout(p: torch.Tensor, t: torch.Tensor) -> bool:
@@ -483,19 +438,19 @@ def _layout_name(t: torch.Tensor) -> str:
     return f"a DTensor with placements {tuple(t.placements)}" if is_dtensor(t) else "a plain tensor"
 
 
-def _out_dtype(group: dict, like: torch.Tensor) -> torch.dtype:
-    """The dtype ``_orthogonalize`` returns for an input like ``like`` (the compute dtype, or the
+def _out_dtype(options: MuonOptions, like: torch.Tensor) -> torch.dtype:
+    """The dtype ``orthogonalize`` returns for an input like ``like`` (the compute dtype, or the
     input's own for ``dtype=None``)."""
-    return resolve_compute_dtype(group["dtype"], like.dtype)[0]
+    return like.dtype if options.compute_dtype is None else options.compute_dtype
 
 
-def _check_sharded_options(group: dict, i: int, p: torch.Tensor, name: str) -> None:
+def _check_sharded_options(group: dict, options: MuonOptions, i: int, p: torch.Tensor, name: str) -> None:
     """ValueError naming the first option a sharded parameter cannot take: a sharded parameter
     is one (shape[0], prod(shape[1:])) matrix, orthogonalized alone."""
     names = group.get("param_names")
-    expert = bool(group["expert_keys"] and names) and is_expert_name(names[i], group["expert_keys"])
-    lay = _layout(group, i, p)
-    bad = ("banks" if group["banks"] else "expert_keys" if expert else "flatten" if lay.batch else
+    expert = bool(options.expert_keys and names) and is_expert_name(names[i], options.expert_keys)
+    lay = param_layout(group, options, i, p)
+    bad = ("banks" if options.banks else "expert_keys" if expert else "flatten" if lay.batch else
            "split_sizes" if len(lay.blocks) > 1 or lay.groups > 1 else
            "num_heads" if lay.blocks[0][2] != lay.m else None)
     if bad:

@@ -7,12 +7,14 @@ import pytest
 import torch
 
 import ortho_fast
-import ortho_fast.dion as fast_dion
-import ortho_fast.muon as fast_muon
+import ortho_fast.functional.dion as fast_dion  # patch points: dion_apply, right_factor_block
+import ortho_fast.functional.layout as fast_layout  # muon_layout
+import ortho_fast.functional.muon as fast_muon  # patch points: orthogonalize, adjusted_lr_scale
+import ortho_fast.functional.qr as fast_qr  # patch point: cholesky_solve
 from ortho_verify import checks
 from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
 
-fast_ns = importlib.import_module("ortho_fast.newton_schulz")  # the module, not the function of that name
+fast_ns = importlib.import_module("ortho_fast.functional.newton_schulz")  # the module, not the function of that name
 
 _real_ns = fast_ns.newton_schulz  # the unpatched function
 
@@ -68,7 +70,7 @@ def _ns_max_norm(g, coefficients="jordan", *, steps=None, safety=1.0, eps=1e-7, 
     tall = x.shape[0] > x.shape[1]
     x = x.mT if tall else x
     for a, b, c in fast_ns.resolve_coefficients(coefficients, steps):
-        x = fast_ns._quintic_step(x, a, b, c)
+        x = fast_ns.quintic_step(x, a, b, c)
     return (x.mT if tall else x).to(g.dtype)
 
 
@@ -84,8 +86,8 @@ def test_bf16_where_float32_declared_is_caught(monkeypatch):
 
 
 def test_wrong_error_feedback_sign_is_caught(monkeypatch):
-    real = fast_dion._dion_apply  # the one Dion step behind dion_update, the optimizer and its sharded form
-    monkeypatch.setattr(fast_dion, "_dion_apply", lambda *a, mu, **k: real(*a, mu=2.0 - mu, **k))
+    real = fast_dion.dion_apply  # the one Dion step behind dion_update, the optimizer and its sharded form
+    monkeypatch.setattr(fast_dion, "dion_apply", lambda *a, mu, **k: real(*a, mu=2.0 - mu, **k))
     results = checks.check_dion(CASES[0], 0.5, "float64")
     assert not next(r for r in results if r.check == "dion_vs_reference" and "momentum" in r.detail).passed
     assert not next(r for r in results if r.check == "dion_error_feedback").passed
@@ -136,20 +138,20 @@ def test_muon_option_bugs_are_caught(monkeypatch, config, forced, dtype):
 
 
 def test_muon_heads_not_split_is_caught(monkeypatch):
-    real = fast_muon.muon_layout
-    monkeypatch.setattr(fast_muon, "muon_layout", lambda shape, **k: real(shape, **{**k, "num_heads": None}))
+    real = fast_layout.muon_layout
+    monkeypatch.setattr(fast_layout, "muon_layout", lambda shape, **k: real(shape, **{**k, "num_heads": None}))
     rows = {r.detail.split(" ", 1)[1]: r for r in checks.check_muon_layouts(CASES[0], "float32")}
     assert not rows["qkv 3x4 heads weight"].passed and rows["banks weight"].passed
 
 
 def test_muon_banks_in_the_wrong_order_are_caught(monkeypatch):
-    real = fast_muon._orthogonalize
+    real = fast_muon.orthogonalize
 
-    def rotated(mats, group):  # planted: the banked outputs go to the next parameter
-        out = real(mats, group)
-        return out[1:] + out[:1] if group["banks"] else out
+    def rotated(mats, table, **kw):  # planted: the banked outputs go to the next parameter
+        out = real(mats, table, **kw)
+        return out[1:] + out[:1] if kw["banks"] else out
 
-    monkeypatch.setattr(fast_muon, "_orthogonalize", rotated)
+    monkeypatch.setattr(fast_muon, "orthogonalize", rotated)
     rows = {r.detail.split(" ", 1)[1]: r for r in checks.check_muon_layouts(CASES[1], "float32")}
     assert not rows["banks weight"].passed
 
@@ -159,9 +161,9 @@ def _dion_q_row(results):
 
 
 def test_dion_right_factor_swapped_is_caught(monkeypatch):
-    real = fast_dion._right_factor  # behind dion_right_factor and every Dion step
+    real = fast_dion.right_factor_block  # behind dion_right_factor and every Dion step
     swap = {"qr": "column_norm", "column_norm": "qr"}
-    monkeypatch.setattr(fast_dion, "_right_factor", lambda r, rf, eps, *a: real(r, swap[rf], eps, *a))
+    monkeypatch.setattr(fast_dion, "right_factor_block", lambda r, rf, eps, *a: real(r, swap[rf], eps, *a))
     assert not _dion_q_row(checks.check_dion(CASES[0], 0.5, "float64", "orth_dion")).passed
 
 
@@ -178,7 +180,7 @@ def test_dion_option_bugs_are_caught(monkeypatch, variant, dtypes, forced):
 def test_randomized_cholesky_qr_without_its_cholesky_pass_is_caught(monkeypatch):
     # P = Y R_s^-1 (the sketch's preconditioned Y) is not orthonormal: off by O(kappa(Y R_s^-1) - 1)
     assert _all_pass(checks.check_dion(CASES[0], 0.5, "float64", "randomized_cholesky_qr"))
-    monkeypatch.setattr(fast_dion, "_cholesky_solve", lambda y, *a, **k: y)  # no Cholesky pass
+    monkeypatch.setattr(fast_qr, "cholesky_solve", lambda y, *a, **k: y)  # no Cholesky pass
     assert not _all_pass(checks.check_dion(CASES[0], 0.5, "float64", "randomized_cholesky_qr"))
 
 

@@ -1,0 +1,135 @@
+"""Muon's per-tensor math: momentum, orthogonalization of a list of matrices, and the scaled update.
+
+Functions of tensors and keyword hyperparameters (no param-group dicts): the role of torch.optim's
+``_single_tensor_muon``. ``ortho_fast.groups.muon`` drives them for a param group, and
+``ortho_fast.distributed.muon`` for sharded parameters.
+
+Patch points (documented seams for tests that plant bugs): ``orthogonalize`` and
+``adjusted_lr_scale`` are looked up in this module at every call by the group layer and the
+distributed step, so ``monkeypatch.setattr(ortho_fast.functional.muon, "orthogonalize", ...)``
+reaches every Muon step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Sequence
+
+import torch
+
+from .._validate import check_choice
+from .layout import MuonLayout
+from .newton_schulz import newton_schulz_resolved
+
+MOMENTUM_STYLES = ("ema", "classic")
+#: lr adjustment modes; the last three are Megatron / Emerging-Optimizers ``scale_mode`` names.
+ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral_norm", None, "shape_scaling", "spectral", "unit_rms_norm")
+
+
+def adjusted_lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
+    """lr multiplier for an (m, n) = (fan_out, fan_in) matrix.
+
+    "original" = "shape_scaling" √max(1, m/n) (Keller Jordan, torch.optim.Muon, nanochat;
+    Megatron "shape_scaling"); "match_rms_adamw" 0.2·√max(m, n) (Moonlight, arXiv 2502.16982);
+    "spectral_norm" = "unit_rms_norm" √(m/n) (microsoft/dion; Megatron "unit_rms_norm");
+    "spectral" √max(m, n) (Megatron's default — not dion's "spectral_norm"); None: 1
+    (torch.optim.Muon's ``adjust_lr_fn=None`` means "original", not this).
+    Raises: ValueError for an unknown mode.
+    """
+    if adjust_lr in ("original", "shape_scaling"):
+        return math.sqrt(max(1.0, m / n))
+    if adjust_lr == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(m, n))
+    if adjust_lr in ("spectral_norm", "unit_rms_norm"):
+        return math.sqrt(m / n)
+    if adjust_lr == "spectral":
+        return math.sqrt(max(m, n))
+    if adjust_lr is None:
+        return 1.0
+    raise ValueError(f"adjust_lr: expected one of {ADJUST_LR_MODES}, got {adjust_lr!r}")
+
+
+def muon_momentum(grad: torch.Tensor, buf: torch.Tensor, *, mu: float, nesterov: bool, style: str) -> torch.Tensor:
+    """Update the momentum buffer in place and return the matrix to orthogonalize.
+
+    "ema": M ← M + (1−μ)(G − M) (``lerp``), U = G + μ(M − G) if nesterov else M
+    (torch.optim.Muon, Keller Jordan, nanochat). "classic": M ← μM + G, U = G + μM if
+    nesterov else M (microsoft/dion, Moonlight).
+    Shapes: grad, buf (...) of the parameter's shape, same dtype -> (...); computed in that dtype.
+    Source: torch.optim.Muon ``_single_tensor_muon`` (``lerp_``, nesterov ``lerp``); Keller
+    Jordan's ``muon_update``; microsoft/dion ``muon_update_pre_orthogonalize`` (classic).
+    Raises: ValueError naming ``style`` for a style not in ``MOMENTUM_STYLES``, before ``buf``
+    changes. Shapes and dtypes are not checked here (``check_muon_step`` does it).
+    """
+    check_choice(style, "style", MOMENTUM_STYLES)
+    if style == "ema":
+        buf.lerp_(grad, 1 - mu)
+        return grad.lerp(buf, mu) if nesterov else buf
+    buf.mul_(mu).add_(grad)
+    return grad.add(buf, alpha=mu) if nesterov else buf
+
+
+def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: float, eps_mode: str,
+                  compute_dtype: torch.dtype | None = None, precision: str | None = None,
+                  banks: bool = False) -> list[torch.Tensor]:
+    """Newton–Schulz (``newton_schulz_resolved``) on every matrix batch of ``mats``.
+
+    Shapes: each input (..., m, n) -> the same shape, returned in ``compute_dtype`` (None: each
+    input's own dtype). The update adds it to the parameter with type promotion, which converts
+    exactly as an explicit cast would, without the extra pass. With ``banks``, inputs of the same
+    (m, n) and dtype are concatenated along the batch and orthogonalized in one call (a lone
+    member keeps its own call, so its bits do not depend on ``banks``).
+    Args: ``table`` the resolved per-step rows; ``safety``, ``eps``, ``eps_mode``, ``precision`` as
+    ``newton_schulz_resolved`` (validated by the caller).
+    Source: Keller Jordan's Muon (per-matrix Newton–Schulz); modded-nanogpt / nanochat parameter banks.
+    """
+    def run(x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype if compute_dtype is None else compute_dtype
+        return newton_schulz_resolved(x, table, safety=safety, eps=eps, eps_mode=eps_mode, compute_dtype=dtype,
+                                      precision=precision, out_dtype=dtype)
+
+    if not banks:
+        return [run(x) for x in mats]
+    grouped: dict[tuple, list[int]] = defaultdict(list)
+    for i, x in enumerate(mats):
+        grouped[(*x.shape[-2:], x.dtype)].append(i)
+    out: list[torch.Tensor] = [None] * len(mats)  # type: ignore[list-item]
+    for members in grouped.values():
+        if len(members) == 1:
+            out[members[0]] = run(mats[members[0]])
+            continue
+        flat = [mats[i].reshape(-1, *mats[i].shape[-2:]) for i in members]
+        result = run(torch.cat(flat))
+        for i, part in zip(members, result.split([f.shape[0] for f in flat])):
+            out[i] = part.reshape(mats[i].shape)
+    return out
+
+
+def muon_update(p: torch.Tensor, layout: MuonLayout, outs: Sequence[torch.Tensor], *, lr: float,
+                weight_decay: float, adjust_lr: str | None, extra_scale_factor: float = 1.0,
+                cautious_weight_decay: bool = False, shapes: Sequence[tuple[int, ...]] | None = None) -> None:
+    """W ← W·(1 − lr·wd) − lr·s_j·O_j per block j of ``layout``, in place, in W's dtype.
+
+    s_j = ``adjusted_lr_scale(adjust_lr, m_j, n_j)``·``extra_scale_factor`` from the block's matrix
+    shape, or from ``shapes[j]`` (a shard's update is scaled by the global shape). The decay uses
+    the unscaled lr (decoupled); ``cautious_weight_decay`` applies it only where
+    sign(O)·sign(W) >= 0 (Chen et al. 2025, arXiv 2510.12402). Works through views of W (a
+    non-contiguous W is updated through a contiguous copy, then copied back).
+    Shapes: ``p`` param-shaped; ``outs[j]`` reshapeable to block j's view.
+    Source: torch.optim.Muon (decoupled decay, ``adjust_lr``); Moonlight (0.2·√max(m, n));
+    Megatron (``extra_scale_factor``).
+    """
+    lr, wd = float(lr), float(weight_decay)
+    w = p if p.is_contiguous() else p.contiguous()
+    if not cautious_weight_decay:
+        w.mul_(1 - lr * wd)
+    for view, o, shape in zip(layout.views(w), outs, shapes or layout.matrix_shapes()):
+        o = o.reshape(view.shape)
+        if cautious_weight_decay:
+            decayed = torch.where(o.sign() * view.sign() >= 0, view * (1 - lr * wd), view)
+            view.copy_(decayed)
+        scale = adjusted_lr_scale(adjust_lr, shape[-2], shape[-1]) * extra_scale_factor
+        view.add_(o, alpha=-lr * scale)
+    if w is not p:
+        p.copy_(w)

@@ -1,0 +1,224 @@
+"""Batched Newton–Schulz orthogonalization on (..., m, n) tensors.
+
+Dtype policy (``newton_schulz(g, dtype=..., out_dtype=...)``):
+
+* The input ``g`` may be any floating dtype. It is cast to the *compute dtype* first, and the
+  Frobenius normalization, every step's products and sums, and the transposes all happen in
+  the compute dtype (bfloat16 normalizes in bfloat16, exactly as ``torch.optim.Muon``).
+* Compute dtypes: ``torch.bfloat16`` (default; torch.optim.Muon, Keller Jordan, nanochat),
+  ``torch.float16``, ``torch.float32``, ``torch.float64``, or ``None`` for the input's own
+  dtype. bfloat16 / float16 matmuls accumulate in float32 and round each output once (CPU
+  and CUDA kernels); float16 has the range [6e-8, 65504], so singular values of the
+  normalized input below ~6e-8·‖G‖_F flush towards zero (the odd polynomial keeps 0 at 0).
+* Megatron / NVIDIA Emerging-Optimizers ``fp32_matmul_prec`` names are accepted as compute
+  dtypes: ``"medium"`` runs in bfloat16 (Emerging-Optimizers casts to bfloat16 for "medium";
+  it normalizes in float32 before the cast, we normalize after it, as torch.optim.Muon),
+  ``"high"`` runs in float32 with ``torch.set_float32_matmul_precision("high")`` (TF32 on
+  CUDA) for the duration of the call, ``"highest"`` in float32 with full-precision matmuls.
+  The precision switch is process-global while the call runs (as Emerging-Optimizers'
+  ``fp32_matmul_precision`` context); it is restored afterwards.
+* The result is cast to ``out_dtype`` (default: the input dtype) once, at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from .._validate import check_hyper, check_matrix_tensor
+from ..coefficients import CoefficientsLike, resolve_coefficients
+
+COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+#: Megatron / Emerging-Optimizers ``fp32_matmul_prec`` -> (compute dtype, float32 matmul precision).
+MATMUL_PRECISIONS = {
+    "medium": (torch.bfloat16, None),
+    "high": (torch.float32, "high"),
+    "highest": (torch.float32, "highest"),
+}
+EPS_MODES = ("add", "clamp")
+
+
+
+def resolve_compute_dtype(dtype, input_dtype: torch.dtype | None = None) -> tuple[torch.dtype | None, str | None]:
+    """Map a compute-dtype setting to (torch dtype, float32 matmul precision or None).
+
+    ``dtype``: one of ``COMPUTE_DTYPES``, a key of ``MATMUL_PRECISIONS`` ("medium", "high",
+    "highest"), or None (the input's dtype; returned as ``input_dtype``).
+    Source: torch.optim.Muon (bfloat16 Newton–Schulz); Megatron / NVIDIA Emerging-Optimizers
+    ``fp32_matmul_prec`` ("medium" casts to bfloat16, "high" TF32, "highest" full float32).
+    Raises: TypeError naming ``dtype`` for anything else.
+    """
+    if dtype is None:
+        return input_dtype, None
+    if isinstance(dtype, str) and dtype in MATMUL_PRECISIONS:
+        return MATMUL_PRECISIONS[dtype]
+    if isinstance(dtype, str) or dtype not in COMPUTE_DTYPES:
+        raise TypeError(f"dtype: expected one of {COMPUTE_DTYPES}, None or {sorted(MATMUL_PRECISIONS)}, got {dtype!r}")
+    return dtype, None
+
+
+@contextlib.contextmanager
+def float32_matmul_precision(precision: str):
+    """Set ``torch.set_float32_matmul_precision`` for the duration of the block (restored after,
+    also on error). Process-global, as Emerging-Optimizers' ``fp32_matmul_precision`` context."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def quintic_step(x: torch.Tensor, a: float, b: float, c: float) -> torch.Tensor:
+    """One Newton–Schulz step X <- aX + (bA + cA²)X with A = XXᵀ, on (m, n) or (batch, m, n) with m <= n.
+
+    Shapes: x (m, n) or (batch, m, n), m <= n (the wide side) -> the same shape and dtype.
+
+    Written with addmm / baddbmm as in torch.optim.Muon, so that 2-D bf16 inputs give the
+    same bits as torch's implementation.
+    """
+    if x.ndim == 2:
+        gram = x @ x.T
+        update = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+        return torch.addmm(x, update, x, beta=a)
+    gram = torch.bmm(x, x.mT)
+    if c == 0.0:
+        # torch's CPU baddbmm in bf16/fp16 returns ``gram`` unscaled when alpha == 0 for
+        # matrices of 13 x 13 and up (beta ignored; measured on torch 2.13): scale directly.
+        update = gram * b
+    else:
+        update = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+    return torch.baddbmm(x, update, x, beta=a)
+
+
+def power_of_two_scale(x: torch.Tensor) -> torch.Tensor:
+    """β = 2^e per matrix with max|X| in [2^(e−1), 2^e) (β = 1 for a zero matrix), e capped at
+    the dtype's largest finite power of two (then max|X/β| < 2); shape (batch, 1, 1), or ()
+    for a 2-D x (a 0-dim tensor takes torch's scalar fast path in the divisions); x's dtype.
+    X/β is exact."""
+    if x.ndim == 2:  # aminmax: one pass, no |X| temporary (10× faster than an inf-norm here)
+        lo, hi = torch.aminmax(x)
+        amax = torch.maximum(hi, -lo)
+    else:
+        amax = x.abs().amax(dim=(-2, -1), keepdim=True)
+    largest = math.floor(math.log2(torch.finfo(x.dtype).max))  # 2^largest is finite: 15 for float16
+    exponent = torch.frexp(amax).exponent.clamp(max=largest)
+    return torch.ldexp(torch.ones_like(amax), exponent)
+
+
+def normalize_and_iterate(x: torch.Tensor, beta: torch.Tensor, table, safety: float, eps: float,
+                          eps_mode: str) -> torch.Tensor:
+    """Normalize and run the steps on (m, n) or (batch, m, n) with m <= n, in x's dtype.
+
+    ``x`` is X/β already (our own tensor), β = ``power_of_two_scale(X)`` in the input's
+    dtype, computed by the caller before the cast to the compute dtype and before any
+    transpose. The Frobenius normalization is (X/β) / (s·‖X/β‖_F + eps/β) or
+    / max(s·‖X/β‖_F, eps/β), with eps rounded to the compute dtype first (as torch does with
+    a Python scalar). Scaling by a power of two commutes with every rounding, so in float32,
+    bfloat16 and float64 this gives the same bits as X / (s·‖X‖_F + eps) (the form of
+    torch.optim.Muon) whenever no intermediate is subnormal; in float16 entries below
+    6e-5·β become subnormal and may differ in their last bits. It stays correct where that
+    form fails: ‖X‖_F overflows for ‖X‖_F > 1.8e19 in float32 / bfloat16 (the squares pass
+    3.4e38) and above 65504 in float16, and a float32 input above 65504 overflows in the cast
+    to float16 — all of which made the result 0 or NaN.
+    """
+    if x.dtype in (torch.bfloat16, torch.float16):  # torch.optim.Muon's own norm: bitwise parity
+        norm = x.norm() if x.ndim == 2 else torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
+    else:  # torch's CPU float32 norm accumulates serially: 3.0e-5 relative off on a 1024 x 2048
+        # Gaussian, against 2.4e-8 for the cascade summation of sum() (measured)
+        norm = x.square().sum(dim=(-2, -1), keepdim=x.ndim > 2).sqrt()
+    if safety != 1.0:
+        norm = norm * safety
+    wide = torch.promote_types(x.dtype, beta.dtype)  # holds eps rounded to x's dtype, and β (no float64 on MPS)
+    eps_rounded = torch.full_like(beta, eps, dtype=x.dtype).to(wide)
+    eps_scaled = (eps_rounded / beta.to(wide)).to(x.dtype)  # exact unless it underflows
+    denom = norm + eps_scaled if eps_mode == "add" else torch.maximum(norm, eps_scaled)
+    if eps == 0.0:  # a zero matrix maps to zero (as ns_map), not to 0/0
+        denom = torch.where(denom == 0, torch.ones_like(denom), denom)
+    x.div_(denom)  # x is our own tensor here (the division by β made it)
+    for a, b, c in table:
+        x = quintic_step(x, a, b, c)
+    return x
+
+
+def newton_schulz(
+    g: torch.Tensor,
+    coefficients: CoefficientsLike = "jordan",
+    *,
+    steps: int | None = None,
+    safety: float = 1.0,
+    eps: float = 1e-7,
+    dtype: torch.dtype | str | None = torch.bfloat16,
+    eps_mode: str = "add",
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Odd quintic Newton–Schulz iteration approximating the polar factor of each matrix.
+
+    X₀ = G / (safety·‖G‖_F + eps) (``eps_mode="add"``; ``"clamp"`` divides by
+    max(safety·‖G‖_F, eps) as torch.optim.Muon does), then per step (a, b, c):
+    X <- aX + (bA + cA²)X with A = XXᵀ, computed on the wide side (tall inputs are
+    transposed and transposed back). In exact arithmetic the result is U f(Σ̂) Vᵀ
+    (``ortho_ref.ns_map``), not the polar factor U Vᵀ.
+
+    Shapes: g (..., m, n) -> (..., m, n); any number of leading dims, each matrix an
+    independent problem with its own Frobenius norm (a 2-D input takes the 2-D ``addmm``
+    path of torch.optim.Muon, a batch the ``bmm``/``baddbmm`` path; the two are equal in
+    exact arithmetic, not bit for bit). Dtypes: see the module docstring — computed in
+    ``dtype`` (bfloat16, float16, float32, float64, None = g.dtype, or Megatron's "medium" /
+    "high" / "highest"), returned in ``out_dtype`` (default g.dtype). Device: that of ``g``.
+    Args: ``coefficients`` a name in ``ortho_fast.COEFFICIENTS``, a ``CoefficientSchedule``,
+    or per-step rows (a list of (a, b, c) rows, or a (T, 3) tensor / array; one (a, b, c) row
+    alone is repeated for 5 steps); ``steps`` overrides the number of steps (last row
+    repeated beyond the table, fewer truncates).
+    Works under ``torch.compile`` (fullgraph for torch dtypes; the "high"/"highest" names
+    switch a global setting around the call and are meant for eager use).
+    Source: Keller Jordan's Muon (2024) ``zeropower_via_newtonschulz5``; torch.optim.Muon
+    ``_zeropower_via_newtonschulz``; Amsel et al. 2025 (arXiv 2505.16932) for per-step rows;
+    NVIDIA Emerging-Optimizers ``muon_utils.newton_schulz`` for the precision names.
+    Raises: TypeError for a non-tensor or non-float ``g`` or an unsupported ``dtype``;
+    ValueError for fewer than 2 dims, an empty matrix, a bad table, steps < 1, safety <= 0,
+    eps < 0, or an unknown ``eps_mode``; UnknownScheduleError (a KeyError and a ValueError) for
+    an unknown schedule name. NaN / Inf in
+    ``g`` propagate (the optimizers check gradients before calling this).
+    Contract: ‖result − ns_map(g)‖_F within ``ortho_verify.tolerances.ns_tolerance`` (per matrix).
+    """
+    check_matrix_tensor(g, "g")
+    compute_dtype, precision = resolve_compute_dtype(dtype, g.dtype)
+    if eps_mode not in EPS_MODES:
+        raise ValueError(f"eps_mode: expected one of {EPS_MODES}, got {eps_mode!r}")
+    safety = check_hyper(safety, "safety", low_open=True)
+    eps = check_hyper(eps, "eps")
+    table = resolve_coefficients(coefficients, steps)
+    return newton_schulz_resolved(g, table, safety=safety, eps=eps, eps_mode=eps_mode, compute_dtype=compute_dtype,
+                                  precision=precision, out_dtype=out_dtype)
+
+
+def newton_schulz_resolved(g: torch.Tensor, table, *, safety: float, eps: float, eps_mode: str,
+                           compute_dtype: torch.dtype, precision: str | None = None,
+                           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``newton_schulz`` with its options already validated and resolved: the step an optimizer
+    runs every iteration after checking its options once (``ortho_fast.groups.options``).
+
+    Args: ``table`` the per-step rows ((a, b, c), ...) of ``resolve_coefficients``;
+    ``compute_dtype`` / ``precision`` from ``resolve_compute_dtype``; ``safety`` > 0, ``eps`` >= 0,
+    ``eps_mode`` in ``EPS_MODES``. Shapes and dtypes as ``newton_schulz``; the same bits.
+    Raises: nothing of its own (no checks: pass validated options).
+    """
+    m, n = g.shape[-2], g.shape[-1]
+    batch_shape = g.shape[:-2]
+    x = g.reshape(-1, m, n) if g.ndim > 2 else g
+    beta = power_of_two_scale(x)  # () or (batch, 1, 1), g's dtype: unchanged by the transpose
+    x = (x / beta).to(compute_dtype)  # exact; entries below 2 cannot overflow any compute dtype
+    transpose = m > n
+    if transpose:
+        x = x.mT
+    if precision is None:
+        x = normalize_and_iterate(x, beta, table, safety, eps, eps_mode)
+    else:
+        with float32_matmul_precision(precision):
+            x = normalize_and_iterate(x, beta, table, safety, eps, eps_mode)
+    if transpose:
+        x = x.mT
+    return x.reshape(*batch_shape, m, n).to(g.dtype if out_dtype is None else out_dtype)

@@ -1,0 +1,96 @@
+"""The one check-then-step driver of every optimizer here (``Muon``, ``Dion``, ``HybridOptimizer``).
+
+An optimizer is a list of param groups, each run by the ``GroupRunner`` of its algorithm. A step
+first checks every group — all of them, before any parameter or state changes — then steps them
+in group order. Runners that communicate (the distributed Muon and Dion) check their own groups
+on every rank together (``ortho_fast.distributed.comm.raise_together``); the groups of runners
+that do not communicate are checked locally and, in a distributed optimizer, the verdict is
+shared through ``agree`` (one all-reduce of an error flag) before the communicating checks, so a
+gradient that one rank rejects raises on every rank instead of leaving its peers waiting in a
+collective. Source: torch.optim's ``Optimizer.step`` contract; docs/design.md, "Layers and
+import rules".
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+#: Errors a group check raises for bad input (everything else is a bug and propagates as is).
+INPUT_ERRORS = (ValueError, TypeError, KeyError)
+
+
+class GroupRunner:
+    """How one optimizer runs the param groups of one algorithm.
+
+    ``check(groups, state)``: raise for anything invalid in these groups (options, gradients,
+    state), changing nothing; ``step(group, state, first_index)``: one step of a checked group,
+    whose first parameter has index ``first_index`` among this algorithm's parameters (Dion
+    seeds its Q0 and sketches by it); ``reset()`` after the groups were replaced. ``communicates``: whether ``check`` makes its verdict
+    global itself (then the driver runs it on every rank after the local checks).
+    """
+
+    communicates = False
+
+    def check(self, groups: Sequence[dict], state) -> None:
+        raise NotImplementedError
+
+    def step(self, group: dict, state, first_index: int) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget what was cached about the groups (their dicts were replaced: ``load_state_dict``)."""
+        cache = getattr(self, "cache", None)
+        if cache is not None:
+            cache.clear()
+
+
+def labelled(index: int, algorithm: str, fn: Callable, *args, **kwargs):
+    """Call fn; a ValueError / TypeError / KeyError gets "param group i (algorithm): " in front
+    (same type; the original chained as its cause)."""
+    try:
+        return fn(*args, **kwargs)
+    except INPUT_ERRORS as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+        raise type(err)(f"param group {index} ({algorithm}): {message}") from err
+
+
+def check_then_step(groups: Sequence[dict], state, runners: Mapping[str, GroupRunner],
+                    algorithm_of: Callable[[dict], str], *, label: bool = False,
+                    agree: Callable[[BaseException | None], None] | None = None) -> None:
+    """Check every group, then step every group (the step of ``Muon``, ``Dion`` and ``HybridOptimizer``).
+
+    Args: ``runners`` the runner of each algorithm; ``algorithm_of(group)`` a group's algorithm;
+    ``label`` prefix errors with "param group i (algorithm): "; ``agree`` (distributed optimizers)
+    called once with the first local error or None after the non-communicating groups (if any)
+    were checked: it raises on every rank if any rank found an error (``raise_together``).
+    Raises: the first error found, before any parameter or state changes (with ``agree``: on
+    every rank).
+    """
+    error, checked_local = None, False
+    communicating: dict[str, list[dict]] = {}
+    for i, group in enumerate(groups):
+        algorithm = algorithm_of(group)
+        runner = runners[algorithm]
+        if runner.communicates:
+            communicating.setdefault(algorithm, []).append(group)
+            continue
+        checked_local = True
+        try:
+            if label:
+                labelled(i, algorithm, runner.check, [group], state)
+            else:
+                runner.check([group], state)
+        except INPUT_ERRORS as err:
+            if agree is None:
+                raise
+            error = error or err
+    if agree is not None and checked_local:
+        agree(error)
+    for algorithm, members in communicating.items():
+        runners[algorithm].check(members, state)
+    first_index: dict[str, int] = {}
+    for group in groups:
+        algorithm = algorithm_of(group)
+        start = first_index.get(algorithm, 0)
+        runners[algorithm].step(group, state, start)
+        first_index[algorithm] = start + len(group["params"])

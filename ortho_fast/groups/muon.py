@@ -1,0 +1,287 @@
+"""Muon param groups: defaults, validation resolved once, the checks and the step of a group.
+
+The contract every optimizer owning Muon groups drives (``Muon``, ``HybridOptimizer``, the
+distributed step): ``MUON_DEFAULTS``, ``resolve_muon_options`` (validate a group into a frozen
+``MuonOptions``), ``normalize_muon_group`` (at construction / ``add_param_group`` /
+``load_state_dict``), ``check_muon_step`` (before any change) and ``muon_group_step``; ``MuonGroups``
+runs them with the options and layouts cached (``ortho_fast.groups.options``). The math is in
+``ortho_fast.functional.muon``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from .._validate import check_choice, check_count, check_filled, check_finite, check_hyper
+from ..coefficients import CoefficientsLike, resolve_coefficients, schedule_of
+from ..functional import muon as muon_math
+from ..functional import layout as layout_math
+from ..functional.layout import MuonLayout, is_expert_name
+from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, muon_momentum
+from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
+from .driver import GroupRunner
+from .options import MuonOptions, OptionsCache
+
+#: Every Muon param-group key with its default (torch.optim.Muon's defaults where torch has the option).
+MUON_DEFAULTS: dict[str, object] = {
+    "lr": 1e-3,
+    "weight_decay": 0.1,
+    "momentum": 0.95,
+    "nesterov": True,
+    "momentum_style": "ema",
+    "coefficients": "jordan",
+    "ns_steps": None,  # None: the schedule's default (5 for jordan)
+    "safety": None,  # None: the named schedule's (1.0 jordan, 1.02 polar_express), else 1.0
+    "eps": None,  # None: the named schedule's (1e-7 jordan, 1e-6 polar_express), else 1e-7
+    "eps_mode": None,  # None: "clamp" for the named schedule "jordan" (torch.optim.Muon), else "add"
+    "adjust_lr": "original",
+    "extra_scale_factor": 1.0,
+    "cautious_weight_decay": False,
+    "dtype": torch.bfloat16,
+    "banks": False,
+    "expert_keys": (),
+    "split_sizes": None,
+    "split_groups": 1,
+    "num_heads": None,
+    "flatten": None,  # None: >= 4-D flattened, 3-D rejected unless expert; True / False: microsoft/dion's flatten
+}
+
+
+def _check_bool(group: dict, key: str) -> None:
+    if not isinstance(group[key], bool):
+        raise TypeError(f"{key}: expected a bool, got {group[key]!r}")
+
+
+def _int_tuple(value, key: str, allow_int: bool):
+    """None, an int (if allowed) or a sequence -> None, the int, or a tuple; TypeError otherwise."""
+    if value is None or (allow_int and isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        what = "None, an integer or a sequence of integers" if allow_int else "None or a sequence of integers"
+        raise TypeError(f"{key}: expected {what}, got {value!r}")
+    return tuple(value)
+
+
+def default_eps_mode(coefficients: CoefficientsLike) -> str:
+    """The normalization a Muon group uses when ``eps_mode`` is None.
+
+    "clamp", X₀ = U / max(s‖U‖_F, eps), for the named schedule "jordan": torch.optim.Muon's
+    ``_zeropower_via_newtonschulz`` divides by ``norm().clamp(min=eps)``, so the defaults give
+    torch's bits. "add", X₀ = U / (s‖U‖_F + eps), for every other schedule and for user tables
+    (even Keller Jordan's row given as numbers): Keller Jordan's original
+    ``zeropower_via_newtonschulz5`` (X / (‖X‖ + 1e-7)), Moonlight, microsoft/dion and nanochat
+    (X / (1.02‖X‖ + 1e-6) with Polar Express). The two differ only where ‖U‖_F is near eps.
+    Raises: UnknownScheduleError (KeyError, ValueError) for an unknown schedule name.
+    """
+    named = schedule_of(coefficients)
+    return "clamp" if named is not None and named.name == "jordan" else "add"
+
+
+def resolve_muon_options(group: dict) -> MuonOptions:
+    """Validate every option of a Muon group filled with ``MUON_DEFAULTS``, changing nothing, and
+    return them resolved (``MuonOptions``): ``safety`` / ``eps`` None -> the named schedule's (else
+    1.0 / 1e-7), ``eps_mode`` None -> ``default_eps_mode``, the coefficient table of
+    ``coefficients`` / ``ns_steps``, the compute dtype, ``expert_keys`` / ``split_sizes`` /
+    ``num_heads`` as tuples.
+
+    Raises: ValueError / TypeError whose message starts with the offending key;
+    UnknownScheduleError (KeyError, ValueError) for an unknown schedule name.
+    """
+    check_filled(group, MUON_DEFAULTS, "Muon")
+    for key, kw in (("lr", {}), ("weight_decay", {}), ("momentum", {"high": 1.0}),
+                    ("extra_scale_factor", {"low_open": True})):
+        check_hyper(group[key], key, **kw)
+    for key in ("nesterov", "cautious_weight_decay", "banks"):
+        _check_bool(group, key)
+    if not any(group["flatten"] is v for v in (None, True, False)):
+        raise TypeError(f"flatten: expected None, True or False, got {group['flatten']!r}")
+    check_choice(group["momentum_style"], "momentum_style", MOMENTUM_STYLES)
+    check_choice(group["adjust_lr"], "adjust_lr", ADJUST_LR_MODES)
+    compute_dtype, precision = resolve_compute_dtype(group["dtype"])
+    if group["ns_steps"] is not None:
+        check_count(group["ns_steps"], "ns_steps")
+    coefficients: CoefficientsLike = group["coefficients"]
+    table = tuple(resolve_coefficients(coefficients, group["ns_steps"]))  # bad table -> ValueError / TypeError
+    named = schedule_of(coefficients)
+    out = {
+        "safety": group["safety"] if group["safety"] is not None else named.safety if named else 1.0,
+        "eps": group["eps"] if group["eps"] is not None else named.eps if named else 1e-7,
+        "eps_mode": group["eps_mode"] if group["eps_mode"] is not None else default_eps_mode(coefficients),
+    }
+    check_hyper(out["safety"], "safety", low_open=True)
+    check_hyper(out["eps"], "eps")
+    check_choice(out["eps_mode"], "eps_mode", EPS_MODES)
+    keys = group["expert_keys"]
+    keys = (keys,) if isinstance(keys, str) else tuple(keys) if isinstance(keys, (tuple, list)) else None
+    if keys is None or not all(isinstance(k, str) and k for k in keys):
+        raise TypeError(f"expert_keys: expected a non-empty string or a sequence of them, got {group['expert_keys']!r}")
+    return MuonOptions(
+        lr=float(group["lr"]), weight_decay=float(group["weight_decay"]), momentum=float(group["momentum"]),
+        nesterov=group["nesterov"], momentum_style=group["momentum_style"], table=table, safety=float(out["safety"]),
+        eps=float(out["eps"]), eps_mode=out["eps_mode"], compute_dtype=compute_dtype, precision=precision,
+        adjust_lr=group["adjust_lr"], extra_scale_factor=float(group["extra_scale_factor"]),
+        cautious_weight_decay=group["cautious_weight_decay"], banks=group["banks"], expert_keys=keys,
+        split_sizes=_int_tuple(group["split_sizes"], "split_sizes", allow_int=False),
+        split_groups=group["split_groups"], num_heads=_int_tuple(group["num_heads"], "num_heads", allow_int=True),
+        flatten=group["flatten"])
+
+
+
+
+#: The group keys a ``MuonOptions`` is resolved from (a change of any of them resolves it again).
+MUON_OPTION_KEYS = tuple(MUON_DEFAULTS)
+
+
+def param_name(group: dict, index: int, p: torch.Tensor) -> str:
+    """How errors name parameter ``index`` of ``group``: its name when the group has
+    ``param_names``, else its index and shape."""
+    names = group.get("param_names")
+    return repr(names[index]) if names else f"parameter {index} (shape {tuple(p.shape)})"
+
+
+def param_layout(group: dict, options: MuonOptions, index: int, p: torch.Tensor) -> MuonLayout:
+    """``muon_layout`` of parameter ``index`` of ``group`` with the group's (resolved) split,
+    expert and flatten options. Raises: ValueError naming the option (see ``muon_layout``)."""
+    names = group.get("param_names")
+    expert = bool(options.expert_keys and names) and is_expert_name(names[index], options.expert_keys)
+    return layout_math.muon_layout(p.shape, expert=expert, split_sizes=options.split_sizes, split_groups=options.split_groups,
+                                   num_heads=options.num_heads, flatten=options.flatten,
+                                   name=param_name(group, index, p))
+
+
+def normalize_muon_group(group: dict) -> None:
+    """Validate one Muon param group (already filled with ``MUON_DEFAULTS``) and store its
+    resolved options in place (``safety`` / ``eps`` / ``eps_mode`` None -> from the schedule,
+    ``expert_keys`` / ``split_sizes`` / ``num_heads`` to tuples).
+
+    Checks every option, then every parameter (floating dtype, ≥ 2 dims, a 3-D non-expert
+    only with ``flatten`` set, experts ≥ 3 dims, split sizes and heads that fit, names
+    present when ``expert_keys`` is set).
+    Called at construction and by ``add_param_group`` / ``load_state_dict``.
+    Raises: ValueError / TypeError whose message starts with the offending key;
+    UnknownScheduleError (KeyError and ValueError) for an unknown coefficient schedule name.
+    A bad option changes nothing; a bad parameter leaves the options in their resolved form.
+    """
+    options = resolve_muon_options(group)
+    group.update(safety=options.safety if group["safety"] is None else group["safety"],
+                 eps=options.eps if group["eps"] is None else group["eps"], eps_mode=options.eps_mode,
+                 expert_keys=options.expert_keys, split_sizes=options.split_sizes, num_heads=options.num_heads)
+    if group["expert_keys"] and group["params"] and not group.get("param_names"):
+        raise ValueError("expert_keys: matching needs parameter names; pass model.named_parameters() (or "
+                         "(name, parameter) pairs) to the optimizer")
+    for i, p in enumerate(group["params"]):
+        if not p.is_floating_point():
+            raise TypeError(f"params: Muon expects floating-point parameters, got dtype {p.dtype} for "
+                            f"{param_name(group, i, p)}")
+        param_layout(group, options, i, p)
+
+
+def _layouts(group: dict, options: MuonOptions, cache: dict | None):
+    """Layout of parameter i of ``group`` (from ``cache`` {i: (p, shape, layout)} when present)."""
+    def layout(i: int, p: torch.Tensor) -> MuonLayout:
+        if cache is None:
+            return param_layout(group, options, i, p)
+        hit = cache.get(i)
+        if hit is not None and hit[0] is p and hit[1] == p.shape:
+            return hit[2]
+        lay = param_layout(group, options, i, p)
+        cache[i] = (p, p.shape, lay)
+        return lay
+    return layout
+
+
+def check_muon_step(group: dict, state: Mapping[torch.Tensor, dict], options: MuonOptions | None = None,
+                    layouts: dict | None = None) -> None:
+    """Check everything one ``muon_group_step`` will read; change nothing.
+
+    Every option of the group (a scheduler or a user may have edited it after construction:
+    lr, coefficients, ns_steps, ...), as ``normalize_muon_group`` checks it (skipped when the
+    caller passes the group's current ``options``, resolved by ``resolve_muon_options``). Per
+    parameter with a gradient: the gradient is dense, real, of the parameter's shape and finite;
+    an existing ``momentum_buffer`` is a tensor of the parameter's shape and dtype; the group's
+    split / expert / flatten settings still fit the parameter (``layouts``: an optional cache).
+    Raises: ValueError / TypeError starting with the option key, or with "grad" /
+    "momentum_buffer" naming the parameter; UnknownScheduleError for an unknown schedule name.
+    """
+    options = resolve_muon_options(group) if options is None else options
+    layout = _layouts(group, options, layouts)
+    for i, p in enumerate(group["params"]):
+        g = p.grad
+        if g is None:
+            continue
+        name = param_name(group, i, p)
+        if g.is_sparse or torch.is_complex(g):
+            raise ValueError(f"grad: Muon expects dense real gradients ({name})")
+        if g.shape != p.shape:
+            raise ValueError(f"grad: expected shape {tuple(p.shape)}, got {tuple(g.shape)} ({name})")
+        check_finite(g, f"grad of {name}")
+        buf = state[p].get("momentum_buffer") if p in state else None
+        if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape or buf.dtype != p.dtype):
+            got = (tuple(buf.shape), buf.dtype) if isinstance(buf, torch.Tensor) else type(buf).__name__
+            raise ValueError(f"momentum_buffer: expected a tensor of shape {tuple(p.shape)} and dtype {p.dtype}, "
+                             f"got {got} ({name})")
+        layout(i, p)
+
+
+def momentum_of(p: torch.Tensor, state, options: MuonOptions, grad: torch.Tensor | None = None,
+                buf_of=lambda t: t) -> torch.Tensor:
+    """The momentum step of one parameter (creating ``momentum_buffer`` as zeros): returns U, the
+    matrix to orthogonalize, param-shaped. ``grad`` / ``buf_of``: the distributed step passes
+    the local shard of the gradient and a function giving the local shard of the buffer."""
+    st = state[p]
+    if "momentum_buffer" not in st:
+        st["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+    return muon_momentum(p.grad if grad is None else grad, buf_of(st["momentum_buffer"]), mu=options.momentum,
+                         nesterov=options.nesterov, style=options.momentum_style)
+
+
+@torch.no_grad()
+def muon_group_step(group: dict, state, options: MuonOptions | None = None, layouts: dict | None = None) -> None:
+    """One Muon step for every parameter of ``group`` that has a gradient (``check_muon_step``
+    must have passed): momentum, Newton–Schulz per matrix of ``muon_layout`` (banked when
+    ``banks``), W ← W·(1 − lr·wd) − lr·s·O with s = adjusted_lr_scale(block shape)·
+    extra_scale_factor and the decoupled (or cautious) weight decay on the unscaled lr.
+
+    ``options`` / ``layouts``: the group's resolved options and a layout cache (both optional;
+    resolved here when absent).
+    State: ``state[p]["momentum_buffer"]`` of the parameter's shape and dtype (created as
+    zeros), the key of torch.optim.Muon.
+    Source: Jordan et al. 2024 (Muon); torch.optim.Muon; microsoft/dion Muon; Chen et al.
+    2025 (arXiv 2510.12402, cautious weight decay).
+    """
+    options = resolve_muon_options(group) if options is None else options
+    layout = _layouts(group, options, layouts)
+    items = []
+    for i, p in enumerate(group["params"]):
+        if p.grad is None:
+            continue
+        lay = layout(i, p)
+        items.append((p, lay, lay.matrices(momentum_of(p, state, options))))
+    outs = iter(muon_math.orthogonalize([x for _, _, mats in items for x in mats], options.table,
+                                        **options.orthogonalize_kwargs()))
+    update = options.update_kwargs()
+    for p, lay, mats in items:
+        muon_math.muon_update(p, lay, [next(outs) for _ in mats], **update)
+
+
+class MuonGroups(GroupRunner):
+    """Runs the Muon groups of one optimizer in one process, with their options and layouts
+    cached (``OptionsCache``): ``check`` / ``step`` as ``check_muon_step`` / ``muon_group_step``."""
+
+    def __init__(self) -> None:
+        self.cache = OptionsCache()
+
+    def entry(self, group: dict):
+        """The group's cache entry (options resolved now if an option changed)."""
+        return self.cache.entry(group, MUON_OPTION_KEYS, resolve_muon_options)
+
+    def check(self, groups, state) -> None:
+        for group in groups:
+            entry = self.entry(group)
+            check_muon_step(group, state, entry.options, entry.per_param)
+
+    def step(self, group: dict, state, first_index: int) -> None:
+        entry = self.entry(group)
+        muon_group_step(group, state, entry.options, entry.per_param)

@@ -1,0 +1,179 @@
+"""Each param group's options, validated and resolved once.
+
+A param group is a dict a user or a learning-rate scheduler may edit between steps. The group
+layer resolves it into a frozen options object (``MuonOptions``, ``DionOptions``, ...: validated
+values, named schedules turned into coefficient tables, dtype names into torch dtypes) and an
+``OptionsCache`` keeps that object until one of the group's option values changes: a step then
+costs one comparison of the group's values with the cached ones, not a new validation, and the
+per-parameter data derived from the options (Muon's matrix layouts) is cached beside them.
+Source: the role of torch.optim's ``_default_to_fused_or_foreach`` / per-group flags, and of
+optax's frozen hyperparameters; docs/design.md, "Layers and import rules".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+
+class _Uncacheable(Exception):
+    """A group value that cannot be compared by value (a tensor: it may change in place)."""
+
+
+def _freeze(value: Any) -> Any:
+    """A value-comparable snapshot of a group option: each scalar with its type, sequences as
+    tuples, dicts as sorted item tuples; a tensor or an array raises ``_Uncacheable`` (resolved
+    again at every step: it may change in place)."""
+    if isinstance(value, torch.Tensor):
+        raise _Uncacheable
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if hasattr(value, "__array__") and not isinstance(value, (str, bytes)):  # numpy tables
+        raise _Uncacheable
+    return type(value), value  # typed: True == 1 and 1 == 1.0, but a bool option set to 1 must be re-checked
+
+
+@dataclass
+class CacheEntry:
+    """What the cache keeps for one group: the group itself (so an id is never reused), the
+    snapshot of its option values, the resolved options, and per-parameter derived data."""
+
+    group: dict
+    snapshot: tuple
+    options: Any
+    per_param: dict = field(default_factory=dict)
+
+
+class OptionsCache:
+    """Resolved options per param group, resolved again only when an option value changed.
+
+    ``get(group, keys, resolve)`` returns ``resolve(group)`` (which validates and raises, naming
+    the key) the first time and whenever one of ``group[k] for k in keys`` differs by value from
+    the last resolution; groups holding a tensor option are resolved at every call. Not part of
+    an optimizer's ``state_dict``; ``clear()`` after ``load_state_dict``.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, CacheEntry] = {}
+
+    def entry(self, group: dict, keys: Sequence[str], resolve: Callable[[dict], Any]) -> CacheEntry:
+        """The cache entry of ``group`` (resolved now if needed). Raises what ``resolve`` raises;
+        a group that fails resolution leaves no entry."""
+        try:
+            snapshot = tuple(_freeze(group.get(k)) for k in keys)
+        except _Uncacheable:
+            self._entries.pop(id(group), None)
+            return CacheEntry(group, (), resolve(group))
+        cached = self._entries.get(id(group))
+        if cached is not None and cached.group is group and cached.snapshot == snapshot:
+            return cached
+        self._entries.pop(id(group), None)
+        fresh = CacheEntry(group, snapshot, resolve(group))
+        self._entries[id(group)] = fresh
+        return fresh
+
+    def get(self, group: dict, keys: Sequence[str], resolve: Callable[[dict], Any]) -> Any:
+        """The resolved options of ``group`` (see the class docstring)."""
+        return self.entry(group, keys, resolve).options
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __getstate__(self) -> dict:  # a copied optimizer resolves its own groups again
+        return {"_entries": {}}
+
+
+@dataclass(frozen=True)
+class MuonOptions:
+    """A Muon group's options, validated and resolved (``ortho_fast.groups.muon.resolve_muon_options``).
+
+    ``table``: the per-step (a, b, c) rows of ``coefficients`` / ``ns_steps``; ``compute_dtype`` /
+    ``precision``: the Newton–Schulz dtype setting resolved (None: the input's dtype); ``safety``,
+    ``eps``, ``eps_mode``: the normalization after the schedule's defaults; ``expert_keys``,
+    ``split_sizes``, ``num_heads`` as tuples. Scalars are Python floats.
+    """
+
+    lr: float
+    weight_decay: float
+    momentum: float
+    nesterov: bool
+    momentum_style: str
+    table: tuple[tuple[float, float, float], ...]
+    safety: float
+    eps: float
+    eps_mode: str
+    compute_dtype: torch.dtype | None
+    precision: str | None
+    adjust_lr: str | None
+    extra_scale_factor: float
+    cautious_weight_decay: bool
+    banks: bool
+    expert_keys: tuple[str, ...]
+    split_sizes: tuple[int, ...] | None
+    split_groups: int
+    num_heads: int | tuple[int, ...] | None
+    flatten: bool | None
+
+    def orthogonalize_kwargs(self) -> dict:
+        """Keyword arguments of ``ortho_fast.functional.muon.orthogonalize``."""
+        return dict(safety=self.safety, eps=self.eps, eps_mode=self.eps_mode, compute_dtype=self.compute_dtype,
+                    precision=self.precision, banks=self.banks)
+
+    def update_kwargs(self) -> dict:
+        """Keyword arguments of ``ortho_fast.functional.muon.muon_update``."""
+        return dict(lr=self.lr, weight_decay=self.weight_decay, adjust_lr=self.adjust_lr,
+                    extra_scale_factor=self.extra_scale_factor, cautious_weight_decay=self.cautious_weight_decay)
+
+
+@dataclass(frozen=True)
+class DionOptions:
+    """A Dion group's options, validated (``ortho_fast.groups.dion.resolve_dion_options``);
+    ``qr_method`` with microsoft/dion's aliases resolved. Scalars are Python floats / ints."""
+
+    lr: float
+    mu: float
+    weight_decay: float
+    rank_fraction: float
+    rank_multiple_of: int
+    epsilon: float
+    power_iters: int
+    error_feedback: bool
+    qr_method: str
+    oversample: float
+    right_factor: str
+    momentum_dtype: torch.dtype | None
+    q_dtype: torch.dtype | None
+    flatten: bool
+
+    def __getitem__(self, key: str):
+        """``options[key]``: read like the group dict it was resolved from."""
+        return getattr(self, key)
+
+    def step_kwargs(self) -> dict:
+        """Keyword arguments of ``ortho_fast.functional.dion.dion_apply`` taken from the options."""
+        return dict(lr=self.lr, mu=self.mu, weight_decay=self.weight_decay, epsilon=self.epsilon,
+                    power_iters=self.power_iters, error_feedback=self.error_feedback, qr_method=self.qr_method,
+                    oversample=self.oversample, right_factor=self.right_factor)
+
+
+@dataclass(frozen=True)
+class AdamWOptions:
+    """An AdamW group's options as floats (``ortho_fast.groups.scalar``)."""
+
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+
+
+@dataclass(frozen=True)
+class LionOptions:
+    """A Lion group's options as floats (``ortho_fast.groups.scalar``)."""
+
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float

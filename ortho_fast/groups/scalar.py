@@ -1,0 +1,203 @@
+"""AdamW and Lion param groups (torch), for the parameters Muon and Dion leave: embeddings,
+norms, biases, scalars and the output head. The per-tensor math is in ``ortho_fast.functional.scalar``.
+
+Each algorithm implements the contract that ``ortho_fast.hybrid.HybridOptimizer`` drives
+(the same as ``muon`` and ``dion``):
+
+    <ALG>_DEFAULTS                     dict of the group options and their defaults
+    normalize_<alg>_group(group)       validate a group already filled with defaults
+    check_<alg>_step(group, state)     check gradients and existing state; changes nothing
+    <alg>_group_step(group, state)     one step for every parameter of the group with a grad
+
+``state`` is the optimizer's ``defaultdict(dict)`` keyed by parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from .._validate import check_filled, check_finite, check_hyper
+from ..functional.scalar import adamw_update, lion_update
+from .driver import GroupRunner
+from .options import AdamWOptions, LionOptions
+
+#: torch.optim.AdamW's defaults (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2).
+ADAMW_DEFAULTS: dict[str, object] = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+
+#: Chen et al. 2023 (arXiv 2302.06675) and lucidrains/lion-pytorch: lr 1e-4 (3–10× below
+#: AdamW's), betas (0.9, 0.99), weight_decay 0. Megatron's Lion for Muon's scalars: (0.95, 0.98).
+LION_DEFAULTS: dict[str, object] = dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0)
+
+
+def _betas(betas, *, high_open: bool) -> tuple[float, float]:
+    """``betas`` validated as a pair of floats in [0, 1) (``high_open``) or [0, 1]."""
+    try:
+        b1, b2 = betas
+    except (TypeError, ValueError):
+        raise ValueError(f"betas: expected a pair (beta1, beta2), got {betas!r}") from None
+    pair = (check_hyper(b1, "betas[0]", high=1.0), check_hyper(b2, "betas[1]", high=1.0))
+    if high_open and 1.0 in pair:
+        raise ValueError(f"betas: expected values in [0, 1), got {betas!r}")
+    return pair
+
+
+def resolve_adamw_options(group: dict) -> AdamWOptions:
+    """The AdamW options of ``group`` validated, as floats; changes nothing.
+    Raises: ValueError naming the key (see ``normalize_adamw_group``)."""
+    check_filled(group, ADAMW_DEFAULTS, "AdamW")
+    out = {key: check_hyper(group[key], key) for key in ("lr", "eps", "weight_decay")}
+    return AdamWOptions(betas=_betas(group["betas"], high_open=True), **out)
+
+
+def resolve_lion_options(group: dict) -> LionOptions:
+    """The Lion options of ``group`` validated, as floats; changes nothing.
+    Raises: ValueError naming the key (see ``normalize_lion_group``)."""
+    check_filled(group, LION_DEFAULTS, "Lion")
+    out = {key: check_hyper(group[key], key) for key in ("lr", "weight_decay")}
+    return LionOptions(betas=_betas(group["betas"], high_open=False), **out)
+
+
+def normalize_adamw_group(group: dict) -> None:
+    """Validate an AdamW group (filled with ``ADAMW_DEFAULTS``) and store its options as floats.
+
+    Raises: ValueError naming the key for lr, eps, weight_decay < 0 or not finite, and betas
+    not a pair in [0, 1).
+    """
+    options = resolve_adamw_options(group)
+    group.update(lr=options.lr, betas=options.betas, eps=options.eps, weight_decay=options.weight_decay)
+
+
+def normalize_lion_group(group: dict) -> None:
+    """Validate a Lion group (filled with ``LION_DEFAULTS``) and store its options as floats.
+
+    Raises: ValueError naming the key for lr, weight_decay < 0 or not finite, and betas not a
+    pair in [0, 1].
+    """
+    options = resolve_lion_options(group)
+    group.update(lr=options.lr, betas=options.betas, weight_decay=options.weight_decay)
+
+
+def _check_grads(group: dict, state: Mapping[torch.Tensor, dict], buffers: tuple[str, ...], name: str) -> None:
+    """Every parameter with a gradient: real floating parameter, dense real finite gradient
+    of its shape, and existing state buffers of its shape."""
+    for i, p in enumerate(group["params"]):
+        g = p.grad
+        if g is None:
+            continue
+        where = f"{name} parameter {i} (shape {tuple(p.shape)})"
+        if not p.is_floating_point():
+            raise TypeError(f"params: {where}: expected a real floating-point parameter, got dtype {p.dtype}")
+        if g.is_sparse or g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
+            raise ValueError(f"grad: {where}: expected a dense tensor of shape {tuple(p.shape)}, dtype {p.dtype} "
+                             f"on {p.device}, got {'sparse ' if g.is_sparse else ''}{g.dtype} of shape "
+                             f"{tuple(g.shape)} on {g.device}")
+        check_finite(g, f"grad of {where}")
+        st = state.get(p, {})
+        for key in buffers:
+            if key in st and st[key].shape != p.shape:
+                raise ValueError(f"{key}: {where}: expected shape {tuple(p.shape)}, got {tuple(st[key].shape)}")
+
+
+def check_adamw_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
+    """Checks before an AdamW step; changes nothing.
+
+    Raises: ValueError naming the option for lr, eps, weight_decay or betas edited since the
+    group was added (as ``normalize_adamw_group``); TypeError for a non-floating (integer,
+    bool, complex) parameter; ValueError for a sparse, non-finite gradient or one whose
+    shape, dtype or device differs from the parameter's, ``exp_avg`` / ``exp_avg_sq`` of the
+    wrong shape, or a ``step`` that is not a one-element tensor.
+    """
+    resolve_adamw_options(group)
+    _check_grads(group, state, ("exp_avg", "exp_avg_sq"), "AdamW")
+    for i, p in enumerate(group["params"]):
+        step = state.get(p, {}).get("step")
+        if p.grad is not None and step is not None and not (isinstance(step, torch.Tensor) and step.numel() == 1):
+            raise ValueError(f"step: AdamW parameter {i}: expected a one-element tensor (torch's layout), got {step!r}")
+
+
+def check_lion_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
+    """Checks before a Lion step; changes nothing.
+
+    Raises: ValueError naming the option for lr, weight_decay or betas edited since the group
+    was added (as ``normalize_lion_group``); TypeError for a non-floating (integer, bool,
+    complex) parameter; ValueError for a sparse, non-finite gradient or one whose shape,
+    dtype or device differs from the parameter's, or an ``exp_avg`` of the wrong shape.
+    """
+    resolve_lion_options(group)
+    _check_grads(group, state, ("exp_avg",), "Lion")
+
+
+@torch.no_grad()
+def adamw_group_step(group: dict, state) -> None:
+    """One AdamW step, in place, for every parameter of ``group`` with a gradient.
+
+    The operations, their order and dtypes are those of torch.optim.AdamW's single-tensor
+    path (``_single_tensor_adam``, decoupled weight decay, no amsgrad/maximize/capturable),
+    so the parameters and state are bitwise equal to ``torch.optim.AdamW(foreach=False)``
+    with the same options (the default on CPU), including its state layout: ``step`` a
+    CPU scalar tensor (float32, float64 under a float64 default dtype), ``exp_avg`` and
+    ``exp_avg_sq`` of the parameter's shape and dtype — a torch AdamW state dict loads as is.
+    Shapes: any parameter shape; computed in the parameter's dtype.
+    Source: Loshchilov & Hutter, arXiv 1711.05101, Algorithm 2; torch.optim.AdamW.
+    Call ``check_adamw_step`` first: this function assumes valid input.
+    """
+    lr, (beta1, beta2) = group["lr"], group["betas"]
+    eps, wd = group["eps"], group["weight_decay"]
+    for p in group["params"]:
+        grad = p.grad
+        if grad is None:
+            continue
+        st = state[p]
+        if len(st) == 0:
+            scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+            st["step"] = torch.tensor(0.0, dtype=scalar)
+            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        adamw_update(p, grad, st["exp_avg"], st["exp_avg_sq"], st["step"], lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                     weight_decay=wd)
+
+
+@torch.no_grad()
+def lion_group_step(group: dict, state) -> None:
+    """One Lion step, in place, for every parameter of ``group`` with a gradient:
+    U = sign(lerp(m, g, 1 − β1)), m ← lerp(m, g, 1 − β2), W ← W·(1 − lr·wd) − lr·U.
+
+    State: ``exp_avg`` (m) of the parameter's shape and dtype. The operations are those of
+    microsoft/dion's single-tensor ``lion_update`` run eagerly (``lerp``, ``sign_``,
+    ``mul_``, ``add_``); sign(0) = 0.
+    Source: Chen et al., arXiv 2302.06675 (Lion); microsoft/dion ``scalar_opts.py``.
+    Call ``check_lion_step`` first: this function assumes valid input.
+    """
+    lr, (beta1, beta2), wd = group["lr"], group["betas"], group["weight_decay"]
+    for p in group["params"]:
+        grad = p.grad
+        if grad is None:
+            continue
+        st = state[p]
+        if "exp_avg" not in st:
+            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        lion_update(p, grad, st["exp_avg"], lr=lr, beta1=beta1, beta2=beta2, weight_decay=wd)
+
+
+class AdamWGroups(GroupRunner):
+    """Runs AdamW groups (``check_adamw_step`` / ``adamw_group_step``)."""
+
+    def check(self, groups, state) -> None:
+        for group in groups:
+            check_adamw_step(group, state)
+
+    def step(self, group: dict, state, first_index: int) -> None:
+        adamw_group_step(group, state)
+
+
+class LionGroups(GroupRunner):
+    """Runs Lion groups (``check_lion_step`` / ``lion_group_step``)."""
+
+    def check(self, groups, state) -> None:
+        for group in groups:
+            check_lion_step(group, state)
+
+    def step(self, group: dict, state, first_index: int) -> None:
+        lion_group_step(group, state)
