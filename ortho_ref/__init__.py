@@ -3,6 +3,12 @@
 Polar factor by SVD, the exact result of any Newton–Schulz schedule (``ns_map``), its
 bands and first-order gains, and reference Muon, Dion, AdamW and Lion steps. Float64, one matrix at a
 time, pure functions.
+
+Modules, lowest first (each imports only those above it; docs/design.md, "Layers and import rules"):
+``_validate`` (input checks), ``coefficients`` (schedules), ``linalg`` (float64 SVD),
+``ns_polynomials`` (the scalar step polynomials, bands and gains), ``mp`` (the mpmath tier),
+``polar`` and ``ns_map`` (the matrix maps and their ``digits=`` dispatch), ``muon``, ``dion``,
+``scalar`` (AdamW, Lion), ``golden`` (the 50-digit golden files).
 """
 
 from .coefficients import SCHEDULES, schedule
@@ -24,20 +30,20 @@ from .dion import (
     sketch_rows,
 )
 from .muon import MuonStep, lr_scale, muon_step
-from .ns_map import (
+from .linalg import svd
+from .mp import from_hi_lo, to_float64, to_hi_lo
+from .ns_map import normalized_singular_values, ns_map
+from .ns_polynomials import (
     ns_attracting_band,
     ns_band,
     ns_derivative,
     ns_diagonal_gain,
     ns_lipschitz,
-    ns_map,
     ns_polynomial,
     ns_step_gains,
     ns_step_magnitudes,
-    normalized_singular_values,
 )
-from .mp import from_hi_lo, to_float64, to_hi_lo
-from .polar import polar, polar_condition, polar_decomposition, singular_values, svd
+from .polar import polar, polar_condition, polar_decomposition, singular_values
 from .scalar import AdamWStep, LionStep, adamw_step, lion_step
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Newton–Schulz coefficient schedules, transcribed for the oracle.
 
-This is the oracle's own transcription of the tables in DESIGN.md, kept apart from
-``ortho_fast.coefficients`` on purpose: ``verify`` checks that both registries agree
+This is the oracle's own transcription of the tables in docs/design.md ("Muon"), kept apart from
+``ortho_fast.coefficients`` on purpose: ``ortho_verify`` checks that both registries agree
 bit for bit, so a typo on either side is caught instead of being copied into both the
 implementation and its judge.
 

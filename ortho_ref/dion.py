@@ -16,7 +16,7 @@ import numpy as np
 import scipy.linalg
 
 from ._validate import as_like, as_matrix, check_scalar
-from .polar import svd
+from .linalg import svd
 
 QR_METHODS = ("householder", "cholesky_qr", "randomized_cholesky_qr")
 RIGHT_FACTORS = ("column_norm", "qr")
@@ -83,9 +83,13 @@ def _householder(y: np.ndarray) -> np.ndarray:
     return q * np.where(np.diag(r) < 0, -1.0, 1.0)
 
 
-def _cholesky_solve(y: np.ndarray, gram: np.ndarray) -> np.ndarray | None:
-    """Y R⁻¹ with R the upper Cholesky factor of ``gram`` (one CholeskyQR pass); None if
-    the Cholesky factorization fails or the result is not finite."""
+def cholesky_qr_pass(y: np.ndarray, gram: np.ndarray) -> np.ndarray | None:
+    """One CholeskyQR pass: Y R⁻¹ with R the upper Cholesky factor of ``gram`` (= YᵀY for a plain pass).
+
+    Shapes: y (rows, r) float64, gram (r, r) float64 symmetric -> (rows, r) float64, or None if the
+    Cholesky factorization fails or the result is not finite (the callers then fall back to Householder).
+    Source: Yamamoto et al., ETNA 44 (2015), CholeskyQR; microsoft/dion ``orthogonalize``.
+    """
     try:
         r = scipy.linalg.cholesky(gram, lower=False, check_finite=False)
         p = scipy.linalg.solve_triangular(r, y.T, trans="T", lower=False, check_finite=False).T
@@ -95,13 +99,13 @@ def _cholesky_solve(y: np.ndarray, gram: np.ndarray) -> np.ndarray | None:
 
 
 def _cholesky_qr2(y: np.ndarray) -> np.ndarray | None:
-    p1 = _cholesky_solve(y, y.T @ y)
+    p1 = cholesky_qr_pass(y, y.T @ y)
     if p1 is None:
         return None
     gram = p1.T @ p1
     if np.linalg.norm(gram - np.eye(gram.shape[0])) > CQR2_GRAM_DEVIATION:
         return None
-    return _cholesky_solve(p1, gram)
+    return cholesky_qr_pass(p1, gram)
 
 
 def _randomized_cholesky_qr(y: np.ndarray, rng: np.random.Generator, oversample: float) -> np.ndarray | None:
@@ -115,7 +119,7 @@ def _randomized_cholesky_qr(y: np.ndarray, rng: np.random.Generator, oversample:
         y1 = scipy.linalg.solve_triangular(r_s, y.T, trans="T", lower=False, check_finite=False).T
     except (np.linalg.LinAlgError, ValueError):
         return None
-    return _cholesky_solve(y1, y1.T @ y1) if np.all(np.isfinite(y1)) else None
+    return cholesky_qr_pass(y1, y1.T @ y1) if np.all(np.isfinite(y1)) else None
 
 
 def orthonormalize(y, method: str = "householder", *, rng: np.random.Generator | None = None,
@@ -279,7 +283,7 @@ def dion_step_replicated(
         P = orth(mean_i B_i Q)       R = mean_i B_iᵀ P        (each power iteration)
         M_i ← B_i − (1 − μ) P Rᵀ     Q ← right factor of R    X_i ← (1 − lr·wd)X_i − lr·√(m/n)·P Qᵀ
     By linearity mean_i M_i equals the momentum of one process fed the mean gradient, and the
-    weight update is the same on every replica (DESIGN "Compressed data-parallel sync").
+    weight update is the same on every replica (docs/design.md, "Dion": compressed data-parallel sync).
     If every B_i is zero: P = 0, R = 0, Q kept, M_i = B_i, only the weight decay applies.
     The sketch of ``randomized_cholesky_qr`` is drawn once per power iteration from ``rng``
     (one shared generator: in a real run every replica seeds it identically).

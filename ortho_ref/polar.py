@@ -1,4 +1,8 @@
-"""Polar decomposition by SVD, float64 (the oracle's reference for the polar factor)."""
+"""Polar decomposition by SVD, float64 (the oracle's reference for the polar factor).
+
+``digits=`` dispatches to the mpmath tier ``ortho_ref.mp``; ``svd`` lives in ``ortho_ref.linalg``
+(re-exported here, its first home).
+"""
 
 from __future__ import annotations
 
@@ -7,24 +11,11 @@ import math
 import numpy as np
 import scipy.linalg
 
+from . import mp
 from ._validate import as_matrix
+from .linalg import svd
 
-
-def svd(a) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Thin SVD A = U diag(s) Vᵀ by LAPACK gesdd (gesvd if gesdd does not converge).
-
-    Shapes: a (m, n) float -> U (m, k), s (k,) descending, Vt (k, n), float64, k = min(m, n).
-    Raises: as ``polar``.
-    """
-    return _svd(as_matrix(a, "a"))
-
-
-def _svd(a: np.ndarray):
-    """Thin SVD with LAPACK gesdd, falling back to gesvd if gesdd does not converge."""
-    try:
-        return scipy.linalg.svd(a, full_matrices=False, lapack_driver="gesdd", check_finite=False)
-    except np.linalg.LinAlgError:  # pragma: no cover - gesdd failure is rare
-        return scipy.linalg.svd(a, full_matrices=False, lapack_driver="gesvd", check_finite=False)
+__all__ = ["polar", "polar_condition", "polar_decomposition", "singular_values", "svd"]
 
 
 def polar(a, digits: int | None = None) -> np.ndarray:
@@ -43,9 +34,7 @@ def polar(a, digits: int | None = None) -> np.ndarray:
     within 10^-digits of the exact value in every entry.
     """
     if digits is not None:
-        from .mp import polar as mp_polar
-
-        return mp_polar(a, digits)
+        return mp.polar(a, digits)
     u, _, vt = svd(a)
     return u @ vt
 

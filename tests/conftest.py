@@ -4,12 +4,12 @@
   threads competing with torch's, small SVDs run 100× slower on 2 cores.
 - Tests marked ``slow`` are skipped unless selected with ``-m slow`` (or any ``-m``
   expression naming them) — the default run is what CI runs on 2 cores.
-- Hypothesis: unless a profile is chosen (``--hypothesis-profile dev|ci|deep`` or
+- Hypothesis: unless a profile is chosen (``--hypothesis-profile ortho-dev|ortho-ci|ortho-deep`` or
   ``ORTHO_HYPOTHESIS_PROFILE``, see ``ortho_verify.pytest_plugin``), the suite runs hypothesis's
   default example counts, derandomized (every run of ``.ci/run`` tests the same examples)
   and without a per-example deadline (a shared 2-core CI machine must not turn a slow
-  example into a failure). Example counts are left to the profiles; ``dev`` and ``deep``
-  draw new examples each run.
+  example into a failure). Example counts are left to the profiles; ``ortho-dev`` and
+  ``ortho-deep`` draw new examples each run.
 """
 
 import os

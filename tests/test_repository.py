@@ -1,5 +1,6 @@
-"""Repository contracts: the README's two commands, CI calling the test command, and the
-import rules of DESIGN.md (the oracle never imports torch; the product never imports the oracle)."""
+"""Repository contracts: the README's two commands, CI calling the test command, the README's
+documentation list, and the import rules of docs/design.md, "Layers and import rules" (the oracle
+never imports torch; the product never imports the oracle; every rule in detail: test_imports.py)."""
 
 import ast
 import re
@@ -20,6 +21,23 @@ def test_readme_has_exactly_two_setup_commands():
     assert len(cmds) == 2
     assert "ortho-verify" in cmds[0] and "pytest" in cmds[1]
     assert all(c.startswith("python3 -m venv .venv") for c in cmds)
+
+
+def test_readme_first_command_installs_the_judges_extra():
+    assert "-e '.[verify]'" in _readme_commands()[0]
+
+
+def test_readme_links_every_document():
+    readme = (ROOT / "README.md").read_text()
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        assert f"(docs/{doc.name})" in readme, doc.name
+
+
+def test_design_has_the_sections_docstrings_cite():
+    headings = re.findall(r"^## (.+)$", (ROOT / "docs" / "design.md").read_text(), re.M)
+    assert headings == ["Layers and import rules", "Conventions", "Muon", "Dion",
+                        "Distributed layouts and the layout contract", "Tolerances", "Real input",
+                        "Systems our users come from"]
 
 
 def test_ci_runs_the_readme_test_command():
@@ -52,3 +70,13 @@ def test_oracle_imports_only_numpy_scipy_mpmath():
     allowed = {"numpy", "scipy", "mpmath"} | set(sys.stdlib_module_names)
     for path in (ROOT / "ortho_ref").rglob("*.py"):
         assert _imported_modules(path) <= allowed, path.name
+
+
+def test_nothing_cites_a_design_file_outside_the_repository():
+    """Docstrings, comments and docs cite docs/design.md, never the design file outside the repository."""
+    stale = re.compile(r"\bDESIGN(\.md|'s)?\b")
+    files = [p for folder in ("ortho_ref", "ortho_fast", "verify", "tests", "benchmarks", "scripts")
+             for p in (ROOT / folder).rglob("*.py")] + sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in files if p != Path(__file__).resolve()
+            for i, line in enumerate(p.read_text().splitlines(), 1) if stale.search(line)]
+    assert not hits, "cite docs/design.md instead: " + ", ".join(hits)

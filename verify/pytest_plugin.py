@@ -1,15 +1,24 @@
 """pytest plugin of ortho (entry point ``pytest11``: ``ortho_verify``), active once the package is installed.
 
-Hypothesis profiles, selected with ``--hypothesis-profile NAME`` (hypothesis's own option) or
-the environment variable ``ORTHO_HYPOTHESIS_PROFILE`` (used when the option is absent):
+Installing ortho must never change another project's test run, so this plugin does nothing
+unless asked: it adds the option ``--ortho-report`` and two fixtures, and it imports nothing
+from hypothesis (hypothesis need not even be installed) until a profile of its own is requested.
 
-- ``dev``: 20 examples, no deadline — quick local iterations;
-- ``ci``: hypothesis's built-in ``ci`` profile (derandomized, no deadline, no example database,
-  print the reproduction blob) with 100 examples, so every CI run tests the same examples;
-- ``deep``: 5000 examples, no deadline, too_slow health check off — a nightly search.
+Hypothesis profiles, namespaced so that no user's profile (nor hypothesis's built-in ``ci``) is
+replaced:
 
-Nothing is loaded unless asked: without the option or the variable hypothesis keeps its own
-default (or ``ci`` when it detects CI).
+- ``ortho-dev``: 20 examples, no deadline — quick local iterations;
+- ``ortho-ci``: hypothesis's built-in ``ci`` settings (no deadline, no example database, print the
+  reproduction blob) with 100 examples, derandomized, so every CI run tests the same examples;
+- ``ortho-deep``: 5000 examples, no deadline, too_slow health check off — a nightly search.
+
+Select one with ``--hypothesis-profile ortho-ci`` (hypothesis's own option; this plugin registers
+the three profiles just before hypothesis loads the one named) or with the environment variable
+``ORTHO_HYPOTHESIS_PROFILE`` (used when the option is absent; it also accepts the short names
+``dev``, ``ci``, ``deep`` for ``ortho-dev``, ``ortho-ci``, ``ortho-deep``, and any other registered
+profile by its name). Without the option or the variable nothing is registered or loaded:
+hypothesis keeps its own default (or its ``ci`` profile when it detects CI).
+Disable the plugin entirely with ``-p no:ortho_verify``.
 
 Fixtures: ``verify_orthogonalizer`` and ``verify_optimizer`` — ``ortho_verify.check_orthogonalizer`` /
 ``ortho_verify.check_optimizer`` that fail the test with the report's summary; with
@@ -23,17 +32,47 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis.errors import InvalidArgument
 
 ENV_PROFILE = "ORTHO_HYPOTHESIS_PROFILE"
-PROFILES = {
-    "dev": settings(max_examples=20, deadline=None),
-    "ci": settings(settings.get_profile("ci"), max_examples=100, derandomize=True, deadline=None),
-    "deep": settings(max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]),
-}
-for _name, _profile in PROFILES.items():
-    settings.register_profile(_name, _profile)
+#: The profiles this plugin registers (``register_profiles``), all prefixed ``ortho-``.
+PROFILE_NAMES = ("ortho-dev", "ortho-ci", "ortho-deep")
+#: Short names accepted through ``ORTHO_HYPOTHESIS_PROFILE`` only (their meaning before the namespacing).
+SHORT_NAMES = {"dev": "ortho-dev", "ci": "ortho-ci", "deep": "ortho-deep"}
+_PREFIX = "ortho-"
+
+
+def register_profiles() -> None:
+    """Register ``ortho-dev``, ``ortho-ci`` and ``ortho-deep`` with hypothesis (idempotent).
+
+    Called by the plugin only when a profile is requested; call it yourself (e.g. in a conftest) to
+    load one with ``hypothesis.settings.load_profile``. Registers no other name.
+    Raises: pytest.UsageError naming the extra ``ortho[verify]`` if hypothesis is not installed.
+    """
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:
+        raise pytest.UsageError("ortho's hypothesis profiles need hypothesis, which is not installed: "
+                                "pip install 'ortho[verify]'") from None
+    profiles = {
+        "ortho-dev": settings(max_examples=20, deadline=None),
+        "ortho-ci": settings(settings.get_profile("ci"), max_examples=100, derandomize=True, deadline=None),
+        "ortho-deep": settings(max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]),
+    }
+    for name, profile in profiles.items():
+        settings.register_profile(name, profile)
+
+
+def requested_profile(config) -> str | None:
+    """The profile name this plugin must load itself: ``ORTHO_HYPOTHESIS_PROFILE`` (short names
+    mapped) when ``--hypothesis-profile`` is absent, else None (hypothesis loads the option's own)."""
+    if _option(config):
+        return None
+    name = os.environ.get(ENV_PROFILE)
+    return SHORT_NAMES.get(name, name) if name else None
+
+
+def _option(config) -> str | None:
+    return config.getoption("--hypothesis-profile", default=None)
 
 
 def pytest_addoption(parser):
@@ -41,14 +80,24 @@ def pytest_addoption(parser):
                      help="save the report of every verify_orthogonalizer / verify_optimizer call under DIR")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    option = config.getoption("--hypothesis-profile", default=None)
-    name = os.environ.get(ENV_PROFILE)
-    if name and not option:
-        try:
-            settings.load_profile(name)
-        except InvalidArgument as err:
-            raise pytest.UsageError(f"{ENV_PROFILE}={name!r}: {err}") from None
+    # tryfirst: the profiles must exist before hypothesis's plugin loads ``--hypothesis-profile ortho-*``
+    option = _option(config)
+    if option and option.startswith(_PREFIX):
+        register_profiles()
+        return
+    name = requested_profile(config)
+    if name is None:
+        return
+    register_profiles()
+    from hypothesis import settings
+    from hypothesis.errors import InvalidArgument
+
+    try:
+        settings.load_profile(name)
+    except InvalidArgument as err:
+        raise pytest.UsageError(f"{ENV_PROFILE}={os.environ[ENV_PROFILE]!r}: {err}") from None
 
 
 def pytest_report_header(config):

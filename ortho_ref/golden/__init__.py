@@ -8,7 +8,7 @@ Each golden file is a pair in ``ortho_ref/golden/data/``:
 - ``<name>.json``: the sidecar — function and arguments, digits, generator, mpmath and numpy
   versions, mpmath backend, date, input provenance (seed and spectrum), the stored data's own
   accuracy, and the float64 oracle's tolerance against it (formula and value) when generated
-  through ``scripts/regen_golden.py`` (the oracle does not import ``verify``, where tolerances
+  through ``scripts/regen_golden.py`` (the oracle does not import ``ortho_verify``, where tolerances
   live; ``python -m ortho_ref.golden`` leaves the values null).
 
 Functions covered: ``polar``, ``ns_map`` (every registry schedule), and one Dion step

@@ -1,6 +1,6 @@
 """``python -m ortho_ref.golden [directory]``: regenerate the golden files (outputs at 50 digits).
 
-The oracle does not import ``verify``, so the sidecars' tolerance values stay null here;
+The oracle does not import ``ortho_verify``, so the sidecars' tolerance values stay null here;
 ``python scripts/regen_golden.py`` writes the same data with the tolerances recorded.
 """
 

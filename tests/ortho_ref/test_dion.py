@@ -76,7 +76,7 @@ def test_cholesky_qr2_falls_back_to_householder_past_u_to_the_minus_half(cond):
     """κ(Y) ≥ u^(-1/2) ≈ 9.5e7: the first pass fails or leaves ‖Y₁ᵀY₁ − I‖ > 1/2, and the result
     is the Householder factor, bit for bit."""
     y = _tall(50, 10, cond, 1)
-    p1 = ortho_ref.dion._cholesky_solve(y, y.T @ y)
+    p1 = ortho_ref.dion.cholesky_qr_pass(y, y.T @ y)
     assert p1 is None or np.linalg.norm(p1.T @ p1 - np.eye(10)) > CQR2_GRAM_DEVIATION
     assert np.array_equal(ortho_ref.orthonormalize(y, "cholesky_qr"), ortho_ref.orthonormalize(y))
 
@@ -279,7 +279,7 @@ def test_dion_orientation_depends_on_global_shape_only():
 
 
 def test_dion_sum_of_gradients_bookkeeping():
-    # Σ G_t = M_T + (1 − μ) Σ P_t R_tᵀ with M_0 = 0 (DESIGN.md, error feedback).
+    # Σ G_t = M_T + (1 − μ) Σ P_t R_tᵀ with M_0 = 0 (docs/design.md, "Dion": error feedback).
     m, n, r, mu = 12, 7, 3, 0.9
     rng = np.random.default_rng(5)
     w, mom, q = rng.standard_normal((m, n)), np.zeros((m, n)), rng.standard_normal((n, r))
@@ -349,7 +349,7 @@ def _check_sync(rep, single, w_in, q_in, grads, momenta, kw, **opts):
 def test_replicated_sync_follows_the_mean_gradient_over_steps(shape, right_factor, method):
     """Four steps of N = 3 replicas with their own gradients: at every step the mean of the
     replicas' momenta equals one step of a single process from the mean state fed the mean
-    gradient (by induction, the single process of DESIGN's invariant), Q and the weights agree,
+    gradient (by induction, the single process of the invariant in docs/design.md, "Dion"), Q and the weights agree,
     and the weights are bitwise identical on all replicas."""
     m, n = shape
     r, n_rep = 6, 3

@@ -202,7 +202,7 @@ def test_bad_matrix_and_options_with_digits():
 
 
 def test_polar_tolerance_validity_limit():
-    # DESIGN.md: first-order bound only where σ_k/‖A‖₂ >= 100·√k·u.
+    # docs/design.md, "Tolerances": first-order bound only where σ_k/‖A‖₂ >= 100·√k·u.
     k, u = 2, tol.unit_roundoff("float64")
     limit = tol.POLAR_VALIDITY * np.sqrt(k) * u
     assert tol.polar_tolerance(np.diag([1.0, 2 * limit])) is not None

@@ -11,7 +11,7 @@ from ortho_verify.tolerances import U64, ns_singular_value_tolerance, ns_toleran
 
 SCHEDULES = sorted(ortho_ref.SCHEDULES)
 
-# Bands quoted in DESIGN.md to 3 decimals: a correct computation differs from the quote by at
+# Bands quoted in docs/design.md ("Muon") to 3 decimals: a correct computation differs from the quote by at
 # most half a unit in the last quoted place.
 QUOTE_HALF_UNIT = 0.5e-3
 # γ_7 = 7u/(1 − 7u): one float64 evaluation of a step's p(x) = x(a + y(b + c y)) or
@@ -87,7 +87,7 @@ def test_bands_quoted_in_design(name, steps, lo, hi, band):
 
 @pytest.mark.parametrize("name", ["jordan", "polar_express", "cesista5", "cubic"])
 def test_lipschitz_is_product_of_a_where_maximal_at_zero(name):
-    # f'(0) = Π a_t exactly; for these schedules |f'| is maximal at 0 (DESIGN.md).
+    # f'(0) = Π a_t exactly; for these schedules |f'| is maximal at 0 (docs/design.md, "Tolerances").
     table = ortho_ref.schedule(name)
     prod = float(np.prod(table[:, 0]))
     lip = ortho_ref.ns_lipschitz(table)
@@ -97,7 +97,7 @@ def test_lipschitz_is_product_of_a_where_maximal_at_zero(name):
 
 @pytest.mark.parametrize("name, quoted, half_unit", [("jordan", 485.0, 0.5), ("polar_express", 990.0, 5.0)])
 def test_lipschitz_quoted_in_design(name, quoted, half_unit):
-    # DESIGN.md: "jordan×5 ≈ 485; polar_express×5 ≈ 990, the product of its a's". A correct value
+    # docs/design.md, "Tolerances": "jordan×5 ≈ 485; polar_express×5 ≈ 990, the product of its a's". A correct value
     # is within half a unit of the last quoted significant digit (990 = 2 digits: 989.47).
     assert abs(ortho_ref.ns_lipschitz(ortho_ref.schedule(name)) - quoted) <= half_unit
 
@@ -232,7 +232,7 @@ def _step(row):
 
 
 def test_attracting_band_quoted_in_design():
-    # DESIGN.md: "attracting band [0.68, 1.13]" for Keller Jordan's step; docs quote [0.682, 1.134].
+    # docs/design.md, "Muon": "attracting band [0.68, 1.13]" for Keller Jordan's step; docs quote [0.682, 1.134].
     row = ortho_ref.schedule("jordan")[-1]
     lo, hi = ortho_ref.ns_attracting_band(row)
     assert abs(lo - 0.682) <= QUOTE_HALF_UNIT and abs(hi - 1.134) <= QUOTE_HALF_UNIT
@@ -249,7 +249,7 @@ def test_attracting_band_quoted_in_design():
     # invariant and onto: p(J) = J, so no smaller interval is invariant under one step
     img = ortho_ref.ns_band(row, lo, hi)
     assert abs(img[0] - lo) <= slack_lo and abs(img[1] - hi) <= slack_hi
-    # the repelling fixed point lies inside; five steps map [0.1, 1] onto J (DESIGN's reading):
+    # the repelling fixed point lies inside; five steps map [0.1, 1] onto J (docs/design.md, "Muon"):
     # their min and max are p(c) and p(p(c)) exactly, reached where an iterate passes through c
     x_star = np.sqrt(max(r.real for r in np.roots([c, b, a - 1]) if abs(r.imag) == 0 and 0 < r.real < 1.2))
     assert lo < x_star < hi and a + x_star**2 * (3 * b + 5 * c * x_star**2) < -1

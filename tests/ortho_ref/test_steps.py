@@ -1,4 +1,4 @@
-"""Reference Muon steps: the formulas of DESIGN.md, invariants, bad input (Dion: test_dion.py)."""
+"""Reference Muon steps: the formulas of docs/design.md ("Muon"), invariants, bad input (Dion: test_dion.py)."""
 
 import math
 
