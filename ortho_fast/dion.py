@@ -16,7 +16,7 @@ from typing import Iterable
 import torch
 from torch.optim import Optimizer
 
-from ._validate import is_dtensor
+from .validation import is_dtensor
 from .functional.dion import RIGHT_FACTORS, DionUpdate, dion_rank, dion_right_factor, dion_update, initial_q
 from .functional.qr import (
     CQR2_GRAM_DEVIATION, QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, WHOLE, WholeDim, gaussian_sketch,

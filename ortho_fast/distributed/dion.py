@@ -46,7 +46,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .._validate import check_choice, check_count, check_finite, check_hyper
+from ..validation import check_choice, check_count, check_finite, check_hyper
 from ..functional.dion import RIGHT_FACTORS, initial_q
 from ..functional.qr import QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, WHOLE, WholeDim, householder, sketch_rows
 from ..groups.dion import (

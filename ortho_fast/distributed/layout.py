@@ -28,7 +28,7 @@ from typing import Mapping, NamedTuple, Sequence
 import torch
 import torch.distributed as dist
 
-from .._validate import is_dtensor, local_tensor  # re-exported: one definition for the package
+from ..validation import is_dtensor, local_tensor  # re-exported: one definition for the package
 
 __all__ = ["ROLES", "LayoutError", "MeshAxis", "MatrixLayout", "mesh_axis", "check_axes", "matrix_layout",
            "is_dtensor", "local_tensor"]

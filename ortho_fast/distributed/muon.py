@@ -51,7 +51,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .._validate import check_choice
+from ..validation import check_choice
 from ..functional import muon as muon_math
 from ..functional.layout import MuonLayout, is_expert_name
 from ..groups.driver import GroupRunner

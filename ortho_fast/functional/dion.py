@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._validate import check_choice, check_count, check_hyper
+from ..validation import check_choice, check_count, check_hyper
 from .qr import (QR_METHODS, RCQR_OVERSAMPLE, WHOLE, factor_dtype, orthonormalize_block, seed_for)
 
 RIGHT_FACTORS = ("column_norm", "qr")

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from .._validate import check_count
+from ..validation import check_count
 
 #: Name components dropped before ``expert_keys`` matching (torch.compile, activation checkpointing; as Motif).
 DROPPED_NAME_COMPONENTS = ("_orig_mod", "_checkpoint_wrapped_module")

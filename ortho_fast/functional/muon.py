@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from .._validate import check_choice
+from ..validation import check_choice
 from .layout import MuonLayout
 from .newton_schulz import newton_schulz_resolved
 

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from .._validate import check_hyper, check_matrix_tensor
+from ..validation import check_hyper, check_matrix_tensor
 from ..coefficients import CoefficientsLike, resolve_coefficients
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .._validate import check_count
+from ..validation import check_count
 
 QR_METHODS = ("householder", "cholesky_qr", "randomized_cholesky_qr")
 #: microsoft/dion's names for the same methods (its "cqr" is one CholeskyQR pass, not CholeskyQR2).

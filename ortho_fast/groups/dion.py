@@ -13,7 +13,7 @@ from typing import Mapping
 
 import torch
 
-from .._validate import check_choice, check_count, check_filled, check_finite, check_hyper
+from ..validation import check_choice, check_count, check_filled, check_finite, check_hyper
 from ..functional import dion as dion_math
 from ..functional.dion import RIGHT_FACTORS, dion_rank, initial_q
 from ..functional.qr import QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, sketch_generator

@@ -14,7 +14,7 @@ from typing import Mapping
 
 import torch
 
-from .._validate import check_choice, check_count, check_filled, check_finite, check_hyper
+from ..validation import check_choice, check_count, check_filled, check_finite, check_hyper
 from ..coefficients import CoefficientsLike, resolve_coefficients, schedule_of
 from ..functional import muon as muon_math
 from ..functional import layout as layout_math

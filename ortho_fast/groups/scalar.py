@@ -18,7 +18,7 @@ from typing import Mapping
 
 import torch
 
-from .._validate import check_filled, check_finite, check_hyper
+from ..validation import check_filled, check_finite, check_hyper
 from ..functional.scalar import adamw_update, lion_update
 from .driver import GroupRunner
 from .options import AdamWOptions, LionOptions

@@ -1,11 +1,11 @@
-"""ortho_fast._validate.check_finite: every NaN / ±Inf is caught wherever it sits, for every
+"""ortho_fast.validation.check_finite: every NaN / ±Inf is caught wherever it sits, for every
 floating dtype and memory layout (it uses the NaN-propagating extremes, not isfinite().all())."""
 
 import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from ortho_fast._validate import check_count, check_filled, check_finite, check_hyper
+from ortho_fast.validation import check_count, check_filled, check_finite, check_hyper
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 

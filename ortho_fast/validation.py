@@ -1,4 +1,5 @@
-"""Argument checks for the fast side: clear errors, raised before any state changes."""
+"""Argument checks for the fast side (``ortho_fast.validation``): clear errors naming the argument,
+raised before any state changes. Shared by the functional core, the group layer and the distributed step."""
 
 from __future__ import annotations
 
