@@ -1,7 +1,7 @@
 """Real gradients: a small byte-level GPT trained on the Python standard library.
 
 The corpus is the source of the running interpreter's standard library, read as
-bytes, so every machine has it and nothing is downloaded (DESIGN.md, "Real input").
+bytes, so every machine has it and nothing is downloaded (docs/design.md, "Real input").
 The model is a GPT-2 style decoder (Radford et al. 2019; layout as in Karpathy's
 nanoGPT): token + position embeddings, pre-norm blocks with causal self-attention
 (fused qkv Linear) and a 4x GELU MLP, a final LayerNorm and an untied lm_head.

@@ -17,7 +17,7 @@ R = BᵀP this guarantees, exactly:
 
 Every check runs ``ortho_fast.dion_update`` (the fast side) step by step, reads its P and R
 and evaluates the identities in float64 from the fast values; the tolerances are in
-``ortho_verify.tolerances`` (section "verify product: error feedback and user checks").
+``ortho_verify.tolerances.error_feedback``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ from typing import Mapping
 
 __all__ = [
     "ALGORITHMS", "CONFIGS", "DION_VARIANTS", "DION_VARIANT_RUNS", "MUON_AXES", "MUON_COMBOS", "MUON_CONFIGS",
-    "OptimizerConfig", "REPRODUCTION_METHODS", "SHARDING_DION", "SHARDING_MUON", "get", "muon_option_grid", "select",
+    "OptimizerConfig", "REPRODUCTION_METHODS", "REPRODUCTION_RANK_FRACTIONS", "SHARDING_DION", "SHARDING_MUON", "get",
+    "muon_option_grid", "select",
 ]
 
 #: Algorithms a configuration can name (the ``algorithm`` of ``ortho_fast.param_groups``).
@@ -69,6 +70,9 @@ class OptimizerConfig:
 def _c(name, algorithm, source, tags, label="", **options) -> OptimizerConfig:
     return OptimizerConfig(name, algorithm, options, source, tuple(tags), label)
 
+
+#: Dion's rank fractions in ``ortho-verify reproduce`` (fraction, its name in method keys and labels).
+REPRODUCTION_RANK_FRACTIONS = ((1.0, "1"), (0.25, "1/4"), (0.0625, "1/16"))
 
 CONFIGS: tuple[OptimizerConfig, ...] = (
     # One Muon step per system our users come from (ortho_verify.checks.check_muon). Megatron:
@@ -118,7 +122,7 @@ CONFIGS: tuple[OptimizerConfig, ...] = (
     *(_c(f"reproduce/dion-{name}-{'ef' if ef else 'noef'}", "dion", "Dion (Ahn et al., arXiv 2504.05295, "
          "Algorithm 1; microsoft/dion)", ["reproduce"], label=f"Dion r={name}, {'EF' if ef else 'no EF'}",
          rank_fraction=fraction, error_feedback=ef, qr_method="householder")
-      for fraction, name in ((1.0, "1"), (0.25, "1/4"), (0.0625, "1/16")) for ef in (True, False)),
+      for fraction, name in REPRODUCTION_RANK_FRACTIONS for ef in (True, False)),
 )
 
 _BY_NAME = {c.name: c for c in CONFIGS}

@@ -137,8 +137,8 @@ def qr_orthogonality_tolerance(rows: int, rank: int, method: str = "householder"
 def error_feedback_projection_tolerance(ef_tol: float, *, rows: int, b_norm: float, m_norm: float, r_norm: float,
                                         p_norm: float, mu: float, orthogonality: float, dtype) -> float:
     """Tolerance for the two identities of error feedback evaluated in float64 on a computed P,
-    R (n', r) and M_new: ‖(I − PPᵀ)(M_new − B)‖_F and ‖PᵀM_new − μPᵀB‖_F (DESIGN "What error
-    feedback guarantees").
+    R (n', r) and M_new: ‖(I − PPᵀ)(M_new − B)‖_F and ‖PᵀM_new − μPᵀB‖_F (docs/design.md, "Dion": what error
+    feedback guarantees).
 
     ``ef_tol``: ``error_feedback_tolerance`` for M_new = B − (1−μ)PRᵀ itself, mapped by I − PPᵀ or
     Pᵀ (2-norms ≤ 1 + ω, ω = ``orthogonality`` ≥ ‖PᵀP − I‖_F). The identities then fail only by

@@ -38,7 +38,7 @@ def ns_tolerance(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dt
     E_t reaches the output multiplied by the Fréchet derivative of the remaining steps,
     whose norm is at most G_t (``ortho_ref.ns_step_gains``, Daleckii–Krein divided
     differences over the step-t spectrum). The u64 term covers the oracle's own
-    backward-stable SVD. This refines DESIGN.md's c·u·L_f·√k: G_0 is the sup over the actual
+    backward-stable SVD. This refines the c·u·L_f·√k of docs/design.md ("Tolerances"): G_0 is the sup over the actual
     spectrum's hull, at most ``ortho_ref.ns_lipschitz(table, 0, σ̂_max)`` ≤ L_f (mean value
     theorem; checked on every call, see ``gains_and_sizes``), the later steps' roundings are
     weighted by their own gains G_t, and the inner-dimension and
@@ -60,7 +60,7 @@ def gains_and_sizes(sigma_hat: np.ndarray, coefficients) -> tuple[np.ndarray, np
     Checked against ``ortho_ref.ns_lipschitz`` on every call: G_0 = sup over [lo, hi] of
     max(|f′(x)|, |f(x)/x|), and |f(x)/x| = |f′(ξ)| for some ξ ∈ (0, x) (mean value theorem,
     f(0) = 0), so ns_lipschitz(lo, hi) <= G_0 <= ns_lipschitz(0, hi), and the latter is at most
-    DESIGN.md's L_f = sup_[0,1] |f′| when hi <= 1. The lower inequality is exact in floating
+    the L_f = sup_[0,1] |f′| of docs/design.md ("Tolerances") when hi <= 1. The lower inequality is exact in floating
     point (G_0 maximizes over a superset of ns_lipschitz's points); the upper one is allowed a
     relative √u64 ≈ 1.5e-8, far above the float64 rounding of f′ and f(x)/x (≲ 10³·u64 with the
     registry's cancellation) and far below the 1e-2 by which a sampled sup missed it.

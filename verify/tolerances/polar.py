@@ -59,7 +59,7 @@ def prescribed_spectrum_tolerance(shape: tuple[int, int], sigma_max: float = 1.0
     return 10.0 * max(shape) * U64 * sigma_max
 
 
-#: First-order validity of the polar-factor bound (DESIGN.md): σ_k/‖A‖₂ ≥ POLAR_VALIDITY·√k·u,
+#: First-order validity of the polar-factor bound (docs/design.md, "Tolerances"): σ_k/‖A‖₂ ≥ POLAR_VALIDITY·√k·u,
 #: so that the backward error (a few √k·u·‖A‖₂ in practice) is at most ~1 % of σ_k and the
 #: second-order term (relative size ‖ΔA‖₂/σ_k) is negligible against the first.
 POLAR_VALIDITY = 100.0
@@ -75,14 +75,14 @@ def polar_tolerance(a, dtype="float64") -> float | None:
         β·(2 + 3·‖A‖₂·κ_U(A)),   β = svd_residual_tolerance(shape, 1, dtype),
         κ_U = ``ortho_ref.polar_condition`` (2/(σ_n + σ_{n−1}) square, 1/σ_k rectangular)
 
-    or None when the first-order bound does not apply: σ_k/‖A‖₂ < POLAR_VALIDITY·√k·u (DESIGN.md),
+    or None when the first-order bound does not apply: σ_k/‖A‖₂ < POLAR_VALIDITY·√k·u (docs/design.md, "Tolerances"),
     where only property checks are meaningful (UᵀU = I, UH = A, H symmetric PSD).
     Derivation. The computed factors Ũ, Ṽ have ‖ŨᵀŨ − I‖_F ≤ β (likewise Ṽ) and residual
     ‖ŨΣ̃Ṽᵀ − A‖_F ≤ β‖A‖₂ (``svd_residual_tolerance``). Their nearest orthonormal U′, V′
     satisfy ‖Ũ − U′‖_F ≤ β, so U′Σ̃V′ᵀ = A + ΔA with ‖ΔA‖_F ≤ 3β‖A‖₂, and U′V′ᵀ = U_p(A + ΔA)
     is within κ_U·‖ΔA‖_F of U_p(A) to first order (Higham, Functions of Matrices, Thm. 8.9);
     replacing U′V′ᵀ by ŨṼᵀ adds 2β (the rounding of the product is inside β). With
-    κ_U ≤ 1/σ_k this is DESIGN.md's c·u·(k + √k·‖A‖₂/σ_min) with c·√k·u = β, i.e. c from
+    κ_U ≤ 1/σ_k this is the c·u·(k + √k·‖A‖₂/σ_min) of docs/design.md ("Tolerances") with c·√k·u = β, i.e. c from
     LAPACK's acceptance threshold and the d·u growth of the orthogonal transformations.
     Two computations compared with each other: add their two tolerances.
     Shapes: a (m, n) float. Raises: as ``ortho_ref.polar``; ValueError for an unknown dtype.
@@ -176,7 +176,7 @@ def mp_accuracy(shape: tuple[int, int], digits: int, scale: float = 1.0) -> floa
 
 def mp_agreement_tolerance(a, function: str, coefficients=None, *, safety: float = 1.0, eps: float = 1e-7,
                            eps_mode: str = "add", digits: int = 50) -> float | None:
-    """Tolerance for ‖float64 oracle − mpmath oracle‖_F (DESIGN.md: "float64 reference vs
+    """Tolerance for ‖float64 oracle − mpmath oracle‖_F (docs/design.md, "Tolerances": "float64 reference vs
     mpmath (≥ 50 digits): the float64 tolerance with u = 2⁻⁵³").
 
         function="polar":  polar_tolerance(a, "float64") + mp_accuracy(shape, digits)

@@ -9,7 +9,7 @@ __all__ = ["SHARDED_RTOL", "sharded_tolerance"]
 
 # --- sharding equivalence ---
 
-#: DESIGN.md's layout contract: relative Frobenius difference between a sharded step and the
+#: The layout contract (docs/design.md, "Distributed layouts and the layout contract"): relative Frobenius difference between a sharded step and the
 #: one-process step on the full tensors.
 SHARDED_RTOL = {"float64": 1e-12, "float32": 1e-5}
 
@@ -19,7 +19,7 @@ def sharded_tolerance(dtype) -> float:
     step (weights, momenta, Q; the largest over matrices and steps) against the same optimizer in
     one process on the full tensors (``ortho_verify.sharding``, ``ortho-verify sharding``).
 
-    DESIGN.md's layout contract, float64 1e-12 (≈ 9000·u) and float32 1e-5 (≈ 168·u): a
+    The layout contract (docs/design.md, "Distributed layouts and the layout contract"), float64 1e-12 (≈ 9000·u) and float32 1e-5 (≈ 168·u): a
     requirement, not a fitted number. Derivation of when it holds. A sharded step performs the
     one-process arithmetic except that every sum over a sharded dimension is split into local
     partial sums plus an all-reduce (the same terms in another order), and Dion orthonormalizes
