@@ -95,3 +95,4 @@ def main(argv: list[str] | None = None) -> int:
           f"{results['wall_seconds']:.0f} s")
     for claim in results["claims"]:
         print(f"  {claim['verdict']:>15}: {claim['statement']}")
+    return 0
