@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ortho_verify.checks import CheckResult, measured
+from ortho_verify.results import CheckResult, measured
 from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
 __all__ = ["FORMAT", "GOLDEN_DIR", "allowed_ratio", "compare", "golden_hashes", "load", "write"]

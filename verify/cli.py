@@ -20,14 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
 from threadpoolctl import threadpool_limits
 
 import ortho_fast
-from ortho_verify import baseline, checks, data, error_feedback, plots, report
-from ortho_verify.checks import CheckResult
+from ortho_verify import baseline, checks, data, error_feedback, plots, registry, report
+from ortho_verify.optional import require
+from ortho_verify.results import CheckResult
 from ortho_verify.spectra import synthetic_matrices
 from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
@@ -38,8 +36,9 @@ EF_RANK_FRACTION = 0.25
 #: float32's tolerance already pins down (a block mixed up is off by O(1)).
 LAYOUT_DTYPE = "float32"
 #: (variant, parameter dtype, state dtype or None) of the Dion variant checks, at one rank fraction:
-#: every variant in float64, and bfloat16 parameters with float32 momentum and Q (mixed precision).
-DION_VARIANT_RUNS = (*((v, "float64", None) for v in checks.DION_VARIANTS), ("householder", "bfloat16", "float32"))
+#: every variant in float64, and bfloat16 parameters with float32 momentum and Q (mixed precision)
+#: (``ortho_verify.registry.DION_VARIANT_RUNS``).
+DION_VARIANT_RUNS = registry.DION_VARIANT_RUNS
 DION_VARIANT_RANK_FRACTION = 0.25
 
 
@@ -84,7 +83,7 @@ def error_feedback_inputs(cases) -> list:
     real = [c for c in cases if c.source == "real"]
     if real:
         last = max(int(c.name.split("/")[1].removeprefix("step")) for c in real)
-        real = [c for c in real if c.name.startswith(f"gpt/step{last}/") and c.name.split("/", 2)[2] in data._QUICK_PARAMS]
+        real = [c for c in real if c.name.startswith(f"gpt/step{last}/") and c.name.split("/", 2)[2] in data.QUICK_PARAMS]
     return error_feedback.error_feedback_matrices() + real
 
 
@@ -176,8 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(previous)
 
 
-def _collect(args: argparse.Namespace, console: Console, sv_points: dict) -> tuple[list, list, dict | None]:
-    """Inputs, results and the training metadata, with a progress bar on the terminal."""
+def _collect(args: argparse.Namespace, console, sv_points: dict) -> tuple[list, list, dict | None]:
+    """Inputs, results and the training metadata, with a progress bar on the terminal (``console``:
+    a ``rich.console.Console``)."""
+    rp = require("rich.progress", "ortho-verify's progress bar")
+    BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn = (
+        rp.BarColumn, rp.MofNCompleteColumn, rp.Progress, rp.TextColumn, rp.TimeElapsedColumn, rp.TimeRemainingColumn)
     cases = []
     progress_cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                      TimeRemainingColumn())
@@ -205,6 +208,7 @@ def _collect(args: argparse.Namespace, console: Console, sv_points: dict) -> tup
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    Console = require("rich.console", "ortho-verify's terminal output").Console
     console = Console() if sys.stdout.isatty() else Console(width=200)
     started = time.perf_counter()
     sv_points: dict = {}

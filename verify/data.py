@@ -1,7 +1,7 @@
 """Real gradients: a small byte-level GPT trained on the Python standard library.
 
 The corpus is the source of the running interpreter's standard library, read as
-bytes, so every machine has it and nothing is downloaded (DESIGN.md, "Real input").
+bytes, so every machine has it and nothing is downloaded (docs/design.md, "Real input").
 The model is a GPT-2 style decoder (Radford et al. 2019; layout as in Karpathy's
 nanoGPT): token + position embeddings, pre-norm blocks with causal self-attention
 (fused qkv Linear) and a 4x GELU MLP, a final LayerNorm and an untied lm_head.
@@ -36,7 +36,8 @@ __all__ = ["CorpusSplit", "GPTConfig", "last_run_info", "real_gradients", "stdli
 
 VOCAB_SIZE = 256  # byte-level tokens
 _SKIP_DIRS = frozenset({"site-packages", "test", "tests", "idle_test"})
-_QUICK_PARAMS = (
+#: Parameters whose gradients form the quick set of real inputs (one matrix per kind of layer).
+QUICK_PARAMS = (
     "tok_emb.weight",
     "blocks.0.attn.qkv.weight",
     "blocks.0.attn.proj.weight",
@@ -72,7 +73,7 @@ def stdlib_corpus(max_bytes: int | None = None) -> bytes:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
     chunks: list[bytes] = []
     total = 0
-    for data in _stdlib_files():
+    for data in stdlib_files():
         chunks.append(data)
         total += len(data)
         if max_bytes is not None and total >= max_bytes:
@@ -116,7 +117,7 @@ def stdlib_split(heldout_every: int = 10) -> CorpusSplit:
     if isinstance(heldout_every, bool) or not isinstance(heldout_every, int) or heldout_every < 3:
         raise ValueError(f"heldout_every: expected an int >= 3, got {heldout_every!r}")
     parts: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
-    for i, data in enumerate(_stdlib_files()):
+    for i, data in enumerate(stdlib_files()):
         parts[{heldout_every - 2: 1, heldout_every - 1: 2}.get(i % heldout_every, 0)].append(data)
     return CorpusSplit(*(b"".join(parts[j]) for j in range(3)), files=tuple(len(parts[j]) for j in range(3)))
 
@@ -129,8 +130,13 @@ def _stdlib_sources() -> Iterator[Path]:
             yield Path(directory, name)
 
 
-def _stdlib_files() -> Iterator[bytes]:
-    """Bytes of each readable file of :func:`_stdlib_sources`, in order (unreadable ones skipped)."""
+def stdlib_files() -> Iterator[bytes]:
+    """Bytes of each readable ``.py`` file of the running Python's standard library (sorted walk,
+    without site-packages and test dirs), in order; unreadable ones are skipped.
+
+    Patch point: ``stdlib_corpus`` and ``stdlib_split`` read the files through this function
+    (looked up on this module at call time), so a test may replace it with
+    ``monkeypatch.setattr(ortho_verify.data, "stdlib_files", ...)``."""
     for path in _stdlib_sources():
         try:
             yield path.read_bytes()
@@ -234,10 +240,14 @@ class _GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def _build_model(config: GPTConfig, generator: torch.Generator) -> _GPT:
-    """GPT-2 initialization (weights N(0, 0.02), LayerNorm 1/0) from ``generator`` only.
+def build_model(config: GPTConfig, generator: torch.Generator) -> nn.Module:
+    """The byte-level GPT of ``config`` (``d_model``, ``n_layers``, ``n_heads``, ``context``; vocabulary
+    ``VOCAB_SIZE``), with GPT-2 initialization (weights N(0, 0.02), LayerNorm 1/0) drawn from
+    ``generator`` only, float32 on the CPU. Input (batch, ≤ context) int64 bytes -> logits
+    (batch, length, 256).
 
-    Built on the meta device first, so the global torch RNG is neither used nor advanced.
+    Built on the meta device first, so the global torch RNG is neither used nor advanced. Used by
+    ``train_and_capture`` and ``ortho_verify.reproduce``.
     """
     with torch.device("meta"):
         model = _GPT(config)
@@ -295,7 +305,7 @@ def _train(config: GPTConfig, seed: int, progress: Progress | None) -> list[Matr
         raise ValueError(f"corpus has {len(corpus)} bytes, need at least context + 1 = {config.context + 1}")
     data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8)
     generator = torch.Generator().manual_seed(seed)
-    model = _build_model(config, generator)
+    model = build_model(config, generator)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     window = torch.arange(config.context + 1)
     capture = set(config.capture_steps)
@@ -473,5 +483,5 @@ def real_gradients(
     _last_info = {**meta, "cache_path": str(path), "from_cache": from_cache}
     if quick:
         last = f"gpt/step{max(config.capture_steps)}/"
-        cases = [c for c in cases if c.name.startswith(last) and c.name[len(last):] in _QUICK_PARAMS]
+        cases = [c for c in cases if c.name.startswith(last) and c.name[len(last):] in QUICK_PARAMS]
     return cases

@@ -17,7 +17,7 @@ R = BᵀP this guarantees, exactly:
 
 Every check runs ``ortho_fast.dion_update`` (the fast side) step by step, reads its P and R
 and evaluates the identities in float64 from the fast values; the tolerances are in
-``ortho_verify.tolerances`` (section "verify product: error feedback and user checks").
+``ortho_verify.tolerances.error_feedback``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ import torch
 import ortho_fast
 import ortho_ref
 from ortho_verify import tolerances as tol
-from ortho_verify.checks import TORCH_DTYPES, CheckResult, as_float64 as _f64, measured, no_claim
+from ortho_verify.arrays import TORCH_DTYPES
+from ortho_verify.arrays import as_float64 as _f64
+from ortho_verify.results import CheckResult, measured, no_claim
 from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
 
 __all__ = [
@@ -252,7 +254,7 @@ def check_full_rank_polar(case: MatrixCase, dtype: str, *, steps: int = 24, mu: 
     Rows ``ef_full_rank_polar`` (fixed point) and ``ef_full_rank_convergence`` (worst t over the
     steps with a finite bound; the note names the others). An input whose fixed-point bound is
     not first-order valid (δ_P ≥ 0.1: B too ill-conditioned for the dtype), or whose convergence
-    bound is infinite at every step, gives a "no claim" row (``ortho_verify.checks.no_claim``).
+    bound is infinite at every step, gives a "no claim" row (``ortho_verify.results.no_claim``).
     """
     b, (u, s, vt), transposed = _fixed_b(case, dtype)
     m, n = b.shape

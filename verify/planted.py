@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 import torch
 
 import ortho_fast
-from ortho_verify.api import DionConventions, MuonConventions
+from ortho_verify.conventions import DionConventions, MuonConventions
 
 __all__ = ["JORDAN", "PLANTED_BUGS", "PlantedBug", "SimpleDion", "SimpleMuon", "newton_schulz_kernel"]
 

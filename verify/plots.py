@@ -1,5 +1,8 @@
 """PNG plots of ``ortho-verify`` (matplotlib, Agg backend): the singular-value map of each
-coefficient schedule and the distribution of error/tolerance per check."""
+coefficient schedule and the distribution of error/tolerance per check.
+
+matplotlib (the extra ``verify``) is imported when a plot is drawn (``ortho_verify.optional.pyplot``),
+not with this module."""
 
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ from pathlib import Path
 import numpy as np
 
 import ortho_ref
-from ortho_verify.checks import CheckResult
+from ortho_verify.optional import pyplot
+from ortho_verify.results import CheckResult
 from ortho_verify.tables import BAND_INTERVAL
+from ortho_verify.tolerances import BASELINE_FLOOR
 
 __all__ = ["ratio_distribution", "singular_value_map", "write_plots"]
 
@@ -22,12 +27,7 @@ _DTYPE_STYLE = {"float64": ("tab:blue", "o"), "float32": ("tab:green", "s"), "bf
 
 
 def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot("ortho-verify's plots")
 
 
 def singular_value_map(schedule: str, points: dict, path: Path) -> Path:
@@ -68,8 +68,6 @@ def ratio_distribution(results: list[CheckResult], path: Path) -> Path:
     """One row per check: every error/tolerance ratio (log axis, jittered), the failure line at 1
     and the baseline floor 0.1. Ratios of 0 (bitwise checks) are drawn at ``RATIO_FLOOR``, ratios
     above 20 (and inf) at 20. Rows that made no claim (``CheckResult.claimed``) are left out."""
-    from ortho_verify.tolerances import BASELINE_FLOOR
-
     plt = _pyplot()
     groups: "OrderedDict[str, list[float]]" = OrderedDict()
     for r in results:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -138,7 +139,7 @@ def test_best_learning_rate_and_edges():
 
 
 class _FakeRunner:
-    """``_Runner``'s interface with a validation loss given as a function of the lr."""
+    """``Runner``'s interface with a validation loss given as a function of the lr."""
 
     def __init__(self, loss):
         self.config, self.loss, self.rounds = rp.ReproConfig(), loss, []
@@ -156,7 +157,7 @@ class _FakeRunner:
 ])
 def test_sweep_extends_a_grid_beyond_a_winning_edge(loss, added):
     runner, sweep = _FakeRunner(loss), {}
-    rp._sweep(runner, rp.METHODS[1:2], 0.002, sweep)
+    rp.sweep_learning_rates(runner, rp.METHODS[1:2], 0.002, sweep)
     grid = list(runner.config.muon_lrs)
     assert runner.rounds == [grid] + ([] if added is None else [[added]])
     assert sorted(p["lr"] for p in sweep["muon-jordan"]) == sorted(grid + ([] if added is None else [added]))
@@ -169,7 +170,7 @@ def test_sweep_extends_a_grid_beyond_a_winning_edge(loss, added):
 
 def test_stdlib_split_deals_files_without_overlap(monkeypatch):
     files = [bytes([i]) for i in range(25)]
-    monkeypatch.setattr(data, "_stdlib_files", lambda: iter(files))
+    monkeypatch.setattr(data, "stdlib_files", lambda: iter(files))
     split = data.stdlib_split(10)
     assert split.validation == bytes([8, 18]) and split.test == bytes([9, 19])
     assert split.files == (21, 2, 2) and sorted(split.train + split.validation + split.test) == list(range(25))
@@ -214,8 +215,8 @@ def test_divergence_is_recorded_not_raised(monkeypatch):
     run = rp.train_run(rp.QUICK, "muon-jordan", 1e6, 1, scalar_lr=1e6, curve=False)
     assert run["diverged"] and run["loss"] is None
     # the last update leaves non-finite weights: no training step follows to see it, the held-out loss does
-    evaluate = rp._heldout_loss
-    monkeypatch.setattr(rp, "_heldout_loss", lambda model, *args: evaluate(model, *args) if any(
+    evaluate = rp.heldout_loss
+    monkeypatch.setattr(rp.training, "heldout_loss", lambda model, *args: evaluate(model, *args) if any(
         p.grad is None for p in model.parameters()) else math.nan)
     run = rp.train_run(rp.QUICK, "adamw", 0.004, 1)
     assert run["diverged"] and run["loss"] is None and run["curve"][1:] == [None] * rp.QUICK.curve_points
@@ -235,7 +236,7 @@ def test_every_method_trains_the_same_matrices_with_its_own_options(method):
     weight decay 0 everywhere, Muon's per-matrix lr scale is Dion's √(m/n), Dion's rank is
     ceil(rank fraction × min(m, n)) and its error feedback the method's."""
     config = rp.QUICK
-    model = data._build_model(rp._gpt_config(config), torch.Generator().manual_seed(0))
+    model = data.build_model(rp.gpt_config(config), torch.Generator().manual_seed(0))
     optimizer = rp.build_optimizer(method, model, 0.01, 0.004, config, seed=1)
     groups = optimizer.param_groups
     assert all(g["weight_decay"] == 0.0 for g in groups)
@@ -256,7 +257,7 @@ def test_every_method_trains_the_same_matrices_with_its_own_options(method):
         return
     assert (group["rank_fraction"], group["error_feedback"]) == (method.rank_fraction, method.error_feedback)
     batch = torch.randint(0, data.VOCAB_SIZE, (2, config.context + 1), generator=torch.Generator().manual_seed(0))
-    rp.F.cross_entropy(model(batch[:, :-1]).reshape(-1, data.VOCAB_SIZE), batch[:, 1:].reshape(-1)).backward()
+    F.cross_entropy(model(batch[:, :-1]).reshape(-1, data.VOCAB_SIZE), batch[:, 1:].reshape(-1)).backward()
     optimizer.step()
     for name, p in matrices.items():
         assert optimizer.state[p]["Q"].shape[1] == math.ceil(method.rank_fraction * min(shapes[name])), name
@@ -362,8 +363,8 @@ def test_entry_points_reach_the_parser(capsys):
 def test_parallel_jobs_give_the_same_results():
     config = rp.QUICK
     jobs = [dict(method_key=k, lr=0.01, seed=1, scalar_lr=0.004) for k in ("muon-polar_express", "dion-1/16-noef")]
-    serial = rp._Runner(config, "cpu", 1, 1, lambda _: None).map("t", jobs)
-    runner = rp._Runner(config, "cpu", 2, 1, lambda _: None)
+    serial = rp.Runner(config, "cpu", 1, 1, lambda _: None).map("t", jobs)
+    runner = rp.Runner(config, "cpu", 2, 1, lambda _: None)
     try:
         parallel = runner.map("t", jobs)
     finally:

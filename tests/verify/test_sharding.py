@@ -67,16 +67,16 @@ def test_strided_shard_split_factor():
     from torch.distributed.tensor.placement_types import _StridedShard
 
     lay = next(lay for lay in LAYOUTS if lay.name == "HSDP + TP colwise")
-    pls = sharding._placements(lay, (2, 3, 4))
+    pls = sharding.dtensor_placements(lay, (2, 3, 4))
     assert isinstance(pls[1], _StridedShard) and pls[1].split_factor == 4 and pls[2].dim == 0
 
 
 def test_blocks_follow_torch_chunk():
     lay = next(lay for lay in LAYOUTS if lay.name == "TP colwise blockwise")
-    assert sharding._blocks(lay, (8,), (5, 11)) == (0, [1, 1, 1, 1, 1])  # three empty shards dropped by chunk
-    assert sharding._blocks(lay, (4,), (13, 7)) == (0, [4, 4, 4, 1])
+    assert sharding.tp_blocks(lay, (8,), (5, 11)) == (0, [1, 1, 1, 1, 1])  # three empty shards dropped by chunk
+    assert sharding.tp_blocks(lay, (4,), (13, 7)) == (0, [4, 4, 4, 1])
     row = next(lay for lay in LAYOUTS if lay.name == "FSDP + TP rowwise blockwise")
-    assert sharding._blocks(row, (4, 2), (13, 7)) == (1, [4, 3])
+    assert sharding.tp_blocks(row, (4, 2), (13, 7)) == (1, [4, 3])
 
 
 def test_inputs_are_seeded_and_replicas_differ():
@@ -131,8 +131,8 @@ def test_padded_volume_bounds_the_analytic(m, n, world):
         exact = analytic_volume(lay, shape, (m, n))
         padded = analytic_volume(lay, shape, (m, n), padded=True)
         assert padded >= exact
-        pm, pn = sharding._padded_shape(lay, shape, (m, n))
-        assert pm >= m and pn >= n and (pm, pn) == sharding._padded_shape(lay, shape, (pm, pn))
+        pm, pn = sharding.padded_shape(lay, shape, (m, n))
+        assert pm >= m and pn >= n and (pm, pn) == sharding.padded_shape(lay, shape, (pm, pn))
         if (pm, pn) == (m, n):
             assert padded == exact
 
@@ -149,11 +149,11 @@ def test_docs_cover_every_layout():
 
 
 def test_comm_verdict():
-    assert sharding._comm_verdict(10, 10, 12) == "exact"
-    assert sharding._comm_verdict(11, 10, 12) == "padding"
-    assert sharding._comm_verdict(13, 10, 12) == "MISMATCH"
-    assert sharding._comm_verdict(9, 10, 12) == "MISMATCH"  # a collective missing
-    assert sharding._comm_verdict(9, None, None) == "no formula"
+    assert sharding.comm_verdict(10, 10, 12) == "exact"
+    assert sharding.comm_verdict(11, 10, 12) == "padding"
+    assert sharding.comm_verdict(13, 10, 12) == "MISMATCH"
+    assert sharding.comm_verdict(9, 10, 12) == "MISMATCH"  # a collective missing
+    assert sharding.comm_verdict(9, None, None) == "no formula"
 
 
 # ---------------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def _launch(rank: int, world: int) -> dict:
         names = SUBSET if plant is None else PLANTED[plant]
         plan = sharding.Plan(_exact(world, names), dtypes=("float64",), matrices=sharding.QUICK_MATRICES,
                              steps=sharding.QUICK_STEPS, plant=plant)
-        out[plant] = sharding._worker(rank, world, plan)
+        out[plant] = sharding.worker(rank, world, plan)
     return out
 
 

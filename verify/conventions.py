@@ -1,0 +1,112 @@
+"""What a Muon- or Dion-like optimizer computes (``MuonConventions``, ``DionConventions``) and the
+conventions of the optimizers the judge knows (``TORCH_MUON``, ``ORTHO_MUON``, ``DION``), with the
+dtype and coefficient-table helpers that ``ortho_verify.api`` and ``ortho_verify.optimizer_checks``
+share (docs/design.md, "Muon", "Dion" and "Conventions").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import ortho_ref
+from ortho_verify import tolerances as tol
+
+__all__ = ["DION", "DionConventions", "MuonConventions", "ORTHO_MUON", "TORCH_MUON", "coarser_dtype", "dtype_name",
+           "table_and_normalization"]
+
+_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def dtype_name(dtype, allowed=tuple(tol.UNIT_ROUNDOFF), argument: str = "dtype") -> str:
+    """'float64' / 'float32' / 'bfloat16' / 'float16' for a torch dtype or such a name, if in
+    ``allowed``; TypeError naming ``argument`` otherwise."""
+    name = _NAMES.get(dtype, dtype)
+    if name not in allowed:
+        raise TypeError(f"{argument}: expected one of {sorted(allowed)} (torch dtype or name), got {dtype!r}")
+    return name
+
+
+def coarser_dtype(*names: str) -> str:
+    """The dtype with the largest unit roundoff: the precision a chain of operations ends up with."""
+    return max(names, key=tol.unit_roundoff)
+
+
+def table_and_normalization(coefficients, steps, safety, eps) -> tuple[np.ndarray, float, float]:
+    """(T, 3) float64 table and (safety, eps) of a schedule: a registry name's own defaults unless
+    overridden; a (T, 3) table is truncated / extended to ``steps`` (its last row repeated), with
+    safety 1 and eps 1e-7 by default.
+    Raises: ValueError naming ``coefficients`` for an unknown name or a table not of shape (T, 3)."""
+    if isinstance(coefficients, str):
+        if coefficients not in ortho_ref.SCHEDULES:
+            raise ValueError(f"coefficients: unknown schedule {coefficients!r}; known: {sorted(ortho_ref.SCHEDULES)}")
+        sched = ortho_ref.SCHEDULES[coefficients]
+        table = ortho_ref.schedule(coefficients, steps)
+        return table, sched.safety if safety is None else safety, sched.eps if eps is None else eps
+    table = np.asarray(coefficients, dtype=np.float64)
+    if table.ndim != 2 or table.shape[1] != 3 or len(table) == 0:
+        raise ValueError(f"coefficients: expected a schedule name or a (T, 3) table, got shape {table.shape}")
+    if steps is not None:
+        table = np.concatenate([table[:steps], np.repeat(table[-1:], max(0, steps - len(table)), axis=0)])
+    return table, 1.0 if safety is None else safety, 1e-7 if eps is None else eps
+
+
+@dataclass(frozen=True)
+class MuonConventions:
+    """What a Muon-like optimizer computes, so that ``check_optimizer`` can build its reference.
+
+    momentum_style: "ema" (M ← μM + (1−μ)G; torch.optim.Muon, Keller Jordan, nanochat) or
+    "classic" (M ← μM + G; microsoft/dion, Moonlight); nesterov: U = mix of G and M as
+    ``ortho_ref.muon_step``; coefficients: schedule name or (T, 3) table, ns_steps, safety, eps,
+    eps_mode ("add": /(s‖U‖_F + eps), "clamp": /max(s‖U‖_F, eps) as torch.optim.Muon);
+    adjust_lr: "original" √max(1, m/n) | "match_rms_adamw" 0.2√max(m, n) | "spectral_norm" √(m/n)
+    | None; ns_dtype: the dtype the Newton–Schulz iteration runs in; momentum_state_key: the
+    ``optimizer.state[p]`` key of the momentum buffer (None if it has none: the reference then
+    tracks its own); hyperparameter_names: constructor keyword for each of lr, momentum,
+    weight_decay; extra_kwargs: further constructor keywords.
+    Weight decay is decoupled, W ← W(1 − lr·wd) with the unscaled lr (torch, dion, Moonlight).
+    """
+
+    momentum_style: str = "ema"
+    nesterov: bool = True
+    coefficients: object = "jordan"
+    ns_steps: int | None = None
+    safety: float | None = None
+    eps: float | None = None
+    eps_mode: str = "add"
+    adjust_lr: str | None = "original"
+    ns_dtype: torch.dtype = torch.bfloat16
+    momentum_state_key: str | None = "momentum_buffer"
+    hyperparameter_names: dict = field(default_factory=lambda: {"lr": "lr", "momentum": "momentum",
+                                                                "weight_decay": "weight_decay"})
+    extra_kwargs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DionConventions:
+    """What a Dion-like optimizer computes (Ahn et al., arXiv 2504.05295, Algorithm 1, as
+    ``ortho_ref.dion_step``): error_feedback (M ← B − (1−μ)PRᵀ, else μPRᵀ), epsilon of the
+    column normalization, power_iters; the ``optimizer.state[p]`` keys of the momentum (m, n)
+    and the right factor Q (min(m, n), r); constructor keywords for lr, momentum (μ) and
+    weight_decay, and extra_kwargs. The update is −lr·√(m/n)·PQᵀ with decoupled weight decay."""
+
+    error_feedback: bool = True
+    epsilon: float = 1e-8
+    power_iters: int = 1
+    momentum_state_key: str = "momentum"
+    q_state_key: str = "Q"
+    hyperparameter_names: dict = field(default_factory=lambda: {"lr": "lr", "momentum": "mu",
+                                                                "weight_decay": "weight_decay"})
+    extra_kwargs: dict = field(default_factory=dict)
+
+
+#: torch.optim.Muon's own conventions (defaults: EMA momentum, Nesterov, Keller Jordan's
+#: coefficients, eps 1e-7 clamped, bf16 Newton–Schulz, adjust_lr_fn None = "original").
+TORCH_MUON = MuonConventions(eps_mode="clamp")
+#: ortho_fast.Muon's defaults: torch's, including the clamped normalization that
+#: ``ortho_fast.default_eps_mode("jordan")`` resolves to.
+ORTHO_MUON = MuonConventions(eps_mode="clamp")
+#: ortho_fast.Dion and microsoft/dion's Dion (state keys "momentum" and "Q", μ keyword "mu").
+DION = DionConventions()

@@ -1,0 +1,178 @@
+"""``check_optimizer``: a Muon- or Dion-like optimizer checked step by step against the oracle
+(``ortho_ref.muon_step`` / ``ortho_ref.dion_step``), from its own state before each step.
+
+Public entry point: ``ortho_verify.check_optimizer`` (``ortho_verify.api`` re-exports it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import ortho_fast
+import ortho_ref
+from ortho_verify import error_feedback
+from ortho_verify import tolerances as tol
+from ortho_verify.arrays import as_float64 as _as_f64
+from ortho_verify.checks.dion import dion_reference_rows
+from ortho_verify.checks.newton_schulz import compare_ns_output
+from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, coarser_dtype,
+                                      dtype_name, table_and_normalization)
+from ortho_verify.results import VerificationReport, measured
+from ortho_verify.spectra import matrix_with_spectrum
+
+__all__ = ["DEFAULT_SHAPES", "check_optimizer", "optimizer_inputs"]
+
+#: Parameter shapes of ``check_optimizer``: tall, wide and square, each with a row count that
+#: 4 does not divide (sharding bugs), small enough for a fast check.
+DEFAULT_SHAPES = ((37, 16), (12, 29), (30, 30))
+
+
+def _default_conventions(optimizer):
+    if optimizer is torch.optim.Muon:
+        return TORCH_MUON
+    if optimizer is ortho_fast.Muon:
+        return ORTHO_MUON
+    if optimizer is ortho_fast.Dion:
+        return DION
+    raise TypeError(f"conventions: required for {getattr(optimizer, '__name__', optimizer)!r} "
+                    "(MuonConventions or DionConventions describing what it computes)")
+
+
+def optimizer_inputs(shapes, steps: int, cond: float, seed: int) -> list[tuple[np.ndarray, list[np.ndarray]]]:
+    """Per shape: initial weight N(0, 0.02²) and ``steps`` gradients with singular values
+    geomspace(1, 1/cond) and Haar vectors (condition number ``cond``: bfloat16 tolerances stay sharp)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for m, n in shapes:
+        s = np.geomspace(1.0, 1.0 / cond, min(m, n))
+        out.append((0.02 * rng.standard_normal((m, n)), [matrix_with_spectrum(s, m, n, rng) for _ in range(steps)]))
+    return out
+
+
+def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: float = 0.95,
+                    weight_decay: float = 0.1, steps: int = 3, param_dtype=torch.float32,
+                    shapes=DEFAULT_SHAPES, cond: float = 10.0, seed: int = 0) -> VerificationReport:
+    """Check a Muon- or Dion-like optimizer step by step against the oracle.
+
+    ``optimizer``: a class or factory called as ``optimizer(params, **{names[k]: v}, **extra_kwargs)``
+    with the lr, momentum and weight_decay given here under the conventions' keyword names.
+    ``conventions``: ``MuonConventions`` or ``DionConventions`` (default for torch.optim.Muon,
+    ortho_fast.Muon and ortho_fast.Dion: ``TORCH_MUON``, ``ORTHO_MUON``, ``DION``).
+    One parameter per shape in ``shapes`` (param_dtype), ``steps`` steps with well-conditioned
+    gradients (``cond``). Each step is compared from the optimizer's own state before it:
+    Muon: the update O = (W(1 − lr·wd) − W_new)/(lr·s) against ns_map(U) of ``ortho_ref.muon_step``
+    (``compare_ns_output`` in the coarser of ns_dtype and param_dtype, with the weight's rounding
+    as extra allowance; checks ``muon_update/...``) and the momentum buffer (``muon_momentum``);
+    Dion (from step 2: Q_0 is the optimizer's own draw): weight, momentum and Q against
+    ``ortho_ref.dion_step`` (``dion_vs_reference``, ``ortho_verify.tolerances.dion_variant_tolerances``
+    with B, P, R in the momentum state's dtype, as microsoft/dion's mixed precision) where P is
+    determined by B in that dtype — not with bfloat16 state (δ_P ≈ 0.9), where the step is left
+    out and said so in the notes — and at every step the invariants that need no P
+    (``ortho_verify.error_feedback.observed_step_rows``: ``dion_update_structure``,
+    ``dion_momentum_split``).
+    Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive); each failure
+    carries the initial weight and gradients.
+    Raises: TypeError without conventions for an unknown class or for a dtype outside float64 /
+    float32 / bfloat16 / float16; ValueError for steps < 1 (Dion: < 2), lr <= 0, or when the state
+    lacks a declared key (after the first step).
+    """
+    conventions = _default_conventions(optimizer) if conventions is None else conventions
+    if not isinstance(conventions, (MuonConventions, DionConventions)):
+        raise TypeError(f"conventions: expected MuonConventions or DionConventions, got {type(conventions).__name__}")
+    first = 2 if isinstance(conventions, DionConventions) else 1  # Dion: Q_0 is observed after step 1
+    if not isinstance(steps, int) or steps < first:
+        raise ValueError(f"steps: expected an integer >= {first}, got {steps!r}")
+    if not lr > 0:
+        raise ValueError(f"lr: expected > 0 (the update is recovered by dividing by lr), got {lr!r}")
+    pdt = dtype_name(param_dtype, argument="param_dtype")
+    inputs = optimizer_inputs(shapes, steps, cond, seed)
+    params = [torch.nn.Parameter(torch.tensor(w0, dtype=param_dtype)) for w0, _ in inputs]
+    names = conventions.hyperparameter_names
+    opt = optimizer(params, **{names["lr"]: lr, names["momentum"]: momentum, names["weight_decay"]: weight_decay},
+                    **conventions.extra_kwargs)
+    target = getattr(optimizer, "func", optimizer)  # functools.partial: the class it wraps
+    subject = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
+    labels = [f"{m}x{n}" for m, n in shapes]
+    report_inputs = {f"{label} step {t + 1}": ({"weight0": w0, **{f"grad{i + 1}": g for i, g in enumerate(gs)}},
+                                               f"ortho_verify.api.optimizer_inputs({tuple(shapes)}, {steps}, {cond}, {seed})")
+                     for label, (w0, gs) in zip(labels, inputs) for t in range(steps)}
+    step = _muon_step_rows if isinstance(conventions, MuonConventions) else _dion_step_rows
+    tracked = [None] * len(params)
+    results = []
+    for t in range(steps):
+        before = [(_as_f64(p), {k: _as_f64(v) for k, v in opt.state.get(p, {}).items() if isinstance(v, torch.Tensor)})
+                  for p in params]
+        grads = []
+        for p, (_, gs) in zip(params, inputs):
+            p.grad = torch.tensor(gs[t], dtype=param_dtype)
+            grads.append(_as_f64(p.grad))
+        opt.step()
+        for i, p in enumerate(params):
+            rows, tracked[i] = step(opt, p, conventions, before[i], grads[i], tracked[i], t, lr=lr, mu=momentum,
+                                    wd=weight_decay, pdt=pdt, name=f"{labels[i]} step {t + 1}")
+            results += rows
+    return VerificationReport(f"{subject} ({type(conventions).__name__})", results, report_inputs)
+
+
+def _state(opt, p, key: str) -> np.ndarray:
+    state = opt.state.get(p, {})
+    if key not in state:
+        raise ValueError(f"conventions: optimizer.state[p] has no {key!r} (keys: {sorted(state)}); "
+                         "set the conventions' state key")
+    return _as_f64(state[key])
+
+
+def _muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, lr, mu, wd, pdt, name):
+    w_prev, state_prev = before
+    key = conv.momentum_state_key
+    m_prev = state_prev.get(key) if key else None
+    if m_prev is None:
+        m_prev = np.zeros_like(w_prev) if tracked is None else tracked
+    table, safety, eps = table_and_normalization(conv.coefficients, conv.ns_steps, conv.safety, conv.eps)
+    ref = ortho_ref.muon_step(w_prev, grad, m_prev, lr=lr, mu=mu, nesterov=conv.nesterov,
+                              momentum_style=conv.momentum_style, coefficients=table, safety=safety, eps=eps,
+                              eps_mode=conv.eps_mode, adjust_lr=conv.adjust_lr, weight_decay=wd)
+    w_new = _as_f64(p)
+    step = lr * ref.lr_scale
+    measured_update = (w_prev * (1 - lr * wd) - w_new) / step
+    u = tol.unit_roundoff(pdt) + tol.U64
+    extra = 4 * u * (float(np.linalg.norm(w_prev)) + step * float(np.linalg.norm(ref.update))) / step
+    rows = compare_ns_output(measured_update, ref.ns_input, table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
+                             dtype=coarser_dtype(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt),
+                             input_name=name,
+                             detail=f"update (W(1-lr wd) - W_new)/(lr s), s = {ref.lr_scale:.4g}", extra=extra,
+                             prefix="muon_update/")
+    if key:
+        rows.append(measured("muon_momentum", name, f"state[{key!r}]", np.linalg.norm(_state(opt, p, key) - ref.momentum),
+                             tol.momentum_tolerance(float(np.linalg.norm(grad)), float(np.linalg.norm(m_prev)), pdt)))
+    return rows, ref.momentum
+
+
+def _dion_step_rows(opt, p, conv: DionConventions, before, grad, tracked, t, *, lr, mu, wd, pdt, name):
+    w_prev, state_prev = before
+    if t == 0:  # Q_0 is the optimizer's own random draw: observable only after the first step
+        for key in (conv.momentum_state_key, conv.q_state_key):
+            _state(opt, p, key)  # the declared state exists (ValueError otherwise)
+        return [], None
+    m_prev, q_prev = state_prev[conv.momentum_state_key], state_prev[conv.q_state_key]
+    m_dt, q_dt = (dtype_name(opt.state[p][k].dtype, argument=f"optimizer.state[p][{k!r}]")
+                  for k in (conv.momentum_state_key, conv.q_state_key))
+    ref = ortho_ref.dion_step(w_prev, grad, m_prev, q_prev, lr=lr, mu=mu, weight_decay=wd, epsilon=conv.epsilon,
+                              power_iters=conv.power_iters, error_feedback=conv.error_feedback)
+    # B, P, R in the momentum's dtype (microsoft/dion's mixed precision): float32 state with
+    # bfloat16 parameters keeps P determined; bfloat16 state does not (δ_P ≈ 0.9).
+    bounds = tol.dion_variant_tolerances(ref, q_prev, lr=lr, mu=mu, weight=w_prev, dtype=m_dt, param_dtype=pdt,
+                                         q_dtype=q_dt, error_feedback=conv.error_feedback, epsilon=conv.epsilon,
+                                         power_iters=conv.power_iters, grad_norm=float(np.linalg.norm(grad)))
+    w_new, m_new, q_new = _as_f64(p), _state(opt, p, conv.momentum_state_key), _state(opt, p, conv.q_state_key)
+    detail = f"rank {q_prev.shape[1]}/{min(w_prev.shape)}/{pdt}" + (f" state {m_dt}" if m_dt != pdt else "")
+    rows = dion_reference_rows(name, detail, ref, q_prev, w_prev, lr=lr, mu=mu, dtype=m_dt, bounds=bounds,
+                               error_feedback=conv.error_feedback, weight=w_new, momentum=m_new, Q=q_new)
+    # A comparison that was not made is said in the invariant rows' notes, not as a row of its own:
+    # the invariants below are the evidence for such a step.
+    note = "" if rows[0].claimed else f"reference not compared: {rows[0].note}"
+    invariants = error_feedback.observed_step_rows(
+        name, detail, weight=w_prev, weight_new=w_new, momentum=m_prev, grad=grad, momentum_new=m_new, q_new=q_new,
+        lr=lr, mu=mu, weight_decay=wd, dtype=coarser_dtype(pdt, m_dt, q_dt), error_feedback=conv.error_feedback, note=note)
+    return [r for r in rows if r.claimed] + invariants, None

@@ -1,0 +1,57 @@
+"""Research reproduction: the papers' claims on Muon, Dion and Polar Express, re-measured on real text.
+
+``ortho-verify reproduce`` (or ``python -m ortho_verify.reproduce``) trains the byte-level GPT of
+``ortho_verify.data`` on the running Python's standard-library sources, split by file into train,
+validation and test (``ortho_verify.data.stdlib_split``), with AdamW, Muon (Keller Jordan's and the
+Polar Express coefficients) and Dion at rank fractions 1, 1/4 and 1/16 with and without error
+feedback. Protocol:
+
+1. learning-rate sweep on the sweep seed, judged on the validation split (AdamW first: its best
+   lr also trains the non-matrix parameters of every Muon / Dion run); a best lr at the edge of
+   its grid extends the grid by one point in that direction (``lr_extensions`` rounds);
+2. each method at its own best lr on the evaluation seeds (never the sweep seed), judged on the
+   test split; equal steps and batches for every method, and for a given seed the same
+   initialization and the same batches (paired comparisons);
+3. the singular-value map of Newton–Schulz on the raw gradients of the Muon (Keller) runs;
+4. each claim is a pure function of the results (``evaluate_claims``) with a stated decision
+   rule, and ``docs/reproduction.md`` with its plots and ``results.json`` is written from them.
+
+Modules: ``config`` (methods, ``ReproConfig``, lr schedule), ``training`` (one run), ``pool``
+(parallel runs), ``sweep`` (lr sweep), ``spectral`` (singular-value map), ``study``
+(``run_study``), ``statistics`` (paired differences, verdicts), ``claims``, ``plots``, ``markdown``
+(``docs/reproduction.md``, ``results.json``), ``cli``. Every public name is importable from
+``ortho_verify.reproduce``; the methods' optimizer options come from ``ortho_verify.registry``.
+
+Sources: Jordan et al., "Muon" (2024 blog); Liu et al., arXiv 2502.16982 (Moonlight); Ahn et
+al., arXiv 2504.05295 (Dion); Amsel et al., arXiv 2505.16932 (Polar Express).
+"""
+
+from ortho_verify.reproduce.claims import (CLAIMS, Claim, claim_dion_full_rank_matches_muon,
+                                           claim_dion_quarter_rank_close, claim_error_feedback_needed,
+                                           claim_muon_beats_adamw, claim_polar_express_more_accurate, evaluate_claims)
+from ortho_verify.reproduce.cli import build_parser, main
+from ortho_verify.reproduce.config import (CLOSE_MARGIN, MATCH_MARGIN, METHODS, METHODS_BY_KEY, MUON_LR_CONVENTIONS,
+                                           NS_DTYPES, QUICK, RANK_FRACTIONS, RESULTS_FORMAT, SV_DTYPES, SV_SCHEDULES,
+                                           VERDICTS, Method, ReproConfig, gpt_config, lr_multiplier, method_options)
+from ortho_verify.reproduce.markdown import render_markdown, write_report
+from ortho_verify.reproduce.plots import write_plots
+from ortho_verify.reproduce.pool import Runner, init_worker
+from ortho_verify.reproduce.spectral import singular_value_study
+from ortho_verify.reproduce.statistics import (difference_text, lower_verdict, mean_std_text, paired_difference,
+                                               test_losses, within_verdict)
+from ortho_verify.reproduce.study import cpu_model, environment, run_study
+from ortho_verify.reproduce.sweep import best_learning_rate, sweep_learning_rates
+from ortho_verify.reproduce.training import build_optimizer, corpus, heldout_loss, train_run
+
+__all__ = [
+    "CLAIMS", "CLOSE_MARGIN", "Claim", "MATCH_MARGIN", "METHODS", "Method", "QUICK", "ReproConfig", "VERDICTS",
+    "best_learning_rate", "build_optimizer", "build_parser", "claim_dion_full_rank_matches_muon",
+    "claim_dion_quarter_rank_close", "claim_error_feedback_needed", "claim_muon_beats_adamw",
+    "claim_polar_express_more_accurate", "environment", "evaluate_claims", "lower_verdict", "lr_multiplier", "main",
+    "paired_difference", "render_markdown", "run_study", "singular_value_study", "train_run", "within_verdict",
+    "write_plots", "write_report",
+    # also public since the split into a package
+    "METHODS_BY_KEY", "MUON_LR_CONVENTIONS", "NS_DTYPES", "RANK_FRACTIONS", "RESULTS_FORMAT", "Runner", "SV_DTYPES",
+    "SV_SCHEDULES", "corpus", "cpu_model", "difference_text", "gpt_config", "heldout_loss", "init_worker",
+    "mean_std_text", "method_options", "sweep_learning_rates", "test_losses",
+]

@@ -1,0 +1,206 @@
+"""Configuration of ``ortho-verify reproduce``: the methods (``METHODS``, their options from
+``ortho_verify.registry``), sizes, seeds and lr grids (``ReproConfig``, ``QUICK``), the lr schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ortho_verify import registry
+from ortho_verify.data import GPTConfig
+
+__all__ = ["CLOSE_MARGIN", "MATCH_MARGIN", "METHODS", "METHODS_BY_KEY", "MUON_LR_CONVENTIONS", "Method", "NS_DTYPES",
+           "QUICK", "RANK_FRACTIONS", "RESULTS_FORMAT", "ReproConfig", "SV_DTYPES", "SV_SCHEDULES", "VERDICTS",
+           "gpt_config", "lr_multiplier", "method_options"]
+
+RESULTS_FORMAT = 1
+VERDICTS = ("reproduced", "not reproduced", "inconclusive")
+#: "Matches": the paired difference ± its seed spread lies within ±1 % of the reference's loss.
+MATCH_MARGIN = 0.01
+#: "Stays close": the same, within ±2.5 % (a looser claim than "matches").
+CLOSE_MARGIN = 0.025
+SV_SCHEDULES = ("jordan", "polar_express")
+SV_DTYPES = ("float32", "bfloat16")
+NS_DTYPES = ("bfloat16", "float16", "float32", "float64")
+#: Muon's per-matrix lr scale (``ortho_fast.adjusted_lr_scale``): "spectral_norm" √(m/n), Dion's own
+#: convention (microsoft/dion's Muon), so that Muon and Dion differ only in how they orthogonalize;
+#: "original" √max(1, m/n) (torch.optim.Muon, Keller Jordan), which gives an (m, n) matrix with m < n
+#: √(n/m) times Dion's step.
+MUON_LR_CONVENTIONS = ("spectral_norm", "original")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One optimizer of the study. ``family`` "adamw" trains every parameter with AdamW;
+    "muon" / "dion" train the hidden matrices (attention qkv / proj, MLP fc / proj) with Muon
+    (``coefficients`` a schedule of ``ortho_fast.COEFFICIENTS``) or Dion (``rank_fraction``,
+    ``error_feedback``) and the rest (embeddings, LayerNorms, lm_head) with AdamW."""
+
+    key: str
+    label: str
+    family: str
+    coefficients: str | None = None
+    rank_fraction: float | None = None
+    error_feedback: bool | None = None
+
+
+#: Dion's rank fractions (fraction, name in method keys): ``ortho_verify.registry.REPRODUCTION_RANK_FRACTIONS``.
+RANK_FRACTIONS = registry.REPRODUCTION_RANK_FRACTIONS
+#: Every method of the study, in report order: ``ortho_verify.registry.REPRODUCTION_METHODS``.
+METHODS: tuple[Method, ...] = tuple(
+    Method(c.name.removeprefix("reproduce/"), c.label, c.algorithm, coefficients=c.options.get("coefficients"),
+           rank_fraction=c.options.get("rank_fraction"), error_feedback=c.options.get("error_feedback"))
+    for c in registry.REPRODUCTION_METHODS)
+METHODS_BY_KEY = {m.key: m for m in METHODS}
+
+
+def method_options(method: Method) -> dict:
+    """The method's own optimizer options (``ortho_fast`` keywords) from ``ortho_verify.registry``:
+    Muon's nesterov and coefficients; Dion's rank_fraction, error_feedback and qr_method; none for
+    AdamW. ``build_optimizer`` adds what the ``ReproConfig`` sets (momentum, lr convention, dtype).
+    Raises: KeyError for a method not in the registry."""
+    return registry.get(f"reproduce/{method.key}").kwargs()
+
+
+def _check_grid(name: str, grid) -> None:
+    if not grid or any(not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0) for v in grid):
+        raise ValueError(f"{name}: expected a non-empty tuple of positive learning rates, got {grid!r}")
+    if list(grid) != sorted(set(grid)):
+        raise ValueError(f"{name}: expected increasing learning rates, got {grid!r}")
+
+
+@dataclass(frozen=True)
+class ReproConfig:
+    """Sizes, schedule, seeds and learning-rate grids of the reproduction.
+
+    Model (``ortho_verify.data``'s GPT): ``d_model``, ``n_layers``, ``n_heads``, ``context`` (bytes).
+    Training: ``steps`` optimizer steps of ``batch_size`` random windows of the train split,
+    every lr on the schedule of ``lr_multiplier``: linear warm-up over ``warmup_fraction`` of the
+    steps, then cosine decay to ``final_lr_fraction`` of the peak (the same for every method).
+    Held-out loss (nats per byte): mean next-byte cross-entropy over ``eval_windows`` evenly
+    spaced windows of the validation (sweep) or test (evaluation) split, recorded at
+    ``curve_points`` + 1 evenly spaced steps (step 0 included) of the evaluation runs.
+    ``heldout_every``: one file in k validation, one test (``ortho_verify.data.stdlib_split``).
+    Seeds: ``sweep_seed`` for the lr sweep, ``seeds`` for the evaluation (disjoint).
+    Grids: ``adamw_lrs``, ``muon_lrs`` (scaled per matrix by ``muon_adjust_lr``, one of
+    ``MUON_LR_CONVENTIONS``; default Dion's √(m/n)), ``dion_lrs`` (Dion's √(m/n));
+    ``lr_extensions`` rounds that extend a grid by a factor ``lr_factor`` beyond an edge that
+    won. AdamW: ``betas``, ``adamw_eps``; Muon / Dion momentum ``momentum``; Newton–Schulz
+    compute dtype ``ns_dtype``; weight decay 0 everywhere.
+    ``capture_points`` steps (1, ..., steps) at which the Muon (Keller) runs record gradients.
+
+    Raises: ValueError naming the field for a non-positive size, d_model not divisible by
+    n_heads, an empty / unsorted / non-positive grid, no evaluation seed, the sweep seed among
+    the evaluation seeds, a momentum outside [0, 1), lr_factor <= 1, a warm-up or final lr
+    fraction outside [0, 1) / (0, 1], or an unknown ns_dtype / muon_adjust_lr.
+    """
+
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    context: int = 64
+    batch_size: int = 16
+    steps: int = 600
+    curve_points: int = 12
+    eval_windows: int = 512
+    heldout_every: int = 10
+    sweep_seed: int = 0
+    seeds: tuple[int, ...] = (1, 2, 3)
+    adamw_lrs: tuple[float, ...] = (1e-3, 2e-3, 4e-3)
+    muon_lrs: tuple[float, ...] = (0.01, 0.02, 0.04)
+    dion_lrs: tuple[float, ...] = (0.01, 0.02, 0.04)
+    lr_extensions: int = 1
+    lr_factor: float = 2.0
+    warmup_fraction: float = 0.05
+    final_lr_fraction: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    adamw_eps: float = 1e-8
+    momentum: float = 0.95
+    muon_adjust_lr: str = "spectral_norm"
+    ns_dtype: str = "bfloat16"
+    capture_points: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_layers", "n_heads", "context", "batch_size", "steps", "curve_points",
+                     "eval_windows", "capture_points"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads: {self.n_heads} does not divide d_model {self.d_model}")
+        if isinstance(self.lr_extensions, bool) or not isinstance(self.lr_extensions, int) or self.lr_extensions < 0:
+            raise ValueError(f"lr_extensions: expected an int >= 0, got {self.lr_extensions!r}")
+        for name in ("adamw_lrs", "muon_lrs", "dion_lrs"):
+            _check_grid(name, getattr(self, name))
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: expected distinct evaluation seeds, got {self.seeds!r}")
+        if self.sweep_seed in self.seeds:
+            raise ValueError(f"seeds: the sweep seed {self.sweep_seed} must not be an evaluation seed "
+                             "(the lr is chosen on it)")
+        if not (0.0 <= self.momentum < 1.0) or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"momentum, betas: expected values in [0, 1), got {self.momentum!r}, {self.betas!r}")
+        if not self.lr_factor > 1.0:
+            raise ValueError(f"lr_factor: expected > 1, got {self.lr_factor!r}")
+        if not (0.0 <= self.warmup_fraction < 1.0) or not (0.0 < self.final_lr_fraction <= 1.0):
+            raise ValueError(f"warmup_fraction, final_lr_fraction: expected [0, 1) and (0, 1], got "
+                             f"{self.warmup_fraction!r}, {self.final_lr_fraction!r}")
+        if self.ns_dtype not in NS_DTYPES:
+            raise ValueError(f"ns_dtype: expected one of {NS_DTYPES}, got {self.ns_dtype!r}")
+        if self.muon_adjust_lr not in MUON_LR_CONVENTIONS:
+            raise ValueError(f"muon_adjust_lr: expected one of {MUON_LR_CONVENTIONS}, got {self.muon_adjust_lr!r}")
+
+    def scaled(self, k: int) -> "ReproConfig":
+        """This configuration with d_model, n_heads (head size kept), batch_size, steps and
+        eval_windows multiplied by ``k`` (an int >= 1; about k⁴ times the compute)."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"scale: expected an int >= 1, got {k!r}")
+        return replace(self, d_model=self.d_model * k, n_heads=self.n_heads * k, batch_size=self.batch_size * k,
+                       steps=self.steps * k, eval_windows=self.eval_windows * k)
+
+    def grid(self, family: str) -> tuple[float, ...]:
+        """The initial lr grid of a method family ("adamw", "muon", "dion")."""
+        return {"adamw": self.adamw_lrs, "muon": self.muon_lrs, "dion": self.dion_lrs}[family]
+
+    def capture_steps(self) -> tuple[int, ...]:
+        """Steps at which the Muon (Keller) evaluation runs record gradients: 1 to ``steps``,
+        ``capture_points`` of them evenly spaced."""
+        return tuple(sorted({int(round(s)) for s in np.linspace(1, self.steps, self.capture_points)}))
+
+    def warmup_steps(self) -> int:
+        """Steps of linear warm-up: ``warmup_fraction`` × steps rounded, at least 1 if the
+        fraction is positive."""
+        return max(1, round(self.warmup_fraction * self.steps)) if self.warmup_fraction > 0 else 0
+
+    def curve_steps(self) -> tuple[int, ...]:
+        """Steps at which the evaluation runs record the held-out loss (0 = initialization)."""
+        return tuple(sorted({int(round(s)) for s in np.linspace(0, self.steps, self.curve_points + 1)}))
+
+
+#: The --quick configuration: a seconds-long smoke run with every method and every code path.
+QUICK = ReproConfig(d_model=32, n_layers=1, n_heads=2, context=32, batch_size=8, steps=24, curve_points=4,
+                    eval_windows=32, seeds=(1, 2), capture_points=2)
+
+
+def lr_multiplier(index: int, config: ReproConfig) -> float:
+    """Multiplier of the peak lr at 0-based step ``index`` (step ``index`` + 1 of ``config.steps``):
+    (index + 1) / W for index < W = ``config.warmup_steps()``, then
+    r + (1 − r)·(1 + cos(π·(index − W) / (steps − W − 1)))/2 with r = ``final_lr_fraction``, so
+    the first step after the warm-up runs at the peak and the last at r × peak. Linear warm-up
+    and cosine decay as nanoGPT's and Moonlight's (Liu et al., arXiv 2502.16982) AdamW and Muon
+    runs."""
+    warmup = config.warmup_steps()
+    if index < warmup:
+        return (index + 1) / warmup
+    span = config.steps - warmup - 1
+    progress = min(1.0, (index - warmup) / span) if span > 0 else 1.0
+    r = config.final_lr_fraction
+    return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def gpt_config(config: ReproConfig) -> GPTConfig:
+    """The ``ortho_verify.data.GPTConfig`` of the study's model (sizes, batch and steps of ``config``)."""
+    return GPTConfig(d_model=config.d_model, n_layers=config.n_layers, n_heads=config.n_heads, context=config.context,
+                     batch_size=config.batch_size, steps=config.steps, capture_steps=(config.steps,))

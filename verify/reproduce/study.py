@@ -1,0 +1,158 @@
+"""The protocol of ``ortho-verify reproduce`` (``run_study``): sweep, evaluation, singular-value map,
+claims; and the environment it records."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
+
+from ortho_verify.optional import require
+from ortho_verify.reproduce.claims import evaluate_claims
+from ortho_verify.reproduce.config import METHODS, RESULTS_FORMAT, SV_DTYPES, ReproConfig
+from ortho_verify.reproduce.pool import Runner, init_worker
+from ortho_verify.reproduce.spectral import singular_value_study
+from ortho_verify.reproduce.sweep import best_learning_rate, sweep_learning_rates
+from ortho_verify.reproduce.training import corpus
+
+__all__ = ["cpu_model", "environment", "run_study"]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo, else ``platform``)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git(*args: str) -> str | None:
+    """Output of a git command in this package's checkout, None outside one."""
+    try:
+        out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def environment(device: str, threads: int, jobs: int) -> dict:
+    """Versions and hardware of this run: python, torch (and the CUDA it was built with, None for
+    a CPU build), numpy, scipy, matplotlib, platform, CPU model and counts, device (and GPU
+    name), threads, jobs, load average, git commit and whether the checkout had uncommitted
+    changes."""
+    import scipy
+
+    try:
+        mpl = require("matplotlib", "the reproduction's plots").__version__
+    except ImportError:
+        mpl = None
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    dev = torch.device(device)
+    return {
+        "python": sys.version, "torch": torch.__version__, "cuda": torch.version.cuda, "numpy": np.__version__,
+        "scipy": scipy.__version__, "matplotlib": mpl, "platform": platform.platform(), "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(), "cpus_available": affinity, "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model(),
+        "torch_threads_per_job": threads, "jobs": jobs, "deterministic_algorithms": True,
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "git_commit": _git("rev-parse", "HEAD") or None,
+        "git_uncommitted_changes": None if (status := _git("status", "--porcelain")) is None else bool(status),
+        "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, threads: int = 1,
+              log: Callable[[str], None] = print) -> tuple[dict, dict]:
+    """Run the whole protocol (module docstring) and return (results, singular-value points).
+
+    ``results`` is JSON-serializable: ``config``, ``methods``, ``corpus``, ``environment``,
+    ``seeds``, ``sweep`` {key: [{"lr", "validation_loss"}]}, ``best_lr``, ``best_at_edge``,
+    ``scalar_lr`` (AdamW's best lr, used for the non-matrix parameters of Muon / Dion),
+    ``evaluation`` {key: {"lr", "seeds", "test_loss", "curve_steps", "curves", "train_curves",
+    "diverged", "seconds"}}, ``spectral`` (``singular_value_study`` in ``SV_DTYPES`` and
+    ``config.ns_dtype``; None if every Muon (Keller) evaluation run diverged before its first
+    gradient), ``claims``
+    (``evaluate_claims``), ``wall_seconds``, ``run_seconds``. ``points`` feed the
+    singular-value map plots. Deterministic given the configuration, device and threads.
+    Raises: ValueError for jobs or threads < 1.
+    """
+    if jobs < 1 or threads < 1:
+        raise ValueError(f"jobs, threads: expected >= 1, got {jobs}, {threads}")
+    start = time.perf_counter()
+    if torch.device(device).type == "cuda":  # deterministic cuBLAS (read when CUDA initializes; jobs inherit it)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    env = environment(device, threads, jobs)
+    previous = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    init_worker(threads)
+    runner = Runner(config, device, jobs, threads, log)
+    # One BLAS thread for the oracle's SVDs, as ortho_verify.cli: two OpenBLAS threads on a 2-core machine that
+    # other processes use made this study's SVDs take minutes instead of seconds.
+    blas = threadpool_limits(limits=1, user_api="blas")
+    try:
+        sweep: dict = {}
+        log(f"AdamW lr sweep on the validation split (seed {config.sweep_seed})")
+        sweep_learning_rates(runner, METHODS[:1], None, sweep)
+        scalar_lr, _ = best_learning_rate(sweep["adamw"])
+        log(f"Muon / Dion lr sweeps (non-matrix parameters on AdamW at its best lr {scalar_lr:g})")
+        sweep_learning_rates(runner, METHODS[1:], scalar_lr, sweep)
+        best = {m.key: best_learning_rate(sweep[m.key]) for m in METHODS}
+        log(f"evaluation at each method's best lr on seeds {list(config.seeds)} (test split)")
+        jobs_ = [dict(method_key=m.key, lr=best[m.key][0], seed=s, scalar_lr=scalar_lr, split="test",
+                      capture=m.key == "muon-jordan") for m in METHODS for s in config.seeds]
+        runs = runner.map("evaluation", jobs_)
+        runner.close()
+        evaluation: dict = {}
+        gradients = {}
+        for r in runs:
+            e = evaluation.setdefault(r["method"], {"lr": r["lr"], "seeds": [], "test_loss": [],
+                                                    "curve_steps": r["curve_steps"], "curves": [], "train_curves": [],
+                                                    "diverged": [], "seconds": []})
+            for key, value in (("seeds", r["seed"]), ("test_loss", r["loss"]), ("curves", r["curve"]),
+                               ("train_curves", r["train_curve"]), ("diverged", r["diverged"]),
+                               ("seconds", r["seconds"])):
+                e[key].append(value)
+            if r.get("gradients"):  # none from a run that diverged at step 1
+                gradients[r["seed"]] = r["gradients"]
+        log("singular-value map of Newton–Schulz on the captured gradients")
+        sv_dtypes = tuple(dict.fromkeys((*SV_DTYPES, config.ns_dtype)))  # claim 5 reads the training's dtype
+        spectral, points = singular_value_study(gradients, sv_dtypes, device) if gradients else (None, {})
+    finally:
+        runner.close()
+        blas.restore_original_limits()
+        torch.set_num_threads(previous[0])
+        torch.use_deterministic_algorithms(previous[1])
+    split = corpus(config.heldout_every)
+    results = {
+        "format": RESULTS_FORMAT,
+        "config": asdict(config),
+        "methods": [asdict(m) for m in METHODS],
+        "corpus": {"source": "standard-library .py files of the running Python (ortho_verify.data.stdlib_split)",
+                   "heldout_every": config.heldout_every, "files": split["files"],
+                   "bytes": {k: len(v) for k, v in split["tensors"].items()}},
+        "environment": env,
+        "seeds": {"sweep": config.sweep_seed, "evaluation": list(config.seeds)},
+        "sweep": sweep,
+        "best_lr": {k: v[0] for k, v in best.items()},
+        "best_at_edge": {k: v[1] for k, v in best.items()},
+        "scalar_lr": scalar_lr,
+        "evaluation": evaluation,
+        "spectral": spectral,
+        "run_seconds": runner.seconds,
+    }
+    results["claims"] = [asdict(c) for c in evaluate_claims(results)]
+    results["wall_seconds"] = time.perf_counter() - start
+    return results, points

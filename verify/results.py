@@ -1,0 +1,305 @@
+"""Result types of the judge: one measured comparison (``CheckResult``), the verdict over many,
+a user-facing ``VerificationReport``, and the report files (``report.json``, ``report.md``).
+
+Shared by the checks (``ortho_verify.checks``, ``ortho_verify.error_feedback``,
+``ortho_verify.golden``, ``ortho_verify.baseline``), ``ortho_verify.api`` and the reports
+(``write_reports``). numpy only: no torch, no rich, no matplotlib.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "CheckResult", "Failure", "VerificationReport", "error_feedback_table", "format_number", "measured", "no_claim",
+    "summary", "verdict", "worst_per_group", "write_reports",
+]
+
+
+@dataclass
+class CheckResult:
+    """One measured comparison. ``ratio`` = error / tolerance (0 when both are 0).
+
+    ``passed``: no violation was found. ``claimed``: the row is evidence — False for a
+    comparison that was not made (ill-posed: P not determined by B) or whose tolerance cannot
+    reject a wrong result (infinite, or admitting the zero output); such a row passed vacuously,
+    its ``status`` is "no claim" and reports count it apart (``verdict``). A failed row is always
+    claimed. ``extra``: optional named measurements shown in the report (e.g. the fraction of the
+    gradient lost without error feedback); they change no verdict.
+    """
+
+    check: str
+    input: str
+    detail: str
+    error: float
+    tolerance: float
+    passed: bool
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+    claimed: bool = True
+
+    @property
+    def ratio(self) -> float:
+        if self.tolerance > 0:
+            return self.error / self.tolerance
+        return 0.0 if self.error == 0 else math.inf
+
+    @property
+    def status(self) -> str:
+        """"fail", "pass" (a claim that held) or "no claim" (passed vacuously)."""
+        return "fail" if not self.passed else "pass" if self.claimed else "no claim"
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "ratio": self.ratio, "status": self.status}
+
+
+def measured(check: str, case_name: str, detail: str, error, tolerance, note: str = "",
+             extra: dict | None = None, informative: bool = True) -> CheckResult:
+    """A ``CheckResult`` that passes iff error <= tolerance (NaN fails). It is a claim unless it
+    passed with an infinite tolerance or with ``informative`` False (see ``CheckResult``)."""
+    error, tolerance = float(error), float(tolerance)
+    passed = bool(error <= tolerance)
+    return CheckResult(check, case_name, detail, error, tolerance, passed, note, extra or {},
+                       not passed or (informative and math.isfinite(tolerance)))
+
+
+def no_claim(check: str, case_name: str, detail: str, why: str, extra: dict | None = None) -> CheckResult:
+    """A row for a comparison that was not made (error 0, tolerance inf): ``why`` is its note."""
+    return CheckResult(check, case_name, detail, 0.0, math.inf, True, why, extra or {}, False)
+
+
+def verdict(results) -> tuple[str, list[str]]:
+    """("passed" | "failed" | "inconclusive", reasons) of a list of ``CheckResult``.
+
+    failed: some row failed. inconclusive (nothing failed, but not evidence of correctness): no
+    row made a claim, or some check made no claim on any of its inputs; the reasons name each
+    such check with its row count and the note of its first row. passed: otherwise.
+    """
+    results = list(results)
+    if any(not r.passed for r in results):
+        return "failed", []
+    families: dict[str, list[CheckResult]] = {}
+    for r in results:
+        families.setdefault(r.check, []).append(r)
+    reasons = [f"{check}: no claim on any of its {len(rows)} rows ({rows[0].note or 'no note'})"
+               for check, rows in families.items() if not any(r.claimed for r in rows)]
+    if not results:
+        reasons = ["no check was run"]
+    return ("inconclusive" if reasons else "passed"), reasons
+
+
+def format_number(x: float) -> str:
+    """A number of the report tables: 3 significant digits, "0", "inf" or "nan"."""
+    if math.isinf(x) or math.isnan(x):
+        return str(x)
+    return f"{x:.2e}" if x else "0"
+
+
+def worst_per_group(results: list[CheckResult]) -> list[tuple[CheckResult, int, int]]:
+    """(worst result, passed count, total) per (check, input), in first-seen order; a failure
+    before a claim before a row that made no claim; "passed" counts rows with status "pass"."""
+    groups: "OrderedDict[tuple[str, str], list[CheckResult]]" = OrderedDict()
+    for r in results:
+        groups.setdefault((r.check, r.input), []).append(r)
+    return [(max(rs, key=lambda r: (not r.passed, r.claimed, r.ratio)), sum(r.status == "pass" for r in rs), len(rs))
+            for rs in groups.values()]
+
+
+def summary(results: list[CheckResult]) -> dict:
+    """Counts (passed, failed, no_claim: rows that passed vacuously), the verdict
+    (``verdict``) with its reasons, and per check the counts and the worst
+    error/tolerance ratio of its claimed rows."""
+    by_check: dict[str, dict] = {}
+    for r in results:
+        s = by_check.setdefault(r.check, {"total": 0, "passed": 0, "no_claim": 0, "worst_ratio": 0.0})
+        s["total"] += 1
+        s["passed"] += int(r.status == "pass")
+        s["no_claim"] += int(r.status == "no claim")
+        s["worst_ratio"] = max(s["worst_ratio"], r.ratio if r.claimed else 0.0)
+    status, reasons = verdict(results)
+    return {
+        "total": len(results),
+        "passed": sum(r.status == "pass" for r in results),
+        "failed": sum(not r.passed for r in results),
+        "no_claim": sum(r.status == "no claim" for r in results),
+        "verdict": status,
+        "inconclusive": reasons,
+        "by_check": by_check,
+    }
+
+
+def error_feedback_table(results: list[CheckResult]) -> list[str]:
+    """Markdown lines comparing Dion with and without error feedback, from the ``ef_bookkeeping``
+    rows: per input, rank and dtype, the fraction of Σ G_t that no term accounts for (rounding
+    with error feedback; the dropped gradient without it) and the largest fraction of B_t outside
+    span P_t. Empty when there are no such rows."""
+    rows: "OrderedDict[tuple, dict]" = OrderedDict()
+    for r in results:
+        if r.check == "ef_bookkeeping" and "lost_fraction" in r.extra:
+            key = (r.input, r.extra["rank"], r.detail.split("/")[2] if r.detail.count("/") >= 2 else "")
+            rows.setdefault(key, {})["on" if r.extra["error_feedback"] else "off"] = r.extra
+    if not rows:
+        return []
+    lines = ["## Error feedback: on vs off", "",
+             "Dion over T steps from M = 0: the part of the summed gradient that neither the momentum nor the "
+             "applied steps account for, ‖Σ G − M_T − (1 − μ) Σ P Rᵀ‖ / ‖Σ G‖ (rounding with error feedback; "
+             "what is lost without it), and ‖(I − PPᵀ)B‖ / ‖B‖ at the last step (what the step leaves outside its "
+             "rank-r subspace; with error feedback B carries the earlier residual).", "",
+             "| input | rank | dtype | lost, EF on | lost, EF off | outside span P at step T (on / off) |",
+             "|---|---|---|---|---|---|"]
+    for (inp, rank, dtype), modes in rows.items():
+        on, off = modes.get("on", {}), modes.get("off", {})
+        lines.append(f"| {inp} | {rank} | {dtype} | {format_number(on.get('lost_fraction', math.nan))} | "
+                     f"{format_number(off.get('lost_fraction', math.nan))} | {format_number(on.get('outside_fraction', math.nan))} / "
+                     f"{format_number(off.get('outside_fraction', math.nan))} |")
+    return lines + [""]
+
+
+def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=()) -> tuple[Path, Path]:
+    """Write ``report.json`` (every result, summary, run metadata) and ``report.md`` (summary,
+    the error-feedback comparison, the ``plots`` (paths relative to ``out_dir``) and every check)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summ = summary(results)
+    json_path = out_dir / "report.json"
+    json_path.write_text(json.dumps({"meta": meta, "summary": summ, "results": [r.as_dict() for r in results]},
+                                    indent=2, default=str))
+    lines = [
+        "# ortho-verify report",
+        "",
+        f"{summ['passed']} of {summ['total']} checks passed, {summ['failed']} failed, {summ['no_claim']} made no claim "
+        f"(passed vacuously: not compared, or a tolerance that cannot reject a wrong result). Verdict: "
+        f"{summ['verdict']}.",
+        "",
+        *[f"- nothing compared — {why}" for why in summ["inconclusive"]],
+        "## Run",
+        "",
+    ]
+    lines += [f"- {k}: {v}" for k, v in meta.items()]
+    lines += ["", "## Summary by check", "", "| check | passed | no claim | total | worst error/tolerance |",
+              "|---|---|---|---|---|"]
+    for name, s in summ["by_check"].items():
+        lines.append(f"| {name} | {s['passed']} | {s['no_claim']} | {s['total']} | {s['worst_ratio']:.3f} |")
+    lines += [""] + error_feedback_table(results)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).as_posix()})" for p in plots] + [""]
+    lines += ["## Every check", "",
+              "| check | input | detail | error | tolerance | error/tol | result | note |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.check} | {r.input} | {r.detail} | {format_number(r.error)} | {format_number(r.tolerance)} | "
+                     f"{r.ratio:.3f} | {r.status if r.passed else 'FAIL'} | {r.note} |")
+    md_path = out_dir / "report.md"
+    md_path.write_text("\n".join(lines) + "\n")
+    return json_path, md_path
+
+
+@dataclass
+class Failure:
+    """A failed check with what reproduces it: ``inputs`` maps names to float64 arrays (the
+    matrix given to an orthogonalizer; the initial weight and gradients of an optimizer run),
+    ``provenance`` says how they were built."""
+
+    result: CheckResult
+    inputs: dict
+    provenance: str
+
+
+@dataclass
+class VerificationReport:
+    """Result of ``check_orthogonalizer`` / ``check_optimizer``.
+
+    ``results``: every CheckResult (error, tolerance, ratio = error/tolerance per case);
+    ``inputs``: input name -> (arrays, provenance). ``bool(report)`` is ``report.passed``.
+    ``status`` (``verdict``): "passed", "failed", or "inconclusive" — nothing
+    failed but some check made no claim on any input (e.g. every Dion step ill-posed in the
+    dtype), or nothing was compared at all; an inconclusive report is not ``passed``.
+    """
+
+    subject: str
+    results: list
+    inputs: dict
+
+    @property
+    def status(self) -> str:
+        """"passed", "failed" or "inconclusive" (see the class docstring)."""
+        return verdict(self.results)[0]
+
+    @property
+    def passed(self) -> bool:
+        """True iff nothing failed and every check made at least one claim (status "passed")."""
+        return self.status == "passed"
+
+    @property
+    def inconclusive(self) -> bool:
+        """True iff nothing failed but the report is no evidence (status "inconclusive")."""
+        return self.status == "inconclusive"
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    @property
+    def failures(self) -> list[Failure]:
+        """The failed results, each with its reproducing input."""
+        return [Failure(r, *self.inputs.get(r.input, ({}, ""))) for r in self.results if not r.passed]
+
+    @property
+    def worst_ratio(self) -> float:
+        """Largest error/tolerance over the claimed results (0 when there are none)."""
+        return max((r.ratio for r in self.results if r.claimed), default=0.0)
+
+    def summary(self, max_rows: int = 12) -> str:
+        """Plain-text verdict with the counts of passed / failed / no-claim rows, why an
+        inconclusive report is one, the worst case per check, the first failures with
+        provenance and the first rows that made no claim (at most ``max_rows`` of each)."""
+        status, reasons = verdict(self.results)
+        counts = {k: sum(r.status == k for r in self.results) for k in ("pass", "fail", "no claim")}
+        head = (f"{self.subject}: {status.upper()} — {counts['pass']} of {len(self.results)} checks passed, "
+                f"{counts['fail']} failed, {counts['no claim']} made no claim; worst error/tolerance "
+                f"{self.worst_ratio:.3g}")
+        lines = [head] + [f"  nothing compared — {why}" for why in reasons]
+        by_check: dict[str, CheckResult] = {}
+        for worst, _, _ in worst_per_group(self.results):
+            key = (not worst.passed, worst.claimed, worst.ratio)
+            old = by_check.get(worst.check)
+            if old is None or key > (not old.passed, old.claimed, old.ratio):
+                by_check[worst.check] = worst
+        lines.append("worst case per check:")
+        lines += [f"  {r.check}: {r.ratio:.3g} ({r.input}; {r.detail}){'  FAIL' if not r.passed else ''}"
+                  f"{'' if r.claimed else '  no claim'}{' — ' + r.note if r.note else ''}" for r in by_check.values()]
+        fails = self.failures
+        if fails:
+            lines.append(f"failures ({len(fails)}):")
+            for f in fails[:max_rows]:
+                lines.append(f"  {f.result.check} on {f.result.input} [{f.result.detail}]: error {f.result.error:.3g} > "
+                             f"tolerance {f.result.tolerance:.3g}{' — ' + f.result.note if f.result.note else ''}")
+                lines.append(f"    reproduce: {f.provenance}")
+            if len(fails) > max_rows:
+                lines.append(f"  ... and {len(fails) - max_rows} more")
+        vacuous = [r for r in self.results if r.status == "no claim"]
+        if vacuous:
+            lines.append(f"no claim ({len(vacuous)}: passed vacuously, not counted as evidence):")
+            lines += [f"  {r.check} on {r.input} — {r.note}" for r in vacuous[:max_rows]]
+            if len(vacuous) > max_rows:
+                lines.append(f"  ... and {len(vacuous) - max_rows} more")
+        return "\n".join(lines)
+
+    def assert_passed(self) -> None:
+        """Raise AssertionError with ``summary()`` unless the report passed."""
+        if not self.passed:
+            raise AssertionError(self.summary())
+
+    def save(self, out_dir) -> Path:
+        """Write ``report.json``, ``report.md`` (``write_reports``) and ``failures.npz`` (the
+        reproducing inputs of the failures, keyed ``<input>/<array>``) to ``out_dir``; returns it."""
+        out = Path(out_dir)
+        write_reports(self.results, out, {"subject": self.subject})
+        arrays = {f"{f.result.input}/{k}": v for f in self.failures for k, v in f.inputs.items()}
+        if arrays:
+            np.savez(out / "failures.npz", **arrays)
+        (out / "provenance.json").write_text(json.dumps({k: v[1] for k, v in self.inputs.items()}, indent=2))
+        return out

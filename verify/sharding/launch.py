@@ -1,0 +1,62 @@
+"""Launching ``ortho-verify sharding``: gloo workers on CPU, or in-process under torchrun."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ortho_verify.sharding.layouts import DTYPES, MATRICES, QUICK_MATRICES, QUICK_STEPS, STEPS, TIMEOUT, layouts_for
+from ortho_verify.sharding.planted import PLANTS
+from ortho_verify.sharding.steps import Plan, worker
+from ortho_verify.tolerances import sharded_tolerance
+from ortho_verify.workers import run_workers
+
+__all__ = ["run", "under_torchrun"]
+
+
+def under_torchrun() -> bool:
+    """True when this process is one rank of a launched job (torchrun's RANK / WORLD_SIZE, or a
+    process group already initialized)."""
+    return dist.is_initialized() or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def run(world_size: int | None = None, *, dtypes: Sequence[str] = DTYPES, quick: bool = False,
+        layouts: Sequence[str] | None = None, plant: str | None = None, timeout: float = TIMEOUT) -> list[dict]:
+    """Check every layout that fits ``world_size`` (see ``layouts_for``; ``layouts`` filters by
+    name); returns one row per (layout, dtype) with "status" "pass" / "FAIL", the relative
+    Frobenius differences per quantity ("errors", "worst"), the contract ("bound"), and "comm"
+    (measured elements per step and rank, the analytic volume).
+
+    Without a process group: forks ``world_size`` gloo workers on CPU (``run_workers``, killed
+    after ``timeout`` seconds). Under torchrun: runs in this process on the launched world
+    (``world_size`` None or equal to it; NCCL + CUDA if available, else gloo), and returns the
+    rows on rank 0, [] elsewhere. ``plant``: a key of ``PLANTS`` (a bug the checks must catch).
+    Raises: ValueError for a bad ``world_size``, an unknown dtype or plant, or a filter matching
+    no layout; TimeoutError / ortho_verify.workers.WorkerError from the launch.
+    """
+    for d in dtypes:
+        sharded_tolerance(d)  # ValueError naming the dtype
+    if plant is not None and plant not in PLANTS:
+        raise ValueError(f"plant: expected one of {sorted(PLANTS)} or None, got {plant!r}")
+    launched = under_torchrun()
+    if launched:
+        if not dist.is_initialized():
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if backend == "nccl":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            dist.init_process_group(backend)
+        if world_size is not None and world_size != dist.get_world_size():
+            raise ValueError(f"world_size: {world_size} given, but torchrun launched {dist.get_world_size()} ranks")
+        world_size = dist.get_world_size()
+    elif world_size is None:
+        raise ValueError("world_size: required unless running under torchrun")
+    chosen = layouts_for(world_size, layouts)
+    if not chosen:
+        raise ValueError(f"layouts: no layout matches {list(layouts or [])} at world size {world_size}")
+    plan = Plan(chosen, tuple(dtypes), QUICK_MATRICES if quick else MATRICES, QUICK_STEPS if quick else STEPS, plant)
+    if launched:
+        return worker(dist.get_rank(), world_size, plan) or []
+    return run_workers(world_size, worker, plan, timeout=timeout)[0]
