@@ -49,8 +49,8 @@ def test_docs_examples_pass_as_a_users_tests(tmp_path):
     for name, code in {**files, "test_profile_probe.py": PROBE}.items():
         (tmp_path / name).write_text(code)
     # the option wins over the environment variable
-    run = _pytest(tmp_path, "--hypothesis-profile", "dev",
-                  env={"ORTHO_HYPOTHESIS_PROFILE": "deep", "EXPECTED_PROFILE": "dev"})
+    run = _pytest(tmp_path, "--hypothesis-profile", "ortho-dev",
+                  env={"ORTHO_HYPOTHESIS_PROFILE": "deep", "EXPECTED_PROFILE": "ortho-dev"})
     assert run.returncode == 0, run.stdout + run.stderr
     assert "6 passed" in run.stdout, run.stdout
 
@@ -60,7 +60,7 @@ def test_profile_from_environment_variable(tmp_path):
 def test_ci_is_derandomized():
     assert settings().derandomize and settings().max_examples == 100
 ''')
-    run = _pytest(tmp_path, env={"ORTHO_HYPOTHESIS_PROFILE": "ci", "EXPECTED_PROFILE": "ci"})
+    run = _pytest(tmp_path, env={"ORTHO_HYPOTHESIS_PROFILE": "ci", "EXPECTED_PROFILE": "ortho-ci"})
     assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout + run.stderr
     bad = _pytest(tmp_path, env={"ORTHO_HYPOTHESIS_PROFILE": "nonesuch", "EXPECTED_PROFILE": "x"})
     assert bad.returncode != 0 and "nonesuch" in bad.stdout + bad.stderr
