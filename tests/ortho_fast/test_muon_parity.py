@@ -15,6 +15,7 @@ import ortho_ref
 from ortho_fast import Muon
 from ortho_verify import tolerances as tol
 from tests.ortho_fast.helpers import SHAPE_IDS, SHAPES, gradient_matrix, rng_for
+from ortho_verify.registry import MUON_COMBOS  # momentum style x nesterov x adjust_lr x weight decay x coefficients
 
 
 # =======================================================================================
@@ -95,16 +96,6 @@ def test_muon_normalization_defaults_follow_the_schedule(coefficients, expected)
     assert ortho_fast.default_eps_mode(coefficients) == expected[0]
     group = Muon(p, coefficients=coefficients, eps_mode="add", safety=1.5, eps=0.0).param_groups[0]
     assert (group["eps_mode"], group["safety"], group["eps"]) == ("add", 1.5, 0.0)
-
-
-MUON_COMBOS = [
-    (style, nesterov, adjust, wd, coeffs)
-    for style in ("ema", "classic")
-    for nesterov in (True, False)
-    for adjust in ("original", "match_rms_adamw", "spectral_norm", None)
-    for wd in (0.0, 0.1)
-    for coeffs in ("jordan", "polar_express")
-]
 
 
 @pytest.mark.parametrize("style, nesterov, adjust_lr, weight_decay, coefficients", MUON_COMBOS)
