@@ -164,7 +164,7 @@ def check_error_feedback(case: MatrixCase, rank_fraction: float, dtype: str, *, 
     out = identity_rows(case.name, detail, trace, mu=mu, dtype=dtype, error_feedback=error_feedback)
     outside_rows, inside_rows, outside_fraction = [], [], math.nan
     for t in range(steps):
-        b, p, r_mat, m_new = trace.B[t], trace.P[t], trace.R[t], trace.M[t]
+        b, p, m_new = trace.B[t], trace.P[t], trace.M[t]
         left = m_new - b if error_feedback else m_new
         out_tol, in_tol = tol.ef_subspace_tolerances(*_norms(trace, t), mu, rows, rank, dtype, error_feedback)
         outside_rows.append(measured("ef_outside_subspace", case.name,
