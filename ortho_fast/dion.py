@@ -175,6 +175,7 @@ class Dion(Optimizer):
         inner_shard_mesh=None,
         replicate_mesh_grad_sync: bool = True,
         process_group=None,
+        check_finite: bool = True,
     ) -> None:
         defaults = dict(
             lr=lr, mu=mu, weight_decay=weight_decay, rank_fraction=rank_fraction, rank_multiple_of=rank_multiple_of,
@@ -185,7 +186,9 @@ class Dion(Optimizer):
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed: expected an int, got {seed!r}")
         normalize_dion_group({**defaults, "params": []})  # the defaults themselves, before any group
-        self.seed = seed
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite: expected a bool, got {check_finite!r}")
+        self.seed, self.check_finite = seed, check_finite
         self._meshes, self._plans = resolve_meshes(replicate_mesh, outer_shard_mesh, inner_shard_mesh,
                                                    replicate_mesh_grad_sync, process_group), {}
         self._runner = dion_runner(self._meshes, self._plans, seed)
@@ -195,7 +198,7 @@ class Dion(Optimizer):
         """torch's state (defaults, state, param_groups) plus the seed and the distributed plans,
         so ``copy.deepcopy`` / pickle give an optimizer that steps as this one does."""
         return {**super().__getstate__(), "seed": self.seed, "_meshes": self._meshes, "_plans": self._plans,
-                "_runner": self._runner}
+                "_runner": self._runner, "check_finite": self.check_finite}
 
     def _normalize_group(self, group: dict) -> None:
         """``normalize_dion_group``, then each param's distributed plan (kept once the group is)."""
@@ -253,5 +256,6 @@ class Dion(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        check_then_step(self.param_groups, self.state, {"dion": self._runner}, lambda group: "dion")
+        check_then_step(self.param_groups, self.state, {"dion": self._runner}, lambda group: "dion",
+                        check_finite=self.check_finite)
         return loss

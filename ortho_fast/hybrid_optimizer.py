@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch.optim import Optimizer
 
-from .dion import dion_runner, plan_dion_group, resolve_meshes
+from .dion import dion_runner, init_dion_groups, plan_dion_group, resolve_meshes
 from .groups.algorithms import ALGORITHMS, SCALAR_ALGORITHMS, local_runners
 from .groups.dion import dion_state_dtype
 from .groups.driver import check_then_step, labelled
@@ -123,6 +123,7 @@ class HybridOptimizer(Optimizer):
         distributed_mesh=None,
         tp_mesh=None,
         tp_mode: str = "duplicated",
+        check_finite: bool = True,
     ) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed: expected an int, got {seed!r}")
@@ -136,7 +137,9 @@ class HybridOptimizer(Optimizer):
             if unknown:
                 raise ValueError(f"defaults[{name!r}]: unknown option {unknown[0]!r}; expected among "
                                  f"{sorted(ALGORITHMS[name].defaults)}")
-        self.seed = seed
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite: expected a bool, got {check_finite!r}")
+        self.seed, self.check_finite = seed, check_finite
         self.algorithm = algorithm
         self.algorithm_defaults = {name: {**spec.defaults, **overrides.get(name, {})} for name, spec in ALGORITHMS.items()}
         from .distributed.muon import MuonSharding
@@ -154,7 +157,8 @@ class HybridOptimizer(Optimizer):
         """torch's state (defaults, state, param_groups) plus this optimizer's own attributes, so
         ``copy.deepcopy`` / pickle give an optimizer that steps and adds groups as this one does."""
         return {**super().__getstate__(), **{key: self.__dict__[key] for key in (
-            "seed", "algorithm", "algorithm_defaults", "_muon_sharding", "_dion_meshes", "_dion_plans", "_runners")}}
+            "seed", "algorithm", "algorithm_defaults", "_muon_sharding", "_dion_meshes", "_dion_plans", "_runners",
+            "check_finite")}}
 
     def _normalize(self, index: int, algorithm: str, group: dict) -> None:
         """The algorithm's ``normalize``, then the distributed plan of a Muon or Dion group."""
@@ -203,7 +207,7 @@ class HybridOptimizer(Optimizer):
                                      *(self._dion_meshes.comm_axes if self._dion_meshes else ()))
                 if a is not None and a.size > 1}
         check_then_step(self.param_groups, self.state, self._runners, lambda group: group["algorithm"], label=True,
-                        agree=self._agree(list(axes.values())) if axes else None)
+                        agree=self._agree(list(axes.values())) if axes else None, check_finite=self.check_finite)
         return loss
 
     def _agree(self, axes: list):
@@ -220,6 +224,14 @@ class HybridOptimizer(Optimizer):
             raise_together(error, axes, tag="check", device=device)
 
         return agree
+
+    @torch.no_grad()
+    def init_state(self) -> None:
+        """Create the Dion groups' state now (``Dion.init_state``: momentum zeros, Q = Q0, step 0,
+        no communication, no parameter changed); the other algorithms create theirs as zeros
+        in the step. Call it before ``torch.compile(opt.step, fullgraph=True)``: Q0 comes from a
+        seeded generator, which a graph cannot hold."""
+        init_dion_groups(self._groups("dion"), self.state, self._dion_meshes, self._dion_plans, seed=self.seed)
 
     @torch.no_grad()
     def synchronize_for_checkpoint(self) -> None:

@@ -123,6 +123,7 @@ class Muon(Optimizer):
         distributed_mesh=None,
         tp_mesh=None,
         tp_mode: str = "duplicated",
+        check_finite: bool = True,
     ) -> None:
         defaults = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, momentum_style=momentum_style,
@@ -134,12 +135,16 @@ class Muon(Optimizer):
         normalize_muon_group({**defaults, "params": []})  # the defaults themselves, before any group
         from .distributed.muon import MuonSharding
 
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite: expected a bool, got {check_finite!r}")
+        self.check_finite = check_finite
         self._sharding = MuonSharding(distributed_mesh, tp_mesh, tp_mode)
         self._runner = self._sharding if self._sharding.active else MuonGroups()
         super().__init__(params, defaults)
 
     def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "_sharding": self._sharding, "_runner": self._runner}
+        return {**super().__getstate__(), "_sharding": self._sharding, "_runner": self._runner,
+                "check_finite": self.check_finite}
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's add_param_group, then ``normalize_muon_group`` and the distributed plan of its
@@ -169,5 +174,6 @@ class Muon(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        check_then_step(self.param_groups, self.state, {"muon": self._runner}, lambda group: "muon")
+        check_then_step(self.param_groups, self.state, {"muon": self._runner}, lambda group: "muon",
+                        check_finite=self.check_finite)
         return loss

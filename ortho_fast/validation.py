@@ -54,6 +54,45 @@ def check_finite(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}: contains NaN or Inf; expected finite values")
 
 
+def finite_flag(x: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor on ``x``'s device: whether every entry of ``x`` (a DTensor: this rank's
+    shard) is finite. No host sync (``check_finite`` without the decision)."""
+    x = local_tensor(x)
+    if x.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=x.device)
+    lo, hi = torch.aminmax(x)
+    return torch.isfinite(lo) & torch.isfinite(hi)
+
+
+class FiniteCheck:
+    """The finiteness checks of one optimizer step, decided together: ``add(tensor, name)`` for
+    each gradient (no host sync), then ``error()`` reduces every flag on the device into one
+    and reads it once — one host sync per step, however many parameters — and only when some
+    tensor is not finite scans them again to name the first one.
+    Source: the found-inf reduction of torch.amp's GradScaler (one flag per step)."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[torch.Tensor, str]] = []
+        self.prefix = ""  # put in front of the names added next ("param group i (alg): ")
+
+    def add(self, x: torch.Tensor, name: str) -> None:
+        self.items.append((x, self.prefix + name))
+
+    def error(self) -> ValueError | None:
+        """None if every added tensor is finite, else the ValueError ``check_finite`` raises for
+        the first one that is not (naming it). One host sync (none with nothing added)."""
+        if not self.items:
+            return None
+        flags = [finite_flag(x) for x, _ in self.items]
+        device = flags[0].device
+        if bool(torch.stack([f.to(device) for f in flags]).all()):
+            return None
+        for (x, name), ok in zip(self.items, flags):
+            if not bool(ok):
+                return ValueError(f"{name}: contains NaN or Inf; expected finite values")
+        return None  # unreachable: the stacked flag said one was not finite
+
+
 def check_hyper(value, name: str, *, low: float = 0.0, high: float | None = None, low_open: bool = False) -> float:
     """Check a scalar hyperparameter is a finite real number within [low, high] (``low_open``:
     (low, high]); returns it as float. Strings are not numbers here (float("1e-3") would pass).

@@ -53,10 +53,11 @@ def register_profiles() -> None:
     except ImportError:
         raise pytest.UsageError("ortho's hypothesis profiles need hypothesis, which is not installed: "
                                 "pip install 'ortho[verify]'") from None
+    default = settings.get_profile("default")  # not the current profile: CI=true makes that hypothesis's "ci"
     profiles = {
-        "ortho-dev": settings(max_examples=20, deadline=None),
+        "ortho-dev": settings(default, max_examples=20, deadline=None),
         "ortho-ci": settings(settings.get_profile("ci"), max_examples=100, derandomize=True, deadline=None),
-        "ortho-deep": settings(max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]),
+        "ortho-deep": settings(default, max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]),
     }
     for name, profile in profiles.items():
         settings.register_profile(name, profile)

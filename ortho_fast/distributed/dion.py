@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Sequence
@@ -46,15 +45,16 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ..validation import check_choice, check_count, check_finite, check_hyper
-from ..functional.dion import RIGHT_FACTORS, initial_q
-from ..functional.qr import QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, WHOLE, WholeDim, householder, sketch_rows
+from ..validation import FiniteCheck
+from ..functional.dion import initial_q
+from ..functional.qr import WHOLE, WholeDim, householder
 from ..groups.dion import (
     DION_OPTION_KEYS, check_dion_step, dion_state_dtype, init_dion_state, param_rank, resolve_dion_options, step_block,
 )
 from ..groups.driver import GroupRunner
 from ..groups.options import OptionsCache
 from .comm import all_gather_blocks, all_reduce, all_reduce_axes, broadcast, raise_together
+from .volumes import dion_check_volume, dion_comm_volume
 from .layout import (
     LayoutError, MatrixLayout, MeshAxis, dim_indices, flat_indices, check_axes, is_dtensor, local_tensor,
     matrix_layout, mesh_axis,
@@ -286,10 +286,11 @@ def init_sharded_state(p: torch.Tensor, st: dict, group: dict, plan: DionPlan, *
         st["step"] = torch.zeros((), dtype=torch.int64)
 
 
-def _check_block(p: torch.Tensor, st: dict, plan: DionPlan) -> torch.Tensor:
+def _check_block(p: torch.Tensor, st: dict, plan: DionPlan, finite: FiniteCheck | None) -> torch.Tensor:
     """This rank's gradient block of ``p`` after checking that the gradient and any state have
     the parameter's layout (a DTensor's mesh and placements; Q with ``plan.q_placements``) and
-    that the block is finite. Raises ValueError naming ``grad`` / ``momentum`` / ``Q``."""
+    adds the block to ``finite`` (None: finiteness not checked). Raises ValueError naming ``grad`` /
+    ``momentum`` / ``Q``."""
     g = p.grad
     if is_dtensor(p):
         if not is_dtensor(g) or g.device_mesh != p.device_mesh or tuple(g.placements) != tuple(p.placements):
@@ -306,7 +307,8 @@ def _check_block(p: torch.Tensor, st: dict, plan: DionPlan) -> torch.Tensor:
         raise ValueError(f"grad: the parameter of shape {tuple(p.shape)} is a plain tensor; its grad, momentum and Q "
                          f"must be plain tensors too")
     block = local_tensor(g)
-    check_finite(block, f"grad of parameter with shape {tuple(p.shape)}")
+    if finite is not None:
+        finite.add(block, f"grad of parameter with shape {tuple(p.shape)}")
     return block
 
 
@@ -346,7 +348,7 @@ class ShardedDionGroups(GroupRunner):
     def options(self, group: dict):
         return self.cache.get(group, DION_OPTION_KEYS, resolve_dion_options)
 
-    def check(self, groups, state) -> None:
+    def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         entries = [(group, p) for group in groups for p in group["params"]]
         device = local_tensor(entries[0][1]).device if entries else None  # NCCL reduces device tensors only
         flags = torch.zeros(1 + 2 * len(entries), dtype=torch.float64, device=device)
@@ -357,9 +359,11 @@ class ShardedDionGroups(GroupRunner):
             for k, (group, p) in enumerate(entries):
                 if p.grad is not None:
                     st = state.get(p, {})
-                    block = _check_block(p, st, self.plans[p])
+                    block = _check_block(p, st, self.plans[p], finite)
                     flags[1 + 2 * k] = 1.0
                     flags[2 + 2 * k] = _nonzero(block, st, group, p).to(flags.device)
+            if finite is not None:
+                error = finite.error()  # this rank's gradient blocks, one host sync
         except (ValueError, TypeError) as e:
             error = e
         raise_together(error, self.meshes.comm_axes, flags, tag="flags")
@@ -389,7 +393,7 @@ def sharded_dion_step(groups: Sequence[dict], state, plans, meshes: DionMeshes, 
     """One distributed Dion step for every parameter with a gradient of ``groups`` (all at once):
     ``ShardedDionGroups.check`` then its ``step`` per group. Raises as ``ShardedDionGroups.check``."""
     runner = ShardedDionGroups(plans, meshes, seed)
-    runner.check(groups, state)
+    runner.check(groups, state, FiniteCheck())
     first = 0
     for group in groups:
         runner.step(group, state, first)
@@ -423,77 +427,3 @@ def synchronize_replicas(groups: Sequence[dict], state, meshes: DionMeshes) -> N
                 _in_place(mom, lambda t: all_reduce(t, axis, tag="sync").div_(axis.size))
             if "Q" in st:
                 _in_place(local_tensor(st["Q"]), lambda t: broadcast(t, axis, 0, tag="sync"))
-
-
-def _gather_volume(length: int, r: int, shards: Sequence[int]) -> int:
-    """Elements of gathering a (length, r) matrix over axes of sizes ``shards`` in turn."""
-    held, total = length // math.prod(shards), 0
-    for size in shards:
-        held *= size
-        total += held * r
-    return total
-
-
-def dion_comm_volume(m: int, n: int, r: int, *, row_shards: Sequence[int] = (), col_shards: Sequence[int] = (),
-                     replicas: int = 1, replicate_mesh_grad_sync: bool = True, qr_method: str = "householder",
-                     right_factor: str = "column_norm", power_iters: int = 1,
-                     oversample: float = RCQR_OVERSAMPLE) -> dict[str, int]:
-    """Elements that one rank's collectives carry in one Dion step of one (m, n) matrix of rank r,
-    by ledger tag (the convention of ``comm``: an all-reduce counts its tensor, an all-gather the
-    assembled tensor).
-
-    ``row_shards`` / ``col_shards``: the sizes of the mesh dims sharding the parameter's dim 0 /
-    dim 1 (mesh-dim order); ``replicas`` the replicate mesh size. Dion works on (m', n') =
-    (max, min) with rows sharded over p_r = ∏ row_shards, columns over p_c; with a axes sharding
-    the rows and b the columns (sizes > 1) and s = 1 under compressed sync (replicas > 1), else 0,
-    per power iteration:
-
-    - "P": (m'/p_r)·r·(b + s) — B Q partials over the column axes, then the replicas' mean;
-    - "R": (n'/p_c)·r·(a + s);
-    - rows sharded (a > 0): ``householder`` "gather_P" Σ_k m'·r/∏_{j>k} p_j (m'·r for one
-      axis); ``cholesky_qr`` "gram" 2·r²·a; ``randomized_cholesky_qr`` (k = ceil(oversample·r)
-      < m') "sketch" k·r·a, "gram" r²·a, "finite" a (else as householder);
-    - columns sharded (b > 0): ``column_norm`` "norms" r·b; ``qr`` "gather_R" like gather_P with n'.
-
-    So DDP with compressed sync carries (m' + n')·r (Dion paper, Table 1, data parallel); FSDP /
-    TP sharding the working columns m'·r + r (Table 1's (m + 1)·r weight sharding); sharding the
-    rows m'·r + n'·r with Householder, 2r² + n'·r with CholeskyQR2. Add ``dion_check_volume``
-    once per step. Exact for dims divisible by their shard counts (uneven blocks travel padded
-    in gathers and the largest block sets the all-reduce sizes).
-    Source: Ahn et al., arXiv 2504.05295, Table 1, refined per layout.
-    Raises: ValueError for m, n, r not positive or r > min(m, n), and naming ``qr_method`` /
-    ``right_factor`` (not one of ``Dion``'s, aliases "qr" / "rcqr" accepted), ``power_iters``
-    (not an int >= 1) or ``oversample`` (not a finite value >= 1).
-    """
-    if min(m, n, r) < 1 or r > min(m, n):
-        raise ValueError(f"m, n, r: expected positive sizes with r <= min(m, n), got {(m, n, r)}")
-    qr_method = QR_METHOD_ALIASES.get(qr_method, qr_method)
-    check_choice(qr_method, "qr_method", QR_METHODS)
-    check_choice(right_factor, "right_factor", RIGHT_FACTORS)
-    check_count(power_iters, "power_iters")
-    check_hyper(oversample, "oversample", low=1.0)
-    rows, cols = [s for s in row_shards if s > 1], [s for s in col_shards if s > 1]
-    if m < n:
-        m, n, rows, cols = n, m, cols, rows
-    a, b = len(rows), len(cols)
-    s = int(replicate_mesh_grad_sync and replicas > 1)
-    out: dict[str, int] = defaultdict(int)
-    out["P"] = m // math.prod(rows) * r * (b + s)
-    out["R"] = n // math.prod(cols) * r * (a + s)
-    k = sketch_rows(r, oversample)
-    if a and qr_method == "cholesky_qr":
-        out["gram"] = 2 * r * r * a
-    elif a and qr_method == "randomized_cholesky_qr" and k < m:
-        out.update(sketch=k * r * a, gram=r * r * a, finite=a)
-    elif a:
-        out["gather_P"] = _gather_volume(m, r, rows)
-    if b:
-        out["norms" if right_factor == "column_norm" else "gather_R"] = (
-            r * b if right_factor == "column_norm" else _gather_volume(n, r, cols))
-    return {tag: v * power_iters for tag, v in out.items() if v}
-
-
-def dion_check_volume(num_params: int, comm_axes: int) -> dict[str, int]:
-    """Elements of the per-step checks of ``sharded_dion_step``: 1 + 2·``num_params`` numbers
-    all-reduced over each of the ``comm_axes`` axes (tag "flags"); nothing without such axes."""
-    return {"flags": (1 + 2 * num_params) * comm_axes} if comm_axes else {}

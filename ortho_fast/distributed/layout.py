@@ -35,6 +35,8 @@ __all__ = ["ROLES", "LayoutError", "MeshAxis", "MatrixLayout", "mesh_axis", "che
 
 #: The optimizer's mesh arguments, in the order they are matched against a parameter's mesh dims.
 ROLES = ("replicate", "outer", "inner")
+#: Tensor-parallel Newton–Schulz modes (Megatron ``muon_tp_mode`` / Emerging-Optimizers ``newton_schulz_tp``).
+TP_MODES = ("duplicated", "distributed", "blockwise")
 
 
 class LayoutError(ValueError):

@@ -46,84 +46,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..validation import check_choice
 from ..functional import muon as muon_math
 from ..functional.layout import MuonLayout, is_expert_name
 from ..groups.driver import GroupRunner
 from ..groups.muon import MUON_OPTION_KEYS, check_muon_step, momentum_of, param_layout, param_name, resolve_muon_options
 from ..groups.options import MuonOptions, OptionsCache
+from ..validation import FiniteCheck, check_choice
 from . import comm
 from .newton_schulz import newton_schulz_sharded
-from .layout import LayoutError, MatrixLayout, check_axes, is_dtensor, local_tensor, matrix_layout, mesh_axis
+from .volumes import muon_comm_volume
+from .layout import (TP_MODES, LayoutError, MatrixLayout, check_axes, is_dtensor, local_tensor, matrix_layout,
+                     mesh_axis)
 
 __all__ = ["TP_MODES", "MuonSharding", "newton_schulz_sharded", "muon_comm_volume"]
 
-#: Tensor-parallel Newton–Schulz modes (Megatron ``muon_tp_mode`` / Emerging-Optimizers ``newton_schulz_tp``).
-TP_MODES = ("duplicated", "distributed", "blockwise")
 _HINT = "pass its mesh dimension as distributed_mesh (FSDP) or tp_mesh (tensor parallelism)"
-
-
-def muon_comm_volume(shape: Sequence[int], *, dp: str | None = None, dp_size: int = 1, dp_dim: int = 0,
-                     tp_mode: str | None = None, tp_size: int = 1, tp_dim: int = 0, tp_index: int = 0,
-                     ns_steps: int = 5, owner: bool = True) -> dict[str, int]:
-    """Elements one rank's ``Ledger`` records for one parameter in one Muon step, by collective:
-    exactly, uneven shards included.
-
-    Args: ``shape`` the parameter's shape, read as the matrix (m, n) = (shape[0],
-    prod(shape[1:])); ``dp`` None, "fsdp" (sharded on ``distributed_mesh``, tensor dim
-    ``dp_dim``: 0 for FSDP2) or "ddp" (whole on every rank of it), over ``dp_size`` ranks;
-    ``tp_mode`` None (no tensor parallelism) or one of ``TP_MODES``, with ``tp_size`` ranks
-    sharding tensor dim ``tp_dim`` (0 colwise, 1 rowwise), this rank at TP position
-    ``tp_index``; ``owner``: whether this rank is at the owner's dp position (non-owners take
-    part in the dp collectives only). An axis of one rank issues nothing.
-    Returns {"gather", "scatter", "broadcast", "all_gather", "all_reduce": elements}, zero
-    entries left out. Volumes (``comm``'s convention, the Dion paper's Table 1: the logical
-    tensor, every shard counted once, uneven shards zero-padded to the largest, as gloo and NCCL
-    move them). Shards follow ``torch.chunk`` (DTensor ``Shard``): a dim of s entries over k
-    ranks has blocks of ⌈s/k⌉ and the rest; when dp and tp shard one dim (FSDP2 over colwise TP:
-    ``_StridedShard``) dp splits each TP block. With B the block at TP position ``tp_index`` (the
-    whole parameter without TP) and B_dp its largest dp block: FSDP gather and scatter dp_size·B_dp
-    each (m·n for even shapes); DDP broadcast B; TP "duplicated" all-gather tp_size·(largest TP
-    block) (m·n for even shapes); "distributed" all-reduce ns_steps·d² + 2 (the Gram matrix each
-    step, d = n for tp_dim 0 and m otherwise: the matrix dim that is not sharded; plus max|X|
-    and ‖X‖_F²); "blockwise" nothing. The per-step check (1 + number of parameters elements per
-    axis, tag "check", ``MuonSharding.check``) is not included. Dtypes: U is gathered and
-    all-gathered in the momentum's dtype, O scattered / broadcast in the Newton–Schulz compute
-    dtype (bf16 by default: half the bytes); "distributed" reduces the Gram matrix and ‖X‖_F² in
-    float32 for a bf16 / fp16 compute dtype (its accumulation dtype), max|X| in the input's.
-    Raises: ValueError for an unknown ``dp`` / ``tp_mode``, a shape of fewer than 2 dims, sizes
-    below 1, or ``dp_dim`` / ``tp_dim`` / ``tp_index`` out of range.
-    """
-    check_choice(dp, "dp", (None, "fsdp", "ddp"))
-    check_choice(tp_mode, "tp_mode", (None, *TP_MODES))
-    dims = [int(s) for s in shape]
-    if len(dims) < 2 or min(dp_size, tp_size) < 1 or not (0 <= dp_dim < len(dims) and 0 <= tp_dim < len(dims)
-                                                         and 0 <= tp_index < tp_size):
-        raise ValueError(f"shape / dp_size / dp_dim / tp_size / tp_dim / tp_index: expected a shape of >= 2 dims, "
-                         f"sizes >= 1 and dims and index within range, got {tuple(dims)}, {dp_size}, {dp_dim}, "
-                         f"{tp_size}, {tp_dim}, {tp_index}")
-    m, n = dims[0], math.prod(dims[1:])
-    tp = tp_mode if tp_size > 1 else None
-    chunk = -(-dims[tp_dim] // tp_size)  # the largest TP block's size along tp_dim
-    padded_tp = tp_size * chunk * math.prod(s for d, s in enumerate(dims) if d != tp_dim)
-    if tp:
-        dims[tp_dim] = max(0, min(chunk, dims[tp_dim] - tp_index * chunk))
-    out: dict[str, int] = {}
-    if dp == "fsdp" and dp_size > 1:
-        largest = [-(-s // dp_size) if d == dp_dim else s for d, s in enumerate(dims)]
-        out["gather"] = out["scatter"] = dp_size * math.prod(largest)
-    elif dp == "ddp" and dp_size > 1:
-        out["broadcast"] = math.prod(dims)
-    if owner and tp == "duplicated":
-        out["all_gather"] = padded_tp
-    if owner and tp == "distributed":
-        out["all_reduce"] = ns_steps * (n if tp_dim == 0 else m) ** 2 + 2
-    return out
 
 
 @dataclass
@@ -273,7 +214,7 @@ class MuonSharding(GroupRunner):
     def _owns(self, plan: _Plan) -> bool:
         return self.dp is None or plan.owner == self.dp.index
 
-    def check(self, groups: list[dict], state) -> None:
+    def check(self, groups: list[dict], state, finite: FiniteCheck | None = None) -> None:
         """``check_muon_step`` for every group plus the distributed invariants (the gradient and
         an existing ``momentum_buffer`` of a DTensor parameter are DTensors of its placements and
         mesh, a plain parameter's are plain; options still allowed for sharded parameters), then
@@ -289,7 +230,7 @@ class MuonSharding(GroupRunner):
         try:
             for group in groups:
                 entry = self.entry(group)
-                check_muon_step(group, state, entry.options, entry.per_param)
+                check_muon_step(group, state, entry.options, entry.per_param, finite if finite is not None else False)
                 for i, p in enumerate(group["params"]):
                     if p.grad is None:
                         continue
@@ -304,6 +245,8 @@ class MuonSharding(GroupRunner):
                                     if key == "momentum_buffer" else ""))
                     if self.plans[p].layout is not None:
                         _check_sharded_options(group, entry.options, i, p, param_name(group, i, p))
+            if finite is not None:
+                error = finite.error()  # this rank's gradient blocks, one host sync
         except Exception as err:  # noqa: BLE001 - re-raised by raise_together, after the peers have heard of it
             error = err
         device = next((p.device for _, _, p in entries), torch.device("cpu"))  # NCCL: the GPU
@@ -325,7 +268,7 @@ class MuonSharding(GroupRunner):
         if first_index is not None:
             self.group_step(groups_or_group, state)
             return
-        self.check(groups_or_group, state)
+        self.check(groups_or_group, state, FiniteCheck())
         for group in groups_or_group:
             self.group_step(group, state)
 

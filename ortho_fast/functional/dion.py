@@ -144,22 +144,28 @@ def dion_apply(x, g, m, q, *, shape, lr, mu, weight_decay, epsilon, power_iters,
     x, g, m: the block W[I][:, J] (m's block in place holds B); q: Q's rows of this block's
     working columns. ``rows`` / ``cols`` (``WholeDim`` or a sharded dimension): how the working
     orientation's rows and columns are held; ``replica_mean`` the mean over data-parallel
-    replicas (compressed sync); ``nonzero`` whether B != 0 anywhere (None: decided here).
-    With the defaults this is one process."""
+    replicas (compressed sync); ``nonzero`` whether B != 0 anywhere (None: decided here, on the
+    device: the step runs and B = 0 masks its effect, no host sync). With the defaults this is
+    one process."""
     rows_, cols_ = shape
     transposed = rows_ < cols_
     m.add_(g.to(m.dtype))  # m now holds B
     b = m.mT if transposed else m
     x.mul_(1 - lr * weight_decay)
     r_dim = q.shape[1]
-    if not (bool(b.any()) if nonzero is None else nonzero):
+    if nonzero is False:
         return DionUpdate(b.new_zeros(b.shape[0], r_dim), b.new_zeros(b.shape[1], r_dim))
+    # B = 0 decided on the device (no host sync): the step runs and its effect is masked out
+    nz = b.any() if nonzero is None else None
     qw = q.to(m.dtype)
     for _ in range(power_iters):
         p = orthonormalize_block(replica_mean(cols.sum(b @ qw, "P"), "P"), qr_method, oversample, generator, rows)
         r = replica_mean(rows.sum(b.mT @ p, "R"), "R")
         q_new = right_factor_block(r, right_factor, epsilon, cols)
         qw = q_new.to(m.dtype)
+    if nz is not None:  # B = 0: P = 0 (so M, X unchanged but for the decay), Q kept
+        p = p * nz
+        q_new = torch.where(nz, q_new, q.to(q_new.dtype))
     if error_feedback:
         b.addmm_(p, r.mT, alpha=-(1 - mu))  # fused: no (m, n) temporaries
     else:

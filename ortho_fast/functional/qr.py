@@ -122,7 +122,14 @@ class WholeDim:
 
     @staticmethod
     def column_norms(rf: torch.Tensor) -> torch.Tensor:
-        return torch.linalg.vector_norm(rf, dim=0, keepdim=True)
+        """‖rf[:, j]‖₂ per column, (1, r), without overflow: the squares of entries above
+        1.8e19 overflow float32 (Dion then stored Q = 0 and never moved again), so each column
+        is divided by a power of two 2^e ≥ max|column| first and the norm multiplied back —
+        exact scaling, so the bits are those of the unscaled norm whenever it does not overflow
+        or underflow."""
+        amax = rf.abs().amax(dim=0, keepdim=True)
+        scale = torch.ldexp(torch.ones_like(amax), torch.frexp(amax).exponent)  # 2^e > max|column|, 1 for 0
+        return torch.linalg.vector_norm(rf / scale, dim=0, keepdim=True) * scale
 
 
 WHOLE = WholeDim()

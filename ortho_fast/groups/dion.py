@@ -13,7 +13,7 @@ from typing import Mapping
 
 import torch
 
-from ..validation import check_choice, check_count, check_filled, check_finite, check_hyper
+from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_finite, check_hyper
 from ..functional import dion as dion_math
 from ..functional.dion import RIGHT_FACTORS, dion_rank, initial_q
 from ..functional.qr import QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, sketch_generator
@@ -90,13 +90,14 @@ def normalize_dion_group(group: dict) -> None:
             raise ValueError(f"params: Dion expects non-empty 2-D (m, n) parameters; got shape {tuple(p.shape)}: {hint}")
 
 
-def check_dion_step(group: dict, state: Mapping[torch.Tensor, dict], *, finite: bool = True,
+def check_dion_step(group: dict, state: Mapping[torch.Tensor, dict], *, finite: bool | FiniteCheck = True,
                     options: DionOptions | None = None) -> None:
     """Check one group before any change: its hyperparameters (a scheduler may have set them),
     and for each param with a grad, the grad (dense, real, the param's shape, finite) and any
     existing state (``momentum`` of the param's shape, ``Q`` of shape (min(m, n), r)).
     ``finite=False`` leaves the finiteness test to the caller (the sharded step tests each
-    rank's block and decides on every rank together). Changes nothing.
+    rank's block and decides on every rank together); a ``FiniteCheck`` collects the gradients
+    for the caller to decide at once (one host sync per step). Changes nothing.
     ``options``: the group's current resolved options (skips their validation).
     Raises: ValueError / TypeError naming the key ("grad ...", "Q: ...")."""
     options = resolve_dion_options(group) if options is None else options
@@ -106,8 +107,10 @@ def check_dion_step(group: dict, state: Mapping[torch.Tensor, dict], *, finite: 
             continue
         if g.is_sparse or not g.is_floating_point() or g.shape != p.shape:
             raise ValueError(f"grad: expected a dense real tensor of shape {tuple(p.shape)}, got {tuple(g.shape)} {g.dtype}")
-        if finite:
+        if finite is True:
             check_finite(g, f"grad of parameter with shape {tuple(p.shape)}")
+        elif isinstance(finite, FiniteCheck):
+            finite.add(g, f"grad of parameter with shape {tuple(p.shape)}")
         st = state.get(p, {})
         m, n = matrix_shape(p)
         want_q = (min(m, n), param_rank(p, options))
@@ -206,9 +209,9 @@ class DionGroups(GroupRunner):
     def options(self, group: dict) -> DionOptions:
         return self.cache.get(group, DION_OPTION_KEYS, resolve_dion_options)
 
-    def check(self, groups, state) -> None:
+    def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         for group in groups:
-            check_dion_step(group, state, options=self.options(group))
+            check_dion_step(group, state, options=self.options(group), finite=finite if finite is not None else False)
 
     def step(self, group: dict, state, first_index: int) -> None:
         dion_group_step(group, state, seed=self.seed, first_index=first_index, options=self.options(group))

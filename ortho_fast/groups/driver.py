@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Sequence
 
+from ..validation import FiniteCheck
+
 #: Errors a group check raises for bad input (everything else is a bug and propagates as is).
 INPUT_ERRORS = (ValueError, TypeError, KeyError)
 
@@ -22,8 +24,9 @@ INPUT_ERRORS = (ValueError, TypeError, KeyError)
 class GroupRunner:
     """How one optimizer runs the param groups of one algorithm.
 
-    ``check(groups, state)``: raise for anything invalid in these groups (options, gradients,
-    state), changing nothing; ``step(group, state, first_index)``: one step of a checked group,
+    ``check(groups, state, finite)``: raise for anything invalid in these groups (options, gradients,
+    state), changing nothing; the gradients' finiteness goes to ``finite`` (a ``FiniteCheck``
+    the driver decides once per step; None: not checked); ``step(group, state, first_index)``: one step of a checked group,
     whose first parameter has index ``first_index`` among this algorithm's parameters (Dion
     seeds its Q0 and sketches by it); ``reset()`` after the groups were replaced. ``communicates``: whether ``check`` makes its verdict
     global itself (then the driver runs it on every rank after the local checks).
@@ -31,7 +34,7 @@ class GroupRunner:
 
     communicates = False
 
-    def check(self, groups: Sequence[dict], state) -> None:
+    def check(self, groups: Sequence[dict], state, finite: FiniteCheck | None = None) -> None:
         raise NotImplementedError
 
     def step(self, group: dict, state, first_index: int) -> None:
@@ -56,7 +59,7 @@ def labelled(index: int, algorithm: str, fn: Callable, *args, **kwargs):
 
 def check_then_step(groups: Sequence[dict], state, runners: Mapping[str, GroupRunner],
                     algorithm_of: Callable[[dict], str], *, label: bool = False,
-                    agree: Callable[[BaseException | None], None] | None = None) -> None:
+                    agree: Callable[[BaseException | None], None] | None = None, check_finite: bool = True) -> None:
     """Check every group, then step every group (the step of ``Muon``, ``Dion`` and ``HybridOptimizer``).
 
     Args: ``runners`` the runner of each algorithm; ``algorithm_of(group)`` a group's algorithm;
@@ -67,6 +70,7 @@ def check_then_step(groups: Sequence[dict], state, runners: Mapping[str, GroupRu
     every rank).
     """
     error, checked_local = None, False
+    finite = FiniteCheck() if check_finite else None
     communicating: dict[str, list[dict]] = {}
     for i, group in enumerate(groups):
         algorithm = algorithm_of(group)
@@ -75,19 +79,25 @@ def check_then_step(groups: Sequence[dict], state, runners: Mapping[str, GroupRu
             communicating.setdefault(algorithm, []).append(group)
             continue
         checked_local = True
+        if finite is not None:
+            finite.prefix = f"param group {i} ({algorithm}): " if label else ""
         try:
             if label:
-                labelled(i, algorithm, runner.check, [group], state)
+                labelled(i, algorithm, runner.check, [group], state, finite)
             else:
-                runner.check([group], state)
+                runner.check([group], state, finite)
         except INPUT_ERRORS as err:
             if agree is None:
                 raise
             error = error or err
+    if finite is not None and error is None:
+        error = finite.error()  # one host sync for every local gradient
+        if error is not None and agree is None:
+            raise error
     if agree is not None and checked_local:
         agree(error)
     for algorithm, members in communicating.items():
-        runners[algorithm].check(members, state)
+        runners[algorithm].check(members, state, FiniteCheck() if check_finite else None)
     first_index: dict[str, int] = {}
     for group in groups:
         algorithm = algorithm_of(group)

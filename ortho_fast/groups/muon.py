@@ -14,7 +14,7 @@ from typing import Mapping
 
 import torch
 
-from ..validation import check_choice, check_count, check_filled, check_finite, check_hyper
+from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_finite, check_hyper
 from ..coefficients import CoefficientsLike, resolve_coefficients, schedule_of
 from ..functional import muon as muon_math
 from ..functional import layout as layout_math
@@ -193,14 +193,16 @@ def _layouts(group: dict, options: MuonOptions, cache: dict | None):
 
 
 def check_muon_step(group: dict, state: Mapping[torch.Tensor, dict], options: MuonOptions | None = None,
-                    layouts: dict | None = None) -> None:
+                    layouts: dict | None = None, finite: FiniteCheck | None | bool = True) -> None:
     """Check everything one ``muon_group_step`` will read; change nothing.
 
     Every option of the group (a scheduler or a user may have edited it after construction:
     lr, coefficients, ns_steps, ...), as ``normalize_muon_group`` checks it (skipped when the
     caller passes the group's current ``options``, resolved by ``resolve_muon_options``). Per
-    parameter with a gradient: the gradient is dense, real, of the parameter's shape and finite;
-    an existing ``momentum_buffer`` is a tensor of the parameter's shape and dtype; the group's
+    parameter with a gradient: the gradient is dense, real, of the parameter's shape, dtype and
+    device, and finite (``finite``: True checks here, one host sync per gradient; a
+    ``FiniteCheck`` collects the gradients for the caller to decide at once; False skips); an
+    existing ``momentum_buffer`` is a tensor of the parameter's shape and dtype; the group's
     split / expert / flatten settings still fit the parameter (``layouts``: an optional cache).
     Raises: ValueError / TypeError starting with the option key, or with "grad" /
     "momentum_buffer" naming the parameter; UnknownScheduleError for an unknown schedule name.
@@ -216,7 +218,13 @@ def check_muon_step(group: dict, state: Mapping[torch.Tensor, dict], options: Mu
             raise ValueError(f"grad: Muon expects dense real gradients ({name})")
         if g.shape != p.shape:
             raise ValueError(f"grad: expected shape {tuple(p.shape)}, got {tuple(g.shape)} ({name})")
-        check_finite(g, f"grad of {name}")
+        if g.dtype != p.dtype or g.device != p.device:
+            raise ValueError(f"grad: expected dtype {p.dtype} on {p.device} (the parameter's), got {g.dtype} on "
+                             f"{g.device} ({name})")
+        if finite is True:
+            check_finite(g, f"grad of {name}")
+        elif isinstance(finite, FiniteCheck):
+            finite.add(g, f"grad of {name}")
         buf = state[p].get("momentum_buffer") if p in state else None
         if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape or buf.dtype != p.dtype):
             got = (tuple(buf.shape), buf.dtype) if isinstance(buf, torch.Tensor) else type(buf).__name__
@@ -277,10 +285,10 @@ class MuonGroups(GroupRunner):
         """The group's cache entry (options resolved now if an option changed)."""
         return self.cache.entry(group, MUON_OPTION_KEYS, resolve_muon_options)
 
-    def check(self, groups, state) -> None:
+    def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         for group in groups:
             entry = self.entry(group)
-            check_muon_step(group, state, entry.options, entry.per_param)
+            check_muon_step(group, state, entry.options, entry.per_param, finite if finite is not None else False)
 
     def step(self, group: dict, state, first_index: int) -> None:
         entry = self.entry(group)

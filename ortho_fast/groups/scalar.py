@@ -18,7 +18,7 @@ from typing import Mapping
 
 import torch
 
-from ..validation import check_filled, check_finite, check_hyper
+from ..validation import FiniteCheck, check_filled, check_finite, check_hyper
 from ..functional.scalar import adamw_update, lion_update
 from .driver import GroupRunner
 from .options import AdamWOptions, LionOptions
@@ -79,7 +79,8 @@ def normalize_lion_group(group: dict) -> None:
     group.update(lr=options.lr, betas=options.betas, weight_decay=options.weight_decay)
 
 
-def _check_grads(group: dict, state: Mapping[torch.Tensor, dict], buffers: tuple[str, ...], name: str) -> None:
+def _check_grads(group: dict, state: Mapping[torch.Tensor, dict], buffers: tuple[str, ...], name: str,
+                 finite: FiniteCheck | bool = True) -> None:
     """Every parameter with a gradient: real floating parameter, dense real finite gradient
     of its shape, and existing state buffers of its shape."""
     for i, p in enumerate(group["params"]):
@@ -93,14 +94,17 @@ def _check_grads(group: dict, state: Mapping[torch.Tensor, dict], buffers: tuple
             raise ValueError(f"grad: {where}: expected a dense tensor of shape {tuple(p.shape)}, dtype {p.dtype} "
                              f"on {p.device}, got {'sparse ' if g.is_sparse else ''}{g.dtype} of shape "
                              f"{tuple(g.shape)} on {g.device}")
-        check_finite(g, f"grad of {where}")
+        if finite is True:
+            check_finite(g, f"grad of {where}")
+        elif isinstance(finite, FiniteCheck):
+            finite.add(g, f"grad of {where}")
         st = state.get(p, {})
         for key in buffers:
             if key in st and st[key].shape != p.shape:
                 raise ValueError(f"{key}: {where}: expected shape {tuple(p.shape)}, got {tuple(st[key].shape)}")
 
 
-def check_adamw_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
+def check_adamw_step(group: dict, state: Mapping[torch.Tensor, dict], finite: FiniteCheck | bool = True) -> None:
     """Checks before an AdamW step; changes nothing.
 
     Raises: ValueError naming the option for lr, eps, weight_decay or betas edited since the
@@ -110,14 +114,14 @@ def check_adamw_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
     wrong shape, or a ``step`` that is not a one-element tensor.
     """
     resolve_adamw_options(group)
-    _check_grads(group, state, ("exp_avg", "exp_avg_sq"), "AdamW")
+    _check_grads(group, state, ("exp_avg", "exp_avg_sq"), "AdamW", finite)
     for i, p in enumerate(group["params"]):
         step = state.get(p, {}).get("step")
         if p.grad is not None and step is not None and not (isinstance(step, torch.Tensor) and step.numel() == 1):
             raise ValueError(f"step: AdamW parameter {i}: expected a one-element tensor (torch's layout), got {step!r}")
 
 
-def check_lion_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
+def check_lion_step(group: dict, state: Mapping[torch.Tensor, dict], finite: FiniteCheck | bool = True) -> None:
     """Checks before a Lion step; changes nothing.
 
     Raises: ValueError naming the option for lr, weight_decay or betas edited since the group
@@ -126,7 +130,7 @@ def check_lion_step(group: dict, state: Mapping[torch.Tensor, dict]) -> None:
     dtype or device differs from the parameter's, or an ``exp_avg`` of the wrong shape.
     """
     resolve_lion_options(group)
-    _check_grads(group, state, ("exp_avg",), "Lion")
+    _check_grads(group, state, ("exp_avg",), "Lion", finite)
 
 
 @torch.no_grad()
@@ -184,9 +188,9 @@ def lion_group_step(group: dict, state) -> None:
 class AdamWGroups(GroupRunner):
     """Runs AdamW groups (``check_adamw_step`` / ``adamw_group_step``)."""
 
-    def check(self, groups, state) -> None:
+    def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         for group in groups:
-            check_adamw_step(group, state)
+            check_adamw_step(group, state, finite if finite is not None else False)
 
     def step(self, group: dict, state, first_index: int) -> None:
         adamw_group_step(group, state)
@@ -195,9 +199,9 @@ class AdamWGroups(GroupRunner):
 class LionGroups(GroupRunner):
     """Runs Lion groups (``check_lion_step`` / ``lion_group_step``)."""
 
-    def check(self, groups, state) -> None:
+    def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         for group in groups:
-            check_lion_step(group, state)
+            check_lion_step(group, state, finite if finite is not None else False)
 
     def step(self, group: dict, state, first_index: int) -> None:
         lion_group_step(group, state)

@@ -15,6 +15,7 @@ By subject (every name stays importable from ``ortho_verify.tolerances``):
 - ``error_feedback``: Dion's error-feedback invariants, subspace iteration, observed steps;
 - ``scalar``: AdamW and Lion;
 - ``sharded``: the layout contract of the distributed optimizers;
+- ``compiled``: a ``torch.compile``d step against the eager step;
 - ``baselines``: the regression margin of ``ortho-verify --baseline``.
 
 numpy and ``ortho_ref`` only: importing it needs neither torch nor the judge's optional
@@ -44,13 +45,14 @@ from ortho_verify.tolerances.error_feedback import (dion_observed_step_tolerance
                                                     polar_fixed_point_tolerance, subspace_iteration_bounds,
                                                     subspace_perturbation)
 from ortho_verify.tolerances.scalar import adamw_tolerances, lion_tolerances
+from ortho_verify.tolerances.compiled import compiled_tolerance
 from ortho_verify.tolerances.sharded import SHARDED_RTOL, sharded_tolerance
 from ortho_verify.tolerances.baselines import BASELINE_FLOOR, BASELINE_GROWTH
 
 __all__ = [
     "BASELINE_FLOOR", "BASELINE_GROWTH", "COEFFICIENT_REGISTRY_TOLERANCE", "C_NS", "FIRST_ORDER_LIMIT",
     "LAPACK_SVD_TOLMUL", "POLAR_VALIDITY", "SCALAR_STEP_ROUNDINGS", "SHARDED_RTOL", "TORCH_MUON_TOLERANCE", "U64",
-    "UNIT_ROUNDOFF", "adamw_tolerances", "cautious_weight_decay_tolerance", "condition_number",
+    "UNIT_ROUNDOFF", "adamw_tolerances", "cautious_weight_decay_tolerance", "compiled_tolerance", "condition_number",
     "dion_ideal_step_tolerances", "dion_observed_step_tolerances", "dion_tolerances", "dion_variant_tolerances",
     "ef_bookkeeping_tolerance", "ef_subspace_tolerances", "error_feedback_projection_tolerance",
     "error_feedback_tolerance", "factor_roundoff", "full_rank_polar_bounds", "gains_and_sizes", "lion_tolerances",

@@ -1,0 +1,148 @@
+"""Production use: the step compiles with ``torch.compile(fullgraph=True)`` (CPU inductor here; the
+same code on CUDA) and equals the eager step; a step reads the device at most once (the fused
+finiteness check), and not at all with ``check_finite=False``.
+
+Host syncs are counted as calls of ``aten._local_scalar_dense`` — the op behind ``.item()``,
+``bool(t)``, ``float(t)`` — under a ``TorchDispatchMode``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import ortho_fast
+from ortho_verify.tolerances import compiled_tolerance
+
+
+class CountSyncs(TorchDispatchMode):
+    """Counts the device reads (``aten._local_scalar_dense``) of the operations run inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _params(shapes, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ps = [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64).to(dtype)) for s in shapes]
+    return ps
+
+
+def _grads(ps, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for p in ps:
+        p.grad = torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype)
+
+
+SHAPES = [(24, 16), (16, 40), (24, 16), (8, 8)]
+
+
+def _builders(dtype):
+    """name -> (shapes, build(params, check_finite) -> optimizer); Dion's state is created first
+    (``init_state``): its Q0 comes from a seeded generator, which a graph cannot hold."""
+    def muon(ps, check_finite):
+        return ortho_fast.Muon(ps, lr=0.02, dtype=dtype, check_finite=check_finite)
+
+    def dion(ps, check_finite):
+        opt = ortho_fast.Dion(ps, lr=0.02, rank_fraction=0.5, check_finite=check_finite)
+        opt.init_state()
+        return opt
+
+    def hybrid(ps, check_finite):
+        groups = [{"params": ps[:2], "algorithm": "muon", "dtype": dtype},
+                  {"params": ps[2:4], "algorithm": "dion", "rank_fraction": 0.5},
+                  {"params": ps[4:], "algorithm": "lion"}]
+        opt = ortho_fast.HybridOptimizer(groups, check_finite=check_finite)
+        opt.init_state()
+        return opt
+
+    return {"muon": (SHAPES, muon), "dion": (SHAPES, dion), "hybrid": (SHAPES + [(7,), (3, 5)], hybrid)}
+
+
+def _state(opt):
+    return [t.detach().clone() for group in opt.param_groups for p in group["params"]
+            for t in (p, *(v for v in opt.state[p].values() if torch.is_tensor(v) and v.is_floating_point()))]
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    scale = torch.linalg.vector_norm(b).item()
+    return torch.linalg.vector_norm(a - b).item() / (scale if scale > 0 else 1.0)
+
+
+@pytest.mark.parametrize("name", ["muon", "dion", "hybrid"])
+def test_compiled_step_equals_eager_step(name):
+    """fullgraph inductor on CPU, float32 end to end (float32 Newton–Schulz), three steps."""
+    torch._dynamo.reset()
+    dtype = torch.float32
+    shapes, build = _builders(dtype)[name]
+    eager_ps, compiled_ps = _params(shapes, dtype), _params(shapes, dtype)
+    eager, compiled = build(eager_ps, False), build(compiled_ps, False)
+    step = torch.compile(compiled.step, fullgraph=True, backend="inductor")
+    for t in range(3):
+        _grads(eager_ps, t)
+        _grads(compiled_ps, t)
+        eager.step()
+        step()
+    worst = max(_relative(c, e) for c, e in zip(_state(compiled), _state(eager)))
+    assert worst <= compiled_tolerance("float32"), worst
+
+
+def _count(opt) -> int:
+    with CountSyncs() as mode:
+        opt.step()
+    return mode.count
+
+
+@pytest.mark.parametrize("name", ["muon", "dion", "hybrid"])
+@pytest.mark.parametrize("copies", [1, 3])
+def test_a_step_reads_the_device_once_or_never(name, copies):
+    """One fused finiteness check per step whatever the number of parameters (``check_finite``
+    default), none with ``check_finite=False``; the steps still run (the state changes)."""
+    shapes, build = _builders(torch.float32)[name]
+    for check_finite, expected in ((True, 1), (False, 0)):
+        ps = _params(shapes * copies if name != "hybrid" else shapes, torch.float32)
+        opt = build(ps, check_finite)
+        _grads(ps, 1)
+        before = _state(opt)
+        assert _count(opt) == expected, (check_finite, copies)
+        assert any(not torch.equal(a, b) for a, b in zip(before, _state(opt)))
+
+
+def test_a_nonfinite_gradient_is_still_named_with_one_read():
+    ps = _params(SHAPES, torch.float32)
+    opt = ortho_fast.Muon(ps, lr=0.02)
+    _grads(ps, 2)
+    ps[2].grad[3, 4] = float("nan")
+    snapshot = copy.deepcopy(opt.state_dict()), [p.detach().clone() for p in ps]
+    with pytest.raises(ValueError, match=r"^grad of parameter 2 \(shape \(24, 16\)\): contains NaN"):
+        opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(ps, snapshot[1])) and opt.state_dict()["state"] == {}
+
+
+@pytest.mark.parametrize("bad", ["float64", "int64"])
+@pytest.mark.parametrize("name", ["muon", "hybrid"])
+def test_a_gradient_of_another_dtype_raises_before_any_change(name, bad):
+    """A float64 / int64 gradient on the second parameter: nothing (the first one's momentum
+    included) changes."""
+    shapes, build = _builders(torch.float32)[name]
+    ps = _params(shapes, torch.float32)
+    opt = build(ps, True)
+    _grads(ps, 3)
+    opt.step()
+    _grads(ps, 4)
+    ps[1].grad_dtype = None  # torch 2.13 refuses a gradient of another dtype unless told to accept any
+    ps[1].grad = ps[1].grad.to(torch.float64) if bad == "float64" else torch.ones(ps[1].shape, dtype=torch.int64)
+    before = _state(opt)
+    with pytest.raises((ValueError, TypeError), match="grad"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, _state(opt)))
