@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 from .dion import dion_runner, init_dion_groups, plan_dion_group, resolve_meshes
 from .groups.algorithms import ALGORITHMS, SCALAR_ALGORITHMS, local_runners
 from .groups.dion import dion_state_dtype
-from .groups.driver import check_then_step, labelled
+from .groups.driver import check_then_step, describe_groups, labelled
 from .groups.state import add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
 
 __all__ = ["HybridOptimizer"]
@@ -204,7 +204,7 @@ class HybridOptimizer(Optimizer):
                 raise ValueError(f"param group {i}: algorithm: expected one of {sorted(ALGORITHMS)}, got "
                                  f"{group.get('algorithm')!r}")
         axes = {a.ranks: a for a in (self._muon_sharding.dp, self._muon_sharding.tp,
-                                     *(self._dion_meshes.comm_axes if self._dion_meshes else ()))
+                                     *(self._dion_meshes.check_axes if self._dion_meshes else ()))
                 if a is not None and a.size > 1}
         check_then_step(self.param_groups, self.state, self._runners, lambda group: group["algorithm"], label=True,
                         agree=self._agree(list(axes.values())) if axes else None, check_finite=self.check_finite)
@@ -221,7 +221,8 @@ class HybridOptimizer(Optimizer):
             from .distributed.comm import raise_together
 
             device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))  # NCCL: GPU
-            raise_together(error, axes, tag="check", device=device)
+            raise_together(error, axes, tag="check", device=device,
+                           digest=describe_groups(self.param_groups, seed=self.seed))
 
         return agree
 

@@ -16,9 +16,11 @@ is a property of the backend, not of the algorithm, and is not counted.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -181,27 +183,55 @@ ANOTHER_RANK_REJECTED = ("grad: another rank rejected its gradient, state or opt
                          "it); no parameter or state was changed")
 
 
+def _hash20(text: str) -> tuple[float, float]:
+    """Two independent 20-bit numbers of ``text`` (sha256): their sums and sums of squares over up
+    to 4096 ranks stay exact in float64 (< 2^52)."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return float(int.from_bytes(digest[:3], "big") >> 4), float(int.from_bytes(digest[3:6], "big") >> 4)
+
+
 def raise_together(error: BaseException | None, axes: Sequence[MeshAxis], flags: torch.Tensor | None = None, *,
-                   tag: str = "check", device=None) -> torch.Tensor:
+                   tag: str = "check", device=None, digest: Mapping[str, str] | None = None) -> torch.Tensor:
     """The cross-rank error protocol of every distributed step: check locally, then agree.
 
-    Each rank passes the first error its checks found (or None); ``flags`` (a 1-D float tensor,
-    default one element) has entry 0 set to 1 when ``error`` is given; the other entries are counts
-    the caller wants summed (which parameters have a gradient, ...). One all-reduce (SUM) per axis
-    of ``axes`` (tag ``tag``) makes the verdict global, so a bad input on one rank raises on every
-    rank before any collective of the step itself, which the other ranks would wait in forever.
+    Each rank passes the first error its checks found (or None) and, in ``digest``, a text per
+    aspect of what it is about to step that must be the same on every rank ("parameters": count,
+    shapes, dtypes, placements; "options": the groups' options; ...). One all-reduce (SUM, tag
+    ``tag``) per axis of a fixed-size vector — the error flag and, per aspect, two 20-bit hashes
+    and their squares (all equal iff N·Σx² = (Σx)² over the N ranks) — makes the verdict global
+    before anything whose size depends on the rank (a parameter list of another length would
+    otherwise abort the collective, and another lr or shape would let the replicas diverge
+    silently). Then ``flags`` (a 1-D float tensor whose entry 0 is ignored and the rest are
+    counts the caller wants summed: which parameters have a gradient, ...) is all-reduced.
     Shapes: ``flags`` (1 + k,) on the device the backend reduces (NCCL: the GPU; ``device``).
-    Returns: the reduced ``flags``.
-    Raises: ``error`` itself on the rank that found it; ValueError (``ANOTHER_RANK_REJECTED``) on
-    every other rank when any rank found one.
+    Returns: the reduced ``flags`` (entry 0: how many ranks found an error, here 0).
+    Raises, on every rank before any step changes anything: ValueError naming the aspects the
+    ranks disagree on; else ``error`` itself on the rank that found it and ValueError
+    (``ANOTHER_RANK_REJECTED``) on every other rank when any rank found one.
+    Communication: 1 + 4·len(digest) elements per axis, then k elements per axis if k > 0.
     """
     if flags is None:
         flags = torch.zeros(1, device=device)
-    if error is not None:
-        flags[0] = 1.0
-    all_reduce_axes(flags, axes, tag=tag)
+    hashes = [(name, _hash20(text)) for name, text in (digest or {}).items()]
+    values = [1.0 if error is not None else 0.0]
+    for _, (a, b) in hashes:
+        values += [a, b, a * a, b * b]
+    head = torch.tensor(values, dtype=torch.float64, device=flags.device)
+    all_reduce_axes(head, axes, tag=tag)
+    ranks = math.prod(axis.size for axis in axes)
+    sums = head[1:].reshape(-1, 4).tolist() if hashes else []
+    differ = [name for (name, _), (a, b, a2, b2) in zip(hashes, sums) if a2 * ranks != a * a or b2 * ranks != b * b]
+    if differ:
+        raise ValueError(f"{', '.join(differ)}: the ranks disagree on the {' and the '.join(differ)} of this step "
+                         f"(every rank must build the optimizer with the same parameters in the same order and the "
+                         f"same options, and keep them equal); no parameter or state was changed")
     if error is not None:
         raise error
-    if flags[0] > 0:
+    if head[0] > 0:
         raise ValueError(ANOTHER_RANK_REJECTED)
+    if flags.numel() > 1:
+        counts = flags[1:].contiguous()
+        all_reduce_axes(counts, axes, tag=tag)
+        flags[1:] = counts
+    flags[0] = 0.0
     return flags

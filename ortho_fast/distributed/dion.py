@@ -51,7 +51,7 @@ from ..functional.qr import WHOLE, WholeDim, householder
 from ..groups.dion import (
     DION_OPTION_KEYS, check_dion_step, dion_state_dtype, init_dion_state, param_rank, resolve_dion_options, step_block,
 )
-from ..groups.driver import GroupRunner
+from ..groups.driver import GroupRunner, describe_groups
 from ..groups.options import OptionsCache
 from .comm import all_gather_blocks, all_reduce, all_reduce_axes, broadcast, raise_together
 from .volumes import dion_check_volume, dion_comm_volume
@@ -89,6 +89,13 @@ class DionMeshes:
         """The axis Dion averages P and R over (compressed sync), or None."""
         rep = self.replicate
         return rep if self.sync and rep is not None and rep.size > 1 else None
+
+    @property
+    def check_axes(self) -> tuple[MeshAxis, ...]:
+        """The axes the per-step checks are agreed over: every axis of more than one rank, the
+        replicate axis too without compressed sync (its replicas step the same parameters and
+        must raise together)."""
+        return tuple(a for a in (self.replicate, self.outer, self.inner) if a is not None and a.size > 1)
 
     @property
     def comm_axes(self) -> tuple[MeshAxis, ...]:
@@ -325,17 +332,20 @@ class ShardedDionGroups(GroupRunner):
     """Runs a distributed ``Dion``'s groups (``GroupRunner`` of ``ortho_fast.groups.driver``):
     ``check`` on every rank together, then ``step`` per group on each rank's block.
 
-    ``check(groups, state)``: on every rank, the group checks (``check_dion_step`` without the
-    finiteness test), the gradient's and state's layouts and the finiteness of this rank's
-    gradient block, and whether B != 0 on the block; one all-reduce per axis of
-    ``meshes.comm_axes`` of 1 + 2N numbers (N parameters: an error flag, then per parameter "has
-    a gradient" and "B != 0") makes the verdict global (``comm.raise_together``).
+    ``check(groups, state, finite)``: on every rank, the group checks (``check_dion_step`` without
+    the finiteness test), the gradient's and state's layouts, the finiteness of this rank's
+    gradient blocks (``finite``, one host sync), and whether B != 0 on each block; then
+    ``comm.raise_together`` over ``meshes.check_axes`` (the replicate axis included without
+    compressed sync): 9 numbers per axis (an error flag and the digest of the parameters and
+    options, so ranks built or edited differently raise together), then 2N (per parameter "has a
+    gradient" and "B != 0").
     ``step(group, state, first_index)``: each parameter with a gradient on its block
     (``step_block`` with the plan's ``rows`` / ``cols`` and the replicas' mean), numbered as in
     one process so its Q0 and sketches are the same.
-    Raises (in ``check``, on every rank, before any parameter or state changes): the failing
-    rank's own ValueError / TypeError, on the others a ValueError saying another rank rejected
-    its input; ValueError when a parameter has a gradient on some ranks and not on others.
+    Raises (in ``check``, on every rank, before any parameter or state changes): ValueError naming
+    what the ranks disagree on (parameters, options); the failing rank's own ValueError /
+    TypeError, on the others a ValueError saying another rank rejected its input; ValueError when
+    a parameter has a gradient on some ranks and not on others.
     """
 
     communicates = True
@@ -366,8 +376,9 @@ class ShardedDionGroups(GroupRunner):
                 error = finite.error()  # this rank's gradient blocks, one host sync
         except (ValueError, TypeError) as e:
             error = e
-        raise_together(error, self.meshes.comm_axes, flags, tag="flags")
-        ranks = math.prod(a.size for a in self.meshes.comm_axes)
+        axes = self.meshes.check_axes
+        raise_together(error, axes, flags, tag="flags", digest=describe_groups(groups, seed=self.seed))
+        ranks = math.prod(a.size for a in axes)
         has_grad = flags[1::2]
         partial = ((has_grad > 0) & (has_grad < ranks)).nonzero().flatten().tolist()
         if partial:

@@ -52,7 +52,7 @@ import torch.distributed as dist
 
 from ..functional import muon as muon_math
 from ..functional.layout import MuonLayout, is_expert_name
-from ..groups.driver import GroupRunner
+from ..groups.driver import GroupRunner, describe_groups
 from ..groups.muon import MUON_OPTION_KEYS, check_muon_step, momentum_of, param_layout, param_name, resolve_muon_options
 from ..groups.options import MuonOptions, OptionsCache
 from ..validation import FiniteCheck, check_choice
@@ -252,7 +252,7 @@ class MuonSharding(GroupRunner):
         device = next((p.device for _, _, p in entries), torch.device("cpu"))  # NCCL: the GPU
         flags = torch.tensor([0.0, *(float(p.grad is not None) for _, _, p in entries)], device=device)
         axes = [a for a in (self.dp, self.tp) if a is not None]
-        comm.raise_together(error, axes, flags, tag="check")
+        comm.raise_together(error, axes, flags, tag="check", digest=describe_groups(groups, tp_mode=self.tp_mode))
         ranks = math.prod(a.size for a in axes)
         partial = [param_name(group, i, p) for (group, i, p), n in zip(entries, flags[1:].tolist()) if 0 < n < ranks]
         if partial:

@@ -143,6 +143,8 @@ def dion_comm_volume(m: int, n: int, r: int, *, row_shards: Sequence[int] = (), 
 
 
 def dion_check_volume(num_params: int, comm_axes: int) -> dict[str, int]:
-    """Elements of the per-step checks of ``sharded_dion_step``: 1 + 2·``num_params`` numbers
-    all-reduced over each of the ``comm_axes`` axes (tag "flags"); nothing without such axes."""
-    return {"flags": (1 + 2 * num_params) * comm_axes} if comm_axes else {}
+    """Elements of the per-step checks of a distributed Dion (``ShardedDionGroups.check``): 9 numbers
+    (an error flag and the parameters' / options' digest, ``comm.raise_together``), then 2·``num_params``
+    (has a gradient, B != 0), all-reduced over each of the ``comm_axes`` axes (``DionMeshes.check_axes``;
+    tag "flags"); nothing without such axes."""
+    return {"flags": (9 + 2 * num_params) * comm_axes} if comm_axes else {}

@@ -104,3 +104,17 @@ def check_then_step(groups: Sequence[dict], state, runners: Mapping[str, GroupRu
         start = first_index.get(algorithm, 0)
         runners[algorithm].step(group, state, start)
         first_index[algorithm] = start + len(group["params"])
+
+
+def describe_groups(groups: Sequence[dict], **extra) -> dict[str, str]:
+    """What every rank of a distributed optimizer must agree on, as texts
+    (``ortho_fast.distributed.comm.raise_together``'s ``digest``): "parameters" — per group, each
+    parameter's global shape, dtype, placements and name; "options" — per group, every option
+    value (``extra`` adds its keyword values, e.g. the seed or the TP mode)."""
+    parameters, options = [], []
+    for group in groups:
+        names = group.get("param_names") or [None] * len(group["params"])
+        parameters.append([(tuple(p.shape), str(p.dtype), tuple(map(str, getattr(p, "placements", ()))), name)
+                           for p, name in zip(group["params"], names)])
+        options.append(sorted((k, repr(v)) for k, v in group.items() if k not in ("params", "param_names")))
+    return {"parameters": repr(parameters), "options": repr((options, sorted(extra.items())))}

@@ -115,7 +115,7 @@ def _analytic(case: Case, world: int) -> dict[str, int]:
         for tag, v in vol.items():
             total[tag] = total.get(tag, 0) + v
     axes = [shape[names.index(dim)] for arg, dim in case.roles if arg in (OUT, IN)]
-    axes += [replicas] if sync else []
+    axes += [replicas]  # the checks agree over the replicas even when the gradients arrive synced
     for tag, v in dion_check_volume(len(case.params), sum(s > 1 for s in axes)).items():
         total[tag] = total.get(tag, 0) + v
     return total
