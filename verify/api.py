@@ -72,15 +72,28 @@ DEFAULT_SPECS = (
 )
 
 
-def default_examples(dtype="float32", seed: int = 0, batched: bool = True) -> list[SpectralExample]:
+def _batch_limit(batched: bool, max_batch_dims: int | None) -> int | None:
+    """The largest number of leading batch dims to feed: None (any), from ``max_batch_dims``
+    or ``batched`` (False: 0). Raises: ValueError naming max_batch_dims for a negative value."""
+    if max_batch_dims is not None:
+        if not (isinstance(max_batch_dims, int) and max_batch_dims >= 0):
+            raise ValueError(f"max_batch_dims: expected an integer >= 0 or None, got {max_batch_dims!r}")
+        return max_batch_dims if batched else 0
+    return None if batched else 0
+
+
+def default_examples(dtype="float32", seed: int = 0, batched: bool = True,
+                     max_batch_dims: int | None = None) -> list[SpectralExample]:
     """The inputs ``check_orthogonalizer`` uses by default (``DEFAULT_SPECS``), deterministic
     for a seed; example i is drawn with seed ``seed + i``. ``batched=False`` leaves out the
-    inputs with batch dimensions. Raises: TypeError for a dtype other than float64 / float32 /
-    bfloat16."""
+    inputs with batch dimensions; ``max_batch_dims=b`` those with more than b (1: a kernel that
+    takes (m, n) or (b, m, n) only). Raises: TypeError for a dtype other than float64 / float32 /
+    bfloat16; ValueError for a negative max_batch_dims."""
     name = _ns_dtype_name(dtype)
+    limit = _batch_limit(batched, max_batch_dims)
     return [build_example(kind, params, shape=shape, scale=MAX_SCALE[name] if scale == "max" else scale, dtype=name,
                           seed=seed + i) for i, (kind, params, shape, scale) in enumerate(DEFAULT_SPECS)
-            if batched or len(shape) == 2]
+            if limit is None or len(shape) - 2 <= limit]
 
 
 def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coefficients="jordan", dtype=None,
@@ -104,7 +117,7 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
         out = fn(x)
     except Exception as err:  # a crash is a failed check, reported with its input
         hint = (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
-                "batched=False if your kernel is 2-D only") if x.ndim > 2 else ""
+                "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most") if x.ndim > 2 else ""
         return [measured("orthogonalizer_runs", example.name, "fn(input)", math.inf, 0.0, f"raised {err!r}{hint}")]
     rows = [measured("input_unchanged", example.name, "fn must not modify its input",
                      float((x.double() - pristine.double()).abs().max()), 0.0)]
@@ -121,14 +134,15 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
 def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.float32, steps: int | None = None,
                          safety: float | None = None, eps: float | None = None, eps_mode: str = "add",
                          examples: list[SpectralExample] | None = None, seed: int = 0,
-                         batched: bool = True) -> VerificationReport:
+                         batched: bool = True, max_batch_dims: int | None = None) -> VerificationReport:
     """Check a Newton–Schulz function against the exact oracle.
 
     ``fn`` maps a (..., m, n) tensor to its Newton–Schulz result of the same shape (leading dims
     are independent matrices, each normalized by its own Frobenius norm). It is called on
     ``default_examples(dtype, seed)`` (every spectrum family of ``ortho_verify.strategies``, tall / wide
     / square / batched, scales 1e-30 to ``MAX_SCALE``, ‖G‖_F ≈ 1.6e-5 where eps matters; with
-    ``batched=False`` only the 2-D ones, for a kernel that takes one (m, n) matrix), given in
+    ``batched=False`` only the 2-D ones, for a kernel that takes one (m, n) matrix; with
+    ``max_batch_dims=1`` at most one batch dim, for a kernel that takes (m, n) or (b, m, n)), given in
     float64 when ``dtype`` is float64, else float32, and each output matrix is compared with ``ortho_ref.ns_map`` for the
     declared ``coefficients`` (a registry name or a (T, 3) table; ``steps`` truncates / extends
     it), normalization X₀ = G/(safety‖G‖_F + eps) (``eps_mode="clamp"``: /max(safety‖G‖_F, eps);
@@ -137,15 +151,16 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive, ``failures`` with
     reproducing inputs, ratios; bfloat16 rows whose tolerance admits the zero output make no claim).
     Raises: TypeError for a dtype other than float64 / float32 / bfloat16 (float16 included);
-    ValueError for an unknown schedule, a bad table, or no example left (``examples`` empty, or
-    only batched ones with ``batched=False``) — exceptions raised by ``fn`` are reported as failed
+    ValueError for an unknown schedule, a bad table, a negative ``max_batch_dims``, or no example
+    left (``examples`` empty, or only batched ones with ``batched=False``) — exceptions raised by ``fn`` are reported as failed
     checks instead.
     Source: the polynomial view of Newton–Schulz, Amsel et al. 2025 (arXiv 2505.16932), Sec. 2.
     """
     name = _ns_dtype_name(dtype)
     table_and_normalization(coefficients, steps, safety, eps)  # validate before running anything
-    examples = default_examples(name, seed, batched) if examples is None else \
-        [ex for ex in examples if batched or ex.matrix.ndim == 2]
+    limit = _batch_limit(batched, max_batch_dims)
+    examples = default_examples(name, seed, batched, max_batch_dims) if examples is None else \
+        [ex for ex in examples if limit is None or ex.matrix.ndim - 2 <= limit]
     if not examples:
         raise ValueError("examples: expected at least one SpectralExample (2-D when batched=False)")
     results, inputs = [], {}
