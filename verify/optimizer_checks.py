@@ -17,7 +17,7 @@ from ortho_verify import error_feedback
 from ortho_verify import tolerances as tol
 from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.dion import dion_reference_rows, never_transposed_dion_step
-from ortho_verify.checks.diagnoses import with_cause
+from ortho_verify.checks.diagnoses import momentum_cause, with_cause
 from ortho_verify.checks.newton_schulz import compare_ns_output
 from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, coarser_dtype,
                                       dtype_name, table_and_normalization)
@@ -170,11 +170,40 @@ def _muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, 
     rows = compare_ns_output(measured_update, ref.ns_input, table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
                              dtype=ns_dt, input_name=name,
                              detail=f"update (W(1-lr wd) - W_new)/(lr s), s = {ref.lr_scale:.4g}", extra=extra,
-                             prefix="muon_update/")
+                             prefix="muon_update/", lr_shape=w_prev.shape)
+    if not all(r.passed for r in rows) and np.all(np.isfinite(measured_update)):
+        rows = [with_cause(r, _update_cause(conv, r, measured_update, ref.update, w_prev, grad, m_prev, lr=lr, mu=mu,
+                                            wd=wd, table=table, safety=safety, eps=eps)) for r in rows]
+    elif not np.all(np.isfinite(w_new)):
+        rows = [with_cause(r, f"diverged at step {t + 1}: the weight has NaN or Inf") for r in rows]
     if key:
-        rows.append(measured("muon_momentum", name, f"state[{key!r}]", np.linalg.norm(m_after - ref.momentum),
-                             tol.momentum_tolerance(float(np.linalg.norm(grad)), float(np.linalg.norm(m_prev)), pdt)))
+        m_tol = tol.momentum_tolerance(float(np.linalg.norm(grad)), float(np.linalg.norm(m_prev)), pdt)
+        row = measured("muon_momentum", name, f"state[{key!r}]", np.linalg.norm(m_after - ref.momentum), m_tol)
+        if not row.passed:
+            row = with_cause(row, momentum_cause(m_after, grad, m_prev, mu=mu, declared=conv.momentum_style,
+                                                 tolerance=m_tol))
+        rows.append(row)
     return rows, ref.momentum
+
+
+def _update_cause(conv: MuonConventions, row, measured_update, ref_update, w_prev, grad, m_prev, *, lr, mu, wd, table,
+                  safety, eps) -> str:
+    """The row's own cause, or which other momentum form (Nesterov on / off, EMA / classic) the
+    measured update matches: e.g. a dropped Nesterov term shows as a failing update while the
+    momentum buffer passes."""
+    for nesterov, style in ((not conv.nesterov, conv.momentum_style),
+                            (conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema"),
+                            (not conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema")):
+        alt = ortho_ref.muon_step(w_prev, grad, m_prev, lr=lr, mu=mu, nesterov=nesterov, momentum_style=style,
+                                  coefficients=table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
+                                  adjust_lr=conv.adjust_lr, weight_decay=wd, extra_scale_factor=conv.extra_scale_factor,
+                                  cautious_weight_decay=conv.cautious_weight_decay)
+        if np.linalg.norm(measured_update - alt.update) <= 0.1 * np.linalg.norm(measured_update - ref_update):
+            what = "the Nesterov term dropped" if conv.nesterov and not nesterov else \
+                "a Nesterov term added" if nesterov and not conv.nesterov else f"{style} momentum"
+            return (f"the update matches nesterov={nesterov}, momentum_style={style!r} ({what}) "
+                    f"where nesterov={conv.nesterov}, momentum_style={conv.momentum_style!r} is declared")
+    return row.cause
 
 
 def _dion_reference(conv: DionConventions, w_prev, grad, m_prev, q_prev, *, lr, mu, wd):
