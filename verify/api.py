@@ -21,11 +21,13 @@ takes one (m, n) matrix only)::
 from __future__ import annotations
 
 import math
+import threading
 from typing import Callable
 
 import torch
 
 from ortho_verify.arrays import as_float64 as _as_f64
+from ortho_verify.checks.diagnoses import with_cause
 from ortho_verify.checks.newton_schulz import compare_ns_output
 from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, dtype_name,
                                       table_and_normalization)
@@ -34,7 +36,8 @@ from ortho_verify.optimizer_checks import DEFAULT_SHAPES, check_optimizer, optim
 from ortho_verify.results import CheckResult, Failure, VerificationReport, measured
 
 __all__ = [
-    "DEFAULT_SHAPES", "DEFAULT_SPECS", "DION", "DionConventions", "Failure", "MuonConventions", "ORTHO_MUON",
+    "DEFAULT_SHAPES", "DEFAULT_SPECS", "DEFAULT_TIMEOUT_S", "DION", "DionConventions", "Failure", "MuonConventions",
+    "ORTHO_MUON", "call_with_timeout",
     "TORCH_MUON", "VerificationReport", "check_optimizer", "check_orthogonalizer", "check_orthogonalizer_example",
     "default_examples", "dtype_name", "optimizer_inputs",
 ]
@@ -72,20 +75,67 @@ DEFAULT_SPECS = (
 )
 
 
-def default_examples(dtype="float32", seed: int = 0, batched: bool = True) -> list[SpectralExample]:
+def _batch_limit(batched: bool, max_batch_dims: int | None) -> int | None:
+    """The largest number of leading batch dims to feed: None (any), from ``max_batch_dims``
+    or ``batched`` (False: 0). Raises: ValueError naming max_batch_dims for a negative value."""
+    if max_batch_dims is not None:
+        if not (isinstance(max_batch_dims, int) and max_batch_dims >= 0):
+            raise ValueError(f"max_batch_dims: expected an integer >= 0 or None, got {max_batch_dims!r}")
+        return max_batch_dims if batched else 0
+    return None if batched else 0
+
+
+def default_examples(dtype="float32", seed: int = 0, batched: bool = True,
+                     max_batch_dims: int | None = None) -> list[SpectralExample]:
     """The inputs ``check_orthogonalizer`` uses by default (``DEFAULT_SPECS``), deterministic
     for a seed; example i is drawn with seed ``seed + i``. ``batched=False`` leaves out the
-    inputs with batch dimensions. Raises: TypeError for a dtype other than float64 / float32 /
-    bfloat16."""
+    inputs with batch dimensions; ``max_batch_dims=b`` those with more than b (1: a kernel that
+    takes (m, n) or (b, m, n) only). Raises: TypeError for a dtype other than float64 / float32 /
+    bfloat16; ValueError for a negative max_batch_dims."""
     name = _ns_dtype_name(dtype)
+    limit = _batch_limit(batched, max_batch_dims)
     return [build_example(kind, params, shape=shape, scale=MAX_SCALE[name] if scale == "max" else scale, dtype=name,
                           seed=seed + i) for i, (kind, params, shape, scale) in enumerate(DEFAULT_SPECS)
-            if batched or len(shape) == 2]
+            if limit is None or len(shape) - 2 <= limit]
+
+
+#: Default seconds one call of the checked kernel may take before ``check_orthogonalizer``
+#: fails the example (generous: a 37 × 16 float32 call takes well under a second on one core).
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def call_with_timeout(fn: Callable, x, timeout_s: float | None):
+    """``fn(x)`` in a daemon thread, waiting at most ``timeout_s`` seconds (None: no limit, in
+    this thread). Returns ("ok", value), ("raised", exception) or ("timeout", None); a call that
+    times out is abandoned (a thread cannot be killed; it ends with the process).
+    Raises: ValueError naming timeout_s when it is not positive."""
+    if timeout_s is None:
+        try:
+            return "ok", fn(x)
+        except Exception as err:  # reported as a failed check
+            return "raised", err
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s: expected > 0 or None, got {timeout_s!r}")
+    box: dict = {}
+
+    def run():
+        try:
+            box["ok"] = fn(x)
+        except Exception as err:  # reported as a failed check
+            box["raised"] = err
+
+    worker = threading.Thread(target=run, daemon=True, name="ortho-verify-example")
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        return "timeout", None
+    return ("ok", box["ok"]) if "ok" in box else ("raised", box.get("raised"))
 
 
 def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coefficients="jordan", dtype=None,
                                  steps: int | None = None, safety: float | None = None, eps: float | None = None,
-                                 eps_mode: str = "add", record: list | None = None) -> list[CheckResult]:
+                                 eps_mode: str = "add", record: list | None = None,
+                                 timeout_s: float | None = DEFAULT_TIMEOUT_S) -> list[CheckResult]:
     """Run ``fn`` on one ``SpectralExample`` and compare each matrix of the result with
     ``ortho_ref.ns_map`` (``ortho_verify.checks.compare_ns_output``), for use in hypothesis tests.
 
@@ -93,18 +143,24 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
     ``check_orthogonalizer``. Rows: ``orthogonalizer_runs`` (fn raised; on a batched input the
     note says so and points to ``batched=False``), ``input_unchanged`` (fn modified its input;
     tolerance 0), ``output_shape``, then per matrix ``ns_vs_ns_map``, ``spread_in_band`` (and
-    ``ns_projected_singular_values`` for bfloat16).
+    ``ns_projected_singular_values`` for bfloat16). ``timeout_s``: seconds fn may take
+    (``DEFAULT_TIMEOUT_S``; None: no limit); past it ``orthogonalizer_runs`` fails with "did not
+    return within ..." instead of hanging (``call_with_timeout``).
     Raises: TypeError for a dtype other than float64 / float32 / bfloat16.
     """
     name = _ns_dtype_name(example.dtype if dtype is None else dtype)
     table, safety, eps = table_and_normalization(coefficients, steps, safety, eps)
     x = example.tensor()
     pristine = x.clone()
-    try:
-        out = fn(x)
-    except Exception as err:  # a crash is a failed check, reported with its input
+    status, out = call_with_timeout(fn, x, timeout_s)
+    if status == "timeout":
+        return [with_cause(measured("orthogonalizer_runs", example.name, "fn(input)", math.inf, 0.0,
+                                    f"did not return within {timeout_s:g} s"),
+                           f"the kernel did not return within timeout_s = {timeout_s:g} s (a hang or an endless loop)")]
+    if status == "raised":  # a crash is a failed check, reported with its input
+        err = out
         hint = (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
-                "batched=False if your kernel is 2-D only") if x.ndim > 2 else ""
+                "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most") if x.ndim > 2 else ""
         return [measured("orthogonalizer_runs", example.name, "fn(input)", math.inf, 0.0, f"raised {err!r}{hint}")]
     rows = [measured("input_unchanged", example.name, "fn must not modify its input",
                      float((x.double() - pristine.double()).abs().max()), 0.0)]
@@ -121,37 +177,43 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
 def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.float32, steps: int | None = None,
                          safety: float | None = None, eps: float | None = None, eps_mode: str = "add",
                          examples: list[SpectralExample] | None = None, seed: int = 0,
-                         batched: bool = True) -> VerificationReport:
+                         batched: bool = True, max_batch_dims: int | None = None,
+                         timeout_s: float | None = DEFAULT_TIMEOUT_S) -> VerificationReport:
     """Check a Newton–Schulz function against the exact oracle.
 
     ``fn`` maps a (..., m, n) tensor to its Newton–Schulz result of the same shape (leading dims
     are independent matrices, each normalized by its own Frobenius norm). It is called on
     ``default_examples(dtype, seed)`` (every spectrum family of ``ortho_verify.strategies``, tall / wide
     / square / batched, scales 1e-30 to ``MAX_SCALE``, ‖G‖_F ≈ 1.6e-5 where eps matters; with
-    ``batched=False`` only the 2-D ones, for a kernel that takes one (m, n) matrix), given in
+    ``batched=False`` only the 2-D ones, for a kernel that takes one (m, n) matrix; with
+    ``max_batch_dims=1`` at most one batch dim, for a kernel that takes (m, n) or (b, m, n)), given in
     float64 when ``dtype`` is float64, else float32, and each output matrix is compared with ``ortho_ref.ns_map`` for the
     declared ``coefficients`` (a registry name or a (T, 3) table; ``steps`` truncates / extends
     it), normalization X₀ = G/(safety‖G‖_F + eps) (``eps_mode="clamp"``: /max(safety‖G‖_F, eps);
     defaults from the named schedule, else 1 and 1e-7) and compute ``dtype`` (float64, float32:
-    Frobenius ``ns_tolerance``; bfloat16: per-direction singular values).
+    Frobenius ``ns_tolerance``; bfloat16: per-direction singular values). ``timeout_s``: seconds
+    one call of ``fn`` may take (default ``DEFAULT_TIMEOUT_S``; None: no limit): a call past it
+    fails its example (``orthogonalizer_runs``, "did not return within ...") and the check goes on.
+    Failed rows carry a ``cause`` in words (``CheckResult.cause``, also at the head of the note).
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive, ``failures`` with
     reproducing inputs, ratios; bfloat16 rows whose tolerance admits the zero output make no claim).
     Raises: TypeError for a dtype other than float64 / float32 / bfloat16 (float16 included);
-    ValueError for an unknown schedule, a bad table, or no example left (``examples`` empty, or
-    only batched ones with ``batched=False``) — exceptions raised by ``fn`` are reported as failed
+    ValueError for an unknown schedule, a bad table, a negative ``max_batch_dims``, or no example
+    left (``examples`` empty, or only batched ones with ``batched=False``) — exceptions raised by ``fn`` are reported as failed
     checks instead.
     Source: the polynomial view of Newton–Schulz, Amsel et al. 2025 (arXiv 2505.16932), Sec. 2.
     """
     name = _ns_dtype_name(dtype)
     table_and_normalization(coefficients, steps, safety, eps)  # validate before running anything
-    examples = default_examples(name, seed, batched) if examples is None else \
-        [ex for ex in examples if batched or ex.matrix.ndim == 2]
+    limit = _batch_limit(batched, max_batch_dims)
+    examples = default_examples(name, seed, batched, max_batch_dims) if examples is None else \
+        [ex for ex in examples if limit is None or ex.matrix.ndim - 2 <= limit]
     if not examples:
         raise ValueError("examples: expected at least one SpectralExample (2-D when batched=False)")
     results, inputs = [], {}
     for ex in examples:
         rows = check_orthogonalizer_example(fn, ex, coefficients=coefficients, dtype=name, steps=steps, safety=safety,
-                                            eps=eps, eps_mode=eps_mode)
+                                            eps=eps, eps_mode=eps_mode, timeout_s=timeout_s)
         results += rows
         for case in ex.cases():  # the matrices fn received (rounded to the input dtype)
             inputs[case.name] = ({"input": case.matrix}, ex.provenance)

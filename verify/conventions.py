@@ -14,7 +14,7 @@ import torch
 import ortho_ref
 from ortho_verify import tolerances as tol
 
-__all__ = ["DION", "DionConventions", "MuonConventions", "ORTHO_MUON", "TORCH_MUON", "coarser_dtype", "dtype_name",
+__all__ = ["DION", "DION_ORIENTATIONS", "DionConventions", "MuonConventions", "ORTHO_MUON", "TORCH_MUON", "coarser_dtype", "dtype_name",
            "table_and_normalization"]
 
 _NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -53,6 +53,17 @@ def table_and_normalization(coefficients, steps, safety, eps) -> tuple[np.ndarra
     return table, 1.0 if safety is None else safety, 1e-7 if eps is None else eps
 
 
+#: Orientations of Dion's working matrix: "min_side" (the transpose when m < n, Q of shape
+#: (min(m, n), r): microsoft/dion, ortho_fast, the paper's Algorithm 1) or "never_transpose"
+#: (B as stored, Q of shape (n, r) for every matrix).
+DION_ORIENTATIONS = ("min_side", "never_transpose")
+
+
+def _choice(value, name: str, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class MuonConventions:
     """What a Muon-like optimizer computes, so that ``check_optimizer`` can build its reference.
@@ -61,12 +72,21 @@ class MuonConventions:
     "classic" (M ← μM + G; microsoft/dion, Moonlight); nesterov: U = mix of G and M as
     ``ortho_ref.muon_step``; coefficients: schedule name or (T, 3) table, ns_steps, safety, eps,
     eps_mode ("add": /(s‖U‖_F + eps), "clamp": /max(s‖U‖_F, eps) as torch.optim.Muon);
-    adjust_lr: "original" √max(1, m/n) | "match_rms_adamw" 0.2√max(m, n) | "spectral_norm" √(m/n)
-    | None; ns_dtype: the dtype the Newton–Schulz iteration runs in; momentum_state_key: the
-    ``optimizer.state[p]`` key of the momentum buffer (None if it has none: the reference then
-    tracks its own); hyperparameter_names: constructor keyword for each of lr, momentum,
-    weight_decay; extra_kwargs: further constructor keywords.
+    adjust_lr: any mode of ``ortho_ref.muon.ADJUST_LR_MODES`` — "original" √max(1, m/n) |
+    "match_rms_adamw" 0.2√max(m, n) | "spectral_norm" √(m/n) | None, and Megatron /
+    Emerging-Optimizers' names "shape_scaling" (= "original"), "spectral" √max(m, n),
+    "unit_rms_norm" (= "spectral_norm"); extra_scale_factor: a further constant factor on the
+    update (Megatron's ``extra_scale_factor``; 0.2 with "spectral" is Moonlight's scale);
+    cautious_weight_decay: decay only where sign(O)·sign(W) ≥ 0 (Chen et al. 2025, arXiv
+    2510.12402; nanochat); ns_dtype: the dtype the Newton–Schulz iteration runs in;
+    momentum_state_key: the ``optimizer.state[p]`` key of the momentum buffer (None if it has
+    none: the reference then tracks its own); hyperparameter_names: constructor keyword for each
+    of lr, momentum, weight_decay; extra_kwargs: further constructor keywords.
     Weight decay is decoupled, W ← W(1 − lr·wd) with the unscaled lr (torch, dion, Moonlight).
+    The names other libraries use for these options are tabled in docs/verification.md,
+    "Conventions: names in other libraries".
+    Raises: ValueError naming the field for an unknown momentum_style, eps_mode or adjust_lr, or
+    extra_scale_factor <= 0.
     """
 
     momentum_style: str = "ema"
@@ -82,15 +102,35 @@ class MuonConventions:
     hyperparameter_names: dict = field(default_factory=lambda: {"lr": "lr", "momentum": "momentum",
                                                                 "weight_decay": "weight_decay"})
     extra_kwargs: dict = field(default_factory=dict)
+    extra_scale_factor: float = 1.0
+    cautious_weight_decay: bool = False
+
+    def __post_init__(self) -> None:
+        _choice(self.momentum_style, "momentum_style", ("ema", "classic"))
+        _choice(self.eps_mode, "eps_mode", ("add", "clamp"))
+        _choice(self.adjust_lr, "adjust_lr", ortho_ref.muon.ADJUST_LR_MODES)
+        if not self.extra_scale_factor > 0:
+            raise ValueError(f"extra_scale_factor: expected > 0, got {self.extra_scale_factor!r}")
 
 
 @dataclass(frozen=True)
 class DionConventions:
     """What a Dion-like optimizer computes (Ahn et al., arXiv 2504.05295, Algorithm 1, as
     ``ortho_ref.dion_step``): error_feedback (M ← B − (1−μ)PRᵀ, else μPRᵀ), epsilon of the
-    column normalization, power_iters; the ``optimizer.state[p]`` keys of the momentum (m, n)
-    and the right factor Q (min(m, n), r); constructor keywords for lr, momentum (μ) and
-    weight_decay, and extra_kwargs. The update is −lr·√(m/n)·PQᵀ with decoupled weight decay."""
+    column normalization, power_iters; qr_method (``ortho_ref.QR_METHODS``: "householder",
+    "cholesky_qr" = CholeskyQR2, "randomized_cholesky_qr" = microsoft/dion's "rcqr", whose
+    sketches the reference draws itself: the tolerance then takes the reference's sketch) and
+    right_factor ("column_norm" or Orth-Dion's "qr"); orthonormalize_dtype: the dtype Y = BQ, its
+    QR and P are computed in when it differs from the state's (e.g. torch.float32 for float64
+    parameters; None: the momentum's dtype); orientation: "min_side" (the transpose when m < n,
+    Q (min(m, n), r)) or "never_transpose" (Q (n, r) for every matrix); the ``optimizer.state[p]``
+    keys of the momentum (m, n) and the right factor Q; constructor keywords for lr, momentum (μ)
+    and weight_decay, and extra_kwargs. The update is −lr·√(m/n)·PQᵀ with decoupled weight decay.
+    Column signs of P and Q need no declaration: the comparison is gauge-invariant
+    (docs/verification.md, "Gauge invariance").
+    Raises: ValueError naming the field for an unknown qr_method, right_factor or orientation,
+    or power_iters < 1.
+    """
 
     error_feedback: bool = True
     epsilon: float = 1e-8
@@ -100,6 +140,19 @@ class DionConventions:
     hyperparameter_names: dict = field(default_factory=lambda: {"lr": "lr", "momentum": "mu",
                                                                 "weight_decay": "weight_decay"})
     extra_kwargs: dict = field(default_factory=dict)
+    qr_method: str = "householder"
+    right_factor: str = "column_norm"
+    orthonormalize_dtype: torch.dtype | None = None
+    orientation: str = "min_side"
+
+    def __post_init__(self) -> None:
+        _choice(self.qr_method, "qr_method", ortho_ref.QR_METHODS)
+        _choice(self.right_factor, "right_factor", ortho_ref.RIGHT_FACTORS)
+        _choice(self.orientation, "orientation", DION_ORIENTATIONS)
+        if not (isinstance(self.power_iters, int) and self.power_iters >= 1):
+            raise ValueError(f"power_iters: expected an integer >= 1, got {self.power_iters!r}")
+        if self.orthonormalize_dtype is not None:
+            dtype_name(self.orthonormalize_dtype, argument="orthonormalize_dtype")
 
 
 #: torch.optim.Muon's own conventions (defaults: EMA momentum, Nesterov, Keller Jordan's

@@ -6,6 +6,8 @@ Public entry point: ``ortho_verify.check_optimizer`` (``ortho_verify.api`` re-ex
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -14,7 +16,8 @@ import ortho_ref
 from ortho_verify import error_feedback
 from ortho_verify import tolerances as tol
 from ortho_verify.arrays import as_float64 as _as_f64
-from ortho_verify.checks.dion import dion_reference_rows
+from ortho_verify.checks.dion import dion_reference_rows, never_transposed_dion_step
+from ortho_verify.checks.diagnoses import momentum_cause, with_cause
 from ortho_verify.checks.newton_schulz import compare_ns_output
 from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, coarser_dtype,
                                       dtype_name, table_and_normalization)
@@ -123,55 +126,132 @@ def _state(opt, p, key: str) -> np.ndarray:
     return _as_f64(state[key])
 
 
+def _shape_row(name: str, key: str, value: np.ndarray, expected: tuple) -> list:
+    """A failing ``optimizer_state`` row when a state buffer has an unexpected shape (empty if it
+    has the expected one): the step is then not compared, and the check goes on."""
+    if tuple(np.shape(value)) == tuple(expected):
+        return []
+    return [with_cause(measured("optimizer_state", name, f"state[{key!r}] shape", math.inf, 0.0,
+                                f"state of an unexpected shape: {tuple(np.shape(value))}, expected {tuple(expected)}"),
+                       f"state of an unexpected shape: state[{key!r}] is {tuple(np.shape(value))} where the declared "
+                       f"conventions give {tuple(expected)} (another layout or orientation than declared)")]
+
+
 def _muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, lr, mu, wd, pdt, name):
     w_prev, state_prev = before
     key = conv.momentum_state_key
     m_prev = state_prev.get(key) if key else None
     if m_prev is None:
         m_prev = np.zeros_like(w_prev) if tracked is None else tracked
+    if key:
+        m_after = _state(opt, p, key)
+        bad = _shape_row(name, key, m_after, w_prev.shape) + _shape_row(name, key, m_prev, w_prev.shape)
+        if bad:
+            return bad, None
     table, safety, eps = table_and_normalization(conv.coefficients, conv.ns_steps, conv.safety, conv.eps)
     ref = ortho_ref.muon_step(w_prev, grad, m_prev, lr=lr, mu=mu, nesterov=conv.nesterov,
                               momentum_style=conv.momentum_style, coefficients=table, safety=safety, eps=eps,
-                              eps_mode=conv.eps_mode, adjust_lr=conv.adjust_lr, weight_decay=wd)
+                              eps_mode=conv.eps_mode, adjust_lr=conv.adjust_lr, weight_decay=wd,
+                              extra_scale_factor=conv.extra_scale_factor,
+                              cautious_weight_decay=conv.cautious_weight_decay)
     w_new = _as_f64(p)
     step = lr * ref.lr_scale
-    measured_update = (w_prev * (1 - lr * wd) - w_new) / step
     u = tol.unit_roundoff(pdt) + tol.U64
-    extra = 4 * u * (float(np.linalg.norm(w_prev)) + step * float(np.linalg.norm(ref.update))) / step
+    ns_dt = coarser_dtype(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt)
+    if conv.cautious_weight_decay:  # the reference's mask; entries where O_ref is within the NS tolerance of 0 may differ
+        decayed = w_prev - lr * wd * np.where(ref.update * w_prev >= 0, w_prev, 0.0)
+        sigma_hat = ortho_ref.normalized_singular_values(ref.ns_input, safety=safety, eps=eps, eps_mode=conv.eps_mode)
+        ns_tol = tol.ns_tolerance(sigma_hat, table, w_prev.shape, ns_dt)
+        ambiguous = tol.cautious_weight_decay_tolerance(w_prev, ref.update, ns_tol, lr, wd) / step
+    else:
+        decayed, ambiguous = w_prev * (1 - lr * wd), 0.0
+    measured_update = (decayed - w_new) / step
+    extra = 4 * u * (float(np.linalg.norm(w_prev)) + step * float(np.linalg.norm(ref.update))) / step + ambiguous
     rows = compare_ns_output(measured_update, ref.ns_input, table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
-                             dtype=coarser_dtype(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt),
-                             input_name=name,
+                             dtype=ns_dt, input_name=name,
                              detail=f"update (W(1-lr wd) - W_new)/(lr s), s = {ref.lr_scale:.4g}", extra=extra,
-                             prefix="muon_update/")
+                             prefix="muon_update/", lr_shape=w_prev.shape)
+    if not all(r.passed for r in rows) and np.all(np.isfinite(measured_update)):
+        rows = [with_cause(r, _update_cause(conv, r, measured_update, ref.update, w_prev, grad, m_prev, lr=lr, mu=mu,
+                                            wd=wd, table=table, safety=safety, eps=eps)) for r in rows]
+    elif not np.all(np.isfinite(w_new)):
+        rows = [with_cause(r, f"diverged at step {t + 1}: the weight has NaN or Inf") for r in rows]
     if key:
-        rows.append(measured("muon_momentum", name, f"state[{key!r}]", np.linalg.norm(_state(opt, p, key) - ref.momentum),
-                             tol.momentum_tolerance(float(np.linalg.norm(grad)), float(np.linalg.norm(m_prev)), pdt)))
+        m_tol = tol.momentum_tolerance(float(np.linalg.norm(grad)), float(np.linalg.norm(m_prev)), pdt)
+        row = measured("muon_momentum", name, f"state[{key!r}]", np.linalg.norm(m_after - ref.momentum), m_tol)
+        if not row.passed:
+            row = with_cause(row, momentum_cause(m_after, grad, m_prev, mu=mu, declared=conv.momentum_style,
+                                                 tolerance=m_tol))
+        rows.append(row)
     return rows, ref.momentum
+
+
+def _update_cause(conv: MuonConventions, row, measured_update, ref_update, w_prev, grad, m_prev, *, lr, mu, wd, table,
+                  safety, eps) -> str:
+    """The row's own cause, or which other momentum form (Nesterov on / off, EMA / classic) the
+    measured update matches: e.g. a dropped Nesterov term shows as a failing update while the
+    momentum buffer passes."""
+    for nesterov, style in ((not conv.nesterov, conv.momentum_style),
+                            (conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema"),
+                            (not conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema")):
+        alt = ortho_ref.muon_step(w_prev, grad, m_prev, lr=lr, mu=mu, nesterov=nesterov, momentum_style=style,
+                                  coefficients=table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
+                                  adjust_lr=conv.adjust_lr, weight_decay=wd, extra_scale_factor=conv.extra_scale_factor,
+                                  cautious_weight_decay=conv.cautious_weight_decay)
+        if np.linalg.norm(measured_update - alt.update) <= 0.1 * np.linalg.norm(measured_update - ref_update):
+            what = "the Nesterov term dropped" if conv.nesterov and not nesterov else \
+                "a Nesterov term added" if nesterov and not conv.nesterov else f"{style} momentum"
+            return (f"the update matches nesterov={nesterov}, momentum_style={style!r} ({what}) "
+                    f"where nesterov={conv.nesterov}, momentum_style={conv.momentum_style!r} is declared")
+    return row.cause
+
+
+def _dion_reference(conv: DionConventions, w_prev, grad, m_prev, q_prev, *, lr, mu, wd):
+    """The oracle's step for the declared conventions (orientation, QR method, right factor)."""
+    opts = dict(lr=lr, mu=mu, weight_decay=wd, epsilon=conv.epsilon, power_iters=conv.power_iters,
+                error_feedback=conv.error_feedback, qr_method=conv.qr_method, right_factor=conv.right_factor)
+    m, n = w_prev.shape
+    if conv.orientation == "never_transpose" and m < n:
+        return never_transposed_dion_step(w_prev, grad, m_prev, q_prev, **opts), None
+    rng = np.random.default_rng(0) if conv.qr_method == "randomized_cholesky_qr" else None
+    sketches = None
+    if rng is not None:  # the reference's own sketch, redrawn for the tolerance's κ(Y R_s⁻¹)
+        k = ortho_ref.sketch_rows(q_prev.shape[1])
+        rows = max(m, n)
+        sketches = [ortho_ref.gaussian_sketch(np.random.default_rng(0), k, rows)] * conv.power_iters if k < rows else None
+    return ortho_ref.dion_step(w_prev, grad, m_prev, q_prev, rng=rng, **opts), sketches
 
 
 def _dion_step_rows(opt, p, conv: DionConventions, before, grad, tracked, t, *, lr, mu, wd, pdt, name):
     w_prev, state_prev = before
-    if t == 0:  # Q_0 is the optimizer's own random draw: observable only after the first step
-        for key in (conv.momentum_state_key, conv.q_state_key):
-            _state(opt, p, key)  # the declared state exists (ValueError otherwise)
-        return [], None
+    m, n = w_prev.shape
+    q_rows = n if conv.orientation == "never_transpose" else min(m, n)
+    after = {key: _state(opt, p, key) for key in (conv.momentum_state_key, conv.q_state_key)}  # ValueError if absent
+    bad = _shape_row(name, conv.momentum_state_key, after[conv.momentum_state_key], (m, n))
+    bad += _shape_row(name, conv.q_state_key, after[conv.q_state_key], (q_rows, after[conv.q_state_key].shape[-1]))
+    if bad or t == 0:  # Q_0 is the optimizer's own random draw: observable only after the first step
+        return bad, None
     m_prev, q_prev = state_prev[conv.momentum_state_key], state_prev[conv.q_state_key]
     m_dt, q_dt = (dtype_name(opt.state[p][k].dtype, argument=f"optimizer.state[p][{k!r}]")
                   for k in (conv.momentum_state_key, conv.q_state_key))
-    ref = ortho_ref.dion_step(w_prev, grad, m_prev, q_prev, lr=lr, mu=mu, weight_decay=wd, epsilon=conv.epsilon,
-                              power_iters=conv.power_iters, error_feedback=conv.error_feedback)
+    if conv.orthonormalize_dtype is not None:  # Y, its QR and P in that dtype: the coarser of it and the state's
+        m_dt = coarser_dtype(m_dt, dtype_name(conv.orthonormalize_dtype, argument="conventions.orthonormalize_dtype"))
+    ref, sketches = _dion_reference(conv, w_prev, grad, m_prev, q_prev, lr=lr, mu=mu, wd=wd)
     # B, P, R in the momentum's dtype (microsoft/dion's mixed precision): float32 state with
     # bfloat16 parameters keeps P determined; bfloat16 state does not (δ_P ≈ 0.9).
     bounds = tol.dion_variant_tolerances(ref, q_prev, lr=lr, mu=mu, weight=w_prev, dtype=m_dt, param_dtype=pdt,
                                          q_dtype=q_dt, error_feedback=conv.error_feedback, epsilon=conv.epsilon,
-                                         power_iters=conv.power_iters, grad_norm=float(np.linalg.norm(grad)))
-    w_new, m_new, q_new = _as_f64(p), _state(opt, p, conv.momentum_state_key), _state(opt, p, conv.q_state_key)
+                                         power_iters=conv.power_iters, grad_norm=float(np.linalg.norm(grad)),
+                                         qr_method=conv.qr_method, right_factor=conv.right_factor, sketches=sketches)
+    w_new, m_new, q_new = _as_f64(p), after[conv.momentum_state_key], after[conv.q_state_key]
     detail = f"rank {q_prev.shape[1]}/{min(w_prev.shape)}/{pdt}" + (f" state {m_dt}" if m_dt != pdt else "")
     rows = dion_reference_rows(name, detail, ref, q_prev, w_prev, lr=lr, mu=mu, dtype=m_dt, bounds=bounds,
                                error_feedback=conv.error_feedback, weight=w_new, momentum=m_new, Q=q_new)
     # A comparison that was not made is said in the invariant rows' notes, not as a row of its own:
     # the invariants below are the evidence for such a step.
     note = "" if rows[0].claimed else f"reference not compared: {rows[0].note}"
+    if conv.orientation == "never_transpose" and m < n:  # the invariants assume the min-side orientation
+        return [r for r in rows if r.claimed], None
     invariants = error_feedback.observed_step_rows(
         name, detail, weight=w_prev, weight_new=w_new, momentum=m_prev, grad=grad, momentum_new=m_new, q_new=q_new,
         lr=lr, mu=mu, weight_decay=wd, dtype=coarser_dtype(pdt, m_dt, q_dt), error_feedback=conv.error_feedback, note=note)

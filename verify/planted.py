@@ -77,17 +77,20 @@ class SimpleMuon(torch.optim.Optimizer):
 
     Args: lr, momentum, weight_decay as torch.optim.Muon; ``orthogonalizer`` maps (m, n) ->
     (m, n) (default ``newton_schulz_kernel`` in float32); ``adjust_lr`` as ortho_fast.Muon.
+    Planted-bug switches: ``nesterov=False`` (the Nesterov term dropped while Nesterov is
+    declared), ``normalize_buffer_in_place`` (the momentum buffer divided by its norm in place).
     State: ``momentum_buffer``. Source: Jordan et al. 2024 (Muon); torch.optim.Muon.
     Raises: ValueError for non-2-D parameters (at construction).
     """
 
     def __init__(self, params: Iterable, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.1, *,
-                 orthogonalizer: Callable | None = None, adjust_lr: str | None = "original") -> None:
+                 orthogonalizer: Callable | None = None, adjust_lr: str | None = "original", nesterov: bool = True,
+                 normalize_buffer_in_place: bool = False) -> None:
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
         if any(p.ndim != 2 for group in self.param_groups for p in group["params"]):
             raise ValueError("params: SimpleMuon expects 2-D (m, n) parameters")
         self.orthogonalizer = orthogonalizer or newton_schulz_kernel
-        self.adjust_lr = adjust_lr
+        self.adjust_lr, self.nesterov, self.normalize_buffer_in_place = adjust_lr, nesterov, normalize_buffer_in_place
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -99,7 +102,9 @@ class SimpleMuon(torch.optim.Optimizer):
                     continue
                 buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
                 buf.lerp_(p.grad, 1 - mu)
-                o = self.orthogonalizer(p.grad.lerp(buf, mu))
+                if self.normalize_buffer_in_place:  # planted: the stored buffer is normalized in place
+                    buf.div_(torch.linalg.vector_norm(buf))
+                o = self.orthogonalizer(p.grad.lerp(buf, mu) if self.nesterov else buf)
                 p.mul_(1 - lr * wd).add_(o, alpha=-lr * ortho_fast.adjusted_lr_scale(self.adjust_lr, *p.shape))
 
 

@@ -31,7 +31,8 @@ class CheckResult:
     reject a wrong result (infinite, or admitting the zero output); such a row passed vacuously,
     its ``status`` is "no claim" and reports count it apart (``verdict``). A failed row is always
     claimed. ``extra``: optional named measurements shown in the report (e.g. the fraction of the
-    gradient lost without error feedback); they change no verdict.
+    gradient lost without error feedback); they change no verdict. ``cause``: for a failed row,
+    the likely cause in words (``ortho_verify.checks.diagnoses``), empty when none is known.
     """
 
     check: str
@@ -43,6 +44,7 @@ class CheckResult:
     note: str = ""
     extra: dict = field(default_factory=dict)
     claimed: bool = True
+    cause: str = ""
 
     @property
     def ratio(self) -> float:

@@ -16,10 +16,11 @@ import ortho_ref
 from ortho_verify import error_feedback, registry
 from ortho_verify import tolerances as tol
 from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, rounded
+from ortho_verify.checks.gauge import align_column_signs
 from ortho_verify.results import CheckResult, measured, no_claim
 from ortho_verify.spectra import MatrixCase
 
-__all__ = ["DION_VARIANTS", "check_dion", "dion_reference_rows", "dion_sketches"]
+__all__ = ["DION_VARIANTS", "check_dion", "dion_reference_rows", "dion_sketches", "never_transposed_dion_step"]
 
 def dion_reference_rows(name: str, detail: str, ref: "ortho_ref.DionStep", q_in: np.ndarray, w_in: np.ndarray, *,
                         lr: float, mu: float, dtype: str, weight, momentum, Q, error_feedback: bool = True,
@@ -28,16 +29,30 @@ def dion_reference_rows(name: str, detail: str, ref: "ortho_ref.DionStep", q_in:
     orientation; Q (min(m, n), r)) against ``ref`` = ``ortho_ref.dion_step`` from ``w_in`` and
     ``q_in``, within ``bounds`` (default ``dion_tolerances``; or ``dion_variant_tolerances`` for
     the step's options); one "no claim" row (``no_claim``) when κ₂(BQ) is too large for the
-    dtype (P is then not determined by B, and is not compared)."""
+    dtype (P is then not determined by B, and is not compared).
+
+    Gauge: P is determined only up to its column signs (a QR that leaves them free is correct),
+    and Q's columns flip with P's; the weight and the momentum (B − (1 − μ)PRᵀ, i.e. P Rᵀ) do not
+    depend on them and are compared as they are, Q after ``align_column_signs`` (the note says
+    how many columns were flipped). docs/verification.md, "Gauge invariance".
+    """
     if bounds is None:
         bounds = tol.dion_tolerances(ref, q_in, lr=lr, mu=mu, weight=w_in, dtype=dtype, error_feedback=error_feedback)
     if not bounds["well_posed"]:
         return [no_claim(check, name, detail, f"ill-posed: kappa(BQ) = {bounds['kappa']:.2e}, P not determined by "
                                               f"B in {dtype}; not compared")]
-    return [measured(check, name, f"{detail} {key}", np.linalg.norm(fast - ref_val), bounds[key],
-                     f"kappa(BQ) = {bounds['kappa']:.2e}")
-            for key, fast, ref_val in (("weight", weight, ref.weight), ("momentum", momentum, ref.momentum),
-                                       ("Q", Q, ref.Q))]
+    note = f"kappa(BQ) = {bounds['kappa']:.2e}"
+    q_aligned, flipped = align_column_signs(Q, ref.Q) if np.shape(Q) == ref.Q.shape else (Q, 0)
+    if np.shape(Q) != ref.Q.shape:
+        return [measured(check, name, f"{detail} {key}", np.linalg.norm(fast - ref_val), bounds[key], note)
+                for key, fast, ref_val in (("weight", weight, ref.weight), ("momentum", momentum, ref.momentum))] + [
+            measured(check, name, f"{detail} Q", np.inf, bounds["Q"],
+                     f"Q of shape {np.shape(Q)}, expected {ref.Q.shape} (min(m, n), r): declare the orientation "
+                     "(DionConventions(orientation=...))")]
+    return [measured(check, name, f"{detail} {key}", np.linalg.norm(fast - ref_val), bounds[key], extra_note)
+            for key, fast, ref_val, extra_note in (
+                ("weight", weight, ref.weight, note), ("momentum", momentum, ref.momentum, note + "; = P R^T, gauge-free"),
+                ("Q", q_aligned, ref.Q, note + f"; up to column signs ({flipped} of {ref.Q.shape[1]} flipped)"))]
 
 
 #: Dion options checked by ``check_dion(..., variant=...)``: the QR methods (microsoft/dion's
@@ -119,3 +134,37 @@ def check_dion(case: MatrixCase, rank_fraction: float, dtype: str, variant: str 
     detail = f"{variant or 'default'} {detail}" + (f" state {sdt_name}" if state_dtype else "")
     return dion_reference_rows(case.name, detail, ref, q0, w0, lr=lr, mu=mu, dtype=sdt_name, bounds=bounds,
                                check="dion_variant_vs_reference", **fast)
+
+
+def never_transposed_dion_step(weight: np.ndarray, grad: np.ndarray, momentum: np.ndarray, Q: np.ndarray, *,
+                               lr: float, mu: float = 0.95, weight_decay: float = 0.0, epsilon: float = 1e-8,
+                               power_iters: int = 1, error_feedback: bool = True, qr_method: str = "householder",
+                               right_factor: str = "column_norm") -> "ortho_ref.DionStep":
+    """``ortho_ref.dion_step`` for a Dion that never transposes: B = M + G as stored, for wide
+    matrices too, so Q has shape (n, r) and P (m, r) for every (m, n). Built from the oracle's
+    public pieces (``ortho_ref.orthonormalize``, ``ortho_ref.dion_right_factor``), float64:
+    P = orth(B Q) (power_iters > 1: Q ← right factor of BᵀP between), R = BᵀP, M = B − (1 − μ)PRᵀ
+    (or μPRᵀ), Q = right factor of R, X = (1 − lr·wd)X − lr·√(m/n)·PQᵀ.
+    Shapes: weight, grad, momentum (m, n); Q (n, r) -> ``ortho_ref.DionStep`` with B (m, n),
+    P (m, r), R and Q (n, r). Source: Ahn et al., arXiv 2504.05295, Algorithm 1.
+    Raises: ValueError for a Q whose row count is not n, or a randomized qr_method (its sketch
+    is drawn for the min-side orientation).
+    """
+    w, b = np.asarray(weight, dtype=np.float64), np.asarray(momentum, dtype=np.float64) + np.asarray(grad, np.float64)
+    q = np.asarray(Q, dtype=np.float64)
+    m, n = b.shape
+    if q.ndim != 2 or q.shape[0] != n:
+        raise ValueError(f"Q: expected shape (n, r) = ({n}, r) for a never-transposed Dion, got {q.shape}")
+    if qr_method == "randomized_cholesky_qr":
+        raise ValueError("qr_method: randomized_cholesky_qr is compared in the min-side orientation only")
+    scale = math.sqrt(m / n)
+    if not np.any(b):
+        z = np.zeros((m, q.shape[1]))
+        return ortho_ref.DionStep(w * (1 - lr * weight_decay), b, q, z, np.zeros_like(q), b, scale)
+    for t in range(power_iters):
+        p = ortho_ref.orthonormalize(b @ q, qr_method)
+        r_mat = b.T @ p
+        q = ortho_ref.dion_right_factor(r_mat, right_factor, epsilon)
+    pr = p @ r_mat.T
+    mom = b - (1 - mu) * pr if error_feedback else mu * pr
+    return ortho_ref.DionStep(w * (1 - lr * weight_decay) - lr * scale * (p @ q.T), mom, q, p, r_mat, b, scale)

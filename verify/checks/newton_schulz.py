@@ -17,6 +17,7 @@ import ortho_fast
 import ortho_ref
 from ortho_verify import tolerances as tol
 from ortho_verify.arrays import TORCH_DTYPES
+from ortho_verify.checks.diagnoses import ns_output_cause, with_cause
 from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import MatrixCase
 
@@ -73,7 +74,8 @@ def _envelope_row(check: str, input_name: str, detail: str, values: np.ndarray, 
 
 def compare_ns_output(fast: np.ndarray, a: np.ndarray, table, *, safety: float, eps: float, dtype: str,
                       input_name: str, detail: str, eps_mode: str = "add", extra: float = 0.0, svd=None,
-                      record: list | None = None, prefix: str = "") -> list[CheckResult]:
+                      record: list | None = None, prefix: str = "",
+                      lr_shape: tuple[int, int] | None = None) -> list[CheckResult]:
     """Judge a computed Newton–Schulz result ``fast`` of the input ``a`` against the oracle.
 
     float32/float64: (a) ‖fast − ns_map(a)‖_F ≤ ``ns_tolerance`` + ``extra``; (b) spread: every
@@ -94,7 +96,20 @@ def compare_ns_output(fast: np.ndarray, a: np.ndarray, table, *, safety: float, 
     (the points of the singular-value map); ``prefix`` is prepended to the check names.
     Returns: CheckResult rows ``ns_vs_ns_map``, ``ns_projected_singular_values`` (bfloat16)
     and ``spread_in_band``; a non-finite or mis-shaped ``fast`` fails both with error inf.
+    Failed rows carry a ``cause`` (``ortho_verify.checks.diagnoses.ns_output_cause``; ``lr_shape``
+    (m, n) when ``fast`` is an update recovered by dividing by an lr scale, to name a scale mix-up).
     """
+    rows = _compare_rows(fast, a, table, safety=safety, eps=eps, dtype=dtype, input_name=input_name, detail=detail,
+                         eps_mode=eps_mode, extra=extra, svd=svd, record=record, prefix=prefix)
+    if all(r.passed for r in rows) or fast.shape != a.shape:
+        return rows
+    cause = ns_output_cause(fast, a, table, safety=safety, eps=eps, eps_mode=eps_mode,
+                            tolerance=rows[0].tolerance if math.isfinite(rows[0].tolerance) else 0.0, lr_shape=lr_shape)
+    return [with_cause(r, cause) for r in rows]
+
+
+def _compare_rows(fast, a, table, *, safety, eps, dtype, input_name, detail, eps_mode, extra, svd, record, prefix):
+    """The rows of ``compare_ns_output`` before diagnosis."""
     names = [prefix + "ns_vs_ns_map", prefix + "spread_in_band"]
     if fast.shape != a.shape or not np.all(np.isfinite(fast)):
         why = f"output shape {fast.shape} != input shape {a.shape}" if fast.shape != a.shape else \

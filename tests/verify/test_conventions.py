@@ -1,0 +1,54 @@
+"""Conventions (issue 13, point 2): every option of ortho_fast's Muon expressible in
+MuonConventions (extra_scale_factor, cautious weight decay, √max(m, n) scaling), bad
+declarations rejected by name, and kernels limited to (b, m, n) checked with max_batch_dims."""
+
+import functools
+
+import pytest
+import torch
+
+import ortho_fast
+from ortho_verify import DionConventions, MuonConventions, check_optimizer, check_orthogonalizer
+from ortho_verify.api import default_examples
+from ortho_verify.planted import newton_schulz_kernel
+
+
+@pytest.mark.parametrize("options, conventions", [
+    (dict(adjust_lr="spectral", extra_scale_factor=0.2), dict(adjust_lr="spectral", extra_scale_factor=0.2)),
+    (dict(cautious_weight_decay=True), dict(cautious_weight_decay=True)),
+], ids=["spectral-with-extra-scale-factor", "cautious-weight-decay"])
+def test_muon_options_are_expressible_and_required(options, conventions):
+    opt = functools.partial(ortho_fast.Muon, dtype=torch.float32, eps_mode="clamp", **options)
+    report = check_optimizer(opt, MuonConventions(ns_dtype=torch.float32, eps_mode="clamp", **conventions))
+    assert report.passed, report.summary()
+    undeclared = check_optimizer(opt, MuonConventions(ns_dtype=torch.float32, eps_mode="clamp"))
+    assert undeclared.status == "failed"
+
+
+@pytest.mark.parametrize("cls, kwargs, field", [
+    (MuonConventions, {"adjust_lr": "rms"}, "adjust_lr"),
+    (MuonConventions, {"momentum_style": "heavy_ball"}, "momentum_style"),
+    (MuonConventions, {"extra_scale_factor": 0.0}, "extra_scale_factor"),
+    (DionConventions, {"qr_method": "rcqr"}, "qr_method"),
+    (DionConventions, {"orientation": "wide"}, "orientation"),
+    (DionConventions, {"power_iters": 0}, "power_iters"),
+    (DionConventions, {"orthonormalize_dtype": torch.int8}, "orthonormalize_dtype"),
+])
+def test_bad_declarations_name_the_field(cls, kwargs, field):
+    with pytest.raises((ValueError, TypeError), match=field):
+        cls(**kwargs)
+
+
+def test_max_batch_dims_for_kernels_taking_at_most_three_dims():
+    def kernel_3d(g):  # takes (m, n) or (b, m, n) only
+        assert g.ndim <= 3, "expected at most 3-D"
+        return newton_schulz_kernel(g)
+
+    shapes = {ex.matrix.ndim for ex in default_examples(max_batch_dims=1)}
+    assert shapes == {2, 3}
+    assert not check_orthogonalizer(kernel_3d, dtype=torch.float32).passed
+    report = check_orthogonalizer(kernel_3d, dtype=torch.float32, max_batch_dims=1)
+    assert report.passed, report.summary()
+    assert {ex.matrix.ndim for ex in default_examples(batched=False, max_batch_dims=1)} == {2}
+    with pytest.raises(ValueError, match="max_batch_dims"):
+        check_orthogonalizer(kernel_3d, max_batch_dims=-1)
