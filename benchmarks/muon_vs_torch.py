@@ -5,9 +5,11 @@ down projections) for a few widths, so the step sees many shapes. Both optimizer
 torch.optim.Muon's defaults (ours with ``eps_mode="clamp"``, the bit-identical setting) on
 identical parameters and gradients, timed one right after the other. ``banks=True``
 (same-shape matrices stacked into one batched Newton–Schulz call; not bit-identical to
-torch, within the Newton–Schulz tolerance) is timed in the same run.
+torch, within the Newton–Schulz tolerance) is timed in the same run, and so are
+``check_finite=False`` (no device read in the step) and, with ``--compile``, the step compiled
+with ``torch.compile(fullgraph=True)`` (inductor; ``check_finite=False``, which a full graph needs).
 
-Run: python benchmarks/muon_vs_torch.py [--quick] [--min-run-time S] [--threads N]
+Run: python benchmarks/muon_vs_torch.py [--quick] [--compile] [--min-run-time S] [--threads N]
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ def make_params(shapes) -> list[torch.Tensor]:
 
 
 def main() -> None:
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    cli = parser(__doc__.splitlines()[0])
+    cli.add_argument("--compile", action="store_true", help="also time the torch.compile'd step (inductor)")
+    args = cli.parse_args()
     setup(args)
     configs = [(128, 4), (256, 4)] if args.quick else [(128, 4), (256, 4), (512, 4), (768, 2)]
     rows = []
@@ -46,14 +50,21 @@ def main() -> None:
         theirs = torch.optim.Muon(make_params(shapes), lr=0.02)
         t_ours = median_seconds(ours.step, args.min_run_time)
         t_banks = median_seconds(banked.step, args.min_run_time)
+        unchecked = Muon(make_params(shapes), lr=0.02, eps_mode="clamp", check_finite=False)
+        t_unchecked = median_seconds(unchecked.step, args.min_run_time)
         t_torch = median_seconds(theirs.step, args.min_run_time)
-        n_params = sum(m * n for m, n in shapes)
-        rows.append([f"d={d_model}, L={n_layers}", str(len(shapes)), f"{n_params / 1e6:.2f}M",
-                     f"{t_ours * 1e3:.1f}", f"{t_banks * 1e3:.1f}", f"{t_torch * 1e3:.1f}",
-                     f"{t_ours / t_torch:.2f}", f"{t_banks / t_torch:.2f}"])
+        row = [f"d={d_model}, L={n_layers}", str(len(shapes)), f"{t_ours * 1e3:.1f}", f"{t_torch * 1e3:.1f}",
+               f"{t_ours / t_torch:.2f}", f"{t_banks / t_torch:.2f}", f"{t_unchecked / t_torch:.2f}"]
+        if args.compile:
+            compiled = Muon(make_params(shapes), lr=0.02, eps_mode="clamp", check_finite=False)
+            step = torch.compile(compiled.step, fullgraph=True)
+            step()
+            step()  # the second call compiles again once the state exists
+            row.append(f"{median_seconds(step, args.min_run_time) / t_torch:.2f}")
+        rows.append(row)
     print_table("ortho_fast.Muon.step vs torch.optim.Muon.step (torch defaults, bf16 Newton–Schulz)",
-                ["model", "matrices", "params", "ours ms", "banks ms", "torch ms", "ours / torch",
-                 "banks / torch"], rows)
+                ["model", "matrices", "ours ms", "torch ms", "ours / torch", "banks / torch",
+                 "no check / torch", *(["compiled / torch"] if args.compile else [])], rows)
 
 
 if __name__ == "__main__":
