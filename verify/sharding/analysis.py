@@ -83,6 +83,11 @@ def _cause(plan, i: int, runs: list[dict], reference: dict, conventions, tol: fl
     if spread > 0:
         causes.append(f"the ranks hold different full weights (up to {spread:.1e} apart): a broadcast or reduction "
                       "that reaches only some ranks")
+    shapes = {r["rank"]: {k: tuple(v.shape) for k, v in r["state"][i].items()} for r in runs}
+    if len({repr(s) for s in shapes.values()}) > 1:
+        per_rank = ", ".join(f"rank {k}: {v}" for k, v in shapes.items())
+        causes.append(f"the ranks hold state of different shapes ({per_rank}): a choice made per rank from its own "
+                      "shard (e.g. the orientation from the local shard's shape)")
     orient = _orientation(plan, i, run, reference, conventions, tol)
     if orient:
         causes.append(orient)
@@ -93,7 +98,7 @@ def _cause(plan, i: int, runs: list[dict], reference: dict, conventions, tol: fl
     if first_bad is not None and not orient:
         old = plan_initial(plan, i) if first_bad == 0 else reference["weights"][first_bad - 1][i]
         moved = moved_fraction(run["weights"][first_bad][i], old, reference["weights"][first_bad][i])
-        if moved < 0.1:
+        if moved < 0.3:
             causes.append(f"the update did not arrive: step {first_bad + 1} moved the weights {moved:.2f} of the "
                           "one-process step (a result computed on another rank never reached this one?)")
     return "; ".join(causes)

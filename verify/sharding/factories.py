@@ -22,12 +22,9 @@ def dion_factory(params, layout):
 
 
 def muon_factory(params, layout):
-    """``ortho_fast.Muon`` with ``MUON_OPTIONS``: ``distributed_mesh`` the outer shard mesh (FSDP)
-    or the replicate mesh (DDP), ``tp_mesh`` the inner shard mesh (TP "duplicated"). None (not
-    supported) for a replicate mesh beside a shard mesh (HSDP): ortho_fast.Muon takes one
-    data-parallel mesh."""
+    """``ortho_fast.Muon`` with ``MUON_OPTIONS``: ``distributed_mesh`` the outer shard mesh (FSDP,
+    HSDP: every replica computes the same update) or the replicate mesh (DDP), ``tp_mesh`` the
+    inner shard mesh (TP "duplicated")."""
     if layout is None:
         return ortho_fast.Muon(params, **MUON_OPTIONS)
-    if layout.replicate_mesh is not None and layout.outer_shard_mesh is not None:
-        return None
     return ortho_fast.Muon(params, **MUON_OPTIONS, distributed_mesh=layout.shard_mesh, tp_mesh=layout.inner_shard_mesh)
