@@ -112,6 +112,21 @@ def _shapes(shapes) -> tuple[tuple[str, tuple[int, int]], ...]:
     return tuple(out)
 
 
+def _select(world_size: int, names) -> list:
+    """Layouts of ``SHARDED_LAYOUTS`` fitting ``world_size``; a name equal to a layout's (case
+    aside) selects that layout alone, any other selects every layout containing it."""
+    fit = layouts_for(world_size, catalogue=SHARDED_LAYOUTS)
+    if names is None:
+        return fit
+    if isinstance(names, str):
+        names = [names]
+    wanted = {n.lower() for n in names}
+    exact = {lay.name.lower() for lay, _ in fit} & wanted
+    loose = wanted - exact
+    return [(lay, shape) for lay, shape in fit
+            if lay.name.lower() in exact or any(n in lay.name.lower() for n in loose)]
+
+
 def _last_line(err: BaseException) -> str:
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
     return lines[-1] if lines else type(err).__name__
@@ -168,8 +183,8 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
     Each parameter (m, n) of ``shapes`` (default ``DEFAULT_SHARDED_SHAPES``) starts from the same
     seeded full tensor in ``dtype`` (float64 or float32) and gets the same gradients on every rank
     (``ortho_verify.sharding.initial_weight`` / ``gradient``) for ``steps`` steps.
-    ``layouts``: names (substrings, case-insensitive) of ``SHARDED_LAYOUTS`` entries that fit
-    ``world_size``. ``conventions``: ``MuonConventions`` / ``DionConventions``: the one-process run is
+    ``layouts``: names of ``SHARDED_LAYOUTS`` entries that fit ``world_size`` (case-insensitive;
+    a full name selects that layout alone, a part of a name every layout containing it). ``conventions``: ``MuonConventions`` / ``DionConventions``: the one-process run is
     also checked against the oracle (``check_optimizer``, hyperparameters from its param group),
     and a Dion's disagreement is replayed in both orientations (``ortho_verify.sharding.diagnosis``).
     Each layout runs as its own launch of ``world_size`` forked gloo workers on CPU (killed after
@@ -203,7 +218,7 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             dist.init_process_group(backend)
         world_size = dist.get_world_size()
-    chosen = layouts_for(world_size, layouts, catalogue=SHARDED_LAYOUTS)
+    chosen = _select(world_size, layouts)
     if not chosen:
         raise ValueError(f"layouts: no layout matches {list(layouts or [])} at world size {world_size}")
     tol = sharded_tolerance(name)

@@ -93,6 +93,20 @@ def _check_placed(params: list, placements, step: int, shapes) -> None:
                              f"expected {list(placements)}")
 
 
+def _check_holds(opt, params: list, placements) -> None:
+    """Raise ValueError if the optimizer holds plain tensors where the layout gave DTensors (or
+    tensors other than the parameters given: it would step copies, never the model's weights)."""
+    given = {id(p) for p in params}
+    held = [q for group in getattr(opt, "param_groups", []) for q in group.get("params", [])]
+    for j, q in enumerate(held):
+        if id(q) not in given:
+            kind = "a plain tensor" if placements is not None and not is_dtensor(q) else "a tensor"
+            raise ValueError(f"the optimizer holds {kind} {type(q).__name__}{tuple(q.shape)} (param_groups params "
+                             f"[{j}]) that is not one of the parameters given"
+                             + (f" (DTensors with placements {list(placements)})" if placements is not None else "")
+                             + ": it steps copies, not the model's weights")
+
+
 def layout_rank_run(rank: int, world_size: int, plan: FactoryPlan) -> dict:
     """Step ``plan.factory`` on this rank's view of the layout; returns (on every rank) the full
     weights per step ("weights"), the assembled state after step 1 and at the end, the
@@ -119,6 +133,7 @@ def layout_rank_run(rank: int, world_size: int, plan: FactoryPlan) -> dict:
     if opt is None:
         return {"unsupported": True}
     _checked_optimizer(opt, f"layout {lay.name!r}")
+    _check_holds(opt, params, view.placements)
     weights, local_grads, first = [], [], None
     for t in range(plan.steps):
         for i, (p, (_, s)) in enumerate(zip(params, plan.shapes)):
