@@ -80,6 +80,8 @@ class ShardedReport(VerificationReport):
                 size = "" if d["shape"] is None else (f": rel. diff {d['worst']:.2e} (bound {d['bound']:.0e}"
                                                        + (f", from step {d['step']})" if d["step"] else ")"))
                 lines.append(f"  {what}{size} — {d['cause']}")
+            if len(self.disagreements) > max_rows * 2:
+                lines.append(f"  ... and {len(self.disagreements) - max_rows * 2} more (report.disagreements)")
         lines += [f"pattern: {p}" for p in self.patterns]
         return "\n".join(lines + [super().summary(max_rows)])
 

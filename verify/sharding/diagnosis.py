@@ -62,6 +62,9 @@ FEATURES = {
     "inner": ("an inner shard mesh (TP)", "a reduction or gather over the inner shard mesh is missing or wrong"),
     "dim0": ("rows sharded (Shard(0))", "a choice made from the sharded dim (e.g. Dion's orientation) or a "
                                         "missing reduction over sharded rows"),
+    "outer_dim0": ("rows sharded over the outer shard mesh (FSDP Shard(0))",
+                   "a choice made from the outer shard placement (e.g. Dion transposed whenever the outer shard "
+                   "is dim 0) or a missing reduction over the outer shard mesh"),
     "dim1": ("columns sharded (Shard(1))", "a choice made from the sharded dim or a missing reduction over "
                                            "sharded columns"),
     "sharded": ("sharded matrices", "the update is computed from the local shard, or a reduction over the "
@@ -79,6 +82,10 @@ def layout_features(layout: Layout) -> set[str]:
         out.add("plain")
     if any(c.endswith("S0") for c in codes):
         out.add("dim0")
+    if "outer_shard_mesh" in roles and layout.placements is not None:
+        outer = layout.dims.index(dict(layout.roles)["outer_shard_mesh"])
+        if codes[outer].endswith("S0"):
+            out.add("outer_dim0")
     if "S1" in codes:
         out.add("dim1")
     if any(c != "R" for c in codes):
