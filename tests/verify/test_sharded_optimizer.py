@@ -69,7 +69,7 @@ def test_catalogue_fits_world_sizes():
     assert all(lay.optimizer == "any" for lay in SHARDED_LAYOUTS)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(deadline=None)
 @given(m=st.integers(1, 9), n=st.integers(1, 9), seed=st.integers(0, 2**16))
 def test_replay_in_the_shape_orientation_is_the_oracle(m, n, seed):
     """``dion_replay`` forced into the orientation the global shape gives equals ``ortho_ref.dion_step``
