@@ -29,6 +29,13 @@ refined per layout, ``ortho_fast.distributed.dion.dion_comm_volume`` /
 ``torchrun`` (``RANK`` / ``WORLD_SIZE`` set, or a process group already initialized) the same
 code runs in-process, with NCCL on CUDA when available. ``main(argv)`` is the command line.
 
+``ortho_verify.check_sharded_optimizer`` runs anyone's distributed optimizer on the same
+catalogue (``SHARDED_LAYOUTS``), inputs and launcher: ``tensors`` (placing and assembling),
+``mesh_layout`` (``ShardedLayout``, what a factory is told), ``factory_run`` (one process and one
+layout's ranks), ``analysis`` (rows), ``diagnosis`` (causes), ``factories`` (ortho_fast's Dion and
+Muon through it), ``planted_optimizers`` (distributed optimizers with planted bugs), ``user_cli``
+(``--optimizer``).
+
 Modules: ``layouts`` (the catalogue), ``inputs`` (seeded matrices), ``planted`` (planted bugs),
 ``steps`` (one layout on a rank), ``launch`` (workers / torchrun), ``volumes`` (analytic
 communication), ``markdown`` (reports, docs/layouts.md from the package data file
@@ -46,6 +53,13 @@ from ortho_verify.sharding.markdown import (HEADERS, layouts_doc, markdown_repor
 from ortho_verify.sharding.planted import PLANTS, planted
 from ortho_verify.sharding.steps import FLAG_TAGS, Plan, check_layout, dtensor_placements, reference, tp_blocks, worker
 from ortho_verify.sharding.volumes import analytic_volume, comm_verdict, padded_shape
+from ortho_verify.sharding.tensors import digest, full_copy, is_dtensor, place, relative_difference
+from ortho_verify.sharding.layouts import SHARDED_LAYOUTS
+from ortho_verify.sharding.mesh_layout import ShardedLayout, sharded_layout
+from ortho_verify.sharding.factory_run import FactoryPlan, hyperparameters, layout_rank_run, one_process_run
+from ortho_verify.sharding.diagnosis import FEATURES, dion_replay, layout_features, layout_pattern, moved_fraction
+from ortho_verify.sharding.factories import dion_factory, muon_factory
+from ortho_verify.sharding.planted_optimizers import MUON_BUGS, ORIENTATIONS, PlantedDion, PlantedMuon
 
 __all__ = ["Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS", "DOCS_PATH", "layouts_for",
            "initial_weight", "gradient", "mean_gradient", "optimizer_options", "reference", "analytic_volume", "run",
@@ -53,4 +67,9 @@ __all__ = ["Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS"
            # also public since the split into a package
            "DION_OPTIONS", "DOCS_WORLD_SIZES", "FLAG_TAGS", "HEADERS", "MUON_OPTIONS", "Plan", "QUICK_STEPS", "SEED",
            "STATE_KEYS", "STEPS", "TIMEOUT", "build_parser", "check_layout", "comm_verdict", "dtensor_placements",
-           "markdown_tables", "padded_shape", "planted", "print_table", "table_rows", "tp_blocks", "worker"]
+           "markdown_tables", "padded_shape", "planted", "print_table", "table_rows", "tp_blocks", "worker",
+           # check_sharded_optimizer's mechanism (ortho_verify.sharded_check)
+           "SHARDED_LAYOUTS", "ShardedLayout", "sharded_layout", "FactoryPlan", "hyperparameters", "layout_rank_run",
+           "one_process_run", "FEATURES", "dion_replay", "layout_features", "layout_pattern", "moved_fraction",
+           "dion_factory", "muon_factory", "MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon", "digest",
+           "full_copy", "is_dtensor", "place", "relative_difference"]

@@ -19,6 +19,7 @@ from ortho_verify.sharding.launch import run, under_torchrun
 from ortho_verify.sharding.layouts import (DOCS_PATH, DOCS_WORLD_SIZES, DTYPES, MATRICES, QUICK_MATRICES, QUICK_STEPS,
                                            STEPS, TIMEOUT, layouts_for)
 from ortho_verify.sharding.markdown import layouts_doc, markdown_report, print_table
+from ortho_verify.sharding.user_cli import optimizer_main
 from ortho_verify.workers import WorkerError
 
 __all__ = ["build_parser", "main"]
@@ -45,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"also write docs/layouts.md; runs world sizes {' '.join(map(str, DOCS_WORLD_SIZES))} "
                              "besides those given (the page covers them all); not with --quick, --layout, --dtype, "
                              "nor under torchrun")
+    parser.add_argument("--optimizer", metavar="MODULE:FACTORY",
+                        help="check your own distributed optimizer instead: factory(params, layout) found by import "
+                             "path (ortho_verify.check_sharded_optimizer; --world-size, --layout, --dtype, --timeout "
+                             "apply; writes sharded_optimizer.json)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT,
                         help=f"seconds per launch before the workers are killed (default {TIMEOUT:g})")
     return parser
@@ -60,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_docs and under_torchrun():  # one launched world size, the page covers all of DOCS_WORLD_SIZES
         build_parser().error("--write-docs runs world sizes 1 2 4 8 as gloo workers: run it without torchrun")
     dtypes = tuple(args.dtype or DTYPES)
+    if args.optimizer:
+        return optimizer_main(args, dtypes)
     started = time.perf_counter()
     Console = require("rich.console", "ortho-verify sharding").Console
     console = Console() if sys.stdout.isatty() else Console(width=220)

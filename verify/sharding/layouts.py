@@ -14,7 +14,7 @@ import ortho_fast
 from ortho_verify import registry
 
 __all__ = ["DION_OPTIONS", "DOCS_PATH", "DOCS_WORLD_SIZES", "DTYPES", "LAYOUTS", "Layout", "MATRICES", "MUON_OPTIONS",
-           "QUICK_MATRICES", "QUICK_STEPS", "SEED", "STATE_KEYS", "STEPS", "TIMEOUT", "layouts_for",
+           "QUICK_MATRICES", "QUICK_STEPS", "SEED", "SHARDED_LAYOUTS", "STATE_KEYS", "STEPS", "TIMEOUT", "layouts_for",
            "optimizer_options"]
 
 DTYPES = ("float64", "float32")
@@ -137,14 +137,34 @@ LAYOUTS: tuple[Layout, ...] = (
 )
 
 
-def layouts_for(world_size: int, names: Sequence[str] | None = None) -> list[tuple[Layout, tuple[int, ...]]]:
-    """(layout, mesh shape) of every layout of ``LAYOUTS`` that fits ``world_size``, optionally only
+#: The layouts of ``ortho_verify.check_sharded_optimizer`` (any optimizer: "optimizer" is "any"),
+#: each a placement of the matrices on a mesh with microsoft/dion's roles (``replicate_mesh``,
+#: ``outer_shard_mesh``, ``inner_shard_mesh``; DDP also ``process_group``): the parameter
+#: layouts of ``LAYOUTS`` plus FSDP on dim 1 (FSDP2 ``fully_shard(shard_placement_fn=Shard(1))``).
+SHARDED_LAYOUTS: tuple[Layout, ...] = (
+    Layout("DDP", "any", _DP, (-1,), None, (("replicate_mesh", "dp"), ("process_group", "dp:group"))),
+    Layout("FSDP Shard(0)", "any", _SHARD, (-1,), ("S0",), (_OUT,)),
+    Layout("FSDP Shard(1)", "any", _SHARD, (-1,), ("S1",), (_OUT,)),
+    Layout("TP colwise", "any", _TP, (-1,), ("S0",), (_IN,)),
+    Layout("TP rowwise", "any", _TP, (-1,), ("S1",), (_IN,)),
+    Layout("HSDP", "any", _HSDP, (2, -1), ("R", "S0"), (_REP, _OUT)),
+    Layout("FSDP + TP colwise", "any", _FSDP_TP, (-1, 2), _COLWISE_2D, (_OUT, _IN)),
+    Layout("FSDP + TP rowwise", "any", _FSDP_TP, (-1, 2), _ROWWISE_2D, (_OUT, _IN)),
+    Layout("HSDP + TP colwise", "any", _HSDP_TP, (2, -1, 2), ("R", *_COLWISE_2D), (_REP, _OUT, _IN)),
+    Layout("HSDP + TP rowwise", "any", _HSDP_TP, (2, -1, 2), ("R", *_ROWWISE_2D), (_REP, _OUT, _IN)),
+)
+
+
+def layouts_for(world_size: int, names: Sequence[str] | None = None,
+                catalogue: Sequence[Layout] = LAYOUTS) -> list[tuple[Layout, tuple[int, ...]]]:
+    """(layout, mesh shape) of every layout of ``catalogue`` (default ``LAYOUTS``;
+    ``SHARDED_LAYOUTS`` for ``check_sharded_optimizer``) that fits ``world_size``, optionally only
     those whose "optimizer/name" contains one of ``names`` (case-insensitive).
     Raises: ValueError naming ``world_size`` unless an int >= 1."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
     out = []
-    for lay in LAYOUTS:
+    for lay in catalogue:
         shape = lay.mesh_shape(world_size)
         label = f"{lay.optimizer}/{lay.name}".lower()
         if shape is not None and (not names or any(n.lower() in label for n in names)):

@@ -4,8 +4,6 @@ one-process optimizers, and the comparison of every step (``check_layout``); ``w
 
 from __future__ import annotations
 
-import hashlib
-import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -16,49 +14,11 @@ import ortho_fast
 from ortho_verify.sharding.inputs import gradient, initial_weight, mean_gradient
 from ortho_verify.sharding.layouts import DTYPES, MATRICES, STATE_KEYS, STEPS, Layout, optimizer_options
 from ortho_verify.sharding.planted import planted
+from ortho_verify.sharding.tensors import digest, dtensor_placements, full_copy, place, relative_difference
 from ortho_verify.sharding.volumes import analytic_volume, comm_verdict
 from ortho_verify.tolerances import sharded_tolerance
 
 __all__ = ["FLAG_TAGS", "Plan", "check_layout", "dtensor_placements", "reference", "tp_blocks", "worker"]
-
-
-def dtensor_placements(layout: Layout, mesh_shape: tuple[int, ...]) -> list:
-    """The DTensor placements of ``layout.placements`` on a mesh of ``mesh_shape``: "R" Replicate,
-    "S0" / "S1" Shard, "SS0" ``_StridedShard(0)`` with split factor the product of the later mesh
-    dims that shard the same tensor dim (FSDP2 on top of colwise TP)."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    out = []
-    for d, code in enumerate(layout.placements):
-        if code == "R":
-            out.append(Replicate())
-        elif code.startswith("SS"):
-            later = [mesh_shape[e] for e in range(d + 1, len(mesh_shape)) if layout.placements[e] == f"S{code[2:]}"]
-            out.append(_StridedShard(int(code[2:]), split_factor=math.prod(later)))
-        else:
-            out.append(Shard(int(code[1:])))
-    return out
-
-
-def _place(full: torch.Tensor, layout: Layout, mesh, device) -> torch.Tensor:
-    """This rank's view of ``full``: a DTensor with the layout's placements (no communication:
-    every rank holds the full tensor; on the replicate dim each replica keeps its own values),
-    or a plain copy."""
-    full = full.to(device)
-    if layout.placements is None:
-        return full.clone()
-    from torch.distributed.tensor import distribute_tensor
-
-    return distribute_tensor(full, mesh, dtensor_placements(layout, tuple(mesh.shape)), src_data_rank=None)
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A float64 CPU copy of the global tensor on every rank (a collective for a DTensor; never
-    an alias of the optimizer's tensor, which the checks then modify)."""
-    from ortho_fast.distributed.layout import is_dtensor
-
-    return (t.full_tensor() if is_dtensor(t) else t).detach().to("cpu", torch.float64, copy=True)
 
 
 def _replica(layout: Layout, mesh) -> tuple[int, int]:
@@ -83,9 +43,9 @@ def _optimizer(layout: Layout, params: list, mesh):
 
 def _state(opt, params: list, optimizer: str) -> dict[str, list[torch.Tensor]]:
     """"weights" and every state tensor of ``STATE_KEYS`` per matrix, as full float64 tensors."""
-    out = {"weights": [_full(p) for p in params]}
+    out = {"weights": [full_copy(p) for p in params]}
     for key in STATE_KEYS[optimizer]:
-        out[key] = [_full(opt.state[p][key]) for p in params]
+        out[key] = [full_copy(opt.state[p][key]) for p in params]
     return out
 
 
@@ -139,19 +99,6 @@ class Plan:
     references: dict = field(default_factory=dict)
 
 
-def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
-    den = torch.linalg.matrix_norm(want).item()
-    diff = torch.linalg.matrix_norm(got - want).item()
-    return diff / den if den else (0.0 if diff == 0 else math.inf)
-
-
-def _digest(tensors: Sequence[torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()
-
-
 def _world_mean(tensors: Sequence[torch.Tensor], device) -> list[torch.Tensor]:
     """Mean over every rank of each tensor (float64, outside any ledger). With the replicate dim
     of size R, each replica's tensor is held by world/R ranks, so this is the replicas' mean."""
@@ -191,9 +138,9 @@ def _matrix_volumes(layout: Layout, mesh, dtype: torch.dtype, plan: Plan, device
     replica, _ = _replica(layout, mesh)
     out = []
     for i, s in enumerate(plan.matrices):
-        p = _place(initial_weight(i, s, dtype), layout, mesh, device)
+        p = place(initial_weight(i, s, dtype), layout, mesh, device)
         opt = _optimizer(layout, [p], mesh)
-        p.grad = _place(gradient(i, 0, replica, s, dtype), layout, mesh, device)
+        p.grad = place(gradient(i, 0, replica, s, dtype), layout, mesh, device)
         with record_collectives() as ledger:
             opt.step()
         out.append(_volume(ledger))
@@ -206,7 +153,7 @@ def check_layout(layout: Layout, mesh_shape, mesh, dtype_name: str, plan: Plan, 
 
     rank, dtype = dist.get_rank(), getattr(torch, dtype_name)
     replica, replicas = _replica(layout, mesh)
-    params = [_place(initial_weight(i, s, dtype), layout, mesh, device) for i, s in enumerate(plan.matrices)]
+    params = [place(initial_weight(i, s, dtype), layout, mesh, device) for i, s in enumerate(plan.matrices)]
     opt = _optimizer(layout, params, mesh)
     ref = None
     if rank == 0:
@@ -220,7 +167,7 @@ def check_layout(layout: Layout, mesh_shape, mesh, dtype_name: str, plan: Plan, 
     bitwise, identical, steps = True, True, []
     for step in range(plan.steps):
         for i, (p, s) in enumerate(zip(params, plan.matrices)):
-            p.grad = _place(gradient(i, step, replica, s, dtype), layout, mesh, device)
+            p.grad = place(gradient(i, step, replica, s, dtype), layout, mesh, device)
         with record_collectives() as ledger, planted(plan.plant):
             opt.step()
         steps.append((ledger.total_numel(), ledger.total_bytes()))
@@ -230,20 +177,20 @@ def check_layout(layout: Layout, mesh_shape, mesh, dtype_name: str, plan: Plan, 
         # sync: the weights and Q, each replica keeps its own momentum
         shared = state["weights"] + state.get("Q", []) if layout.check == "compressed" else sum(state.values(), [])
         everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, _digest(shared))
+        dist.all_gather_object(everyone, digest(shared))
         identical &= len(set(everyone)) == 1
         if layout.check == "compressed":
             state["momentum"] = _world_mean(state["momentum"], device)
         if rank == 0:
             for key, tensors in state.items():
                 for got, want in zip(tensors, ref[step][key]):
-                    errors[key] = max(errors.get(key, 0.0), _relative(got, want))
+                    errors[key] = max(errors.get(key, 0.0), relative_difference(got, want))
                     bitwise &= torch.equal(got, want)
     if layout.check == "compressed":
         opt.synchronize_for_checkpoint()
-        synced = [_full(opt.state[p]["momentum"]) for p in params]
+        synced = [full_copy(opt.state[p]["momentum"]) for p in params]
         if rank == 0:
-            errors["momentum after sync"] = max(_relative(g, w) for g, w in zip(synced, ref[-1]["momentum"]))
+            errors["momentum after sync"] = max(relative_difference(g, w) for g, w in zip(synced, ref[-1]["momentum"]))
     steps = _max_over_ranks(steps)
     volumes = _matrix_volumes(layout, mesh, dtype, plan, device)
     if rank != 0:
