@@ -25,7 +25,8 @@ import torch
 
 __all__ = [
     "Alias", "DION_ALIASES", "DION_CONFIG_ALIASES", "FIXED", "FixedOption", "MUON_ALIASES", "MUON_CONFIG_ALIASES",
-    "TORCH_MUON_GROUP_KEYS", "TORCH_MUON_SEMANTICS", "apply_aliases", "canonical_group", "check_fixed", "from_torch_muon_group",
+    "TORCH_MUON_GROUP_KEYS", "TORCH_MUON_SEMANTICS", "VALUE_ALIASES", "apply_aliases", "canonical_group",
+    "canonical_value", "check_fixed", "from_torch_muon_group",
     "is_torch_muon_group", "mixed_precision_dtypes", "reject_unknown", "suggest", "to_torch_muon_group",
 ]
 
@@ -93,9 +94,17 @@ def _adjust_lr_fn(value):
     raise ValueError(f"adjust_lr_fn: expected None, 'original' or 'match_rms_adamw' (torch.optim.Muon), got {value!r}")
 
 
-def _dion_adjust_lr(value):
-    """microsoft/dion Muon's ``adjust_lr``: "rms_norm" is 0.2·√max(m, n), our "match_rms_adamw"."""
-    return "match_rms_adamw" if value == "rms_norm" else value
+#: Values another system spells differently for an option of the same name: microsoft/dion's
+#: and OLMo-core's ``adjust_lr="rms_norm"`` is 0.2·√max(m, n), our "match_rms_adamw".
+VALUE_ALIASES: dict[str, dict[Any, Any]] = {"adjust_lr": {"rms_norm": "match_rms_adamw"}}
+
+
+def canonical_value(key: str, value):
+    """``value`` of option ``key`` in our spelling (``VALUE_ALIASES``)."""
+    table = VALUE_ALIASES.get(key)
+    if table is not None and isinstance(value, str) and value in table:
+        return table[value]
+    return value
 
 
 def _use_polar_express(value):
@@ -294,6 +303,9 @@ def apply_aliases(given: Mapping[str, Any], aliases: Iterable[Alias], options: d
         for implied, implied_value in alias.implies:
             if options.get(implied) is None:
                 options[implied] = implied_value
+    for key in VALUE_ALIASES:
+        if key in options:
+            options[key] = canonical_value(key, options[key])
     return options
 
 
@@ -318,6 +330,9 @@ def canonical_group(group: dict, aliases: Iterable[Alias]) -> dict:
         for implied, implied_value in alias.implies:
             if group.get(implied) is None:
                 group[implied] = implied_value
+    for key in VALUE_ALIASES:
+        if key in group:
+            group[key] = canonical_value(key, group[key])
     return group
 
 
