@@ -75,14 +75,14 @@ _MEGATRON = "Megatron-LM OptimizerConfig"
 
 def _ns_coefficients(value):
     """torch's single (a, b, c) row -> our coefficients: "jordan" for Keller Jordan's row (the
-    registry name keeps torch's bits), else the row as a one-row table."""
+    registry name keeps torch's bits), else the row itself (one row: 5 steps unless ``ns_steps``, torch's convention)."""
     try:
         row = tuple(float(v) for v in value)
     except (TypeError, ValueError):
         raise ValueError(f"ns_coefficients: expected a tuple of three numbers (a, b, c), got {value!r}") from None
     if len(row) != 3:
         raise ValueError(f"ns_coefficients: expected exactly three coefficients (a, b, c), got {value!r}")
-    return "jordan" if row == _JORDAN_ROW else [row]
+    return "jordan" if row == _JORDAN_ROW else row
 
 
 def _adjust_lr_fn(value):
