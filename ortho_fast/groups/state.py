@@ -124,7 +124,7 @@ STATE_SPECS: dict[str, StateSpec] = {
 
 def _owners(key: str) -> str:
     owners = [spec.algorithm for spec in STATE_SPECS.values() if key in spec.keys]
-    return f" (a {'/'.join(owners)} state key: a checkpoint of another optimizer?)" if owners else ""
+    return f" (a state key of {'/'.join(owners)}: a checkpoint of another optimizer?)" if owners else ""
 
 
 def check_saved_state(entry, spec: StateSpec, p: torch.Tensor, group: dict, where: str) -> None:
