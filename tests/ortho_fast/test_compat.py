@@ -228,3 +228,13 @@ def test_alias_tables_name_options_that_exist():
     assert {a.option for a in MUON_CONFIG_ALIASES} <= set(MUON_DEFAULTS) | config_fields
     names = [a.name for a in MUON_CONFIG_ALIASES] + [f.name for f in FIXED["muon_config"]]
     assert len(names) == len(set(names))
+
+
+def test_every_name_of_the_tables_is_documented():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "compatibility.md").read_text()
+    tables = MUON_CONFIG_ALIASES + DION_ALIASES
+    names = {a.name for a in tables} | {f.name for fixed in FIXED.values() for f in fixed}
+    missing = sorted(n for n in names if f"`{n}`" not in doc)
+    assert not missing, missing
