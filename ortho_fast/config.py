@@ -5,14 +5,60 @@ build a ``HybridOptimizer`` for a whole model (OLMo-core's ``DionConfig`` / ``Mu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Mapping
 
 from torch import nn
 
 from .coefficients import CoefficientsLike
+from .compat import DION_CONFIG_ALIASES, MUON_CONFIG_ALIASES, Alias, apply_aliases
 from .grouping import param_groups
+from .groups.dion import DION_DEFAULTS
+from .groups.muon import MUON_DEFAULTS
 from .groups.scalar import ADAMW_DEFAULTS
 from .hybrid_optimizer import HybridOptimizer
+
+
+def accepts_aliases(aliases: tuple[Alias, ...], algorithm_defaults: Mapping[str, Any], options_field: str,
+                    fixed: str):
+    """Class decorator for a keyword-only config dataclass: its constructor also takes the other
+    systems' names of ``aliases`` (``ortho_fast.compat``). An alias of a field sets the field; an
+    alias of another option of the algorithm (``algorithm_defaults``), or that option by our own
+    name, goes into the dict field ``options_field`` (``muon_options`` / ``dion_options``). ``inspect.signature`` still shows the
+    dataclass fields.
+    Raises (at construction): TypeError for an unknown name with the closest one; ValueError
+    naming both names for conflicting ones (see ``apply_aliases``)."""
+    def decorate(cls):
+        init = cls.__init__
+        names = [f.name for f in fields(cls)]
+        field_defaults = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+        @functools.wraps(init)
+        def __init__(self, **kwargs):
+            extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in names}
+            given_options = dict(kwargs.get(options_field) or {})
+            others = {k: v for k, v in algorithm_defaults.items() if k not in names}
+            for key in [k for k in extra if k in others]:  # our own option names, beside the fields
+                if key in given_options and given_options[key] != extra[key]:
+                    raise ValueError(f"{key}: given both directly and in {options_field}; give one of them")
+                given_options[key] = extra.pop(key)
+            options = {**others, **given_options, **field_defaults, **kwargs}
+            before = dict(options)
+            apply_aliases(extra, aliases, options, {**others, **field_defaults}, fixed=fixed, where=cls.__name__)
+            changed = {k: v for k, v in options.items() if k not in before or before[k] is not v}
+            for key, value in changed.items():
+                if key in names:
+                    kwargs[key] = value
+                else:
+                    given_options[key] = value
+            if given_options:
+                kwargs[options_field] = given_options
+            init(self, **kwargs)
+
+        cls.__init__ = __init__
+        return cls
+    return decorate
 
 
 @dataclass(kw_only=True)
@@ -93,6 +139,7 @@ def meshes_from_world_mesh(mesh) -> dict:
                 distributed_mesh=shard, tp_mesh=tp)
 
 
+@accepts_aliases(MUON_CONFIG_ALIASES, MUON_DEFAULTS, "muon_options", "muon_config")
 @dataclass(kw_only=True)
 class MuonConfig(_HybridConfig):
     """Muon for the matrices, AdamW (or Lion) for the rest, with torch's defaults.
@@ -142,6 +189,7 @@ class MuonConfig(_HybridConfig):
                            tp_mode=self.tp_mode)
 
 
+@accepts_aliases(DION_CONFIG_ALIASES, DION_DEFAULTS, "dion_options", "dion_config")
 @dataclass(kw_only=True)
 class DionConfig(_HybridConfig):
     """Dion for the matrices, AdamW (or Lion) for the rest, with OLMo-core's defaults.

@@ -27,7 +27,10 @@ from .groups.dion import (
     normalize_dion_group, resolve_dion_options,
 )
 from .groups.driver import GroupRunner, check_then_step
-from .groups.state import add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
+from .groups.state import (
+    add_param_group_checked, check_group_algorithm, load_state_dict_checked, state_dict_with_dtype_names,
+)
+from .compat import DION_ALIASES, apply_aliases, canonical_group, mixed_precision_dtypes
 
 __all__ = ["CQR2_GRAM_DEVIATION", "DION_DEFAULTS", "Dion", "DionUpdate", "QR_METHODS", "QR_METHOD_ALIASES",
            "RCQR_OVERSAMPLE", "RIGHT_FACTORS", "WHOLE", "WholeDim", "check_dion_step", "dion_group_step", "dion_rank",
@@ -98,10 +101,18 @@ class Dion(Optimizer):
     """Dion (DIstributed OrthoNormalization) for matrix parameters, in one process or over a
     DeviceMesh / DTensor / ProcessGroup.
 
-    Args follow microsoft/dion: lr 0.01, mu 0.95, weight_decay 0.01, rank_fraction 1.0,
-    rank_multiple_of 1, epsilon 1e-8, power_iters 1, ``oversample`` 1.25 (its
-    ``rcqr_oversample``), ``momentum_dtype`` / ``q_dtype`` (its ``DionMixedPrecisionConfig``;
-    None = the parameter's dtype). Also: ``qr_method`` ("householder" default, "cholesky_qr",
+    Args follow microsoft/dion, in its positional order ``Dion(params, replicate_mesh,
+    outer_shard_mesh, inner_shard_mesh, replicate_mesh_grad_sync, rank_fraction,
+    rank_multiple_of, lr, mu, betas, weight_decay, epsilon, power_iters, qr_method,
+    cqr_warmup_steps, rcqr_oversample, mixed_precision_config)``: lr 0.01, mu 0.95,
+    weight_decay 0.01, rank_fraction 1.0, rank_multiple_of 1, epsilon 1e-8, power_iters 1,
+    ``oversample`` 1.25 (``rcqr_oversample`` is its name), ``momentum_dtype`` / ``q_dtype``
+    (None = the parameter's dtype; ``mixed_precision_config``, its ``DionMixedPrecisionConfig``
+    or a dict, sets them from ``momentum_dtype`` / ``Q_dtype``; a ``variance_dtype`` is
+    rejected); ``betas`` (validated, unused: microsoft/dion applies them to its AdamW / Lion
+    groups, which run in ``HybridOptimizer`` here) and ``cqr_warmup_steps`` (ignored, as
+    microsoft/dion ignores it) are accepted so its calls work unchanged; other names: TypeError
+    with the closest one (docs/compatibility.md). Also: ``qr_method`` ("householder" default, "cholesky_qr",
     "randomized_cholesky_qr"; aliases "qr", "rcqr"), ``right_factor`` ("column_norm" of the
     paper, or "qr" for Orth-Dion), ``error_feedback`` (default True), ``flatten`` (ndim > 2
     parameters as (shape[0], prod(rest)), as microsoft/dion's Muon), ``seed`` (Q0 and the
@@ -132,8 +143,11 @@ class Dion(Optimizer):
     before ``dcp.load(opt.state_dict())`` then ``opt.load_state_dict``.
 
     State per parameter: ``momentum``, ``Q``, ``step`` (see ``dion_group_step``); inject a known
-    Q through ``load_state_dict`` (its shape is checked at the next step). ``load_state_dict``
-    keeps the configured state dtypes (torch would cast them to the parameter's dtype).
+    Q through ``load_state_dict``. ``load_state_dict`` checks every saved state before anything
+    changes (``check_saved_state``: all three keys present, ``momentum`` / ``Q`` real floating,
+    of the right shape and finite, ``step`` a non-negative integer count; another optimizer's
+    keys are rejected naming the key) and keeps the configured state dtypes (torch would cast
+    them to the parameter's dtype).
     Params: tensors, (name, tensor) pairs (``model.named_parameters()``: torch's
     ``param_names``) or group dicts.
     ``load_state_dict`` validates the saved groups first and never aliases the given tensors
@@ -154,35 +168,57 @@ class Dion(Optimizer):
     def __init__(
         self,
         params: Iterable,
-        lr: float = 0.01,
-        mu: float = 0.95,
-        weight_decay: float = 0.01,
-        *,
+        replicate_mesh=None,
+        outer_shard_mesh=None,
+        inner_shard_mesh=None,
+        replicate_mesh_grad_sync: bool = True,
         rank_fraction: float = 1.0,
         rank_multiple_of: int = 1,
+        lr: float = 0.01,
+        mu: float = 0.95,
+        betas: tuple[float, float] | None = None,
+        weight_decay: float = 0.01,
         epsilon: float = 1e-8,
         power_iters: int = 1,
-        error_feedback: bool = True,
         qr_method: str = "householder",
+        cqr_warmup_steps: int | None = None,
+        rcqr_oversample: float | None = None,
+        mixed_precision_config=None,
+        *,
+        error_feedback: bool = True,
         oversample: float = RCQR_OVERSAMPLE,
         right_factor: str = "column_norm",
         momentum_dtype: torch.dtype | None = None,
         q_dtype: torch.dtype | None = None,
         flatten: bool = False,
         seed: int = 0,
-        replicate_mesh=None,
-        outer_shard_mesh=None,
-        inner_shard_mesh=None,
-        replicate_mesh_grad_sync: bool = True,
         process_group=None,
         check_finite: bool = True,
+        **aliases,
     ) -> None:
+        if isinstance(replicate_mesh, (int, float)) and not isinstance(replicate_mesh, bool):
+            raise TypeError(f"replicate_mesh: got {replicate_mesh!r}; Dion's positional order is microsoft/dion's "
+                            "(params, replicate_mesh, outer_shard_mesh, inner_shard_mesh, replicate_mesh_grad_sync, "
+                            "rank_fraction, rank_multiple_of, lr, mu, ...): pass lr=... by keyword")
         defaults = dict(
             lr=lr, mu=mu, weight_decay=weight_decay, rank_fraction=rank_fraction, rank_multiple_of=rank_multiple_of,
             epsilon=epsilon, power_iters=power_iters, error_feedback=error_feedback, qr_method=qr_method,
             oversample=oversample, right_factor=right_factor, momentum_dtype=momentum_dtype, q_dtype=q_dtype,
             flatten=flatten,
         )
+        given = {k: v for k, v in (("betas", betas), ("cqr_warmup_steps", cqr_warmup_steps),
+                                   ("rcqr_oversample", rcqr_oversample)) if v is not None}
+        for name, value in given.items():
+            if name in aliases:
+                raise TypeError(f"Dion: got multiple values for argument {name!r}")
+            aliases[name] = value
+        apply_aliases(aliases, DION_ALIASES, defaults, DION_DEFAULTS, fixed="dion", where="Dion")
+        if mixed_precision_config is not None:
+            for key, value in mixed_precision_dtypes(mixed_precision_config).items():
+                if value is not None and defaults[key] is not None and defaults[key] != value:
+                    raise ValueError(f"mixed_precision_config: its {key} {value} conflicts with {key}="
+                                     f"{defaults[key]}; give one of them")
+                defaults[key] = defaults[key] if value is None else value
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed: expected an int, got {seed!r}")
         normalize_dion_group({**defaults, "params": []})  # the defaults themselves, before any group
@@ -202,12 +238,17 @@ class Dion(Optimizer):
 
     def _normalize_group(self, group: dict) -> None:
         """``normalize_dion_group``, then each param's distributed plan (kept once the group is)."""
+        check_group_algorithm(group, "dion", "Dion")
         normalize_dion_group(group)
         plan_dion_group(group, self._meshes, self._plans)
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's add_param_group (defaults, (name, tensor) pairs, leaf and duplicate checks),
-        then ``normalize_dion_group`` and the layout checks; a rejected group is removed again."""
+        then ``normalize_dion_group`` and the layout checks; a rejected group is removed again.
+        microsoft/dion's names (``rcqr_oversample``) are taken for ours; a group naming another
+        ``algorithm`` or holding another algorithm's option is rejected."""
+        if isinstance(param_group, dict):
+            param_group = canonical_group(dict(param_group), DION_ALIASES)
         add_param_group_checked(self, param_group, self._normalize_group)
 
     def state_dict(self) -> dict:
@@ -222,8 +263,12 @@ class Dion(Optimizer):
         float32 momentum of a bfloat16 parameter). Distributed: the state of a DTensor
         parameter must be DTensors with its layout (``torch.distributed.checkpoint`` into
         ``init_state()``'s state), checked at the next step."""
-        load_state_dict_checked(self, state_dict, lambda i, saved, current: (DION_DEFAULTS, normalize_dion_group),
-                                dion_state_dtype)
+        def spec(i: int, saved: dict, current: dict):
+            canonical_group(saved, DION_ALIASES)
+            check_group_algorithm(saved, "dion", "Dion")
+            return DION_DEFAULTS, normalize_dion_group
+
+        load_state_dict_checked(self, state_dict, spec, dion_state_dtype, algorithm_of=lambda group: "dion")
         self._runner.reset()
 
     @torch.no_grad()

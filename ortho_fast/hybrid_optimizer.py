@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch.optim import Optimizer
 
+from .compat import DION_ALIASES, MUON_ALIASES, canonical_group, from_torch_muon_group
 from .dion import dion_runner, init_dion_groups, plan_dion_group, resolve_meshes
 from .groups.algorithms import ALGORITHMS, SCALAR_ALGORITHMS, local_runners
 from .groups.dion import dion_state_dtype
@@ -44,6 +45,17 @@ def _from_microsoft_dion(group: dict, algorithm: str, defaults: Mapping[str, Any
         if "eps" in group:
             raise ValueError("eps: give either eps or microsoft/dion's epsilon, not both")
         group["eps"] = group.pop("epsilon")
+
+
+def _canonical(group: dict, algorithm: str, saved: bool = False) -> None:
+    """Other systems' names in a Muon / Dion group -> ours (``ortho_fast.compat``); a saved
+    torch.optim.Muon group also gets torch's behaviour (``from_torch_muon_group``)."""
+    if algorithm == "muon":
+        if saved:
+            from_torch_muon_group(group)
+        canonical_group(group, MUON_ALIASES)
+    elif algorithm == "dion":
+        canonical_group(group, DION_ALIASES)
 
 
 def _check_foreign_keys(group: dict, algorithm: str) -> None:
@@ -186,6 +198,7 @@ class HybridOptimizer(Optimizer):
         if "params" not in group:
             raise ValueError(f"param group {index} ({algorithm}): params: missing; expected a list of tensors")
         labelled(index, algorithm, _from_microsoft_dion, group, algorithm, self.algorithm_defaults[algorithm])
+        labelled(index, algorithm, _canonical, group, algorithm)
         labelled(index, algorithm, _check_foreign_keys, group, algorithm)
         for key, value in self.algorithm_defaults[algorithm].items():
             group.setdefault(key, value)
@@ -248,10 +261,15 @@ class HybridOptimizer(Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load_state_dict through ``load_state_dict_checked``: the saved groups
-        checked and completed first (see the class docstring), the loaded state owns its tensors."""
+        checked and completed first (see the class docstring; a torch.optim.Muon group's settings
+        mapped as ``Muon.load_state_dict`` maps them), every saved parameter state checked against
+        its group's algorithm (``check_saved_state``: Muon's ``momentum_buffer``, Dion's
+        ``momentum`` / ``Q`` / ``step``, AdamW's ``exp_avg`` / ``exp_avg_sq`` / ``step``, Lion's
+        ``exp_avg``: every key present, no other, real floating, shaped, finite, counts
+        non-negative integers), all before anything changes; the loaded state owns its tensors."""
         load_state_dict_checked(self, state_dict, self._saved_group_spec,
                                 lambda group, key, p: dion_state_dtype(group, key, p) if group["algorithm"] == "dion"
-                                else None)
+                                else None, algorithm_of=lambda group: group["algorithm"])
         for runner in self._runners.values():
             runner.reset()
 
@@ -263,5 +281,6 @@ class HybridOptimizer(Optimizer):
         if algorithm != current["algorithm"]:
             raise ValueError(f"param group {i}: the state dict's algorithm {algorithm!r} differs from this "
                              f"optimizer's {current['algorithm']!r}")
+        labelled(i, algorithm, _canonical, group, algorithm, saved=True)
         spec = ALGORITHMS[algorithm]
         return spec.defaults, lambda trial: labelled(i, algorithm, spec.normalize, trial)

@@ -15,6 +15,7 @@ import torch
 from torch.optim import Optimizer
 
 from .coefficients import CoefficientsLike
+from .compat import MUON_ALIASES, apply_aliases, canonical_group, from_torch_muon_group, to_torch_muon_group
 from .functional.layout import DROPPED_NAME_COMPONENTS, MuonLayout, is_expert_name, muon_layout
 from .functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, adjusted_lr_scale, muon_momentum, muon_update, orthogonalize
 from .groups.driver import check_then_step
@@ -22,12 +23,20 @@ from .groups.muon import (
     MUON_DEFAULTS, MuonGroups, check_muon_step, default_eps_mode, muon_group_step, normalize_muon_group,
     resolve_muon_options,
 )
-from .groups.state import add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
+from .groups.state import add_param_group_checked, check_group_algorithm, load_state_dict_checked, state_dict_with_dtype_names
+
+#: torch.optim.Muon's parameters after ``nesterov``, in its positional order.
+TORCH_POSITIONAL = ("ns_coefficients", "eps", "ns_steps", "adjust_lr_fn")
 
 __all__ = ["ADJUST_LR_MODES", "DROPPED_NAME_COMPONENTS", "MOMENTUM_STYLES", "MUON_DEFAULTS", "Muon", "MuonLayout",
            "adjusted_lr_scale", "check_muon_step", "default_eps_mode", "is_expert_name", "muon_group_step",
            "muon_layout", "muon_momentum", "muon_update", "normalize_muon_group", "orthogonalize",
-           "resolve_muon_options"]
+           "resolve_muon_options", "is_mesh"]
+
+
+def is_mesh(value) -> bool:
+    """A DeviceMesh or a ProcessGroup, told by class name (torch.distributed is not imported)."""
+    return any(c.__name__ in ("DeviceMesh", "ProcessGroup") for c in type(value).__mro__)
 
 
 class Muon(Optimizer):
@@ -103,7 +112,7 @@ class Muon(Optimizer):
         weight_decay: float = 0.1,
         momentum: float = 0.95,
         nesterov: bool = True,
-        *,
+        *torch_positional,
         momentum_style: str = "ema",
         coefficients: CoefficientsLike = "jordan",
         ns_steps: int | None = None,
@@ -124,14 +133,36 @@ class Muon(Optimizer):
         tp_mesh=None,
         tp_mode: str = "duplicated",
         check_finite: bool = True,
+        **aliases,
     ) -> None:
-        defaults = dict(
+        if is_mesh(lr):
+            raise TypeError("lr: got a DeviceMesh / ProcessGroup: microsoft/dion's Muon takes distributed_mesh "
+                            "second; here the positional order is torch.optim.Muon's (params, lr, weight_decay, "
+                            "momentum, nesterov, ...): pass distributed_mesh=... by keyword")
+        if len(torch_positional) > len(TORCH_POSITIONAL):
+            raise TypeError(f"Muon: takes at most {5 + len(TORCH_POSITIONAL)} positional arguments (torch.optim."
+                            f"Muon's order), got {5 + len(torch_positional)}")
+        given = dict(zip(TORCH_POSITIONAL, torch_positional))
+        options = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, momentum_style=momentum_style,
             coefficients=coefficients, ns_steps=ns_steps, safety=safety, eps=eps, eps_mode=eps_mode,
             adjust_lr=adjust_lr, extra_scale_factor=extra_scale_factor, cautious_weight_decay=cautious_weight_decay,
             dtype=dtype, banks=banks, expert_keys=expert_keys, split_sizes=split_sizes, split_groups=split_groups,
-            num_heads=num_heads, flatten=flatten,
+            num_heads=num_heads, flatten=flatten, distributed_mesh=distributed_mesh, tp_mesh=tp_mesh, tp_mode=tp_mode,
         )
+        for name in ("eps", "ns_steps"):  # torch's positional order, our keyword names
+            if name in given:
+                if options[name] is not None:
+                    raise TypeError(f"Muon: got multiple values for argument {name!r}")
+                options[name] = given.pop(name)
+        for name, value in given.items():
+            if name in aliases:
+                raise TypeError(f"Muon: got multiple values for argument {name!r}")
+            aliases[name] = value
+        apply_aliases(aliases, MUON_ALIASES, options, {**MUON_DEFAULTS, "distributed_mesh": None, "tp_mesh": None,
+                                                        "tp_mode": "duplicated"}, fixed="muon", where="Muon")
+        distributed_mesh, tp_mesh, tp_mode = (options.pop(k) for k in ("distributed_mesh", "tp_mesh", "tp_mode"))
+        defaults = options
         normalize_muon_group({**defaults, "params": []})  # the defaults themselves, before any group
         from .distributed.muon import MuonSharding
 
@@ -151,20 +182,43 @@ class Muon(Optimizer):
         parameters (``MuonSharding.add_group``); a rejected group is not added."""
 
         def normalize(group: dict) -> None:
+            check_group_algorithm(group, "muon", "Muon")
             normalize_muon_group(group)
             self._sharding.add_group(group)
 
+        if isinstance(param_group, dict):
+            param_group = canonical_group(dict(param_group), MUON_ALIASES)
         add_param_group_checked(self, param_group, normalize)
 
     def state_dict(self) -> dict:
-        """torch's ``state_dict`` with dtype options as names (``state_dict_with_dtype_names``)."""
-        return state_dict_with_dtype_names(self)
+        """torch's ``state_dict`` with dtype options as names (``state_dict_with_dtype_names``),
+        and in each group that torch.optim.Muon can express (``to_torch_muon_group``: EMA
+        momentum, torch's normalization, bfloat16 Newton–Schulz, one repeated coefficient row,
+        an lr adjustment torch has) torch's keys ``ns_coefficients`` / ``ns_steps`` /
+        ``adjust_lr_fn`` as well, so ``torch.optim.Muon.load_state_dict`` takes it and steps as
+        this optimizer does. Groups torch cannot express lack those keys (torch then fails
+        at its step with KeyError 'ns_coefficients')."""
+        state_dict = state_dict_with_dtype_names(self)
+        for saved, group in zip(state_dict["param_groups"], self.param_groups):
+            torch_keys = to_torch_muon_group(group)
+            if torch_keys is not None:
+                saved.update(torch_keys)
+        return state_dict
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's load_state_dict through ``load_state_dict_checked``: Muon keys missing from a
-        saved group (a torch.optim.Muon checkpoint) are taken from the current group, every
-        group is validated first, and the loaded ``momentum_buffer`` tensors are copies."""
-        load_state_dict_checked(self, state_dict, lambda i, saved, current: (MUON_DEFAULTS, normalize_muon_group))
+        """torch's load_state_dict through ``load_state_dict_checked``, checked before anything
+        changes. A torch.optim.Muon group's settings are mapped (``from_torch_muon_group``:
+        ``ns_coefficients``, ``ns_steps``, ``eps``, ``adjust_lr_fn`` and torch's fixed
+        behaviour), other Muon keys missing from a saved group are taken from the current group;
+        every saved parameter state must be a ``momentum_buffer`` of the parameter's shape, real
+        floating and finite (``check_saved_state``; Dion's or AdamW's keys are rejected naming
+        the key); the loaded ``momentum_buffer`` tensors are copies."""
+        def spec(i: int, saved: dict, current: dict):
+            canonical_group(from_torch_muon_group(saved), MUON_ALIASES)
+            check_group_algorithm(saved, "muon", "Muon")
+            return MUON_DEFAULTS, normalize_muon_group
+
+        load_state_dict_checked(self, state_dict, spec, algorithm_of=lambda group: "muon")
         self._runner.reset()
 
     @torch.no_grad()

@@ -4,10 +4,18 @@ loaded state tensors are the optimizer's own."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
 
 import torch
 from torch.optim import Optimizer
+
+from ..validation import check_finite
+from .algorithms import ALGORITHMS
+from .dion import matrix_shape, param_rank
+
+#: Keys a param group may carry besides its algorithm's options.
+GROUP_BOOKKEEPING = ("params", "param_names", "algorithm")
 
 #: (index, saved group, current group) -> (option keys of the group, normalize function). It
 #: may complete or check the saved group first (HybridOptimizer fills in and checks ``algorithm``).
@@ -29,6 +37,22 @@ def add_param_group_checked(optimizer: Optimizer, param_group: dict, normalize: 
     except Exception:
         optimizer.param_groups.pop()
         raise
+
+
+def check_group_algorithm(group: dict, algorithm: str, optimizer: str) -> None:
+    """A group given to ``Muon`` / ``Dion`` may name its algorithm (microsoft/dion's groups do)
+    only as this one, and may not hold an option of another algorithm (``rank_fraction`` on a
+    Muon group does nothing: a likely mistake).
+    Raises: ValueError naming ``algorithm`` or the foreign option."""
+    named = group.get("algorithm", algorithm)
+    if named != algorithm:
+        raise ValueError(f"algorithm: {optimizer} runs {algorithm!r} groups only, got {named!r}; use "
+                         "ortho_fast.HybridOptimizer for groups of several algorithms")
+    own = ALGORITHMS[algorithm].defaults
+    for key in group:
+        owners = [a for a, spec in ALGORITHMS.items() if key in spec.defaults]
+        if key not in own and key not in GROUP_BOOKKEEPING and owners:
+            raise ValueError(f"{key}: an option of {'/'.join(owners)}, not of {algorithm} (its options: {sorted(own)})")
 
 
 _DTYPE_PREFIX = "torch."
@@ -56,8 +80,95 @@ def _dtype_from_name(value):
     return value
 
 
+def _param_shape(p: torch.Tensor, group: dict) -> tuple[int, ...]:
+    return tuple(p.shape)
+
+
+def _dion_q_shape(p: torch.Tensor, group: dict) -> tuple[int, ...]:
+    m, n = matrix_shape(p)
+    return (min(m, n), param_rank(p, group))
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """The per-parameter state one algorithm keeps, as ``load_state_dict`` checks it.
+
+    ``tensors``: state key -> expected shape of parameter ``p`` in its (completed, normalized)
+    group; each must be a real floating tensor of that shape, finite. ``counts``: keys holding
+    a step count, a one-element tensor with a non-negative integer value (float32 in
+    torch.optim.AdamW's layout, int64 in Dion's). A non-empty entry must hold every key (a
+    missing key would be re-created as zeros: a silently different run) but those
+    ``optional(group)`` names (keys whose re-creation changes nothing in that group) and no other.
+    """
+
+    algorithm: str
+    tensors: Mapping[str, Callable[[torch.Tensor, dict], tuple[int, ...]]]
+    counts: tuple[str, ...] = ()
+    optional: Callable[[dict], tuple[str, ...]] = lambda group: ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (*self.tensors, *self.counts)
+
+
+#: The state of each algorithm (``ortho_fast.groups.algorithms.ALGORITHMS``' names).
+STATE_SPECS: dict[str, StateSpec] = {
+    "muon": StateSpec("Muon", {"momentum_buffer": _param_shape}),
+    # Dion's step only keys the sketches of randomized Cholesky QR: elsewhere a missing one changes nothing
+    "dion": StateSpec("Dion", {"momentum": _param_shape, "Q": _dion_q_shape}, ("step",),
+                      lambda group: () if group["qr_method"] in ("randomized_cholesky_qr", "rcqr") else ("step",)),
+    "adamw": StateSpec("AdamW", {"exp_avg": _param_shape, "exp_avg_sq": _param_shape}, ("step",)),
+    "lion": StateSpec("Lion", {"exp_avg": _param_shape}),
+}
+
+
+def _owners(key: str) -> str:
+    owners = [spec.algorithm for spec in STATE_SPECS.values() if key in spec.keys]
+    return f" (a state key of {'/'.join(owners)}: a checkpoint of another optimizer?)" if owners else ""
+
+
+def check_saved_state(entry, spec: StateSpec, p: torch.Tensor, group: dict, where: str) -> None:
+    """Check one parameter's saved state ``entry`` against ``spec``; change nothing.
+
+    Raises: ValueError starting with the state key (or "state") and naming the parameter
+    (``where``): an entry that is not a dict, a key of another optimizer or a missing key, a
+    tensor that is not real floating (an int64 Q), of the wrong shape or not finite, a step
+    count that is not a one-element tensor holding a non-negative integer.
+    """
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"state: expected a dict of tensors for {where}, got {type(entry).__name__}")
+    if not entry:
+        return
+    for key in entry:
+        if key not in spec.keys:
+            raise ValueError(f"{key}: not a {spec.algorithm} state key{_owners(key)}; {spec.algorithm} keeps "
+                             f"{list(spec.keys)} ({where})")
+    missing = [k for k in spec.keys if k not in entry and k not in spec.optional(group)]
+    if missing:
+        raise ValueError(f"{missing[0]}: missing from the saved {spec.algorithm} state of {where} (it has "
+                         f"{sorted(entry)}); a resumed run would re-create it and differ")
+    for key, shape_of in spec.tensors.items():
+        value, want = entry[key], shape_of(p, group)
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            got = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"{key}: expected a real floating-point tensor for {where}, got {got}")
+        if tuple(value.shape) != want:
+            raise ValueError(f"{key}: expected shape {want} for {where}, got {tuple(value.shape)}")
+        check_finite(value, f"{key} of {where}")
+    for key in spec.counts:
+        if key not in entry:
+            continue
+        value = entry[key]
+        ok = isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool
+        number = value.item() if ok else None
+        if not ok or not (number == number and abs(number) != float("inf")) or number < 0 or number != int(number):
+            raise ValueError(f"{key}: expected a one-element tensor holding a non-negative integer step count for "
+                             f"{where}, got {value!r}")
+
+
 def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: GroupSpec,
-                            state_dtype: StateDtype | None = None) -> None:
+                            state_dtype: StateDtype | None = None,
+                            algorithm_of: Callable[[dict], str] | None = None) -> None:
     """``torch.optim.Optimizer.load_state_dict`` with this package's guarantees.
 
     0. Dtype names written by ``state_dict_with_dtype_names`` become torch.dtypes again.
@@ -74,10 +185,18 @@ def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: 
        saved tensor in that dtype (torch's cast to the parameter's dtype would round e.g. a
        float32 momentum of a bfloat16 parameter).
 
-    Raises: whatever ``group_spec`` or its normalize function raise (before any change), and
-    torch's errors for a state dict of another shape.
+    Between 1 and 2, with ``algorithm_of`` (completed group -> a key of ``STATE_SPECS``), every
+    saved parameter's state is checked (``check_saved_state``: keys, dtypes, shapes, finiteness,
+    step counts), so a corrupt or foreign checkpoint raises before the optimizer changes.
+
+    Raises: whatever ``group_spec``, its normalize function or ``check_saved_state`` raise
+    (before any change); ValueError for a state dict without "state" / "param_groups"; torch's
+    errors for a state dict of another shape (before any change too).
     """
+    if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= set(state_dict):
+        raise ValueError("state_dict: expected a dict with 'state' and 'param_groups' (an optimizer's state_dict())")
     saved = [{k: _dtype_from_name(v) for k, v in g.items()} for g in state_dict["param_groups"]]
+    trials = []
     if len(saved) == len(optimizer.param_groups):
         for i, (group, current) in enumerate(zip(saved, optimizer.param_groups)):
             keys, normalize = group_spec(i, group, current)
@@ -88,6 +207,16 @@ def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: 
                 trial["param_names"] = current["param_names"]
             normalize(trial)
             group.update({key: trial[key] for key in keys})
+            trials.append((i, trial, group))
+    if algorithm_of is not None:
+        for i, trial, group in trials:
+            if len(group["params"]) != len(trial["params"]):
+                continue  # torch raises its own error, before any change
+            spec = STATE_SPECS[algorithm_of(trial)]
+            for j, (pid, p) in enumerate(zip(group["params"], trial["params"])):
+                if pid in state_dict["state"]:
+                    check_saved_state(state_dict["state"][pid], spec, p, trial,
+                                      f"parameter {j} of param group {i} (shape {tuple(p.shape)})")
     ids = [i for g in state_dict["param_groups"] for i in g["params"]]
     params = [p for g in optimizer.param_groups for p in g["params"]]
     source = {p: state_dict["state"].get(i, {}) for i, p in zip(ids, params)}

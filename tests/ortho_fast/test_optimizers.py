@@ -112,7 +112,9 @@ def test_dion_wrong_q_shape_changes_nothing():
     for bad_q_shape in ((8, 5), (12, 4), (4, 8)):  # right shape is (8, 4) for both
         sd = copy.deepcopy(opt.state_dict())
         sd["state"][1]["Q"] = torch.ones(bad_q_shape, dtype=torch.float64)
-        opt.load_state_dict(sd)
+        with pytest.raises(ValueError, match="^Q:"):  # a checkpoint with it is rejected at load
+            opt.load_state_dict(sd)
+        opt.state[ps[1]]["Q"] = torch.ones(bad_q_shape, dtype=torch.float64)  # planted: the step rejects it too
         for p in ps:
             p.grad = torch.tensor(gradient_matrix(tuple(p.shape), rng))
         params_before = [p.detach().clone() for p in ps]
@@ -131,7 +133,9 @@ def test_muon_wrong_momentum_shape_changes_nothing():
     opt.step()
     sd = copy.deepcopy(opt.state_dict())
     sd["state"][1]["momentum_buffer"] = torch.zeros(4, 4, dtype=torch.float64)
-    opt.load_state_dict(sd)
+    with pytest.raises(ValueError, match="^momentum_buffer:"):  # a checkpoint with it is rejected at load
+        opt.load_state_dict(sd)
+    opt.state[ps[1]]["momentum_buffer"] = torch.zeros(4, 4, dtype=torch.float64)  # planted: the step rejects it too
     params_before = [p.detach().clone() for p in ps]
     state_before = _state_clone(opt)
     with pytest.raises(ValueError, match=r"momentum_buffer"):
