@@ -142,6 +142,13 @@ class Dion(Optimizer):
     ``synchronize_for_checkpoint()`` before saving, and ``init_state()`` on a fresh optimizer
     before ``dcp.load(opt.state_dict())`` then ``opt.load_state_dict``.
 
+    ``check_finite`` (default True): every gradient must be finite, decided for the whole step by
+    one fused reduction on the device and one host read (a NaN / Inf raises ValueError naming the
+    parameter, before any change); False checks nothing and reads nothing from the device (a NaN
+    then propagates, as in torch.optim), which ``torch.compile(opt.step, fullgraph=True)`` needs;
+    a compiled Dion also needs ``init_state()`` first (Q0 comes from a seeded generator) and
+    ``qr_method="householder"`` (the Cholesky methods decide their Householder fallback on the
+    host; randomized Cholesky QR seeds a generator per step). B = 0 is decided on the device.
     State per parameter: ``momentum``, ``Q``, ``step`` (see ``dion_group_step``); inject a known
     Q through ``load_state_dict``. ``load_state_dict`` checks every saved state before anything
     changes (``check_saved_state``: all three keys present, ``momentum`` / ``Q`` real floating,

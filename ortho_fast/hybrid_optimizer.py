@@ -110,6 +110,10 @@ class HybridOptimizer(Optimizer):
     ``synchronize_for_checkpoint()`` acts on the Dion groups as ``Dion``'s does. For a ``torch.distributed.checkpoint`` load, torch's ``get_state_dict``
     creates every group's state on a fresh optimizer (a step with zero gradients at lr 0, which
     changes no parameter).
+    ``check_finite`` (default True): every gradient must be finite, decided for the whole step by
+    one fused reduction on the device and one host read (a NaN / Inf raises ValueError naming the
+    parameter, before any change); False checks nothing and reads nothing from the device (a NaN
+    then propagates, as in torch.optim), which ``torch.compile(opt.step, fullgraph=True)`` needs.
     State: each algorithm's own (see its ``*_group_step``). ``load_state_dict`` checks that
     the saved groups run the same algorithms, fills options missing from a saved group (a
     torch.optim.AdamW / torch.optim.Muon checkpoint) from the current group, never aliases the

@@ -88,6 +88,10 @@ class Muon(Optimizer):
     "distributed" equal to rounding. Sharded parameters take no ``banks``, ``split_sizes`` /
     ``split_groups`` / ``num_heads``, ``expert_keys`` or ``flatten=False`` batches (plain and
     replicated ones take every option).
+    ``check_finite`` (default True): every gradient must be finite, decided for the whole step by
+    one fused reduction on the device and one host read (a NaN / Inf raises ValueError naming the
+    parameter, before any change); False checks nothing and reads nothing from the device (a NaN
+    then propagates, as in torch.optim), which ``torch.compile(opt.step, fullgraph=True)`` needs.
     State: ``momentum_buffer`` (the parameter's shape and dtype), as torch.optim.Muon, so its
     checkpoints load (missing group keys are taken from the current groups); the loaded state
     owns its tensors (``load_state_dict`` never aliases the given state dict).

@@ -53,7 +53,8 @@ import torch.distributed as dist
 from ..functional import muon as muon_math
 from ..functional.layout import MuonLayout, is_expert_name
 from ..groups.driver import GroupRunner, describe_groups
-from ..groups.muon import MUON_OPTION_KEYS, check_muon_step, momentum_of, param_layout, param_name, resolve_muon_options
+from ..groups.muon import (MUON_OPTION_KEYS, cached_layout, check_muon_step, momentum_of, param_layout, param_name,
+                           resolve_muon_options)
 from ..groups.options import MuonOptions, OptionsCache
 from ..validation import FiniteCheck, check_choice
 from . import comm
@@ -301,12 +302,7 @@ class MuonSharding(GroupRunner):
 
     def _param_layout(self, group: dict, entry, i: int, p: torch.Tensor) -> MuonLayout:
         """The one-process layout of a plain / replicated parameter, cached with the group's options."""
-        hit = entry.per_param.get(i)
-        if hit is not None and hit[0] is p and hit[1] == p.shape:
-            return hit[2]
-        lay = param_layout(group, entry.options, i, p)
-        entry.per_param[i] = (p, p.shape, lay)
-        return lay
+        return cached_layout(group, entry.options, entry.per_param, i, p)
 
     def _owner_phase(self, items: list[_Item], group: dict, options: MuonOptions) -> None:
         """Phase 3 on the owner: TP all-gathers ("duplicated"), then every whole-matrix

@@ -178,18 +178,23 @@ def normalize_muon_group(group: dict) -> None:
         param_layout(group, options, i, p)
 
 
+def cached_layout(group: dict, options: MuonOptions, cache: dict | None, index: int, p: torch.Tensor) -> MuonLayout:
+    """``param_layout``, kept in ``cache`` ({index: (parameter, shape, layout)}: an
+    ``OptionsCache`` entry's ``per_param``, dropped whenever the options change) while the group
+    holds the same parameter of the same shape at ``index``; None: computed every time."""
+    if cache is None:
+        return param_layout(group, options, index, p)
+    hit = cache.get(index)
+    if hit is not None and hit[0] is p and hit[1] == p.shape:
+        return hit[2]
+    lay = param_layout(group, options, index, p)
+    cache[index] = (p, p.shape, lay)
+    return lay
+
+
 def _layouts(group: dict, options: MuonOptions, cache: dict | None):
-    """Layout of parameter i of ``group`` (from ``cache`` {i: (p, shape, layout)} when present)."""
-    def layout(i: int, p: torch.Tensor) -> MuonLayout:
-        if cache is None:
-            return param_layout(group, options, i, p)
-        hit = cache.get(i)
-        if hit is not None and hit[0] is p and hit[1] == p.shape:
-            return hit[2]
-        lay = param_layout(group, options, i, p)
-        cache[i] = (p, p.shape, lay)
-        return lay
-    return layout
+    """i, p -> the layout of parameter i of ``group`` (``cached_layout``)."""
+    return lambda i, p: cached_layout(group, options, cache, i, p)
 
 
 def check_muon_step(group: dict, state: Mapping[torch.Tensor, dict], options: MuonOptions | None = None,
