@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import ortho_ref
 from ortho_verify import DionConventions, check_sharded_optimizer
-from ortho_verify.sharding import (SHARDED_LAYOUTS, PlantedDion, PlantedMuon, dion_factory, dion_replay,
+from ortho_verify.sharding import (SHARDED_LAYOUTS, PlantedDion, dion_factory, dion_replay, planted_muon_factory,
                                    layout_pattern, layouts_for, muon_factory)
 from ortho_verify.tolerances import sharded_tolerance
 
@@ -25,12 +25,7 @@ SHAPES = (("tall", (16, 8)), ("square", (12, 12)), ("empty shards", (3, 5)))
 STEPS = 2
 
 
-def muon(bug=None):
-    def factory(params, layout):
-        if layout is None:
-            return PlantedMuon(params, bug=bug)
-        return PlantedMuon(params, distributed_mesh=layout.shard_mesh, tp_mesh=layout.inner_shard_mesh, bug=bug)
-    return factory
+muon = planted_muon_factory  # PlantedMuon on the layout's meshes, with a planted bug or none
 
 
 def dion(orientation="shape"):

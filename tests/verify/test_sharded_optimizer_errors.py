@@ -13,17 +13,12 @@ import torch
 
 from ortho_verify import MuonConventions, check_sharded_optimizer
 from ortho_verify.sharded_check import load_factory
-from ortho_verify.sharding import PlantedMuon
+from ortho_verify.sharding import PlantedMuon, planted_muon_factory
 
 SHAPES = ((8, 6),)
 
 
-def muon(bug=None):
-    def factory(params, layout):
-        if layout is None:
-            return PlantedMuon(params, bug=bug)
-        return PlantedMuon(params, distributed_mesh=layout.shard_mesh, tp_mesh=layout.inner_shard_mesh, bug=bug)
-    return factory
+muon = planted_muon_factory  # PlantedMuon on the layout's meshes, with a planted bug or none
 
 
 def raising(params, layout):

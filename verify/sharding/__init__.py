@@ -59,7 +59,8 @@ from ortho_verify.sharding.mesh_layout import ShardedLayout, sharded_layout
 from ortho_verify.sharding.factory_run import FactoryPlan, hyperparameters, layout_rank_run, one_process_run
 from ortho_verify.sharding.diagnosis import FEATURES, dion_replay, layout_features, layout_pattern, moved_fraction
 from ortho_verify.sharding.factories import dion_factory, muon_factory
-from ortho_verify.sharding.planted_optimizers import MUON_BUGS, ORIENTATIONS, PlantedDion, PlantedMuon
+from ortho_verify.sharding.planted_optimizers import (MUON_BUGS, ORIENTATIONS, PlantedDion, PlantedMuon,
+                                                      planted_muon_factory)
 
 __all__ = ["Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS", "DOCS_PATH", "layouts_for",
            "initial_weight", "gradient", "mean_gradient", "optimizer_options", "reference", "analytic_volume", "run",
@@ -71,5 +72,5 @@ __all__ = ["Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS"
            # check_sharded_optimizer's mechanism (ortho_verify.sharded_check)
            "SHARDED_LAYOUTS", "ShardedLayout", "sharded_layout", "FactoryPlan", "hyperparameters", "layout_rank_run",
            "one_process_run", "FEATURES", "dion_replay", "layout_features", "layout_pattern", "moved_fraction",
-           "dion_factory", "muon_factory", "MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon", "digest",
+           "dion_factory", "muon_factory", "MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon", "planted_muon_factory", "digest",
            "full_copy", "is_dtensor", "place", "relative_difference"]

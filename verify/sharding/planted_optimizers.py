@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from ortho_verify.sharding.tensors import is_dtensor
 
-__all__ = ["MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon", "newton_schulz_jordan"]
+__all__ = ["MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon", "newton_schulz_jordan", "planted_muon_factory"]
 
 #: PlantedMuon's bugs: what each gets wrong.
 MUON_BUGS = {
@@ -186,3 +186,14 @@ class PlantedDion(torch.optim.Optimizer):
                 update = p_mat @ state["Q"].mT
                 state["momentum"] = mw.mT if tr else mw
                 _write(p, w * (1 - lr * wd) - lr * math.sqrt(m / n) * (update.mT if tr else update))
+
+
+def planted_muon_factory(bug: str | None = None):
+    """A ``check_sharded_optimizer`` factory of ``PlantedMuon`` with ``bug`` (one of ``MUON_BUGS`` or
+    None): one process without a layout, else FSDP / DDP over the layout's shard mesh and TP over its
+    inner shard mesh."""
+    def factory(params, layout):
+        if layout is None:
+            return PlantedMuon(params, bug=bug)
+        return PlantedMuon(params, distributed_mesh=layout.shard_mesh, tp_mesh=layout.inner_shard_mesh, bug=bug)
+    return factory
