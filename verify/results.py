@@ -175,8 +175,9 @@ NO_CLAIM_NOTES = 3
 
 
 def _row(r: CheckResult) -> dict:
-    """A row of report.json: the fields of ``CheckResult.as_dict`` with non-finite numbers as strings."""
-    return {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in r.as_dict().items()}
+    """A row of report.json: the fields of ``CheckResult.as_dict`` (an infinite tolerance is written
+    as ``Infinity``, as Python's json module does)."""
+    return r.as_dict()
 
 
 def no_claim_summary(results: list[CheckResult]) -> dict:
