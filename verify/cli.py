@@ -211,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(SUBCOMMANDS[argv[0]])
         return module.main(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if args.command is None and unknown:
+        parser.parse_args(argv)  # the usage error of argparse, with suggestions
     stored = validate(args, parser)
     # The oracle's SVDs are small (<= 512 x 1024): a single BLAS thread is faster than two
     # OpenBLAS threads competing with torch's pool (measured: 0.02 s vs 2.8 s per 256 x 512
