@@ -116,3 +116,19 @@ def test_pytest_fixture_writes_then_compares(tmp_path):
     assert _pytest(tmp_path, env={"RATIO": "0.3"}).returncode == 0
     worse = _pytest(tmp_path, env={"RATIO": "0.5"})
     assert worse.returncode == 1 and "baseline_regression" in worse.stdout
+
+
+def test_docs_ci_example_of_a_users_baseline(tmp_path):
+    import re
+
+    from tests.verify.test_docs_example import ROOT, _pytest
+
+    doc = (ROOT / "docs" / "verification.md").read_text()
+    [code] = re.findall(r"```python\n# tests/test_kernel_baseline.py\n(.*?)```", doc, re.S)
+    (tmp_path / "test_kernel_baseline.py").write_text(code)
+    first = _pytest(tmp_path, "--ortho-update-baseline", env={})
+    assert first.returncode == 0, first.stdout + first.stderr
+    stored = json.loads((tmp_path / "ortho-baselines" / "test_kernel_has_not_drifted.json").read_text())
+    assert stored["mode"] == {"subject": "my_newton_schulz (jordan, float32)"} and len(stored["ratios"]) > 20
+    again = _pytest(tmp_path, env={})
+    assert again.returncode == 0 and "1 passed" in again.stdout, again.stdout
