@@ -368,10 +368,11 @@ class VerificationReport:
             raise AssertionError(self.summary())
 
     def save(self, out_dir) -> Path:
-        """Write ``report.json``, ``report.md`` (``write_reports``) and ``failures.npz`` (the
-        reproducing inputs of the failures, keyed ``<input>/<array>``) to ``out_dir``; returns it."""
+        """Write ``report.json``, ``report.md`` (``write_reports`` with every row: a report of one
+        kernel or optimizer is small) and ``failures.npz`` (the reproducing inputs of the failures,
+        keyed ``<input>/<array>``) to ``out_dir``; returns it."""
         out = Path(out_dir)
-        write_reports(self.results, out, {"subject": self.subject})
+        write_reports(self.results, out, {"subject": self.subject}, all_rows=True)
         arrays = {f"{f.result.input}/{k}": v for f in self.failures for k, v in f.inputs.items()}
         if arrays:
             np.savez(out / "failures.npz", **arrays)
