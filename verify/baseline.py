@@ -9,6 +9,14 @@ arguments, digits and the stored arrays — not the sidecar's date, versions or 
 (checks of the baseline missing from a run of the same mode) and a ``baseline_golden_files``
 row (golden files changed or removed). A ratio regresses when
 r_new > max(BASELINE_GROWTH·r_old, BASELINE_FLOOR) (``ortho_verify.tolerances``: 2 and 0.1).
+
+Inputs: the baseline records the identity of the real-gradient corpus (``ortho_verify.corpus
+.corpus_identity``: name, size, SHA-256). When a run's corpus differs, its real-input rows are not
+compared (they measure other matrices) and one ``baseline_inputs`` row that made no claim says so —
+the run's verdict is "inconclusive" (exit 1), never a regression.
+
+A user's own report (``check_orthogonalizer`` / ``check_optimizer``): ``save_baseline`` and
+``compare_with_baseline`` (docs/verification.md, "Regression CI with a baseline").
 """
 
 from __future__ import annotations
@@ -20,14 +28,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ortho_verify.results import CheckResult, measured
+from ortho_verify.results import CheckResult, VerificationReport, measured, no_claim
 from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
-__all__ = ["FORMAT", "GOLDEN_DIR", "allowed_ratio", "compare", "golden_hashes", "load", "write"]
+__all__ = ["FORMAT", "GOLDEN_DIR", "READABLE_FORMATS", "allowed_ratio", "compare", "compare_with_baseline",
+           "golden_hashes", "load", "save_baseline", "write"]
 
-FORMAT = 2  # 2: golden files hashed by content (``golden_hashes``), no-claim rows left out
+#: 2: golden files hashed by content (``golden_hashes``), no-claim rows left out; 3: the identity of
+#: the real-gradient corpus ("inputs"), any run mode (a user's report: its subject).
+FORMAT = 3
+#: Formats ``load`` reads (a format-2 baseline has no corpus identity: its real inputs are not compared).
+READABLE_FORMATS = (2, 3)
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "ortho_ref" / "golden" / "data"
-_MODE_KEYS = ("quick", "real_inputs_used", "seed")
 
 
 def _key(r: CheckResult) -> str:
@@ -78,11 +90,15 @@ def _ratios(results: list[CheckResult]) -> dict[str, float]:
     return out
 
 
-def write(path, results: list[CheckResult], mode: dict, golden_dir: Path | None = None) -> Path:
+def write(path, results: list[CheckResult], mode: dict, golden_dir: Path | None = None, *, inputs: dict | None = None,
+          golden: bool = True) -> Path:
     """Write the baseline of ``results`` to ``path`` (JSON; parent folders created).
 
-    ``mode``: the run's {"quick", "real_inputs_used", "seed"}. Raises: ValueError if a result
-    failed (a baseline records a passing state).
+    ``mode``: what must match for coverage to be enforced (the CLI's {"quick", "real_inputs_used",
+    "seed"}; a user's report: {"subject"}). ``inputs``: {"corpus": ``corpus_identity`` or None,
+    "real_inputs": names of the inputs trained on it} of the run. ``golden``: record the oracle's golden files (``golden_hashes``).
+    Raises: ValueError if a result failed (a baseline records a passing state); OSError if the
+    file cannot be written.
     """
     failed = [r for r in results if not r.passed]
     if failed:
@@ -91,18 +107,35 @@ def write(path, results: list[CheckResult], mode: dict, golden_dir: Path | None 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"format": FORMAT, "margin": {"growth": BASELINE_GROWTH, "floor": BASELINE_FLOOR},
-            "mode": {k: mode.get(k) for k in _MODE_KEYS}, "golden_files": golden_hashes(golden_dir),
+            "mode": dict(mode), "inputs": dict(inputs or {"corpus": None}),
+            "golden_files": golden_hashes(golden_dir) if golden else None,
             "ratios": {k: (v if math.isfinite(v) else "inf") for k, v in sorted(_ratios(results).items())}}
     path.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
     return path
 
 
 def load(path) -> dict:
-    """Read a baseline; ValueError naming the file for a wrong format or missing fields."""
-    body = json.loads(Path(path).read_text())
-    if body.get("format") != FORMAT or not isinstance(body.get("ratios"), dict):
-        raise ValueError(f"baseline {path}: expected format {FORMAT} with a 'ratios' table")
-    body["ratios"] = {k: float(v) for k, v in body["ratios"].items()}
+    """Read a baseline written by ``write``.
+
+    Raises: OSError if the file cannot be read; ValueError naming the file when it is not JSON,
+    not a JSON object, of another format, or its "ratios" is not a table of numbers.
+    """
+    try:
+        body = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"baseline {path}: not JSON ({err})") from None
+    if not isinstance(body, dict):
+        raise ValueError(f"baseline {path}: expected a JSON object written by --update-baseline, got a "
+                         f"{type(body).__name__}")
+    if body.get("format") not in READABLE_FORMATS or not isinstance(body.get("ratios"), dict):
+        raise ValueError(f"baseline {path}: expected format {FORMAT} with a 'ratios' table (got format "
+                         f"{body.get('format')!r}); write it again with --update-baseline")
+    try:
+        body["ratios"] = {str(k): float(v) for k, v in body["ratios"].items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"baseline {path}: 'ratios' must map keys to numbers") from None
+    if not isinstance(body.get("mode", {}), dict):
+        raise ValueError(f"baseline {path}: 'mode' must be a JSON object")
     return body
 
 
@@ -111,17 +144,44 @@ def allowed_ratio(old: float) -> float:
     return max(BASELINE_GROWTH * old, BASELINE_FLOOR)
 
 
-def compare(results: list[CheckResult], baseline: dict, mode: dict, golden_dir: Path | None = None) -> list[CheckResult]:
+def _corpus_note(then, now) -> str:
+    def name(c):
+        return "none recorded" if not c else f"{c.get('name')} ({str(c.get('sha256'))[:12]}…)"
+    return f"baseline corpus {name(then)}, this run {name(now)}"
+
+
+def compare(results: list[CheckResult], baseline: dict, mode: dict, golden_dir: Path | None = None, *,
+            inputs: dict | None = None, real_inputs=(), golden: bool = True) -> list[CheckResult]:
     """Rows comparing a run with a loaded baseline (see the module docstring).
 
     ``baseline_regression`` per check name present in both: error = the new ratio of the key with
     the largest new/allowed, tolerance = its allowed ratio, the old ratio in the note.
-    ``baseline_coverage`` (only when the run's mode equals the baseline's; otherwise there is no
+    ``baseline_coverage`` (only when the run's ``mode`` equals the baseline's; otherwise there is no
     claim to make, and every row's note says so): error = number of baseline keys absent from
-    this run, tolerance 0; a row that made a claim in the baseline and none now counts as absent. ``baseline_golden_files``: error = number of golden files whose
-    content (``golden_hashes``) changed or that were removed since the baseline, tolerance 0.
+    this run, tolerance 0; a row that made a claim in the baseline and none now counts as absent.
+    ``baseline_golden_files`` (when ``golden``): error = number of golden files whose content
+    (``golden_hashes``) changed or that were removed since the baseline, tolerance 0.
+    ``baseline_inputs`` (a row that makes no claim, so the verdict is "inconclusive"): when the
+    run's ``inputs["corpus"]`` differs from the baseline's, the rows on ``real_inputs`` (input
+    names trained on the corpus) are left out of every comparison and this row says why.
     """
-    old, new = baseline["ratios"], _ratios(results)
+    old, new = dict(baseline["ratios"]), _ratios(results)
+    stored_inputs = baseline.get("inputs") or {}
+    then_corpus, now_corpus = stored_inputs.get("corpus"), (inputs or {}).get("corpus")
+    then_real = set(stored_inputs.get("real_inputs") or ())
+    rows = []
+    real_inputs = set(real_inputs)
+    baseline_had_real = bool(then_real) or bool(baseline.get("mode", {}).get("real_inputs_used"))
+    if real_inputs and baseline_had_real and then_corpus != now_corpus:
+        def on_real(key):
+            return key.split(" | ")[1] in real_inputs | then_real
+        skipped = sum(on_real(k) for k in new)
+        new = {k: v for k, v in new.items() if not on_real(k)}
+        old = {k: v for k, v in old.items() if not on_real(k)}
+        rows.append(no_claim("baseline_inputs", "baseline", "real-gradient corpus of the baseline and of this run",
+                             f"different real-gradient inputs: {_corpus_note(then_corpus, now_corpus)}; {skipped} "
+                             "real-input rows not compared. Write the baseline again with --update-baseline on "
+                             "this version, or use --no-real for a baseline that needs no corpus"))
     worst: dict[str, tuple[float, str]] = {}
     for key, ratio in new.items():
         if key in old:
@@ -129,13 +189,13 @@ def compare(results: list[CheckResult], baseline: dict, mode: dict, golden_dir: 
             score = ratio / allowed_ratio(old[key])
             if check not in worst or score > worst[check][0]:
                 worst[check] = (score, key)
-    rows = []
     for check, (_, key) in sorted(worst.items()):
         _, inp, detail = key.split(" | ", 2)
         rows.append(measured("baseline_regression", inp, f"{check}: {detail}", new[key], allowed_ratio(old[key]),
                              f"baseline ratio {old[key]:.3g}; fails above max({BASELINE_GROWTH:g} x baseline, "
                              f"{BASELINE_FLOOR:g})"))
-    same_mode = all(baseline.get("mode", {}).get(k) == mode.get(k) for k in _MODE_KEYS)
+    stored_mode = baseline.get("mode", {})
+    same_mode = all(stored_mode.get(k) == mode.get(k) for k in set(stored_mode) | set(mode))
     missing = sorted(set(old) - set(new))
     counts = f"{len(set(old) & set(new))} compared, {len(set(new) - set(old))} new"
     if same_mode:
@@ -143,12 +203,30 @@ def compare(results: list[CheckResult], baseline: dict, mode: dict, golden_dir: 
                              len(missing), 0.0,
                              (f"missing: {missing[0]}{' ...' if len(missing) > 1 else ''}; " if missing else "")
                              + counts))
-    then, now = baseline.get("golden_files", {}), golden_hashes(golden_dir)
-    changed = sorted(name for name, digest in then.items() if now.get(name) != digest)
-    rows.append(measured("baseline_golden_files", "ortho_ref/golden", "golden files unchanged since the baseline",
-                         len(changed), 0.0, f"changed or removed: {', '.join(changed)}" if changed else
-                         f"{len(then)} files, {len(set(now) - set(then))} added"))
+    if golden:
+        then, now = baseline.get("golden_files") or {}, golden_hashes(golden_dir)
+        changed = sorted(name for name, digest in then.items() if now.get(name) != digest)
+        rows.append(measured("baseline_golden_files", "ortho_ref/golden", "golden files unchanged since the baseline",
+                             len(changed), 0.0, f"changed or removed: {', '.join(changed)}" if changed else
+                             f"{len(then)} files, {len(set(now) - set(then))} added"))
     if not same_mode:
         for row in rows:
-            row.note += f"; run mode differs from the baseline's: coverage not enforced ({counts})"
+            if row.check != "baseline_inputs":
+                row.note += f"; run mode differs from the baseline's: coverage not enforced ({counts})"
     return rows
+
+
+def save_baseline(report: VerificationReport, path) -> Path:
+    """Write the baseline of a user's ``check_orthogonalizer`` / ``check_optimizer`` report
+    (``write`` with mode {"subject": report.subject}, no golden files) to ``path``.
+    Raises: ValueError if the report has a failed row; OSError if ``path`` cannot be written."""
+    return write(path, report.results, {"subject": report.subject}, golden=False)
+
+
+def compare_with_baseline(report: VerificationReport, path) -> VerificationReport:
+    """A new ``VerificationReport``: ``report``'s rows plus the baseline rows of ``compare``
+    (regression per check, coverage) against the baseline at ``path`` (``save_baseline``).
+    Its ``passed`` is False when a ratio regressed or a check of the baseline is missing.
+    Raises: OSError if ``path`` cannot be read, ValueError if it is not a baseline (``load``)."""
+    rows = compare(report.results, load(path), {"subject": report.subject}, golden=False)
+    return VerificationReport(report.subject, [*report.results, *rows], report.inputs)

@@ -1,18 +1,22 @@
 """``ortho-verify``: check the fast Muon / Dion implementations against the exact oracle.
 
-The default run trains a small byte-level GPT on the running Python's standard-library
-sources (cached), captures real gradient matrices, adds synthetic matrices with prescribed
-spectra, runs every check of ``ortho_verify.checks``, the error-feedback checks of
-``ortho_verify.error_feedback`` and the oracle's golden files (``ortho_verify.golden``), prints one table,
-writes ``report.json``, ``report.md`` and PNG plots, optionally compares with a baseline, and
-exits 1 if any check failed or a check made no claim on any of its inputs (rows that made no
-claim — not compared, or a tolerance that cannot reject a wrong result — are counted apart).
+The default run trains a small byte-level GPT on the pinned corpus (``ortho_verify.corpus``;
+cached), captures real gradient matrices, adds synthetic matrices with prescribed spectra, runs
+every check of ``ortho_verify.checks``, the error-feedback checks of ``ortho_verify.error_feedback``
+and the oracle's golden files (``ortho_verify.golden``), prints a summary (one row per check, then
+the failing rows; ``--verbose``: every check and input), writes ``report.json`` (schema
+``ortho_verify.results.REPORT_SCHEMA_VERSION``), ``report.md``, PNG plots and optionally JUnit XML,
+prints GitHub Actions annotations when ``GITHUB_ACTIONS=true``, optionally compares with a
+baseline, and exits 0 when every check passed, 1 when a check failed or the run was inconclusive
+(a check made no claim on any of its inputs; rows that made no claim are counted apart), 2 on a
+usage error (``ortho_verify.arguments``). Subcommands: ``sharding``, ``reproduce``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import platform
 import sys
 import time
@@ -23,9 +27,12 @@ import torch
 from threadpoolctl import threadpool_limits
 
 import ortho_fast
-from ortho_verify import baseline, checks, data, error_feedback, plots, registry, report
+from ortho_verify import annotations, baseline, checks, data, error_feedback, junit, plots, registry, report
+from ortho_verify.arguments import (EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file,
+                                    check_readable_file)
+from ortho_verify.corpus import corpus_identity
 from ortho_verify.optional import require
-from ortho_verify.results import CheckResult
+from ortho_verify.results import REPORT_SCHEMA_VERSION, CheckResult
 from ortho_verify.spectra import synthetic_matrices
 from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
@@ -40,28 +47,41 @@ LAYOUT_DTYPE = "float32"
 #: (``ortho_verify.registry.DION_VARIANT_RUNS``).
 DION_VARIANT_RUNS = registry.DION_VARIANT_RUNS
 DION_VARIANT_RANK_FRACTION = 0.25
+#: Largest ``--seed`` (torch and numpy seeds are unsigned 64-bit; the synthetic inputs add offsets).
+MAX_SEED = 2**63 - 1
 
 
 #: ``ortho-verify NAME ...`` runs ``main(argv)`` of the module (its own --help).
 SUBCOMMANDS = {"sharding": "ortho_verify.sharding", "reproduce": "ortho_verify.reproduce"}
+SUBCOMMAND_HELP = {"sharding": "distributed layouts of Dion and Muon equal to one process ('ortho-verify sharding "
+                               "--help')",
+                   "reproduce": "the papers' claims re-measured on real text ('ortho-verify reproduce --help')"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``ortho-verify`` command line (the default run; ``SUBCOMMANDS`` have their own)."""
-    parser = argparse.ArgumentParser(
+    """The ``ortho-verify`` command line: the default run's options and the ``SUBCOMMANDS``
+    (listed for usage and typo suggestions; each parses its own arguments)."""
+    parser = SuggestingParser(
         prog="ortho-verify",
-        description="Check ortho_fast's Newton–Schulz, Muon and Dion against the exact oracle ortho_ref. "
-                    "Subcommands: 'ortho-verify sharding --help' (distributed layouts equal to one process) "
-                    "and 'ortho-verify reproduce --help' (the papers' claims on real text).",
+        description="Check ortho_fast's Newton–Schulz, Muon and Dion against the exact oracle ortho_ref.",
+        epilog="Exit codes: 0 every check passed; 1 a check failed, a baseline regressed, or the run was "
+               "inconclusive (a check made no claim on any input, or the baseline's inputs differ); 2 usage error.",
     )
-    parser.add_argument("--quick", action="store_true", help="fewer inputs (a few seconds on 2 CPU cores)")
+    parser.add_argument("--quick", action="store_true", help="fewer inputs (about 10 s on 2 CPU cores)")
     parser.add_argument("--out", type=Path, default=Path("ortho-verify-out"),
                         help="folder for report.json, report.md and plots/ (default: ./ortho-verify-out)")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="cache for the captured real gradients (default: $ORTHO_CACHE_DIR or ~/.cache/ortho)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the model, data order and synthetic inputs")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed for the model, data order and synthetic inputs (0 <= SEED < 2^63; default 0)")
     parser.add_argument("--no-real", action="store_true", help="skip the real-gradient inputs (synthetic only)")
     parser.add_argument("--no-plots", action="store_true", help="do not write the PNG plots")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also print the worst case of every check and input (hundreds of rows)")
+    parser.add_argument("--all-rows", action="store_true",
+                        help="write every row to report.json ('results') and report.md (large: megabytes)")
+    parser.add_argument("--junit-xml", type=Path, default=None, metavar="FILE",
+                        help="write JUnit XML to FILE: one test case per check and input")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: the matrices are small; with 2 threads on a "
                              "2-core machine that other processes also use, --quick took 19.6 s instead of 5.1 s)")
@@ -69,11 +89,42 @@ def build_parser() -> argparse.ArgumentParser:
                         help="compare every check's error/tolerance with FILE and fail when one regresses: "
                              f"ratio > max({BASELINE_GROWTH:g} x its baseline ratio, {BASELINE_FLOOR:g}); also fails "
                              "when a golden file of the oracle changed, or when a check of the baseline is missing "
-                             "from a run of the same mode (--quick, --no-real, --seed)")
+                             "from a run of the same mode (--quick, --no-real, --seed); inconclusive (exit 1) when "
+                             "the baseline was recorded on another real-gradient corpus")
     parser.add_argument("--update-baseline", action="store_true",
                         help="write the run's ratios to the --baseline FILE instead of comparing (only if every "
                              "check passed)")
+    commands = parser.add_subparsers(dest="command", title="subcommands", metavar="{sharding,reproduce}")
+    for name, text in SUBCOMMAND_HELP.items():
+        commands.add_parser(name, help=text, add_help=False)
     return parser
+
+
+def validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict | None:
+    """Reject every bad argument and unusable path before any work (usage error, exit 2, naming
+    the option); creates the output folders. Returns the loaded baseline when comparing, else None."""
+    if args.command is not None:
+        parser.error(f"the subcommand {args.command!r} must come first: ortho-verify {args.command} ...")
+    if args.update_baseline and args.baseline is None:
+        parser.error("--update-baseline needs --baseline FILE")
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    if not 0 <= args.seed <= MAX_SEED:
+        parser.error(f"--seed must be in [0, 2^63 - 1], got {args.seed}")
+    check_folder(parser, "--out", args.out)
+    if not args.no_real:
+        check_folder(parser, "--cache-dir", args.cache_dir)
+    check_output_file(parser, "--junit-xml", args.junit_xml)
+    if args.baseline is None:
+        return None
+    if args.update_baseline:
+        check_output_file(parser, "--baseline", args.baseline)
+        return None
+    check_readable_file(parser, "--baseline", args.baseline)
+    try:
+        return baseline.load(args.baseline)
+    except (OSError, ValueError) as err:
+        parser.error(f"--baseline: {err}")
 
 
 def error_feedback_inputs(cases) -> list:
@@ -152,17 +203,18 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the checks; returns the exit code (0: every check passed, 1: a check failed or a check
-    made no claim on any input (inconclusive, ``ortho_verify.checks.verdict``), 2: bad arguments)."""
+    """Run the checks; returns the exit code: 0 every check passed, 1 a check failed or the run
+    was inconclusive (``ortho_verify.results.verdict``), 2 a usage error (raised as SystemExit(2)
+    by argparse, before any work)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in SUBCOMMANDS:  # ortho-verify sharding ... / ortho-verify reproduce ...
         module = importlib.import_module(SUBCOMMANDS[argv[0]])
         return module.main(argv[1:])
-    args = build_parser().parse_args(argv)
-    if args.update_baseline and args.baseline is None:
-        build_parser().error("--update-baseline needs --baseline FILE")
-    if args.threads < 1:
-        build_parser().error("--threads must be >= 1")
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command is None and unknown:
+        parser.parse_args(argv)  # the usage error of argparse, with suggestions
+    stored = validate(args, parser)
     # The oracle's SVDs are small (<= 512 x 1024): a single BLAS thread is faster than two
     # OpenBLAS threads competing with torch's pool (measured: 0.02 s vs 2.8 s per 256 x 512
     # SVD when a second process used the other core).
@@ -170,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     try:
         with threadpool_limits(limits=1, user_api="blas"):
-            return _run(args, argv)
+            return _run(args, argv, stored)
     finally:
         torch.set_num_threads(previous)
 
@@ -187,11 +239,11 @@ def _collect(args: argparse.Namespace, console, sv_points: dict) -> tuple[list, 
     train_info = None
     with Progress(*progress_cols, console=console, transient=True) as progress:
         if not args.no_real:
-            task = progress.add_task("training the stdlib GPT (cached after the first run)", total=None)
+            task = progress.add_task("training the byte-level GPT on the pinned corpus (cached after the first run)", total=None)
 
             def on_step(step: int, total: int, loss: float) -> None:
                 progress.update(task, total=total, completed=step,
-                                description=f"training the stdlib GPT: loss {loss:.3f}")
+                                description=f"training the byte-level GPT: loss {loss:.3f}")
 
             cases += data.real_gradients(quick=args.quick, cache_dir=args.cache_dir, seed=args.seed, progress=on_step)
             train_info = data.last_run_info()
@@ -207,30 +259,25 @@ def _collect(args: argparse.Namespace, console, sv_points: dict) -> tuple[list, 
     return cases, results, train_info
 
 
-def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
-    Console = require("rich.console", "ortho-verify's terminal output").Console
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
+    console = report.make_console()
     started = time.perf_counter()
     sv_points: dict = {}
     cases, results, train_info = _collect(args, console, sv_points)
     mode = {"quick": args.quick, "real_inputs_used": not args.no_real, "seed": args.seed}
-    baseline_note = ""
-    if args.baseline is not None and not args.update_baseline:
-        try:
-            results += baseline.compare(results, baseline.load(args.baseline), mode)
-            baseline_note = f"compared with baseline {args.baseline}"
-        except (OSError, ValueError) as err:
-            results.append(checks.measured("baseline_regression", str(args.baseline), "read the baseline",
-                                           float("inf"), 0.0, f"{type(err).__name__}: {err}"))
-
-    report.print_table(results, console)
+    real_names = sorted({c.name for c in cases if c.source == "real"})
+    inputs = {"corpus": (train_info or {}).get("corpus", corpus_identity()) if real_names else None,
+              "real_inputs": real_names}
+    if stored is not None:
+        results += baseline.compare(results, stored, mode, inputs=inputs, real_inputs=real_names)
     elapsed = time.perf_counter() - started
     meta = {
-        "command": " ".join(["ortho-verify", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["ortho-verify", *argv]),
         "quick": args.quick,
         "seed": args.seed,
         "inputs": len(cases),
-        "real_inputs": sum(c.source == "real" for c in cases),
+        "real_inputs": len(real_names),
+        "corpus": inputs["corpus"],
         "training": train_info,
         "elapsed_s": round(elapsed, 1),
         "python": platform.python_version(),
@@ -238,24 +285,34 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         "numpy": np.__version__,
         "machine": f"{platform.machine()} {platform.system()}, {torch.get_num_threads()} torch threads",
     }
-    if baseline_note:
-        meta["baseline"] = baseline_note
+    if stored is not None:
+        meta["baseline"] = str(args.baseline)
     plot_paths = [] if args.no_plots else plots.write_plots(results, sv_points, args.out)
-    json_path, md_path = report.write_reports(results, args.out, meta, plot_paths)
-    summ = report.summary(results)
+    json_path, md_path = report.write_reports(results, args.out, meta, plot_paths, all_rows=args.all_rows)
+    if args.verbose:
+        report.print_table(results, console)
+    summ = report.print_summary(results, console)
+    report.print_failures(results, console)
+    if args.junit_xml is not None:
+        junit.write_junit_xml(results, args.junit_xml, elapsed_s=elapsed)
+    if annotations.in_github_actions(os.environ):
+        for line in annotations.github_annotations(results, str(md_path)):
+            print(line, flush=True)
     style = "green" if summ["verdict"] == "passed" else "bold red"
-    console.print(f"[{style}]{summ['passed']} passed, {summ['failed']} failed[/], {summ['no_claim']} made no claim "
-                  f"({len(cases)} inputs, {elapsed:.1f} s). Reports: {json_path}, {md_path}")
+    console.print(f"[{style}]{summ['verdict'].upper()}: {summ['passed']} passed, {summ['failed']} failed[/], "
+                  f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} s)")
     for why in summ["inconclusive"]:
         console.print(f"[bold red]inconclusive: nothing compared — {why}[/]")
+    written = [json_path, md_path] + ([args.junit_xml] if args.junit_xml is not None else [])
+    console.print(f"Full report (schema {REPORT_SCHEMA_VERSION}): {', '.join(map(str, written))}", soft_wrap=True)
     if args.update_baseline:
         try:
-            path = baseline.write(args.baseline, results, mode)
+            path = baseline.write(args.baseline, results, mode, inputs=inputs)
         except ValueError as err:
             console.print(f"[bold red]baseline not written: {err}[/]")
-            return 1
+            return EXIT_FAILED
         console.print(f"baseline written: {path} ({len(results)} checks)")
-    return 0 if summ["verdict"] == "passed" else 1
+    return EXIT_PASSED if summ["verdict"] == "passed" else EXIT_FAILED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,7 +1,10 @@
-"""Real gradients: a small byte-level GPT trained on the Python standard library.
+"""Real gradients: a small byte-level GPT trained on a pinned, generated corpus of Python-like text.
 
-The corpus is the source of the running interpreter's standard library, read as
-bytes, so every machine has it and nothing is downloaded (docs/design.md, "Real input").
+The training text of the ``ortho-verify`` inputs is ``ortho_verify.corpus.pinned_corpus``:
+generated deterministically, the same bytes on every interpreter, identified by its SHA-256
+(``corpus_identity``), so the same package gives the same inputs everywhere and nothing is
+downloaded (docs/design.md, "Real input"). The running interpreter's standard library
+(``stdlib_corpus``, ``stdlib_split``) stays available: ``ortho_verify.reproduce`` trains on it.
 The model is a GPT-2 style decoder (Radford et al. 2019; layout as in Karpathy's
 nanoGPT): token + position embeddings, pre-norm blocks with causal self-attention
 (fused qkv Linear) and a 4x GELU MLP, a final LayerNorm and an untied lm_head.
@@ -29,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ortho_verify.corpus import CORPUS_BYTES, corpus_identity, pinned_corpus
 from ortho_verify.spectra import MatrixCase
 
 __all__ = ["CorpusSplit", "GPTConfig", "last_run_info", "real_gradients", "stdlib_corpus", "stdlib_split",
@@ -45,7 +49,7 @@ QUICK_PARAMS = (
     "blocks.0.mlp.proj.weight",
     "lm_head.weight",
 )
-_CACHE_FORMAT = 1  # bump when the cache layout or the capture procedure changes
+_CACHE_FORMAT = 2  # bump when the cache layout or the capture procedure changes
 _FINAL_LOSS_WINDOW = 10
 
 Progress = Callable[[int, int, float], None]
@@ -157,7 +161,8 @@ class GPTConfig:
         lr: AdamW learning rate (other AdamW hyperparameters are torch defaults).
         steps: number of optimizer steps.
         capture_steps: 1-based steps at which gradients are recorded, each in [1, steps].
-        corpus_bytes: size of the training corpus, a prefix of :func:`stdlib_corpus`.
+        corpus_bytes: size of the training corpus, a prefix of
+            ``ortho_verify.corpus.pinned_corpus``.
 
     Raises:
         ValueError: on non-positive sizes, ``d_model % n_heads != 0``, empty or
@@ -172,7 +177,7 @@ class GPTConfig:
     lr: float = 3e-3
     steps: int = 300
     capture_steps: tuple[int, ...] = (1, 100, 200, 300)
-    corpus_bytes: int = 2_000_000
+    corpus_bytes: int = CORPUS_BYTES
 
     def __post_init__(self) -> None:
         sizes = ("d_model", "n_layers", "n_heads", "context", "batch_size", "steps")
@@ -267,7 +272,7 @@ def train_and_capture(
     """Train the byte-level GPT with AdamW and record gradients of its 2-D weights.
 
     Each step draws ``batch_size`` random windows of ``context + 1`` bytes from
-    ``stdlib_corpus(config.corpus_bytes)`` and minimizes the next-byte cross-entropy.
+    ``pinned_corpus(config.corpus_bytes)`` and minimizes the next-byte cross-entropy.
     At every step in ``config.capture_steps`` the gradient of each 2-D parameter
     (token/position embeddings, attention qkv/proj, MLP fc/proj, lm_head) is copied
     after ``backward`` and before ``optimizer.step``. All randomness (init, batches)
@@ -300,7 +305,7 @@ def train_and_capture(
 
 
 def _train(config: GPTConfig, seed: int, progress: Progress | None) -> list[MatrixCase]:
-    corpus = stdlib_corpus(config.corpus_bytes)
+    corpus = pinned_corpus(config.corpus_bytes)
     if len(corpus) < config.context + 1:
         raise ValueError(f"corpus has {len(corpus)} bytes, need at least context + 1 = {config.context + 1}")
     data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8)
@@ -329,7 +334,7 @@ def _train(config: GPTConfig, seed: int, progress: Progress | None) -> list[Matr
                             description=(
                                 f"gradient of {name} at AdamW step {step}/{config.steps}, batch loss "
                                 f"{loss_value:.4f} nats/byte; byte-level GPT d{config.d_model} "
-                                f"L{config.n_layers} H{config.n_heads} on stdlib source, seed {seed}"
+                                f"L{config.n_layers} H{config.n_heads} on the pinned corpus, seed {seed}"
                             ),
                         )
                     )
@@ -352,7 +357,7 @@ def _cache_key(config: GPTConfig, seed: int) -> str:
         "config": asdict(config),
         "seed": seed,
         "torch": torch.__version__,
-        "python": sys.version,
+        "corpus": corpus_identity(config.corpus_bytes),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -400,7 +405,9 @@ def last_run_info() -> dict | None:
 
     Returns:
         None before the first call, else a dict with keys ``config`` (dict),
-        ``seed``, ``torch_version``, ``python_version``, ``corpus_bytes`` (int),
+        ``seed``, ``torch_version``, ``python_version`` (of the run that trained),
+        ``corpus`` (``ortho_verify.corpus.corpus_identity``: name, bytes, sha256),
+        ``corpus_bytes`` (int),
         ``initial_loss`` (loss at step 1, nats/byte; ln 256 = 5.545 is chance),
         ``final_loss`` (mean loss over the last 10 steps, nats/byte),
         ``train_seconds`` (wall time of the training run that built the cache),
@@ -420,8 +427,8 @@ def real_gradients(
     """Gradients of the byte-level GPT, trained once and cached on disk.
 
     The cache is ``<cache_dir>/gpt-grads-<key>.npz`` plus a ``.json`` sidecar with
-    the metadata; ``key`` hashes (config, seed, torch version, python version,
-    cache format), so a changed setting never loads a stale file. An unreadable
+    the metadata; ``key`` hashes (config, seed, torch version, the corpus identity,
+    cache format) — not the Python version: the corpus does not depend on it — so a changed setting never loads a stale file. An unreadable
     or mismatching cache file is rebuilt (with a warning); files are written to a
     temp file and moved into place with ``os.replace``, so an interrupted write
     never leaves a corrupt cache. Quick and full calls share the same cache.
@@ -474,7 +481,8 @@ def real_gradients(
             "seed": seed,
             "torch_version": torch.__version__,
             "python_version": sys.version,
-            "corpus_bytes": len(stdlib_corpus(config.corpus_bytes)),
+            "corpus": corpus_identity(config.corpus_bytes),
+            "corpus_bytes": config.corpus_bytes,
             "initial_loss": losses[0],
             "final_loss": float(np.mean(losses[-_FINAL_LOSS_WINDOW:])),
             "train_seconds": time.perf_counter() - start,

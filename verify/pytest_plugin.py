@@ -22,7 +22,11 @@ Disable the plugin entirely with ``-p no:ortho_verify``.
 
 Fixtures: ``verify_orthogonalizer`` and ``verify_optimizer`` — ``ortho_verify.check_orthogonalizer`` /
 ``ortho_verify.check_optimizer`` that fail the test with the report's summary; with
-``--ortho-report DIR`` each report is also saved under DIR/<test name>/.
+``--ortho-report DIR`` each report is also saved under DIR/<test name>/. ``ortho_baseline`` —
+``ortho_baseline(report, name=None)`` compares a report with its stored baseline
+(``ortho_verify.baseline.compare_with_baseline``) and fails the test on a regression, or with
+``--ortho-update-baseline`` writes it (``save_baseline``); baselines live in ``--ortho-baseline-dir``
+(default ``<rootdir>/ortho-baselines``), one JSON file per name (default: the test's name).
 """
 
 from __future__ import annotations
@@ -79,6 +83,10 @@ def _option(config) -> str | None:
 def pytest_addoption(parser):
     parser.addoption("--ortho-report", default=None, metavar="DIR",
                      help="save the report of every verify_orthogonalizer / verify_optimizer call under DIR")
+    parser.addoption("--ortho-baseline-dir", default=None, metavar="DIR",
+                     help="folder of the ortho_baseline fixture's baselines (default: <rootdir>/ortho-baselines)")
+    parser.addoption("--ortho-update-baseline", action="store_true", default=False,
+                     help="ortho_baseline writes each report's baseline instead of comparing")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -139,3 +147,42 @@ def verify_optimizer(request):
     from ortho_verify.api import check_optimizer
 
     return _checker(request, check_optimizer)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "baseline"
+
+
+@pytest.fixture
+def ortho_baseline(request):
+    """``ortho_baseline(report, name=None)``: compare a ``VerificationReport`` with its baseline
+    ``<dir>/<name>.json`` (name default: the test's name) and fail the test when a check's
+    error/tolerance regressed (> max(2 x baseline, 0.1)) or a check of the baseline is missing;
+    returns the compared report. With ``--ortho-update-baseline`` it writes the baseline instead
+    (the report must have passed). A missing baseline fails the test with the command that writes it."""
+    from ortho_verify.baseline import compare_with_baseline, save_baseline
+
+    option = request.config.getoption("--ortho-baseline-dir")
+    folder = Path(option) if option else Path(request.config.rootpath) / "ortho-baselines"
+    update = request.config.getoption("--ortho-update-baseline")
+
+    def run(report, name: str | None = None):
+        path = folder / f"{_safe(name or request.node.name)}.json"
+        if update:
+            try:
+                save_baseline(report, path)
+            except ValueError as err:
+                pytest.fail(f"baseline {path} not written: {err}", pytrace=False)
+            return report
+        if not path.is_file():
+            pytest.fail(f"no baseline {path}: run pytest --ortho-update-baseline once and commit the file",
+                        pytrace=False)
+        try:
+            compared = compare_with_baseline(report, path)
+        except (OSError, ValueError) as err:
+            pytest.fail(str(err), pytrace=False)
+        if not compared.passed:
+            pytest.fail(compared.summary(), pytrace=False)
+        return compared
+
+    return run

@@ -1,34 +1,114 @@
-"""Reports of ``ortho-verify``: one terminal table (rich), ``report.json`` and ``report.md``.
+"""Terminal output of ``ortho-verify`` (rich) and the report writers.
 
-The file writers and the summary live with the result types in ``ortho_verify.results`` and
-are re-exported here; rich is imported only when a table is printed.
+The default output is a summary: one row per check (rows passed / failed / made no claim,
+counted apart; worst error/tolerance and where), then the failing (check, input) pairs only,
+then the verdict and where the full report is; ``--verbose`` adds ``print_table`` (worst case of
+every check and input). The file writers and the summary live with the result types in
+``ortho_verify.results`` and are re-exported here; rich is imported only when something is printed.
 """
 
 from __future__ import annotations
+
+import shutil
 
 from ortho_verify.optional import require
 from ortho_verify.results import (CheckResult, error_feedback_table, format_number, summary, worst_per_group,
                                   write_reports)
 
-__all__ = ["error_feedback_table", "print_table", "summary", "worst_per_group", "write_reports"]
+__all__ = ["FAILURES_SHOWN", "error_feedback_table", "make_console", "print_failures", "print_summary", "print_table",
+           "summary", "terminal_width", "worst_per_group", "write_reports"]
+
+#: Failing (check, input) pairs printed on the terminal; the rest are in report.md.
+FAILURES_SHOWN = 20
+#: Width when the output is not a terminal and ``COLUMNS`` is not set.
+DEFAULT_WIDTH = 100
+
+
+def terminal_width() -> int:
+    """Columns for the tables: ``COLUMNS`` if set, else the terminal's width, else ``DEFAULT_WIDTH``
+    (``shutil.get_terminal_size``, which reads ``COLUMNS`` first)."""
+    return max(40, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
+
+
+def make_console():
+    """A ``rich.console.Console`` on stdout of width ``terminal_width()``.
+    Raises: ImportError naming the extra ``verify`` when rich is not installed."""
+    return require("rich.console", "ortho-verify's terminal output").Console(width=terminal_width())
+
+
+def _counts(ok: int, total: int, failed: int) -> str:
+    return f"{ok}/{total}" + (f", {failed} failed" if failed else "")
 
 
 def print_table(results: list[CheckResult], console=None) -> None:
-    """The verification table: one row per (check, input) with its worst case.
+    """The full table (``--verbose``): one row per (check, input) with its worst case; "result"
+    counts rows that passed, failed and made no claim apart.
 
-    ``console``: a ``rich.console.Console`` (default: a new one on stdout).
+    ``console``: a ``rich.console.Console`` (default: ``make_console()``).
     Raises: ImportError naming the extra ``verify`` when rich is not installed.
     """
     table_mod = require("rich.table", "ortho-verify's terminal table")
-    console = console or require("rich.console", "ortho-verify's terminal table").Console()
-    table = table_mod.Table(title="ortho-verify: fast implementations vs the exact oracle", show_lines=False)
+    console = console or make_console()
+    table = table_mod.Table(title="ortho-verify: worst case per check and input", show_lines=False)
     for col, just in (("check", "left"), ("input", "left"), ("worst case", "left"), ("error", "right"),
-                      ("tolerance", "right"), ("error/tol", "right"), ("result", "center")):
+                      ("tolerance", "right"), ("error/tol", "right"), ("result", "left")):
         table.add_column(col, justify=just, overflow="fold")
+    groups: dict[tuple[str, str], list[CheckResult]] = {}
+    for r in results:
+        groups.setdefault((r.check, r.input), []).append(r)
     for worst, ok, total in worst_per_group(results):
-        failed = not worst.passed
-        shown = f"[bold red]FAIL {total - ok}/{total}[/]" if failed else f"[green]pass {ok}/{total}[/]" if ok else \
-            f"[yellow]no claim {total}/{total}[/]"
+        rows = groups[(worst.check, worst.input)]
+        failed = sum(not r.passed for r in rows)
+        vacuous = total - ok - failed
+        shown = (f"[bold red]FAIL {failed} of {total}[/]" if failed else f"[green]pass {ok} of {total}[/]" if ok
+                 else f"[yellow]no claim ({total})[/]")
+        if vacuous and ok:
+            shown += f" [yellow]+{vacuous} no claim[/]"
         table.add_row(worst.check, worst.input, worst.detail, format_number(worst.error),
                       format_number(worst.tolerance), f"{worst.ratio:.3f}", shown)
     console.print(table)
+
+
+def print_summary(results: list[CheckResult], console=None) -> dict:
+    """One row per check: rows that passed, failed and made no claim (counted apart), the worst
+    error/tolerance of its claimed rows and the input where it occurred; returns ``summary(results)``.
+    Raises: ImportError naming the extra ``verify`` when rich is not installed."""
+    table_mod = require("rich.table", "ortho-verify's terminal table")
+    console = console or make_console()
+    summ = summary(results)
+    box = require("rich.box", "ortho-verify's terminal table")
+    table = table_mod.Table(title="ortho-verify: fast implementations vs the exact oracle, one row per check",
+                            box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, just in (("check", "left"), ("pass", "right"), ("fail", "right"), ("no\nclaim", "right"),
+                      ("worst\nerror/tol", "right"), ("worst input", "left")):
+        table.add_column(col, justify=just, overflow="fold", no_wrap=col == "check", max_width=None)
+    for name, s in summ["by_check"].items():
+        style = "bold red" if s["failed"] else "yellow" if not s["passed"] else ""
+        where = s["worst"]["input"] if s["worst"] else "—"
+        table.add_row(name, str(s["passed"]), str(s["failed"]), str(s["no_claim"]), f"{s['worst_ratio']:.3f}", where,
+                      style=style or None)
+    console.print(table)
+    return summ
+
+
+def print_failures(results: list[CheckResult], console=None, limit: int = FAILURES_SHOWN) -> int:
+    """The failing (check, input) pairs only, worst row first (at most ``limit``; a last line counts
+    the rest); returns how many pairs failed. Prints nothing when none did."""
+    table_mod = require("rich.table", "ortho-verify's terminal table")
+    console = console or make_console()
+    failed = sorted((w for w, _, _ in worst_per_group(results) if not w.passed), key=lambda r: -r.ratio)
+    if not failed:
+        return 0
+    box = require("rich.box", "ortho-verify's terminal table")
+    table = table_mod.Table(title=f"failed: {len(failed)} (check, input) pairs", title_style="bold red",
+                            box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, just in (("check", "left"), ("input", "left"), ("worst case", "left"), ("error", "right"),
+                      ("tolerance", "right"), ("error/tol", "right"), ("note", "left")):
+        table.add_column(col, justify=just, overflow="fold")
+    for r in failed[:limit]:
+        table.add_row(r.check, r.input, r.detail, format_number(r.error), format_number(r.tolerance),
+                      f"{r.ratio:.3g}", r.note)
+    console.print(table)
+    if len(failed) > limit:
+        console.print(f"[bold red]... and {len(failed) - limit} more failed pairs (report.md, \"Failures\")[/]")
+    return len(failed)

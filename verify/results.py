@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
-    "CheckResult", "Failure", "VerificationReport", "error_feedback_table", "format_number", "measured", "no_claim",
-    "summary", "verdict", "worst_per_group", "write_reports",
+    "REPORT_SCHEMA_VERSION", "CheckResult", "Failure", "VerificationReport", "error_feedback_table", "format_number",
+    "measured", "no_claim", "no_claim_summary", "report_body", "summary", "verdict", "worst_per_group", "write_reports",
 ]
 
 
@@ -115,15 +115,20 @@ def worst_per_group(results: list[CheckResult]) -> list[tuple[CheckResult, int, 
 
 def summary(results: list[CheckResult]) -> dict:
     """Counts (passed, failed, no_claim: rows that passed vacuously), the verdict
-    (``verdict``) with its reasons, and per check the counts and the worst
-    error/tolerance ratio of its claimed rows."""
+    (``verdict``) with its reasons, and per check (``by_check``, first-seen order) its counts
+    (total, passed, failed, no_claim), the worst error/tolerance ratio of its claimed rows
+    (``worst_ratio``, 0 when none) and where it occurred (``worst``: input, detail, ratio, or None)."""
     by_check: dict[str, dict] = {}
     for r in results:
-        s = by_check.setdefault(r.check, {"total": 0, "passed": 0, "no_claim": 0, "worst_ratio": 0.0})
+        s = by_check.setdefault(r.check, {"total": 0, "passed": 0, "failed": 0, "no_claim": 0, "worst_ratio": 0.0,
+                                          "worst": None})
         s["total"] += 1
         s["passed"] += int(r.status == "pass")
+        s["failed"] += int(not r.passed)
         s["no_claim"] += int(r.status == "no claim")
-        s["worst_ratio"] = max(s["worst_ratio"], r.ratio if r.claimed else 0.0)
+        if r.claimed and (s["worst"] is None or r.ratio > s["worst_ratio"]):
+            s["worst_ratio"] = r.ratio
+            s["worst"] = {"input": r.input, "detail": r.detail, "ratio": r.ratio}
     status, reasons = verdict(results)
     return {
         "total": len(results),
@@ -163,14 +168,70 @@ def error_feedback_table(results: list[CheckResult]) -> list[str]:
     return lines + [""]
 
 
-def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=()) -> tuple[Path, Path]:
-    """Write ``report.json`` (every result, summary, run metadata) and ``report.md`` (summary,
-    the error-feedback comparison, the ``plots`` (paths relative to ``out_dir``) and every check)."""
+#: Version of the layout of ``report.json`` (docs/verification.md, "report.json"). 1: every row under
+#: "results" (unversioned); 2: summary, one entry per (check, input), failures in full, rows that
+#: made no claim summarized per check, every row only when asked (``all_rows``).
+REPORT_SCHEMA_VERSION = 2
+#: Distinct notes kept per check in the no-claim summary of the reports.
+NO_CLAIM_NOTES = 3
+
+
+def _row(r: CheckResult) -> dict:
+    """A row of report.json: the fields of ``CheckResult.as_dict`` (an infinite tolerance is written
+    as ``Infinity``, as Python's json module does)."""
+    return r.as_dict()
+
+
+def no_claim_summary(results: list[CheckResult]) -> dict:
+    """Per check with rows that made no claim: {"rows": count, "notes": first distinct notes
+    (at most ``NO_CLAIM_NOTES``)}."""
+    out: dict[str, dict] = {}
+    for r in results:
+        if r.status == "no claim":
+            entry = out.setdefault(r.check, {"rows": 0, "notes": []})
+            entry["rows"] += 1
+            if r.note not in entry["notes"] and len(entry["notes"]) < NO_CLAIM_NOTES:
+                entry["notes"].append(r.note)
+    return out
+
+
+def report_body(results: list[CheckResult], meta: dict, all_rows: bool = False) -> dict:
+    """The content of ``report.json`` (schema ``REPORT_SCHEMA_VERSION``): ``meta``, ``summary``
+    (``summary``), ``groups`` (per (check, input): counts and its worst row, ``worst_per_group``),
+    ``failures`` (every failed row in full), ``no_claim`` (``no_claim_summary``) and, with
+    ``all_rows``, ``results`` (every row)."""
+    groups = []
+    for worst, ok, total in worst_per_group(results):
+        rows = [r for r in results if r.check == worst.check and r.input == worst.input] if not worst.passed else []
+        groups.append({"check": worst.check, "input": worst.input, "total": total, "passed": ok,
+                       "failed": sum(not r.passed for r in rows), "worst": {k: v for k, v in _row(worst).items()
+                                                                            if k not in ("check", "input")}})
+    body = {"schema": "ortho-verify-report", "schema_version": REPORT_SCHEMA_VERSION, "meta": meta,
+            "summary": summary(results), "groups": groups, "failures": [_row(r) for r in results if not r.passed],
+            "no_claim": no_claim_summary(results)}
+    if all_rows:
+        body["results"] = [_row(r) for r in results]
+    return body
+
+
+def _md_row(r: CheckResult) -> str:
+    return (f"| {r.check} | {r.input} | {r.detail} | {format_number(r.error)} | {format_number(r.tolerance)} | "
+            f"{r.ratio:.3f} | {r.status if r.passed else 'FAIL'} | {r.note} |")
+
+
+def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=(), all_rows: bool = False
+                  ) -> tuple[Path, Path]:
+    """Write ``report.json`` (``report_body``) and ``report.md`` (verdict, run metadata, summary
+    per check, every failure in full, the no-claim summary, the error-feedback comparison, the
+    ``plots`` (paths relative to ``out_dir``), the worst row per check and input and, with
+    ``all_rows``, every row) to ``out_dir`` (created); returns both paths.
+    Raises: OSError if ``out_dir`` cannot be created or written."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    summ = summary(results)
+    body = report_body(results, meta, all_rows)
+    summ = body["summary"]
     json_path = out_dir / "report.json"
-    json_path.write_text(json.dumps({"meta": meta, "summary": summ, "results": [r.as_dict() for r in results]},
-                                    indent=2, default=str))
+    json_path.write_text(json.dumps(body, indent=1, default=str))
     lines = [
         "# ortho-verify report",
         "",
@@ -183,18 +244,31 @@ def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=(
         "",
     ]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
-    lines += ["", "## Summary by check", "", "| check | passed | no claim | total | worst error/tolerance |",
-              "|---|---|---|---|---|"]
+    lines += ["", "## Summary by check", "",
+              "| check | passed | failed | no claim | total | worst error/tolerance | worst input |",
+              "|---|---|---|---|---|---|---|"]
     for name, s in summ["by_check"].items():
-        lines.append(f"| {name} | {s['passed']} | {s['no_claim']} | {s['total']} | {s['worst_ratio']:.3f} |")
+        where = f"{s['worst']['input']} ({s['worst']['detail']})" if s["worst"] else ""
+        lines.append(f"| {name} | {s['passed']} | {s['failed']} | {s['no_claim']} | {s['total']} | "
+                     f"{s['worst_ratio']:.3f} | {where} |")
+    head = ["| check | input | detail | error | tolerance | error/tol | result | note |", "|---|---|---|---|---|---|---|---|"]
+    failed = [r for r in results if not r.passed]
+    if failed:
+        lines += ["", f"## Failures ({len(failed)})", "", *head, *map(_md_row, failed)]
+    if body["no_claim"]:
+        lines += ["", "## Rows that made no claim", "", "| check | rows | notes |", "|---|---|---|"]
+        lines += [f"| {c} | {e['rows']} | {'; '.join(e['notes'])} |" for c, e in body["no_claim"].items()]
     lines += [""] + error_feedback_table(results)
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).as_posix()})" for p in plots] + [""]
-    lines += ["## Every check", "",
-              "| check | input | detail | error | tolerance | error/tol | result | note |", "|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r.check} | {r.input} | {r.detail} | {format_number(r.error)} | {format_number(r.tolerance)} | "
-                     f"{r.ratio:.3f} | {r.status if r.passed else 'FAIL'} | {r.note} |")
+    lines += ["## Worst case per check and input", "", "| check | input | detail | error/tol | result |",
+              "|---|---|---|---|---|"]
+    for worst, ok, total in worst_per_group(results):
+        shown = f"FAIL {total - ok}/{total}" if not worst.passed else f"{ok}/{total} passed" if ok else \
+            f"no claim ({total})"
+        lines.append(f"| {worst.check} | {worst.input} | {worst.detail} | {worst.ratio:.3f} | {shown} |")
+    if all_rows:
+        lines += ["", "## Every check", "", *head, *map(_md_row, results)]
     md_path = out_dir / "report.md"
     md_path.write_text("\n".join(lines) + "\n")
     return json_path, md_path
@@ -296,10 +370,11 @@ class VerificationReport:
             raise AssertionError(self.summary())
 
     def save(self, out_dir) -> Path:
-        """Write ``report.json``, ``report.md`` (``write_reports``) and ``failures.npz`` (the
-        reproducing inputs of the failures, keyed ``<input>/<array>``) to ``out_dir``; returns it."""
+        """Write ``report.json``, ``report.md`` (``write_reports`` with every row: a report of one
+        kernel or optimizer is small) and ``failures.npz`` (the reproducing inputs of the failures,
+        keyed ``<input>/<array>``) to ``out_dir``; returns it."""
         out = Path(out_dir)
-        write_reports(self.results, out, {"subject": self.subject})
+        write_reports(self.results, out, {"subject": self.subject}, all_rows=True)
         arrays = {f"{f.result.input}/{k}": v for f in self.failures for k, v in f.inputs.items()}
         if arrays:
             np.savez(out / "failures.npz", **arrays)

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_quick_synthetic_run_passes_and_writes_reports(tmp_path, capsys):
-    rc = cli.main(["--quick", "--no-real", "--out", str(tmp_path)])
+    rc = cli.main(["--quick", "--no-real", "--all-rows", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0
     report = json.loads((tmp_path / "report.json").read_text())
@@ -53,7 +53,7 @@ def test_a_failing_check_gives_exit_code_1(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "plan_jobs", lambda *a: [("planted", lambda: [failing])])
     assert cli.main(["--quick", "--no-real", "--no-plots", "--out", str(tmp_path)]) == 1
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["summary"]["failed"] == 1 and report["results"][0]["ratio"] == pytest.approx(2.0)
+    assert report["summary"]["failed"] == 1 and report["failures"][0]["ratio"] == pytest.approx(2.0)
 
 
 def test_a_check_without_any_claim_gives_exit_code_1(tmp_path, monkeypatch, capsys):
@@ -68,7 +68,7 @@ def test_a_check_without_any_claim_gives_exit_code_1(tmp_path, monkeypatch, caps
 def test_baseline_round_trip_and_planted_regression(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "plan_jobs", _fast_jobs)
     base = tmp_path / "ci" / "baseline.json"
-    args = ["--quick", "--no-real", "--no-plots", "--out", str(tmp_path / "out"), "--baseline", str(base)]
+    args = ["--quick", "--no-real", "--no-plots", "--all-rows", "--out", str(tmp_path / "out"), "--baseline", str(base)]
     assert cli.main(args + ["--update-baseline"]) == 0
     stored = json.loads(base.read_text())
     assert stored["margin"] == {"growth": tol.BASELINE_GROWTH, "floor": tol.BASELINE_FLOOR}
@@ -90,7 +90,7 @@ def test_baseline_round_trip_and_planted_regression(tmp_path, monkeypatch):
 def test_a_baseline_without_the_newer_checks_still_compares(tmp_path, monkeypatch):
     # A baseline written before checks were added: the new checks count as "new", nothing fails.
     base = tmp_path / "baseline.json"
-    args = ["--quick", "--no-real", "--no-plots", "--out", str(tmp_path / "out"), "--baseline", str(base)]
+    args = ["--quick", "--no-real", "--no-plots", "--all-rows", "--out", str(tmp_path / "out"), "--baseline", str(base)]
     monkeypatch.setattr(cli, "plan_jobs", _fast_jobs)
     assert cli.main(args + ["--update-baseline"]) == 0
     monkeypatch.setattr(cli, "plan_jobs", lambda cases, quick, sv=None: _fast_jobs(cases, quick) + [

@@ -1,4 +1,9 @@
-"""``ortho-verify reproduce`` (also ``python -m ortho_verify.reproduce``): the command line."""
+"""``ortho-verify reproduce`` (also ``python -m ortho_verify.reproduce``): the command line.
+
+Writes under ``--out`` (default ``./ortho-verify-out``, as the other commands); ``--write-docs``
+writes the repository's ``docs/reproduction.md`` instead (``DOCS_DIR``), never by default. Every
+argument is checked before any work (exit 2 naming it, ``ortho_verify.arguments``).
+"""
 
 from __future__ import annotations
 
@@ -10,23 +15,31 @@ from pathlib import Path
 
 import torch
 
+from ortho_verify.arguments import SuggestingParser, check_folder
 from ortho_verify.reproduce.config import QUICK, ReproConfig
 from ortho_verify.reproduce.markdown import write_report
 from ortho_verify.reproduce.study import run_study
 
-__all__ = ["build_parser", "main"]
+__all__ = ["DOCS_DIR", "build_parser", "main"]
+
+#: The repository's docs folder: ``--write-docs`` writes ``DOCS_DIR/reproduction.md`` and ``DOCS_DIR/reproduction/``.
+DOCS_DIR = Path(__file__).resolve().parents[2] / "docs"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``ortho-verify reproduce`` command line."""
     default = ReproConfig()
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="ortho-verify reproduce",
         description="Train a small byte-level GPT on the Python standard library's sources with AdamW, Muon "
                     "(Keller / Polar Express) and Dion (rank 1, 1/4, 1/16, with and without error feedback), sweep "
                     "each method's learning rate, evaluate it on several seeds, and write OUT/reproduction.md "
                     "(verdict per claim with its numbers), OUT/reproduction/*.png and OUT/reproduction/results.json.")
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="output folder (default: ./docs)")
+    parser.add_argument("--out", type=Path, default=Path("ortho-verify-out"),
+                        help="output folder (default: ./ortho-verify-out)")
+    parser.add_argument("--write-docs", action="store_true",
+                        help=f"write the repository's docs ({DOCS_DIR / 'reproduction.md'}) instead of --out; "
+                             "the full run only (not with --quick, --scale, --steps or --seeds)")
     parser.add_argument("--quick", action="store_true", help="tiny model and few steps: a smoke run of seconds")
     parser.add_argument("--scale", type=int, default=1,
                         help="multiply d_model, heads, batch size, steps and held-out windows by this int (about "
@@ -55,6 +68,10 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ReproC
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.quick and args.scale != 1:
         parser.error("--quick and --scale: choose one")
+    if args.write_docs and (args.quick or args.scale != 1 or args.steps is not None or args.seeds is not None):
+        parser.error("--write-docs documents the full run: drop --quick, --scale, --steps and --seeds")
+    check_folder(parser, "--write-docs: the docs folder" if args.write_docs else "--out",
+                 DOCS_DIR if args.write_docs else args.out)
     try:
         device = torch.device(args.device)
     except RuntimeError as err:
@@ -76,9 +93,10 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ReproC
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the reproduction and write the report; returns 0 when the report was written
-    (whatever the verdicts: a claim that does not reproduce is a result, not an error).
-    Bad arguments: argparse's exit with code 2 and a message naming the option."""
+    """Run the reproduction and write the report (under ``--out``, or the repository's docs with
+    ``--write-docs``); returns 0 when the report was written (whatever the verdicts: a claim that
+    does not reproduce is a result, not an error). Bad arguments and an unusable ``--out``:
+    argparse's exit with code 2 and a message naming the option, before any work."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -90,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results, points = run_study(config, device=args.device, jobs=jobs, threads=args.threads, log=log)
     results["command"] = " ".join(["ortho-verify reproduce", *argv])
-    path = write_report(results, points, args.out)
+    path = write_report(results, points, DOCS_DIR if args.write_docs else args.out)
     print(f"\nwrote {path} (plots and results.json in {path.parent / 'reproduction'}), "
           f"{results['wall_seconds']:.0f} s")
     for claim in results["claims"]:

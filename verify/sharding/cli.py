@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from ortho_verify.arguments import SuggestingParser, check_folder
 from ortho_verify.optional import require
 from ortho_verify.sharding.launch import run, under_torchrun
 from ortho_verify.sharding.layouts import (DOCS_PATH, DOCS_WORLD_SIZES, DTYPES, MATRICES, QUICK_MATRICES, QUICK_STEPS,
@@ -27,7 +28,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``ortho-verify sharding`` command line."""
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="ortho-verify sharding",
         description="Check every distributed layout of Dion and Muon (DDP, FSDP, TP, HSDP and their combinations) "
                     "against the one-process optimizer on the full tensors, and count each step's communication "
@@ -64,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().error("--write-docs documents the full run: drop --quick, --layout and --dtype")
     if args.write_docs and under_torchrun():  # one launched world size, the page covers all of DOCS_WORLD_SIZES
         build_parser().error("--write-docs runs world sizes 1 2 4 8 as gloo workers: run it without torchrun")
+    check_folder(build_parser(), "--out", args.out)  # before any launch
     dtypes = tuple(args.dtype or DTYPES)
     if args.optimizer:
         return optimizer_main(args, dtypes)
