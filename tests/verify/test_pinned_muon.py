@@ -164,7 +164,7 @@ def test_momentum_tolerance_pinned_in_check_optimizer(factor, passes):
     g1 = torch.tensor(grads[0], dtype=torch.float32).double().numpy()
     pinned = 6 * (U32 + U64) * float(np.linalg.norm(g1))
     planted = type("Planted", (_BufferPlantedMuon,), {"plant": factor * pinned * _direction(6, (9, 6))})
-    report = check_optimizer(planted, conventions, steps=1, shapes=((9, 6),))
+    report = check_optimizer(planted, conventions, steps=1, shapes=((9, 6),), param_dtype=torch.float32)
     [row] = [r for r in report.results if r.check == "muon_momentum"]
     assert row.passed is passes, row
     assert all(r.passed for r in report.results if r.check != "muon_momentum")
