@@ -187,7 +187,8 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     / square / batched, scales 1e-30 to ``MAX_SCALE``, ‖G‖_F ≈ 1.6e-5 where eps matters; with
     ``batched=False`` only the 2-D ones, for a kernel that takes one (m, n) matrix; with
     ``max_batch_dims=1`` at most one batch dim, for a kernel that takes (m, n) or (b, m, n)), given in
-    float64 when ``dtype`` is float64, else float32, and each output matrix is compared with ``ortho_ref.ns_map`` for the
+    the compute ``dtype`` itself (float64, float32 or bfloat16: the kernel sees the tensors it sees
+    in training, so in-place work on its input is caught by ``input_unchanged``), and each output matrix is compared with ``ortho_ref.ns_map`` for the
     declared ``coefficients`` (a registry name or a (T, 3) table; ``steps`` truncates / extends
     it), normalization X₀ = G/(safety‖G‖_F + eps) (``eps_mode="clamp"``: /max(safety‖G‖_F, eps);
     defaults from the named schedule, else 1 and 1e-7) and compute ``dtype`` (float64, float32:

@@ -86,8 +86,11 @@ class SpectralExample:
 
     @property
     def input_dtype(self) -> str:
-        """The dtype the input tensor is given in: float64 for float64, else float32."""
-        return "float64" if self.dtype == "float64" else "float32"
+        """The dtype the input tensor is given in: the kernel's own compute dtype (float64,
+        float32 or bfloat16), so that a kernel that works in place or aliases its input in that
+        dtype is exercised as it runs in training (issue 13: bfloat16 kernels used to get float32
+        inputs, and a cast hid their aliasing)."""
+        return self.dtype
 
     @property
     def name(self) -> str:

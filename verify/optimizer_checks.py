@@ -24,11 +24,16 @@ from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventi
 from ortho_verify.results import VerificationReport, measured
 from ortho_verify.spectra import matrix_with_spectrum
 
-__all__ = ["DEFAULT_SHAPES", "check_optimizer", "optimizer_inputs"]
+__all__ = ["DEFAULT_PARAM_DTYPES", "DEFAULT_SHAPES", "check_optimizer", "optimizer_inputs"]
 
 #: Parameter shapes of ``check_optimizer``: tall, wide and square, each with a row count that
 #: 4 does not divide (sharding bugs), small enough for a fast check.
 DEFAULT_SHAPES = ((37, 16), (12, 29), (30, 30))
+
+#: Parameter dtypes ``check_optimizer`` runs by default (``param_dtype=None``): float32, and
+#: bfloat16, where optimizers commonly take another code path (in-place casts, buffers kept in
+#: the parameter's dtype; issue 13: a momentum buffer normalized in place only for bfloat16).
+DEFAULT_PARAM_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _default_conventions(optimizer):
@@ -54,7 +59,7 @@ def optimizer_inputs(shapes, steps: int, cond: float, seed: int) -> list[tuple[n
 
 
 def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: float = 0.95,
-                    weight_decay: float = 0.1, steps: int = 3, param_dtype=torch.float32,
+                    weight_decay: float = 0.1, steps: int = 3, param_dtype=None,
                     shapes=DEFAULT_SHAPES, cond: float = 10.0, seed: int = 0) -> VerificationReport:
     """Check a Muon- or Dion-like optimizer step by step against the oracle.
 
@@ -62,8 +67,14 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     with the lr, momentum and weight_decay given here under the conventions' keyword names.
     ``conventions``: ``MuonConventions`` or ``DionConventions`` (default for torch.optim.Muon,
     ortho_fast.Muon and ortho_fast.Dion: ``TORCH_MUON``, ``ORTHO_MUON``, ``DION``).
-    One parameter per shape in ``shapes`` (param_dtype), ``steps`` steps with well-conditioned
-    gradients (``cond``). Each step is compared from the optimizer's own state before it:
+    One parameter per shape in ``shapes``, ``steps`` steps with well-conditioned gradients
+    (``cond``), in ``param_dtype`` (a torch dtype; default None: both ``DEFAULT_PARAM_DTYPES``,
+    float32 and bfloat16, one run each, the bfloat16 rows' inputs named "... bfloat16 step t": an
+    optimizer whose bfloat16 path differs, e.g. normalizes its momentum buffer in place, is
+    exercised by default). After every step the gradient it was given must be unchanged
+    (``gradient_unchanged``, tolerance 0: the algorithm reads G, it does not write it) and no state
+    tensor may share storage with the parameter or its gradient (``state_not_aliased``); every
+    buffer the conventions declare is compared with the oracle's (below). Each step is compared from the optimizer's own state before it:
     Muon: the update O = (W(1 − lr·wd) − W_new)/(lr·s) against ns_map(U) of ``ortho_ref.muon_step``
     (``compare_ns_output`` in the coarser of ns_dtype and param_dtype, with the weight's rounding
     as extra allowance; checks ``muon_update/...``) and the momentum buffer (``muon_momentum``);
@@ -88,15 +99,31 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
         raise ValueError(f"steps: expected an integer >= {first}, got {steps!r}")
     if not lr > 0:
         raise ValueError(f"lr: expected > 0 (the update is recovered by dividing by lr), got {lr!r}")
+    dtypes = DEFAULT_PARAM_DTYPES if param_dtype is None else (param_dtype,)
+    for dt in dtypes:
+        dtype_name(dt, argument="param_dtype")  # TypeError before any work
+    target = getattr(optimizer, "func", optimizer)  # functools.partial: the class it wraps
+    subject = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
+    report = VerificationReport(f"{subject} ({type(conventions).__name__})", [], {})
+    for dt in dtypes:
+        suffix = "" if dt == torch.float32 or len(dtypes) == 1 else f" {dtype_name(dt)}"
+        results, inputs = _run(optimizer, conventions, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                               steps=steps, param_dtype=dt, shapes=shapes, cond=cond, seed=seed, suffix=suffix)
+        report.results += results
+        report.inputs.update(inputs)
+    return report
+
+
+def _run(optimizer, conventions, *, lr, momentum, weight_decay, steps, param_dtype, shapes, cond, seed, suffix):
+    """(rows, report inputs) of ``check_optimizer`` for one parameter dtype; ``suffix`` is added
+    to the shape label of every input name."""
     pdt = dtype_name(param_dtype, argument="param_dtype")
     inputs = optimizer_inputs(shapes, steps, cond, seed)
     params = [torch.nn.Parameter(torch.tensor(w0, dtype=param_dtype)) for w0, _ in inputs]
     names = conventions.hyperparameter_names
     opt = optimizer(params, **{names["lr"]: lr, names["momentum"]: momentum, names["weight_decay"]: weight_decay},
                     **conventions.extra_kwargs)
-    target = getattr(optimizer, "func", optimizer)  # functools.partial: the class it wraps
-    subject = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
-    labels = [f"{m}x{n}" for m, n in shapes]
+    labels = [f"{m}x{n}{suffix}" for m, n in shapes]
     report_inputs = {f"{label} step {t + 1}": ({"weight0": w0, **{f"grad{i + 1}": g for i, g in enumerate(gs)}},
                                                f"ortho_verify.api.optimizer_inputs({tuple(shapes)}, {steps}, {cond}, {seed})")
                      for label, (w0, gs) in zip(labels, inputs) for t in range(steps)}
@@ -112,10 +139,30 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
             grads.append(_as_f64(p.grad))
         opt.step()
         for i, p in enumerate(params):
+            results += _buffer_rows(opt, p, grads[i], f"{labels[i]} step {t + 1}")
             rows, tracked[i] = step(opt, p, conventions, before[i], grads[i], tracked[i], t, lr=lr, mu=momentum,
                                     wd=weight_decay, pdt=pdt, name=f"{labels[i]} step {t + 1}")
             results += rows
-    return VerificationReport(f"{subject} ({type(conventions).__name__})", results, report_inputs)
+    return results, report_inputs
+
+
+def _buffer_rows(opt, p, grad: np.ndarray, name: str) -> list:
+    """``gradient_unchanged``: max |p.grad − G| after the step, G the gradient given (float64
+    copy; tolerance 0: an optimizer that writes into the gradient, e.g. a Nesterov mix done with
+    ``grad.lerp_``, corrupts what gradient accumulation and clipping see next). ``state_not_aliased``:
+    the number of state tensors sharing storage with the parameter or its gradient (tolerance 0)."""
+    after = p.grad
+    err = math.inf if after is None or tuple(after.shape) != grad.shape else float(np.max(np.abs(_as_f64(after) - grad)))
+    rows = [measured("gradient_unchanged", name, "p.grad after the step equals the gradient given", err, 0.0,
+                     "p.grad was removed or reshaped" if math.isinf(err) else "")]
+    ptrs = {p.untyped_storage().data_ptr()} | ({after.untyped_storage().data_ptr()} if after is not None else set())
+    shared = sorted(k for k, v in opt.state.get(p, {}).items()
+                    if isinstance(v, torch.Tensor) and v.numel() and v.untyped_storage().data_ptr() in ptrs)
+    rows.append(measured("state_not_aliased", name, "no state tensor shares storage with p or p.grad",
+                         float(len(shared)), 0.0, f"aliased: {shared}" if shared else ""))
+    if not rows[0].passed:
+        rows[0] = with_cause(rows[0], "the optimizer modified the gradient in place (not part of the algorithm)")
+    return rows
 
 
 def _state(opt, p, key: str) -> np.ndarray:

@@ -78,19 +78,22 @@ class SimpleMuon(torch.optim.Optimizer):
     Args: lr, momentum, weight_decay as torch.optim.Muon; ``orthogonalizer`` maps (m, n) ->
     (m, n) (default ``newton_schulz_kernel`` in float32); ``adjust_lr`` as ortho_fast.Muon.
     Planted-bug switches: ``nesterov=False`` (the Nesterov term dropped while Nesterov is
-    declared), ``normalize_buffer_in_place`` (the momentum buffer divided by its norm in place).
+    declared), ``normalize_buffer_in_place`` (the momentum buffer divided by its norm in place),
+    ``nesterov_in_place`` (the Nesterov mix written into ``p.grad`` with ``lerp_``: the update is
+    right, the gradient is corrupted).
     State: ``momentum_buffer``. Source: Jordan et al. 2024 (Muon); torch.optim.Muon.
     Raises: ValueError for non-2-D parameters (at construction).
     """
 
     def __init__(self, params: Iterable, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.1, *,
                  orthogonalizer: Callable | None = None, adjust_lr: str | None = "original", nesterov: bool = True,
-                 normalize_buffer_in_place: bool = False) -> None:
+                 normalize_buffer_in_place: bool = False, nesterov_in_place: bool = False) -> None:
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
         if any(p.ndim != 2 for group in self.param_groups for p in group["params"]):
             raise ValueError("params: SimpleMuon expects 2-D (m, n) parameters")
         self.orthogonalizer = orthogonalizer or newton_schulz_kernel
         self.adjust_lr, self.nesterov, self.normalize_buffer_in_place = adjust_lr, nesterov, normalize_buffer_in_place
+        self.nesterov_in_place = nesterov_in_place
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -104,7 +107,8 @@ class SimpleMuon(torch.optim.Optimizer):
                 buf.lerp_(p.grad, 1 - mu)
                 if self.normalize_buffer_in_place:  # planted: the stored buffer is normalized in place
                     buf.div_(torch.linalg.vector_norm(buf))
-                o = self.orthogonalizer(p.grad.lerp(buf, mu) if self.nesterov else buf)
+                mixed = p.grad.lerp_(buf, mu) if self.nesterov_in_place else p.grad.lerp(buf, mu)  # lerp_: planted
+                o = self.orthogonalizer(mixed if self.nesterov else buf)
                 p.mul_(1 - lr * wd).add_(o, alpha=-lr * ortho_fast.adjusted_lr_scale(self.adjust_lr, *p.shape))
 
 
@@ -202,6 +206,13 @@ PLANTED_BUGS = [
     PlantedBug("lr scale of the wrong mode", "optimizer",
                lambda: functools.partial(SimpleMuon, adjust_lr="spectral_norm"), _FLOAT32_MUON,
                "√(m/n) (microsoft/dion) where √max(1, m/n) (torch.optim.Muon 'original') is declared"),
+    PlantedBug("momentum normalized in place", "optimizer",
+               lambda: functools.partial(SimpleMuon, normalize_buffer_in_place=True), _FLOAT32_MUON,
+               "the stored momentum buffer divided by its norm in place (issue 13: norm 1.0 instead of 0.27); "
+               "checked with the default parameter dtypes, float32 and bfloat16"),
+    PlantedBug("gradient modified in place", "optimizer",
+               lambda: functools.partial(SimpleMuon, nesterov_in_place=True), _FLOAT32_MUON,
+               "the Nesterov mix computed with p.grad.lerp_(buf, mu): a correct update, a corrupted gradient"),
     PlantedBug("shard offset error (optimizer)", "optimizer",
                lambda: functools.partial(SimpleMuon, orthogonalizer=functools.partial(
                    _kernel, shards=4, shard_offset_bug=True)), _FLOAT32_MUON,
