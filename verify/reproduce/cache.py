@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -105,7 +106,7 @@ class RunCache:
     def get(self, key: str) -> dict | None:
         try:
             entry = torch.load(self.path(key), weights_only=True)
-        except (OSError, RuntimeError, EOFError, ValueError):
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
             return None
         if not isinstance(entry, dict) or entry.get("key") != key:
             return None
