@@ -158,3 +158,12 @@ def test_quick_sweep_resumes_from_its_cache(tmp_path, capsys):
         assert all(a["evaluation"][k]["test_loss"] == b["evaluation"][k]["test_loss"] for k in a["evaluation"])
     assert [t["verdict"] for t in first["trends"]] == [t["verdict"] for t in second["trends"]]
     assert first["claims"] == second["claims"]
+    # matrix-shared: AdamW swept again at d_model 16 (new runs), Muon / Dion lrs still from d_model 8
+    assert rp.main([*argv, "--resume", "--lr-sweep", "matrix-shared", "--out", str(tmp_path / "c")]) == 0
+    third = json.loads((tmp_path / "c" / "reproduction" / "results.json").read_text())
+    small, large = third["sizes"]
+    assert [p["lr"] for p in large["sweep"]["adamw"]] == [p["lr"] for p in small["sweep"]["adamw"]]
+    assert large["sweep"]["adamw"] != small["sweep"]["adamw"]  # measured at d_model 16: other losses
+    assert all(large["sweep"][k] == small["sweep"][k] for k in rp.METHODS_BY_KEY if k != "adamw")
+    assert large["lr_source"] == 8 and "adamw" not in large["lr_reused"] and third["cache"]["misses"] > 0
+    assert "`--lr-sweep matrix-shared`" in (tmp_path / "c" / "reproduction.md").read_text()

@@ -28,8 +28,10 @@ from ortho_verify.reproduce.trend import FLAT_MARGIN, trend_verdict
 __all__ = ["DEFAULT_SWEEP", "LR_SWEEP_MODES", "ModelSize", "QUICK_SWEEP", "SizeSweep", "cost_table",
            "parameter_counts", "run_size_sweep", "series_differences", "size_trends"]
 
-#: "each": every size sweeps its own lrs; "shared": the smallest size sweeps, the others reuse its lrs.
-LR_SWEEP_MODES = ("each", "shared")
+#: "each": every size sweeps its own lrs; "shared": the smallest size sweeps, the others reuse its lrs;
+#: "matrix-shared": every size sweeps AdamW (which also trains the embeddings, norms and lm_head),
+#: Muon's and Dion's lrs come from the smallest size (their √(m/n) lr scale is meant to transfer across widths).
+LR_SWEEP_MODES = ("each", "shared", "matrix-shared")
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ def run_size_sweep(sweep: SizeSweep, *, device: str = "cpu", jobs: int = 1, thre
             runner = CachedRunner(runner, RunCache(cache), reuse=resume)
         try:
             results, points = run_study(config, device=device, jobs=jobs, threads=threads, log=log, runner=runner,
-                                        shared_sweep=shared)
+                                        shared_sweep=shared, sweep_adamw=sweep.lr_sweep == "matrix-shared")
         finally:
             runner.close()
         if cache is not None:
@@ -194,7 +196,7 @@ def run_size_sweep(sweep: SizeSweep, *, device: str = "cpu", jobs: int = 1, thre
         results["parameters"] = parameter_counts(config)
         results.pop("environment", None)
         per_size.append(results)
-        if sweep.lr_sweep == "shared" and shared is None:
+        if sweep.lr_sweep != "each" and shared is None:
             shared = results
     out = dict(per_size[-1])
     out["environment"] = env

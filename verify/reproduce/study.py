@@ -76,8 +76,8 @@ def environment(device: str, threads: int, jobs: int) -> dict:
 
 
 def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, threads: int = 1,
-              log: Callable[[str], None] = print, runner=None, shared_sweep: Mapping | None = None
-              ) -> tuple[dict, dict]:
+              log: Callable[[str], None] = print, runner=None, shared_sweep: Mapping | None = None,
+              sweep_adamw: bool = False) -> tuple[dict, dict]:
     """Run the whole protocol (module docstring) and return (results, singular-value points).
 
     ``results`` is JSON-serializable: ``config``, ``methods``, ``corpus``, ``environment``,
@@ -93,7 +93,8 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
     ``runner``: run the training through this object instead of a new ``Runner`` (anything with
     ``config``, ``map(phase, jobs)`` and ``seconds``, e.g. a ``CachedRunner``; the caller closes
     it). ``shared_sweep``: the results of another study (another model size) whose lr sweep,
-    best lrs and AdamW lr this one reuses instead of sweeping.
+    best lrs and AdamW lr this one reuses instead of sweeping; with ``sweep_adamw`` only Muon's and
+    Dion's are reused, AdamW's (which also trains the non-matrix parameters) is swept here.
     Raises: ValueError for jobs or threads < 1.
     """
     if jobs < 1 or threads < 1:
@@ -111,16 +112,19 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
     # other processes use made this study's SVDs take minutes instead of seconds.
     blas = threadpool_limits(limits=1, user_api="blas")
     try:
-        if shared_sweep is None:
-            sweep: dict = {}
+        sweep: dict = {}
+        if shared_sweep is None or sweep_adamw:
             log(f"AdamW lr sweep on the validation split (seed {config.sweep_seed})")
             sweep_learning_rates(runner, METHODS[:1], None, sweep)
             scalar_lr, _ = best_learning_rate(sweep["adamw"])
+        if shared_sweep is None:
             log(f"Muon / Dion lr sweeps (non-matrix parameters on AdamW at its best lr {scalar_lr:g})")
             sweep_learning_rates(runner, METHODS[1:], scalar_lr, sweep)
         else:
-            sweep, scalar_lr = shared_sweep["sweep"], shared_sweep["scalar_lr"]
-            log(f"lr sweep of d_model {shared_sweep['config']['d_model']} reused")
+            reused = [m.key for m in METHODS if m.key not in sweep]
+            sweep.update({k: shared_sweep["sweep"][k] for k in reused})
+            scalar_lr = scalar_lr if sweep_adamw else shared_sweep["scalar_lr"]
+            log(f"lr sweep of d_model {shared_sweep['config']['d_model']} reused for {', '.join(reused)}")
         best = {m.key: best_learning_rate(sweep[m.key]) for m in METHODS}
         log(f"evaluation at each method's best lr on seeds {list(config.seeds)} (test split)")
         jobs_ = [dict(method_key=m.key, lr=best[m.key][0], seed=s, scalar_lr=scalar_lr, split="test",
@@ -164,6 +168,7 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
         "best_at_edge": {k: v[1] for k, v in best.items()},
         "scalar_lr": scalar_lr,
         "lr_source": None if shared_sweep is None else shared_sweep["config"]["d_model"],
+        "lr_reused": [] if shared_sweep is None else [m.key for m in METHODS if not (sweep_adamw and m.family == "adamw")],
         "evaluation": evaluation,
         "spectral": spectral,
         "run_seconds": runner.seconds - seconds_before,

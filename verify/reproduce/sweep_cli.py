@@ -11,7 +11,7 @@ from pathlib import Path
 from ortho_verify.reproduce.cache import default_cache_dir
 from ortho_verify.reproduce.scaling import DEFAULT_SWEEP, LR_SWEEP_MODES, QUICK_SWEEP, ModelSize, SizeSweep
 
-__all__ = ["add_sweep_arguments", "cache_folder", "sweep_from_arguments"]
+__all__ = ["HEAD_SIZE", "add_sweep_arguments", "cache_folder", "sweep_from_arguments"]
 
 #: Head size of the sizes given with ``--sizes`` (d_model / n_heads), as the default sweep's.
 HEAD_SIZE = 16
@@ -24,8 +24,9 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated d_model widths of the size sweep (default {default}; head size "
                              f"{HEAD_SIZE}, the default sweep's depth)")
     parser.add_argument("--lr-sweep", choices=LR_SWEEP_MODES, default=None,
-                        help="'each': every size sweeps its own lrs (default); 'shared': the smallest size sweeps "
-                             "and the others reuse its best lrs (default with --quick)")
+                        help="'each': every size sweeps its own lrs; 'shared': the smallest size sweeps and the "
+                             "others reuse its best lrs (default with --quick); 'matrix-shared': AdamW swept at every "
+                             f"size, Muon / Dion at the smallest (default: {DEFAULT_SWEEP.lr_sweep})")
     parser.add_argument("--single-size", action="store_true",
                         help="no size sweep: the single-size study (d_model 64, 600 steps; --quick: its tiny model)")
     parser.add_argument("--cache", type=Path, default=None,

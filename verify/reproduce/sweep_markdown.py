@@ -132,11 +132,16 @@ def render_sweep_sections(results: Mapping, plots: Sequence[str] = ()) -> list[s
                        f"{_count(r['config']['n_heads'], 'head')}, {r['config']['steps']} steps, "
                        f"{r['parameters']['total']:,} parameters ({r['parameters']['matrices']:,} in the matrices)"
                        for r in sizes)
-    if sweep["lr_sweep"] == "each":
-        lr_text = "every size sweeps its own learning rates (the grids below, on its validation split)"
-    else:
-        lr_text = (f"the learning rates are swept at d_model {sizes[0]['config']['d_model']} only and reused at the "
-                   "other sizes (`--lr-sweep shared`): the table shows them; `--lr-sweep each` sweeps every size")
+    smallest = sizes[0]["config"]["d_model"]
+    lr_text = {
+        "each": "every size sweeps its own learning rates (the grids of *Setup*, on its validation split)",
+        "shared": f"the learning rates are swept at d_model {smallest} only and reused at the other sizes "
+                  "(`--lr-sweep shared`); `--lr-sweep each` sweeps every size",
+        "matrix-shared": f"every size sweeps AdamW's learning rate (it also trains the embeddings, LayerNorms and "
+                         f"lm_head of every method), Muon's and Dion's are swept at d_model {smallest} and reused at "
+                         "the other sizes (`--lr-sweep matrix-shared`: their √(m/n) lr scale is meant to transfer "
+                         "across widths); `--lr-sweep each` sweeps every method at every size",
+    }[sweep["lr_sweep"]]
     lines = [
         "## Model-size sweep",
         "",

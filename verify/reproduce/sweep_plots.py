@@ -39,7 +39,7 @@ def _plot_trends(results: Mapping, path: Path) -> Path:
         if t["slope"] is not None and np.isfinite(means).all():
             x = np.log(n)
             fit = means.mean() + t["slope"] * (x - x.mean())
-            ax.plot(n, fit, ls="--", color="C3", lw=1, label=f"slope/doubling {t['per_doubling']:+.3f}")
+            ax.plot(n, fit, ls="--", color="C3", lw=1, label=f"slope/doubling {t['per_doubling']:+.4f}")
         ax.axhline(0, color="black", lw=0.6)
         ax.set_xscale("log")
         ax.set_title(f"{t['label']}\ntrend: {t['verdict']}", fontsize=8)
