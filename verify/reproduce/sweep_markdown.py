@@ -146,8 +146,9 @@ def render_sweep_sections(results: Mapping, plots: Sequence[str] = ()) -> list[s
         "## Model-size sweep",
         "",
         f"Every method at {len(sizes)} sizes ({shapes}); batch, context, schedule and seeds as in *Setup*; "
-        f"{lr_text}. Each claim is judged at each size with the rules of *Decision rules*, then its paired "
-        "difference is followed across sizes.",
+        f"{lr_text}. Each claim is judged at each size with the rules of *Decision rules* (paired over seeds: "
+        "*lower* is reproduced if mean(d) − spread(d) > 0; *matches* / *stays close* if |mean(d)| + spread(d) ≤ δ), "
+        "then its paired difference is followed across sizes.",
         "",
         f"*Trend rule* (stated before any run, `ortho_verify.reproduce.trend`): {trend_rule_text()}",
         "",
