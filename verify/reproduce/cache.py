@@ -51,7 +51,9 @@ def code_files(family: str) -> list[Path]:
     """Source files a run of a method family executes: ``ortho_verify.reproduce``'s training,
     configuration and ``ortho_verify.data`` (model, corpus) for every family, and for "muon" /
     "dion" the ``ortho_fast`` package without ``distributed/`` and without the other family's
-    files. Raises: ValueError for an unknown family."""
+    files. Patch point: ``method_fingerprint`` looks it up on this module at every call, so a test
+    may replace it (``monkeypatch.setattr(ortho_verify.reproduce.cache, "code_files", ...)``).
+    Raises: ValueError for an unknown family."""
     if family not in ("adamw", "muon", "dion"):
         raise ValueError(f"family: expected 'adamw', 'muon' or 'dion', got {family!r}")
     here = Path(__file__).resolve().parent

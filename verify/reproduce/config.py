@@ -12,7 +12,8 @@ import numpy as np
 from ortho_verify import registry
 from ortho_verify.data import GPTConfig
 
-__all__ = ["FLAT_REFERENCE", "TREND_SERIES", "TrendSeries", "CLOSE_MARGIN", "MATCH_MARGIN", "METHODS", "METHODS_BY_KEY", "MUON_LR_CONVENTIONS", "Method", "NS_DTYPES",
+__all__ = ["FLAT_REFERENCE", "TREND_SERIES", "TrendSeries",
+           "CLOSE_MARGIN", "MATCH_MARGIN", "METHODS", "METHODS_BY_KEY", "MUON_LR_CONVENTIONS", "Method", "NS_DTYPES",
            "QUICK", "RANK_FRACTIONS", "RESULTS_FORMAT", "ReproConfig", "SV_DTYPES", "SV_SCHEDULES", "VERDICTS",
            "gpt_config", "lr_multiplier", "method_options"]
 

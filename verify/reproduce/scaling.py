@@ -20,6 +20,7 @@ import ortho_fast
 from ortho_verify.data import build_model
 from ortho_verify.reproduce.cache import CachedRunner, RunCache
 from ortho_verify.reproduce.config import FLAT_REFERENCE, QUICK, TREND_SERIES, ReproConfig, TrendSeries, gpt_config
+from ortho_verify.reproduce.cost import time_steps
 from ortho_verify.reproduce.pool import Runner
 from ortho_verify.reproduce.statistics import test_losses
 from ortho_verify.reproduce.study import environment, run_study
@@ -148,16 +149,22 @@ def size_trends(sizes: list[Mapping]) -> list[dict]:
 
 
 def cost_table(sizes: list[Mapping]) -> list[dict]:
-    """Per size and method: median seconds per training step over the evaluation runs
-    (``step_seconds``) and its ratio to Muon (Keller)'s in the same sweep (None if not measured)."""
+    """Per size and method: seconds per training step — ``step_cost`` (timed serially,
+    ``ortho_verify.reproduce.cost.time_steps``) when the size has it, else the median of the
+    evaluation runs' ``step_seconds`` (timed while other runs share the machine) — and its ratio
+    to Muon (Keller)'s at the same size (None if not measured); ``source`` says which."""
     rows = []
     for r in sizes:
         medians = {}
         for key, e in r["evaluation"].items():
             v = [x for x in e.get("step_seconds", []) if x is not None]
             medians[key] = float(np.median(v)) if v else None
+        serial = r.get("step_cost")
+        if serial:
+            medians = {k: serial.get(k) for k in r["evaluation"]}
         muon = medians.get("muon-jordan")
         rows.append({"d_model": r["config"]["d_model"], "seconds_per_step": medians,
+                     "source": "serial" if serial else "evaluation runs",
                      "ratio_to_muon": {k: None if v is None or not muon else v / muon for k, v in medians.items()}})
     return rows
 
@@ -195,6 +202,13 @@ def run_size_sweep(sweep: SizeSweep, *, device: str = "cpu", jobs: int = 1, thre
         if cache is not None:
             hits, misses, cached_seconds = hits + runner.hits, misses + runner.misses, cached_seconds + runner.cached_seconds
         run_seconds += results["run_seconds"]
+        log(f"cost per step at d_model {config.d_model} (serial, methods interleaved)")
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            results["step_cost"] = time_steps(config, results["best_lr"], results["scalar_lr"], device=device)
+        finally:
+            torch.set_num_threads(previous)
         results["parameters"] = parameter_counts(config)
         results.pop("environment", None)
         per_size.append(results)

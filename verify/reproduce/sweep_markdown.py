@@ -11,7 +11,7 @@ import numpy as np
 import ortho_fast
 
 from ortho_verify.reproduce.config import METHODS, METHODS_BY_KEY, RANK_FRACTIONS
-from ortho_verify.reproduce.statistics import paired_difference, test_losses
+from ortho_verify.reproduce.statistics import mean_std_text, paired_difference, test_losses
 from ortho_verify.reproduce.trend import FLAT_MARGIN
 
 __all__ = ["SWEEP_PLOTS", "render_sweep_sections", "trend_rule_text"]
@@ -98,12 +98,13 @@ def _rank_table(results: Mapping) -> list[str]:
 
 def _cost_table(results: Mapping) -> list[str]:
     cost = results["cost"]
-    lines = ["| method | " + " | ".join(f"d {row['d_model']}: ms per step (× Muon)" for row in cost) + " |",
-             "|---|" + "---|" * len(cost)]
+    lines = ["| method | " + " | ".join(f"d {row['d_model']}: test loss | ms per step (× Muon)" for row in cost) + " |",
+             "|---|" + "---|---|" * len(cost)]
     for m in METHODS:
         cells = []
-        for row in cost:
+        for row, r in zip(cost, results["sizes"]):
             s, ratio = row["seconds_per_step"].get(m.key), row["ratio_to_muon"].get(m.key)
+            cells.append(mean_std_text(test_losses(r, m.key).values()) if m.key in r["evaluation"] else "—")
             cells.append("n/a" if s is None else f"{1e3 * s:.1f} (×{ratio:.2f})" if ratio else f"{1e3 * s:.1f}")
         lines.append(f"| {m.label} | " + " | ".join(cells) + " |")
     return lines
@@ -180,11 +181,15 @@ def render_sweep_sections(results: Mapping, plots: Sequence[str] = ()) -> list[s
     lines += [
         "### Cost per method",
         "",
-        "Wall time per training step (batch, forward, backward, optimizer step; held-out evaluations excluded), "
-        "median over the evaluation runs, and its ratio to Muon (Keller) at the same size. Measured on this machine "
-        f"with {results['environment']['jobs']} runs in parallel on a shared CPU, so ratios are indicative; "
-        "Dion's claim is loss per unit of compute *and communication*, and on one device there is no "
-        "communication to save (see `docs/performance.md` for the distributed volumes).",
+        "Test loss (mean ± std over seeds) next to the wall time per training step (batch, forward, backward, "
+        "optimizer step) and its ratio to Muon (Keller) at the same size: "
+        + ("timed serially after the training runs (`ortho_verify.reproduce.cost.time_steps`: seed 0, each method "
+           "at its best lr, 3 interleaved rounds of 8 steps after 2 warm-up steps, median)"
+           if results["cost"] and results["cost"][0].get("source") == "serial" else
+           "median over the evaluation runs, timed while other runs shared the machine")
+        + f", {_count(results['environment']['torch_threads_per_job'], 'torch thread')}, on a CPU other processes "
+        "share, so ratios are indicative. Dion's claim is loss per unit of compute *and communication*, and on one "
+        "device there is no communication to save (see `docs/performance.md` for the distributed volumes).",
         "",
         *_cost_table(results),
         "",
