@@ -24,6 +24,12 @@ SEEDS = (1, 2, 3)
 NOISE = (0.03, -0.02, 0.01)
 
 
+@pytest.fixture(autouse=True)
+def _run_cache_in_tmp(tmp_path, monkeypatch):
+    """The reproduction's run cache (written by every run of the command) goes to a temporary folder."""
+    monkeypatch.setenv("ORTHO_CACHE_DIR", str(tmp_path / "ortho-cache"))
+
+
 def _results(losses: dict, rms: dict | None = None) -> dict:
     """A synthetic results dict: ``losses`` method key -> per-seed test losses (or a float: that
     loss plus NOISE); ``rms`` schedule -> per-seed distance to the polar factor."""

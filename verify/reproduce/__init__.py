@@ -16,10 +16,16 @@ feedback. Protocol:
 4. each claim is a pure function of the results (``evaluate_claims``) with a stated decision
    rule, and ``docs/reproduction.md`` with its plots and ``results.json`` is written from them.
 
-Modules: ``config`` (methods, ``ReproConfig``, lr schedule), ``training`` (one run), ``pool``
-(parallel runs), ``sweep`` (lr sweep), ``spectral`` (singular-value map), ``study``
-(``run_study``), ``statistics`` (paired differences, verdicts), ``claims``, ``plots``, ``markdown``
-(``docs/reproduction.md``, ``results.json``), ``cli``. Every public name is importable from
+5. by default all of this at several model widths (``scaling.run_size_sweep``): each claim judged at
+   each size, and the trend of its paired difference against model size (``trend``), with the
+   cost per step of each method; every run cached per (method and its code, size, seed, lr)
+   (``cache``), so that ``--resume`` reruns only what changed.
+
+Modules: ``config`` (methods, ``ReproConfig``, lr schedule, trend series), ``training`` (one run),
+``pool`` (parallel runs), ``cache`` (run cache), ``sweep`` (lr sweep), ``spectral`` (singular-value
+map), ``study`` (``run_study``), ``scaling`` (the size sweep), ``trend`` (the trend rule),
+``statistics`` (paired differences, verdicts), ``claims``, ``plots`` / ``sweep_plots``, ``markdown`` /
+``sweep_markdown`` (``docs/reproduction.md``, ``results.json``), ``cli`` / ``sweep_cli``. Every public name is importable from
 ``ortho_verify.reproduce``; the methods' optimizer options come from ``ortho_verify.registry``.
 
 Sources: Jordan et al., "Muon" (2024 blog); Liu et al., arXiv 2502.16982 (Moonlight); Ahn et
@@ -33,7 +39,16 @@ from ortho_verify.reproduce.cli import build_parser, main
 from ortho_verify.reproduce.config import (CLOSE_MARGIN, MATCH_MARGIN, METHODS, METHODS_BY_KEY, MUON_LR_CONVENTIONS,
                                            NS_DTYPES, QUICK, RANK_FRACTIONS, RESULTS_FORMAT, SV_DTYPES, SV_SCHEDULES,
                                            VERDICTS, Method, ReproConfig, gpt_config, lr_multiplier, method_options)
+from ortho_verify.reproduce.cache import (CACHE_FORMAT, CachedRunner, RunCache, code_files, default_cache_dir,
+                                          method_fingerprint, method_fingerprints, run_key)
+from ortho_verify.reproduce.config import FLAT_REFERENCE, TREND_SERIES, TrendSeries
 from ortho_verify.reproduce.markdown import render_markdown, write_report
+from ortho_verify.reproduce.scaling import (DEFAULT_SWEEP, LR_SWEEP_MODES, QUICK_SWEEP, ModelSize, SizeSweep,
+                                            cost_table, parameter_counts, run_size_sweep, series_differences,
+                                            size_trends)
+from ortho_verify.reproduce.sweep_markdown import SWEEP_PLOTS, render_sweep_sections, trend_rule_text
+from ortho_verify.reproduce.sweep_plots import write_sweep_plots
+from ortho_verify.reproduce.trend import FLAT_MARGIN, TRENDS, seed_slopes, trend_verdict
 from ortho_verify.reproduce.plots import write_plots
 from ortho_verify.reproduce.pool import Runner, init_worker
 from ortho_verify.reproduce.spectral import singular_value_study
@@ -54,4 +69,10 @@ __all__ = [
     "METHODS_BY_KEY", "MUON_LR_CONVENTIONS", "NS_DTYPES", "RANK_FRACTIONS", "RESULTS_FORMAT", "Runner", "SV_DTYPES",
     "SV_SCHEDULES", "corpus", "cpu_model", "difference_text", "gpt_config", "heldout_loss", "init_worker",
     "mean_std_text", "method_options", "sweep_learning_rates", "test_losses",
+    # the model-size sweep (issue 18)
+    "CACHE_FORMAT", "CachedRunner", "DEFAULT_SWEEP", "FLAT_MARGIN", "FLAT_REFERENCE", "LR_SWEEP_MODES", "ModelSize",
+    "QUICK_SWEEP", "RunCache", "SWEEP_PLOTS", "SizeSweep", "TRENDS", "TREND_SERIES", "TrendSeries", "code_files",
+    "cost_table", "default_cache_dir", "method_fingerprint", "method_fingerprints", "parameter_counts",
+    "render_sweep_sections", "run_key", "run_size_sweep", "seed_slopes", "series_differences", "size_trends",
+    "trend_rule_text", "trend_verdict", "write_sweep_plots",
 ]

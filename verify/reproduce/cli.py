@@ -18,7 +18,9 @@ import torch
 from ortho_verify.arguments import SuggestingParser, check_folder
 from ortho_verify.reproduce.config import QUICK, ReproConfig
 from ortho_verify.reproduce.markdown import write_report
+from ortho_verify.reproduce.scaling import run_size_sweep
 from ortho_verify.reproduce.study import run_study
+from ortho_verify.reproduce.sweep_cli import add_sweep_arguments, cache_folder, sweep_from_arguments
 
 __all__ = ["DOCS_DIR", "build_parser", "main"]
 
@@ -31,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     default = ReproConfig()
     parser = SuggestingParser(
         prog="ortho-verify reproduce",
-        description="Train a small byte-level GPT on the Python standard library's sources with AdamW, Muon "
+        description="At several model widths (a size sweep; --single-size: one), train a small byte-level GPT on "
+                    "the Python standard library's sources with AdamW, Muon "
                     "(Keller / Polar Express) and Dion (rank 1, 1/4, 1/16, with and without error feedback), sweep "
                     "each method's learning rate, evaluate it on several seeds, and write OUT/reproduction.md "
                     "(verdict per claim with its numbers), OUT/reproduction/*.png and OUT/reproduction/results.json.")
@@ -56,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=None,
                         help="runs in parallel, each in its own process (default: 2 on a CPU with >= 2 cores, "
                              "else 1; results do not depend on it)")
+    add_sweep_arguments(parser)
     return parser
 
 
@@ -101,12 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     config = _config(args, parser)
+    sweep = sweep_from_arguments(args, parser)
     jobs = args.jobs or (min(2, os.cpu_count() or 1) if torch.device(args.device).type == "cpu" else 1)
 
     def log(message: str) -> None:
         print(message, flush=True)
 
-    results, points = run_study(config, device=args.device, jobs=jobs, threads=args.threads, log=log)
+    if sweep is None:
+        results, points = run_study(config, device=args.device, jobs=jobs, threads=args.threads, log=log)
+    else:
+        results, points = run_size_sweep(sweep, device=args.device, jobs=jobs, threads=args.threads, log=log,
+                                         cache=cache_folder(args), resume=args.resume)
     results["command"] = " ".join(["ortho-verify reproduce", *argv])
     path = write_report(results, points, DOCS_DIR if args.write_docs else args.out)
     print(f"\nwrote {path} (plots and results.json in {path.parent / 'reproduction'}), "

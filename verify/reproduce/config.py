@@ -12,7 +12,8 @@ import numpy as np
 from ortho_verify import registry
 from ortho_verify.data import GPTConfig
 
-__all__ = ["CLOSE_MARGIN", "MATCH_MARGIN", "METHODS", "METHODS_BY_KEY", "MUON_LR_CONVENTIONS", "Method", "NS_DTYPES",
+__all__ = ["FLAT_REFERENCE", "TREND_SERIES", "TrendSeries",
+           "CLOSE_MARGIN", "MATCH_MARGIN", "METHODS", "METHODS_BY_KEY", "MUON_LR_CONVENTIONS", "Method", "NS_DTYPES",
            "QUICK", "RANK_FRACTIONS", "RESULTS_FORMAT", "ReproConfig", "SV_DTYPES", "SV_SCHEDULES", "VERDICTS",
            "gpt_config", "lr_multiplier", "method_options"]
 
@@ -55,6 +56,39 @@ METHODS: tuple[Method, ...] = tuple(
            rank_fraction=c.options.get("rank_fraction"), error_feedback=c.options.get("error_feedback"))
     for c in registry.REPRODUCTION_METHODS)
 METHODS_BY_KEY = {m.key: m for m in METHODS}
+
+
+@dataclass(frozen=True)
+class TrendSeries:
+    """A paired difference followed across model sizes (``ortho_verify.reproduce.trend``): ``worse``
+    − ``better`` per seed, method keys (``kind`` "loss": test losses) or Newton–Schulz schedules
+    (``kind`` "spectral": distance to UVᵀ); ``claim`` the key of the claim it belongs to (None: a
+    diagnostic row), ``label`` as the report prints it."""
+
+    key: str
+    label: str
+    claim: str | None
+    worse: str
+    better: str
+    kind: str = "loss"
+
+
+#: The series whose trend the size sweep judges. NorMuon / Dion2 rows go here (and their methods
+#: in ``ortho_verify.registry.REPRODUCTION_METHODS``) once those algorithms land.
+TREND_SERIES = (
+    TrendSeries("muon_vs_adamw", "AdamW − Muon (Keller)", "muon_vs_adamw", "adamw", "muon-jordan"),
+    TrendSeries("dion_full_rank", "Dion r=1, EF − Muon (Keller)", "dion_full_rank", "dion-1-ef", "muon-jordan"),
+    TrendSeries("dion_quarter_rank", "Dion r=1/4, EF − Muon (Keller)", "dion_quarter_rank", "dion-1/4-ef",
+                "muon-jordan"),
+    TrendSeries("dion_sixteenth_rank", "Dion r=1/16, EF − Muon (Keller)", None, "dion-1/16-ef", "muon-jordan"),
+    TrendSeries("error_feedback_1/4", "no EF − EF, Dion r=1/4", "error_feedback", "dion-1/4-noef", "dion-1/4-ef"),
+    TrendSeries("error_feedback_1/16", "no EF − EF, Dion r=1/16", "error_feedback", "dion-1/16-noef",
+                "dion-1/16-ef"),
+    TrendSeries("polar_express", "Keller − Polar Express, distance to UVᵀ", "polar_express", "jordan",
+                "polar_express", kind="spectral"),
+)
+#: The method whose mean test loss sets the flat margin of the loss series.
+FLAT_REFERENCE = "muon-jordan"
 
 
 def method_options(method: Method) -> dict:

@@ -9,7 +9,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -76,18 +76,25 @@ def environment(device: str, threads: int, jobs: int) -> dict:
 
 
 def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, threads: int = 1,
-              log: Callable[[str], None] = print) -> tuple[dict, dict]:
+              log: Callable[[str], None] = print, runner=None, shared_sweep: Mapping | None = None,
+              sweep_adamw: bool = False) -> tuple[dict, dict]:
     """Run the whole protocol (module docstring) and return (results, singular-value points).
 
     ``results`` is JSON-serializable: ``config``, ``methods``, ``corpus``, ``environment``,
     ``seeds``, ``sweep`` {key: [{"lr", "validation_loss"}]}, ``best_lr``, ``best_at_edge``,
     ``scalar_lr`` (AdamW's best lr, used for the non-matrix parameters of Muon / Dion),
     ``evaluation`` {key: {"lr", "seeds", "test_loss", "curve_steps", "curves", "train_curves",
-    "diverged", "seconds"}}, ``spectral`` (``singular_value_study`` in ``SV_DTYPES`` and
+    "diverged", "seconds", "step_seconds"}}, ``lr_source`` (None, or the d_model whose sweep was
+    reused), ``spectral`` (``singular_value_study`` in ``SV_DTYPES`` and
     ``config.ns_dtype``; None if every Muon (Keller) evaluation run diverged before its first
     gradient), ``claims``
     (``evaluate_claims``), ``wall_seconds``, ``run_seconds``. ``points`` feed the
     singular-value map plots. Deterministic given the configuration, device and threads.
+    ``runner``: run the training through this object instead of a new ``Runner`` (anything with
+    ``config``, ``map(phase, jobs)`` and ``seconds``, e.g. a ``CachedRunner``; the caller closes
+    it). ``shared_sweep``: the results of another study (another model size) whose lr sweep,
+    best lrs and AdamW lr this one reuses instead of sweeping; with ``sweep_adamw`` only Muon's and
+    Dion's are reused, AdamW's (which also trains the non-matrix parameters) is swept here.
     Raises: ValueError for jobs or threads < 1.
     """
     if jobs < 1 or threads < 1:
@@ -98,32 +105,42 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
     env = environment(device, threads, jobs)
     previous = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     init_worker(threads)
-    runner = Runner(config, device, jobs, threads, log)
+    own_runner = runner is None
+    runner = Runner(config, device, jobs, threads, log) if own_runner else runner
+    seconds_before = runner.seconds
     # One BLAS thread for the oracle's SVDs, as ortho_verify.cli: two OpenBLAS threads on a 2-core machine that
     # other processes use made this study's SVDs take minutes instead of seconds.
     blas = threadpool_limits(limits=1, user_api="blas")
     try:
         sweep: dict = {}
-        log(f"AdamW lr sweep on the validation split (seed {config.sweep_seed})")
-        sweep_learning_rates(runner, METHODS[:1], None, sweep)
-        scalar_lr, _ = best_learning_rate(sweep["adamw"])
-        log(f"Muon / Dion lr sweeps (non-matrix parameters on AdamW at its best lr {scalar_lr:g})")
-        sweep_learning_rates(runner, METHODS[1:], scalar_lr, sweep)
+        if shared_sweep is None or sweep_adamw:
+            log(f"AdamW lr sweep on the validation split (seed {config.sweep_seed})")
+            sweep_learning_rates(runner, METHODS[:1], None, sweep)
+            scalar_lr, _ = best_learning_rate(sweep["adamw"])
+        if shared_sweep is None:
+            log(f"Muon / Dion lr sweeps (non-matrix parameters on AdamW at its best lr {scalar_lr:g})")
+            sweep_learning_rates(runner, METHODS[1:], scalar_lr, sweep)
+        else:
+            reused = [m.key for m in METHODS if m.key not in sweep]
+            sweep.update({k: shared_sweep["sweep"][k] for k in reused})
+            scalar_lr = scalar_lr if sweep_adamw else shared_sweep["scalar_lr"]
+            log(f"lr sweep of d_model {shared_sweep['config']['d_model']} reused for {', '.join(reused)}")
         best = {m.key: best_learning_rate(sweep[m.key]) for m in METHODS}
         log(f"evaluation at each method's best lr on seeds {list(config.seeds)} (test split)")
         jobs_ = [dict(method_key=m.key, lr=best[m.key][0], seed=s, scalar_lr=scalar_lr, split="test",
                       capture=m.key == "muon-jordan") for m in METHODS for s in config.seeds]
         runs = runner.map("evaluation", jobs_)
-        runner.close()
+        if own_runner:
+            runner.close()
         evaluation: dict = {}
         gradients = {}
         for r in runs:
             e = evaluation.setdefault(r["method"], {"lr": r["lr"], "seeds": [], "test_loss": [],
                                                     "curve_steps": r["curve_steps"], "curves": [], "train_curves": [],
-                                                    "diverged": [], "seconds": []})
+                                                    "diverged": [], "seconds": [], "step_seconds": []})
             for key, value in (("seeds", r["seed"]), ("test_loss", r["loss"]), ("curves", r["curve"]),
                                ("train_curves", r["train_curve"]), ("diverged", r["diverged"]),
-                               ("seconds", r["seconds"])):
+                               ("seconds", r["seconds"]), ("step_seconds", r.get("step_seconds"))):
                 e[key].append(value)
             if r.get("gradients"):  # none from a run that diverged at step 1
                 gradients[r["seed"]] = r["gradients"]
@@ -131,7 +148,8 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
         sv_dtypes = tuple(dict.fromkeys((*SV_DTYPES, config.ns_dtype)))  # claim 5 reads the training's dtype
         spectral, points = singular_value_study(gradients, sv_dtypes, device) if gradients else (None, {})
     finally:
-        runner.close()
+        if own_runner:
+            runner.close()
         blas.restore_original_limits()
         torch.set_num_threads(previous[0])
         torch.use_deterministic_algorithms(previous[1])
@@ -149,9 +167,11 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
         "best_lr": {k: v[0] for k, v in best.items()},
         "best_at_edge": {k: v[1] for k, v in best.items()},
         "scalar_lr": scalar_lr,
+        "lr_source": None if shared_sweep is None else shared_sweep["config"]["d_model"],
+        "lr_reused": [] if shared_sweep is None else [m.key for m in METHODS if not (sweep_adamw and m.family == "adamw")],
         "evaluation": evaluation,
         "spectral": spectral,
-        "run_seconds": runner.seconds,
+        "run_seconds": runner.seconds - seconds_before,
     }
     results["claims"] = [asdict(c) for c in evaluate_claims(results)]
     results["wall_seconds"] = time.perf_counter() - start

@@ -98,7 +98,9 @@ def train_run(config: ReproConfig, method_key: str, lr: float, seed: int, *, sca
     Returns: dict with ``method``, ``lr``, ``scalar_lr``, ``seed``, ``split``, ``loss`` (final
     held-out loss in nats per byte, None if diverged), ``curve_steps`` / ``curve`` (held-out
     loss, None after a divergence), ``train_curve`` (mean training loss over each curve
-    interval), ``diverged``, ``seconds``, and with ``capture`` ``gradients``: a list of
+    interval), ``diverged``, ``seconds`` (the whole run), ``step_seconds`` (wall time per
+    training step — batch, forward, backward, optimizer step — without the held-out evaluations;
+    None if the first step diverged), and with ``capture`` ``gradients``: a list of
     (parameter name, step, float32 (m, n) array).
     Raises: KeyError for an unknown method, ValueError for an unknown split.
     """
@@ -123,6 +125,7 @@ def train_run(config: ReproConfig, method_key: str, lr: float, seed: int, *, sca
     diverged = False
     if 0 in curve_steps:
         curve_losses.append(heldout_loss(model, heldout, config, dev))
+    loop_start, eval_seconds, steps_done = time.perf_counter(), 0.0, 0
     for step in range(1, config.steps + 1):
         starts = torch.randint(0, len(train) - config.context, (config.batch_size, 1), generator=generator)
         chunk = train[starts + window].long().to(dev)
@@ -138,20 +141,26 @@ def train_run(config: ReproConfig, method_key: str, lr: float, seed: int, *, sca
             gradients += [(name, step, p.grad.detach().float().cpu().numpy().copy()) for name, p in matrices]
         optimizer.step()
         scheduler.step()
+        steps_done += 1
         if step in curve_steps:
+            eval_start = time.perf_counter()
             loss_now = heldout_loss(model, heldout, config, dev)
+            eval_seconds += time.perf_counter() - eval_start
             if not math.isfinite(loss_now):  # this step's update made the weights non-finite
                 diverged = True
                 break
             curve_losses.append(loss_now)
             train_curve.append(float(np.mean(interval)))
             interval = []
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    step_seconds = (time.perf_counter() - loop_start - eval_seconds) / steps_done if steps_done else None
     if diverged:
         curve_losses += [None] * (len(curve_steps) - len(curve_losses))
         train_curve += [None] * (len(curve_steps) - (0 in curve_steps) - len(train_curve))
     result = dict(method=method_key, lr=lr, scalar_lr=lr if scalar_lr is None else scalar_lr, seed=seed, split=split,
                   loss=curve_losses[-1], curve_steps=list(curve_steps), curve=curve_losses, train_curve=train_curve,
-                  diverged=diverged, seconds=time.perf_counter() - start)
+                  diverged=diverged, seconds=time.perf_counter() - start, step_seconds=step_seconds)
     if capture:
         result["gradients"] = gradients
     return result
