@@ -9,7 +9,7 @@ from .dion import DION_DEFAULTS, DionGroups, check_dion_step, dion_group_step, n
 from .driver import GroupRunner
 from .muon import MUON_DEFAULTS, MuonGroups, check_muon_step, muon_group_step, normalize_muon_group
 from .scalar import (
-    ADAMW_DEFAULTS, LION_DEFAULTS, AdamWGroups, LionGroups, adamw_group_step, check_adamw_step, check_lion_step,
+    ADAMW_DEFAULTS, LION_DEFAULTS, ElementwiseGroups, adamw_group_step, check_adamw_step, check_lion_step,
     lion_group_step, normalize_adamw_group, normalize_lion_group,
 )
 
@@ -36,4 +36,6 @@ SCALAR_ALGORITHMS = ("adamw", "lion")
 
 def local_runners(seed: int) -> dict[str, GroupRunner]:
     """A fresh one-process runner per algorithm (options cached per runner); ``seed`` for Dion."""
-    return {"muon": MuonGroups(), "dion": DionGroups(seed), "adamw": AdamWGroups(), "lion": LionGroups()}
+    return {"muon": MuonGroups(), "dion": DionGroups(seed),
+            "adamw": ElementwiseGroups(check_adamw_step, adamw_group_step),
+            "lion": ElementwiseGroups(check_lion_step, lion_group_step)}

@@ -14,7 +14,7 @@ Each algorithm implements the contract that ``ortho_fast.hybrid.HybridOptimizer`
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -185,23 +185,17 @@ def lion_group_step(group: dict, state) -> None:
         lion_update(p, grad, st["exp_avg"], lr=lr, beta1=beta1, beta2=beta2, weight_decay=wd)
 
 
-class AdamWGroups(GroupRunner):
-    """Runs AdamW groups (``check_adamw_step`` / ``adamw_group_step``)."""
+class ElementwiseGroups(GroupRunner):
+    """Runs the groups of an elementwise algorithm through its group functions: ``check(group,
+    state, finite)`` (``check_adamw_step`` / ``check_lion_step``) and ``step(group, state)``
+    (``adamw_group_step`` / ``lion_group_step``). Options are cheap to check: no cache."""
+
+    def __init__(self, check: Callable[..., None], step: Callable[[dict, object], None]) -> None:
+        self._check, self._step = check, step
 
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         for group in groups:
-            check_adamw_step(group, state, finite if finite is not None else False)
+            self._check(group, state, finite if finite is not None else False)
 
     def step(self, group: dict, state, first_index: int) -> None:
-        adamw_group_step(group, state)
-
-
-class LionGroups(GroupRunner):
-    """Runs Lion groups (``check_lion_step`` / ``lion_group_step``)."""
-
-    def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
-        for group in groups:
-            check_lion_step(group, state, finite if finite is not None else False)
-
-    def step(self, group: dict, state, first_index: int) -> None:
-        lion_group_step(group, state)
+        self._step(group, state)
