@@ -268,6 +268,22 @@ def _as_floats(value):
     return value
 
 
+def _set_option(target: dict, alias: Alias, value) -> None:
+    """``target[alias.option] = value`` and the alias's ``implies`` where still None."""
+    target[alias.option] = value
+    for implied, implied_value in alias.implies:
+        if target.get(implied) is None:
+            target[implied] = implied_value
+
+
+def _canonical_values(target: dict) -> dict:
+    """Value aliases (``VALUE_ALIASES``, e.g. adjust_lr "rms_norm") replaced by ours, in place."""
+    for key in VALUE_ALIASES:
+        if key in target:
+            target[key] = canonical_value(key, target[key])
+    return target
+
+
 def apply_aliases(given: Mapping[str, Any], aliases: Iterable[Alias], options: dict[str, Any],
                   defaults: Mapping[str, Any], *, fixed: str | None = None, where: str = "") -> dict[str, Any]:
     """Map other systems' names in ``given`` onto ``options`` (our names, as the caller has them).
@@ -298,15 +314,9 @@ def apply_aliases(given: Mapping[str, Any], aliases: Iterable[Alias], options: d
         elif key in defaults and not _equal(options[key], defaults[key]) and not _equal(options[key], new):
             raise ValueError(f"{name}: conflicts with {key} (the same option, from {alias.source}): {value!r} vs "
                              f"{options[key]!r}; give one of them")
-        options[key] = new
+        _set_option(options, alias, new)
         set_by[key] = name
-        for implied, implied_value in alias.implies:
-            if options.get(implied) is None:
-                options[implied] = implied_value
-    for key in VALUE_ALIASES:
-        if key in options:
-            options[key] = canonical_value(key, options[key])
-    return options
+    return _canonical_values(options)
 
 
 def canonical_group(group: dict, aliases: Iterable[Alias]) -> dict:
@@ -325,15 +335,9 @@ def canonical_group(group: dict, aliases: Iterable[Alias]) -> dict:
             other = set_by.get(key, key)
             raise ValueError(f"{alias.name}: conflicts with {other} in the param group (both set {key!r}: "
                              f"{value!r} vs {group[key]!r}); give one of them")
-        group[key] = new
+        _set_option(group, alias, new)
         set_by[key] = alias.name
-        for implied, implied_value in alias.implies:
-            if group.get(implied) is None:
-                group[implied] = implied_value
-    for key in VALUE_ALIASES:
-        if key in group:
-            group[key] = canonical_value(key, group[key])
-    return group
+    return _canonical_values(group)
 
 
 def mixed_precision_dtypes(config) -> dict[str, torch.dtype | None]:
