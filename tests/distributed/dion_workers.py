@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 import ortho_fast
+from tests.distributed.placements import placement
 
 
 LR, MU, WD, SEED, STEPS = 0.05, 0.9, 0.1, 5, 3
@@ -103,17 +104,6 @@ CASES = {4: [
 # ---------------------------------------------------------------------------------------
 
 
-def _placement(code: str):
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    if code == "R":
-        return Replicate()
-    if code.startswith("SS"):
-        return _StridedShard(int(code[2:]), split_factor=2)
-    return Shard(int(code[1:]))
-
-
 def seeded_tensor(key, shape, dtype) -> torch.Tensor:
     gen = torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
     return torch.randn(shape, generator=gen, dtype=F64).to(dtype)
@@ -124,7 +114,7 @@ def _place(full: torch.Tensor, mesh, codes) -> torch.Tensor:
 
     if codes is None:
         return full.clone()
-    return distribute_tensor(full, mesh, [_placement(c) for c in codes], src_data_rank=None)
+    return distribute_tensor(full, mesh, [placement(c) for c in codes], src_data_rank=None)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ortho_verify.workers import WorkerError, run_workers
+from tests.distributed.placements import placement
 
 WORLD = 4
 # (global shape, placements on the (2, 2) mesh ("a", "b"))
@@ -20,17 +21,6 @@ CASES = [
     ((5, 3), ("R", "S1")), ((9, 4), ("SS0", "S0")), ((6, 2, 3), ("S1", "S0")), ((5, 4, 3), ("S2", "R")),
     ((2, 2), ("S1", "S1")),
 ]
-
-
-def _placement(code: str, split_factor: int):
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    if code == "R":
-        return Replicate()
-    if code.startswith("SS"):
-        return _StridedShard(int(code[2:]), split_factor=split_factor)
-    return Shard(int(code[1:]))
 
 
 def _layouts(rank: int, world: int):
@@ -45,7 +35,7 @@ def _layouts(rank: int, world: int):
     out = {"mismatch": [], "empty": 0}
     for shape, codes in CASES:
         full = torch.arange(torch.Size(shape).numel(), dtype=torch.float64).reshape(shape)
-        d = distribute_tensor(full, mesh, [_placement(c, 2) for c in codes], src_data_rank=None)
+        d = distribute_tensor(full, mesh, [placement(c, 2) for c in codes], src_data_rank=None)
         lay = layout.matrix_layout(d, axes)
         mat = full.reshape(shape[0], -1)
         local = d.to_local().reshape(len(lay.rows), len(lay.cols))
@@ -78,10 +68,10 @@ def _layouts(rank: int, world: int):
     for name, call in {
         "two_d": lambda: layout.mesh_axis(mesh, "outer_shard_mesh"),
         "overlap": lambda: layout.check_axes([layout.mesh_axis(dist.group.WORLD, "replicate_mesh"), axes["outer"]]),
-        "not_given": lambda: layout.matrix_layout(distribute_tensor(torch.zeros(4, 4), mesh, [_placement("S0", 1),
-                                                  _placement("R", 1)]), {"inner": axes["inner"]}),
+        "not_given": lambda: layout.matrix_layout(distribute_tensor(torch.zeros(4, 4), mesh, [placement("S0", 1),
+                                                  placement("R", 1)]), {"inner": axes["inner"]}),
         "replicate_shards": lambda: layout.matrix_layout(distribute_tensor(torch.zeros(4, 4), mesh, [
-            _placement("S0", 1), _placement("R", 1)]), {"replicate": axes["outer"]}),
+            placement("S0", 1), placement("R", 1)]), {"replicate": axes["outer"]}),
     }.items():
         try:
             call()

@@ -19,7 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.distributed.test_layout import _placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
+from tests.distributed.placements import placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
 from tests.strategies import spectral_matrices
 from ortho_verify.tolerances import sharded_tolerance
 from ortho_verify.workers import run_workers
@@ -133,7 +133,7 @@ def _run_case(case: dict, meshes: dict, rank: int) -> dict:
         fulls = [p.full_tensor().detach() for p in sharded]
     else:
         split = mesh.size(-1) if mesh is not None else 1
-        specs = [(shape, tuple(_placement(c, split) for c in codes)) for shape, codes in case["params"]]
+        specs = [(shape, tuple(placement(c, split) for c in codes)) for shape, codes in case["params"]]
         # weights of the size of one update (lr·O ~ 0.05/√k): a float32 ΔW = W_new − W_old then
         # keeps its own precision (with |W| ≫ |ΔW| the rounding of W alone makes ΔW differ by ~u·|W|/|ΔW|)
         fulls = [(0.01 * torch.randn(shape, generator=gen, dtype=torch.float64)).to(dtype) for shape, _ in specs]
@@ -221,7 +221,7 @@ def _errors(meshes: dict, rank: int) -> dict:
 
     def dt(mesh, *codes, shape=(8, 8)):
         full = torch.randn(shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-        return torch.nn.Parameter(distribute_tensor(full, mesh, [_placement(c, 2) for c in codes], src_data_rank=None))
+        return torch.nn.Parameter(distribute_tensor(full, mesh, [placement(c, 2) for c in codes], src_data_rank=None))
 
     cases = {
         "non_1d": lambda: Muon([w.clone()], distributed_mesh=m2),
@@ -248,7 +248,7 @@ def _errors(meshes: dict, rank: int) -> dict:
     opt = Muon([p], distributed_mesh=m1)
     grad = torch.ones(8, 8, dtype=torch.float64)
     grad[7, 7] = float("nan")  # lives on the last rank only
-    p.grad = distribute_tensor(grad, m1, [_placement("S0", 1)], src_data_rank=None)
+    p.grad = distribute_tensor(grad, m1, [placement("S0", 1)], src_data_rank=None)
     before = p.to_local().clone()
     try:
         opt.step()
@@ -295,20 +295,20 @@ def _grad_presence(mesh, rank: int) -> dict:
         if kind == "ddp":
             params = [torch.nn.Parameter(w.clone()) for w in fulls]
         else:
-            params = [torch.nn.Parameter(distribute_tensor(w, mesh, [_placement("S0", 1)], src_data_rank=None))
+            params = [torch.nn.Parameter(distribute_tensor(w, mesh, [placement("S0", 1)], src_data_rank=None))
                       for w in fulls]
         opt = Muon(params, distributed_mesh=mesh, dtype=torch.float64)
         for i, (p, g) in enumerate(zip(params, grads)):  # parameter 1 (owner: rank 1) misses rank 2's gradient
             if not (i == 1 and rank == 2):
-                p.grad = g.clone() if kind == "ddp" else distribute_tensor(g, mesh, [_placement("S0", 1)],
+                p.grad = g.clone() if kind == "ddp" else distribute_tensor(g, mesh, [placement("S0", 1)],
                                                                            src_data_rank=None)
         out[f"partial_grad_{kind}"] = _outcome(opt, params)
     # no gradient anywhere for parameter 0: it and its state stay untouched, the others step as one process
-    params = [torch.nn.Parameter(distribute_tensor(w, mesh, [_placement("S0", 1)], src_data_rank=None)) for w in fulls]
+    params = [torch.nn.Parameter(distribute_tensor(w, mesh, [placement("S0", 1)], src_data_rank=None)) for w in fulls]
     refs = [torch.nn.Parameter(w.clone()) for w in fulls]
     opt, ref = Muon(params, distributed_mesh=mesh, dtype=torch.float64), Muon(refs, dtype=torch.float64)
     for p, q, g in list(zip(params, refs, grads))[1:]:
-        p.grad, q.grad = distribute_tensor(g, mesh, [_placement("S0", 1)], src_data_rank=None), g.clone()
+        p.grad, q.grad = distribute_tensor(g, mesh, [placement("S0", 1)], src_data_rank=None), g.clone()
     opt.step()
     ref.step()
     out["no_grad_anywhere"] = (params[0] not in opt.state and torch.equal(params[0].full_tensor(), fulls[0])
@@ -330,11 +330,11 @@ def _momentum_layouts(mesh) -> dict:
     out = {}
     for name, buf in (("plain", torch.ones(4, 8, dtype=torch.float64)),
                       ("placements", distribute_tensor(torch.ones(4, 8, dtype=torch.float64), mesh,
-                                                       [_placement("S1", 1)], src_data_rank=None))):
-        p = torch.nn.Parameter(distribute_tensor(w, mesh, [_placement("S0", 1)], src_data_rank=None))
+                                                       [placement("S1", 1)], src_data_rank=None))):
+        p = torch.nn.Parameter(distribute_tensor(w, mesh, [placement("S0", 1)], src_data_rank=None))
         opt = Muon([p], distributed_mesh=mesh, dtype=torch.float64)
         opt.load_state_dict({"state": {0: {"momentum_buffer": buf}}, "param_groups": opt.state_dict()["param_groups"]})
-        p.grad = distribute_tensor(g, mesh, [_placement("S0", 1)], src_data_rank=None)
+        p.grad = distribute_tensor(g, mesh, [placement("S0", 1)], src_data_rank=None)
         out[f"momentum_{name}"] = _outcome(opt, [p])
     return out
 
