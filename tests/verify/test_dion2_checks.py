@@ -70,9 +70,8 @@ def test_correct_implementation_written_differently_passes(shape):
     assert all(math.isfinite(r.tolerance) for r in rows[1:])
 
 
-# (a square matrix's rows and columns are both "the shorter side": its wrong dimension is not a bug)
-@pytest.mark.parametrize("bug, shape", [(b, s) for b in ("l2", "wrong_dim", "ef_all", "whole_matrix", "floor_k")
-                                        for s in SHAPES if not (b == "wrong_dim" and s[0] == s[1])])
+@pytest.mark.parametrize("bug", ["l2", "wrong_dim", "ef_all", "whole_matrix", "floor_k"])
+@pytest.mark.parametrize("shape", SHAPES)
 def test_planted_bugs_fail(bug, shape):
     w, g, m = _inputs(2, shape)
     weight, momentum = planted_dion2(w, g, m, bug=bug)
