@@ -15,6 +15,7 @@ from .coefficients import CoefficientsLike
 from .compat import DION2_ALIASES, apply_aliases, canonical_group
 from .groups.dion2 import DION2_DEFAULTS, Dion2Groups, normalize_dion2_group
 from .groups.driver import check_then_step
+from .validation import is_dtensor
 from .groups.state import (
     StateSpec, add_param_group_checked, check_saved_state, load_state_dict_checked, state_dict_with_dtype_names,
 )
@@ -54,8 +55,14 @@ class Dion2(Optimizer):
     parameters as (shape[0], prod(rest)); False: batches of matrices.
     ``selection_scope``: "global" (one top-k per matrix: every layout equals one process) or
     "local" (per-shard top-k on the row-sharded path; on one process the same as "global").
-    ``distributed_mesh``: not supported by this class yet (ValueError); the distributed form is
-    ``ortho_fast.distributed.dion2``.
+    Distributed (``ortho_fast.distributed.dion2``; every rank builds and steps the optimizer with
+    the same parameters in the same order): ``distributed_mesh`` a 1-D DeviceMesh (FSDP2's
+    ``Shard(0)``, or replicated parameters: DDP) or a ProcessGroup (DDP of plain tensors, whose
+    gradients are already averaged), ``tp_mesh`` a 1-D DeviceMesh of tensor parallelism (colwise
+    ``Shard(0)``, rowwise ``Shard(1)``, ``_StridedShard`` under FSDP), ``replicate_mesh`` the
+    replicate dim of HSDP (whole replicas; joins the cross-rank agreement only). The slices are
+    chosen by the global shape on every layout; "global" selection equals one process on every
+    layout (up to the summation order of the L1 norms, which matters only at near-ties).
     State: ``momentum`` (the parameter's shape and dtype), as microsoft/dion; state dicts
     round-trip bitwise and ``load_state_dict`` checks every saved entry before anything changes.
     Source: microsoft/dion ``dion/dion2.py``; docs/design.md, "Dion2".
@@ -83,6 +90,8 @@ class Dion2(Optimizer):
         safety: float | None = None,
         dtype: torch.dtype | str | None = torch.bfloat16,
         selection_scope: str = "local",
+        tp_mesh=None,
+        replicate_mesh=None,
         check_finite: bool = True,
         **aliases,
     ) -> None:
@@ -101,18 +110,21 @@ class Dion2(Optimizer):
                 aliases[name] = value
         aliases["betas"] = betas
         apply_aliases(aliases, DION2_ALIASES, options, DION2_DEFAULTS, fixed="dion2", where="Dion2")
-        if distributed_mesh is not None:
-            raise ValueError("distributed_mesh: the Dion2 class runs in one process here; the sharded step is "
-                             "ortho_fast.distributed.dion2 (docs/design.md, \"Dion2\")")
         if not isinstance(check_finite, bool):
             raise TypeError(f"check_finite: expected a bool, got {check_finite!r}")
         normalize_dion2_group({**options, "params": []})
         self.check_finite = check_finite
-        self._runner = Dion2Groups()
+        self._sharding = None
+        if any(x is not None for x in (distributed_mesh, tp_mesh, replicate_mesh)):
+            from .distributed.dion2 import Dion2Sharding
+
+            self._sharding = Dion2Sharding(distributed_mesh, tp_mesh, replicate_mesh)
+        self._runner = self._sharding or Dion2Groups()
         super().__init__(params, options)
 
     def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "_runner": self._runner, "check_finite": self.check_finite}
+        return {**super().__getstate__(), "_runner": self._runner, "_sharding": self._sharding,
+                "check_finite": self.check_finite}
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's add_param_group (microsoft/dion's names mapped), then ``normalize_dion2_group``;
@@ -125,6 +137,11 @@ class Dion2(Optimizer):
                 raise ValueError(f"algorithm: Dion2 runs 'dion2' groups only, got {group['algorithm']!r}; use "
                                  "ortho_fast.HybridOptimizer for groups of several algorithms")
             normalize_dion2_group(group)
+            if self._sharding is not None:
+                self._sharding.add_group(group)
+            elif any(is_dtensor(p) for p in group["params"]):
+                raise ValueError("params: DTensor parameters need the mesh they are sharded on (distributed_mesh / "
+                                 "tp_mesh)")
 
         add_param_group_checked(self, param_group, normalize)
 

@@ -25,7 +25,7 @@ from typing import Mapping
 
 __all__ = [
     "ALGORITHMS", "CONFIGS", "DION2_CONFIGS", "DION2_RUNS", "DION_VARIANTS", "DION_VARIANT_RUNS", "MUON_AXES", "MUON_COMBOS", "MUON_CONFIGS",
-    "OptimizerConfig", "REPRODUCTION_METHODS", "REPRODUCTION_RANK_FRACTIONS", "SHARDING_DION", "SHARDING_MUON", "get",
+    "OptimizerConfig", "REPRODUCTION_METHODS", "REPRODUCTION_RANK_FRACTIONS", "SHARDING_DION", "SHARDING_DION2", "SHARDING_MUON", "get",
     "muon_option_grid", "select",
 ]
 
@@ -169,6 +169,7 @@ DION2_RUNS: tuple[tuple[str, str], ...] = tuple((c, d) for c in DION2_CONFIGS fo
 #: ``MUON_OPTIONS``).
 SHARDING_DION: dict = get("sharding/dion").kwargs()
 SHARDING_MUON: dict = get("sharding/muon").kwargs()
+SHARDING_DION2: dict = get("sharding/dion2").kwargs()
 #: The methods of ``ortho-verify reproduce``, in report order.
 REPRODUCTION_METHODS: tuple[OptimizerConfig, ...] = select("reproduce")
 

@@ -87,13 +87,14 @@ def dion2_error_feedback(momentum: torch.Tensor, indices: torch.Tensor, selected
     momentum.scatter_(-2 if rows else -1, _expand(indices, momentum, rows), selected * ef_decay)
 
 
-def orthogonalize_selected(sub: torch.Tensor, table, *, safety: float, eps: float, compute_dtype: torch.dtype,
+def orthogonalize_selected(sub: torch.Tensor, table, *, safety: float, eps: float, compute_dtype: torch.dtype | None,
                            precision: str | None = None) -> torch.Tensor:
     """Newton–Schulz on the selected submatrices (..., k, n) or (..., m, k), X₀ = X / (safety·‖X‖_F
-    + eps), computed and returned in ``compute_dtype`` (microsoft/dion casts the submatrix to
-    bfloat16 and runs Polar Express on it). A patch point (module docstring)."""
-    return newton_schulz_resolved(sub, table, safety=safety, eps=eps, eps_mode="add", compute_dtype=compute_dtype,
-                                  precision=precision, out_dtype=compute_dtype)
+    + eps), computed and returned in ``compute_dtype`` (None: the submatrix's dtype; microsoft/dion
+    casts the submatrix to bfloat16 and runs Polar Express on it). A patch point (module docstring)."""
+    dtype = sub.dtype if compute_dtype is None else compute_dtype
+    return newton_schulz_resolved(sub, table, safety=safety, eps=eps, eps_mode="add", compute_dtype=dtype,
+                                  precision=precision, out_dtype=dtype)
 
 
 def dion2_update(weight: torch.Tensor, ortho: torch.Tensor, indices: torch.Tensor, rows: bool, *, lr: float,

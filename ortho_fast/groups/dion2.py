@@ -19,7 +19,7 @@ from ..coefficients import resolve_coefficients, schedule_of
 from ..functional import dion2 as dion2_math
 from ..functional.dion2 import DION2_ADJUST_LR_MODES, SELECTION_SCOPES
 from ..functional.newton_schulz import resolve_compute_dtype
-from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_finite, check_hyper
+from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_finite, check_hyper, local_tensor
 from .driver import GroupRunner
 from .options import OptionsCache
 
@@ -159,7 +159,8 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None) ->
     have passed), batched over parameters of the same shape and dtype (microsoft/dion's
     "megabatch"): B = M + G; per matrix the k = ⌈fraction·N⌉ rows (m <= n) or columns of largest
     L1 norm; M[S] ← ef_decay·B[S]; O_S = Newton–Schulz(B_S); W ← W·(1 − lr·wd), W[S] −= lr·s·O_S.
-    On one process "local" and "global" selection coincide.
+    On one process "local" and "global" selection coincide. A DTensor replicated on every mesh dim
+    is stepped on its local copy (the distributed runner sends only those here).
     State: ``state[p]["momentum"]`` (the parameter's shape and dtype; zeros when created), the
     key of microsoft/dion's Dion2.
     Source: microsoft/dion ``dion2_update_megabatch_async`` (unsharded path)."""
@@ -170,15 +171,15 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None) ->
             continue
         st = state[p]
         if "momentum" not in st:
-            st["momentum"] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+            st["momentum"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
         batches[(tuple(p.shape), p.dtype, p.device)].append(p)
     for (shape, _, _), params in batches.items():
         m, n = dion2_matrix_shape(shape, options.flatten)
         rows = dion2_math.dion2_select_rows(m, n)
         k = dion2_math.dion2_num_selected(options.fraction, m if rows else n)
-        buffers = [matrices(state[p]["momentum"], options.flatten) for p in params]
+        buffers = [matrices(local_tensor(state[p]["momentum"]), options.flatten) for p in params]
         for buf, p in zip(buffers, params):
-            dion2_math.dion2_accumulate(matrices(p.grad, options.flatten), buf)
+            dion2_math.dion2_accumulate(matrices(local_tensor(p.grad), options.flatten), buf)
         b = torch.stack(buffers) if len(buffers) > 1 else buffers[0].unsqueeze(0)
         indices = dion2_math.dion2_select(dion2_math.dion2_slice_norms(b, rows), k)
         sub = dion2_math.dion2_gather(b, indices, rows)
@@ -187,11 +188,11 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None) ->
         scale = dion2_math.dion2_lr_scale(options.adjust_lr, m, n)
         for j, (p, buf) in enumerate(zip(params, buffers)):
             dion2_math.dion2_error_feedback(buf, indices[j], sub[j], rows, options.ef_decay)
-            write_back(state[p]["momentum"], buf)
-            w = matrices(p, options.flatten)
+            write_back(local_tensor(state[p]["momentum"]), buf)
+            w = matrices(local_tensor(p), options.flatten)
             dion2_math.dion2_update(w, ortho[j], indices[j], rows, lr=options.lr, weight_decay=options.weight_decay,
                                     lr_scale=scale)
-            write_back(p, w)
+            write_back(local_tensor(p), w)
 
 
 class Dion2Groups(GroupRunner):
