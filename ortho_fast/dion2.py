@@ -1,7 +1,7 @@
 """Dion2: the ``Dion2`` optimizer class (microsoft/dion's ``Dion2``, its constructor names).
 
 The class only owns state and grouping: the per-tensor math is in ``ortho_fast.functional.dion2``,
-the param-group contract in ``ortho_fast.groups.dion2``. docs/design.md, "Dion2".
+the param-group contract in ``ortho_fast.groups.dion2``. docs/math.md, "Dion2".
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Dion2(Optimizer):
     layout (up to the summation order of the L1 norms, which matters only at near-ties).
     State: ``momentum`` (the parameter's shape and dtype), as microsoft/dion; state dicts
     round-trip bitwise and ``load_state_dict`` checks every saved entry before anything changes.
-    Source: microsoft/dion ``dion/dion2.py``; docs/design.md, "Dion2".
+    Source: microsoft/dion ``dion/dion2.py``; docs/math.md, "Dion2".
     Raises: at construction / ``add_param_group`` / ``load_state_dict``, ValueError / TypeError
     naming the option or "params"; TypeError for an unknown keyword (with the closest name);
     at ``step``, ValueError for a bad gradient or state or an option edited since, before any

@@ -2,7 +2,7 @@
 
 Dion2 (microsoft/dion ``dion/dion2.py``, class ``Dion2``): momentum without μ, a top-k
 selection of rows (or columns) by L1 norm, error-feedback decay on the selected slices only,
-and an orthogonalized update of the selected submatrix only. docs/design.md, "Dion2";
+and an orthogonalized update of the selected submatrix only. docs/math.md, "Dion2";
 docs/math.md, "Dion2".
 """
 

@@ -27,7 +27,7 @@ take the one-process step (``dion2_group_step``) on every rank: no communication
 per sharded matrix and step (``volumes.dion2_comm_volume``): N + k·(other dimension) elements
 all-reduced per sharding axis, plus the agreement of ``comm.raise_together`` before the step.
 Source: microsoft/dion ``dion/dion2.py`` (its "global" scope assembles whole matrices; this
-reduces only the norms and the selected submatrix); docs/design.md, "Dion2".
+reduces only the norms and the selected submatrix); docs/math.md, "Dion2".
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ param group, ``ortho_fast.distributed.dion2`` for sharded parameters.
 Patch point (a documented seam for tests that plant bugs): ``orthogonalize_selected`` is looked
 up in this module at every call by the group layer and the distributed step, so
 ``monkeypatch.setattr(ortho_fast.functional.dion2, "orthogonalize_selected", ...)`` reaches
-every Dion2 step. Source: microsoft/dion ``dion/dion2.py``; docs/design.md, "Dion2".
+every Dion2 step. Source: microsoft/dion ``dion/dion2.py``; docs/math.md, "Dion2".
 """
 
 from __future__ import annotations

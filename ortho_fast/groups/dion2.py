@@ -4,7 +4,7 @@ The contract every optimizer owning Dion2 groups drives (``Dion2``, ``HybridOpti
 ``DION2_DEFAULTS``, ``resolve_dion2_options`` (a frozen ``Dion2Options``),
 ``normalize_dion2_group``, ``check_dion2_step`` (before any change) and ``dion2_group_step``;
 ``Dion2Groups`` runs them with the options cached (``OptionsCache``). The math is in
-``ortho_fast.functional.dion2``. Source: microsoft/dion ``dion/dion2.py``; docs/design.md, "Dion2".
+``ortho_fast.functional.dion2``. Source: microsoft/dion ``dion/dion2.py``; docs/math.md, "Dion2".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 The selection is a gauge where slice norms nearly tie: ``compare_dion2_step`` first infers the
 fast selection from the fast momentum (or update), accepts it when it is a valid top-k within
 the norm tolerances (``dion2_selection_violation`` ≤ 0), and compares weight and momentum with
-the oracle conditioned on that selection. docs/design.md, "Dion2"; docs/tolerances.md, "Dion2".
+the oracle conditioned on that selection. docs/math.md, "Dion2"; docs/tolerances.md, "Dion2".
 """
 
 from __future__ import annotations
