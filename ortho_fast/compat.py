@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 __all__ = [
-    "Alias", "DION2_ALIASES", "DION_ALIASES", "DION_CONFIG_ALIASES", "FIXED", "FixedOption", "MUON_ALIASES", "MUON_CONFIG_ALIASES",
+    "Alias", "DION2_ALIASES", "DION_ALIASES", "DION_CONFIG_ALIASES", "FIXED", "FixedOption", "MUON_ALIASES",
+    "MUON_CONFIG_ALIASES",
     "TORCH_MUON_GROUP_KEYS", "TORCH_MUON_SEMANTICS", "VALUE_ALIASES", "apply_aliases", "canonical_group",
     "canonical_value", "check_fixed", "from_torch_muon_group",
     "is_torch_muon_group", "mixed_precision_dtypes", "reject_unknown", "suggest", "to_torch_muon_group",

@@ -23,7 +23,7 @@ from ortho_verify.results import CheckResult, measured, no_claim
 from ortho_verify.spectra import MatrixCase
 from ortho_verify.tolerances.dion2 import dion2_norm_tolerances, dion2_selection_violation, dion2_step_tolerances
 
-__all__ = ["DION2_CONFIGS", "check_dion2", "compare_dion2_step", "fast_dion2_step", "infer_selection",
+__all__ = ["DION2_CONFIGS", "check_dion2", "check_dion2_optimizer", "compare_dion2_step", "dion2_inputs", "fast_dion2_step", "infer_selection",
            "reference_options"]
 
 #: Dion2 option sets (``ortho_verify.registry.DION2_CONFIGS``): name -> ``ortho_fast.Dion2`` keywords.
@@ -131,3 +131,50 @@ def check_dion2(case: MatrixCase, config: str, dtype: str) -> list[CheckResult]:
     options = DION2_CONFIGS[config]
     weight, momentum = fast_dion2_step(options, dtype, w0, m0, g)
     return compare_dion2_step(case.name, f"{config}/{dtype}", w0, g, m0, weight, momentum, options, dtype)
+
+
+def check_dion2_optimizer(optimizer, conventions=None, *, lr: float = 0.02, fraction: float = 0.25,
+                          ef_decay: float = 0.95, weight_decay: float = 0.01, steps: int = 3,
+                          param_dtype: torch.dtype = torch.float32, shapes=((16, 40), (40, 16), (24, 24)),
+                          seed: int = 0) -> list[CheckResult]:
+    """Check any Dion2-like optimizer class against ``ortho_ref.dion2`` under ``conventions``
+    (a ``Dion2Conventions``; default ``ortho_verify.conventions.DION2``, ortho_fast's and
+    microsoft/dion's): built on parameters of ``shapes`` in ``param_dtype`` with the given
+    hyperparameters under the conventions' keyword names, stepped ``steps`` times on seeded
+    gradients; each step compared from the optimizer's own weight and momentum before it
+    (``compare_dion2_step``, tolerances for the coarser of ``param_dtype`` and the conventions'
+    ``ns_dtype``). Returns the rows (selection, weight, momentum per matrix and step).
+    Raises: TypeError for conventions that are not ``Dion2Conventions``; KeyError naming the
+    momentum state key when the optimizer does not keep it."""
+    from ortho_verify.conventions import DION2, Dion2Conventions, coarser_dtype, dtype_name
+
+    conventions = DION2 if conventions is None else conventions
+    if not isinstance(conventions, Dion2Conventions):
+        raise TypeError(f"conventions: expected Dion2Conventions, got {type(conventions).__name__}")
+    dtype = coarser_dtype(dtype_name(param_dtype, argument="param_dtype"), dtype_name(conventions.ns_dtype))
+    options = dict(lr=lr, fraction=fraction, ef_decay=ef_decay, weight_decay=weight_decay,
+                   coefficients=conventions.coefficients, ns_steps=conventions.ns_steps, safety=conventions.safety,
+                   epsilon=conventions.epsilon,
+                   adjust_lr={"rms_norm": "match_rms_adamw"}.get(conventions.adjust_lr, conventions.adjust_lr))
+    rng = np.random.default_rng(seed)
+    params = [torch.nn.Parameter(torch.tensor(0.02 * rng.standard_normal(s), dtype=param_dtype)) for s in shapes]
+    names = conventions.hyperparameter_names
+    opt = optimizer(params, **{names[k]: v for k, v in (("lr", lr), ("fraction", fraction), ("ef_decay", ef_decay),
+                                                         ("weight_decay", weight_decay))}, **conventions.extra_kwargs)
+    key = conventions.momentum_state_key
+    rows: list[CheckResult] = []
+    for t in range(steps):
+        before = [(as_float64(p), as_float64(opt.state[p][key]) if key in opt.state.get(p, {}) else np.zeros(s))
+                  for p, s in zip(params, shapes)]
+        grads = [torch.tensor(rng.standard_normal(s), dtype=param_dtype) for s in shapes]
+        for p, g in zip(params, grads):
+            p.grad = g
+        opt.step()
+        for i, (p, s) in enumerate(zip(params, shapes)):
+            if key not in opt.state.get(p, {}):
+                raise KeyError(f"momentum_state_key: the optimizer keeps no {key!r} state (it has "
+                               f"{sorted(opt.state.get(p, {}))})")
+            w0, m0 = before[i]
+            rows += compare_dion2_step(f"{s[0]}x{s[1]}", f"step {t + 1}/{dtype}", w0, as_float64(grads[i]), m0,
+                                       as_float64(p), as_float64(opt.state[p][key]), options, dtype)
+    return rows
