@@ -53,7 +53,8 @@ class Layout:
     "SS0" ``_StridedShard(0)`` with split factor the size of the later mesh dims that shard
     dim 0, as FSDP2 on top of colwise TP), None for plain tensors (DDP). ``roles``: (optimizer
     argument, mesh dim) pairs; "dim:group" passes the dim's ProcessGroup instead of the 1-D
-    mesh. ``check``: "equal", "compressed" or "blockwise" (see the module docstring).
+    mesh. ``check``: "equal", "compressed", "blockwise" (see the module docstring) or "local"
+    (Dion2's per-shard selection, against ``ortho_verify.sharding.dion2_reference``).
     ``options``: extra optimizer arguments (see ``optimizer_options``: update options such as
     ``qr_method`` reach the one-process reference too, ``tp_mode`` /
     ``replicate_mesh_grad_sync`` only the distributed optimizer). ``bitwise``: the sharded step
