@@ -15,6 +15,7 @@ import numpy as np
 
 from ._validate import as_coefficients, as_like, as_matrix, check_scalar
 from .coefficients import schedule
+from .mp import to_float64
 from .muon import lr_scale
 from .ns_map import ns_map
 from .polar import polar
@@ -134,6 +135,7 @@ def dion2_step(
     selection_scope: str = "global",
     shards: Sequence | None = None,
     selected=None,
+    digits: int | None = None,
 ) -> Dion2Step:
     """One reference Dion2 step on an (m, n) weight.
 
@@ -155,7 +157,9 @@ def dion2_step(
     as one submatrix — microsoft/dion's row-sharded "local" path. ``shards`` None means one
     shard (then "local" equals "global"). ``selected``: use these slice indices instead of the
     top-k (the judge conditions on a fast implementation's choice among near-ties).
-    Ties: the lower index wins (``dion2_select``).
+    Ties: the lower index wins (``dion2_select``). ``digits``: orthogonalize the submatrix in the
+    mpmath tier (``ns_map`` / ``polar`` with ``digits=``, k and the other side <= 64), rounded to
+    float64 (the selection, momentum and update arithmetic stay float64).
 
     Shapes: weight, grad, momentum (m, n) float -> Dion2Step of float64 arrays.
     Source: microsoft/dion ``dion/dion2.py`` (``dion2_pre_orthogonalize``,
@@ -200,9 +204,11 @@ def dion2_step(
     if not np.any(sub):
         o_sub = np.zeros_like(sub)
     elif orthogonalizer == "polar":
-        o_sub = polar(sub)
+        o_sub = polar(sub, digits=digits)
     else:
-        o_sub = ns_map(sub, table, safety=safety, eps=eps)
+        o_sub = ns_map(sub, table, safety=safety, eps=eps, digits=digits)
+    if digits is not None:
+        o_sub = to_float64(o_sub)
     update = np.zeros_like(b)
     m_new = b.copy()
     if rows:

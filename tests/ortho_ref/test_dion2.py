@@ -157,3 +157,20 @@ def test_zero_accumulation_gives_no_update():
     z = np.zeros((3, 5))
     step = dion2_step(np.ones((3, 5)), z, z, lr=0.1, weight_decay=0.0)
     assert not np.any(step.update) and np.array_equal(step.weight, np.ones((3, 5)))
+
+
+@pytest.mark.parametrize("orthogonalizer", ["newton_schulz", "polar"])
+def test_mpmath_tier_agrees_with_float64(orthogonalizer):
+    """The submatrix orthogonalized at 40 digits agrees with the float64 oracle within
+    ``mp_agreement_tolerance`` of that submatrix (times lr·s in the weight)."""
+    from ortho_verify import tolerances as tol
+
+    w, g, mom = _arrays(7, 6, 9)
+    hi = dion2_step(w, g, mom, fraction=0.5, orthogonalizer=orthogonalizer, digits=40)
+    lo = dion2_step(w, g, mom, fraction=0.5, orthogonalizer=orthogonalizer)
+    sub = (mom + g)[lo.selected]
+    bound = tol.mp_agreement_tolerance(sub, "ns_map" if orthogonalizer == "newton_schulz" else "polar", PE,
+                                       safety=1.02, eps=1e-8, digits=40)
+    assert bound is not None
+    assert np.linalg.norm(hi.update - lo.update) <= bound
+    assert np.array_equal(hi.momentum, lo.momentum) and np.array_equal(hi.selected, lo.selected)
