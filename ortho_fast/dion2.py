@@ -54,7 +54,8 @@ class Dion2(Optimizer):
     dtype, bfloat16 as microsoft/dion) and ``check_finite`` (as ``Muon``). ``flatten``: ≥ 3-D
     parameters as (shape[0], prod(rest)); False: batches of matrices.
     ``selection_scope``: "global" (one top-k per matrix: every layout equals one process) or
-    "local" (per-shard top-k on the row-sharded path; on one process the same as "global").
+    "local" (a top-k per shard of the selected dimension, microsoft/dion's default: layout
+    dependent by design; on one process, or when that dimension is not sharded, "global").
     Distributed (``ortho_fast.distributed.dion2``; every rank builds and steps the optimizer with
     the same parameters in the same order): ``distributed_mesh`` a 1-D DeviceMesh (FSDP2's
     ``Shard(0)``, or replicated parameters: DDP) or a ProcessGroup (DDP of plain tensors, whose
@@ -69,7 +70,12 @@ class Dion2(Optimizer):
     Raises: at construction / ``add_param_group`` / ``load_state_dict``, ValueError / TypeError
     naming the option or "params"; TypeError for an unknown keyword (with the closest name);
     at ``step``, ValueError for a bad gradient or state or an option edited since, before any
-    parameter or state changes.
+    parameter or state changes (distributed: on every rank, after one agreement of an error flag,
+    the parameters, the options and which parameters have gradients: ``comm.raise_together``);
+    distributed construction: LayoutError (a ValueError) for a mesh that is not 1-D, overlaps
+    another or lacks this rank, a DTensor sharded on a mesh dim the optimizer was not given, or a
+    sharded ndim > 2 parameter without ``flatten``; ValueError for a DTensor without any mesh;
+    RuntimeError if torch.distributed is not initialized.
     """
 
     def __init__(
