@@ -10,6 +10,7 @@ from .dion import (
     DION_DEFAULTS, Dion, check_dion_step, dion_group_step, dion_rank, dion_right_factor, dion_update,
     gaussian_sketch, initial_q, normalize_dion_group, orthonormalize, sketch_generator,
 )
+from .dion2 import DION2_DEFAULTS, Dion2
 from .muon import (
     MUON_DEFAULTS, Muon, MuonLayout, adjusted_lr_scale, check_muon_step, default_eps_mode, is_expert_name,
     muon_group_step, muon_layout, muon_momentum, normalize_muon_group,
@@ -33,5 +34,5 @@ __all__ = [
     "ADAMW_DEFAULTS", "LION_DEFAULTS", "adamw_group_step", "check_adamw_step", "check_lion_step",
     "lion_group_step", "normalize_adamw_group", "normalize_lion_group",
     "ALGORITHMS", "DionConfig", "HybridOptimizer", "MuonConfig", "meshes_from_world_mesh", "normalize_name",
-    "param_groups",
+    "param_groups", "DION2_DEFAULTS", "Dion2",
 ]

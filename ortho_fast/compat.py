@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 __all__ = [
-    "Alias", "DION_ALIASES", "DION_CONFIG_ALIASES", "FIXED", "FixedOption", "MUON_ALIASES", "MUON_CONFIG_ALIASES",
+    "Alias", "DION2_ALIASES", "DION_ALIASES", "DION_CONFIG_ALIASES", "FIXED", "FixedOption", "MUON_ALIASES",
+    "MUON_CONFIG_ALIASES",
     "TORCH_MUON_GROUP_KEYS", "TORCH_MUON_SEMANTICS", "VALUE_ALIASES", "apply_aliases", "canonical_group",
     "canonical_value", "check_fixed", "from_torch_muon_group",
     "is_torch_muon_group", "mixed_precision_dtypes", "reject_unknown", "suggest", "to_torch_muon_group",
@@ -172,6 +173,15 @@ DION_ALIASES: tuple[Alias, ...] = (
     Alias("rcqr_oversample", "oversample", _DION),
 )
 
+_DION2 = "microsoft/dion Dion2"
+
+#: microsoft/dion ``Dion2``'s names that differ from ours (its other names are ours: lr,
+#: fraction, ef_decay, weight_decay, epsilon, adjust_lr with "rms_norm" as a value alias,
+#: flatten, selection_scope, distributed_mesh).
+DION2_ALIASES: tuple[Alias, ...] = (
+    Alias("use_polar_express", "coefficients", _DION2, _use_polar_express),
+)
+
 #: ``MuonConfig``: the Muon names, OLMo-core's ``MuonConfig`` and Megatron's scalar-side names.
 MUON_CONFIG_ALIASES: tuple[Alias, ...] = MUON_ALIASES + (
     Alias("betas", "scalar_betas", _OLMO, _betas_pair("betas")),
@@ -223,6 +233,19 @@ FIXED: dict[str, tuple[FixedOption, ...]] = {
                     "expected a non-negative integer (microsoft/dion ignores it; so does ortho_fast)"),
     ),
 }
+FIXED["dion2"] = (
+    FixedOption("betas", _DION2, _valid_betas, _BETAS_REASON),
+    FixedOption("use_triton", _DION2, _is(False), "no Triton kernels here; the Newton–Schulz kernels are chosen by "
+                "ortho_fast (set it to False)"),
+    FixedOption("use_gram_newton_schulz", _DION2, _is(False), "Gram Newton–Schulz is another algorithm (set it to "
+                "False)"),
+    FixedOption("newton_schulz_func", _DION2, _is(None), "a custom function cannot be checked; pass its coefficient "
+                "rows as coefficients=[(a, b, c), ...]"),
+    FixedOption("triton_post_ortho", _DION2, _is(False), "the fused single-rounding update kernel is not ours: the "
+                "update here rounds as dion2_post_orthogonalize does (set it to False)"),
+    FixedOption("verbose", _DION2, lambda v: isinstance(v, bool), "expected a bool (it only prints the selected "
+                "dimension; the rule is ortho_fast.functional.dion2.dion2_select_rows)"),
+)
 FIXED["muon_config"] = tuple(f for f in FIXED["muon"] if f.name != "betas")
 FIXED["dion_config"] = tuple(f for f in FIXED["dion"] if f.name != "betas")
 

@@ -14,8 +14,8 @@ import torch
 import ortho_ref
 from ortho_verify import tolerances as tol
 
-__all__ = ["DION", "DION_ORIENTATIONS", "DionConventions", "MuonConventions", "ORTHO_MUON", "TORCH_MUON", "coarser_dtype", "dtype_name",
-           "table_and_normalization"]
+__all__ = ["DION", "DION2", "Dion2Conventions", "DION_ORIENTATIONS", "DionConventions", "MuonConventions",
+           "ORTHO_MUON", "TORCH_MUON", "coarser_dtype", "dtype_name", "table_and_normalization"]
 
 _NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -155,6 +155,36 @@ class DionConventions:
             dtype_name(self.orthonormalize_dtype, argument="orthonormalize_dtype")
 
 
+@dataclass(frozen=True)
+class Dion2Conventions:
+    """What a Dion2-like optimizer computes (microsoft/dion ``Dion2``, as ``ortho_ref.dion2.dion2_step``
+    with "global" selection on one process): the Newton–Schulz schedule of the selected submatrix
+    (``coefficients`` a registry name or (T, 3) rows, ``ns_steps``, ``safety`` None = the schedule's,
+    ``epsilon`` added to s·‖B_S‖_F) and the dtype it runs in (``ns_dtype``: the tolerance takes the
+    coarser of it and the parameters' dtype), ``adjust_lr`` ("spectral_norm" √(m/n), "rms_norm"
+    0.2·√max(m, n), None), the ``optimizer.state[p]`` key of the momentum, and the constructor
+    keywords for lr, fraction, ef_decay and weight_decay plus ``extra_kwargs``. Ties of the slice
+    norms need no declaration: the check treats them as a gauge (docs/tolerances.md, "Dion2").
+    Raises: ValueError naming ``adjust_lr`` for an unknown mode; TypeError naming ``ns_dtype`` for a
+    dtype without a unit roundoff here.
+    """
+
+    coefficients: object = "polar_express"
+    ns_steps: int | None = None
+    safety: float | None = None
+    epsilon: float = 1e-8
+    adjust_lr: str | None = "spectral_norm"
+    ns_dtype: torch.dtype = torch.bfloat16
+    momentum_state_key: str = "momentum"
+    hyperparameter_names: dict = field(default_factory=lambda: {"lr": "lr", "fraction": "fraction",
+                                                                "ef_decay": "ef_decay", "weight_decay": "weight_decay"})
+    extra_kwargs: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _choice(self.adjust_lr, "adjust_lr", ("spectral_norm", "rms_norm", "match_rms_adamw", None))
+        dtype_name(self.ns_dtype, argument="ns_dtype")
+
+
 #: torch.optim.Muon's own conventions (defaults: EMA momentum, Nesterov, Keller Jordan's
 #: coefficients, eps 1e-7 clamped, bf16 Newton–Schulz, adjust_lr_fn None = "original").
 TORCH_MUON = MuonConventions(eps_mode="clamp")
@@ -163,3 +193,6 @@ TORCH_MUON = MuonConventions(eps_mode="clamp")
 ORTHO_MUON = MuonConventions(eps_mode="clamp")
 #: ortho_fast.Dion and microsoft/dion's Dion (state keys "momentum" and "Q", μ keyword "mu").
 DION = DionConventions()
+#: ortho_fast.Dion2 and microsoft/dion's Dion2 (Polar Express with safety 1.02 on the bfloat16
+#: submatrix, epsilon 1e-8, "spectral_norm", state key "momentum").
+DION2 = Dion2Conventions()

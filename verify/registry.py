@@ -24,13 +24,13 @@ from types import MappingProxyType
 from typing import Mapping
 
 __all__ = [
-    "ALGORITHMS", "CONFIGS", "DION_VARIANTS", "DION_VARIANT_RUNS", "MUON_AXES", "MUON_COMBOS", "MUON_CONFIGS",
-    "OptimizerConfig", "REPRODUCTION_METHODS", "REPRODUCTION_RANK_FRACTIONS", "SHARDING_DION", "SHARDING_MUON", "get",
+    "ALGORITHMS", "CONFIGS", "DION2_CONFIGS", "DION2_RUNS", "DION_VARIANTS", "DION_VARIANT_RUNS", "MUON_AXES", "MUON_COMBOS", "MUON_CONFIGS",
+    "OptimizerConfig", "REPRODUCTION_METHODS", "REPRODUCTION_RANK_FRACTIONS", "SHARDING_DION", "SHARDING_DION2", "SHARDING_MUON", "get",
     "muon_option_grid", "select",
 ]
 
 #: Algorithms a configuration can name (the ``algorithm`` of ``ortho_fast.param_groups``).
-ALGORITHMS = ("muon", "dion", "adamw", "lion")
+ALGORITHMS = ("muon", "dion", "adamw", "lion", "dion2")
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,16 @@ CONFIGS: tuple[OptimizerConfig, ...] = (
        lr=0.02, mu=0.9, weight_decay=0.1, rank_fraction=0.5, seed=0),
     _c("sharding/muon", "muon", "microsoft/dion's distributed Muon; Megatron's TP modes", ["sharding"],
        lr=0.02, momentum=0.9, weight_decay=0.1, dtype=None),
+    # Dion2 (microsoft/dion dion/dion2.py): one step against ortho_ref.dion2 (ortho_verify.checks.dion2);
+    # its defaults, a larger fraction with "global" selection and no lr adjustment, and the
+    # cesista5 schedule (use_polar_express=False) with "rms_norm" scaling and ef_decay 1.
+    _c("dion2/microsoft-dion", "dion2", "microsoft/dion Dion2 defaults", ["dion2_checks"]),
+    _c("dion2/global-half", "dion2", "microsoft/dion Dion2, selection_scope='global'", ["dion2_checks"],
+       fraction=0.5, selection_scope="global", adjust_lr=None, lr=0.02, weight_decay=0.1),
+    _c("dion2/cesista5-rms", "dion2", "microsoft/dion Dion2, use_polar_express=False, adjust_lr='rms_norm'",
+       ["dion2_checks"], coefficients="cesista5", adjust_lr="match_rms_adamw", ef_decay=1.0, fraction=0.3),
+    _c("sharding/dion2", "dion2", "microsoft/dion's distributed Dion2, selection_scope='global'", ["sharding"],
+       lr=0.02, weight_decay=0.1, fraction=0.5, ef_decay=0.9, selection_scope="global", dtype=None),
     # ortho-verify reproduce: each method's own options (momentum, lr, the Newton–Schulz dtype and
     # Muon's lr convention come from the study's ReproConfig).
     _c("reproduce/adamw", "adamw", "torch.optim.AdamW", ["reproduce"], label="AdamW"),
@@ -151,10 +161,15 @@ DION_VARIANTS: dict[str, dict] = {c.label: c.kwargs() for c in select("dion_vari
 #: every variant in float64, and bfloat16 parameters with float32 momentum and Q (mixed precision).
 DION_VARIANT_RUNS: tuple[tuple[str, str, str | None], ...] = (
     *((v, "float64", None) for v in DION_VARIANTS), ("householder", "bfloat16", "float32"))
+#: ``ortho_verify.checks.DION2_CONFIGS``: name -> ``ortho_fast.Dion2`` options.
+DION2_CONFIGS: dict[str, dict] = {c.name: c.kwargs() for c in select("dion2_checks", "dion2")}
+#: (config, dtype) of ``ortho-verify``'s Dion2 rows (parameters, state and Newton–Schulz in dtype).
+DION2_RUNS: tuple[tuple[str, str], ...] = tuple((c, d) for c in DION2_CONFIGS for d in ("float64", "float32", "bfloat16"))
 #: Options of ``ortho-verify sharding``'s Dion and Muon (``ortho_verify.sharding.DION_OPTIONS`` /
 #: ``MUON_OPTIONS``).
 SHARDING_DION: dict = get("sharding/dion").kwargs()
 SHARDING_MUON: dict = get("sharding/muon").kwargs()
+SHARDING_DION2: dict = get("sharding/dion2").kwargs()
 #: The methods of ``ortho-verify reproduce``, in report order.
 REPRODUCTION_METHODS: tuple[OptimizerConfig, ...] = select("reproduce")
 

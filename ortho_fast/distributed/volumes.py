@@ -13,7 +13,7 @@ from ..functional.qr import QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, sket
 from ..validation import check_choice, check_count, check_hyper
 from .layout import TP_MODES
 
-__all__ = ["dion_check_volume", "dion_comm_volume", "muon_comm_volume"]
+__all__ = ["dion2_comm_volume", "dion_check_volume", "dion_comm_volume", "muon_comm_volume"]
 
 
 def muon_comm_volume(shape: Sequence[int], *, dp: str | None = None, dp_size: int = 1, dp_dim: int = 0,
@@ -148,3 +148,49 @@ def dion_check_volume(num_params: int, comm_axes: int) -> dict[str, int]:
     (has a gradient, B != 0), all-reduced over each of the ``comm_axes`` axes (``DionMeshes.check_axes``;
     tag "flags"); nothing without such axes."""
     return {"flags": (9 + 2 * num_params) * comm_axes} if comm_axes else {}
+
+
+def _nested_chunks(size: int, splits: Sequence[int]) -> list[int]:
+    """Sizes of ``size`` indices cut by ``torch.chunk`` into splits[-1] pieces, each of those into
+    splits[-2] pieces, ... (FSDP2 on top of TP: the TP blocks are cut further, ``_StridedShard``)."""
+    sizes = [size]
+    for k in reversed(list(splits)):
+        sizes = [len(c) for s in sizes for c in _chunk(s, k)]
+    return sizes
+
+
+def _chunk(size: int, k: int) -> list[range]:
+    step = -(-size // k) if size else 0
+    return [range(min(i * step, size), min((i + 1) * step, size)) for i in range(k)] if step else [range(0)] * k
+
+
+def dion2_comm_volume(m: int, n: int, *, fraction: float, row_shards: Sequence[int] = (),
+                      col_shards: Sequence[int] = (), selection_scope: str = "global") -> dict[str, int]:
+    """Elements one rank's ``Ledger`` records for one (m, n) matrix in one Dion2 step
+    (``ortho_fast.distributed.dion2``), the per-step agreement (tag "check") not included.
+
+    With N slices (rows when m <= n, else columns), the other dimension of size o and A the
+    number of axes of more than one rank sharding the matrix (``row_shards`` / ``col_shards``:
+    their sizes, in mesh-dim order): all-reduce A·(N + k·o) — the slice norms and the zero-padded
+    selected submatrix, over each axis. k = max(1, ⌈fraction·N⌉) for "global" (and whenever the
+    selected dimension is not sharded); for "local", Σ over the shards of the selected dimension
+    of min(|shard|, max(1, ⌈fraction·(largest shard)⌉)), the shards cut by ``torch.chunk``
+    (two axes on one dimension nested as FSDP2 on top of TP: the later axis cuts first).
+    Returns {"all_reduce": elements}, or {} when nothing is sharded.
+    Raises: ValueError for fraction outside (0, 1], sizes below 1 or an unknown scope.
+    """
+    check_hyper(fraction, "fraction", high=1.0, low_open=True)
+    check_choice(selection_scope, "selection_scope", ("global", "local"))
+    if min(m, n) < 1 or any(s < 1 for s in (*row_shards, *col_shards)):
+        raise ValueError(f"m, n, row_shards, col_shards: expected sizes >= 1, got {m}, {n}, {row_shards}, {col_shards}")
+    rows = m <= n
+    size, other = (m, n) if rows else (n, m)
+    axes = sum(1 for s in (*row_shards, *col_shards) if s > 1)
+    select_shards = [s for s in (row_shards if rows else col_shards) if s > 1]
+    if selection_scope == "local" and select_shards:
+        pieces = _nested_chunks(size, select_shards)
+        k_local = max(1, int(math.ceil(fraction * max(pieces))))
+        k = sum(min(k_local, p) for p in pieces)
+    else:
+        k = min(size, max(1, int(math.ceil(fraction * size))))
+    return {"all_reduce": axes * (size + k * other)} if axes else {}

@@ -61,8 +61,11 @@ from ortho_verify.sharding.diagnosis import FEATURES, dion_replay, layout_featur
 from ortho_verify.sharding.factories import dion_factory, muon_factory
 from ortho_verify.sharding.planted_optimizers import (MUON_BUGS, ORIENTATIONS, PlantedDion, PlantedMuon,
                                                       planted_muon_factory)
+from ortho_verify.sharding.planted_dion2 import DION2_BUGS, PlantedDion2, dion2_factory, planted_dion2_factory
+from ortho_verify.sharding.dion2_reference import dion2_local_reference, selected_dim_shards
 
-__all__ = ["Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS", "DOCS_PATH", "layouts_for",
+__all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory", "dion2_local_reference",
+           "selected_dim_shards", "Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS", "DOCS_PATH", "layouts_for",
            "initial_weight", "gradient", "mean_gradient", "optimizer_options", "reference", "analytic_volume", "run",
            "under_torchrun", "main", "markdown_report", "layouts_doc",
            # also public since the split into a package

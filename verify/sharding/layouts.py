@@ -13,7 +13,7 @@ from typing import Sequence
 import ortho_fast
 from ortho_verify import registry
 
-__all__ = ["DION_OPTIONS", "DOCS_PATH", "DOCS_WORLD_SIZES", "DTYPES", "LAYOUTS", "Layout", "MATRICES", "MUON_OPTIONS",
+__all__ = ["DION2_OPTIONS", "DION_OPTIONS", "DOCS_PATH", "DOCS_WORLD_SIZES", "DTYPES", "LAYOUTS", "Layout", "MATRICES", "MUON_OPTIONS",
            "QUICK_MATRICES", "QUICK_STEPS", "SEED", "SHARDED_LAYOUTS", "STATE_KEYS", "STEPS", "TIMEOUT", "layouts_for",
            "optimizer_options"]
 
@@ -32,7 +32,9 @@ SEED = 0
 #: (``ortho_verify.registry.SHARDING_DION`` / ``SHARDING_MUON``; Dion's seed is ``SEED``.)
 DION_OPTIONS = registry.SHARDING_DION
 MUON_OPTIONS = registry.SHARDING_MUON
-STATE_KEYS = {"dion": ("momentum", "Q"), "muon": ("momentum_buffer",)}
+#: Dion2's options (``ortho_verify.registry.SHARDING_DION2``: "global" selection, fraction 0.5).
+DION2_OPTIONS = registry.SHARDING_DION2
+STATE_KEYS = {"dion": ("momentum", "Q"), "muon": ("momentum_buffer",), "dion2": ("momentum",)}
 #: The page ``--write-docs`` writes (in the repository checkout).
 DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "layouts.md"
 #: World sizes docs/layouts.md covers (``--write-docs`` runs them all).
@@ -51,7 +53,8 @@ class Layout:
     "SS0" ``_StridedShard(0)`` with split factor the size of the later mesh dims that shard
     dim 0, as FSDP2 on top of colwise TP), None for plain tensors (DDP). ``roles``: (optimizer
     argument, mesh dim) pairs; "dim:group" passes the dim's ProcessGroup instead of the 1-D
-    mesh. ``check``: "equal", "compressed" or "blockwise" (see the module docstring).
+    mesh. ``check``: "equal", "compressed", "blockwise" (see the module docstring) or "local"
+    (Dion2's per-shard selection, against ``ortho_verify.sharding.dion2_reference``).
     ``options``: extra optimizer arguments (see ``optimizer_options``: update options such as
     ``qr_method`` reach the one-process reference too, ``tp_mode`` /
     ``replicate_mesh_grad_sync`` only the distributed optimizer). ``bitwise``: the sharded step
@@ -91,6 +94,10 @@ def _dion(name, dims, shape, placements, roles, check="equal", bitwise=False, **
 def _muon(name, dims, shape, placements, roles, bitwise=False, **options) -> Layout:
     check = "blockwise" if options.get("tp_mode") == "blockwise" else "equal"
     return Layout(name, "muon", dims, shape, placements, roles, check, tuple(options.items()), bitwise)
+
+
+def _dion2(name, dims, shape, placements, roles, check="equal", bitwise=False, **options) -> Layout:
+    return Layout(name, "dion2", dims, shape, placements, roles, check, tuple(options.items()), bitwise)
 
 
 #: Dion variants some layouts add (``ortho_verify.registry.DION_VARIANTS``).
@@ -134,6 +141,22 @@ LAYOUTS: tuple[Layout, ...] = (
             tp_mode=mode)
       for mode in ("duplicated", "distributed", "blockwise")
       for wise, codes in (("colwise", _COLWISE_2D), ("rowwise", _ROWWISE_2D))),
+    # Dion2: "global" selection equals one process on every layout (DDP / one process: the same
+    # operations, bitwise); "local" (per-shard top-k) is checked against its own definition
+    # (``ortho_verify.sharding.dion2_reference``), on the layouts that shard the selected dimension
+    _dion2("single", (), (), None, (), bitwise=True),
+    _dion2("DDP", _DP, (-1,), None, (("distributed_mesh", "dp"),), bitwise=True),
+    _dion2("DDP, ProcessGroup", _DP, (-1,), None, (("distributed_mesh", "dp:group"),), bitwise=True),
+    _dion2("FSDP", _SHARD, (-1,), ("S0",), (("distributed_mesh", "dp_shard"),)),
+    _dion2("TP colwise", _TP, (-1,), ("S0",), (("tp_mesh", "tp"),)),
+    _dion2("TP rowwise", _TP, (-1,), ("S1",), (("tp_mesh", "tp"),)),
+    _dion2("HSDP", _HSDP, (2, -1), ("R", "S0"), (("replicate_mesh", "dp_replicate"), ("distributed_mesh", "dp_shard"))),
+    _dion2("FSDP + TP colwise", _FSDP_TP, (-1, 2), _COLWISE_2D, _MUON_2D),
+    _dion2("FSDP + TP rowwise", _FSDP_TP, (-1, 2), _ROWWISE_2D, _MUON_2D),
+    _dion2("FSDP, local", _SHARD, (-1,), ("S0",), (("distributed_mesh", "dp_shard"),), "local",
+           selection_scope="local"),
+    _dion2("TP rowwise, local", _TP, (-1,), ("S1",), (("tp_mesh", "tp"),), "local", selection_scope="local"),
+    _dion2("FSDP + TP colwise, local", _FSDP_TP, (-1, 2), _COLWISE_2D, _MUON_2D, "local", selection_scope="local"),
 )
 
 
@@ -177,7 +200,7 @@ def optimizer_options(layout: Layout, *, distributed: bool = True) -> dict:
     layout's ``options`` — all of them for the distributed optimizer, only the update's own
     options (keys of ``ortho_fast.DION_DEFAULTS`` / ``MUON_DEFAULTS``, e.g. ``qr_method``) for the
     one-process reference (not ``tp_mode`` / ``replicate_mesh_grad_sync``)."""
-    base, keys = ((DION_OPTIONS, ortho_fast.DION_DEFAULTS) if layout.optimizer == "dion"
-                  else (MUON_OPTIONS, ortho_fast.MUON_DEFAULTS))
+    base, keys = {"dion": (DION_OPTIONS, ortho_fast.DION_DEFAULTS), "muon": (MUON_OPTIONS, ortho_fast.MUON_DEFAULTS),
+                  "dion2": (DION2_OPTIONS, ortho_fast.DION2_DEFAULTS)}[layout.optimizer]
     extra = {k: v for k, v in layout.options if distributed or k in keys}
     return {**base, **extra}

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import ortho_fast
+from ortho_verify.sharding.dion2_reference import dion2_local_reference
 from ortho_verify.sharding.inputs import gradient, initial_weight, mean_gradient
 from ortho_verify.sharding.layouts import DTYPES, MATRICES, STATE_KEYS, STEPS, Layout, optimizer_options
 from ortho_verify.sharding.planted import planted
@@ -18,7 +19,7 @@ from ortho_verify.sharding.tensors import digest, dtensor_placements, full_copy,
 from ortho_verify.sharding.volumes import analytic_volume, comm_verdict
 from ortho_verify.tolerances import sharded_tolerance
 
-__all__ = ["FLAG_TAGS", "Plan", "check_layout", "dtensor_placements", "reference", "tp_blocks", "worker"]
+__all__ = ["FLAG_TAGS", "OPTIMIZERS", "Plan", "check_layout", "dtensor_placements", "reference", "tp_blocks", "worker"]
 
 
 def _replica(layout: Layout, mesh) -> tuple[int, int]:
@@ -31,9 +32,13 @@ def _replica(layout: Layout, mesh) -> tuple[int, int]:
     return mesh.get_coordinate()[d], mesh.shape[d]
 
 
+#: The optimizer class of each ``Layout.optimizer``.
+OPTIMIZERS = {"dion": ortho_fast.Dion, "muon": ortho_fast.Muon, "dion2": ortho_fast.Dion2}
+
+
 def _optimizer(layout: Layout, params: list, mesh):
     """The distributed optimizer of the layout (a role "dim:group" passes the mesh dim's ProcessGroup)."""
-    cls = ortho_fast.Dion if layout.optimizer == "dion" else ortho_fast.Muon
+    cls = OPTIMIZERS[layout.optimizer]
     meshes = {}
     for arg, dim in layout.roles:
         name, _, as_group = dim.partition(":")
@@ -64,13 +69,16 @@ def reference(layout: Layout, mesh_shape: tuple[int, ...], dtype: torch.dtype, m
     bitwise comparisons need the same kernels): per step, "weights" and the state keys of every
     matrix (full, float64 on the CPU). Fed the mean of the ``replicas`` gradients (Dion's
     compressed sync: one process fed the mean gradient); for a blockwise layout each TP shard is
-    a parameter of its own (Muon's blockwise definition) and the blocks are assembled back."""
+    a parameter of its own (Muon's blockwise definition) and the blocks are assembled back; Dion2's
+    "local" layouts run their own definition (``dion2_local_reference``)."""
+    if layout.check == "local":
+        return dion2_local_reference(layout, mesh_shape, dtype, matrices, steps, device)
     split = [tp_blocks(layout, mesh_shape, s) if layout.check == "blockwise" else (0, [s[0]]) for s in matrices]
     params = []
     for i, (shape, (d, sizes)) in enumerate(zip(matrices, split)):
         params.append([b.clone() for b in initial_weight(i, shape, dtype).to(device).split(sizes, d) if b.numel()])
     flat = [b for blocks in params for b in blocks]
-    cls = ortho_fast.Dion if layout.optimizer == "dion" else ortho_fast.Muon
+    cls = OPTIMIZERS[layout.optimizer]
     opt = cls(flat, **optimizer_options(layout, distributed=False))
     out = []
     for step in range(steps):
@@ -157,7 +165,7 @@ def check_layout(layout: Layout, mesh_shape, mesh, dtype_name: str, plan: Plan, 
     opt = _optimizer(layout, params, mesh)
     ref = None
     if rank == 0:
-        key = (layout.optimizer, layout.check == "blockwise" and (layout.tp_dim, mesh_shape, layout.placements),
+        key = (layout.optimizer, layout.check in ("blockwise", "local") and (layout.tp_dim, mesh_shape, layout.placements),
                tuple(optimizer_options(layout, distributed=False).items()), dtype_name, replicas, plan.matrices,
                plan.steps)
         if key not in plan.references:

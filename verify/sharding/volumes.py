@@ -8,6 +8,7 @@ import math
 import ortho_fast
 from ortho_fast.distributed.dion import dion_comm_volume
 from ortho_fast.distributed.muon import muon_comm_volume
+from ortho_fast.distributed.volumes import dion2_comm_volume
 from ortho_verify.sharding.layouts import Layout, optimizer_options
 
 __all__ = ["analytic_volume", "comm_verdict", "padded_shape"]
@@ -42,9 +43,16 @@ def analytic_volume(layout: Layout, mesh_shape: tuple[int, ...], shape: tuple[in
     ``dion_comm_volume``, the Dion paper's Table 1 per layout), for the owner rank (the largest);
     ``padded``: evaluated at ``padded_shape``, the most that zero-padded uneven shards can add
     (gloo and NCCL gather equal-sized blocks). Muon's formula counts that padding itself (its
-    largest blocks), so for Muon ``padded`` changes nothing: the ledger must equal the formula
-    for every shape. None where no formula exists (yet)."""
-    m, n = padded_shape(layout, mesh_shape, shape) if padded and layout.optimizer != "muon" else shape
+    largest blocks), and Dion2 all-reduces exact sizes (``dion2_comm_volume``), so for both
+    ``padded`` changes nothing: the ledger must equal the formula for every shape. None where no formula exists (yet)."""
+    m, n = padded_shape(layout, mesh_shape, shape) if padded and layout.optimizer == "dion" else shape
+    if layout.optimizer == "dion2":
+        opts = optimizer_options(layout)
+        shards = [(size, dim) for role in ("distributed_mesh", "tp_mesh")
+                  for size, dim in [_sharding(layout, mesh_shape, role)] if dim is not None]
+        return sum(dion2_comm_volume(m, n, fraction=opts["fraction"], row_shards=[s for s, d in shards if d == 0],
+                                     col_shards=[s for s, d in shards if d == 1],
+                                     selection_scope=opts["selection_scope"]).values())
     if layout.optimizer == "muon":
         dp_size, dp_dim = _sharding(layout, mesh_shape, "distributed_mesh")
         tp_size, tp_dim = _sharding(layout, mesh_shape, "tp_mesh")

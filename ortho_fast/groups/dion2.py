@@ -1,0 +1,213 @@
+"""Dion2 param groups: defaults, options resolved once, the checks and the step of a group.
+
+The contract every optimizer owning Dion2 groups drives (``Dion2``, ``HybridOptimizer``):
+``DION2_DEFAULTS``, ``resolve_dion2_options`` (a frozen ``Dion2Options``),
+``normalize_dion2_group``, ``check_dion2_step`` (before any change) and ``dion2_group_step``;
+``Dion2Groups`` runs them with the options cached (``OptionsCache``). The math is in
+``ortho_fast.functional.dion2``. Source: microsoft/dion ``dion/dion2.py``; docs/math.md, "Dion2".
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from ..coefficients import resolve_coefficients, schedule_of
+from ..functional import dion2 as dion2_math
+from ..functional.dion2 import DION2_ADJUST_LR_MODES, SELECTION_SCOPES
+from ..functional.newton_schulz import resolve_compute_dtype
+from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_finite, check_hyper, local_tensor
+from .driver import GroupRunner
+from .options import OptionsCache
+
+__all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options", "check_dion2_step",
+           "dion2_group_step", "dion2_matrix_shape", "matrices", "normalize_dion2_group", "resolve_dion2_options",
+           "write_back"]
+
+#: Every key of a Dion2 param group with its default: microsoft/dion ``Dion2``'s defaults
+#: (lr 0.01, fraction 0.25, ef_decay 0.95, weight_decay 0.01, epsilon 1e-8, adjust_lr
+#: "spectral_norm", flatten False, Polar Express with safety 1.02 in bfloat16, selection_scope
+#: "local"). ``coefficients`` / ``ns_steps`` / ``safety`` (None: the schedule's) / ``dtype`` (the
+#: Newton–Schulz compute dtype) are ours; microsoft/dion's ``use_polar_express=False`` is
+#: ``coefficients="cesista5"``.
+DION2_DEFAULTS: dict[str, object] = dict(
+    lr=0.01, fraction=0.25, ef_decay=0.95, weight_decay=0.01, epsilon=1e-8, adjust_lr="spectral_norm",
+    flatten=False, coefficients="polar_express", ns_steps=None, safety=None, dtype=torch.bfloat16,
+    selection_scope="local",
+)
+#: The group keys a ``Dion2Options`` is resolved from.
+DION2_OPTION_KEYS = tuple(DION2_DEFAULTS)
+
+
+@dataclass(frozen=True)
+class Dion2Options:
+    """A Dion2 group's options, validated (``resolve_dion2_options``): floats, the coefficient
+    table, the resolved safety and compute dtype."""
+
+    lr: float
+    fraction: float
+    ef_decay: float
+    weight_decay: float
+    epsilon: float
+    adjust_lr: str | None
+    flatten: bool
+    table: tuple
+    safety: float
+    compute_dtype: torch.dtype
+    precision: str | None
+    selection_scope: str
+
+
+def resolve_dion2_options(group: dict) -> Dion2Options:
+    """Validate every option of a Dion2 group filled with ``DION2_DEFAULTS``, changing nothing.
+    Raises: ValueError / TypeError whose message starts with the key; UnknownScheduleError for an
+    unknown schedule name."""
+    check_filled(group, DION2_DEFAULTS, "Dion2")
+    for key, kw in (("lr", {}), ("fraction", {"high": 1.0, "low_open": True}), ("ef_decay", {}),
+                    ("weight_decay", {}), ("epsilon", {})):
+        check_hyper(group[key], key, **kw)
+    if not isinstance(group["flatten"], bool):
+        raise TypeError(f"flatten: expected a bool, got {group['flatten']!r}")
+    check_choice(group["adjust_lr"], "adjust_lr", DION2_ADJUST_LR_MODES)
+    check_choice(group["selection_scope"], "selection_scope", SELECTION_SCOPES)
+    if group["ns_steps"] is not None:
+        check_count(group["ns_steps"], "ns_steps")
+    table = tuple(resolve_coefficients(group["coefficients"], group["ns_steps"]))
+    named = schedule_of(group["coefficients"])
+    safety = group["safety"] if group["safety"] is not None else named.safety if named else 1.0
+    check_hyper(safety, "safety", low_open=True)
+    compute_dtype, precision = resolve_compute_dtype(group["dtype"])
+    return Dion2Options(lr=float(group["lr"]), fraction=float(group["fraction"]), ef_decay=float(group["ef_decay"]),
+                        weight_decay=float(group["weight_decay"]), epsilon=float(group["epsilon"]),
+                        adjust_lr=group["adjust_lr"], flatten=group["flatten"], table=table, safety=float(safety),
+                        compute_dtype=compute_dtype, precision=precision, selection_scope=group["selection_scope"])
+
+
+def dion2_matrix_shape(shape, flatten: bool) -> tuple[int, int]:
+    """(m, n) of each matrix Dion2 works on: the last two dims, or (shape[0], prod(shape[1:]))
+    for a ≥ 3-D parameter with ``flatten`` (microsoft/dion's ``flatten``)."""
+    if flatten and len(shape) > 2:
+        return shape[0], int(torch.Size(shape[1:]).numel())
+    return shape[-2], shape[-1]
+
+
+def _name(group: dict, index: int, p: torch.Tensor) -> str:
+    names = group.get("param_names")
+    return repr(names[index]) if names else f"parameter {index} (shape {tuple(p.shape)})"
+
+
+def normalize_dion2_group(group: dict) -> None:
+    """Validate one Dion2 param group filled with ``DION2_DEFAULTS``: every option, then every
+    parameter (floating, ≥ 2 dims, non-empty). Raises: ValueError / TypeError naming the key
+    ("params: ..." for a parameter). Changes nothing."""
+    resolve_dion2_options(group)
+    for i, p in enumerate(group["params"]):
+        if not p.is_floating_point() or p.is_complex():
+            raise TypeError(f"params: Dion2 expects real floating-point parameters, got {p.dtype} ({_name(group, i, p)})")
+        if p.ndim < 2 or p.numel() == 0:
+            raise ValueError(f"params: Dion2 expects non-empty matrix parameters (ndim >= 2), got shape "
+                             f"{tuple(p.shape)} ({_name(group, i, p)})")
+
+
+def check_dion2_step(group: dict, state: Mapping[torch.Tensor, dict], options: Dion2Options | None = None,
+                     finite: FiniteCheck | None | bool = True) -> None:
+    """Check everything one ``dion2_group_step`` reads; change nothing: the options (unless the
+    caller passes them resolved), each gradient (dense, real, the parameter's shape, dtype and
+    device, finite: True here, a ``FiniteCheck`` collects, False skips) and an existing
+    ``momentum`` (a tensor of the parameter's shape and dtype).
+    Raises: ValueError / TypeError starting with the key, or "grad" / "momentum" naming the parameter."""
+    options = resolve_dion2_options(group) if options is None else options
+    for i, p in enumerate(group["params"]):
+        g = p.grad
+        if g is None:
+            continue
+        name = _name(group, i, p)
+        if g.is_sparse or torch.is_complex(g):
+            raise ValueError(f"grad: Dion2 expects dense real gradients ({name})")
+        if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
+            raise ValueError(f"grad: expected shape {tuple(p.shape)}, dtype {p.dtype} on {p.device} (the parameter's), "
+                             f"got {tuple(g.shape)}, {g.dtype} on {g.device} ({name})")
+        if finite is True:
+            check_finite(g, f"grad of {name}")
+        elif isinstance(finite, FiniteCheck):
+            finite.add(g, f"grad of {name}")
+        buf = state[p].get("momentum") if p in state else None
+        if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape or buf.dtype != p.dtype):
+            got = (tuple(buf.shape), buf.dtype) if isinstance(buf, torch.Tensor) else type(buf).__name__
+            raise ValueError(f"momentum: expected a tensor of shape {tuple(p.shape)} and dtype {p.dtype}, got {got} "
+                             f"({name})")
+
+
+def matrices(t: torch.Tensor, flatten: bool) -> torch.Tensor:
+    """A view of a parameter-shaped tensor as (..., m, n) matrices (``dion2_matrix_shape``); a
+    non-contiguous ≥ 3-D tensor with ``flatten`` gives a copy (``write_back`` stores it)."""
+    return t.reshape(t.shape[0], -1) if flatten and t.ndim > 2 else t
+
+
+def write_back(t: torch.Tensor, mats: torch.Tensor) -> None:
+    """Store ``mats`` (from ``matrices(t, ...)``) into ``t`` when it was a copy, not a view."""
+    if mats is not t and mats.data_ptr() != t.data_ptr():
+        t.copy_(mats.reshape(t.shape))
+
+
+@torch.no_grad()
+def dion2_group_step(group: dict, state, options: Dion2Options | None = None) -> None:
+    """One Dion2 step for every parameter of ``group`` with a gradient (``check_dion2_step`` must
+    have passed), batched over parameters of the same shape and dtype (microsoft/dion's
+    "megabatch"): B = M + G; per matrix the k = ⌈fraction·N⌉ rows (m <= n) or columns of largest
+    L1 norm; M[S] ← ef_decay·B[S]; O_S = Newton–Schulz(B_S); W ← W·(1 − lr·wd), W[S] −= lr·s·O_S.
+    On one process "local" and "global" selection coincide. A DTensor replicated on every mesh dim
+    is stepped on its local copy (the distributed runner sends only those here).
+    State: ``state[p]["momentum"]`` (the parameter's shape and dtype; zeros when created), the
+    key of microsoft/dion's Dion2.
+    Source: microsoft/dion ``dion2_update_megabatch_async`` (unsharded path)."""
+    options = resolve_dion2_options(group) if options is None else options
+    batches: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    for p in group["params"]:
+        if p.grad is None:
+            continue
+        st = state[p]
+        if "momentum" not in st:
+            st["momentum"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        batches[(tuple(p.shape), p.dtype, p.device)].append(p)
+    for (shape, _, _), params in batches.items():
+        m, n = dion2_matrix_shape(shape, options.flatten)
+        rows = dion2_math.dion2_select_rows(m, n)
+        k = dion2_math.dion2_num_selected(options.fraction, m if rows else n)
+        buffers = [matrices(local_tensor(state[p]["momentum"]), options.flatten) for p in params]
+        for buf, p in zip(buffers, params):
+            dion2_math.dion2_accumulate(matrices(local_tensor(p.grad), options.flatten), buf)
+        b = torch.stack(buffers) if len(buffers) > 1 else buffers[0].unsqueeze(0)
+        indices = dion2_math.dion2_select(dion2_math.dion2_slice_norms(b, rows), k)
+        sub = dion2_math.dion2_gather(b, indices, rows)
+        ortho = dion2_math.orthogonalize_selected(sub, options.table, safety=options.safety, eps=options.epsilon,
+                                                  compute_dtype=options.compute_dtype, precision=options.precision)
+        scale = dion2_math.dion2_lr_scale(options.adjust_lr, m, n)
+        for j, (p, buf) in enumerate(zip(params, buffers)):
+            dion2_math.dion2_error_feedback(buf, indices[j], sub[j], rows, options.ef_decay)
+            write_back(local_tensor(state[p]["momentum"]), buf)
+            w = matrices(local_tensor(p), options.flatten)
+            dion2_math.dion2_update(w, ortho[j], indices[j], rows, lr=options.lr, weight_decay=options.weight_decay,
+                                    lr_scale=scale)
+            write_back(local_tensor(p), w)
+
+
+class Dion2Groups(GroupRunner):
+    """Runs the Dion2 groups of one optimizer in one process with their options cached:
+    ``check`` / ``step`` as ``check_dion2_step`` / ``dion2_group_step``."""
+
+    def __init__(self) -> None:
+        self.cache = OptionsCache()
+
+    def options(self, group: dict) -> Dion2Options:
+        return self.cache.get(group, DION2_OPTION_KEYS, resolve_dion2_options)
+
+    def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
+        for group in groups:
+            check_dion2_step(group, state, self.options(group), finite if finite is not None else False)
+
+    def step(self, group: dict, state, first_index: int) -> None:
+        dion2_group_step(group, state, self.options(group))
