@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch.optim import Optimizer
 
-from .compat import DION_ALIASES, MUON_ALIASES, canonical_group, from_torch_muon_group
+from .compat import DION2_ALIASES, DION_ALIASES, MUON_ALIASES, canonical_group, from_torch_muon_group
 from .dion import dion_runner, init_dion_groups, plan_dion_group, resolve_meshes
 from .groups.algorithms import ALGORITHMS, SCALAR_ALGORITHMS, local_runners
 from .groups.dion import dion_state_dtype
@@ -56,6 +56,8 @@ def _canonical(group: dict, algorithm: str, saved: bool = False) -> None:
         canonical_group(group, MUON_ALIASES)
     elif algorithm == "dion":
         canonical_group(group, DION_ALIASES)
+    elif algorithm == "dion2":
+        canonical_group(group, DION2_ALIASES)
 
 
 def _check_foreign_keys(group: dict, algorithm: str) -> None:
@@ -72,7 +74,7 @@ def _check_foreign_keys(group: dict, algorithm: str) -> None:
 
 class HybridOptimizer(Optimizer):
     """One torch optimizer whose param groups each run their own ``algorithm``: "muon", "dion",
-    "adamw" or "lion" (``ALGORITHMS``).
+    "dion2", "adamw" or "lion" (``ALGORITHMS``).
 
     A group's missing options come from ITS algorithm's defaults (``MUON_DEFAULTS``,
     ``DION_DEFAULTS``, ``ADAMW_DEFAULTS``, ``LION_DEFAULTS``), overridden per algorithm by
@@ -103,7 +105,9 @@ class HybridOptimizer(Optimizer):
     take ``Dion``'s ``replicate_mesh``, ``outer_shard_mesh``, ``inner_shard_mesh``,
     ``replicate_mesh_grad_sync`` and ``process_group``; Muon groups take ``Muon``'s
     ``distributed_mesh``, ``tp_mesh`` and ``tp_mode`` (``meshes_from_world_mesh`` derives both
-    from a named world mesh, as OLMo-core). AdamW and Lion groups are elementwise and run on
+    from a named world mesh, as OLMo-core); Dion2 groups take Muon's ``distributed_mesh`` /
+    ``tp_mesh`` (else Dion's ``outer_shard_mesh`` / ``inner_shard_mesh``) and ``replicate_mesh``
+    (``ortho_fast.distributed.dion2.Dion2Sharding``). AdamW and Lion groups are elementwise and run on
     DTensor parameters as they are. The step checks every group on every rank first (one small
     all-reduce for the groups that do not communicate, then one per algorithm that does), so a
     bad gradient on one rank raises on all of them before anything changes;
@@ -167,6 +171,12 @@ class HybridOptimizer(Optimizer):
         if self._muon_sharding.active:
             self._runners["muon"] = self._muon_sharding
         self._runners["dion"] = dion_runner(self._dion_meshes, self._dion_plans, seed)
+        if any(x is not None for x in (distributed_mesh, tp_mesh, outer_shard_mesh, inner_shard_mesh, replicate_mesh)):
+            from .distributed.dion2 import Dion2Sharding
+
+            # Dion2 groups: Muon's FSDP / TP meshes, else Dion's outer / inner shard meshes.
+            self._runners["dion2"] = Dion2Sharding(distributed_mesh if distributed_mesh is not None else outer_shard_mesh,
+                                                   tp_mesh if tp_mesh is not None else inner_shard_mesh, replicate_mesh)
         super().__init__(params_or_groups, {})
 
     def __getstate__(self) -> dict:

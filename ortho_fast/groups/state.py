@@ -117,6 +117,7 @@ STATE_SPECS: dict[str, StateSpec] = {
     # Dion's step only keys the sketches of randomized Cholesky QR: elsewhere a missing one changes nothing
     "dion": StateSpec("Dion", {"momentum": _param_shape, "Q": _dion_q_shape}, ("step",),
                       lambda group: () if group["qr_method"] in ("randomized_cholesky_qr", "rcqr") else ("step",)),
+    "dion2": StateSpec("Dion2", {"momentum": _param_shape}),
     "adamw": StateSpec("AdamW", {"exp_avg": _param_shape, "exp_avg_sq": _param_shape}, ("step",)),
     "lion": StateSpec("Lion", {"exp_avg": _param_shape}),
 }
