@@ -29,6 +29,8 @@ from .dion import (
     q_shape,
     sketch_rows,
 )
+from .dion2 import (Dion2Step, dion2_local_select, dion2_num_selected, dion2_select, dion2_select_rows,
+                    dion2_slice_norms, dion2_step)
 from .muon import MuonStep, lr_scale, muon_step
 from .linalg import svd
 from .mp import from_hi_lo, to_float64, to_hi_lo
@@ -54,4 +56,6 @@ __all__ = [
     "normalized_singular_values", "polar", "polar_decomposition", "singular_values", "svd",
     "polar_condition", "from_hi_lo", "to_float64", "to_hi_lo",
     "AdamWStep", "LionStep", "adamw_step", "lion_step",
+    "Dion2Step", "dion2_local_select", "dion2_num_selected", "dion2_select", "dion2_select_rows", "dion2_slice_norms",
+    "dion2_step",
 ]

@@ -3,14 +3,19 @@
 Public API (imported lazily, so ``import ortho_verify.tolerances`` stays light):
 ``check_orthogonalizer``, ``check_optimizer``, ``MuonConventions``, ``DionConventions``,
 ``TORCH_MUON``, ``ORTHO_MUON``, ``DION``, ``VerificationReport`` (from ``ortho_verify.api``);
-``check_sharded_optimizer``, ``ShardedReport`` (from ``ortho_verify.sharded_check``).
+``check_sharded_optimizer``, ``ShardedReport`` (from ``ortho_verify.sharded_check``);
+``Dion2Conventions``, ``DION2`` (from ``ortho_verify.conventions``) and ``check_dion2_optimizer``
+(from ``ortho_verify.checks.dion2``).
 """
 
 _API = ("check_orthogonalizer", "check_orthogonalizer_example", "check_optimizer", "MuonConventions",
         "DionConventions", "TORCH_MUON", "ORTHO_MUON", "DION", "VerificationReport", "default_examples",
-        "check_sharded_optimizer", "ShardedReport")
+        "check_sharded_optimizer", "ShardedReport", "Dion2Conventions", "DION2", "check_dion2_optimizer")
 #: Names of ``_API`` that live in ``ortho_verify.sharded_check`` (the distributed check).
 _SHARDED = ("check_sharded_optimizer", "ShardedReport")
+#: Names of ``_API`` that live elsewhere: name -> module.
+_ELSEWHERE = {"Dion2Conventions": "ortho_verify.conventions", "DION2": "ortho_verify.conventions",
+              "check_dion2_optimizer": "ortho_verify.checks.dion2"}
 
 __all__ = list(_API)
 
@@ -20,6 +25,10 @@ def __getattr__(name):
         from ortho_verify import sharded_check
 
         return getattr(sharded_check, name)
+    if name in _ELSEWHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
     if name in _API:
         from ortho_verify import api
 

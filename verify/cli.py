@@ -187,6 +187,9 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
             jobs.append((f"Dion {variant}/{dtype}{' state ' + sdt if sdt else ''} {case.name}",
                          lambda c=case, v=variant, d=dtype, s=sdt: checks.check_dion(c, DION_VARIANT_RANK_FRACTION,
                                                                                     d, v, s)))
+    for case in cases:
+        for cfg, dtype in registry.DION2_RUNS:
+            jobs.append((f"Dion2 {cfg}/{dtype} {case.name}", lambda c=case, g=cfg, d=dtype: checks.check_dion2(c, g, d)))
     for case in error_feedback_inputs(cases):
         for dtype in EF_DTYPES:
             for on in (True, False):
