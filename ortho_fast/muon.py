@@ -249,6 +249,11 @@ class Muon(Optimizer):
         Source: ``ortho_fast.groups.qk_clip.QKClipRunner.record``."""
         self._qk_clip.record(layer, max_logits)
 
+    @property
+    def qk_clip_factors(self) -> dict:
+        """{layer: γ per key group (device tensor)} of the last step's QK-clip (1.0: not clipped), for logging."""
+        return dict(self._qk_clip.last_factors)
+
     @torch.no_grad()
     def step(self, closure=None, qk_logits=None):
         """One Muon step for every parameter with a gradient, then QK-clip of every layer with
