@@ -20,7 +20,7 @@ import torch
 from ortho_verify.conventions import DionConventions, MuonConventions
 from ortho_verify.results import CheckResult
 
-__all__ = ["JUDGE_PRESETS", "check_preset", "preset_conventions", "preset_hyperparameters"]
+__all__ = ["JUDGE_PRESETS", "check_preset", "preset_conventions", "preset_hyperparameters", "preset_jobs"]
 
 _BF16 = torch.bfloat16
 
@@ -102,3 +102,24 @@ def check_preset(name: str, param_dtype=torch.float32, steps: int = 2) -> list[C
     report = check_optimizer(factory, conventions, param_dtype=param_dtype, steps=steps,
                              **preset_hyperparameters(name))
     return [dataclasses.replace(r, detail=f"preset {name}: {r.detail}") for r in report.results]
+
+
+def preset_jobs(dtypes=None) -> list[tuple[str, callable]]:
+    """(label, thunk) of every preset row of ``ortho-verify`` (for ``ortho_verify.cli.plan_jobs``):
+    each preset this version can build and judge, in each of ``dtypes`` (default
+    ``ortho_verify.registry.PRESET_DTYPES``). Presets still missing their options or conventions
+    (NotImplementedError) get no row, so they leave the verdict alone."""
+    import ortho_fast
+    from ortho_verify import registry
+
+    dtypes = registry.PRESET_DTYPES if dtypes is None else dtypes
+    jobs = []
+    for name in JUDGE_PRESETS:
+        try:
+            preset_conventions(name)
+            ortho_fast.optimizer_preset(name, [torch.nn.Parameter(torch.zeros(2, 2))])
+        except NotImplementedError:
+            continue
+        jobs += [(f"preset {name}/{dtype}", lambda n=name, d=dtype: check_preset(n, getattr(torch, d)))
+                 for dtype in dtypes]
+    return jobs

@@ -115,3 +115,12 @@ def test_motif_qk_clip_needs_heads():
 
 def test_exported():
     assert "optimizer_preset" in ortho_fast.__all__
+
+
+def test_preset_jobs_cover_the_available_presets():
+    from ortho_verify.presets import preset_jobs
+
+    jobs = preset_jobs(("float32",))
+    assert [label for label, _ in jobs][:4] == ["preset torch/float32", "preset microsoft-dion-muon/float32",
+                                                "preset moonlight/float32", "preset megatron/float32"]
+    assert all(r.passed for r in jobs[0][1]())

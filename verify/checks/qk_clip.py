@@ -29,6 +29,7 @@ import torch
 import ortho_fast
 import ortho_ref.qk_clip as ref_qk
 from ortho_fast.functional import qk_clip as fast_qk
+from ortho_verify import registry
 from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, case_rng
 from ortho_verify.results import CheckResult, measured, no_claim
 from ortho_verify.spectra import MatrixCase
@@ -37,10 +38,10 @@ from ortho_verify.tolerances.qk_clip import qk_clip_tolerance
 __all__ = ["QK_CLIP_CONTROL", "QK_CLIP_HEADS", "QK_CLIP_LAYOUTS", "QK_CLIP_PLANTED", "QK_CLIP_THRESHOLD", "check_qk_clip",
            "qk_clip_jobs", "qk_clip_logits"]
 
-#: Query heads and key groups of every row (GQA: two query heads per key head).
-QK_CLIP_HEADS = (4, 2)
+#: Query heads and key groups of every row (GQA: two query heads per key head), from the registry.
+QK_CLIP_HEADS = (registry.QK_CLIP_CONFIG.options["qk_clip_num_heads"], registry.QK_CLIP_CONFIG.options["qk_clip_num_kv_heads"])
 #: τ of Motif's default clip_config (and Kimi K2's).
-QK_CLIP_THRESHOLD = 100.0
+QK_CLIP_THRESHOLD = registry.QK_CLIP_CONFIG.options["qk_clip_threshold"]
 #: The layouts of the rows: fused QKV in either row order, or separate query / key weights.
 QK_CLIP_LAYOUTS = ("qkv concatenated", "qkv grouped", "separate q/k")
 #: Planted bugs the checks must catch (module docstring).
@@ -104,9 +105,10 @@ def _run(weights, m0s, grads, dtype, clip: dict | None, logits, planted: str | N
     group = {"params": params}
     if clip is not None:
         group.update(clip)
-    opt = ortho_fast.optimizer_preset("motif", [group], dtype=None, qk_clip_num_heads=QK_CLIP_HEADS[0],
-                                      qk_clip_num_kv_heads=QK_CLIP_HEADS[1],
-                                      qk_clip_threshold=QK_CLIP_THRESHOLD if clip is not None else None)
+    options = registry.QK_CLIP_CONFIG.kwargs()
+    if clip is None:
+        options["qk_clip_threshold"] = None
+    opt = ortho_fast.optimizer_preset("motif", [group], **options)
     for p, m0, g in zip(params, m0s, grads):
         opt.state[p]["momentum_buffer"] = torch.tensor(m0, dtype=tdt)
         p.grad = torch.tensor(g, dtype=tdt)
@@ -162,7 +164,7 @@ def check_qk_clip(case: MatrixCase, dtype: str, layout: str = "qkv concatenated"
                      "elementwise relative error of the clipped weights")]
 
 
-def qk_clip_jobs(cases, dtypes=("float64", "float32", "bfloat16")) -> list[tuple[str, callable]]:
+def qk_clip_jobs(cases, dtypes=registry.QK_CLIP_DTYPES) -> list[tuple[str, callable]]:
     """(label, thunk) of every QK-clip row of ``ortho-verify`` (for ``ortho_verify.cli.plan_jobs``)."""
     return [(f"QK-clip {layout}/{dtype} {case.name}",
              lambda c=case, d=dtype, lay=layout: check_qk_clip(c, d, lay))
