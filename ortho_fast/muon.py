@@ -23,7 +23,7 @@ from .groups.muon import (
     MUON_DEFAULTS, MuonGroups, check_muon_step, default_eps_mode, muon_group_step, normalize_muon_group,
     resolve_muon_options,
 )
-from .groups.qk_clip import QKClipRunner, check_qk_clip_group, fill_qk_clip_keys, take_qk_clip_options
+from .groups.qk_clip import check_qk_clip_group, fill_qk_clip_keys, take_qk_clip_options
 from .groups.state import add_param_group_checked, check_group_algorithm, load_state_dict_checked, state_dict_with_dtype_names
 
 #: torch.optim.Muon's parameters after ``nesterov``, in its positional order.
@@ -100,7 +100,8 @@ class Muon(Optimizer):
     ``Muon(model.named_parameters(), ...)``); the model reports per-head max logits with
     ``step(qk_logits={layer: logits})`` (Motif) or ``record_max_logits(layer, logits)``, and
     after the update each head over τ has its query rows × γ^α and key rows × γ^(1−α),
-    γ = τ / max logit (docs/math.md, "QK-clip (MuonClip)"). Plain (unsharded) weights only.
+    γ = τ / max logit (docs/math.md, "QK-clip (MuonClip)"); sharded weights clip their local rows
+    (``ortho_fast.distributed.qk_clip``).
     State: ``momentum_buffer`` (the parameter's shape and dtype), as torch.optim.Muon, so its
     checkpoints load (missing group keys are taken from the current groups); the loaded state
     owns its tensors (``load_state_dict`` never aliases the given state dict).
@@ -180,13 +181,14 @@ class Muon(Optimizer):
         normalize_muon_group({**defaults, "params": []})
         check_qk_clip_group({**defaults, "params": []})  # the defaults themselves, before any group
         from .distributed.muon import MuonSharding
+        from .distributed.qk_clip import sharded_qk_clip_runner
 
         if not isinstance(check_finite, bool):
             raise TypeError(f"check_finite: expected a bool, got {check_finite!r}")
         self.check_finite = check_finite
         self._sharding = MuonSharding(distributed_mesh, tp_mesh, tp_mode)
         self._runner = self._sharding if self._sharding.active else MuonGroups()
-        self._qk_clip = QKClipRunner()
+        self._qk_clip = sharded_qk_clip_runner(self._sharding)
         super().__init__(params, defaults)
 
     def __getstate__(self) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["QK_CLIP_LAYOUTS", "QK_CLIP_ROLES", "qk_clip_", "qk_clip_factors", "qk_clip_row_factors"]
+__all__ = ["QK_CLIP_LAYOUTS", "QK_CLIP_ROLES", "qk_clip_", "qk_clip_factors", "qk_clip_row_factors", "qk_clip_rows_"]
 
 #: What a parameter is to QK-clip: the query projection, the key projection, or a fused QKV weight.
 QK_CLIP_ROLES = ("query", "key", "qkv")
@@ -67,6 +67,30 @@ def qk_clip_row_factors(gamma: torch.Tensor, *, role: str, alpha: float, num_hea
     return torch.cat([q.view(-1, 1).expand(-1, r), k.view(-1, 1), ones.view(-1, 1)], dim=1).reshape(-1)
 
 
+def _check(weight_rows: int, max_logits: torch.Tensor, role: str, num_heads: int, kv: int, layout: str) -> int:
+    """Validate the arguments of a clip; return the number of head blocks of the weight's rows."""
+    if role not in QK_CLIP_ROLES:
+        raise ValueError(f"role: expected one of {QK_CLIP_ROLES}, got {role!r}")
+    if layout not in QK_CLIP_LAYOUTS:
+        raise ValueError(f"layout: expected one of {QK_CLIP_LAYOUTS}, got {layout!r}")
+    if num_heads < 1 or kv < 1 or num_heads % kv:
+        raise ValueError(f"num_kv_heads: {kv} key heads must divide num_heads {num_heads}")
+    if tuple(max_logits.shape) != (num_heads,):
+        raise ValueError(f"max_logits: expected shape ({num_heads},), got {tuple(max_logits.shape)}")
+    blocks = {"query": num_heads, "key": kv, "qkv": num_heads + 2 * kv}[role]
+    if weight_rows % blocks:
+        raise ValueError(f"weight: {weight_rows} rows are not {blocks} head blocks of equal size")
+    return blocks
+
+
+def _scale_rows_(rows: torch.Tensor, factors: torch.Tensor) -> None:
+    """rows (r, n) ← round(rows · factors[:, None]), the product in the factors' dtype."""
+    if rows.dtype == factors.dtype:
+        rows.mul_(factors.view(-1, 1))
+    else:
+        rows.copy_(rows.to(factors.dtype) * factors.view(-1, 1))
+
+
 @torch.no_grad()
 def qk_clip_(weight: torch.Tensor, max_logits: torch.Tensor, *, threshold: float, role: str, num_heads: int,
              num_kv_heads: int | None = None, alpha: float = 0.5, layout: str = "concatenated") -> torch.Tensor:
@@ -80,23 +104,39 @@ def qk_clip_(weight: torch.Tensor, max_logits: torch.Tensor, *, threshold: float
     the weight (checked here; the logits' finiteness is the caller's: no host sync).
     """
     kv = num_heads if num_kv_heads is None else num_kv_heads
-    if role not in QK_CLIP_ROLES:
-        raise ValueError(f"role: expected one of {QK_CLIP_ROLES}, got {role!r}")
-    if layout not in QK_CLIP_LAYOUTS:
-        raise ValueError(f"layout: expected one of {QK_CLIP_LAYOUTS}, got {layout!r}")
-    if num_heads < 1 or kv < 1 or num_heads % kv:
-        raise ValueError(f"num_kv_heads: {kv} key heads must divide num_heads {num_heads}")
-    if tuple(max_logits.shape) != (num_heads,):
-        raise ValueError(f"max_logits: expected shape ({num_heads},), got {tuple(max_logits.shape)}")
-    blocks = {"query": num_heads, "key": kv, "qkv": num_heads + 2 * kv}[role]
-    if weight.dim() != 2 or weight.shape[0] % blocks:
-        raise ValueError(f"weight: shape {tuple(weight.shape)} is not {blocks} head blocks of rows × n")
+    if weight.dim() != 2:
+        raise ValueError(f"weight: expected a 2-D (rows, n) weight, got shape {tuple(weight.shape)}")
+    blocks = _check(weight.shape[0], max_logits, role, num_heads, kv, layout)
     cd = compute_dtype_of(weight)
     gamma = qk_clip_factors(max_logits.to(weight.device), threshold, kv, cd)
     f = qk_clip_row_factors(gamma, role=role, alpha=alpha, num_heads=num_heads, num_kv_heads=kv, layout=layout)
-    view = weight.view(blocks, weight.shape[0] // blocks, weight.shape[1])
-    if weight.dtype == cd:
-        view.mul_(f.view(-1, 1, 1))
-    else:
-        view.copy_(view.to(cd) * f.view(-1, 1, 1))
+    _scale_rows_(weight.view(blocks, -1), f)  # block i: head_dim contiguous rows
     return weight
+
+
+@torch.no_grad()
+def qk_clip_rows_(local: torch.Tensor, rows: torch.Tensor, global_rows: int, max_logits: torch.Tensor, *,
+                  threshold: float, role: str, num_heads: int, num_kv_heads: int | None = None, alpha: float = 0.5,
+                  layout: str = "concatenated") -> torch.Tensor:
+    """QK-clip of the local block of a sharded weight: row i of ``local`` is global row ``rows[i]``.
+
+    Shapes: local (len(rows), n_local) any floating dtype (a DTensor's local tensor under Shard(0)
+    FSDP / colwise TP, Shard(1) rowwise TP, _StridedShard, or the whole weight); rows int64
+    global row indices (``ortho_fast.distributed.layout.MatrixLayout.rows``); global_rows the
+    weight's full row count. Each element gets the factor of its global row, as ``qk_clip_``
+    gives it on the full weight, so the sharded clip equals the one-process clip bit for bit.
+    Source: as ``qk_clip_``. Raises: ValueError as ``qk_clip_``, or for a local block whose row
+    count is not len(rows).
+    """
+    kv = num_heads if num_kv_heads is None else num_kv_heads
+    blocks = _check(global_rows, max_logits, role, num_heads, kv, layout)
+    if local.dim() != 2 or local.shape[0] != len(rows):
+        raise ValueError(f"local: expected {len(rows)} rows (one per global row index), got shape {tuple(local.shape)}")
+    if local.numel() == 0:
+        return local
+    cd = compute_dtype_of(local)
+    gamma = qk_clip_factors(max_logits.to(local.device), threshold, kv, cd)
+    f = qk_clip_row_factors(gamma, role=role, alpha=alpha, num_heads=num_heads, num_kv_heads=kv, layout=layout)
+    per_row = f.repeat_interleave(global_rows // blocks)[rows.to(local.device)]
+    _scale_rows_(local, per_row)
+    return local

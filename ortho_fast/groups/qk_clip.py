@@ -27,7 +27,7 @@ import torch
 
 from ..functional import qk_clip as qk_math
 from ..functional.qk_clip import QK_CLIP_LAYOUTS, QK_CLIP_ROLES
-from ..validation import FiniteCheck, is_dtensor
+from ..validation import FiniteCheck, is_dtensor, local_tensor
 
 __all__ = ["QK_CLIP_DEFAULTS", "ROLE_NAMES", "QKClipRunner", "QKClipTarget", "check_qk_clip_group",
            "fill_qk_clip_keys", "qk_clip_plan", "role_of_name", "take_qk_clip_options"]
@@ -154,8 +154,7 @@ def check_qk_clip_group(group: dict) -> list[QKClipTarget]:
     """Validate one group's QK-clip options and roles (at construction, ``add_param_group``,
     ``load_state_dict`` and each step); return its targets ([] when off). Changes nothing.
 
-    Per target: a plain 2-D tensor (sharded DTensor parameters are not supported yet: rejected)
-    whose rows are whole heads (query: num_heads, key: num_kv_heads, qkv: num_heads +
+    Per target: a 2-D parameter (plain, or a DTensor: its global shape) whose rows are whole heads (query: num_heads, key: num_kv_heads, qkv: num_heads +
     2·num_kv_heads blocks of equal size).
     Raises: ValueError naming the key (``qk_clip_threshold`` not None and not finite > 0,
     ``qk_clip_alpha`` outside [0, 1], head counts, layout, roles) or the parameter.
@@ -170,10 +169,6 @@ def check_qk_clip_group(group: dict) -> list[QKClipTarget]:
         if role is None:
             continue
         label = repr(names[i]) if names[i] else f"parameter {i} (shape {tuple(p.shape)})"
-        if is_dtensor(p):
-            raise ValueError(f"qk_clip_threshold: QK-clip of sharded (DTensor) parameters is not supported yet "
-                             f"({label}); clip after the step with ortho_fast.functional.qk_clip.qk_clip_ on "
-                             "the full weight, or leave the attention projections unsharded")
         blocks = {"query": h, "key": kv, "qkv": h + 2 * kv}[role]
         if p.dim() != 2 or p.shape[0] % blocks:
             raise ValueError(f"qk_clip_num_heads: {label} ({role}) of shape {tuple(p.shape)} is not {blocks} "
@@ -210,6 +205,13 @@ def qk_clip_plan(groups) -> dict[Hashable, list[QKClipTarget]]:
 class QKClipRunner:
     """The QK-clip of one optimizer: the logits recorded for the next step, and ``around_step``.
 
+    ``local_rows``: for a distributed optimizer, a function DTensor parameter -> int64 tensor of
+    the global rows its local block holds (``ortho_fast.distributed.layout.matrix_layout(...).rows``;
+    cached per parameter); each rank then clips its own rows (``qk_clip_rows_``), equal to one
+    process bit for bit. Without it a DTensor target raises ValueError. ``agree``: called with the
+    first local error (or None) and the parameters' device before the step when QK-clip is on, to raise on every rank together
+    (``ortho_fast.distributed.comm.raise_together``). DTensor logits are read whole (``full_tensor``).
+
     ``record(layer, logits)`` keeps the element-wise maximum per layer until the next step
     (no host sync). ``around_step(groups, qk_logits, check_finite)`` is a context manager: on
     entry it checks everything (options, roles, the layers and shapes of the logits, and — with
@@ -220,9 +222,26 @@ class QKClipRunner:
     belong to one step (record them after loading a checkpoint, before ``step``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, local_rows=None, agree=None) -> None:
         self.pending: dict[Hashable, torch.Tensor] = {}
         self.last_factors: dict[Hashable, torch.Tensor] = {}
+        self.local_rows, self.agree = local_rows, agree
+        self.rows_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __getstate__(self) -> dict:  # a copied optimizer computes its own row sets
+        return {**self.__dict__, "rows_cache": {}}
+
+    def rows_of(self, p: torch.Tensor) -> torch.Tensor:
+        """Global rows of a DTensor parameter's local block (``local_rows``, cached per parameter).
+        Raises: ValueError when the optimizer has no ``local_rows`` (not distributed)."""
+        if self.local_rows is None:
+            raise ValueError("qk_clip_threshold: a sharded (DTensor) attention weight needs a distributed optimizer "
+                             "(distributed_mesh / tp_mesh) to clip its local rows")
+        hit = self.rows_cache.get(id(p))
+        if hit is None or hit[0] is not p:
+            hit = (p, self.local_rows(p))
+            self.rows_cache[id(p)] = hit
+        return hit[1]
 
     def record(self, layer: Hashable, max_logits: torch.Tensor) -> None:
         """Keep ``max_logits`` (a (num_heads,) real tensor, detached) for ``layer`` at the next step.
@@ -232,6 +251,7 @@ class QKClipRunner:
             raise TypeError(f"max_logits: expected a 1-D real tensor (one maximum logit per query head) for layer "
                             f"{layer!r}, got {max_logits!r}")
         logits = max_logits.detach()
+        logits = logits.full_tensor() if is_dtensor(logits) else logits
         old = self.pending.get(layer)
         self.pending[layer] = logits.clone() if old is None or old.shape != logits.shape else torch.maximum(
             old, logits.to(old.device, old.dtype))
@@ -243,7 +263,7 @@ class QKClipRunner:
                 raise TypeError(f"qk_logits: expected a mapping {{layer: (num_heads,) tensor}}, got "
                                 f"{type(qk_logits).__name__}")
             for layer, value in qk_logits.items():
-                value = torch.as_tensor(value)
+                value = value.full_tensor() if is_dtensor(value) else torch.as_tensor(value)
                 given[layer] = value if layer not in given else torch.maximum(given[layer], value.to(given[layer]))
         finite = FiniteCheck()
         for layer, value in given.items():
@@ -265,14 +285,31 @@ class QKClipRunner:
     def around_step(self, groups, qk_logits=None, check_finite: bool = True):
         """Check, run the optimizer step (the ``with`` body), then clip (see the class docstring)."""
         plan = qk_clip_plan(groups)
-        given = self._logits(plan, qk_logits, check_finite) if plan else {}  # QK-clip off: logits only logged
+        given, error = {}, None
+        if plan:  # QK-clip off: logits are only logged
+            try:
+                given = self._logits(plan, qk_logits, check_finite)
+                for t in (t for targets in plan.values() for t in targets if is_dtensor(t.param)):
+                    self.rows_of(t.param)
+            except (ValueError, TypeError) as err:
+                error = err
+            if self.agree is not None:
+                device = next(iter(plan.values()))[0].param.device
+                self.agree(error, device)  # raises on every rank if any rank found an error
+            elif error is not None:
+                raise error
         yield
         factors = {}
         for layer, logits in given.items():
             for t in plan[layer]:
-                qk_math.qk_clip_(t.param.data if isinstance(t.param, torch.nn.Parameter) else t.param, logits,
-                                 threshold=t.threshold, role=t.role, num_heads=t.num_heads,
-                                 num_kv_heads=t.num_kv_heads, alpha=t.alpha, layout=t.layout)
+                kw = dict(threshold=t.threshold, role=t.role, num_heads=t.num_heads, num_kv_heads=t.num_kv_heads,
+                          alpha=t.alpha, layout=t.layout)
+                if is_dtensor(t.param):
+                    local = local_tensor(t.param.data)
+                    qk_math.qk_clip_rows_(local, self.rows_of(t.param), t.param.shape[0],
+                                          logits, **kw)
+                else:
+                    qk_math.qk_clip_(t.param.data if isinstance(t.param, torch.nn.Parameter) else t.param, logits, **kw)
             t = plan[layer][0]
             factors[layer] = qk_math.qk_clip_factors(logits, t.threshold, t.num_kv_heads)
         self.last_factors = factors
