@@ -130,12 +130,13 @@ def check_qk_clip(case: MatrixCase, dtype: str, layout: str = "qkv concatenated"
     """(q) QK-clip after one Motif Muon step on a real gradient vs ``ortho_ref.qk_clip`` of the
     step without it (module docstring), parameters in ``dtype``; ``planted``: one of
     ``QK_CLIP_PLANTED`` (tests of the check). One row: the largest elementwise relative error.
-    Rows that do not fit (rows not a multiple of 8 head blocks) are no-claim rows saying so."""
+    Rows that do not fit (fused: rows not a multiple of the 8 head blocks; separate: fewer than 6
+    rows) are no-claim rows saying so."""
     h, kv = QK_CLIP_HEADS
     m, n = case.matrix.shape
     detail = f"{dtype} {layout} ({h} q heads, {kv} kv groups)" + (f" planted {planted}" if planted else "")
-    blocks = h + 2 * kv if layout.startswith("qkv") else 2 * (h + kv)
-    if m % blocks:
+    blocks = h + 2 * kv if layout.startswith("qkv") else h + kv
+    if (m % blocks if layout.startswith("qkv") else m < blocks):
         return [no_claim("qk_clip_vs_reference", case.name, detail, f"{m} rows are not {blocks} head blocks")]
     g = case.matrix
     w0 = case_array(case, "weight", g.shape, 0.02)
@@ -146,7 +147,7 @@ def check_qk_clip(case: MatrixCase, dtype: str, layout: str = "qkv concatenated"
         split = [(w0, m0, g)]
         clip = {"qk_clip_roles": ["qkv"], "qk_clip_layer": "attn", "qk_clip_layout": fused}
     else:
-        d = m // (2 * (h + kv))  # query rows h·d, key rows kv·d: the first (h + kv)·d rows are used
+        d = m // (h + kv)  # query rows h·d, key rows kv·d: the first (h + kv)·d rows are used
         rows = [slice(0, h * d), slice(h * d, (h + kv) * d)]
         split = [(w0[r], m0[r], g[r]) for r in rows]
         clip = {"qk_clip_roles": ["query", "key"], "qk_clip_layer": "attn"}
