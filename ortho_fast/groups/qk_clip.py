@@ -154,8 +154,8 @@ def check_qk_clip_group(group: dict) -> list[QKClipTarget]:
     """Validate one group's QK-clip options and roles (at construction, ``add_param_group``,
     ``load_state_dict`` and each step); return its targets ([] when off). Changes nothing.
 
-    Per target: a 2-D parameter (plain, or a DTensor: its global shape) whose rows are whole heads (query: num_heads, key: num_kv_heads, qkv: num_heads +
-    2·num_kv_heads blocks of equal size).
+    Per target: a 2-D parameter (plain, or a DTensor: its global shape) whose rows are whole
+    heads (query: num_heads, key: num_kv_heads, qkv: num_heads + 2·num_kv_heads blocks of equal size).
     Raises: ValueError naming the key (``qk_clip_threshold`` not None and not finite > 0,
     ``qk_clip_alpha`` outside [0, 1], head counts, layout, roles) or the parameter.
     """
@@ -196,7 +196,8 @@ def qk_clip_plan(groups) -> dict[Hashable, list[QKClipTarget]]:
             raise ValueError(f"qk_clip_num_heads: the weights of layer {layer!r} have different head counts")
         if roles == ["key", "query"]:
             q, k = sorted(targets, key=lambda t: t.role != "query")
-            if q.param.shape[0] // q.num_heads != k.param.shape[0] // k.num_kv_heads or q.param.shape[1] != k.param.shape[1]:
+            if (q.param.shape[0] // q.num_heads != k.param.shape[0] // k.num_kv_heads
+                    or q.param.shape[1] != k.param.shape[1]):
                 raise ValueError(f"qk_clip_num_heads: query {q.name} {tuple(q.param.shape)} and key {k.name} "
                                  f"{tuple(k.param.shape)} of layer {layer!r} do not have the same head size / columns")
     return plan
@@ -209,8 +210,8 @@ class QKClipRunner:
     the global rows its local block holds (``ortho_fast.distributed.layout.matrix_layout(...).rows``;
     cached per parameter); each rank then clips its own rows (``qk_clip_rows_``), equal to one
     process bit for bit. Without it a DTensor target raises ValueError. ``agree``: called with the
-    first local error (or None) and the parameters' device before the step when QK-clip is on, to raise on every rank together
-    (``ortho_fast.distributed.comm.raise_together``). DTensor logits are read whole (``full_tensor``).
+    first local error (or None) and the parameters' device before the step when QK-clip is on, to
+    raise on every rank together (``ortho_fast.distributed.comm.raise_together``). DTensor logits are read whole (``full_tensor``).
 
     ``record(layer, logits)`` keeps the element-wise maximum per layer until the next step
     (no host sync). ``around_step(groups, qk_logits, check_finite)`` is a context manager: on

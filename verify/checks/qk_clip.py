@@ -35,11 +35,11 @@ from ortho_verify.results import CheckResult, measured, no_claim
 from ortho_verify.spectra import MatrixCase
 from ortho_verify.tolerances.qk_clip import qk_clip_tolerance
 
-__all__ = ["QK_CLIP_CONTROL", "QK_CLIP_HEADS", "QK_CLIP_LAYOUTS", "QK_CLIP_PLANTED", "QK_CLIP_THRESHOLD", "check_qk_clip",
-           "qk_clip_jobs", "qk_clip_logits"]
+__all__ = ["QK_CLIP_CONTROL", "QK_CLIP_HEADS", "QK_CLIP_LAYOUTS", "QK_CLIP_PLANTED", "QK_CLIP_THRESHOLD",
+           "check_qk_clip", "qk_clip_jobs", "qk_clip_logits"]
 
 #: Query heads and key groups of every row (GQA: two query heads per key head), from the registry.
-QK_CLIP_HEADS = (registry.QK_CLIP_CONFIG.options["qk_clip_num_heads"], registry.QK_CLIP_CONFIG.options["qk_clip_num_kv_heads"])
+QK_CLIP_HEADS = tuple(registry.QK_CLIP_CONFIG.options[k] for k in ("qk_clip_num_heads", "qk_clip_num_kv_heads"))
 #: τ of Motif's default clip_config (and Kimi K2's).
 QK_CLIP_THRESHOLD = registry.QK_CLIP_CONFIG.options["qk_clip_threshold"]
 #: The layouts of the rows: fused QKV in either row order, or separate query / key weights.
