@@ -254,20 +254,24 @@ class QKClipRunner:
         logits = max_logits.detach()
         logits = logits.full_tensor() if is_dtensor(logits) else logits
         old = self.pending.get(layer)
-        self.pending[layer] = logits.clone() if old is None or old.shape != logits.shape else torch.maximum(
-            old, logits.to(old.device, old.dtype))
+        if old is not None and old.shape != logits.shape:
+            raise ValueError(f"max_logits: layer {layer!r} was recorded with {old.shape[0]} heads, now "
+                             f"{logits.shape[0]}")
+        self.pending[layer] = logits.clone() if old is None else torch.maximum(old, logits.to(old.device, old.dtype))
 
     def _logits(self, plan, qk_logits, check_finite: bool) -> dict:
-        given = dict(self.pending)
+        """Every layer's logits for this step (recorded and given, element-wise maximum), checked:
+        known layer, (num_heads,) real, finite (one host read, with ``check_finite``)."""
+        sources = list(self.pending.items())
         if qk_logits is not None:
             if not isinstance(qk_logits, Mapping):
                 raise TypeError(f"qk_logits: expected a mapping {{layer: (num_heads,) tensor}}, got "
                                 f"{type(qk_logits).__name__}")
-            for layer, value in qk_logits.items():
-                value = value.full_tensor() if is_dtensor(value) else torch.as_tensor(value)
-                given[layer] = value if layer not in given else torch.maximum(given[layer], value.to(given[layer]))
+            sources += [(layer, value.full_tensor() if is_dtensor(value) else torch.as_tensor(value))
+                        for layer, value in qk_logits.items()]
         finite = FiniteCheck()
-        for layer, value in given.items():
+        given: dict = {}
+        for layer, value in sources:
             if layer not in plan:
                 raise ValueError(f"qk_logits: layer {layer!r} has no query / key weights with QK-clip on; "
                                  f"known layers: {sorted(plan, key=repr)}")
@@ -277,6 +281,8 @@ class QKClipRunner:
                                  f"head), got shape {tuple(value.shape)} dtype {value.dtype}")
             if check_finite:
                 finite.add(value, f"qk_logits of layer {layer!r}")
+            old = given.get(layer)
+            given[layer] = value if old is None else torch.maximum(old, value.to(old.device, old.dtype))
         error = finite.error() if check_finite else None
         if error is not None:
             raise error

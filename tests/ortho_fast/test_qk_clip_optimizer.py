@@ -224,3 +224,23 @@ def test_bad_saved_qk_clip_option_rejected_before_change():
     with pytest.raises(ValueError, match="qk_clip_threshold"):
         opt.load_state_dict(saved)
     assert opt.param_groups[0]["qk_clip_threshold"] == 5.0
+
+
+def test_recorded_and_given_logits_merge_by_maximum():
+    m1, m2 = model(), model()
+    o1, o2 = Muon(m1.named_parameters(), **CLIP), Muon(m2.named_parameters(), **CLIP)
+    set_grads(m1), set_grads(m2)
+    o1.record_max_logits(0, torch.tensor([1.0, 10.0, 0.0, 0.0]))
+    o1.step(qk_logits={0: torch.tensor([0.0, 0.0, 3.0, 20.0])})
+    o2.step(qk_logits={0: LOGITS[0]})
+    for (k, a), b in zip(weights(m1).items(), weights(m2).values()):
+        assert torch.equal(a, b), k
+
+
+def test_record_rejects_another_head_count_and_non_tensors():
+    opt = Muon(model().named_parameters(), **CLIP)
+    opt.record_max_logits(0, torch.ones(4))
+    with pytest.raises(ValueError, match="max_logits: layer 0 was recorded with 4 heads"):
+        opt.record_max_logits(0, torch.ones(3))
+    with pytest.raises(TypeError, match="max_logits"):
+        opt.record_max_logits(0, [1.0, 2.0, 3.0, 4.0])
