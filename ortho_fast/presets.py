@@ -66,12 +66,14 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         "MoonshotAI/Moonlight examples/toy_train.py Muon (lr 1e-3, wd 0.1, momentum 0.95, nesterov True, "
         "ns_steps 5; buf.mul_(momentum).add_(g); X / (||X|| + 1e-7); lr * 0.2*sqrt(max(A, B)))"),
     Preset("megatron", "Muon", dict(
-        lr=3e-4, weight_decay=0.01, momentum=0.95, nesterov=True, momentum_style="ema", coefficients="cesista5",
+        lr=3e-4, weight_decay=0.01, momentum=0.95, nesterov=False, momentum_style="ema", coefficients="cesista5",
         ns_steps=5, eps_mode="clamp", adjust_lr="spectral", extra_scale_factor=1.0, dtype="medium"),
-        "NVIDIA/Megatron-LM megatron/core/optimizer/muon.py TensorParallelMuon (lr 3e-4, momentum 0.95, "
-        "nesterov True, weight_decay 0.01 decoupled, coefficient_type 'quintic', num_ns_steps 5, scale_mode "
-        "'spectral', extra_scale_factor 1.0, fp32_matmul_prec 'medium'); NVIDIA/Emerging-Optimizers "
-        "(EMA momentum, clamped normalization). split_qkv: pass split_sizes / split_groups as overrides"),
+        "NVIDIA/Megatron-LM megatron/core/optimizer/optimizer_config.py OptimizerConfig (muon_momentum 0.95, "
+        "muon_use_nesterov False, weight_decay 0.01 decoupled, muon_scale_mode 'spectral', muon_fp32_matmul_prec "
+        "'medium', muon_num_ns_steps 5, muon_split_qkv True) and megatron/core/optimizer/muon.py "
+        "TensorParallelMuon (lr 3e-4: OptimizerConfig has none, coefficient_type 'quintic', extra_scale_factor "
+        "1.0); NVIDIA/Emerging-Optimizers (EMA momentum, clamped normalization). split_qkv: pass split_sizes / "
+        "split_groups as overrides"),
     Preset("nanochat", "Muon", dict(
         lr=0.02, weight_decay=0.28, momentum=0.95, nesterov=True, momentum_style="ema",
         coefficients="polar_express", ns_steps=5, safety=1.01, eps=1e-6, eps_mode="add", adjust_lr="original",

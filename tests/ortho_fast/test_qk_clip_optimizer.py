@@ -244,3 +244,17 @@ def test_record_rejects_another_head_count_and_non_tensors():
         opt.record_max_logits(0, torch.ones(3))
     with pytest.raises(TypeError, match="max_logits"):
         opt.record_max_logits(0, [1.0, 2.0, 3.0, 4.0])
+
+
+@pytest.mark.parametrize("check_finite, reads", [(True, 2), (False, 0)])
+def test_host_reads(check_finite, reads):
+    """QK-clip adds one device read (the logits' finiteness, decided at once for every layer) to the
+    step's one, and none with check_finite=False: the clip factors stay on the device (torch.where)."""
+    from tests.ortho_fast.test_compile_and_syncs import CountSyncs
+
+    m = model()
+    opt = Muon(m.named_parameters(), check_finite=check_finite, **CLIP)
+    set_grads(m)
+    with CountSyncs() as counter:
+        opt.step(qk_logits=LOGITS)
+    assert counter.count == reads
