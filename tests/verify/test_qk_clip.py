@@ -48,3 +48,23 @@ def test_jobs_cover_layouts_and_dtypes():
     jobs = qk_clip_jobs([case()])
     assert len(jobs) == len(QK_CLIP_LAYOUTS) * 3
     assert all(r.passed for _, thunk in jobs[:2] for r in thunk())
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("factor, passes", [(2.0, False), (0.5, True)])
+def test_an_error_just_beyond_the_tolerance_fails(monkeypatch, dtype, factor, passes):
+    """One entry of the clipped weight off by factor × the tolerance (relative), through the documented
+    seam ortho_fast.functional.qk_clip.qk_clip_: twice the bound fails the row, half of it passes."""
+    from ortho_fast.functional import qk_clip as fast_qk
+    from ortho_verify.tolerances.qk_clip import qk_clip_tolerance
+
+    real = fast_qk.qk_clip_
+
+    def off_by(weight, *args, **kwargs):
+        real(weight, *args, **kwargs)
+        weight[0, 0] = (weight[0, 0].double() * (1 + factor * qk_clip_tolerance(dtype))).to(weight.dtype)
+        return weight
+
+    monkeypatch.setattr(fast_qk, "qk_clip_", off_by)
+    [row] = check_qk_clip(case(), dtype, "qkv grouped")
+    assert row.passed is passes, row
