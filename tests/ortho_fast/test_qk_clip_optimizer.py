@@ -6,6 +6,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, strategies as st
 from torch import nn
 
 from ortho_fast import Muon
@@ -258,3 +259,42 @@ def test_host_reads(check_finite, reads):
     with CountSyncs() as counter:
         opt.step(qk_logits=LOGITS)
     assert counter.count == reads
+
+
+@st.composite
+def attention_case(draw):
+    kv = draw(st.sampled_from([1, 2, 3]))
+    heads = kv * draw(st.sampled_from([1, 2]))
+    d = draw(st.sampled_from([1, 2, 4]))
+    fused = draw(st.booleans())
+    layout = draw(st.sampled_from(["concatenated", "grouped"]))
+    logits = draw(st.lists(st.floats(-10.0, 50.0), min_size=heads, max_size=heads))
+    return kv, heads, d, fused, layout, torch.tensor(logits)
+
+
+@given(attention_case(), st.sampled_from([0.5, 0.0, 1.0]))
+def test_optimizer_clip_is_the_reference_clip_of_the_update(case, alpha):
+    """Any GQA shape, fused or separate, any α: the optimizer's weights after a step with QK-clip are
+    the reference clip of the weights after the same step without it (float32 tolerance)."""
+    kv, heads, d, fused, layout, logits = case
+    shapes = [((heads + 2 * kv) * d, 6)] if fused else [(heads * d, 6), (kv * d, 6)]
+    roles = ["qkv"] if fused else ["query", "key"]
+    gen = torch.Generator().manual_seed(heads * 100 + kv * 10 + d)
+    w0 = [torch.randn(s, generator=gen) for s in shapes]
+    grads = [torch.randn(s, generator=gen) for s in shapes]
+    ps, qs = [nn.Parameter(w.clone()) for w in w0], [nn.Parameter(w.clone()) for w in w0]
+    clip = dict(qk_clip_threshold=5.0, qk_clip_alpha=alpha, qk_clip_num_heads=heads, qk_clip_num_kv_heads=kv,
+                qk_clip_layout=layout)
+    opt = Muon([{"params": ps, "qk_clip_roles": roles, "qk_clip_layer": "a"}], **clip)
+    plain = Muon(qs)
+    for p, q, g in zip(ps, qs, grads):
+        p.grad, q.grad = g.clone(), g.clone()
+    opt.step(qk_logits={"a": logits})
+    plain.step()
+    after = [q.detach().double().numpy() for q in qs]
+    kw = dict(threshold=5.0, alpha=alpha, num_heads=heads, num_kv_heads=kv)
+    s = logits.double().numpy()
+    refs = ([qk_clip_fused(after[0], s, head_dim=d, layout=layout, **kw)] if fused
+            else list(qk_clip(after[0], after[1], s, **kw)))
+    for p, r in zip(ps, refs):
+        assert rel(p.detach(), r) <= qk_clip_tolerance("float32")
