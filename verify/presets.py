@@ -71,8 +71,10 @@ def preset_conventions(name: str) -> MuonConventions | DionConventions:
     """The conventions of preset ``name`` (what its step computes), from the judge's own table.
     Raises: ValueError listing the presets for an unknown name; NotImplementedError naming the
     convention fields (or class) this version of the judge lacks."""
+    from ortho_verify import conventions
+
     kind, fields, _, _ = _known(name)
-    cls = {"MuonConventions": MuonConventions, "DionConventions": DionConventions}.get(kind)
+    cls = getattr(conventions, kind, None)  # Dion2Conventions: issue 16 part B
     if cls is None:
         raise NotImplementedError(f"preset {name!r}: needs {kind}, which this version of ortho_verify does not have")
     missing = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
