@@ -22,6 +22,7 @@ from .scalar import (
 )
 from .hybrid import (ALGORITHMS, DionConfig, HybridOptimizer, MuonConfig, meshes_from_world_mesh, normalize_name,
                      param_groups)
+from .presets import optimizer_preset
 from . import functional, groups  # noqa: F401  (the layers: ortho_fast.functional, ortho_fast.groups)
 
 __all__ = [
@@ -34,5 +35,5 @@ __all__ = [
     "ADAMW_DEFAULTS", "LION_DEFAULTS", "adamw_group_step", "check_adamw_step", "check_lion_step",
     "lion_group_step", "normalize_adamw_group", "normalize_lion_group",
     "ALGORITHMS", "DionConfig", "HybridOptimizer", "MuonConfig", "meshes_from_world_mesh", "normalize_name",
-    "param_groups", "DION2_DEFAULTS", "Dion2",
+    "param_groups", "DION2_DEFAULTS", "Dion2", "optimizer_preset",
 ]

@@ -67,6 +67,9 @@ def _check_foreign_keys(group: dict, algorithm: str) -> None:
     for key in group:
         if key in own or key in _BOOKKEEPING_KEYS:
             continue
+        if key.startswith("qk_clip"):
+            raise ValueError(f"{key}: QK-clip runs in ortho_fast.Muon / NorMuon only (its step takes the max "
+                             f"logits); HybridOptimizer groups do not clip")
         owners = [a for a, spec in ALGORITHMS.items() if key in spec.defaults]
         if owners:
             raise ValueError(f"{key}: an option of {'/'.join(owners)}, not of {algorithm} (its options: {sorted(own)})")

@@ -23,6 +23,7 @@ from .groups.muon import (
     MUON_DEFAULTS, MuonGroups, check_muon_step, default_eps_mode, muon_group_step, normalize_muon_group,
     resolve_muon_options,
 )
+from .groups.qk_clip import check_qk_clip_group, fill_qk_clip_keys, take_qk_clip_options
 from .groups.state import add_param_group_checked, check_group_algorithm, load_state_dict_checked, state_dict_with_dtype_names
 
 #: torch.optim.Muon's parameters after ``nesterov``, in its positional order.
@@ -92,6 +93,15 @@ class Muon(Optimizer):
     one fused reduction on the device and one host read (a NaN / Inf raises ValueError naming the
     parameter, before any change); False checks nothing and reads nothing from the device (a NaN
     then propagates, as in torch.optim), which ``torch.compile(opt.step, fullgraph=True)`` needs.
+    QK-clip (MuonClip, Kimi K2 arXiv 2507.20534; ``ortho_fast.groups.qk_clip``), per group:
+    ``qk_clip_threshold`` τ (None: off), ``qk_clip_alpha`` (0.5), ``qk_clip_num_heads``,
+    ``qk_clip_num_kv_heads`` (GQA), ``qk_clip_layout`` (fused QKV rows: "concatenated" or
+    Megatron's "grouped"), ``qk_clip_roles`` / ``qk_clip_layer`` (else read from the names:
+    ``Muon(model.named_parameters(), ...)``); the model reports per-head max logits with
+    ``step(qk_logits={layer: logits})`` (Motif) or ``record_max_logits(layer, logits)``, and
+    after the update each head over τ has its query rows × γ^α and key rows × γ^(1−α),
+    γ = τ / max logit (docs/math.md, "QK-clip (MuonClip)"); sharded weights clip their local rows
+    (``ortho_fast.distributed.qk_clip``).
     State: ``momentum_buffer`` (the parameter's shape and dtype), as torch.optim.Muon, so its
     checkpoints load (missing group keys are taken from the current groups); the loaded state
     owns its tensors (``load_state_dict`` never aliases the given state dict).
@@ -147,6 +157,7 @@ class Muon(Optimizer):
             raise TypeError(f"Muon: takes at most {5 + len(TORCH_POSITIONAL)} positional arguments (torch.optim."
                             f"Muon's order), got {5 + len(torch_positional)}")
         given = dict(zip(TORCH_POSITIONAL, torch_positional))
+        qk_clip = take_qk_clip_options(aliases)  # the qk_clip_* keywords (ortho_fast.groups.qk_clip)
         options = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, momentum_style=momentum_style,
             coefficients=coefficients, ns_steps=ns_steps, safety=safety, eps=eps, eps_mode=eps_mode,
@@ -166,20 +177,23 @@ class Muon(Optimizer):
         apply_aliases(aliases, MUON_ALIASES, options, {**MUON_DEFAULTS, "distributed_mesh": None, "tp_mesh": None,
                                                         "tp_mode": "duplicated"}, fixed="muon", where="Muon")
         distributed_mesh, tp_mesh, tp_mode = (options.pop(k) for k in ("distributed_mesh", "tp_mesh", "tp_mode"))
-        defaults = options
-        normalize_muon_group({**defaults, "params": []})  # the defaults themselves, before any group
+        defaults = {**options, **qk_clip}
+        normalize_muon_group({**defaults, "params": []})
+        check_qk_clip_group({**defaults, "params": []})  # the defaults themselves, before any group
         from .distributed.muon import MuonSharding
+        from .distributed.qk_clip import sharded_qk_clip_runner
 
         if not isinstance(check_finite, bool):
             raise TypeError(f"check_finite: expected a bool, got {check_finite!r}")
         self.check_finite = check_finite
         self._sharding = MuonSharding(distributed_mesh, tp_mesh, tp_mode)
         self._runner = self._sharding if self._sharding.active else MuonGroups()
+        self._qk_clip = sharded_qk_clip_runner(self._sharding)
         super().__init__(params, defaults)
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), "_sharding": self._sharding, "_runner": self._runner,
-                "check_finite": self.check_finite}
+                "check_finite": self.check_finite, "_qk_clip": self._qk_clip}
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's add_param_group, then ``normalize_muon_group`` and the distributed plan of its
@@ -188,6 +202,7 @@ class Muon(Optimizer):
         def normalize(group: dict) -> None:
             check_group_algorithm(group, "muon", "Muon")
             normalize_muon_group(group)
+            check_qk_clip_group(group)
             self._sharding.add_group(group)
 
         if isinstance(param_group, dict):
@@ -218,20 +233,39 @@ class Muon(Optimizer):
         floating and finite (``check_saved_state``; Dion's or AdamW's keys are rejected naming
         the key); the loaded ``momentum_buffer`` tensors are copies."""
         def spec(i: int, saved: dict, current: dict):
-            canonical_group(from_torch_muon_group(saved), MUON_ALIASES)
+            canonical_group(from_torch_muon_group(fill_qk_clip_keys(saved, current)), MUON_ALIASES)
             check_group_algorithm(saved, "muon", "Muon")
-            return MUON_DEFAULTS, normalize_muon_group
+            return MUON_DEFAULTS, lambda trial: (normalize_muon_group(trial), check_qk_clip_group(trial))
 
         load_state_dict_checked(self, state_dict, spec, algorithm_of=lambda group: "muon")
         self._runner.reset()
 
+    def record_max_logits(self, layer, max_logits: torch.Tensor) -> None:
+        """Report one attention layer's per-head maximum logits for the next ``step``'s QK-clip.
+
+        ``layer``: the layer key of its query / key weights (the last integer in their names, as
+        Motif's ``qk_logits`` index, else the attention module's path, or the group's
+        ``qk_clip_layer``); ``max_logits``: (num_heads,) real tensor, max over the batch of
+        q·k/√d per query head. Several calls before a step keep the element-wise maximum; no host
+        sync. Raises: TypeError naming ``max_logits`` (further checks at ``step``).
+        Source: ``ortho_fast.groups.qk_clip.QKClipRunner.record``."""
+        self._qk_clip.record(layer, max_logits)
+
+    @property
+    def qk_clip_factors(self) -> dict:
+        """{layer: γ per key group (device tensor)} of the last step's QK-clip (1.0: not clipped), for logging."""
+        return dict(self._qk_clip.last_factors)
+
     @torch.no_grad()
-    def step(self, closure=None):
-        """One Muon step for every parameter with a gradient. Returns the closure's loss."""
+    def step(self, closure=None, qk_logits=None):
+        """One Muon step for every parameter with a gradient, then QK-clip of every layer with
+        maximum logits (``qk_logits`` {layer: (num_heads,) tensor}, Motif's argument, and those
+        given to ``record_max_logits``). Returns the closure's loss."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        check_then_step(self.param_groups, self.state, {"muon": self._runner}, lambda group: "muon",
-                        check_finite=self.check_finite)
+        with self._qk_clip.around_step(self.param_groups, qk_logits, self.check_finite):
+            check_then_step(self.param_groups, self.state, {"muon": self._runner}, lambda group: "muon",
+                            check_finite=self.check_finite)
         return loss

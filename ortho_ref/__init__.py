@@ -46,6 +46,7 @@ from .ns_polynomials import (
     ns_step_magnitudes,
 )
 from .polar import polar, polar_condition, polar_decomposition, singular_values
+from .qk_clip import qk_clip_factors, qk_clip_fused, qkv_row_heads
 from .scalar import AdamWStep, LionStep, adamw_step, lion_step
 
 __all__ = [
@@ -57,5 +58,5 @@ __all__ = [
     "polar_condition", "from_hi_lo", "to_float64", "to_hi_lo",
     "AdamWStep", "LionStep", "adamw_step", "lion_step",
     "Dion2Step", "dion2_local_select", "dion2_num_selected", "dion2_select", "dion2_select_rows", "dion2_slice_norms",
-    "dion2_step",
+    "dion2_step", "qk_clip_factors", "qk_clip_fused", "qkv_row_heads",
 ]

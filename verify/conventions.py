@@ -78,7 +78,9 @@ class MuonConventions:
     "unit_rms_norm" (= "spectral_norm"); extra_scale_factor: a further constant factor on the
     update (Megatron's ``extra_scale_factor``; 0.2 with "spectral" is Moonlight's scale);
     cautious_weight_decay: decay only where sign(O)·sign(W) ≥ 0 (Chen et al. 2025, arXiv
-    2510.12402; nanochat); ns_dtype: the dtype the Newton–Schulz iteration runs in;
+    2510.12402; nanochat); qk_clip_threshold / qk_clip_alpha: QK-clip of the attention
+    projections after the step (MuonClip, Kimi K2 arXiv 2507.20534; ``ortho_ref.qk_clip``;
+    None: none); ns_dtype: the dtype the Newton–Schulz iteration runs in;
     momentum_state_key: the ``optimizer.state[p]`` key of the momentum buffer (None if it has
     none: the reference then tracks its own); hyperparameter_names: constructor keyword for each
     of lr, momentum, weight_decay; extra_kwargs: further constructor keywords.
@@ -104,9 +106,16 @@ class MuonConventions:
     extra_kwargs: dict = field(default_factory=dict)
     extra_scale_factor: float = 1.0
     cautious_weight_decay: bool = False
+    #: QK-clip after the step (Kimi K2, arXiv 2507.20534): τ (None: no QK-clip) and α.
+    qk_clip_threshold: float | None = None
+    qk_clip_alpha: float = 0.5
 
     def __post_init__(self) -> None:
         _choice(self.momentum_style, "momentum_style", ("ema", "classic"))
+        if self.qk_clip_threshold is not None and not (0 < self.qk_clip_threshold < float("inf")):
+            raise ValueError(f"qk_clip_threshold: expected None or a finite number > 0, got {self.qk_clip_threshold!r}")
+        if not 0.0 <= self.qk_clip_alpha <= 1.0:
+            raise ValueError(f"qk_clip_alpha: expected a number in [0, 1], got {self.qk_clip_alpha!r}")
         _choice(self.eps_mode, "eps_mode", ("add", "clamp"))
         _choice(self.adjust_lr, "adjust_lr", ortho_ref.muon.ADJUST_LR_MODES)
         if not self.extra_scale_factor > 0:

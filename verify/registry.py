@@ -24,8 +24,9 @@ from types import MappingProxyType
 from typing import Mapping
 
 __all__ = [
-    "ALGORITHMS", "CONFIGS", "DION2_CONFIGS", "DION2_RUNS", "DION_VARIANTS", "DION_VARIANT_RUNS", "MUON_AXES", "MUON_COMBOS", "MUON_CONFIGS",
-    "OptimizerConfig", "REPRODUCTION_METHODS", "REPRODUCTION_RANK_FRACTIONS", "SHARDING_DION", "SHARDING_DION2", "SHARDING_MUON", "get",
+    "ALGORITHMS", "CONFIGS", "DION2_CONFIGS", "DION2_RUNS", "DION_VARIANTS", "DION_VARIANT_RUNS", "MUON_AXES",
+    "MUON_COMBOS", "MUON_CONFIGS", "OptimizerConfig", "PRESET_DTYPES", "QK_CLIP_CONFIG", "QK_CLIP_DTYPES",
+    "REPRODUCTION_METHODS", "REPRODUCTION_RANK_FRACTIONS", "SHARDING_DION", "SHARDING_DION2", "SHARDING_MUON", "get",
     "muon_option_grid", "select",
 ]
 
@@ -172,6 +173,16 @@ SHARDING_MUON: dict = get("sharding/muon").kwargs()
 SHARDING_DION2: dict = get("sharding/dion2").kwargs()
 #: The methods of ``ortho-verify reproduce``, in report order.
 REPRODUCTION_METHODS: tuple[OptimizerConfig, ...] = select("reproduce")
+
+#: ``ortho_verify.checks.qk_clip``'s optimizer options: QK-clip (group keys of ``ortho_fast.groups.qk_clip``,
+#: not Muon constructor defaults, so kept out of ``CONFIGS``) on top of ``ortho_fast.optimizer_preset("motif")``
+#: at Motif's / Kimi K2's threshold, GQA heads, Newton–Schulz in the parameter's dtype.
+QK_CLIP_CONFIG: OptimizerConfig = _c("qk_clip/motif", "muon", "Motif Muon + QK-clip (MuonClip, Kimi K2 arXiv "
+                                     "2507.20534)", ["qk_clip"], qk_clip_threshold=100.0, qk_clip_alpha=0.5,
+                                     qk_clip_num_heads=4, qk_clip_num_kv_heads=2, dtype=None)
+#: Parameter dtypes of ``ortho-verify``'s QK-clip rows and preset rows (``ortho_verify.presets.preset_jobs``).
+QK_CLIP_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16")
+PRESET_DTYPES: tuple[str, ...] = ("float64", "float32", "bfloat16")
 
 #: The Muon option axes the tests sweep (``ortho_fast.Muon`` keywords -> values).
 MUON_AXES: dict[str, tuple] = {

@@ -44,3 +44,10 @@ def test_hybrid_dion2_state_dict_round_trip_and_bad_option():
         assert torch.equal(again.state[p]["momentum"], opt.state[p]["momentum"])
     with pytest.raises(ValueError, match="fraction"):
         ortho_fast.HybridOptimizer([{"params": list(model.parameters()), "algorithm": "dion2", "fraction": 1.5}])
+
+
+def test_hybrid_rejects_qk_clip_options():
+    model = _model(2)
+    with pytest.raises(ValueError, match="qk_clip_threshold: QK-clip runs in ortho_fast.Muon"):
+        ortho_fast.HybridOptimizer([{"params": list(model.parameters()), "algorithm": "muon",
+                                     "qk_clip_threshold": 100.0}])

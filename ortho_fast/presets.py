@@ -1,0 +1,177 @@
+"""``optimizer_preset``: an optimizer configured as another system's current matrix step.
+
+Each preset names the ``ortho_fast`` optimizer class and the options that reproduce one system's
+current step for matrix parameters (the scalar / embedding side is the user's: give those
+parameters to AdamW or use ``HybridOptimizer``). Every value is taken from the system's source,
+named beside it (repository, file, the values). The table is in docs/compatibility.md, "Presets";
+the judge keeps its own independent table (``ortho_verify.presets``) and a test asserts that the
+two agree on every preset.
+
+Presets whose options belong to later parts of issue 16 ("nanochat": MuonEq / Muon+ / NorMuon
+stages of ``Muon``; "microsoft-dion-normuon": ``ortho_fast.NorMuon``; "microsoft-dion-dion2":
+``ortho_fast.Dion2``) are written against those names; until they exist, asking for such a
+preset raises NotImplementedError naming what is missing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Iterable, Mapping
+
+import torch
+
+from .compat import MUON_ALIASES
+from .groups.muon import MUON_DEFAULTS
+from .groups.qk_clip import QK_CLIP_DEFAULTS
+from .muon import Muon
+
+__all__ = ["PRESETS", "Preset", "optimizer_preset", "preset_names"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One system's current matrix step: the ``ortho_fast`` class (its name in the package),
+    the constructor options, the source, and the options / classes it needs that may be missing
+    from this version (``requires``: names of ``Muon`` options or of ``ortho_fast`` classes)."""
+
+    name: str
+    optimizer: str
+    options: Mapping = field(default_factory=dict)
+    source: str = ""
+    requires: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("torch", "Muon", dict(
+        lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="ema", coefficients="jordan",
+        ns_steps=5, eps=1e-7, eps_mode="clamp", adjust_lr="original", dtype=torch.bfloat16),
+        "pytorch/pytorch torch/optim/_muon.py (torch.optim.Muon defaults: lr 1e-3, weight_decay 0.1, momentum "
+        "0.95, nesterov True, ns_coefficients (3.4445, -4.7750, 2.0315), eps 1e-7 clamped, ns_steps 5, "
+        "adjust_lr_fn None = 'original', bf16 Newton-Schulz)"),
+    Preset("microsoft-dion-muon", "Muon", dict(
+        lr=0.01, weight_decay=0.01, momentum=0.95, nesterov=False, momentum_style="classic",
+        coefficients="polar_express", adjust_lr="spectral_norm", cautious_weight_decay=False, flatten=False,
+        dtype=torch.bfloat16),
+        "microsoft/dion dion/muon.py Muon.__init__ (lr 0.01, mu 0.95, weight_decay 0.01, cautious_wd False, "
+        "nesterov False, adjust_lr 'spectral_norm', flatten False, use_polar_express True); M <- mu*M + G"),
+    Preset("moonlight", "Muon", dict(
+        lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="classic", coefficients="jordan",
+        ns_steps=5, eps=1e-7, eps_mode="add", adjust_lr="match_rms_adamw", dtype=torch.bfloat16),
+        "MoonshotAI/Moonlight examples/toy_train.py Muon (lr 1e-3, wd 0.1, momentum 0.95, nesterov True, "
+        "ns_steps 5; buf.mul_(momentum).add_(g); X / (||X|| + 1e-7); lr * 0.2*sqrt(max(A, B)))"),
+    Preset("megatron", "Muon", dict(
+        lr=3e-4, weight_decay=0.01, momentum=0.95, nesterov=False, momentum_style="ema", coefficients="cesista5",
+        ns_steps=5, eps_mode="clamp", adjust_lr="spectral", extra_scale_factor=1.0, dtype="medium"),
+        "NVIDIA/Megatron-LM megatron/core/optimizer/optimizer_config.py OptimizerConfig (muon_momentum 0.95, "
+        "muon_use_nesterov False, weight_decay 0.01 decoupled, muon_scale_mode 'spectral', muon_fp32_matmul_prec "
+        "'medium', muon_num_ns_steps 5, muon_split_qkv True) and megatron/core/optimizer/muon.py "
+        "TensorParallelMuon (lr 3e-4: OptimizerConfig has none, coefficient_type 'quintic', extra_scale_factor "
+        "1.0); NVIDIA/Emerging-Optimizers (EMA momentum, clamped normalization). split_qkv: pass split_sizes / "
+        "split_groups as overrides"),
+    Preset("nanochat", "Muon", dict(
+        lr=0.02, weight_decay=0.28, momentum=0.95, nesterov=True, momentum_style="ema",
+        coefficients="polar_express", ns_steps=5, safety=1.01, eps=1e-6, eps_mode="add", adjust_lr="original",
+        cautious_weight_decay=True, dtype=torch.bfloat16, row_equilibration=True, renormalize=True,
+        normuon_beta2=0.9),
+        "karpathy/nanochat nanochat/optim.py muon_step_fused at 92d63d4 (2026-07-03): nesterov lerp momentum "
+        "0.95 -> MuonEq row equilibration -> Polar Express X/(1.01||X|| + 1e-6), 5 steps, bf16 -> Muon+ "
+        "renormalization sqrt(min(m, n)) -> NorMuon variance reduction beta2 0.9 -> cautious weight decay; "
+        "lr * sqrt(max(1, m/n)); nanochat/gpt.py setup_optimizer (matrix_lr 0.02, beta2 0.9), "
+        "scripts/base_train.py (--weight-decay 0.28, before its batch-size scaling)",
+        requires=("row_equilibration", "renormalize", "normuon_beta2")),
+    Preset("motif", "Muon", dict(
+        lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="classic", coefficients="cesista5",
+        ns_steps=5, eps=1e-7, eps_mode="add", adjust_lr="match_rms_adamw", dtype=torch.bfloat16,
+        qk_clip_threshold=100.0, qk_clip_alpha=0.5),
+        "MotifTechnologies optimizer muon.py Muon (lr 1e-3, weight_decay 0.1, momentum 0.95, nesterov True, "
+        "ns_steps 5, buf.mul_(momentum).add_(g), quintic (4.0848, -6.8946, 2.9270)... in bf16 with "
+        "X/(||X|| + 1e-7), lr * 0.2*sqrt(max(A, B)); clip_config threshold 100, scale sqrt(threshold/logit) "
+        "on q and k). QK-clip is on once qk_clip_num_heads is given (Motif's default q_indices [] clips nothing)"),
+    Preset("microsoft-dion-normuon", "NorMuon", dict(
+        lr=0.01, mu=0.95, muon_beta2=0.95, weight_decay=0.01, cautious_wd=False, nesterov=False,
+        adjust_lr="spectral_norm", flatten=False),
+        "microsoft/dion dion/normuon.py NorMuon.__init__ (lr 0.01, mu 0.95, muon_beta2 0.95, weight_decay "
+        "0.01, cautious_wd False, nesterov False, adjust_lr 'spectral_norm', flatten False, Polar Express)",
+        requires=("NorMuon",)),
+    Preset("microsoft-dion-dion2", "Dion2", dict(
+        lr=0.01, fraction=0.25, ef_decay=0.95, weight_decay=0.01, adjust_lr="spectral_norm", flatten=False,
+        selection_scope="local"),
+        "microsoft/dion dion/dion2.py Dion2.__init__ (lr 0.01, fraction 0.25, ef_decay 0.95, weight_decay 0.01, "
+        "adjust_lr 'spectral_norm', flatten False, Polar Express, selection_scope 'local')",
+        requires=("Dion2",)),
+)}
+
+
+def preset_names() -> tuple[str, ...]:
+    """Every preset name, in table order."""
+    return tuple(PRESETS)
+
+
+def _class_of(preset: Preset):
+    if preset.optimizer == "Muon":
+        return Muon
+    cls = getattr(sys.modules[__package__], preset.optimizer, None)  # classes of later issue-16 parts
+    if cls is None:
+        raise NotImplementedError(f"optimizer_preset({preset.name!r}): needs ortho_fast.{preset.optimizer}, which "
+                                  "this version of ortho_fast does not have")
+    return cls
+
+
+def _accepted(cls) -> set[str] | None:
+    """Keyword names a constructor takes (None: it takes any, **kwargs without a table)."""
+    sig = inspect.signature(cls.__init__)
+    names = {n for n, p in sig.parameters.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    names.discard("self")
+    names.discard("params")
+    if cls is Muon or issubclass(cls, Muon):
+        return names | set(MUON_DEFAULTS) | set(QK_CLIP_DEFAULTS) | {a.name for a in MUON_ALIASES}
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    return names
+
+
+def optimizer_preset(name: str, params: Iterable, **overrides):
+    """An ``ortho_fast`` optimizer configured as system ``name``'s current matrix step.
+
+    ``name``: one of ``preset_names()`` — "torch", "microsoft-dion-muon", "moonlight",
+    "megatron", "nanochat", "motif", "microsoft-dion-normuon", "microsoft-dion-dion2"
+    (values and sources: ``PRESETS``; docs/compatibility.md, "Presets"). ``params``: as the
+    optimizer takes them (a list, param groups, or ``model.named_parameters()`` — QK-clip roles
+    and expert names come from the names). ``overrides``: any constructor option of that
+    optimizer, replacing the preset's (e.g. ``lr``, ``distributed_mesh``, ``split_sizes``,
+    ``qk_clip_num_heads``). "motif" turns QK-clip on (τ = 100) only when ``qk_clip_num_heads``
+    is given, as Motif clips only the heads its ``clip_config`` names.
+    Returns: the optimizer (``Muon``, ``NorMuon`` or ``Dion2``).
+    Raises: ValueError naming the known presets for an unknown ``name``; TypeError naming the
+    preset and the option for an override the optimizer does not take; NotImplementedError for
+    a preset whose options or class this version lacks (``Preset.requires``); whatever the
+    constructor raises for a bad value.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"name: unknown optimizer preset {name!r}; known: {list(PRESETS)}")
+    preset = PRESETS[name]
+    cls = _class_of(preset)
+    accepted = _accepted(cls)
+    if accepted is not None:
+        missing = [r for r in preset.requires if r not in accepted and r != preset.optimizer]
+        if missing:
+            raise NotImplementedError(f"optimizer_preset({name!r}): needs the {preset.optimizer} options {missing} "
+                                      "(issue 16, Muon stages), which this version of ortho_fast does not have")
+        unknown = sorted(k for k in overrides if k not in accepted)
+        if unknown:
+            raise TypeError(f"optimizer_preset({name!r}): unknown option {unknown[0]!r} for {preset.optimizer}; "
+                            f"options: {sorted(accepted)}")
+    options = dict(preset.options)
+    for alias in MUON_ALIASES if cls is Muon or issubclass(cls, Muon) else ():
+        if alias.name in overrides:  # another system's name for an option replaces the preset's value of it
+            options.pop(alias.option, None)
+    options.update(overrides)
+    if name == "motif" and options.get("qk_clip_num_heads") is None and "qk_clip_threshold" not in overrides:
+        options["qk_clip_threshold"] = None
+    return cls(params, **options)
