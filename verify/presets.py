@@ -55,9 +55,11 @@ JUDGE_PRESETS: dict[str, tuple[str, dict, tuple[float, float, float], str]] = {
                                                        hyperparameter_names={"lr": "lr", "momentum": "mu",
                                                                              "weight_decay": "weight_decay"}),
                                (0.01, 0.95, 0.01), "microsoft/dion dion/normuon.py"),
-    "microsoft-dion-dion2": ("Dion2Conventions", dict(fraction=0.25, ef_decay=0.95, adjust_lr="spectral_norm",
-                                                      selection_scope="local"),
-                             (0.01, 0.95, 0.01), "microsoft/dion dion/dion2.py"),
+    # Dion2's hyperparameters are lr, fraction, ef_decay, weight_decay (no momentum coefficient).
+    # microsoft/dion's default selection is per shard ("local"); on one process it is the global top-k.
+    "microsoft-dion-dion2": ("Dion2Conventions", dict(coefficients="polar_express", adjust_lr="spectral_norm"),
+                             dict(lr=0.01, fraction=0.25, ef_decay=0.95, weight_decay=0.01),
+                             "microsoft/dion dion/dion2.py"),
 }
 
 
@@ -87,7 +89,10 @@ def preset_conventions(name: str) -> MuonConventions | DionConventions:
 def preset_hyperparameters(name: str) -> dict[str, float]:
     """{"lr", "momentum", "weight_decay"} of preset ``name`` (``check_optimizer``'s keywords).
     Raises: ValueError listing the presets for an unknown name."""
-    lr, momentum, weight_decay = _known(name)[2]
+    hyper = _known(name)[2]
+    if isinstance(hyper, dict):  # Dion2: lr, fraction, ef_decay, weight_decay
+        return dict(hyper)
+    lr, momentum, weight_decay = hyper
     return {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
 
 
@@ -101,6 +106,12 @@ def check_preset(name: str, param_dtype=torch.float32, steps: int = 2) -> list[C
 
     conventions = preset_conventions(name)
     factory = functools.partial(ortho_fast.optimizer_preset, name)
+    if type(conventions).__name__ == "Dion2Conventions":
+        from ortho_verify.checks.dion2 import check_dion2_optimizer
+
+        rows = check_dion2_optimizer(factory, conventions, param_dtype=param_dtype, steps=steps,
+                                     **preset_hyperparameters(name))
+        return [dataclasses.replace(r, detail=f"preset {name}: {r.detail}") for r in rows]
     report = check_optimizer(factory, conventions, param_dtype=param_dtype, steps=steps,
                              **preset_hyperparameters(name))
     return [dataclasses.replace(r, detail=f"preset {name}: {r.detail}") for r in report.results]

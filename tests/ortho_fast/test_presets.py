@@ -44,14 +44,16 @@ def test_product_and_judge_agree(name):
     group = opt.param_groups[0]
     hyper = preset_hyperparameters(name)
     names = conv.hyperparameter_names
+    if not isinstance(opt, ortho_fast.Muon):  # Dion2: lr, fraction, ef_decay, weight_decay; the fields as group keys
+        assert {key: group[key] for key in hyper} == hyper
+        for key, value in vars(conv).items():
+            if key in group and key != "adjust_lr":
+                assert group[key] == value, key
+        assert group["adjust_lr"] == conv.adjust_lr
+        return
     assert group["lr"] == hyper["lr"]
     assert group["weight_decay"] == hyper["weight_decay"]
     assert group.get(names["momentum"], group.get("momentum")) == hyper["momentum"]
-    if not isinstance(opt, ortho_fast.Muon):  # Dion2 (part B): its conventions' fields as group keys
-        for key, value in vars(conv).items():
-            if key in group:
-                assert group[key] == value, key
-        return
     options = resolve_muon_options(group)
     for key in ("momentum_style", "nesterov", "adjust_lr", "eps_mode", "extra_scale_factor", "cautious_weight_decay"):
         assert getattr(options, key) == getattr(conv, key), key
