@@ -208,7 +208,8 @@ def muon_pipeline_step(
         raise TypeError(f"renormalize: expected a bool, got {renormalize!r}")
     variance = None
     if normuon_beta2 is not None:
-        check_scalar(normuon_beta2, "normuon_beta2", low=0.0, high=1.0)
+        if check_scalar(normuon_beta2, "normuon_beta2", low=0.0, high=1.0) >= 1.0:
+            raise ValueError(f"normuon_beta2: expected a value in [0, 1) or None, got {normuon_beta2!r}")
         check_scalar(normuon_eps, "normuon_eps", low=0.0)
         if normuon_eps_mode not in stages.NORMUON_EPS_MODES:
             raise ValueError(f"normuon_eps_mode: expected one of {stages.NORMUON_EPS_MODES}, got "

@@ -126,6 +126,8 @@ def normuon_normalize(o, variance, *, beta2: float, eps: float = 1e-8, eps_mode:
     side = normuon_side(*x.shape, dim)
     v = as_like(variance, "variance", normuon_variance_shape(*x.shape, dim))
     beta2 = check_scalar(beta2, "beta2", low=0.0, high=1.0)
+    if beta2 >= 1.0:
+        raise ValueError(f"beta2: expected a value in [0, 1), got {beta2!r}")
     eps = check_scalar(eps, "eps", low=0.0)
     if eps_mode not in NORMUON_EPS_MODES:
         raise ValueError(f"eps_mode: expected one of {NORMUON_EPS_MODES}, got {eps_mode!r}")

@@ -1,0 +1,141 @@
+"""Muon pipeline stage checks of ``ortho-verify``: one ``ortho_fast.Muon`` step with MuonEq, Muon+
+and / or NorMuon (``STAGE_CONFIGS``: nanochat's current matrix step, microsoft/dion's NorMuon, each
+stage alone) against ``ortho_ref.muon.muon_pipeline_step``, which composes the oracle's own stages
+(``ortho_ref.muon_stages``). Tolerances: ``ortho_verify.tolerances.stages`` (docs/tolerances.md,
+"Muon pipeline stages").
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+import ortho_fast
+import ortho_ref
+from ortho_ref import muon_stages as ref_stages
+from ortho_verify import registry
+from ortho_verify import tolerances as tol
+from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, rounded
+from ortho_verify.results import CheckResult, measured
+from ortho_verify.spectra import MatrixCase
+from ortho_verify.tolerances.stages import stage_tolerances
+
+__all__ = ["STAGE_CONFIGS", "STAGE_DTYPES", "StageRun", "check_muon_stages", "stage_errors", "stage_jobs",
+           "stage_reference"]
+
+#: label -> Muon options (lr and weight_decay included) of the stage configurations (``ortho_verify.registry``).
+STAGE_CONFIGS = registry.STAGE_CONFIGS
+#: The dtypes every stage configuration is checked in (parameters, state and Newton–Schulz alike).
+STAGE_DTYPES = ("float64", "float32", "bfloat16")
+#: The stage options of ``ortho_fast.Muon`` that ``muon_pipeline_step`` takes under the same names.
+STAGE_KEYS = ("row_equilibration", "renormalize", "normuon_beta2", "normuon_eps", "normuon_eps_mode", "normuon_dim")
+
+
+class StageRun:
+    """The inputs of one stage check, float64: weight, momentum, gradient, NorMuon's prior second
+    moment (rounded to the parameter dtype, so both sides start from the same state; None
+    without NorMuon)."""
+
+    def __init__(self, case: MatrixCase, options: dict, dtype: str) -> None:
+        g = case.matrix
+        m, n = g.shape
+        gscale = float(np.linalg.norm(g)) / math.sqrt(g.size)
+        self.grad = g
+        self.weight = case_array(case, "weight", g.shape, 0.02)
+        self.momentum = case_array(case, "momentum", g.shape, gscale)
+        self.variance = None
+        if options.get("normuon_beta2") is not None:
+            shape = ref_stages.normuon_variance_shape(m, n, options.get("normuon_dim", "row"))
+            # a typical second moment: an update of Frobenius norm √min(m, n) has mean square min(m, n)/(mn)
+            prior = case_array(case, "variance", shape, math.sqrt(min(m, n) / (m * n))) ** 2
+            self.variance = rounded(prior, TORCH_DTYPES[dtype])
+
+
+def stage_reference(run: StageRun, options: dict, mu: float) -> ortho_ref.muon.MuonPipelineStep:
+    """``ortho_ref.muon.muon_pipeline_step`` of ``run`` with the Muon options ``options``."""
+    sched = ortho_ref.SCHEDULES[options["coefficients"]]
+    safety = options.get("safety") if options.get("safety") is not None else sched.safety
+    eps = options.get("eps") if options.get("eps") is not None else sched.eps
+    return ortho_ref.muon.muon_pipeline_step(
+        run.weight, run.grad, run.momentum, lr=options["lr"], mu=mu, nesterov=options["nesterov"],
+        momentum_style=options["momentum_style"], coefficients=ortho_ref.schedule(options["coefficients"]),
+        safety=safety, eps=eps, eps_mode=options.get("eps_mode", "add"), adjust_lr=options["adjust_lr"],
+        weight_decay=options["weight_decay"], extra_scale_factor=options.get("extra_scale_factor", 1.0),
+        cautious_weight_decay=options.get("cautious_weight_decay", False), normuon_variance=run.variance,
+        **{k: options[k] for k in STAGE_KEYS if k in options})
+
+
+def stage_errors(run: StageRun, options: dict, dtype: str, mu: float, weight: np.ndarray, momentum: np.ndarray,
+                 variance: np.ndarray | None) -> list[tuple[str, float, float]]:
+    """[(quantity, Frobenius error, tolerance)] of a fast step (float64 ``weight``, ``momentum``,
+    ``variance`` after it) against ``stage_reference``: the weight (``muon_tolerance`` with the
+    stages' update tolerance, + cautious weight decay's), the momentum, NorMuon's second moment."""
+    ref = stage_reference(run, options, mu)
+    sched = ortho_ref.SCHEDULES[options["coefficients"]]
+    safety = options.get("safety") if options.get("safety") is not None else sched.safety
+    eps = options.get("eps") if options.get("eps") is not None else sched.eps
+    table = ortho_ref.schedule(options["coefficients"])
+    eps_mode = options.get("eps_mode", "add")
+    sigma_hat = ortho_ref.normalized_singular_values(ref.ns_input, safety=safety, eps=eps, eps_mode=eps_mode)
+    shape = run.grad.shape
+    ns_tol = tol.ns_tolerance(sigma_hat, table, shape, dtype)
+    gains, _ = tol.gains_and_sizes(sigma_hat, table)
+    side = ref_stages.equilibration_side(options.get("row_equilibration", False))
+    renormalized = ref_stages.renormalize(ref.ns_output) if options.get("renormalize") else None
+    beta2 = options.get("normuon_beta2")
+    dim = options.get("normuon_dim", "row")
+    stages = stage_tolerances(
+        ns_tol, shape=shape, dtype=dtype, ns_gain=float(gains[0]), ns_output=ref.ns_output,
+        renormalized=renormalized, equilibration=side,
+        normuon_input=renormalized if renormalized is not None else ref.ns_output, variance=ref.variance,
+        normuon_beta2=beta2, normuon_eps=options.get("normuon_eps", 1e-8),
+        normuon_eps_mode=options.get("normuon_eps_mode", "add"),
+        normuon_rows=ref_stages.normuon_side(*shape, dim) == "row", state_dtype=dtype)
+    w_tol = tol.muon_tolerance(stages.update, ref.lr_scale, options["lr"], float(np.linalg.norm(run.weight)),
+                               float(np.linalg.norm(ref.update)), dtype)
+    if options.get("cautious_weight_decay"):
+        w_tol += tol.cautious_weight_decay_tolerance(run.weight, ref.update, stages.update, options["lr"],
+                                                     options["weight_decay"])
+    m_tol = tol.momentum_tolerance(float(np.linalg.norm(run.grad)), float(np.linalg.norm(run.momentum)), dtype)
+    rows = [("weight", float(np.linalg.norm(weight - ref.weight)), w_tol),
+            ("momentum", float(np.linalg.norm(momentum - ref.momentum)), m_tol)]
+    if beta2 is not None:
+        rows.append(("variance_neuron", float(np.linalg.norm(variance - ref.variance)), stages.variance))
+    return rows
+
+
+def fast_stage_step(run: StageRun, options: dict, dtype: str, mu: float):
+    """One ``ortho_fast.Muon`` step of ``run`` with ``options`` in ``dtype`` (parameters, state and
+    Newton–Schulz): (weight, momentum, variance or None) after it, float64."""
+    opts = dict(options)
+    lr, wd = opts.pop("lr"), opts.pop("weight_decay")
+    tdt = TORCH_DTYPES[dtype]
+    p = torch.nn.Parameter(torch.tensor(run.weight, dtype=tdt))
+    opt = ortho_fast.Muon([p], lr=lr, weight_decay=wd, momentum=mu, dtype=tdt, **opts)
+    opt.state[p]["momentum_buffer"] = torch.tensor(run.momentum, dtype=tdt)
+    if run.variance is not None:
+        opt.state[p]["variance_neuron"] = torch.tensor(run.variance, dtype=tdt)
+    p.grad = torch.tensor(run.grad, dtype=tdt)
+    opt.step()
+    variance = opt.state[p].get("variance_neuron")
+    return (as_float64(p), as_float64(opt.state[p]["momentum_buffer"]),
+            None if variance is None else as_float64(variance))
+
+
+def check_muon_stages(case: MatrixCase, config: str, dtype: str, mu: float = 0.95) -> list[CheckResult]:
+    """One ``ortho_fast.Muon`` step with the stages of ``STAGE_CONFIGS[config]`` in ``dtype`` against
+    ``ortho_ref.muon.muon_pipeline_step``: rows for the weight, the momentum and NorMuon's second moment."""
+    options = STAGE_CONFIGS[config]
+    run = StageRun(case, options, dtype)
+    weight, momentum, variance = fast_stage_step(run, options, dtype, mu)
+    return [measured("muon_stages_vs_reference", case.name, f"{config}/{dtype} {key}", err, bound)
+            for key, err, bound in stage_errors(run, options, dtype, mu, weight, momentum, variance)]
+
+
+def stage_jobs(cases) -> list[tuple[str, callable]]:
+    """(label, thunk) of every stage check for ``ortho-verify``'s job list: each case, each
+    configuration of ``STAGE_CONFIGS``, each dtype of ``STAGE_DTYPES``."""
+    return [(f"Muon stages {cfg}/{dtype} {case.name}", lambda c=case, g=cfg, d=dtype: check_muon_stages(c, g, d))
+            for case in cases for cfg in STAGE_CONFIGS for dtype in STAGE_DTYPES]
