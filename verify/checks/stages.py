@@ -20,10 +20,10 @@ from ortho_verify import tolerances as tol
 from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, rounded
 from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import MatrixCase
-from ortho_verify.tolerances.stages import stage_tolerances
+from ortho_verify.tolerances.stages import equilibration_error, stage_tolerances
 
-__all__ = ["STAGE_CONFIGS", "STAGE_DTYPES", "StageRun", "check_muon_stages", "stage_errors", "stage_jobs",
-           "stage_reference"]
+__all__ = ["STAGE_CONFIGS", "STAGE_DTYPES", "StageRun", "check_muon_stages", "fast_stage_step", "stage_errors",
+           "stage_jobs", "stage_map_errors", "stage_reference"]
 
 #: label -> Muon options (lr and weight_decay included) of the stage configurations (``ortho_verify.registry``).
 STAGE_CONFIGS = registry.STAGE_CONFIGS
@@ -124,14 +124,69 @@ def fast_stage_step(run: StageRun, options: dict, dtype: str, mu: float):
             None if variance is None else as_float64(variance))
 
 
+def stage_map_errors(run: StageRun, options: dict, dtype: str, mu: float) -> list[tuple[str, float, float]]:
+    """[(quantity, Frobenius error, tolerance)] of ``ortho_fast.functional.muon_stages`` given the
+    same inputs as the oracle: MuonEq on the reference's momentum-mixed U and the post stages on the
+    reference's Newton–Schulz output, both rounded to ``dtype`` and given to both sides (so only the
+    stages' own rounding counts: ``stage_tolerances`` with ε₀ = 0, and ``equilibration_error``).
+    This is the claim that survives bfloat16, where the Newton–Schulz tolerance exceeds the step."""
+    from ortho_fast.functional import muon_stages as fast_stages
+
+    ref = stage_reference(run, options, mu)
+    tdt = TORCH_DTYPES[dtype]
+    rows = []
+    side = ref_stages.equilibration_side(options.get("row_equilibration", False))
+    if side is not None:
+        u0 = rounded(stage_reference(run, {**options, "row_equilibration": False}, mu).ns_input, tdt)
+        want = ref_stages.equilibrate(u0, side)
+        got = as_float64(fast_stages.pre_orthogonalize([torch.tensor(u0, dtype=tdt)], equilibration=side)[0])
+        rows.append(("MuonEq", float(np.linalg.norm(got - want)),
+                     equilibration_error(u0.shape, dtype, side) * float(np.linalg.norm(want))))
+    beta2 = options.get("normuon_beta2")
+    if options.get("renormalize") or beta2 is not None:
+        o0 = rounded(ref.ns_output, tdt)
+        dim = options.get("normuon_dim", "row")
+        eps, eps_mode = options.get("normuon_eps", 1e-8), options.get("normuon_eps_mode", "add")
+        renormalized = ref_stages.renormalize(o0) if options.get("renormalize") else None
+        stage_in = renormalized if renormalized is not None else o0
+        want, want_v = stage_in, None
+        if beta2 is not None:
+            want, want_v = ref_stages.normuon_normalize(stage_in, run.variance, beta2=beta2, eps=eps,
+                                                        eps_mode=eps_mode, dim=dim)
+        v_t = None if beta2 is None else [torch.tensor(run.variance, dtype=tdt)]
+        got = as_float64(fast_stages.post_orthogonalize(
+            [torch.tensor(o0, dtype=tdt)], v_t, renormalize_norm=bool(options.get("renormalize")), beta2=beta2,
+            eps=eps, eps_mode=eps_mode, dim=dim)[0])
+        bounds = stage_tolerances(0.0, shape=o0.shape, dtype=dtype, ns_gain=0.0, ns_output=o0,
+                                  renormalized=renormalized, normuon_input=stage_in, variance=want_v,
+                                  normuon_beta2=beta2, normuon_eps=eps, normuon_eps_mode=eps_mode,
+                                  normuon_rows=ref_stages.normuon_side(*o0.shape, dim) == "row", state_dtype=dtype)
+        rows.append(("post-orthogonalization stages", float(np.linalg.norm(got - want)), bounds.update))
+        if beta2 is not None:
+            rows.append(("post-orthogonalization variance_neuron", float(np.linalg.norm(as_float64(v_t[0]) - want_v)),
+                         bounds.variance))
+    return rows
+
+
 def check_muon_stages(case: MatrixCase, config: str, dtype: str, mu: float = 0.95) -> list[CheckResult]:
     """One ``ortho_fast.Muon`` step with the stages of ``STAGE_CONFIGS[config]`` in ``dtype`` against
-    ``ortho_ref.muon.muon_pipeline_step``: rows for the weight, the momentum and NorMuon's second moment."""
+    ``ortho_ref.muon.muon_pipeline_step``: rows for the weight, the momentum and NorMuon's second
+    moment (a row whose tolerance is not below the size of what it compares — the step lr·s·‖O‖_F,
+    or ‖v‖ — claims nothing: bfloat16's Newton–Schulz tolerance), then the stages alone given the
+    same inputs (``stage_map_errors``), a claim in every dtype."""
     options = STAGE_CONFIGS[config]
     run = StageRun(case, options, dtype)
     weight, momentum, variance = fast_stage_step(run, options, dtype, mu)
-    return [measured("muon_stages_vs_reference", case.name, f"{config}/{dtype} {key}", err, bound)
-            for key, err, bound in stage_errors(run, options, dtype, mu, weight, momentum, variance)]
+    ref = stage_reference(run, options, mu)
+    size = {"weight": options["lr"] * ref.lr_scale * float(np.linalg.norm(ref.update)),
+            "momentum": math.inf, "variance_neuron": float(np.linalg.norm(ref.variance)) if ref.variance is not None
+            else 0.0}
+    out = [measured("muon_stages_vs_reference", case.name, f"{config}/{dtype} {key}", err, bound,
+                    "" if bound < size[key] else "tolerance not below the compared quantity: no claim",
+                    informative=bound < size[key])
+           for key, err, bound in stage_errors(run, options, dtype, mu, weight, momentum, variance)]
+    return out + [measured("muon_stages_map_vs_reference", case.name, f"{config}/{dtype} {key}", err, bound)
+                  for key, err, bound in stage_map_errors(run, options, dtype, mu)]
 
 
 def stage_jobs(cases) -> list[tuple[str, callable]]:
