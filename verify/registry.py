@@ -26,7 +26,7 @@ from typing import Mapping
 
 __all__ = [
     "ALGORITHMS", "CONFIGS", "DION_VARIANTS", "DION_VARIANT_RUNS", "MUON_AXES", "MUON_COMBOS", "MUON_CONFIGS",
-    "OptimizerConfig", "REPRODUCTION_METHODS", "REPRODUCTION_RANK_FRACTIONS", "SHARDING_DION", "SHARDING_MUON", "STAGE_CONFIGS", "get",
+    "OptimizerConfig", "REPRODUCTION_METHODS", "REPRODUCTION_RANK_FRACTIONS", "SHARDING_DION", "SHARDING_MUON", "SHARDING_NORMUON", "STAGE_CONFIGS", "get",
     "muon_option_grid", "select",
 ]
 
@@ -131,6 +131,9 @@ CONFIGS: tuple[OptimizerConfig, ...] = (
        lr=0.02, mu=0.9, weight_decay=0.1, rank_fraction=0.5, seed=0),
     _c("sharding/muon", "muon", "microsoft/dion's distributed Muon; Megatron's TP modes", ["sharding"],
        lr=0.02, momentum=0.9, weight_decay=0.1, dtype=None),
+    _c("sharding/normuon", "muon", "microsoft/dion's distributed NorMuon; nanochat's stages (MuonEq, Muon+, NorMuon "
+       "by shape)", ["sharding"], lr=0.02, momentum=0.9, weight_decay=0.1, dtype=None, row_equilibration=True,
+       renormalize=True, normuon_beta2=0.9, normuon_dim="by_shape"),
     # ortho-verify reproduce: each method's own options (momentum, lr, the Newton–Schulz dtype and
     # Muon's lr convention come from the study's ReproConfig).
     _c("reproduce/adamw", "adamw", "torch.optim.AdamW", ["reproduce"], label="AdamW"),
@@ -176,6 +179,7 @@ DION_VARIANT_RUNS: tuple[tuple[str, str, str | None], ...] = (
 #: ``MUON_OPTIONS``).
 SHARDING_DION: dict = get("sharding/dion").kwargs()
 SHARDING_MUON: dict = get("sharding/muon").kwargs()
+SHARDING_NORMUON: dict = get("sharding/normuon").kwargs()
 #: The methods of ``ortho-verify reproduce``, in report order.
 REPRODUCTION_METHODS: tuple[OptimizerConfig, ...] = select("reproduce")
 

@@ -160,3 +160,17 @@ def test_stage_bad_input():
         stages.normuon_normalize(np.ones((2, 3)), np.ones((3, 1)), beta2=0.5)
     with pytest.raises(ValueError, match="o"):
         stages.renormalize(np.array([[np.nan]]))
+
+
+def test_paper_normuon_scale_is_renormalize_plus_match_rms_adamw():
+    """NorMuon's Algorithm 1 (arXiv 2510.05491) steps by η̂·Ô with η̂ = 0.2·η·√(mn)/‖Ô‖_F; the
+    implementations' stages compose to it: Muon+ sets ‖O‖_F = √min(m, n), NorMuon keeps it, and
+    "match_rms_adamw" scales by 0.2·√max(m, n) (docs/math.md, "Muon pipeline stages"). Exact for ε = 0
+    (with ε > 0 the renormalization before NorMuon moves ε relative to √v)."""
+    w, g, m0 = _inputs(9, 4)
+    lr = 0.01
+    out = muon_pipeline_step(w, g, m0, lr=lr, mu=0.95, nesterov=False, momentum_style="ema", renormalize=True,
+                             normuon_beta2=0.95, normuon_eps=0.0, adjust_lr="match_rms_adamw")
+    o_hat, _ = stages.normuon_normalize(out.ns_output, np.zeros((9, 1)), beta2=0.95, eps=0.0)
+    paper = w - (0.2 * lr * math.sqrt(9 * 4) / np.linalg.norm(o_hat)) * o_hat
+    assert np.linalg.norm(out.weight - paper) <= 8 * scaling_error(w.size, "float64") * np.linalg.norm(w)

@@ -14,7 +14,7 @@ import ortho_fast
 from ortho_verify import registry
 
 __all__ = ["DION_OPTIONS", "DOCS_PATH", "DOCS_WORLD_SIZES", "DTYPES", "LAYOUTS", "Layout", "MATRICES", "MUON_OPTIONS",
-           "QUICK_MATRICES", "QUICK_STEPS", "SEED", "SHARDED_LAYOUTS", "STATE_KEYS", "STEPS", "TIMEOUT", "layouts_for",
+           "NORMUON_OPTIONS", "QUICK_MATRICES", "QUICK_STEPS", "SEED", "SHARDED_LAYOUTS", "STATE_KEYS", "STEPS", "TIMEOUT", "layouts_for",
            "optimizer_options"]
 
 DTYPES = ("float64", "float32")
@@ -32,7 +32,10 @@ SEED = 0
 #: (``ortho_verify.registry.SHARDING_DION`` / ``SHARDING_MUON``; Dion's seed is ``SEED``.)
 DION_OPTIONS = registry.SHARDING_DION
 MUON_OPTIONS = registry.SHARDING_MUON
-STATE_KEYS = {"dion": ("momentum", "Q"), "muon": ("momentum_buffer",)}
+#: Options of the "normuon-stages" layouts (labelled so that a "muon/" filter keeps plain Muon): Muon's with nanochat's stages (MuonEq, Muon+, NorMuon by shape;
+#: ``ortho_verify.registry.SHARDING_NORMUON``), run by ``ortho_fast.Muon``.
+NORMUON_OPTIONS = registry.SHARDING_NORMUON
+STATE_KEYS = {"dion": ("momentum", "Q"), "muon": ("momentum_buffer",), "normuon-stages": ("momentum_buffer", "variance_neuron")}
 #: The page ``--write-docs`` writes (in the repository checkout).
 DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "layouts.md"
 #: World sizes docs/layouts.md covers (``--write-docs`` runs them all).
@@ -93,6 +96,10 @@ def _muon(name, dims, shape, placements, roles, bitwise=False, **options) -> Lay
     return Layout(name, "muon", dims, shape, placements, roles, check, tuple(options.items()), bitwise)
 
 
+def _normuon(name, dims, shape, placements, roles, bitwise=False, **options) -> Layout:
+    return Layout(name, "normuon-stages", dims, shape, placements, roles, "equal", tuple(options.items()), bitwise)
+
+
 #: Dion variants some layouts add (``ortho_verify.registry.DION_VARIANTS``).
 _VARIANTS = registry.DION_VARIANTS
 _DP, _SHARD, _TP, _HSDP, _FSDP_TP = ("dp",), ("dp_shard",), ("tp",), ("dp_replicate", "dp_shard"), ("dp_shard", "tp")
@@ -134,6 +141,15 @@ LAYOUTS: tuple[Layout, ...] = (
             tp_mode=mode)
       for mode in ("duplicated", "distributed", "blockwise")
       for wise, codes in (("colwise", _COLWISE_2D), ("rowwise", _ROWWISE_2D))),
+    # the Muon pipeline stages (MuonEq, Muon+, NorMuon) where a whole matrix reaches its owner; TP
+    # "distributed" and "blockwise" reject NorMuon at construction (ortho_fast.distributed.muon)
+    _normuon("single", (), (), None, (), bitwise=True),
+    _normuon("DDP", _DP, (-1,), None, (("distributed_mesh", "dp"),), bitwise=True),
+    _normuon("FSDP", _SHARD, (-1,), ("S0",), (("distributed_mesh", "dp_shard"),), bitwise=True),
+    *(_normuon(f"TP {wise} duplicated", _TP, (-1,), (code,), (("tp_mesh", "tp"),), bitwise=True, tp_mode="duplicated")
+      for wise, code in (("colwise", "S0"), ("rowwise", "S1"))),
+    *(_normuon(f"FSDP + TP {wise} duplicated", _FSDP_TP, (-1, 2), codes, _MUON_2D, bitwise=True,
+               tp_mode="duplicated") for wise, codes in (("colwise", _COLWISE_2D), ("rowwise", _ROWWISE_2D))),
 )
 
 
@@ -178,6 +194,7 @@ def optimizer_options(layout: Layout, *, distributed: bool = True) -> dict:
     options (keys of ``ortho_fast.DION_DEFAULTS`` / ``MUON_DEFAULTS``, e.g. ``qr_method``) for the
     one-process reference (not ``tp_mode`` / ``replicate_mesh_grad_sync``)."""
     base, keys = ((DION_OPTIONS, ortho_fast.DION_DEFAULTS) if layout.optimizer == "dion"
+                  else (NORMUON_OPTIONS, ortho_fast.MUON_DEFAULTS) if layout.optimizer == "normuon-stages"
                   else (MUON_OPTIONS, ortho_fast.MUON_DEFAULTS))
     extra = {k: v for k, v in layout.options if distributed or k in keys}
     return {**base, **extra}
