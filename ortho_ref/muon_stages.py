@@ -17,7 +17,8 @@ Each stage is a closed-form map of one (m, n) matrix, written here from the pape
   back to ‖O‖_F.
 
 ``muon_pipeline_step`` (in ``ortho_ref.muon``) composes them with the reference momentum and
-``ns_map``.
+``ns_map``. ``equilibrate_mp``, ``renormalize_mp`` and ``normuon_normalize_mp`` are the mpmath
+tier of each stage (closed forms without cancellation: ``digits`` + ``GUARD_DIGITS`` working digits).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import mpmath
 import numpy as np
 
 from ._validate import as_like, as_matrix, check_scalar
+from .mp import GUARD_DIGITS, as_mp_input
 
 #: MuonEq sides: "row" rescales rows (nanochat, the paper), "column" rescales columns.
 EQUILIBRATION_SIDES = ("row", "column")
@@ -141,3 +144,75 @@ def normuon_normalize(o, variance, *, beta2: float, eps: float = 1e-8, eps_mode:
     if norm_y == 0.0:
         return NorMuonResult(np.zeros_like(x), v_new)
     return NorMuonResult(y * (float(np.linalg.norm(x)) / norm_y), v_new)
+
+
+# ---------------------------------------------------------------------------------------------
+# The mpmath tier: the same stages at ``digits`` decimal digits
+# ---------------------------------------------------------------------------------------------
+
+def _mp_matrix(a, digits, name: str) -> tuple[list[list], int]:
+    arr, d = as_mp_input(a, digits, name)
+    return [[mpmath.mpf(x) for x in row] for row in arr.tolist()], d
+
+
+def _mp_norm(values) -> "mpmath.mpf":
+    return mpmath.sqrt(mpmath.fsum(x * x for x in values))
+
+
+def equilibrate_mp(u, side: str = "row", *, digits, floor: float = NORM_FLOOR) -> np.ndarray:
+    """``equilibrate`` exact to ``digits`` digits (mpmath; the float64 input taken exactly).
+
+    Shapes: u (m, n) float, m, n <= ``ortho_ref.mp.MAX_DIM`` -> (m, n) object array of mpmath.mpf.
+    Precision: digits + ``GUARD_DIGITS`` working digits suffice: sums of squares, square roots,
+    products and quotients of positive numbers lose no digits (no cancellation).
+    Raises: as ``ortho_ref.mp.as_mp_input``; ValueError for a bad ``side``.
+    """
+    if side not in EQUILIBRATION_SIDES:
+        raise ValueError(f"side: expected one of {EQUILIBRATION_SIDES}, got {side!r}")
+    if side == "column":
+        return equilibrate_mp(np.asarray(u, dtype=np.float64).T, "row", digits=digits, floor=floor).T
+    rows, d = _mp_matrix(u, digits, "u")
+    with mpmath.workdps(d + GUARD_DIGITS):
+        norms = [_mp_norm(r) for r in rows]
+        target = mpmath.sqrt(mpmath.fsum(x * x for x in norms) / len(rows))
+        out = [[x * (target / max(nr, mpmath.mpf(floor))) for x in r] for r, nr in zip(rows, norms)]
+    return np.array(out, dtype=object)
+
+
+def renormalize_mp(o, *, digits, floor: float = NORM_FLOOR) -> np.ndarray:
+    """``renormalize`` exact to ``digits`` digits (mpmath; no cancellation, digits + GUARD_DIGITS).
+
+    Shapes: o (m, n) float, m, n <= MAX_DIM -> (m, n) object array of mpmath.mpf.
+    Raises: as ``ortho_ref.mp.as_mp_input``.
+    """
+    rows, d = _mp_matrix(o, digits, "o")
+    with mpmath.workdps(d + GUARD_DIGITS):
+        scale = mpmath.sqrt(min(len(rows), len(rows[0]))) / max(_mp_norm(x for r in rows for x in r),
+                                                                  mpmath.mpf(floor))
+        out = [[x * scale for x in r] for r in rows]
+    return np.array(out, dtype=object)
+
+
+def normuon_normalize_mp(o, variance, *, beta2: float, eps: float = 1e-8, eps_mode: str = "add", dim: str = "row",
+                         digits) -> NorMuonResult:
+    """``normuon_normalize`` exact to ``digits`` digits (mpmath; every float64 input taken exactly;
+    no cancellation: β₂v + (1 − β₂)·mean square adds positive numbers, digits + GUARD_DIGITS).
+
+    Shapes: o (m, n) float, m, n <= MAX_DIM; variance (m, 1) or (1, n) -> NorMuonResult of object
+    arrays of mpmath.mpf. Raises: as ``normuon_normalize`` and ``ortho_ref.mp.as_mp_input``.
+    """
+    x = as_matrix(o, "o")
+    normuon_normalize(x, variance, beta2=beta2, eps=eps, eps_mode=eps_mode, dim=dim)  # the same checks, float64
+    transpose = normuon_side(*x.shape, dim) == "column"
+    rows, d = _mp_matrix(x.T if transpose else x, digits, "o")
+    v_in = np.asarray(variance, dtype=np.float64).reshape(-1).tolist()
+    with mpmath.workdps(d + GUARD_DIGITS):
+        b2, e = mpmath.mpf(beta2), mpmath.mpf(eps)
+        v = [b2 * mpmath.mpf(vi) + (1 - b2) * mpmath.fsum(y * y for y in r) / len(r) for vi, r in zip(v_in, rows)]
+        den = [mpmath.sqrt(vi) + e if eps_mode == "add" else mpmath.sqrt(max(vi, e)) for vi in v]
+        y = [[z / di for z in r] for r, di in zip(rows, den)]
+        norm_y = _mp_norm(z for r in y for z in r)
+        ratio = _mp_norm(z for r in rows for z in r) / norm_y if norm_y != 0 else mpmath.mpf(0)
+        out = np.array([[z * ratio for z in r] for r in y], dtype=object)
+    v_out = np.array(v, dtype=object).reshape(normuon_variance_shape(*x.shape, dim))
+    return NorMuonResult(out.T if transpose else out, v_out)

@@ -11,6 +11,12 @@ ones a param group switches on to its list of matrices (one call each in the gro
 Every stage computes in float32 or wider (``stage_dtype``): nanochat reads its bf16 matrices
 ``.float()`` for these norms; bf16 squares would lose the small rows. Equations and the
 differences between the papers and the implementations: docs/math.md, "Muon pipeline stages".
+
+Patch points (documented seams for tests that plant bugs): ``pre_orthogonalize`` /
+``post_orthogonalize`` are looked up in this module at every group step (``ortho_fast.groups.muon``,
+``ortho_fast.distributed.muon``), and they look up ``equilibrate``, ``renormalize`` and
+``normuon_normalize`` here at every call, so ``monkeypatch.setattr(ortho_fast.functional.muon_stages,
+"normuon_normalize", ...)`` reaches every Muon step run afterwards.
 """
 
 from __future__ import annotations

@@ -174,3 +174,27 @@ def test_paper_normuon_scale_is_renormalize_plus_match_rms_adamw():
     o_hat, _ = stages.normuon_normalize(out.ns_output, np.zeros((9, 1)), beta2=0.95, eps=0.0)
     paper = w - (0.2 * lr * math.sqrt(9 * 4) / np.linalg.norm(o_hat)) * o_hat
     assert np.linalg.norm(out.weight - paper) <= 8 * scaling_error(w.size, "float64") * np.linalg.norm(w)
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (3, 7)])
+@pytest.mark.parametrize("dim", ["row", "by_shape"])
+def test_float64_stages_agree_with_the_mpmath_tier(shape, dim):
+    """The float64 stages against their 40-digit values: within the float64 rounding the
+    tolerances derive (``scaling_error``: one norm and one scaling per stage)."""
+    from ortho_ref.mp import to_float64
+
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(shape) * np.geomspace(1, 1e-3, shape[0])[:, None]
+    v0 = rng.random(stages.normuon_variance_shape(*shape, dim)) * 0.1
+    tol = 2 * scaling_error(a.size, "float64")
+    for side in stages.EQUILIBRATION_SIDES:
+        exact = to_float64(stages.equilibrate_mp(a, side, digits=40))
+        assert np.linalg.norm(stages.equilibrate(a, side) - exact) <= tol * np.linalg.norm(exact)
+    exact = to_float64(stages.renormalize_mp(a, digits=40))
+    assert np.linalg.norm(stages.renormalize(a) - exact) <= tol * np.linalg.norm(exact)
+    for mode in stages.NORMUON_EPS_MODES:
+        got = stages.normuon_normalize(a, v0, beta2=0.9, eps=1e-8, eps_mode=mode, dim=dim)
+        want = stages.normuon_normalize_mp(a, v0, beta2=0.9, eps=1e-8, eps_mode=mode, dim=dim, digits=40)
+        # NorMuon's own rounding (stage_tolerances): 2(C_NS(√ℓ + √(mn)) + 12)u‖O‖ ≤ 8·scaling_error(mn)·‖O‖
+        assert np.linalg.norm(got.update - to_float64(want.update)) <= 4 * tol * np.linalg.norm(a)
+        assert np.linalg.norm(got.variance - to_float64(want.variance)) <= tol * np.linalg.norm(got.variance)
