@@ -68,11 +68,12 @@ def stage_reference(run: StageRun, options: dict, mu: float) -> ortho_ref.muon.M
 
 
 def stage_errors(run: StageRun, options: dict, dtype: str, mu: float, weight: np.ndarray, momentum: np.ndarray,
-                 variance: np.ndarray | None) -> list[tuple[str, float, float]]:
+                 variance: np.ndarray | None, ref=None) -> list[tuple[str, float, float]]:
     """[(quantity, Frobenius error, tolerance)] of a fast step (float64 ``weight``, ``momentum``,
     ``variance`` after it) against ``stage_reference``: the weight (``muon_tolerance`` with the
-    stages' update tolerance, + cautious weight decay's), the momentum, NorMuon's second moment."""
-    ref = stage_reference(run, options, mu)
+    stages' update tolerance, + cautious weight decay's), the momentum, NorMuon's second moment.
+    ``ref``: ``stage_reference`` of ``run`` when the caller has it."""
+    ref = stage_reference(run, options, mu) if ref is None else ref
     sched = ortho_ref.SCHEDULES[options["coefficients"]]
     safety = options.get("safety") if options.get("safety") is not None else sched.safety
     eps = options.get("eps") if options.get("eps") is not None else sched.eps
@@ -124,7 +125,7 @@ def fast_stage_step(run: StageRun, options: dict, dtype: str, mu: float):
             None if variance is None else as_float64(variance))
 
 
-def stage_map_errors(run: StageRun, options: dict, dtype: str, mu: float) -> list[tuple[str, float, float]]:
+def stage_map_errors(run: StageRun, options: dict, dtype: str, mu: float, ref=None) -> list[tuple[str, float, float]]:
     """[(quantity, Frobenius error, tolerance)] of ``ortho_fast.functional.muon_stages`` given the
     same inputs as the oracle: MuonEq on the reference's momentum-mixed U and the post stages on the
     reference's Newton–Schulz output, both rounded to ``dtype`` and given to both sides (so only the
@@ -132,12 +133,14 @@ def stage_map_errors(run: StageRun, options: dict, dtype: str, mu: float) -> lis
     This is the claim that survives bfloat16, where the Newton–Schulz tolerance exceeds the step."""
     from ortho_fast.functional import muon_stages as fast_stages
 
-    ref = stage_reference(run, options, mu)
+    ref = stage_reference(run, options, mu) if ref is None else ref
     tdt = TORCH_DTYPES[dtype]
     rows = []
     side = ref_stages.equilibration_side(options.get("row_equilibration", False))
     if side is not None:
-        u0 = rounded(stage_reference(run, {**options, "row_equilibration": False}, mu).ns_input, tdt)
+        _, u = ortho_ref.muon.momentum_update(run.grad, run.momentum, mu=mu, nesterov=options["nesterov"],
+                                              momentum_style=options["momentum_style"])
+        u0 = rounded(u, tdt)
         want = ref_stages.equilibrate(u0, side)
         got = as_float64(fast_stages.pre_orthogonalize([torch.tensor(u0, dtype=tdt)], equilibration=side)[0])
         rows.append(("MuonEq", float(np.linalg.norm(got - want)),
@@ -184,9 +187,9 @@ def check_muon_stages(case: MatrixCase, config: str, dtype: str, mu: float = 0.9
     out = [measured("muon_stages_vs_reference", case.name, f"{config}/{dtype} {key}", err, bound,
                     "" if bound < size[key] else "tolerance not below the compared quantity: no claim",
                     informative=bound < size[key])
-           for key, err, bound in stage_errors(run, options, dtype, mu, weight, momentum, variance)]
+           for key, err, bound in stage_errors(run, options, dtype, mu, weight, momentum, variance, ref)]
     return out + [measured("muon_stages_map_vs_reference", case.name, f"{config}/{dtype} {key}", err, bound)
-                  for key, err, bound in stage_map_errors(run, options, dtype, mu)]
+                  for key, err, bound in stage_map_errors(run, options, dtype, mu, ref)]
 
 
 def stage_jobs(cases) -> list[tuple[str, callable]]:
