@@ -23,7 +23,7 @@ from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, muon_momentum
 from ..functional import muon_stages as stage_math
 from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
 from .driver import GroupRunner
-from .muon_stages import STAGE_DEFAULTS, VARIANCE_KEY, check_stage_state, normuon_variances, resolve_stage_options, variance_shape
+from .muon_stages import STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options, variance_shape
 from .options import MuonOptions, OptionsCache
 
 #: Every Muon param-group key with its default (torch.optim.Muon's defaults where torch has the option).
@@ -262,8 +262,12 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
 
     ``options`` / ``layouts``: the group's resolved options and a layout cache (both optional;
     resolved here when absent).
+    The pipeline stages the options switch on run per matrix, in nanochat's order: MuonEq before
+    Newton–Schulz (``functional.muon_stages.pre_orthogonalize``), Muon+ and NorMuon after it
+    (``post_orthogonalize``), one call each (docs/math.md, "Muon pipeline stages").
     State: ``state[p]["momentum_buffer"]`` of the parameter's shape and dtype (created as
-    zeros), the key of torch.optim.Muon.
+    zeros), the key of torch.optim.Muon; with NorMuon ``state[p]["variance_neuron"]``
+    (``ortho_fast.groups.muon_stages.variance_shape``).
     Source: Jordan et al. 2024 (Muon); torch.optim.Muon; microsoft/dion Muon; Chen et al.
     2025 (arXiv 2510.12402, cautious weight decay).
     """
@@ -280,7 +284,7 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
                                         **options.orthogonalize_kwargs()))
     update = options.update_kwargs()
     for p, lay, mats in items:
-        variances = normuon_variances(p, state, lay, options.normuon_dim) if options.normuon_beta2 is not None else None
+        variances = None if options.normuon_beta2 is None else normuon_variances(p, state, lay, options.normuon_dim)
         post = stage_math.post_orthogonalize([next(outs) for _ in mats], variances, **options.post_orthogonalize_kwargs())
         muon_math.muon_update(p, lay, post, **update)
 
@@ -315,5 +319,6 @@ def normuon_variance_state_shape(p: torch.Tensor, group: dict) -> tuple[int, ...
 
 
 def muon_state_algorithm(group: dict) -> str:
-    """The ``ortho_fast.groups.state.STATE_SPECS`` key (registered by ``ortho_fast.muon``) of a Muon group's state: "normuon" with NorMuon on, else "muon"."""
+    """The ``ortho_fast.groups.state.STATE_SPECS`` key of a Muon group's state ("normuon", registered by
+    ``ortho_fast.muon``, with NorMuon on; else "muon")."""
     return "muon" if group.get("normuon_beta2") is None else "normuon"
