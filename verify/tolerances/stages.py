@@ -39,18 +39,20 @@ def scaling_error(count: int, dtype) -> float:
 
 
 def equilibration_error(shape: tuple[int, int], dtype, side: str = "row") -> float:
-    """Relative Frobenius error δ of the equilibrated matrix Ũ = D·U computed in the stage dtype.
+    """Relative error δ of every entry of the equilibrated matrix Ũ = D·U computed in the stage dtype.
 
-        δ = (C_NS·√ℓ + 4)·(u_s + u64),  ℓ = n for rows (m for columns)
+        δ = (C_NS·(√ℓ + √(mn)) + 6)·(u_s + u64),  ℓ = n for rows (m for columns)
 
-    Derivation. Each row norm is a sum of ℓ squares (relative error ≤ C_NS·√ℓ·u_s, Higham &
-    Mary's probabilistic bound as in ``matmul_roundoff``; the square root halves it), the target
-    ‖U‖_F / √m likewise (its error is common to every row: a uniform scale, which Newton–Schulz's
-    Frobenius normalization removes, counted anyway), then the floor, the division and the product
-    add ≤ 3u_s per entry. So every entry of Ũ carries a relative error ≤ δ and ‖ΔŨ‖_F ≤ δ‖Ũ‖_F.
+    Derivation. Entry (i, j) is u_ij·t/‖u_i‖: the row norm is a sum of ℓ squares (relative error ≤
+    C_NS·√ℓ·u_s, Higham & Mary's probabilistic bound as in ``matmul_roundoff``, halved by the
+    square root, which adds u_s), the target t = ‖U‖_F/√m a sum of mn squares (C_NS·√(mn)·u_s,
+    the square root and the division by √m 2u_s), then the quotient and the product 2u_s. So
+    ‖ΔŨ‖_F ≤ δ‖Ũ‖_F. (The target's error is one factor common to every row, which Newton–Schulz's
+    Frobenius normalization removes in the whole step; the stage compared alone sees it.)
     """
     m, n = shape
-    return scaling_error(n if side == "row" else m, dtype)
+    length = n if side == "row" else m
+    return (C_NS * (math.sqrt(length) + math.sqrt(m * n)) + 6) * stage_dtype_roundoff(dtype)
 
 
 def normuon_amplification(update: np.ndarray, variance: np.ndarray, *, eps: float, eps_mode: str) -> float:
