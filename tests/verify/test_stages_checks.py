@@ -171,3 +171,15 @@ def test_stage_map_bug_just_beyond_its_tolerance(monkeypatch, stage, dtype):
 def test_stage_jobs_cover_every_config_and_dtype():
     jobs = stage_checks.stage_jobs(CASES[:1])
     assert len(jobs) == len(stage_checks.STAGE_CONFIGS) * len(stage_checks.STAGE_DTYPES)
+
+
+def test_sharding_page_names_the_normuon_stage_options():
+    """docs/layouts.md's template spells the normuon-stages options out (the page's text is filled
+    with the Dion and Muon options only): they must be the registry's."""
+    from importlib import resources
+
+    from ortho_verify.sharding import MUON_OPTIONS, layouts, markdown
+
+    extra = ", ".join(f"{k}={v}" for k, v in layouts.NORMUON_OPTIONS.items() if k not in MUON_OPTIONS)
+    text = resources.files("ortho_verify.sharding").joinpath(markdown.TEMPLATE).read_text(encoding="utf-8")
+    assert f"`{extra}`" in text.replace("\n", " ")

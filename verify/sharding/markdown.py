@@ -7,7 +7,7 @@ from importlib import resources
 from typing import Sequence
 
 from ortho_verify.optional import require
-from ortho_verify.sharding.layouts import DION_OPTIONS, DTYPES, MUON_OPTIONS, NORMUON_OPTIONS
+from ortho_verify.sharding.layouts import DION_OPTIONS, DTYPES, MUON_OPTIONS
 from ortho_verify.tolerances import sharded_tolerance
 
 __all__ = ["HEADERS", "TEMPLATE", "layouts_doc", "markdown_report", "markdown_tables", "print_table", "table_rows"]
@@ -111,7 +111,6 @@ def layouts_doc(rows: Sequence[dict], meta: dict) -> str:
     convention, and the run's tables (``markdown_tables``)."""
     head = resources.files(__package__).joinpath(TEMPLATE).read_text(encoding="utf-8").format(matrices=", ".join(f"{m}×{n}" for m, n in meta["matrices"]), steps=meta["steps"],
                        dion=", ".join(f"{k}={v}" for k, v in DION_OPTIONS.items()),
-                       muon=", ".join(f"{k}={v}" for k, v in MUON_OPTIONS.items()),
-                       normuon=", ".join(f"{k}={v}" for k, v in NORMUON_OPTIONS.items() if k not in MUON_OPTIONS))
+                       muon=", ".join(f"{k}={v}" for k, v in MUON_OPTIONS.items()))
     return head + "\n".join([*[f"- {k}: {v}" for k, v in meta.items()], "", *markdown_tables(rows)])
 
