@@ -15,6 +15,7 @@ from .muon import (
     MUON_DEFAULTS, Muon, MuonLayout, adjusted_lr_scale, check_muon_step, default_eps_mode, is_expert_name,
     muon_group_step, muon_layout, muon_momentum, normalize_muon_group,
 )
+from .normuon import NorMuon
 from .newton_schulz import MATMUL_PRECISIONS, newton_schulz, resolve_compute_dtype
 from .scalar import (
     ADAMW_DEFAULTS, LION_DEFAULTS, adamw_group_step, check_adamw_step, check_lion_step, lion_group_step,
@@ -35,5 +36,5 @@ __all__ = [
     "ADAMW_DEFAULTS", "LION_DEFAULTS", "adamw_group_step", "check_adamw_step", "check_lion_step",
     "lion_group_step", "normalize_adamw_group", "normalize_lion_group",
     "ALGORITHMS", "DionConfig", "HybridOptimizer", "MuonConfig", "meshes_from_world_mesh", "normalize_name",
-    "param_groups", "DION2_DEFAULTS", "Dion2", "optimizer_preset",
+    "param_groups", "DION2_DEFAULTS", "Dion2", "optimizer_preset", "NorMuon",
 ]

@@ -154,6 +154,7 @@ MUON_ALIASES: tuple[Alias, ...] = (
     Alias("mu", "momentum", _DION_MUON),
     Alias("epsilon", "eps", _DION_MUON),
     Alias("cautious_wd", "cautious_weight_decay", _DION_MUON),
+    Alias("muon_beta2", "normuon_beta2", "microsoft/dion NorMuon"),
     Alias("use_polar_express", "coefficients", _DION_MUON, _use_polar_express),
     Alias("coefficient_type", "coefficients", _EMERGING, _coefficient_type),
     Alias("num_ns_steps", "ns_steps", _EMERGING),
@@ -389,9 +390,10 @@ def mixed_precision_dtypes(config) -> dict[str, torch.dtype | None]:
 TORCH_MUON_GROUP_KEYS = ("ns_coefficients", "adjust_lr_fn")
 
 #: What torch.optim.Muon does that our options make explicit: EMA momentum, X₀ = U / max(‖U‖_F,
-#: eps), bfloat16 Newton–Schulz, no extra scale, plain decoupled weight decay.
+#: eps), bfloat16 Newton–Schulz, no extra scale, plain decoupled weight decay, no pipeline stage.
 TORCH_MUON_SEMANTICS: dict[str, Any] = dict(momentum_style="ema", safety=1.0, eps_mode="clamp", dtype=torch.bfloat16,
-                                            extra_scale_factor=1.0, cautious_weight_decay=False)
+                                            extra_scale_factor=1.0, cautious_weight_decay=False,
+                                            row_equilibration=False, renormalize=False, normuon_beta2=None)
 
 
 def is_torch_muon_group(group: Mapping[str, Any]) -> bool:

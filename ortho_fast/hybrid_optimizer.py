@@ -21,6 +21,7 @@ from .dion import dion_runner, init_dion_groups, plan_dion_group, resolve_meshes
 from .groups.algorithms import ALGORITHMS, SCALAR_ALGORITHMS, local_runners
 from .groups.dion import dion_state_dtype
 from .groups.driver import check_then_step, describe_groups, labelled
+from .groups.muon import muon_state_algorithm
 from .groups.state import add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
 
 __all__ = ["HybridOptimizer"]
@@ -58,6 +59,12 @@ def _canonical(group: dict, algorithm: str, saved: bool = False) -> None:
         canonical_group(group, DION_ALIASES)
     elif algorithm == "dion2":
         canonical_group(group, DION2_ALIASES)
+
+
+def _state_algorithm(group: dict) -> str:
+    """The ``STATE_SPECS`` key of a group's saved state: its algorithm, "normuon" for a Muon group
+    with NorMuon on (its ``variance_neuron`` too)."""
+    return muon_state_algorithm(group) if group["algorithm"] == "muon" else group["algorithm"]
 
 
 def _check_foreign_keys(group: dict, algorithm: str) -> None:
@@ -286,7 +293,7 @@ class HybridOptimizer(Optimizer):
         non-negative integers), all before anything changes; the loaded state owns its tensors."""
         load_state_dict_checked(self, state_dict, self._saved_group_spec,
                                 lambda group, key, p: dion_state_dtype(group, key, p) if group["algorithm"] == "dion"
-                                else None, algorithm_of=lambda group: group["algorithm"])
+                                else None, algorithm_of=_state_algorithm)
         for runner in self._runners.values():
             runner.reset()
 

@@ -20,11 +20,12 @@ from .functional.layout import DROPPED_NAME_COMPONENTS, MuonLayout, is_expert_na
 from .functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, adjusted_lr_scale, muon_momentum, muon_update, orthogonalize
 from .groups.driver import check_then_step
 from .groups.muon import (
-    MUON_DEFAULTS, MuonGroups, check_muon_step, default_eps_mode, muon_group_step, normalize_muon_group,
-    resolve_muon_options,
+    MUON_DEFAULTS, MuonGroups, check_muon_step, default_eps_mode, muon_group_step, muon_state_algorithm,
+    normalize_muon_group, resolve_muon_options,
 )
 from .groups.qk_clip import check_qk_clip_group, fill_qk_clip_keys, take_qk_clip_options
-from .groups.state import add_param_group_checked, check_group_algorithm, load_state_dict_checked, state_dict_with_dtype_names
+from .groups.state import (add_param_group_checked, check_group_algorithm, load_state_dict_checked,
+                           state_dict_with_dtype_names)
 
 #: torch.optim.Muon's parameters after ``nesterov``, in its positional order.
 TORCH_POSITIONAL = ("ns_coefficients", "eps", "ns_steps", "adjust_lr_fn")
@@ -93,6 +94,15 @@ class Muon(Optimizer):
     one fused reduction on the device and one host read (a NaN / Inf raises ValueError naming the
     parameter, before any change); False checks nothing and reads nothing from the device (a NaN
     then propagates, as in torch.optim), which ``torch.compile(opt.step, fullgraph=True)`` needs.
+    Pipeline stages (nanochat's order: momentum → MuonEq → Newton–Schulz → Muon+ → NorMuon →
+    update; docs/math.md, "Muon pipeline stages"; ``ortho_fast.functional.muon_stages``), each off by
+    default: ``row_equilibration`` (MuonEq, arXiv 2603.28254: True / "row" rescales each row of U to
+    the root-mean-square row norm, "column" the columns); ``renormalize`` (Muon+, arXiv 2602.21545:
+    ‖O‖_F set to √min(m, n)); ``normuon_beta2`` (NorMuon, arXiv 2510.05491: a per-neuron EMA v of
+    mean(O⊙O), O divided by √v + ``normuon_eps`` ("add", microsoft/dion) or √max(v, eps) ("clamp",
+    nanochat) along ``normuon_dim`` ("row" as microsoft/dion and the paper, "by_shape" as nanochat,
+    "column"), then scaled back to ‖O‖_F; state ``variance_neuron``). ``ortho_fast.NorMuon`` is this
+    class with NorMuon on. The stages apply per matrix of the layout (per block, per head, per expert).
     QK-clip (MuonClip, Kimi K2 arXiv 2507.20534; ``ortho_fast.groups.qk_clip``), per group:
     ``qk_clip_threshold`` τ (None: off), ``qk_clip_alpha`` (0.5), ``qk_clip_num_heads``,
     ``qk_clip_num_kv_heads`` (GQA), ``qk_clip_layout`` (fused QKV rows: "concatenated" or
@@ -143,6 +153,12 @@ class Muon(Optimizer):
         split_groups: int = 1,
         num_heads: int | Sequence[int] | None = None,
         flatten: bool | None = None,
+        row_equilibration: bool | str = False,
+        renormalize: bool = False,
+        normuon_beta2: float | None = None,
+        normuon_eps: float = 1e-8,
+        normuon_eps_mode: str = "add",
+        normuon_dim: str = "row",
         distributed_mesh=None,
         tp_mesh=None,
         tp_mode: str = "duplicated",
@@ -163,7 +179,9 @@ class Muon(Optimizer):
             coefficients=coefficients, ns_steps=ns_steps, safety=safety, eps=eps, eps_mode=eps_mode,
             adjust_lr=adjust_lr, extra_scale_factor=extra_scale_factor, cautious_weight_decay=cautious_weight_decay,
             dtype=dtype, banks=banks, expert_keys=expert_keys, split_sizes=split_sizes, split_groups=split_groups,
-            num_heads=num_heads, flatten=flatten, distributed_mesh=distributed_mesh, tp_mesh=tp_mesh, tp_mode=tp_mode,
+            num_heads=num_heads, flatten=flatten, row_equilibration=row_equilibration, renormalize=renormalize,
+            normuon_beta2=normuon_beta2, normuon_eps=normuon_eps, normuon_eps_mode=normuon_eps_mode,
+            normuon_dim=normuon_dim, distributed_mesh=distributed_mesh, tp_mesh=tp_mesh, tp_mode=tp_mode,
         )
         for name in ("eps", "ns_steps"):  # torch's positional order, our keyword names
             if name in given:
@@ -237,7 +255,7 @@ class Muon(Optimizer):
             check_group_algorithm(saved, "muon", "Muon")
             return MUON_DEFAULTS, lambda trial: (normalize_muon_group(trial), check_qk_clip_group(trial))
 
-        load_state_dict_checked(self, state_dict, spec, algorithm_of=lambda group: "muon")
+        load_state_dict_checked(self, state_dict, spec, algorithm_of=muon_state_algorithm)
         self._runner.reset()
 
     def record_max_logits(self, layer, max_logits: torch.Tensor) -> None:

@@ -31,7 +31,8 @@ from .dion import (
 )
 from .dion2 import (Dion2Step, dion2_local_select, dion2_num_selected, dion2_select, dion2_select_rows,
                     dion2_slice_norms, dion2_step)
-from .muon import MuonStep, lr_scale, muon_step
+from . import muon_stages
+from .muon import MuonPipelineStep, MuonStep, lr_scale, muon_pipeline_step, muon_step
 from .linalg import svd
 from .mp import from_hi_lo, to_float64, to_hi_lo
 from .ns_map import normalized_singular_values, ns_map
@@ -58,5 +59,6 @@ __all__ = [
     "polar_condition", "from_hi_lo", "to_float64", "to_hi_lo",
     "AdamWStep", "LionStep", "adamw_step", "lion_step",
     "Dion2Step", "dion2_local_select", "dion2_num_selected", "dion2_select", "dion2_select_rows", "dion2_slice_norms",
+    "MuonPipelineStep", "muon_pipeline_step", "muon_stages",
     "dion2_step", "qk_clip_factors", "qk_clip_fused", "qkv_row_heads",
 ]

@@ -10,6 +10,7 @@ import numpy as np
 from ._validate import as_coefficients, as_like, as_matrix, check_scalar
 from .coefficients import schedule
 from .ns_map import ns_map
+from . import muon_stages as stages
 from .polar import polar
 
 MOMENTUM_STYLES = ("ema", "classic")
@@ -39,6 +40,25 @@ def lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
     if adjust_lr is None:
         return 1.0
     raise ValueError(f"adjust_lr: expected one of {ADJUST_LR_MODES}, got {adjust_lr!r}")
+
+
+def momentum_update(grad: np.ndarray, momentum: np.ndarray, *, mu: float, nesterov: bool,
+                    momentum_style: str) -> tuple[np.ndarray, np.ndarray]:
+    """The momentum of a Muon step: (M_new, U), U the matrix to orthogonalize.
+
+    "ema": M ← μM + (1−μ)G, U = (1−μ)G + μM_new if nesterov else M_new (torch.optim.Muon, Keller
+    Jordan, nanochat); "classic": M ← μM + G, U = G + μM_new if nesterov else M_new
+    (microsoft/dion, Moonlight).
+    Shapes: grad, momentum (m, n) float64 (validated by the caller) -> two (m, n) float64.
+    Raises: ValueError naming ``momentum_style`` for an unknown style.
+    """
+    if momentum_style == "ema":
+        m_new = mu * momentum + (1.0 - mu) * grad
+        return m_new, ((1.0 - mu) * grad + mu * m_new if nesterov else m_new)
+    if momentum_style == "classic":
+        m_new = mu * momentum + grad
+        return m_new, (grad + mu * m_new if nesterov else m_new)
+    raise ValueError(f"momentum_style: expected one of {MOMENTUM_STYLES}, got {momentum_style!r}")
 
 
 class MuonStep(NamedTuple):
@@ -107,15 +127,7 @@ def muon_step(
     if orthogonalizer not in ("newton_schulz", "polar"):
         raise ValueError(f"orthogonalizer: expected 'newton_schulz' or 'polar', got {orthogonalizer!r}")
 
-    if momentum_style == "ema":
-        m_new = mu * m_old + (1.0 - mu) * g
-        u = (1.0 - mu) * g + mu * m_new if nesterov else m_new
-    elif momentum_style == "classic":
-        m_new = mu * m_old + g
-        u = g + mu * m_new if nesterov else m_new
-    else:
-        raise ValueError(f"momentum_style: expected one of {MOMENTUM_STYLES}, got {momentum_style!r}")
-
+    m_new, u = momentum_update(g, m_old, mu=mu, nesterov=nesterov, momentum_style=momentum_style)
     if orthogonalizer == "polar":
         o = polar(u) if np.any(u) else np.zeros_like(u)
     else:
@@ -125,3 +137,96 @@ def muon_step(
         decayed = np.where(np.sign(o) * np.sign(w) >= 0, decayed, w)
     w_new = decayed - (lr * scale) * o
     return MuonStep(w_new, m_new, o, scale, u)
+
+
+class MuonPipelineStep(NamedTuple):
+    """Result of ``muon_pipeline_step``: the fields of ``MuonStep`` (``update`` is the final
+    update after every stage, ``ns_input`` the matrix Newton–Schulz received, after MuonEq),
+    ``ns_output`` the Newton–Schulz output before the post-orthogonalization stages, and
+    ``variance`` NorMuon's new second moment ((m, 1) or (1, n); None without NorMuon)."""
+
+    weight: np.ndarray
+    momentum: np.ndarray
+    update: np.ndarray
+    lr_scale: float
+    ns_input: np.ndarray
+    ns_output: np.ndarray
+    variance: np.ndarray | None
+
+
+def muon_pipeline_step(
+    weight,
+    grad,
+    momentum,
+    *,
+    lr: float,
+    mu: float = 0.95,
+    nesterov: bool = True,
+    momentum_style: str = "ema",
+    coefficients=None,
+    safety: float = 1.0,
+    eps: float = 1e-7,
+    eps_mode: str = "add",
+    adjust_lr: str | None = "original",
+    weight_decay: float = 0.0,
+    extra_scale_factor: float = 1.0,
+    cautious_weight_decay: bool = False,
+    row_equilibration: bool | str = False,
+    renormalize: bool = False,
+    normuon_beta2: float | None = None,
+    normuon_variance=None,
+    normuon_eps: float = 1e-8,
+    normuon_eps_mode: str = "add",
+    normuon_dim: str = "row",
+) -> MuonPipelineStep:
+    """One reference Muon step with the pipeline stages, in nanochat's order:
+    momentum → MuonEq (``row_equilibration``) → ns_map → Muon+ (``renormalize``) → NorMuon
+    (``normuon_beta2`` not None) → W ← W·(1 − lr·wd) − lr·s·O (or cautious weight decay, masked
+    by the final O), s = lr_scale(adjust_lr, m, n)·extra_scale_factor.
+
+    Every stage off gives ``muon_step``'s result. The stages are ``ortho_ref.muon_stages``'
+    functions; ``normuon_variance`` is NorMuon's second moment before the step (None: zeros of
+    ``normuon_variance_shape``).
+    Shapes: weight, grad, momentum (m, n) float -> MuonPipelineStep of float64 arrays.
+    Source: docs/math.md, "Muon pipeline stages"; nanochat ``muon_step_fused`` (the order);
+    MuonEq arXiv 2603.28254; Muon+ arXiv 2602.21545; NorMuon arXiv 2510.05491.
+    Raises: what ``muon_step`` raises; ValueError naming ``row_equilibration``, ``normuon_dim``,
+    ``normuon_beta2`` (outside [0, 1)), ``normuon_eps`` / ``normuon_eps_mode``, or
+    ``normuon_variance`` of the wrong shape; TypeError for a non-bool ``renormalize``.
+    """
+    w = as_matrix(weight, "weight")
+    g = as_like(grad, "grad", w.shape)
+    m_old = as_like(momentum, "momentum", w.shape)
+    lr = check_scalar(lr, "lr", low=0.0)
+    mu = check_scalar(mu, "mu", low=0.0, high=1.0)
+    weight_decay = check_scalar(weight_decay, "weight_decay", low=0.0)
+    table = schedule("jordan") if coefficients is None else as_coefficients(coefficients)
+    scale = lr_scale(adjust_lr, *w.shape) * check_scalar(extra_scale_factor, "extra_scale_factor", low=0.0,
+                                                         low_open=True)
+    side = stages.equilibration_side(row_equilibration)
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize: expected a bool, got {renormalize!r}")
+    variance = None
+    if normuon_beta2 is not None:
+        if check_scalar(normuon_beta2, "normuon_beta2", low=0.0, high=1.0) >= 1.0:
+            raise ValueError(f"normuon_beta2: expected a value in [0, 1) or None, got {normuon_beta2!r}")
+        check_scalar(normuon_eps, "normuon_eps", low=0.0)
+        if normuon_eps_mode not in stages.NORMUON_EPS_MODES:
+            raise ValueError(f"normuon_eps_mode: expected one of {stages.NORMUON_EPS_MODES}, got "
+                             f"{normuon_eps_mode!r}")
+        shape = stages.normuon_variance_shape(*w.shape, normuon_dim)
+        variance = np.zeros(shape) if normuon_variance is None else as_like(normuon_variance, "normuon_variance",
+                                                                             shape)
+
+    m_new, u = momentum_update(g, m_old, mu=mu, nesterov=nesterov, momentum_style=momentum_style)
+    if side is not None:
+        u = stages.equilibrate(u, side)
+    o_ns = ns_map(u, table, safety=safety, eps=eps, eps_mode=eps_mode)
+    o = stages.renormalize(o_ns) if renormalize else o_ns
+    if variance is not None:
+        o, variance = stages.normuon_normalize(o, variance, beta2=normuon_beta2, eps=normuon_eps,
+                                               eps_mode=normuon_eps_mode, dim=normuon_dim)
+    decayed = w * (1.0 - lr * weight_decay)
+    if cautious_weight_decay:
+        decayed = np.where(np.sign(o) * np.sign(w) >= 0, decayed, w)
+    return MuonPipelineStep(decayed - (lr * scale) * o, m_new, o, scale, u, o_ns, variance)

@@ -29,6 +29,7 @@ from threadpoolctl import threadpool_limits
 import ortho_fast
 from ortho_verify import annotations, baseline, checks, data, error_feedback, junit, plots, presets, registry, report
 from ortho_verify.checks.qk_clip import qk_clip_jobs
+from ortho_verify.checks.stages import stage_jobs
 from ortho_verify.arguments import (EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file,
                                     check_readable_file)
 from ortho_verify.corpus import corpus_identity
@@ -203,7 +204,7 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
                          lambda c=case, d=dtype: error_feedback.check_full_rank_polar(c, d)))
     for case in cases:
         jobs.append((f"torch.optim.Muon {case.name}", lambda c=case: checks.check_torch_muon(c)))
-    jobs += qk_clip_jobs(cases) + presets.preset_jobs()
+    jobs += stage_jobs(cases) + qk_clip_jobs(cases) + presets.preset_jobs()
     return jobs
 
 

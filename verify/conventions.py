@@ -12,10 +12,11 @@ import numpy as np
 import torch
 
 import ortho_ref
+from ortho_ref import muon_stages
 from ortho_verify import tolerances as tol
 
 __all__ = ["DION", "DION2", "Dion2Conventions", "DION_ORIENTATIONS", "DionConventions", "MuonConventions",
-           "ORTHO_MUON", "TORCH_MUON", "coarser_dtype", "dtype_name", "table_and_normalization"]
+           "NORMUON", "ORTHO_MUON", "TORCH_MUON", "coarser_dtype", "dtype_name", "table_and_normalization"]
 
 _NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -77,6 +78,12 @@ class MuonConventions:
     Emerging-Optimizers' names "shape_scaling" (= "original"), "spectral" √max(m, n),
     "unit_rms_norm" (= "spectral_norm"); extra_scale_factor: a further constant factor on the
     update (Megatron's ``extra_scale_factor``; 0.2 with "spectral" is Moonlight's scale);
+    the Muon pipeline stages (docs/math.md, "Muon pipeline stages"; ``ortho_ref.muon.muon_pipeline_step``):
+    row_equilibration (MuonEq: False, True = "row", "column"), renormalize (Muon+: ‖O‖_F = √min(m, n)),
+    normuon_beta2 (NorMuon's EMA, None: off) with normuon_eps, normuon_eps_mode ("add" √v + eps,
+    microsoft/dion; "clamp" √max(v, eps), nanochat), normuon_dim ("row", "column", "by_shape") and
+    normuon_state_key (the ``optimizer.state[p]`` key of its second moment, microsoft/dion's
+    "variance_neuron"; None if it keeps none the judge can read);
     cautious_weight_decay: decay only where sign(O)·sign(W) ≥ 0 (Chen et al. 2025, arXiv
     2510.12402; nanochat); qk_clip_threshold / qk_clip_alpha: QK-clip of the attention
     projections after the step (MuonClip, Kimi K2 arXiv 2507.20534; ``ortho_ref.qk_clip``;
@@ -109,6 +116,13 @@ class MuonConventions:
     #: QK-clip after the step (Kimi K2, arXiv 2507.20534): τ (None: no QK-clip) and α.
     qk_clip_threshold: float | None = None
     qk_clip_alpha: float = 0.5
+    row_equilibration: bool | str = False
+    renormalize: bool = False
+    normuon_beta2: float | None = None
+    normuon_eps: float = 1e-8
+    normuon_eps_mode: str = "add"
+    normuon_dim: str = "row"
+    normuon_state_key: str | None = "variance_neuron"
 
     def __post_init__(self) -> None:
         _choice(self.momentum_style, "momentum_style", ("ema", "classic"))
@@ -120,6 +134,28 @@ class MuonConventions:
         _choice(self.adjust_lr, "adjust_lr", ortho_ref.muon.ADJUST_LR_MODES)
         if not self.extra_scale_factor > 0:
             raise ValueError(f"extra_scale_factor: expected > 0, got {self.extra_scale_factor!r}")
+        muon_stages.equilibration_side(self.row_equilibration)  # ValueError naming row_equilibration
+        if not isinstance(self.renormalize, bool):
+            raise ValueError(f"renormalize: expected a bool, got {self.renormalize!r}")
+        if self.normuon_beta2 is not None and not (isinstance(self.normuon_beta2, (int, float))
+                                                   and 0.0 <= self.normuon_beta2 < 1.0):
+            raise ValueError(f"normuon_beta2: expected None or a number in [0, 1), got {self.normuon_beta2!r}")
+        if not (isinstance(self.normuon_eps, (int, float)) and self.normuon_eps >= 0):
+            raise ValueError(f"normuon_eps: expected a number >= 0, got {self.normuon_eps!r}")
+        _choice(self.normuon_eps_mode, "normuon_eps_mode", muon_stages.NORMUON_EPS_MODES)
+        _choice(self.normuon_dim, "normuon_dim", muon_stages.NORMUON_DIMS)
+
+    @property
+    def has_stages(self) -> bool:
+        """Whether any pipeline stage (MuonEq, Muon+, NorMuon) is declared."""
+        return bool(muon_stages.equilibration_side(self.row_equilibration)) or self.renormalize or \
+            self.normuon_beta2 is not None
+
+    def stage_kwargs(self) -> dict:
+        """The stage keywords of ``ortho_ref.muon.muon_pipeline_step`` these conventions declare."""
+        return dict(row_equilibration=self.row_equilibration, renormalize=self.renormalize,
+                    normuon_beta2=self.normuon_beta2, normuon_eps=self.normuon_eps,
+                    normuon_eps_mode=self.normuon_eps_mode, normuon_dim=self.normuon_dim)
 
 
 @dataclass(frozen=True)
@@ -200,6 +236,11 @@ TORCH_MUON = MuonConventions(eps_mode="clamp")
 #: ortho_fast.Muon's defaults: torch's, including the clamped normalization that
 #: ``ortho_fast.default_eps_mode("jordan")`` resolves to.
 ORTHO_MUON = MuonConventions(eps_mode="clamp")
+#: microsoft/dion's NorMuon (and ``ortho_fast.NorMuon``'s defaults): classic momentum without Nesterov,
+#: Polar Express, "spectral_norm", bf16 Newton–Schulz, the second moment per row with √v + 1e-8.
+NORMUON = MuonConventions(momentum_style="classic", nesterov=False, coefficients="polar_express",
+                          adjust_lr="spectral_norm", normuon_beta2=0.95,
+                          hyperparameter_names={"lr": "lr", "momentum": "mu", "weight_decay": "weight_decay"})
 #: ortho_fast.Dion and microsoft/dion's Dion (state keys "momentum" and "Q", μ keyword "mu").
 DION = DionConventions()
 #: ortho_fast.Dion2 and microsoft/dion's Dion2 (Polar Express with safety 1.02 on the bfloat16

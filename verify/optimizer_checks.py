@@ -195,6 +195,21 @@ def _muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, 
         bad = _shape_row(name, key, m_after, w_prev.shape) + _shape_row(name, key, m_prev, w_prev.shape)
         if bad:
             return bad, None
+    if conv.has_stages:  # MuonEq / Muon+ / NorMuon: the pipeline oracle (ortho_verify.checks.stages)
+        from ortho_verify.checks.stages import StepInputs, stage_step_rows
+
+        vkey = conv.normuon_state_key if conv.normuon_beta2 is not None else None
+        v_prev = state_prev.get(vkey) if vkey else None
+        if vkey and vkey not in opt.state.get(p, {}):
+            return [with_cause(measured("optimizer_state", name, f"state[{vkey!r}]", math.inf, 0.0,
+                                        "NorMuon's second moment is missing"),
+                               f"no state[{vkey!r}]: NorMuon is declared (normuon_beta2 = {conv.normuon_beta2}) "
+                               "but the optimizer keeps no second moment under that key (NorMuon not run, or "
+                               "another state key)")], None
+        after = (_as_f64(p), m_after if key else None, _state(opt, p, vkey) if vkey else None)
+        return stage_step_rows(conv, StepInputs(w_prev, grad, m_prev, v_prev), after, lr=lr, mu=mu, wd=wd,
+                               dtype=coarser_dtype(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt),
+                               name=name)
     table, safety, eps = table_and_normalization(conv.coefficients, conv.ns_steps, conv.safety, conv.eps)
     ref = ortho_ref.muon_step(w_prev, grad, m_prev, lr=lr, mu=mu, nesterov=conv.nesterov,
                               momentum_style=conv.momentum_style, coefficients=table, safety=safety, eps=eps,

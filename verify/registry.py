@@ -4,7 +4,8 @@ Each ``OptimizerConfig`` names a set of ``ortho_fast`` constructor keyword optio
 ``ortho_fast.Muon`` / ``ortho_fast.Dion``, or of the AdamW / Lion param groups) and the system
 whose behaviour it reproduces (docs/design.md, "Systems our users come from"). Readers:
 
-- ``ortho_verify.checks`` (``MUON_CONFIGS``: one Muon step per system; ``DION_VARIANTS``: Dion's
+- ``ortho_verify.checks`` (``MUON_CONFIGS``: one Muon step per system; ``STAGE_CONFIGS``: the Muon
+  pipeline stages, nanochat's and microsoft/dion NorMuon's steps; ``DION_VARIANTS``: Dion's
   QR methods, Orth-Dion and power iterations),
 - ``ortho_verify.cli`` (``DION_VARIANT_RUNS``: which variant runs in which dtypes),
 - ``ortho_verify.sharding`` (``SHARDING_DION`` / ``SHARDING_MUON``, the options of every
@@ -26,7 +27,8 @@ from typing import Mapping
 __all__ = [
     "ALGORITHMS", "CONFIGS", "DION2_CONFIGS", "DION2_RUNS", "DION_VARIANTS", "DION_VARIANT_RUNS", "MUON_AXES",
     "MUON_COMBOS", "MUON_CONFIGS", "OptimizerConfig", "PRESET_DTYPES", "QK_CLIP_CONFIG", "QK_CLIP_DTYPES",
-    "REPRODUCTION_METHODS", "REPRODUCTION_RANK_FRACTIONS", "SHARDING_DION", "SHARDING_DION2", "SHARDING_MUON", "get",
+    "REPRODUCTION_METHODS", "REPRODUCTION_RANK_FRACTIONS", "SHARDING_DION", "SHARDING_DION2", "SHARDING_MUON",
+    "SHARDING_NORMUON", "STAGE_CONFIGS", "get",
     "muon_option_grid", "select",
 ]
 
@@ -94,6 +96,24 @@ CONFIGS: tuple[OptimizerConfig, ...] = (
     _c("nanochat (cautious wd)", "muon", "nanochat (Karpathy): Polar Express, cautious weight decay", ["checks"],
        momentum_style="ema", nesterov=True, coefficients="polar_express", adjust_lr="original",
        cautious_weight_decay=True, weight_decay=0.2, lr=0.02),
+    # The Muon pipeline stages (ortho_verify.checks.stages.check_muon_stages, tag "stages"): nanochat's
+    # current matrix step (EMA Nesterov, MuonEq, Polar Express with safety 1.01, Muon+, NorMuon per row
+    # or column by shape with rsqrt(max(v, 1e-10)), β₂ 0.9 as its gpt.py, cautious weight decay),
+    # microsoft/dion's NorMuon defaults, and each stage alone on torch.optim.Muon's step.
+    _c("stages/nanochat", "muon", "nanochat (Karpathy) nanochat/optim.py muon_step_fused: all stages", ["stages"],
+       label="nanochat", momentum_style="ema", nesterov=True, coefficients="polar_express", safety=1.01, eps=1e-6,
+       adjust_lr="original", cautious_weight_decay=True, weight_decay=0.2, lr=0.02, row_equilibration=True,
+       renormalize=True, normuon_beta2=0.9, normuon_dim="by_shape", normuon_eps=1e-10, normuon_eps_mode="clamp"),
+    _c("stages/microsoft-dion-normuon", "muon", "microsoft/dion NorMuon (dion/normuon.py) defaults", ["stages"],
+       label="microsoft/dion NorMuon", momentum_style="classic", nesterov=False, coefficients="polar_express",
+       adjust_lr="spectral_norm", weight_decay=0.01, lr=0.01, normuon_beta2=0.95, normuon_dim="row",
+       normuon_eps=1e-8, normuon_eps_mode="add"),
+    _c("stages/muoneq", "muon", "MuonEq row equilibration (arXiv 2603.28254) on torch.optim.Muon's step", ["stages"],
+       label="MuonEq", momentum_style="ema", nesterov=True, coefficients="jordan", adjust_lr="original",
+       eps_mode="clamp", weight_decay=0.1, lr=0.02, row_equilibration=True),
+    _c("stages/muon-plus", "muon", "Muon+ renormalization (arXiv 2602.21545) on torch.optim.Muon's step", ["stages"],
+       label="Muon+", momentum_style="ema", nesterov=True, coefficients="jordan", adjust_lr="original",
+       eps_mode="clamp", weight_decay=0.1, lr=0.02, renormalize=True),
     # Dion variants (ortho_verify.checks.check_dion(..., variant=...)): the QR methods (microsoft/dion's
     # "qr", CholeskyQR2, its default "rcqr"), Orth-Dion's QR right factor, and two power iterations.
     _c("dion/householder", "dion", "microsoft/dion qr_method='qr' (Householder)", ["dion_variant"],
@@ -123,6 +143,9 @@ CONFIGS: tuple[OptimizerConfig, ...] = (
        ["dion2_checks"], coefficients="cesista5", adjust_lr="match_rms_adamw", ef_decay=1.0, fraction=0.3),
     _c("sharding/dion2", "dion2", "microsoft/dion's distributed Dion2, selection_scope='global'", ["sharding"],
        lr=0.02, weight_decay=0.1, fraction=0.5, ef_decay=0.9, selection_scope="global", dtype=None),
+    _c("sharding/normuon", "muon", "microsoft/dion's distributed NorMuon; nanochat's stages (MuonEq, Muon+, NorMuon "
+       "by shape)", ["sharding"], lr=0.02, momentum=0.9, weight_decay=0.1, dtype=None, row_equilibration=True,
+       renormalize=True, normuon_beta2=0.9, normuon_dim="by_shape"),
     # ortho-verify reproduce: each method's own options (momentum, lr, the Newton–Schulz dtype and
     # Muon's lr convention come from the study's ReproConfig).
     _c("reproduce/adamw", "adamw", "torch.optim.AdamW", ["reproduce"], label="AdamW"),
@@ -156,6 +179,8 @@ def select(tag: str | None = None, algorithm: str | None = None) -> tuple[Optimi
 
 #: ``ortho_verify.checks.MUON_CONFIGS``: system name -> Muon options (lr and weight_decay included).
 MUON_CONFIGS: dict[str, dict] = {c.name: c.kwargs() for c in select("checks", "muon")}
+#: ``ortho_verify.checks.stages.STAGE_CONFIGS``: label -> Muon options with pipeline stages.
+STAGE_CONFIGS: dict[str, dict] = {c.label: c.kwargs() for c in select("stages", "muon")}
 #: ``ortho_verify.checks.DION_VARIANTS``: variant name -> Dion options.
 DION_VARIANTS: dict[str, dict] = {c.label: c.kwargs() for c in select("dion_variant")}
 #: (variant, parameter dtype, state dtype or None) of ``ortho-verify``'s Dion variant checks:
@@ -171,6 +196,7 @@ DION2_RUNS: tuple[tuple[str, str], ...] = tuple((c, d) for c in DION2_CONFIGS fo
 SHARDING_DION: dict = get("sharding/dion").kwargs()
 SHARDING_MUON: dict = get("sharding/muon").kwargs()
 SHARDING_DION2: dict = get("sharding/dion2").kwargs()
+SHARDING_NORMUON: dict = get("sharding/normuon").kwargs()
 #: The methods of ``ortho-verify reproduce``, in report order.
 REPRODUCTION_METHODS: tuple[OptimizerConfig, ...] = select("reproduce")
 

@@ -51,10 +51,12 @@ import torch
 import torch.distributed as dist
 
 from ..functional import muon as muon_math
+from ..functional import muon_stages as stage_math
 from ..functional.layout import MuonLayout, is_expert_name
 from ..groups.driver import GroupRunner, describe_groups
 from ..groups.muon import (MUON_OPTION_KEYS, cached_layout, check_muon_step, momentum_of, param_layout, param_name,
                            resolve_muon_options)
+from ..groups.muon_stages import VARIANCE_KEY, normuon_variances
 from ..groups.options import MuonOptions, OptionsCache
 from ..validation import FiniteCheck, check_choice
 from . import comm
@@ -182,11 +184,13 @@ class MuonSharding(GroupRunner):
             raise LayoutError(f"{name}: {err}") from None
         if not lay.is_sharded:
             return _Plan(owner)
-        _check_sharded_options(group, resolve_muon_options(group), i, p, name)
+        options = resolve_muon_options(group)
+        _check_sharded_options(group, options, i, p, name)
         dp_name, tp_name = (axis.name if axis else "" for axis in (self.dp, self.tp))
         in_rows, in_cols = [a.name for a in lay.row_axes], [a.name for a in lay.col_axes]
         dp_shards = dp_name in in_rows + in_cols
         tp_dim = 0 if tp_name in in_rows else 1 if tp_name in in_cols else None
+        check_stage_mode(options, None if tp_dim is None else self.tp_mode, name)
         tl = lay.without(dp_name)  # the block of this rank's TP position
         plan = _Plan(owner, lay, dp_shards, tp_dim, tl.local_shape, (tl.rows, tl.cols))
         m, n = lay.shape
@@ -246,6 +250,8 @@ class MuonSharding(GroupRunner):
                                     if key == "momentum_buffer" else ""))
                     if self.plans[p].layout is not None:
                         _check_sharded_options(group, entry.options, i, p, param_name(group, i, p))
+                        check_stage_mode(entry.options, None if self.plans[p].tp_dim is None else self.tp_mode,
+                                         param_name(group, i, p))
             if finite is not None:
                 error = finite.error()  # this rank's gradient blocks, one host sync
         except Exception as err:  # noqa: BLE001 - re-raised by raise_together, after the peers have heard of it
@@ -294,9 +300,13 @@ class MuonSharding(GroupRunner):
                 it.t = None if parts is None else _assemble(parts, it.plan.dp_index, it.plan.tp_shape)
             elif self._owns(it.plan):
                 it.t = block
-        self._owner_phase(items, group, options)  # phase 3
+        self._owner_phase(items, group, options, state)  # phase 3
         for it in items:  # phase 4: back from the owner
             self._return(it, group, entry)
+        if options.normuon_beta2 is not None and self.dp is not None:  # NorMuon's second moment from the owner
+            for it in items:
+                normuon_variances(it.p, state, self._variance_layout(it, group), options.normuon_dim)  # non-owners
+                comm.broadcast(state[it.p][VARIANCE_KEY], self.dp, it.plan.owner, tag="variance")
         for it in items:  # phase 5
             self._apply(it, group, entry)
 
@@ -304,10 +314,12 @@ class MuonSharding(GroupRunner):
         """The one-process layout of a plain / replicated parameter, cached with the group's options."""
         return cached_layout(group, entry.options, entry.per_param, i, p)
 
-    def _owner_phase(self, items: list[_Item], group: dict, options: MuonOptions) -> None:
+    def _owner_phase(self, items: list[_Item], group: dict, options: MuonOptions, state) -> None:
         """Phase 3 on the owner: TP all-gathers ("duplicated"), then every whole-matrix
         Newton–Schulz in one ``orthogonalize`` call (banks apply to plain parameters), then the
-        "distributed" ones (collectives inside), each in parameter order."""
+        "distributed" ones (collectives inside), each in parameter order. The pipeline stages
+        (MuonEq before, Muon+ and NorMuon after) run on the owner's whole matrices, as one process
+        runs them ("blockwise": on each TP shard, its own matrix; "distributed" rejects them)."""
         mine = [it for it in items if self._owns(it.plan)]
         local: list[tuple[_Item, torch.Tensor]] = [(it, x) for it in mine for x in it.mats]
         for it in mine:
@@ -319,7 +331,9 @@ class MuonSharding(GroupRunner):
                 local.append((it, _assemble(parts, it.plan.tp_blocks, it.plan.layout.shape)))
             elif mode is None or (mode == "blockwise" and it.t.numel()):
                 local.append((it, it.t))
-        outs = muon_math.orthogonalize([x for _, x in local], options.table, **options.orthogonalize_kwargs())
+        inputs = stage_math.pre_orthogonalize([x for _, x in local], equilibration=options.equilibration)
+        outs = muon_math.orthogonalize(inputs, options.table, **options.orthogonalize_kwargs())
+        outs = self._post_stages(local, outs, group, options, state)
         for (it, _), o in zip(local, outs):
             full = it.plan.layout is not None and it.plan.tp_dim is not None and self.tp_mode == "duplicated"
             it.outs.append(o[it.plan.tp_index[0][:, None], it.plan.tp_index[1]] if full else o)
@@ -331,6 +345,32 @@ class MuonSharding(GroupRunner):
                     dtype=group["dtype"], out_dtype=_out_dtype(options, it.u)))
             elif it.plan.layout is not None and not it.outs:  # an empty blockwise TP shard
                 it.outs.append(it.t.to(_out_dtype(options, it.u)))
+
+    def _post_stages(self, local, outs, group: dict, options: MuonOptions, state) -> list[torch.Tensor]:
+        """Muon+ and NorMuon on the owner's matrices (one ``post_orthogonalize`` call per parameter;
+        NorMuon's second moment ``state[p]["variance_neuron"]`` is the whole matrix's, kept on every
+        rank: created as zeros where missing, broadcast from the owner after the step)."""
+        if not options.renormalize and options.normuon_beta2 is None:
+            return list(outs)
+        result, start = [], 0
+        while start < len(local):
+            it = local[start][0]
+            count = sum(1 for other, _ in local[start:] if other is it)
+            block = list(outs[start:start + count])
+            variances = None
+            if options.normuon_beta2 is not None:
+                variances = normuon_variances(it.p, state, self._variance_layout(it, group), options.normuon_dim)
+            result += stage_math.post_orthogonalize(block, variances, **options.post_orthogonalize_kwargs())
+            start += count
+        return result
+
+    def _variance_layout(self, it: _Item, group: dict) -> MuonLayout:
+        """The layout NorMuon's second moment of ``it`` follows: the one-process layout of a whole
+        parameter, the global (m, n) matrix of a sharded one."""
+        if it.plan.layout is None:
+            return self._param_layout(group, self.entry(group), it.index, it.p)
+        m, n = it.plan.layout.shape
+        return MuonLayout((), m, n, 1, ((0, m, m),))
 
     def _return(self, it: _Item, group: dict, entry) -> None:
         """Phase 4: this rank's block of the orthogonalized matrix (``it.outs``) from the owner."""
@@ -396,3 +436,20 @@ def _check_sharded_options(group: dict, options: MuonOptions, i: int, p: torch.T
         raise ValueError(f"{bad}: {name} is sharded (placements {tuple(p.placements)}); a sharded parameter is "
                          f"orthogonalized as one (shape[0], prod(shape[1:])) matrix, so {bad}={group[bad]!r} cannot "
                          f"apply to it (put it in a param group without {bad})")
+
+
+def check_stage_mode(options: MuonOptions, tp_mode: str | None, name: str) -> None:
+    """ValueError naming the first pipeline stage a parameter sharded by tensor parallelism in
+    ``tp_mode`` cannot take: "distributed" never holds a whole matrix (MuonEq's row norms and
+    Muon+'s / NorMuon's Frobenius norms would need their own all-reduces, not implemented), and
+    NorMuon's per-shard second moment under "blockwise" is not implemented."""
+    if tp_mode == "distributed":
+        bad = ("row_equilibration" if options.equilibration else "renormalize" if options.renormalize else
+               "normuon_beta2" if options.normuon_beta2 is not None else None)
+    elif tp_mode == "blockwise":
+        bad = "normuon_beta2" if options.normuon_beta2 is not None else None
+    else:
+        bad = None
+    if bad:
+        raise ValueError(f"{bad}: {name} is sharded by tp_mesh with tp_mode={tp_mode!r}, which cannot run this "
+                         f"pipeline stage (use tp_mode='duplicated', or a param group without {bad})")

@@ -18,7 +18,7 @@ __all__ = ["dion2_comm_volume", "dion_check_volume", "dion_comm_volume", "muon_c
 
 def muon_comm_volume(shape: Sequence[int], *, dp: str | None = None, dp_size: int = 1, dp_dim: int = 0,
                      tp_mode: str | None = None, tp_size: int = 1, tp_dim: int = 0, tp_index: int = 0,
-                     ns_steps: int = 5, owner: bool = True) -> dict[str, int]:
+                     ns_steps: int = 5, owner: bool = True, variance: int = 0) -> dict[str, int]:
     """Elements one rank's ``Ledger`` records for one parameter in one Muon step, by collective:
     exactly, uneven shards included.
 
@@ -44,8 +44,13 @@ def muon_comm_volume(shape: Sequence[int], *, dp: str | None = None, dp_size: in
     all-gathered in the momentum's dtype, O scattered / broadcast in the Newton–Schulz compute
     dtype (bf16 by default: half the bytes); "distributed" reduces the Gram matrix and ‖X‖_F² in
     float32 for a bf16 / fp16 compute dtype (its accumulation dtype), max|X| in the input's.
+    NorMuon (``variance``: the elements of the parameter's second moment, m or n per matrix,
+    ``ortho_fast.groups.muon_stages.variance_shape``): the owner broadcasts it over the dp axis
+    after the step, FSDP and DDP alike (every rank keeps the whole matrix's second moment), in the
+    parameter's dtype: + ``variance`` to "broadcast". MuonEq and Muon+ run on the owner's whole
+    matrix and move nothing.
     Raises: ValueError for an unknown ``dp`` / ``tp_mode``, a shape of fewer than 2 dims, sizes
-    below 1, or ``dp_dim`` / ``tp_dim`` / ``tp_index`` out of range.
+    below 1, ``dp_dim`` / ``tp_dim`` / ``tp_index`` out of range, or a negative ``variance``.
     """
     check_choice(dp, "dp", (None, "fsdp", "ddp"))
     check_choice(tp_mode, "tp_mode", (None, *TP_MODES))
@@ -55,6 +60,8 @@ def muon_comm_volume(shape: Sequence[int], *, dp: str | None = None, dp_size: in
         raise ValueError(f"shape / dp_size / dp_dim / tp_size / tp_dim / tp_index: expected a shape of >= 2 dims, "
                          f"sizes >= 1 and dims and index within range, got {tuple(dims)}, {dp_size}, {dp_dim}, "
                          f"{tp_size}, {tp_dim}, {tp_index}")
+    if isinstance(variance, bool) or not isinstance(variance, int) or variance < 0:
+        raise ValueError(f"variance: expected a non-negative int (elements of NorMuon's second moment), got {variance!r}")
     m, n = dims[0], math.prod(dims[1:])
     tp = tp_mode if tp_size > 1 else None
     chunk = -(-dims[tp_dim] // tp_size)  # the largest TP block's size along tp_dim
@@ -67,6 +74,8 @@ def muon_comm_volume(shape: Sequence[int], *, dp: str | None = None, dp_size: in
         out["gather"] = out["scatter"] = dp_size * math.prod(largest)
     elif dp == "ddp" and dp_size > 1:
         out["broadcast"] = math.prod(dims)
+    if variance and dp is not None and dp_size > 1:
+        out["broadcast"] = out.get("broadcast", 0) + variance
     if owner and tp == "duplicated":
         out["all_gather"] = padded_tp
     if owner and tp == "distributed":

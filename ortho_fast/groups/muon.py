@@ -20,8 +20,10 @@ from ..functional import muon as muon_math
 from ..functional import layout as layout_math
 from ..functional.layout import MuonLayout, is_expert_name
 from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, muon_momentum
+from ..functional import muon_stages as stage_math
 from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
 from .driver import GroupRunner
+from .muon_stages import STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options, variance_shape
 from .options import MuonOptions, OptionsCache
 
 #: Every Muon param-group key with its default (torch.optim.Muon's defaults where torch has the option).
@@ -46,6 +48,7 @@ MUON_DEFAULTS: dict[str, object] = {
     "split_groups": 1,
     "num_heads": None,
     "flatten": None,  # None: >= 4-D flattened, 3-D rejected unless expert; True / False: microsoft/dion's flatten
+    **STAGE_DEFAULTS,  # MuonEq, Muon+, NorMuon (ortho_fast.groups.muon_stages), off
 }
 
 
@@ -125,7 +128,7 @@ def resolve_muon_options(group: dict) -> MuonOptions:
         cautious_weight_decay=group["cautious_weight_decay"], banks=group["banks"], expert_keys=keys,
         split_sizes=_int_tuple(group["split_sizes"], "split_sizes", allow_int=False),
         split_groups=group["split_groups"], num_heads=_int_tuple(group["num_heads"], "num_heads", allow_int=True),
-        flatten=group["flatten"])
+        flatten=group["flatten"], **resolve_stage_options(group))
 
 
 
@@ -235,7 +238,7 @@ def check_muon_step(group: dict, state: Mapping[torch.Tensor, dict], options: Mu
             got = (tuple(buf.shape), buf.dtype) if isinstance(buf, torch.Tensor) else type(buf).__name__
             raise ValueError(f"momentum_buffer: expected a tensor of shape {tuple(p.shape)} and dtype {p.dtype}, "
                              f"got {got} ({name})")
-        layout(i, p)
+        check_stage_state(state[p] if p in state else {}, p, layout(i, p), options, name)
 
 
 def momentum_of(p: torch.Tensor, state, options: MuonOptions, grad: torch.Tensor | None = None,
@@ -259,8 +262,12 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
 
     ``options`` / ``layouts``: the group's resolved options and a layout cache (both optional;
     resolved here when absent).
+    The pipeline stages the options switch on run per matrix, in nanochat's order: MuonEq before
+    Newton–Schulz (``functional.muon_stages.pre_orthogonalize``), Muon+ and NorMuon after it
+    (``post_orthogonalize``), one call each (docs/math.md, "Muon pipeline stages").
     State: ``state[p]["momentum_buffer"]`` of the parameter's shape and dtype (created as
-    zeros), the key of torch.optim.Muon.
+    zeros), the key of torch.optim.Muon; with NorMuon ``state[p]["variance_neuron"]``
+    (``ortho_fast.groups.muon_stages.variance_shape``).
     Source: Jordan et al. 2024 (Muon); torch.optim.Muon; microsoft/dion Muon; Chen et al.
     2025 (arXiv 2510.12402, cautious weight decay).
     """
@@ -271,12 +278,15 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
         if p.grad is None:
             continue
         lay = layout(i, p)
-        items.append((p, lay, lay.matrices(momentum_of(p, state, options))))
+        items.append((p, lay, stage_math.pre_orthogonalize(lay.matrices(momentum_of(p, state, options)),
+                                                           equilibration=options.equilibration)))
     outs = iter(muon_math.orthogonalize([x for _, _, mats in items for x in mats], options.table,
                                         **options.orthogonalize_kwargs()))
     update = options.update_kwargs()
     for p, lay, mats in items:
-        muon_math.muon_update(p, lay, [next(outs) for _ in mats], **update)
+        variances = None if options.normuon_beta2 is None else normuon_variances(p, state, lay, options.normuon_dim)
+        post = stage_math.post_orthogonalize([next(outs) for _ in mats], variances, **options.post_orthogonalize_kwargs())
+        muon_math.muon_update(p, lay, post, **update)
 
 
 class MuonGroups(GroupRunner):
@@ -298,3 +308,17 @@ class MuonGroups(GroupRunner):
     def step(self, group: dict, state, first_index: int) -> None:
         entry = self.entry(group)
         muon_group_step(group, state, entry.options, entry.per_param)
+
+
+def normuon_variance_state_shape(p: torch.Tensor, group: dict) -> tuple[int, ...]:
+    """Expected shape of ``state[p]["variance_neuron"]`` for parameter ``p`` of a normalized Muon
+    group (``variance_shape`` of its layout), as ``load_state_dict`` checks it."""
+    options = resolve_muon_options(group)
+    index = next(i for i, q in enumerate(group["params"]) if q is p)
+    return variance_shape(param_layout(group, options, index, p), options.normuon_dim)
+
+
+def muon_state_algorithm(group: dict) -> str:
+    """The ``ortho_fast.groups.state.STATE_SPECS`` key of a Muon group's state ("normuon", registered by
+    ``ortho_fast.muon``, with NorMuon on; else "muon")."""
+    return "muon" if group.get("normuon_beta2") is None else "normuon"

@@ -94,7 +94,8 @@ class MuonOptions:
     ``table``: the per-step (a, b, c) rows of ``coefficients`` / ``ns_steps``; ``compute_dtype`` /
     ``precision``: the Newton–Schulz dtype setting resolved (None: the input's dtype); ``safety``,
     ``eps``, ``eps_mode``: the normalization after the schedule's defaults; ``expert_keys``,
-    ``split_sizes``, ``num_heads`` as tuples. Scalars are Python floats.
+    ``split_sizes``, ``num_heads`` as tuples; the pipeline stages (``resolve_stage_options``:
+    ``equilibration`` the MuonEq side or None, ``renormalize``, ``normuon_*``). Scalars are Python floats.
     """
 
     lr: float
@@ -117,6 +118,18 @@ class MuonOptions:
     split_groups: int
     num_heads: int | tuple[int, ...] | None
     flatten: bool | None
+    # the pipeline stages (ortho_fast.groups.muon_stages; every stage off by default)
+    equilibration: str | None = None
+    renormalize: bool = False
+    normuon_beta2: float | None = None
+    normuon_eps: float = 1e-8
+    normuon_eps_mode: str = "add"
+    normuon_dim: str = "row"
+
+    def post_orthogonalize_kwargs(self) -> dict:
+        """Keyword arguments of ``ortho_fast.functional.muon_stages.post_orthogonalize``."""
+        return dict(renormalize_norm=self.renormalize, beta2=self.normuon_beta2, eps=self.normuon_eps,
+                    eps_mode=self.normuon_eps_mode, dim=self.normuon_dim)
 
     def orthogonalize_kwargs(self) -> dict:
         """Keyword arguments of ``ortho_fast.functional.muon.orthogonalize``."""

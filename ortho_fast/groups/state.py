@@ -13,6 +13,8 @@ from torch.optim import Optimizer
 from ..validation import check_finite
 from .algorithms import ALGORITHMS
 from .dion import matrix_shape, param_rank
+from .muon import normuon_variance_state_shape
+from .muon_stages import VARIANCE_KEY
 
 #: Keys a param group may carry besides its algorithm's options.
 GROUP_BOOKKEEPING = ("params", "param_names", "algorithm")
@@ -117,6 +119,8 @@ STATE_SPECS: dict[str, StateSpec] = {
     # Dion's step only keys the sketches of randomized Cholesky QR: elsewhere a missing one changes nothing
     "dion": StateSpec("Dion", {"momentum": _param_shape, "Q": _dion_q_shape}, ("step",),
                       lambda group: () if group["qr_method"] in ("randomized_cholesky_qr", "rcqr") else ("step",)),
+    # Muon with NorMuon on (``ortho_fast.groups.muon.muon_state_algorithm``): its second moment too.
+    "normuon": StateSpec("NorMuon", {"momentum_buffer": _param_shape, VARIANCE_KEY: normuon_variance_state_shape}),
     "dion2": StateSpec("Dion2", {"momentum": _param_shape}),
     "adamw": StateSpec("AdamW", {"exp_avg": _param_shape, "exp_avg_sq": _param_shape}, ("step",)),
     "lion": StateSpec("Lion", {"exp_avg": _param_shape}),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed.test_layout import _placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
+from tests.distributed.placements import placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
 from ortho_verify.workers import run_workers
 
 HEADS = dict(qk_clip_threshold=5.0, qk_clip_num_heads=4, qk_clip_num_kv_heads=2)
@@ -41,7 +41,7 @@ def _run(case, meshes) -> dict:
     split = mesh.size(-1)
     gen = torch.Generator().manual_seed(7)
     fulls = [0.05 * torch.randn(shape, generator=gen, dtype=torch.float64) for shape, _, _ in specs]
-    placements = [tuple(_placement(c, split) for c in codes) for _, codes, _ in specs]
+    placements = [tuple(placement(c, split) for c in codes) for _, codes, _ in specs]
     sharded = [torch.nn.Parameter(distribute_tensor(w, mesh, pl, src_data_rank=None)) for w, pl in zip(fulls, placements)]
     refs = [torch.nn.Parameter(w.clone()) for w in fulls]
     roles = [role for _, _, role in specs]
@@ -68,9 +68,9 @@ def _nan_on_one_rank(mesh, rank: int) -> tuple[str | None, bool]:
     from ortho_fast import Muon
 
     w = torch.randn(40, 6, dtype=torch.float64)
-    p = torch.nn.Parameter(distribute_tensor(w, mesh, [_placement("S0", 1)], src_data_rank=None))
+    p = torch.nn.Parameter(distribute_tensor(w, mesh, [placement("S0", 1)], src_data_rank=None))
     opt = Muon([{"params": [p], "qk_clip_roles": ["qkv"], "qk_clip_layer": "a"}], distributed_mesh=mesh, **HEADS)
-    p.grad = distribute_tensor(torch.randn(40, 6, dtype=torch.float64), mesh, [_placement("S0", 1)],
+    p.grad = distribute_tensor(torch.randn(40, 6, dtype=torch.float64), mesh, [placement("S0", 1)],
                                src_data_rank=None)
     logits = LOGITS.clone()
     if rank == 1:

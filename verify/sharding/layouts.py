@@ -13,8 +13,9 @@ from typing import Sequence
 import ortho_fast
 from ortho_verify import registry
 
-__all__ = ["DION2_OPTIONS", "DION_OPTIONS", "DOCS_PATH", "DOCS_WORLD_SIZES", "DTYPES", "LAYOUTS", "Layout", "MATRICES", "MUON_OPTIONS",
-           "QUICK_MATRICES", "QUICK_STEPS", "SEED", "SHARDED_LAYOUTS", "STATE_KEYS", "STEPS", "TIMEOUT", "layouts_for",
+__all__ = ["DION2_OPTIONS", "DION_OPTIONS", "DOCS_PATH", "DOCS_WORLD_SIZES", "DTYPES", "LAYOUTS", "Layout", "MATRICES",
+           "MUON_OPTIONS", "NORMUON_OPTIONS", "QUICK_MATRICES", "QUICK_STEPS", "SEED", "SHARDED_LAYOUTS", "STATE_KEYS",
+           "STEPS", "TIMEOUT", "layouts_for",
            "optimizer_options"]
 
 DTYPES = ("float64", "float32")
@@ -34,7 +35,11 @@ DION_OPTIONS = registry.SHARDING_DION
 MUON_OPTIONS = registry.SHARDING_MUON
 #: Dion2's options (``ortho_verify.registry.SHARDING_DION2``: "global" selection, fraction 0.5).
 DION2_OPTIONS = registry.SHARDING_DION2
-STATE_KEYS = {"dion": ("momentum", "Q"), "muon": ("momentum_buffer",), "dion2": ("momentum",)}
+#: Options of the "normuon-stages" layouts (labelled so that a "muon/" filter keeps plain Muon): Muon's with nanochat's stages (MuonEq, Muon+, NorMuon by shape;
+#: ``ortho_verify.registry.SHARDING_NORMUON``), run by ``ortho_fast.Muon``.
+NORMUON_OPTIONS = registry.SHARDING_NORMUON
+STATE_KEYS = {"dion": ("momentum", "Q"), "muon": ("momentum_buffer",), "dion2": ("momentum",),
+              "normuon-stages": ("momentum_buffer", "variance_neuron")}
 #: The page ``--write-docs`` writes (in the repository checkout).
 DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "layouts.md"
 #: World sizes docs/layouts.md covers (``--write-docs`` runs them all).
@@ -100,6 +105,10 @@ def _dion2(name, dims, shape, placements, roles, check="equal", bitwise=False, *
     return Layout(name, "dion2", dims, shape, placements, roles, check, tuple(options.items()), bitwise)
 
 
+def _normuon(name, dims, shape, placements, roles, bitwise=False, **options) -> Layout:
+    return Layout(name, "normuon-stages", dims, shape, placements, roles, "equal", tuple(options.items()), bitwise)
+
+
 #: Dion variants some layouts add (``ortho_verify.registry.DION_VARIANTS``).
 _VARIANTS = registry.DION_VARIANTS
 _DP, _SHARD, _TP, _HSDP, _FSDP_TP = ("dp",), ("dp_shard",), ("tp",), ("dp_replicate", "dp_shard"), ("dp_shard", "tp")
@@ -157,6 +166,15 @@ LAYOUTS: tuple[Layout, ...] = (
            selection_scope="local"),
     _dion2("TP rowwise, local", _TP, (-1,), ("S1",), (("tp_mesh", "tp"),), "local", selection_scope="local"),
     _dion2("FSDP + TP colwise, local", _FSDP_TP, (-1, 2), _COLWISE_2D, _MUON_2D, "local", selection_scope="local"),
+    # the Muon pipeline stages (MuonEq, Muon+, NorMuon) where a whole matrix reaches its owner; TP
+    # "distributed" and "blockwise" reject NorMuon at construction (ortho_fast.distributed.muon)
+    _normuon("single", (), (), None, (), bitwise=True),
+    _normuon("DDP", _DP, (-1,), None, (("distributed_mesh", "dp"),), bitwise=True),
+    _normuon("FSDP", _SHARD, (-1,), ("S0",), (("distributed_mesh", "dp_shard"),), bitwise=True),
+    *(_normuon(f"TP {wise} duplicated", _TP, (-1,), (code,), (("tp_mesh", "tp"),), bitwise=True, tp_mode="duplicated")
+      for wise, code in (("colwise", "S0"), ("rowwise", "S1"))),
+    *(_normuon(f"FSDP + TP {wise} duplicated", _FSDP_TP, (-1, 2), codes, _MUON_2D, bitwise=True,
+               tp_mode="duplicated") for wise, codes in (("colwise", _COLWISE_2D), ("rowwise", _ROWWISE_2D))),
 )
 
 
@@ -201,6 +219,7 @@ def optimizer_options(layout: Layout, *, distributed: bool = True) -> dict:
     options (keys of ``ortho_fast.DION_DEFAULTS`` / ``MUON_DEFAULTS``, e.g. ``qr_method``) for the
     one-process reference (not ``tp_mode`` / ``replicate_mesh_grad_sync``)."""
     base, keys = {"dion": (DION_OPTIONS, ortho_fast.DION_DEFAULTS), "muon": (MUON_OPTIONS, ortho_fast.MUON_DEFAULTS),
-                  "dion2": (DION2_OPTIONS, ortho_fast.DION2_DEFAULTS)}[layout.optimizer]
+                  "dion2": (DION2_OPTIONS, ortho_fast.DION2_DEFAULTS),
+                  "normuon-stages": (NORMUON_OPTIONS, ortho_fast.MUON_DEFAULTS)}[layout.optimizer]
     extra = {k: v for k, v in layout.options if distributed or k in keys}
     return {**base, **extra}

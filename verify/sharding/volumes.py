@@ -9,6 +9,7 @@ import ortho_fast
 from ortho_fast.distributed.dion import dion_comm_volume
 from ortho_fast.distributed.muon import muon_comm_volume
 from ortho_fast.distributed.volumes import dion2_comm_volume
+from ortho_fast.functional.muon_stages import normuon_variance_shape
 from ortho_verify.sharding.layouts import Layout, optimizer_options
 
 __all__ = ["analytic_volume", "comm_verdict", "padded_shape"]
@@ -43,8 +44,8 @@ def analytic_volume(layout: Layout, mesh_shape: tuple[int, ...], shape: tuple[in
     ``dion_comm_volume``, the Dion paper's Table 1 per layout), for the owner rank (the largest);
     ``padded``: evaluated at ``padded_shape``, the most that zero-padded uneven shards can add
     (gloo and NCCL gather equal-sized blocks). Muon's formula counts that padding itself (its
-    largest blocks), and Dion2 all-reduces exact sizes (``dion2_comm_volume``), so for both
-    ``padded`` changes nothing: the ledger must equal the formula for every shape. None where no formula exists (yet)."""
+    largest blocks), Dion2 all-reduces exact sizes (``dion2_comm_volume``), so for both ``padded``
+    changes nothing: the ledger must equal the formula for every shape. None where no formula exists (yet)."""
     m, n = padded_shape(layout, mesh_shape, shape) if padded and layout.optimizer == "dion" else shape
     if layout.optimizer == "dion2":
         opts = optimizer_options(layout)
@@ -53,13 +54,17 @@ def analytic_volume(layout: Layout, mesh_shape: tuple[int, ...], shape: tuple[in
         return sum(dion2_comm_volume(m, n, fraction=opts["fraction"], row_shards=[s for s, d in shards if d == 0],
                                      col_shards=[s for s, d in shards if d == 1],
                                      selection_scope=opts["selection_scope"]).values())
-    if layout.optimizer == "muon":
+    if layout.optimizer in ("muon", "normuon-stages"):
         dp_size, dp_dim = _sharding(layout, mesh_shape, "distributed_mesh")
         tp_size, tp_dim = _sharding(layout, mesh_shape, "tp_mesh")
         dp = None if dp_size == 1 else "ddp" if dp_dim is None else "fsdp"
         tp_mode = optimizer_options(layout).get("tp_mode", "duplicated") if tp_size > 1 else None
+        opts = optimizer_options(layout)
+        variance = 0  # NorMuon's second moment, broadcast by the owner: m per row or n per column
+        if layout.optimizer == "normuon-stages":
+            variance = math.prod(normuon_variance_shape((m, n), opts.get("normuon_dim", "row")))
         return sum(muon_comm_volume((m, n), dp=dp, dp_size=dp_size, dp_dim=dp_dim or 0, tp_mode=tp_mode,
-                                    tp_size=tp_size, tp_dim=tp_dim or 0).values())
+                                    tp_size=tp_size, tp_dim=tp_dim or 0, variance=variance).values())
     shards = [(size, dim) for role in ("outer_shard_mesh", "inner_shard_mesh")
               for size, dim in [_sharding(layout, mesh_shape, role)] if dim is not None]
     opts = optimizer_options(layout)

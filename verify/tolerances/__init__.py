@@ -47,12 +47,14 @@ from ortho_verify.tolerances.error_feedback import (dion_observed_step_tolerance
 from ortho_verify.tolerances.dion2 import (FIRST_ORDER_FRACTION, dion2_norm_tolerances, dion2_selection_violation,
                                            dion2_step_tolerances)
 from ortho_verify.tolerances.qk_clip import POW_ULPS, QK_CLIP_FIRST_ORDER, qk_clip_tolerance
+from ortho_verify.tolerances.stages import equilibration_error, normuon_amplification, scaling_error, stage_tolerances
 from ortho_verify.tolerances.scalar import adamw_tolerances, lion_tolerances
 from ortho_verify.tolerances.compiled import compiled_tolerance
 from ortho_verify.tolerances.sharded import SHARDED_RTOL, sharded_tolerance
 from ortho_verify.tolerances.baselines import BASELINE_FLOOR, BASELINE_GROWTH
 
 __all__ = [
+    "equilibration_error", "normuon_amplification", "scaling_error", "stage_tolerances",
     "POW_ULPS", "QK_CLIP_FIRST_ORDER", "qk_clip_tolerance",
     "FIRST_ORDER_FRACTION", "dion2_norm_tolerances", "dion2_selection_violation", "dion2_step_tolerances",
     "BASELINE_FLOOR", "BASELINE_GROWTH", "COEFFICIENT_REGISTRY_TOLERANCE", "C_NS", "FIRST_ORDER_LIMIT",

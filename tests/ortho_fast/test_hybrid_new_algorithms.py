@@ -1,5 +1,5 @@
-"""Dion2 as a HybridOptimizer algorithm: the "dion2" group steps bitwise as ortho_fast.Dion2 on the
-same parameters, its state dict round-trips, and its options are checked as Dion2's are."""
+"""Dion2 and NorMuon in HybridOptimizer: the "dion2" group steps bitwise as ortho_fast.Dion2 on the
+same parameters; state dicts round-trip (NorMuon's variance_neuron included); options checked as the classes check them."""
 
 import pytest
 import torch
@@ -51,3 +51,21 @@ def test_hybrid_rejects_qk_clip_options():
     with pytest.raises(ValueError, match="qk_clip_threshold: QK-clip runs in ortho_fast.Muon"):
         ortho_fast.HybridOptimizer([{"params": list(model.parameters()), "algorithm": "muon",
                                      "qk_clip_threshold": 100.0}])
+
+
+def test_hybrid_normuon_group_is_normuon_and_round_trips():
+    a, b = _model(3), _model(3)
+    hybrid = ortho_fast.HybridOptimizer([{"params": list(a.parameters()), "algorithm": "muon", "lr": 0.02,
+                                          "normuon_beta2": 0.95}])
+    alone = ortho_fast.Muon(list(b.parameters()), lr=0.02, normuon_beta2=0.95)
+    for step in range(2):
+        _grads(a, step), _grads(b, step)
+        hybrid.step(), alone.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+        assert torch.equal(hybrid.state[pa]["variance_neuron"], alone.state[pb]["variance_neuron"])
+    again = ortho_fast.HybridOptimizer([{"params": list(a.parameters()), "algorithm": "muon", "lr": 0.02,
+                                         "normuon_beta2": 0.95}])
+    again.load_state_dict(hybrid.state_dict())
+    for p in a.parameters():
+        assert torch.equal(again.state[p]["variance_neuron"], hybrid.state[p]["variance_neuron"])

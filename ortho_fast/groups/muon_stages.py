@@ -1,0 +1,94 @@
+"""The Muon pipeline stages of a param group: their options, NorMuon's state, its checks.
+
+A Muon group switches the stages of ``ortho_fast.functional.muon_stages`` on by option
+(``STAGE_DEFAULTS``, part of ``MUON_DEFAULTS``): ``row_equilibration`` (MuonEq),
+``renormalize`` (Muon+), ``normuon_beta2`` with ``normuon_eps`` / ``normuon_eps_mode`` /
+``normuon_dim`` (NorMuon). ``resolve_stage_options`` validates them, ``normuon_variances`` gives
+the per-matrix views of NorMuon's state ``state[p]["variance_neuron"]`` (microsoft/dion's key),
+``check_stage_state`` checks a stored one before a step, and ``NORMUON_STATE_SPEC`` is what
+``load_state_dict`` checks. Source: docs/design.md, "Muon"; docs/math.md, "Muon pipeline stages".
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..functional.layout import MuonLayout
+from ..functional.muon_stages import NORMUON_DIMS, NORMUON_EPS_MODES, equilibration_side, normuon_variance_shape
+from ..validation import check_choice, check_hyper
+
+#: The stage keys of a Muon group with their defaults (every stage off).
+STAGE_DEFAULTS: dict[str, object] = {
+    "row_equilibration": False,  # MuonEq: False, True (= "row"), "row" or "column"
+    "renormalize": False,  # Muon+: ‖O‖_F set to √min(m, n)
+    "normuon_beta2": None,  # NorMuon off; a float in [0, 1): its second-moment EMA
+    "normuon_eps": 1e-8,  # microsoft/dion's 1e-8 (nanochat: 1e-10 with "clamp")
+    "normuon_eps_mode": "add",  # "add" √v + eps (microsoft/dion), "clamp" √max(v, eps) (nanochat)
+    "normuon_dim": "row",  # "row" (paper, microsoft/dion), "column", "by_shape" (nanochat)
+}
+
+#: NorMuon's state key (microsoft/dion ``NorMuon``'s, so its checkpoints map).
+VARIANCE_KEY = "variance_neuron"
+
+
+def resolve_stage_options(group: dict) -> dict:
+    """The resolved stage options of a Muon group (keys of ``MuonOptions``): ``equilibration``
+    (None, "row" or "column"), ``renormalize``, ``normuon_beta2`` (float or None),
+    ``normuon_eps``, ``normuon_eps_mode``, ``normuon_dim``.
+    Raises: ValueError / TypeError starting with the offending key; changes nothing."""
+    side = equilibration_side(group["row_equilibration"])
+    if not isinstance(group["renormalize"], bool):
+        raise TypeError(f"renormalize: expected a bool, got {group['renormalize']!r}")
+    beta2 = group["normuon_beta2"]
+    if beta2 is not None:
+        beta2 = check_hyper(beta2, "normuon_beta2", high=1.0)
+        if beta2 >= 1.0:
+            raise ValueError(f"normuon_beta2: expected a number in [0, 1) or None, got {group['normuon_beta2']!r}")
+    eps = check_hyper(group["normuon_eps"], "normuon_eps")
+    check_choice(group["normuon_eps_mode"], "normuon_eps_mode", NORMUON_EPS_MODES)
+    check_choice(group["normuon_dim"], "normuon_dim", NORMUON_DIMS)
+    if beta2 is not None and group["normuon_eps_mode"] == "clamp" and eps == 0.0:
+        raise ValueError("normuon_eps: 0 with normuon_eps_mode='clamp' divides by √0 for a zero row; give eps > 0")
+    return dict(equilibration=side, renormalize=group["renormalize"], normuon_beta2=beta2, normuon_eps=eps,
+                normuon_eps_mode=group["normuon_eps_mode"], normuon_dim=group["normuon_dim"])
+
+
+def variance_shape(layout: MuonLayout, dim: str) -> tuple[int, ...]:
+    """Shape of ``state[p]["variance_neuron"]`` for a parameter of ``layout``: one matrix batch
+    (a 2-D parameter, experts, a flatten=False batch): ``normuon_variance_shape`` of it, (m, 1)
+    for an (m, n) weight as microsoft/dion; several blocks (splits, heads): the blocks' second
+    moments flattened and concatenated in block order, (total,)."""
+    shapes = [normuon_variance_shape(s, dim) for s in layout.matrix_shapes()]
+    return shapes[0] if len(shapes) == 1 else (sum(math.prod(s) for s in shapes),)
+
+
+def normuon_variances(p: torch.Tensor, state, layout: MuonLayout, dim: str) -> list[torch.Tensor]:
+    """Views, one per matrix of ``layout``, of NorMuon's second moment of ``p`` (created as zeros
+    of ``variance_shape`` in the parameter's dtype, as microsoft/dion's ``zeros_like(param[..., 0:1])``)."""
+    st = state[p]
+    if VARIANCE_KEY not in st:
+        st[VARIANCE_KEY] = torch.zeros(variance_shape(layout, dim), dtype=p.dtype, device=p.device)
+    shapes = [normuon_variance_shape(s, dim) for s in layout.matrix_shapes()]
+    if len(shapes) == 1:
+        return [st[VARIANCE_KEY]]
+    flat = st[VARIANCE_KEY]
+    return [part.view(s) for part, s in zip(flat.split([math.prod(s) for s in shapes]), shapes)]
+
+
+def check_stage_state(st: dict, p: torch.Tensor, layout: MuonLayout, options, name: str) -> None:
+    """ValueError naming ``variance_neuron`` and the parameter when a stored second moment is not a
+    tensor of ``variance_shape`` and the parameter's dtype (NorMuon on), or exists with NorMuon
+    off (a resumed run would silently ignore it); changes nothing."""
+    value = st.get(VARIANCE_KEY)
+    if value is None:
+        return
+    if options.normuon_beta2 is None:
+        raise ValueError(f"{VARIANCE_KEY}: {name} has a NorMuon second moment but its group has normuon_beta2=None "
+                         "(set normuon_beta2, or drop the key)")
+    want = variance_shape(layout, options.normuon_dim)
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != want or value.dtype != p.dtype:
+        got = (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"{VARIANCE_KEY}: expected a tensor of shape {want} and dtype {p.dtype}, got {got} ({name})")
+
