@@ -94,7 +94,8 @@ class MuonOptions:
     ``table``: the per-step (a, b, c) rows of ``coefficients`` / ``ns_steps``; ``compute_dtype`` /
     ``precision``: the Newton–Schulz dtype setting resolved (None: the input's dtype); ``safety``,
     ``eps``, ``eps_mode``: the normalization after the schedule's defaults; ``expert_keys``,
-    ``split_sizes``, ``num_heads`` as tuples. Scalars are Python floats.
+    ``split_sizes``, ``num_heads`` as tuples; ``banks`` True only when the group sets it
+    (``banks_setting`` keeps None / True / False). Scalars are Python floats.
     """
 
     lr: float
@@ -117,9 +118,21 @@ class MuonOptions:
     split_groups: int
     num_heads: int | tuple[int, ...] | None
     flatten: bool | None
+    #: torch.optim.Muon's bits: matrix by matrix with its 2-D calls (no automatic batching).
+    bitwise_torch: bool = False
+    #: ``banks`` as the group gives it (None: batched unless ``bitwise_torch``).
+    banks_setting: bool | None = None
+
+    @property
+    def batched(self) -> bool:
+        """Whether one process stacks same-shape matrices into one batched Newton–Schulz call:
+        ``banks`` when set, else the fast default (not ``bitwise_torch``)."""
+        return self.banks_setting if self.banks_setting is not None else not self.bitwise_torch
 
     def orthogonalize_kwargs(self) -> dict:
-        """Keyword arguments of ``ortho_fast.functional.muon.orthogonalize``."""
+        """Keyword arguments of ``ortho_fast.functional.muon.orthogonalize`` as the distributed step
+        uses them (``banks`` only when the group sets it: matrix by matrix otherwise, the bits of
+        the one-process step with ``bitwise_torch=True``)."""
         return dict(safety=self.safety, eps=self.eps, eps_mode=self.eps_mode, compute_dtype=self.compute_dtype,
                     precision=self.precision, banks=self.banks)
 
