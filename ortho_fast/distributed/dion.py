@@ -174,7 +174,16 @@ class ShardedDim(WholeDim):
         return householder(self.gather(y))[self.index.to(y.device)]
 
     def column_norms(self, rf: torch.Tensor) -> torch.Tensor:
-        return self.sum((rf * rf).sum(dim=0, keepdim=True), "norms").sqrt()
+        """‖rf[:, j]‖₂ of the whole matrix per column, (1, r), without overflow (as
+        ``WholeDim.column_norms``): the largest |entry| of each column is all-reduced (MAX, tag
+        "norm_scale", r numbers per axis), every rank divides its block by the same power of two
+        2^e > that maximum (exact), the squares are summed over the ranks ("norms") and the norm
+        multiplied back. Without the common scale, float32 entries above 1.8e19 overflowed the
+        squares and Dion stored Q = 0 (a zero update forever)."""
+        amax = all_reduce_axes(rf.abs().amax(dim=0, keepdim=True), self.axes, op=dist.ReduceOp.MAX, tag="norm_scale")
+        scale = torch.ldexp(torch.ones_like(amax), torch.frexp(amax).exponent)  # 2^e > max|column|, 1 for 0
+        scaled = rf / scale
+        return self.sum((scaled * scaled).sum(dim=0, keepdim=True), "norms").sqrt() * scale
 
     @cached_property
     def _gather_plan(self) -> tuple[list[tuple[int, ...]], torch.Tensor]:
@@ -357,6 +366,12 @@ class ShardedDionGroups(GroupRunner):
 
     def options(self, group: dict):
         return self.cache.get(group, DION_OPTION_KEYS, resolve_dion_options)
+
+    def agree(self, error: BaseException | None, device=None) -> None:
+        """Make a local verdict global (``load_state_dict``: a corrupt shard on one rank): raise
+        ``error`` on its rank and ValueError ("another rank rejected") on every other rank of
+        ``meshes.check_axes`` (``raise_together``, tag "load"); nothing when every rank passes None."""
+        raise_together(error, self.meshes.check_axes, tag="load", device=device)
 
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         entries = [(group, p) for group in groups for p in group["params"]]
