@@ -174,17 +174,16 @@ class ShardedDim(WholeDim):
         return householder(self.gather(y))[self.index.to(y.device)]
 
     def column_norms(self, rf: torch.Tensor) -> torch.Tensor:
-        """‖rf[:, j]‖₂ of the whole matrix per column, (1, r), without overflow (as
-        ``WholeDim.column_norms``): the largest |entry| of each column is all-reduced (MAX, tag
-        "norm_scale", r numbers per axis), every rank divides its block by the same power of two
-        2^e > that maximum (exact), the squares are summed over the ranks ("norms") and the norm
-        multiplied back. Without the common scale, float32 entries above 1.8e19 overflowed the
-        squares and Dion stored Q = 0 (a zero update forever)."""
-        local = rf.abs().amax(dim=0, keepdim=True) if rf.shape[0] else rf.new_zeros((1, rf.shape[1]))  # empty shard
-        amax = all_reduce_axes(local, self.axes, op=dist.ReduceOp.MAX, tag="norm_scale")
-        scale = torch.ldexp(torch.ones_like(amax), torch.frexp(amax).exponent)  # 2^e > max|column|, 1 for 0
-        scaled = rf / scale
-        return self.sum((scaled * scaled).sum(dim=0, keepdim=True), "norms").sqrt() * scale
+        """‖rf[:, j]‖₂ of the whole matrix per column, (1, r), in rf's dtype: each rank sums its
+        block's squares in float64 and the r sums are all-reduced in float64 ("norms": the same
+        r numbers per axis as before, 8 bytes each). Finite float32 / bfloat16 / float16 entries
+        cannot overflow these squares (at most 1.2e77), so a float32 gradient with entries above
+        1.8e19 no longer gives an infinite norm, Q = 0 and a zero update forever (the one-process
+        ``WholeDim.column_norms`` scales by a power of two instead: that needs the global
+        maximum, one more collective). float64 blocks sum in float64 (entries above 1.3e154
+        would overflow there)."""
+        squares = rf.to(torch.float64).square().sum(dim=0, keepdim=True)
+        return self.sum(squares, "norms").sqrt().to(rf.dtype)
 
     @cached_property
     def _gather_plan(self) -> tuple[list[tuple[int, ...]], torch.Tensor]:

@@ -102,12 +102,10 @@ def dion_comm_volume(m: int, n: int, r: int, *, row_shards: Sequence[int] = (), 
     - rows sharded (a > 0): ``householder`` "gather_P" Σ_k m'·r/∏_{j>k} p_j (m'·r for one
       axis); ``cholesky_qr`` "gram" 2·r²·a; ``randomized_cholesky_qr`` (k = ceil(oversample·r)
       < m') "sketch" k·r·a, "gram" r²·a, "finite" a (else as householder);
-    - columns sharded (b > 0): ``column_norm`` "norm_scale" r·b (the columns' largest entries,
-      for an overflow-free norm) and "norms" r·b; ``qr`` "gather_R" like gather_P with n'.
+    - columns sharded (b > 0): ``column_norm`` "norms" r·b; ``qr`` "gather_R" like gather_P with n'.
 
     So DDP with compressed sync carries (m' + n')·r (Dion paper, Table 1, data parallel); FSDP /
-    TP sharding the working columns m'·r + 2r (Table 1's (m + 1)·r weight sharding, plus the r
-    column maxima of the overflow-safe norm); sharding the
+    TP sharding the working columns m'·r + r (Table 1's (m + 1)·r weight sharding); sharding the
     rows m'·r + n'·r with Householder, 2r² + n'·r with CholeskyQR2. Add ``dion_check_volume``
     once per step. Exact for dims divisible by their shard counts (uneven blocks travel padded
     in gathers and the largest block sets the all-reduce sizes).
@@ -138,10 +136,9 @@ def dion_comm_volume(m: int, n: int, r: int, *, row_shards: Sequence[int] = (), 
         out.update(sketch=k * r * a, gram=r * r * a, finite=a)
     elif a:
         out["gather_P"] = _gather_volume(m, r, rows)
-    if b and right_factor == "column_norm":
-        out.update(norm_scale=r * b, norms=r * b)
-    elif b:
-        out["gather_R"] = _gather_volume(n, r, cols)
+    if b:
+        out["norms" if right_factor == "column_norm" else "gather_R"] = (
+            r * b if right_factor == "column_norm" else _gather_volume(n, r, cols))
     return {tag: v * power_iters for tag, v in out.items() if v}
 
 

@@ -126,8 +126,13 @@ class MuonOptions:
     @property
     def batched(self) -> bool:
         """Whether one process stacks same-shape matrices into one batched Newton–Schulz call:
-        ``banks`` when set, else the fast default (not ``bitwise_torch``)."""
-        return self.banks_setting if self.banks_setting is not None else not self.bitwise_torch
+        ``banks`` when set; else the fast default, where batching measurably pays: a bfloat16 /
+        float16 compute dtype and not ``bitwise_torch`` (CPU, torch 2.13, 4 matrices per stack: a
+        batched bf16 step costs 0.35–0.97x the 2-D calls at 1 and 2 threads, a float32 one
+        0.94–1.06x at 1 thread, i.e. noise; docs/performance.md, "(b)")."""
+        if self.banks_setting is not None:
+            return self.banks_setting
+        return not self.bitwise_torch and self.compute_dtype in (torch.bfloat16, torch.float16)
 
     def orthogonalize_kwargs(self) -> dict:
         """Keyword arguments of ``ortho_fast.functional.muon.orthogonalize`` as the distributed step

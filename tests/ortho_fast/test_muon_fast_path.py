@@ -70,8 +70,8 @@ def test_default_is_not_torch_bits_but_within_the_oracle_tolerance():
 @pytest.mark.parametrize("banks, bitwise, equal_to_torch", [
     (None, False, False), (None, True, True), (False, False, True), (True, True, False)])
 def test_banks_overrides_the_default_rule(banks, bitwise, equal_to_torch):
-    """``banks`` None follows ``bitwise_torch``; False is torch's per-matrix path; True batches
-    even with ``bitwise_torch`` (the user asked for it)."""
+    """``banks`` None follows ``bitwise_torch`` (bfloat16 Newton–Schulz); False is torch's
+    per-matrix path; True batches even with ``bitwise_torch`` (the user asked for it)."""
     w0, grads = _weights_and_grads(GPT_SHAPES, "banks", steps=1)
     ref, _ = _run(lambda ps: torch.optim.Muon(ps, lr=0.02), w0, grads)
     ours, _ = _run(lambda ps: Muon(ps, lr=0.02, banks=banks, bitwise_torch=bitwise), w0, grads)
@@ -133,14 +133,15 @@ def test_foreach_momentum_and_decay_are_bitwise_the_per_tensor_ops():
         muon_momentum_foreach(grads, bufs_a, mu=0.9, nesterov=True, style="adam")
 
 
-@pytest.mark.parametrize("bitwise", [False, True])
-def test_both_modes_compile_fullgraph_and_equal_eager(bitwise):
+@pytest.mark.parametrize("mode", [{"banks": True}, {"bitwise_torch": True}], ids=["stacked", "bitwise"])
+def test_both_paths_compile_fullgraph_and_equal_eager(mode):
+    """The stacked path (forced in float32 by ``banks=True``: the default stacks in bfloat16, whose
+    compiled roundings are not float32's) and torch's per-matrix path, compiled with inductor."""
     torch._dynamo.reset()
     w0, grads = _weights_and_grads(GPT_SHAPES[:4] + GPT_SHAPES[:2], "compile")
-    eager, _ = _run(lambda ps: Muon(ps, lr=0.02, dtype=torch.float32, check_finite=False, bitwise_torch=bitwise),
-                    w0, grads)
+    eager, _ = _run(lambda ps: Muon(ps, lr=0.02, dtype=torch.float32, check_finite=False, **mode), w0, grads)
     ps = [torch.nn.Parameter(w.clone()) for w in w0]
-    opt = Muon(ps, lr=0.02, dtype=torch.float32, check_finite=False, bitwise_torch=bitwise)
+    opt = Muon(ps, lr=0.02, dtype=torch.float32, check_finite=False, **mode)
     step = torch.compile(opt.step, fullgraph=True, backend="inductor")
     for gs in grads:
         for p, g in zip(ps, gs):
@@ -148,6 +149,18 @@ def test_both_modes_compile_fullgraph_and_equal_eager(bitwise):
         step()
     worst = max(float((a.detach() - b.detach()).norm() / b.detach().norm()) for a, b in zip(ps, eager))
     assert worst <= compiled_tolerance("float32"), worst
+
+
+def test_default_stacks_only_in_half_precision():
+    """The rule of ``MuonOptions.batched``: float32 / float64 Newton–Schulz keeps the per-matrix
+    path by default (no measurable gain there), so it is the ``bitwise_torch`` step bit for bit."""
+    w0, grads = _weights_and_grads(GPT_SHAPES, "float32", steps=2)
+    for dtype in (torch.float32, None):
+        a, _ = _run(lambda ps: Muon(ps, lr=0.02, dtype=dtype), w0, grads)
+        b, _ = _run(lambda ps: Muon(ps, lr=0.02, dtype=dtype, bitwise_torch=True), w0, grads)
+        c, _ = _run(lambda ps: Muon(ps, lr=0.02, dtype=dtype, banks=True), w0, grads)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+        assert not all(torch.equal(x, y) for x, y in zip(a, c))
 
 
 @pytest.mark.parametrize("kw, key", [({"bitwise_torch": 1}, "bitwise_torch"), ({"bitwise_torch": None}, "bitwise_torch"),
