@@ -126,10 +126,13 @@ class MuonOptions:
     @property
     def batched(self) -> bool:
         """Whether one process stacks same-shape matrices into one batched Newton–Schulz call:
-        ``banks`` when set; else the fast default, where batching measurably pays: a bfloat16 /
-        float16 compute dtype and not ``bitwise_torch`` (CPU, torch 2.13, 4 matrices per stack: a
-        batched bf16 step costs 0.35–0.97x the 2-D calls at 1 and 2 threads, a float32 one
-        0.94–1.06x at 1 thread, i.e. noise; docs/performance.md, "(b)")."""
+        ``banks`` when set; else the fast default: a bfloat16 / float16 compute dtype and not
+        ``bitwise_torch``. Measured on CPU (torch 2.13, one quintic step's three products on 4
+        stacked matrices, 128–512 × 128–2048): batched bf16 costs 0.33–0.97x the 2-D calls
+        (the oneDNN batched kernels), float32 0.74–1.03x at 1 thread and 0.52–0.95x at 2. float32 /
+        float64 stay matrix by matrix by default anyway: there a step's bits then do not depend
+        on which matrices share a group (a distributed layout, a sharding check compare them
+        bitwise with one process); ``banks=True`` opts in (docs/performance.md, "(b)")."""
         if self.banks_setting is not None:
             return self.banks_setting
         return not self.bitwise_torch and self.compute_dtype in (torch.bfloat16, torch.float16)
