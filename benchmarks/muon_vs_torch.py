@@ -13,23 +13,26 @@ gradients. Columns (ratios to torch's step on the same parameters):
 - ``compiled / torch`` (``--compile``): the default step compiled with
   ``torch.compile(fullgraph=True)`` (inductor; ``check_finite=False``, which a full graph needs).
 
-The timings are interleaved: each repeat times every variant and torch one after the other (the
-order rotated between repeats) and takes each ratio within the repeat; the table gives the
-median ratio over ``--repeats`` (default 3) repeats, so a shared machine's drift cancels as far
+The timings are interleaved: a round times every variant and torch back to back (each timing
+about ``--min-run-time`` seconds of calls, the order rotated between rounds) and takes each ratio
+within the round; a repeat is the median over ``--rounds`` (default 7) rounds, the table the
+median over ``--repeats`` (default 3) repeats, so a shared machine's changing load cancels as far
 as it can. ``--thread-counts 1,2`` measures each thread count in turn in one process;
 ``--markdown`` prints a table ready for docs/performance.md.
 
-Run: python benchmarks/muon_vs_torch.py [--quick] [--compile] [--markdown] [--repeats R]
+Run: python benchmarks/muon_vs_torch.py [--quick] [--compile] [--markdown] [--repeats R] [--rounds K]
      [--thread-counts 1,2] [--min-run-time S] [--threads N]
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
+import time
 
 import torch
 
-from _common import machine, median_seconds, parser, print_table, setup
+from _common import machine, parser, print_table, setup
 from ortho_fast import Muon
 
 
@@ -65,26 +68,51 @@ def variants(shapes, compile_step: bool) -> dict:
     return steps
 
 
-def measure(shapes, compile_step: bool, repeats: int, min_run_time: float) -> tuple[dict, dict]:
-    """(median ratio to torch per variant, median torch ms) over ``repeats`` interleaved repeats."""
+def _calls_per_timing(fn, target: float) -> int:
+    """How many calls of ``fn`` make one timing of about ``target`` seconds (after a warm-up)."""
+    fn()
+    start = time.perf_counter()
+    fn()
+    return max(1, round(target / max(time.perf_counter() - start, 1e-6)))
+
+
+def measure(shapes, compile_step: bool, repeats: int, rounds: int, target: float) -> tuple[dict, float]:
+    """(median ratio to torch per variant, median torch ms per step).
+
+    Each repeat runs ``rounds`` rounds; a round times every variant once, back to back, in an
+    order rotated from round to round, each timing ``k`` calls of about ``target`` seconds
+    together; the round's ratios are taken within the round (adjacent timings, so a load that
+    changes over seconds cancels). A repeat reports the median ratio of its rounds, the table the
+    median of the repeats."""
     steps = variants(shapes, compile_step)
     names = list(steps)
-    ratios: dict[str, list[float]] = {n: [] for n in names if n != "torch"}
+    calls = {n: _calls_per_timing(steps[n], target) for n in names}
+    per_repeat: dict[str, list[float]] = {n: [] for n in names if n != "torch"}
     torch_ms = []
-    for r in range(repeats):
-        order = names[r % len(names):] + names[:r % len(names)]  # rotate: no variant always first
-        times = {n: median_seconds(steps[n], min_run_time) for n in order}
-        torch_ms.append(times["torch"] * 1e3)
-        for n in ratios:
-            ratios[n].append(times[n] / times["torch"])
-    return {n: statistics.median(v) for n, v in ratios.items()}, {"torch ms": statistics.median(torch_ms)}
+    for _ in range(repeats):
+        ratios: dict[str, list[float]] = {n: [] for n in per_repeat}
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]  # rotate: no variant always first
+            times = {}
+            for n in order:
+                start = time.perf_counter()
+                for _ in range(calls[n]):
+                    steps[n]()
+                times[n] = (time.perf_counter() - start) / calls[n]
+            torch_ms.append(times["torch"] * 1e3)
+            for n in ratios:
+                ratios[n].append(times[n] / times["torch"])
+        for n in per_repeat:
+            per_repeat[n].append(statistics.median(ratios[n]))
+    return {n: statistics.median(v) for n, v in per_repeat.items()}, statistics.median(torch_ms)
 
 
 def main() -> None:
     cli = parser(__doc__.splitlines()[0])
     cli.add_argument("--compile", action="store_true", help="also time the torch.compile'd step (inductor)")
     cli.add_argument("--markdown", action="store_true", help="print a markdown table (for docs/performance.md)")
-    cli.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median ratio is reported")
+    cli.add_argument("--repeats", type=int, default=3, help="repeats; the median of their ratios is reported")
+    cli.add_argument("--rounds", type=int, default=7, help="interleaved rounds per repeat (each times every variant)")
     cli.add_argument("--thread-counts", default=None, help="comma-separated thread counts, e.g. 1,2 (default: --threads)")
     args = cli.parse_args()
     setup(args)
@@ -97,16 +125,18 @@ def main() -> None:
         torch.set_num_threads(threads)
         for d_model, n_layers in configs:
             shapes = gpt_matrices(d_model, n_layers)
-            ratios, extra = measure(shapes, args.compile, repeats, args.min_run_time)
-            rows.append([f"d={d_model}, L={n_layers}", str(len(shapes)), str(threads), f"{extra['torch ms']:.1f}",
+            ratios, torch_ms = measure(shapes, args.compile, repeats, 1 if args.quick else args.rounds,
+                                       args.min_run_time)
+            rows.append([f"d={d_model}, L={n_layers}", str(len(shapes)), str(threads), f"{torch_ms:.1f}",
                          *(f"{ratios[c]:.2f}" for c in columns)])
+            print(" | ".join(rows[-1]), file=sys.stderr, flush=True)  # progress: a long run on a loaded machine
     header = ["model", "matrices", "threads", "torch ms", *(f"{c} / torch" for c in columns)]
     if args.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
         for row in rows:
             print("| " + " | ".join(row) + " |")
-        print(f"\n{machine()}; median of {repeats} interleaved repeats")
+        print(f"\n{machine()}; median of {repeats} repeats of interleaved rounds")
     else:
         print_table(f"ortho_fast.Muon.step vs torch.optim.Muon.step (torch defaults, bf16 Newton–Schulz; median of "
                     f"{repeats} interleaved repeats)", header, rows)
