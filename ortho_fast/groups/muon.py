@@ -40,7 +40,7 @@ MUON_DEFAULTS: dict[str, object] = {
     "extra_scale_factor": 1.0,
     "cautious_weight_decay": False,
     "dtype": torch.bfloat16,
-    "banks": None,  # None: same-shape matrices batched unless bitwise_torch; True / False: always / never
+    "banks": None,  # None: batched in bf16 / fp16 unless bitwise_torch (MuonOptions.batched); True / False
     "bitwise_torch": False,  # True: torch.optim.Muon's bits (matrix by matrix, its 2-D calls)
     "expert_keys": (),
     "split_sizes": None,
@@ -263,8 +263,9 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
 
     The momentum and the decay run as ``_foreach`` ops over the group (the same bits as per
     tensor); with ``bitwise_torch`` (and ``banks`` not set) every matrix takes its own 2-D
-    Newton–Schulz, torch.optim.Muon's bits; by default same-shape matrices are stacked into one
-    batched call (``newton_schulz_stacked``), within the Newton–Schulz tolerance of the oracle.
+    Newton–Schulz, torch.optim.Muon's bits; by default, with bfloat16 / float16 Newton–Schulz,
+    same-shape matrices are stacked into one batched call (``newton_schulz_stacked``), within the
+    Newton–Schulz tolerance of the oracle (the rule: ``MuonOptions.batched``).
     ``options`` / ``layouts``: the group's resolved options and a layout cache (both optional;
     resolved here when absent).
     State: ``state[p]["momentum_buffer"]`` of the parameter's shape and dtype (created as

@@ -168,7 +168,7 @@ def check_saved_state(entry, spec: StateSpec, p: torch.Tensor, group: dict, wher
 
 def distributed_runners(optimizer: Optimizer) -> list:
     """The runners of ``optimizer`` that agree across ranks: every attribute (or value of a dict
-    attribute) with ``communicates`` set and an ``agree(error)`` method (``ortho_fast.distributed``'s
+    attribute) with ``communicates`` set and an ``agree(error, device)`` method (``ortho_fast.distributed``'s
     ``MuonSharding`` and ``ShardedDionGroups``), each once, in attribute order (the same on every
     rank: every rank builds the optimizer the same way). Empty for a one-process optimizer."""
     found: list = []
@@ -247,8 +247,9 @@ def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: 
         saved = _checked_groups(optimizer, state_dict, group_spec, algorithm_of)
     except (ValueError, TypeError, KeyError) as err:
         error = err
+    device = next((p.device for g in optimizer.param_groups for p in g["params"]), None)  # NCCL: the GPU
     for runner in distributed_runners(optimizer):  # every rank raises together, before any change
-        runner.agree(error)
+        runner.agree(error, device=device)
     if error is not None:
         raise error
     ids = [i for g in state_dict["param_groups"] for i in g["params"]]
