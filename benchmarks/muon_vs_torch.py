@@ -21,7 +21,7 @@ as it can. ``--thread-counts 1,2`` measures each thread count in turn in one pro
 ``--markdown`` prints a table ready for docs/performance.md.
 
 Run: python benchmarks/muon_vs_torch.py [--quick] [--compile] [--markdown] [--repeats R] [--rounds K]
-     [--thread-counts 1,2] [--min-run-time S] [--threads N]
+     [--thread-counts 1,2] [--sizes 128,256] [--min-run-time S] [--threads N]
 """
 
 from __future__ import annotations
@@ -114,10 +114,13 @@ def main() -> None:
     cli.add_argument("--repeats", type=int, default=3, help="repeats; the median of their ratios is reported")
     cli.add_argument("--rounds", type=int, default=7, help="interleaved rounds per repeat (each times every variant)")
     cli.add_argument("--thread-counts", default=None, help="comma-separated thread counts, e.g. 1,2 (default: --threads)")
+    cli.add_argument("--sizes", default=None, help="comma-separated d_model values (default 128,256,512,768,1024)")
     args = cli.parse_args()
     setup(args)
     counts = [int(t) for t in args.thread_counts.split(",")] if args.thread_counts else [args.threads]
     configs = [(128, 4), (256, 4)] if args.quick else [(128, 4), (256, 4), (512, 4), (768, 2), (1024, 2)]
+    if args.sizes:
+        configs = [(d, 4 if d <= 512 else 2) for d in (int(x) for x in args.sizes.split(","))]
     repeats = 1 if args.quick else args.repeats
     columns = ["ours", "bitwise", "no check", *(["compiled"] if args.compile else [])]
     rows = []
