@@ -404,8 +404,8 @@ def is_torch_muon_group(group: Mapping[str, Any]) -> bool:
 def from_torch_muon_group(group: dict) -> dict:
     """A torch.optim.Muon param group (a checkpoint's) -> ours, in place: ``ns_coefficients`` /
     ``ns_steps`` -> ``coefficients`` / ``ns_steps``, ``adjust_lr_fn`` -> ``adjust_lr``, ``eps`` as
-    is, and torch's fixed behaviour (``TORCH_MUON_SEMANTICS``) made explicit, so the next step is
-    torch's. A group of ours that also carries torch's keys (written by ``to_torch_muon_group``,
+    is, torch's fixed behaviour (``TORCH_MUON_SEMANTICS``) made explicit and ``bitwise_torch=True``
+    (torch's 2-D calls matrix by matrix), so the next step is torch's, bit for bit on CPU. A group of ours that also carries torch's keys (written by ``to_torch_muon_group``,
     or one torch has saved again) must agree with them.
     Raises: ValueError naming the torch key and ours when they disagree, or a torch value with no
     counterpart."""
@@ -414,6 +414,7 @@ def from_torch_muon_group(group: dict) -> dict:
         group["coefficients"] = _ns_coefficients(row)
         group["adjust_lr"] = _adjust_lr_fn(group.pop("adjust_lr_fn", None))
         group.update(TORCH_MUON_SEMANTICS)
+        group["bitwise_torch"] = True  # torch's calls matrix by matrix: the next steps are torch's bits
         return group
     present = {k: group[k] for k in TORCH_MUON_GROUP_KEYS if k in group}
     if not present:

@@ -51,9 +51,14 @@ class Muon(Optimizer):
 
     Defaults follow ``torch.optim.Muon`` (lr 1e-3, weight_decay 0.1, momentum 0.95, nesterov,
     Keller Jordan's coefficients, 5 steps, eps 1e-7 clamped, bf16 Newton–Schulz, "original"
-    lr adjustment): ``Muon(params)`` is bit-identical to ``torch.optim.Muon(params)`` on CPU
-    for any list of 2-D parameters (``banks`` is off by default: a batched ``bmm`` differs
-    from torch's 2-D ``addmm`` in the last bits). The normalization follows the schedule:
+    lr adjustment). By default the step is the fast one: with bfloat16 / float16 Newton–Schulz
+    (the default dtype) same-shape matrices of a group are stacked into one batched call, and
+    the momentum and decay run as ``_foreach`` ops; the result is torch's step up to the
+    Newton–Schulz rounding (a batched ``bmm`` differs from torch's 2-D ``addmm`` in the last
+    bits; within ``ortho_verify.tolerances.ns_tolerance`` of the oracle). ``bitwise_torch=True``
+    orthogonalizes matrix by matrix with torch's calls: ``Muon(params, bitwise_torch=True)`` is
+    bit-identical to ``torch.optim.Muon(params)`` on CPU for any list of 2-D parameters
+    (docs/performance.md, "(b)", for the speed of each). The normalization follows the schedule:
     ``eps_mode`` None is "clamp" (torch's U / max(‖U‖_F, eps)) for "jordan" and "add" (Keller
     Jordan's original U / (s‖U‖_F + eps), as microsoft/dion, Moonlight, nanochat) for every
     other schedule or table (``default_eps_mode``); ``safety`` / ``eps`` None are the named
@@ -67,8 +72,11 @@ class Muon(Optimizer):
     name or per-step rows; ``ns_steps``; ``safety``/``eps``/``eps_mode`` the normalization;
     ``dtype`` the Newton–Schulz compute dtype (``newton_schulz``); ``extra_scale_factor``;
     ``cautious_weight_decay`` decay only where sign(O) = sign(W) (Chen et al. 2025, arXiv
-    2510.12402, I(u⊙x ≥ 0)); ``banks`` stack equal-shaped matrices of a group into one
-    batched call; ``expert_keys`` names whose parameters are (experts, m, n) stacks (needs
+    2510.12402, I(u⊙x ≥ 0)); ``banks`` None (default): stack equal-shaped matrices of a group
+    into one batched call when ``dtype`` is bfloat16 / float16 and not ``bitwise_torch``
+    (``MuonOptions.batched``), True / False: always / never;
+    ``bitwise_torch`` (default False) torch.optim.Muon's bits (see above); ``expert_keys``
+    names whose parameters are (experts, m, n) stacks (needs
     ``Muon(model.named_parameters())``); ``split_sizes``, ``split_groups``, ``num_heads``
     fused-projection splits (per group: put the QKV weights in their own param group);
     ``flatten`` for ≥ 3-D parameters that are not experts: None flattens ≥ 4-D conv weights
@@ -87,7 +95,8 @@ class Muon(Optimizer):
     matrix all-reduced each step), "blockwise" (each TP shard orthogonalized alone and scaled
     by its own shape: layout-dependent by design). FSDP + TP: ``distributed_mesh=mesh["dp"],
     tp_mesh=mesh["tp"]``. FSDP, DDP and TP "duplicated" are bitwise the one-process update;
-    "distributed" equal to rounding. Sharded parameters take no ``banks``, ``split_sizes`` /
+    "distributed" equal to rounding (the distributed step orthogonalizes matrix by matrix: its bits are
+    those of the one-process step with ``bitwise_torch=True``). Sharded parameters take no ``banks``, ``split_sizes`` /
     ``split_groups`` / ``num_heads``, ``expert_keys`` or ``flatten=False`` batches (plain and
     replicated ones take every option).
     ``check_finite`` (default True): every gradient must be finite, decided for the whole step by
@@ -147,7 +156,8 @@ class Muon(Optimizer):
         extra_scale_factor: float = 1.0,
         cautious_weight_decay: bool = False,
         dtype: torch.dtype | str | None = torch.bfloat16,
-        banks: bool = False,
+        banks: bool | None = None,
+        bitwise_torch: bool = False,
         expert_keys: Sequence[str] = (),
         split_sizes: Sequence[int] | None = None,
         split_groups: int = 1,
@@ -178,10 +188,11 @@ class Muon(Optimizer):
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, momentum_style=momentum_style,
             coefficients=coefficients, ns_steps=ns_steps, safety=safety, eps=eps, eps_mode=eps_mode,
             adjust_lr=adjust_lr, extra_scale_factor=extra_scale_factor, cautious_weight_decay=cautious_weight_decay,
-            dtype=dtype, banks=banks, expert_keys=expert_keys, split_sizes=split_sizes, split_groups=split_groups,
-            num_heads=num_heads, flatten=flatten, row_equilibration=row_equilibration, renormalize=renormalize,
-            normuon_beta2=normuon_beta2, normuon_eps=normuon_eps, normuon_eps_mode=normuon_eps_mode,
-            normuon_dim=normuon_dim, distributed_mesh=distributed_mesh, tp_mesh=tp_mesh, tp_mode=tp_mode,
+            dtype=dtype, banks=banks, bitwise_torch=bitwise_torch, expert_keys=expert_keys, split_sizes=split_sizes,
+            split_groups=split_groups, num_heads=num_heads, flatten=flatten, row_equilibration=row_equilibration,
+            renormalize=renormalize, normuon_beta2=normuon_beta2, normuon_eps=normuon_eps,
+            normuon_eps_mode=normuon_eps_mode, normuon_dim=normuon_dim, distributed_mesh=distributed_mesh,
+            tp_mesh=tp_mesh, tp_mode=tp_mode,
         )
         for name in ("eps", "ns_steps"):  # torch's positional order, our keyword names
             if name in given:

@@ -50,10 +50,10 @@ class Preset:
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("torch", "Muon", dict(
         lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="ema", coefficients="jordan",
-        ns_steps=5, eps=1e-7, eps_mode="clamp", adjust_lr="original", dtype=torch.bfloat16),
+        ns_steps=5, eps=1e-7, eps_mode="clamp", adjust_lr="original", dtype=torch.bfloat16, bitwise_torch=True),
         "pytorch/pytorch torch/optim/_muon.py (torch.optim.Muon defaults: lr 1e-3, weight_decay 0.1, momentum "
         "0.95, nesterov True, ns_coefficients (3.4445, -4.7750, 2.0315), eps 1e-7 clamped, ns_steps 5, "
-        "adjust_lr_fn None = 'original', bf16 Newton-Schulz)"),
+        "adjust_lr_fn None = 'original', bf16 Newton-Schulz; bitwise_torch: its bits, matrix by matrix)"),
     Preset("microsoft-dion-muon", "Muon", dict(
         lr=0.01, weight_decay=0.01, momentum=0.95, nesterov=False, momentum_style="classic",
         coefficients="polar_express", adjust_lr="spectral_norm", cautious_weight_decay=False, flatten=False,

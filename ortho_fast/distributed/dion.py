@@ -174,7 +174,16 @@ class ShardedDim(WholeDim):
         return householder(self.gather(y))[self.index.to(y.device)]
 
     def column_norms(self, rf: torch.Tensor) -> torch.Tensor:
-        return self.sum((rf * rf).sum(dim=0, keepdim=True), "norms").sqrt()
+        """‖rf[:, j]‖₂ of the whole matrix per column, (1, r), in rf's dtype: each rank sums its
+        block's squares in float64 and the r sums are all-reduced in float64 ("norms": the same
+        r numbers per axis as before, 8 bytes each). Finite float32 / bfloat16 / float16 entries
+        cannot overflow these squares (at most 1.2e77), so a float32 gradient with entries above
+        1.8e19 no longer gives an infinite norm, Q = 0 and a zero update forever (the one-process
+        ``WholeDim.column_norms`` scales by a power of two instead: that needs the global
+        maximum, one more collective). float64 blocks sum in float64 (entries above 1.3e154
+        would overflow there)."""
+        squares = rf.to(torch.float64).square().sum(dim=0, keepdim=True)
+        return self.sum(squares, "norms").sqrt().to(rf.dtype)
 
     @cached_property
     def _gather_plan(self) -> tuple[list[tuple[int, ...]], torch.Tensor]:
@@ -357,6 +366,12 @@ class ShardedDionGroups(GroupRunner):
 
     def options(self, group: dict):
         return self.cache.get(group, DION_OPTION_KEYS, resolve_dion_options)
+
+    def agree(self, error: BaseException | None, device=None) -> None:
+        """Make a local verdict global (``load_state_dict``: a corrupt shard on one rank): raise
+        ``error`` on its rank and ValueError ("another rank rejected") on every other rank of
+        ``meshes.check_axes`` (``raise_together``, tag "load"); nothing when every rank passes None."""
+        raise_together(error, self.meshes.check_axes, tag="load", device=device)
 
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         entries = [(group, p) for group in groups for p in group["params"]]

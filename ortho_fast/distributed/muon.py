@@ -148,6 +148,15 @@ class MuonSharding(GroupRunner):
         self.plans: dict[torch.Tensor, _Plan] = {}
         self.cache = OptionsCache()
 
+    def agree(self, error: BaseException | None, device=None) -> None:
+        """Make a local verdict global (``load_state_dict``: a corrupt shard on one rank): raise
+        ``error`` on its rank and ValueError ("another rank rejected") on every other rank of the
+        dp / tp axes (``comm.raise_together``, tag "load"); nothing when every rank passes None.
+        One process (no mesh): nothing here (the caller raises its own error)."""
+        if self.active:
+            axes = [a for a in (self.dp, self.tp) if a is not None]
+            comm.raise_together(error, axes, tag="load", device=device)
+
     def entry(self, group: dict):
         """The group's options cache entry (resolved again when an option changed)."""
         return self.cache.entry(group, MUON_OPTION_KEYS, resolve_muon_options)

@@ -20,7 +20,7 @@ import torch
 
 from ..validation import check_choice
 from .layout import MuonLayout
-from .newton_schulz import newton_schulz_resolved
+from .newton_schulz import newton_schulz_resolved, newton_schulz_stacked
 
 MOMENTUM_STYLES = ("ema", "classic")
 #: lr adjustment modes; the last three are Megatron / Emerging-Optimizers ``scale_mode`` names.
@@ -70,6 +70,37 @@ def muon_momentum(grad: torch.Tensor, buf: torch.Tensor, *, mu: float, nesterov:
     return grad.add(buf, alpha=mu) if nesterov else buf
 
 
+def muon_momentum_foreach(grads: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor], *, mu: float, nesterov: bool,
+                          style: str) -> list[torch.Tensor]:
+    """``muon_momentum`` on lists of tensors with torch's ``_foreach`` ops (one call per list
+    instead of one per tensor): updates every ``bufs[i]`` in place and returns the matrices to
+    orthogonalize, one per gradient. The same bits as ``muon_momentum`` on each pair (the
+    ``_foreach`` ops apply the same elementwise kernels).
+    Shapes: ``grads[i]``, ``bufs[i]`` (...) of one shape and dtype per i.
+    Source: torch.optim's ``_multi_tensor_*`` steps (``foreach=True``).
+    Raises: ValueError naming ``style`` (before any buffer changes).
+    """
+    check_choice(style, "style", MOMENTUM_STYLES)
+    grads, bufs = list(grads), list(bufs)
+    if not grads:
+        return []
+    if style == "ema":
+        torch._foreach_lerp_(bufs, grads, 1 - mu)
+        return list(torch._foreach_lerp(grads, bufs, mu)) if nesterov else bufs
+    torch._foreach_mul_(bufs, mu)
+    torch._foreach_add_(bufs, grads)
+    return list(torch._foreach_add(grads, bufs, alpha=mu)) if nesterov else bufs
+
+
+def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: float) -> None:
+    """Decoupled weight decay W ← W·(1 − lr·wd) on every tensor of ``params`` in place, with one
+    ``_foreach_mul_`` (the same bits as ``W.mul_(1 - lr * wd)``; nothing when lr·wd = 0).
+    Source: torch.optim.Muon / AdamW (decoupled decay with the unscaled lr)."""
+    factor = 1 - float(lr) * float(weight_decay)
+    if factor != 1.0 and params:
+        torch._foreach_mul_(list(params), factor)
+
+
 def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: float, eps_mode: str,
                   compute_dtype: torch.dtype | None = None, precision: str | None = None,
                   banks: bool = False) -> list[torch.Tensor]:
@@ -78,8 +109,9 @@ def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: fl
     Shapes: each input (..., m, n) -> the same shape, returned in ``compute_dtype`` (None: each
     input's own dtype). The update adds it to the parameter with type promotion, which converts
     exactly as an explicit cast would, without the extra pass. With ``banks``, inputs of the same
-    (m, n) and dtype are concatenated along the batch and orthogonalized in one call (a lone
-    member keeps its own call, so its bits do not depend on ``banks``).
+    (m, n) and dtype are stacked along the batch and orthogonalized in one batched call
+    (``newton_schulz_stacked``: written into the stack in one cast, wide side contiguous; a lone
+    member keeps its own 2-D call, so its bits do not depend on ``banks``).
     Args: ``table`` the resolved per-step rows; ``safety``, ``eps``, ``eps_mode``, ``precision`` as
     ``newton_schulz_resolved`` (validated by the caller).
     Source: Keller Jordan's Muon (per-matrix Newton–Schulz); modded-nanogpt / nanochat parameter banks.
@@ -99,10 +131,11 @@ def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: fl
         if len(members) == 1:
             out[members[0]] = run(mats[members[0]])
             continue
-        flat = [mats[i].reshape(-1, *mats[i].shape[-2:]) for i in members]
-        result = run(torch.cat(flat))
-        for i, part in zip(members, result.split([f.shape[0] for f in flat])):
-            out[i] = part.reshape(mats[i].shape)
+        dtype = mats[members[0]].dtype if compute_dtype is None else compute_dtype
+        results = newton_schulz_stacked([mats[i] for i in members], table, safety=safety, eps=eps, eps_mode=eps_mode,
+                                        compute_dtype=dtype, precision=precision)
+        for i, result in zip(members, results):
+            out[i] = result
     return out
 
 
@@ -122,7 +155,7 @@ def muon_update(p: torch.Tensor, layout: MuonLayout, outs: Sequence[torch.Tensor
     """
     lr, wd = float(lr), float(weight_decay)
     w = p if p.is_contiguous() else p.contiguous()
-    if not cautious_weight_decay:
+    if not cautious_weight_decay and lr * wd != 0.0:  # W·1 is W: skipped (``decay_weights`` did it)
         w.mul_(1 - lr * wd)
     for view, o, shape in zip(layout.views(w), outs, shapes or layout.matrix_shapes()):
         o = o.reshape(view.shape)

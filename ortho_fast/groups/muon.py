@@ -42,7 +42,8 @@ MUON_DEFAULTS: dict[str, object] = {
     "extra_scale_factor": 1.0,
     "cautious_weight_decay": False,
     "dtype": torch.bfloat16,
-    "banks": False,
+    "banks": None,  # None: batched in bf16 / fp16 unless bitwise_torch (MuonOptions.batched); True / False
+    "bitwise_torch": False,  # True: torch.optim.Muon's bits (matrix by matrix, its 2-D calls)
     "expert_keys": (),
     "split_sizes": None,
     "split_groups": 1,
@@ -96,8 +97,10 @@ def resolve_muon_options(group: dict) -> MuonOptions:
     for key, kw in (("lr", {}), ("weight_decay", {}), ("momentum", {"high": 1.0}),
                     ("extra_scale_factor", {"low_open": True})):
         check_hyper(group[key], key, **kw)
-    for key in ("nesterov", "cautious_weight_decay", "banks"):
+    for key in ("nesterov", "cautious_weight_decay", "bitwise_torch"):
         _check_bool(group, key)
+    if group["banks"] is not None:
+        _check_bool(group, "banks")
     if not any(group["flatten"] is v for v in (None, True, False)):
         raise TypeError(f"flatten: expected None, True or False, got {group['flatten']!r}")
     check_choice(group["momentum_style"], "momentum_style", MOMENTUM_STYLES)
@@ -125,12 +128,11 @@ def resolve_muon_options(group: dict) -> MuonOptions:
         nesterov=group["nesterov"], momentum_style=group["momentum_style"], table=table, safety=float(out["safety"]),
         eps=float(out["eps"]), eps_mode=out["eps_mode"], compute_dtype=compute_dtype, precision=precision,
         adjust_lr=group["adjust_lr"], extra_scale_factor=float(group["extra_scale_factor"]),
-        cautious_weight_decay=group["cautious_weight_decay"], banks=group["banks"], expert_keys=keys,
+        cautious_weight_decay=group["cautious_weight_decay"], banks=group["banks"] is True, expert_keys=keys,
         split_sizes=_int_tuple(group["split_sizes"], "split_sizes", allow_int=False),
         split_groups=group["split_groups"], num_heads=_int_tuple(group["num_heads"], "num_heads", allow_int=True),
-        flatten=group["flatten"], **resolve_stage_options(group))
-
-
+        flatten=group["flatten"], bitwise_torch=group["bitwise_torch"], banks_setting=group["banks"],
+        **resolve_stage_options(group))
 
 
 #: The group keys a ``MuonOptions`` is resolved from (a change of any of them resolves it again).
@@ -256,10 +258,16 @@ def momentum_of(p: torch.Tensor, state, options: MuonOptions, grad: torch.Tensor
 @torch.no_grad()
 def muon_group_step(group: dict, state, options: MuonOptions | None = None, layouts: dict | None = None) -> None:
     """One Muon step for every parameter of ``group`` that has a gradient (``check_muon_step``
-    must have passed): momentum, Newton–Schulz per matrix of ``muon_layout`` (banked when
-    ``banks``), W ← W·(1 − lr·wd) − lr·s·O with s = adjusted_lr_scale(block shape)·
-    extra_scale_factor and the decoupled (or cautious) weight decay on the unscaled lr.
+    must have passed): momentum, Newton–Schulz per matrix of ``muon_layout`` (same-shape
+    matrices batched, ``MuonOptions.batched``), W ← W·(1 − lr·wd) − lr·s·O with s =
+    adjusted_lr_scale(block shape)·extra_scale_factor and the decoupled (or cautious) weight
+    decay on the unscaled lr.
 
+    The momentum and the decay run as ``_foreach`` ops over the group (the same bits as per
+    tensor); with ``bitwise_torch`` (and ``banks`` not set) every matrix takes its own 2-D
+    Newton–Schulz, torch.optim.Muon's bits; by default, with bfloat16 / float16 Newton–Schulz,
+    same-shape matrices are stacked into one batched call (``newton_schulz_stacked``), within the
+    Newton–Schulz tolerance of the oracle (the rule: ``MuonOptions.batched``).
     ``options`` / ``layouts``: the group's resolved options and a layout cache (both optional;
     resolved here when absent).
     The pipeline stages the options switch on run per matrix, in nanochat's order: MuonEq before
@@ -268,21 +276,27 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
     State: ``state[p]["momentum_buffer"]`` of the parameter's shape and dtype (created as
     zeros), the key of torch.optim.Muon; with NorMuon ``state[p]["variance_neuron"]``
     (``ortho_fast.groups.muon_stages.variance_shape``).
-    Source: Jordan et al. 2024 (Muon); torch.optim.Muon; microsoft/dion Muon; Chen et al.
-    2025 (arXiv 2510.12402, cautious weight decay).
+    Source: Jordan et al. 2024 (Muon); torch.optim.Muon (``_multi_tensor`` momentum); microsoft/dion
+    Muon; Chen et al. 2025 (arXiv 2510.12402, cautious weight decay).
     """
     options = resolve_muon_options(group) if options is None else options
     layout = _layouts(group, options, layouts)
+    live = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None]
+    for _, p in live:
+        if "momentum_buffer" not in state[p]:
+            state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+    us = muon_math.muon_momentum_foreach([p.grad for _, p in live], [state[p]["momentum_buffer"] for _, p in live],
+                                         mu=options.momentum, nesterov=options.nesterov, style=options.momentum_style)
     items = []
-    for i, p in enumerate(group["params"]):
-        if p.grad is None:
-            continue
+    for (i, p), u in zip(live, us):
         lay = layout(i, p)
-        items.append((p, lay, stage_math.pre_orthogonalize(lay.matrices(momentum_of(p, state, options)),
-                                                           equilibration=options.equilibration)))
+        items.append((p, lay, stage_math.pre_orthogonalize(lay.matrices(u), equilibration=options.equilibration)))
     outs = iter(muon_math.orthogonalize([x for _, _, mats in items for x in mats], options.table,
-                                        **options.orthogonalize_kwargs()))
+                                        **{**options.orthogonalize_kwargs(), "banks": options.batched}))
     update = options.update_kwargs()
+    if not options.cautious_weight_decay:
+        muon_math.decay_weights([p for p, _, _ in items], lr=options.lr, weight_decay=options.weight_decay)
+        update["weight_decay"] = 0.0
     for p, lay, mats in items:
         variances = None if options.normuon_beta2 is None else normuon_variances(p, state, lay, options.normuon_dim)
         post = stage_math.post_orthogonalize([next(outs) for _ in mats], variances, **options.post_orthogonalize_kwargs())

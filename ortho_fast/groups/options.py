@@ -94,7 +94,8 @@ class MuonOptions:
     ``table``: the per-step (a, b, c) rows of ``coefficients`` / ``ns_steps``; ``compute_dtype`` /
     ``precision``: the Newton–Schulz dtype setting resolved (None: the input's dtype); ``safety``,
     ``eps``, ``eps_mode``: the normalization after the schedule's defaults; ``expert_keys``,
-    ``split_sizes``, ``num_heads`` as tuples; the pipeline stages (``resolve_stage_options``:
+    ``split_sizes``, ``num_heads`` as tuples; ``banks`` True only when the group sets it
+    (``banks_setting`` keeps None / True / False); the pipeline stages (``resolve_stage_options``:
     ``equilibration`` the MuonEq side or None, ``renormalize``, ``normuon_*``). Scalars are Python floats.
     """
 
@@ -118,6 +119,10 @@ class MuonOptions:
     split_groups: int
     num_heads: int | tuple[int, ...] | None
     flatten: bool | None
+    #: torch.optim.Muon's bits: matrix by matrix with its 2-D calls (no automatic batching).
+    bitwise_torch: bool = False
+    #: ``banks`` as the group gives it (None: batched unless ``bitwise_torch``).
+    banks_setting: bool | None = None
     # the pipeline stages (ortho_fast.groups.muon_stages; every stage off by default)
     equilibration: str | None = None
     renormalize: bool = False
@@ -131,8 +136,24 @@ class MuonOptions:
         return dict(renormalize_norm=self.renormalize, beta2=self.normuon_beta2, eps=self.normuon_eps,
                     eps_mode=self.normuon_eps_mode, dim=self.normuon_dim)
 
+    @property
+    def batched(self) -> bool:
+        """Whether one process stacks same-shape matrices into one batched Newton–Schulz call:
+        ``banks`` when set; else the fast default: a bfloat16 / float16 compute dtype and not
+        ``bitwise_torch``. Measured on CPU (torch 2.13, one quintic step's three products on 4
+        stacked matrices, 128–512 × 128–2048): batched bf16 costs 0.33–0.97x the 2-D calls
+        (the oneDNN batched kernels), float32 0.74–1.03x at 1 thread and 0.52–0.95x at 2. float32 /
+        float64 stay matrix by matrix by default anyway: there a step's bits then do not depend
+        on which matrices share a group (a distributed layout, a sharding check compare them
+        bitwise with one process); ``banks=True`` opts in (docs/performance.md, "(b)")."""
+        if self.banks_setting is not None:
+            return self.banks_setting
+        return not self.bitwise_torch and self.compute_dtype in (torch.bfloat16, torch.float16)
+
     def orthogonalize_kwargs(self) -> dict:
-        """Keyword arguments of ``ortho_fast.functional.muon.orthogonalize``."""
+        """Keyword arguments of ``ortho_fast.functional.muon.orthogonalize`` as the distributed step
+        uses them (``banks`` only when the group sets it: matrix by matrix otherwise, the bits of
+        the one-process step with ``bitwise_torch=True``)."""
         return dict(safety=self.safety, eps=self.eps, eps_mode=self.eps_mode, compute_dtype=self.compute_dtype,
                     precision=self.precision, banks=self.banks)
 

@@ -171,33 +171,23 @@ def check_saved_state(entry, spec: StateSpec, p: torch.Tensor, group: dict, wher
                              f"{where}, got {value!r}")
 
 
-def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: GroupSpec,
-                            state_dtype: StateDtype | None = None,
-                            algorithm_of: Callable[[dict], str] | None = None) -> None:
-    """``torch.optim.Optimizer.load_state_dict`` with this package's guarantees.
+def distributed_runners(optimizer: Optimizer) -> list:
+    """The runners of ``optimizer`` that agree across ranks: every attribute (or value of a dict
+    attribute) with ``communicates`` set and an ``agree(error, device)`` method (``ortho_fast.distributed``'s
+    ``MuonSharding`` and ``ShardedDionGroups``), each once, in attribute order (the same on every
+    rank: every rank builds the optimizer the same way). Empty for a one-process optimizer."""
+    found: list = []
+    for value in vars(optimizer).values():
+        for runner in (value.values() if isinstance(value, dict) else (value,)):
+            if (getattr(runner, "communicates", False) is True and callable(getattr(runner, "agree", None))
+                    and not any(runner is r for r in found)):
+                found.append(runner)
+    return found
 
-    0. Dtype names written by ``state_dict_with_dtype_names`` become torch.dtypes again.
-    1. Each saved group (when there are as many as the optimizer has; otherwise torch raises
-       its own error) gets the options it lacks from the current group (a torch.optim.Muon or
-       torch.optim.AdamW checkpoint has fewer keys) and is normalized — on a trial copy with
-       the current parameters and names — by the function ``group_spec`` returns, so a bad
-       saved group raises before the optimizer changes.
-    2. torch's ``load_state_dict`` with the completed groups.
-    3. Every loaded state tensor is replaced by a copy: torch keeps the given tensor itself
-       where no cast is needed (``step``, a same-dtype buffer), so the optimizer and the state
-       dict (and the optimizer it came from) would share memory and one's step would change
-       the other. Entries for which ``state_dtype`` gives a dtype are instead copied from the
-       saved tensor in that dtype (torch's cast to the parameter's dtype would round e.g. a
-       float32 momentum of a bfloat16 parameter).
 
-    Between 1 and 2, with ``algorithm_of`` (completed group -> a key of ``STATE_SPECS``), every
-    saved parameter's state is checked (``check_saved_state``: keys, dtypes, shapes, finiteness,
-    step counts), so a corrupt or foreign checkpoint raises before the optimizer changes.
-
-    Raises: whatever ``group_spec``, its normalize function or ``check_saved_state`` raise
-    (before any change); ValueError for a state dict without "state" / "param_groups"; torch's
-    errors for a state dict of another shape (before any change too).
-    """
+def _checked_groups(optimizer: Optimizer, state_dict, group_spec: GroupSpec, algorithm_of) -> list[dict]:
+    """Steps 0 and 1 of ``load_state_dict_checked`` and its saved-state check: the completed
+    saved groups, or the first error (nothing changed)."""
     if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= set(state_dict):
         raise ValueError("state_dict: expected a dict with 'state' and 'param_groups' (an optimizer's state_dict())")
     saved = [{k: _dtype_from_name(v) for k, v in g.items()} for g in state_dict["param_groups"]]
@@ -222,6 +212,51 @@ def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: 
                 if pid in state_dict["state"]:
                     check_saved_state(state_dict["state"][pid], spec, p, trial,
                                       f"parameter {j} of param group {i} (shape {tuple(p.shape)})")
+    return saved
+
+
+def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: GroupSpec,
+                            state_dtype: StateDtype | None = None,
+                            algorithm_of: Callable[[dict], str] | None = None) -> None:
+    """``torch.optim.Optimizer.load_state_dict`` with this package's guarantees.
+
+    0. Dtype names written by ``state_dict_with_dtype_names`` become torch.dtypes again.
+    1. Each saved group (when there are as many as the optimizer has; otherwise torch raises
+       its own error) gets the options it lacks from the current group (a torch.optim.Muon or
+       torch.optim.AdamW checkpoint has fewer keys) and is normalized — on a trial copy with
+       the current parameters and names — by the function ``group_spec`` returns, so a bad
+       saved group raises before the optimizer changes.
+    2. torch's ``load_state_dict`` with the completed groups.
+    3. Every loaded state tensor is replaced by a copy: torch keeps the given tensor itself
+       where no cast is needed (``step``, a same-dtype buffer), so the optimizer and the state
+       dict (and the optimizer it came from) would share memory and one's step would change
+       the other. Entries for which ``state_dtype`` gives a dtype are instead copied from the
+       saved tensor in that dtype (torch's cast to the parameter's dtype would round e.g. a
+       float32 momentum of a bfloat16 parameter).
+
+    Between 1 and 2, with ``algorithm_of`` (completed group -> a key of ``STATE_SPECS``), every
+    saved parameter's state is checked (``check_saved_state``: keys, dtypes, shapes, finiteness,
+    step counts), so a corrupt or foreign checkpoint raises before the optimizer changes.
+
+    A distributed optimizer (``distributed_runners``) makes the verdict of these checks global
+    before anything changes: a corrupt state on one rank (a NaN in its shard) raises there and
+    ValueError (``another rank rejected``) on every other rank (``comm.raise_together``: one
+    all-reduce per mesh axis, also when every rank is fine), so no rank loads while another
+    does not.
+    Raises: whatever ``group_spec``, its normalize function or ``check_saved_state`` raise
+    (before any change); ValueError for a state dict without "state" / "param_groups"; torch's
+    errors for a state dict of another shape (before any change too).
+    """
+    error, saved = None, []
+    try:
+        saved = _checked_groups(optimizer, state_dict, group_spec, algorithm_of)
+    except (ValueError, TypeError, KeyError) as err:
+        error = err
+    device = next((p.device for g in optimizer.param_groups for p in g["params"]), None)  # NCCL: the GPU
+    for runner in distributed_runners(optimizer):  # every rank raises together, before any change
+        runner.agree(error, device=device)
+    if error is not None:
+        raise error
     ids = [i for g in state_dict["param_groups"] for i in g["params"]]
     params = [p for g in optimizer.param_groups for p in g["params"]]
     source = {p: state_dict["state"].get(i, {}) for i, p in zip(ids, params)}

@@ -79,11 +79,12 @@ def test_hybrid_step_equals_each_algorithm_applied_separately(config):
 
 
 def test_muon_config_defaults_are_torch_muon_and_torch_adamw():
-    """MuonConfig() on 2-D weights is bitwise torch.optim.Muon with its defaults, and its
+    """MuonConfig(muon_options={"bitwise_torch": True}) on 2-D weights is bitwise torch.optim.Muon
+    with its defaults (the fast default batches same-shape matrices), and its
     AdamW groups are torch.optim.AdamW with its defaults (embeddings without decay)."""
     model = gpt_model()
     twin = copy.deepcopy(model)
-    opt = MuonConfig(expert_keys=("experts",)).build(model)
+    opt = MuonConfig(expert_keys=("experts",), muon_options={"bitwise_torch": True}).build(model)
     params = dict(twin.named_parameters())
     groups = {g["algorithm"]: [] for g in opt.param_groups}
     for g in opt.param_groups:

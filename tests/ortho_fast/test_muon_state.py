@@ -25,23 +25,25 @@ from tests.round_trip import assert_bitwise_same, round_trip, run_steps
 
 
 def test_torch_parity_with_equal_shapes_and_torch_checkpoint():
-    """Plain defaults (banks off, eps_mode resolved to torch's clamp) with several 16 x 24
-    parameters stay bitwise equal to torch; a torch.optim.Muon state_dict loads (Muon keys it
-    lacks come from the current groups, its lr replaces ours) and the next steps stay bitwise
-    equal to torch's uninterrupted run."""
+    """``bitwise_torch=True`` (no batching, eps_mode resolved to torch's clamp) with several 16 x 24
+    parameters stays bitwise equal to torch (the fast default stacks them: tests/ortho_fast/
+    test_muon_fast_path.py); a torch.optim.Muon state_dict loads (Muon keys it
+    lacks come from the current groups, its lr replaces ours, its group becomes bitwise_torch) and
+    the next steps stay bitwise equal to torch's uninterrupted run, even from a default optimizer."""
     rng = rng_for("torch-ckpt")
     w0 = [torch.tensor(0.02 * rng.standard_normal((16, 24)), dtype=torch.float32) for _ in range(3)]
     grads = [[torch.tensor(rng.standard_normal((16, 24)), dtype=torch.float32) for _ in w0] for _ in range(4)]
     ps_ref, ps_fast, ps_t = ([torch.nn.Parameter(w.clone()) for w in w0] for _ in range(3))
     run_steps(ps_ref, torch.optim.Muon(ps_ref, lr=0.02), grads)
-    run_steps(ps_fast, Muon(ps_fast, lr=0.02), grads)
+    run_steps(ps_fast, Muon(ps_fast, lr=0.02, bitwise_torch=True), grads)
     assert all(torch.equal(a, b) for a, b in zip(ps_ref, ps_fast))
     o_t = torch.optim.Muon(ps_t, lr=0.02)
     run_steps(ps_t, o_t, grads[:2])
     ps_load = [torch.nn.Parameter(p.detach().clone()) for p in ps_t]
-    o_load = Muon(ps_load, lr=0.5)
+    o_load = Muon(ps_load, lr=0.5)  # the torch checkpoint sets bitwise_torch=True
     o_load.load_state_dict(copy.deepcopy(o_t.state_dict()))
     assert o_load.param_groups[0]["lr"] == 0.02 and o_load.param_groups[0]["coefficients"] == "jordan"
+    assert o_load.param_groups[0]["bitwise_torch"] is True
     run_steps(ps_load, o_load, grads[2:])
     assert all(torch.equal(a, b) for a, b in zip(ps_ref, ps_load))
 
