@@ -148,7 +148,7 @@ class MuonConfig(_HybridConfig):
     Keller Jordan's coefficients ("jordan"), bf16 Newton–Schulz, "original" lr adjustment
     √max(1, m/n) (torch's ``adjust_lr_fn=None``). ``ns_steps``, ``safety``, ``eps`` and
     ``eps_mode`` None come from the schedule exactly as in ``Muon``: "jordan" runs 5 steps
-    with torch's X₀ = U / max(‖U‖_F, 1e-7) (bitwise torch.optim.Muon on CPU), "polar_express"
+    with torch's X₀ = U / max(‖U‖_F, 1e-7) (bitwise torch.optim.Muon on CPU with ``muon_options={"bitwise_torch": True}``), "polar_express"
     5 steps with X₀ = U / (1.02‖U‖_F + 1e-6) (microsoft/dion, nanochat), "you6" 6 steps.
     ``muon_options``: any other ``MUON_DEFAULTS`` key (momentum_style, split_sizes, flatten, ...;
     a field that is set wins over the same key there).
