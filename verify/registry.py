@@ -157,6 +157,15 @@ CONFIGS: tuple[OptimizerConfig, ...] = (
          "Algorithm 1; microsoft/dion)", ["reproduce"], label=f"Dion r={name}, {'EF' if ef else 'no EF'}",
          rank_fraction=fraction, error_feedback=ef, qr_method="householder")
       for fraction, name in REPRODUCTION_RANK_FRACTIONS for ef in (True, False)),
+    # NorMuon: Muon (Polar Express, Nesterov as the Muon rows) with NorMuon's per-neuron second-moment EMA
+    # (β₂ 0.95, microsoft/dion NorMuon's default; per row, √v + 1e-8: the stage defaults). Dion2: microsoft/dion's
+    # Dion2 at fraction 1/4 with its default ef_decay 0.95, Polar Express and Dion's √(m/n) lr scale; it has no μ.
+    _c("reproduce/normuon", "muon", "NorMuon (Li et al., arXiv 2510.05491; microsoft/dion dion/normuon.py)",
+       ["reproduce"], label="NorMuon (Polar Express)", nesterov=True, coefficients="polar_express",
+       normuon_beta2=0.95),
+    _c("reproduce/dion2-1/4", "dion2", "Dion2 (Ahn, Amsel, Langford, arXiv 2512.16928; microsoft/dion dion/dion2.py)",
+       ["reproduce"], label="Dion2 f=1/4", fraction=0.25, ef_decay=0.95, coefficients="polar_express",
+       adjust_lr="spectral_norm"),
 )
 
 _BY_NAME = {c.name: c for c in CONFIGS}

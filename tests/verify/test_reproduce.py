@@ -261,6 +261,8 @@ def test_every_method_trains_the_same_matrices_with_its_own_options(method):
         scales = [ortho_fast.adjusted_lr_scale(group["adjust_lr"], m, n) for m, n in shapes.values()]
         assert scales == [math.sqrt(m / n) for m, n in shapes.values()]  # Dion's scale: only the orthogonalizer differs
         return
+    if method.family == "dion2":  # checked in tests/verify/test_reproduce_methods.py
+        return
     assert (group["rank_fraction"], group["error_feedback"]) == (method.rank_fraction, method.error_feedback)
     batch = torch.randint(0, data.VOCAB_SIZE, (2, config.context + 1), generator=torch.Generator().manual_seed(0))
     F.cross_entropy(model(batch[:, :-1]).reshape(-1, data.VOCAB_SIZE), batch[:, 1:].reshape(-1)).backward()

@@ -111,7 +111,8 @@ def test_without_noise_the_slope_is_recovered(gap, slope):
 
 
 def test_size_trends_follow_every_series_on_synthetic_sweeps():
-    """``size_trends`` on three synthetic sizes: Dion's gaps shrink, AdamW's grows, EF is flat."""
+    """``size_trends`` on three synthetic sizes: Dion's and Dion2's gaps shrink, AdamW's and NorMuon's
+    lead grow, EF is flat."""
     x = np.log2(np.asarray(SIZES, float) / SIZES[0])
     sizes = []
     for i, n in enumerate(SIZES):
@@ -120,6 +121,8 @@ def test_size_trends_follow_every_series_on_synthetic_sweeps():
         for name, gap in (("1", 0.02), ("1/4", 0.24), ("1/16", 0.36)):
             base[f"dion-{name}-ef"] = base["muon-jordan"] + gap * (1 if name == "1" else 1 - 0.3 * x[i])
             base[f"dion-{name}-noef"] = base[f"dion-{name}-ef"] + 0.001
+        base["normuon"] = base["muon-polar_express"] - 0.02 - 0.02 * x[i]
+        base["dion2-1/4"] = base["muon-polar_express"] + 0.2 * (1 - 0.3 * x[i])
         evaluation = {k: {"seeds": list(SEEDS), "test_loss": [v + NOISE[j][i] for j in range(3)]}
                       for k, v in base.items()}
         spectral = {"seeds": list(SEEDS), "schedules": {
@@ -130,4 +133,4 @@ def test_size_trends_follow_every_series_on_synthetic_sweeps():
     trends = {t["key"]: t["verdict"] for t in scaling.size_trends(sizes)}
     assert trends == {"muon_vs_adamw": "grows", "dion_full_rank": "flat", "dion_quarter_rank": "shrinks",
                       "dion_sixteenth_rank": "shrinks", "error_feedback_1/4": "flat", "error_feedback_1/16": "flat",
-                      "polar_express": "flat"}
+                      "polar_express": "flat", "normuon": "grows", "dion2_quarter": "shrinks"}

@@ -1,10 +1,10 @@
-"""Research reproduction: the papers' claims on Muon, Dion and Polar Express, re-measured on real text.
+"""Research reproduction: the papers' claims on Muon, NorMuon, Dion, Dion2 and Polar Express, re-measured on real text.
 
 ``ortho-verify reproduce`` (or ``python -m ortho_verify.reproduce``) trains the byte-level GPT of
 ``ortho_verify.data`` on the running Python's standard-library sources, split by file into train,
 validation and test (``ortho_verify.data.stdlib_split``), with AdamW, Muon (Keller Jordan's and the
-Polar Express coefficients) and Dion at rank fractions 1, 1/4 and 1/16 with and without error
-feedback. Protocol:
+Polar Express coefficients), NorMuon, Dion at rank fractions 1, 1/4 and 1/16 with and without error
+feedback, and Dion2 at fraction 1/4. Protocol:
 
 1. learning-rate sweep on the sweep seed, judged on the validation split (AdamW first: its best
    lr also trains the non-matrix parameters of every Muon / Dion run); a best lr at the edge of
@@ -29,19 +29,22 @@ map), ``study`` (``run_study``), ``scaling`` (the size sweep), ``trend`` (the tr
 ``ortho_verify.reproduce``; the methods' optimizer options come from ``ortho_verify.registry``.
 
 Sources: Jordan et al., "Muon" (2024 blog); Liu et al., arXiv 2502.16982 (Moonlight); Ahn et
-al., arXiv 2504.05295 (Dion); Amsel et al., arXiv 2505.16932 (Polar Express).
+al., arXiv 2504.05295 (Dion); Amsel et al., arXiv 2505.16932 (Polar Express); Li et al., arXiv
+2510.05491 (NorMuon); Ahn, Amsel, Langford, arXiv 2512.16928 (Dion2).
 """
 
-from ortho_verify.reproduce.claims import (CLAIMS, Claim, claim_dion_full_rank_matches_muon,
-                                           claim_dion_quarter_rank_close, claim_error_feedback_needed,
-                                           claim_muon_beats_adamw, claim_polar_express_more_accurate, evaluate_claims)
+from ortho_verify.reproduce.claims import (CLAIM_RULES, CLAIMS, Claim, claim_dion2_quarter_close,
+                                           claim_dion_full_rank_matches_muon, claim_dion_quarter_rank_close,
+                                           claim_error_feedback_needed, claim_muon_beats_adamw,
+                                           claim_normuon_beats_muon, claim_polar_express_more_accurate, evaluate_claims)
 from ortho_verify.reproduce.cli import build_parser, main
 from ortho_verify.reproduce.config import (CLOSE_MARGIN, MATCH_MARGIN, METHODS, METHODS_BY_KEY, MUON_LR_CONVENTIONS,
                                            NS_DTYPES, QUICK, RANK_FRACTIONS, RESULTS_FORMAT, SV_DTYPES, SV_SCHEDULES,
                                            VERDICTS, Method, ReproConfig, gpt_config, lr_multiplier, method_options)
 from ortho_verify.reproduce.cache import (CACHE_FORMAT, CachedRunner, RunCache, code_files, default_cache_dir,
                                           method_fingerprint, method_fingerprints, run_key)
-from ortho_verify.reproduce.config import FLAT_REFERENCE, TREND_SERIES, TrendSeries
+from ortho_verify.reproduce.config import (FAMILIES, FLAT_REFERENCE, TREND_SERIES, UNAVAILABLE_METHODS, TrendSeries,
+                                           missing_options)
 from ortho_verify.reproduce.markdown import render_markdown, write_report
 from ortho_verify.reproduce.scaling import (DEFAULT_SWEEP, LR_SWEEP_MODES, QUICK_SWEEP, ModelSize, SizeSweep,
                                             cost_table, parameter_counts, run_size_sweep, series_differences,
@@ -75,4 +78,7 @@ __all__ = [
     "cost_table", "default_cache_dir", "method_fingerprint", "method_fingerprints", "parameter_counts",
     "render_sweep_sections", "run_key", "run_size_sweep", "seed_slopes", "series_differences", "size_trends",
     "trend_rule_text", "trend_verdict", "write_sweep_plots",
+    # NorMuon and Dion2 (issue 16)
+    "CLAIM_RULES", "FAMILIES", "UNAVAILABLE_METHODS", "claim_dion2_quarter_close", "claim_normuon_beats_muon",
+    "missing_options",
 ]

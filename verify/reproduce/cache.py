@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 import ortho_fast
-from ortho_verify.reproduce.config import METHODS, Method, ReproConfig, method_options
+from ortho_verify.reproduce.config import FAMILIES, METHODS, Method, ReproConfig, method_options
 
 __all__ = ["CACHE_FORMAT", "CachedRunner", "RunCache", "code_files", "default_cache_dir", "method_fingerprint",
            "method_fingerprints", "run_key"]
@@ -34,8 +34,12 @@ __all__ = ["CACHE_FORMAT", "CachedRunner", "RunCache", "code_files", "default_ca
 CACHE_FORMAT = 1
 #: ReproConfig fields that no single run reads (the protocol's, not the run's).
 _PROTOCOL_FIELDS = frozenset({"seeds", "sweep_seed", "adamw_lrs", "muon_lrs", "dion_lrs", "lr_extensions", "lr_factor"})
-#: ortho_fast files a family does not execute (by file name); distributed/ is never executed here.
-_OTHER_FAMILY = {"muon": ("dion.py", "qr.py"), "dion": ("muon.py", "newton_schulz.py", "coefficients.py")}
+#: ortho_fast files a family does not execute (by file name, or by path under ortho_fast/); distributed/ is
+#: never executed here. Dion2 runs Newton–Schulz (newton_schulz.py, coefficients.py) and functional/muon.py's lr
+#: scale, and HybridOptimizer runs ortho_fast/dion.py and groups/dion.py for every family: only Dion's math
+#: (functional/dion.py, functional/qr.py) is left out.
+_OTHER_FAMILY = {"muon": ("dion.py", "qr.py"), "dion": ("muon.py", "newton_schulz.py", "coefficients.py"),
+                 "dion2": ("functional/dion.py", "functional/qr.py")}
 
 
 def default_cache_dir() -> Path:
@@ -50,18 +54,18 @@ def default_cache_dir() -> Path:
 def code_files(family: str) -> list[Path]:
     """Source files a run of a method family executes: ``ortho_verify.reproduce``'s training,
     configuration and ``ortho_verify.data`` (model, corpus) for every family, and for "muon" /
-    "dion" the ``ortho_fast`` package without ``distributed/`` and without the other family's
-    files. Patch point: ``method_fingerprint`` looks it up on this module at every call, so a test
+    "dion" / "dion2" the ``ortho_fast`` package without ``distributed/`` and without the files
+    only another family executes (Dion2: without Dion's math, with Newton–Schulz). Patch point: ``method_fingerprint`` looks it up on this module at every call, so a test
     may replace it (``monkeypatch.setattr(ortho_verify.reproduce.cache, "code_files", ...)``).
     Raises: ValueError for an unknown family."""
-    if family not in ("adamw", "muon", "dion"):
-        raise ValueError(f"family: expected 'adamw', 'muon' or 'dion', got {family!r}")
+    if family not in FAMILIES:
+        raise ValueError(f"family: expected one of {FAMILIES}, got {family!r}")
     here = Path(__file__).resolve().parent
     files = [here / "training.py", here / "config.py", here.parent / "data.py"]
     if family != "adamw":
         root = Path(ortho_fast.__file__).resolve().parent
-        files += [p for p in sorted(root.rglob("*.py"))
-                  if "distributed" not in p.relative_to(root).parts and p.name not in _OTHER_FAMILY[family]]
+        files += [p for p in sorted(root.rglob("*.py")) if "distributed" not in p.relative_to(root).parts
+                  and p.name not in _OTHER_FAMILY[family] and p.relative_to(root).as_posix() not in _OTHER_FAMILY[family]]
     return files
 
 

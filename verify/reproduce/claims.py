@@ -1,6 +1,7 @@
 """The claims of ``ortho-verify reproduce``: each a pure function of the results with a stated
 decision rule (``ortho_verify.reproduce.statistics``). Sources: Jordan et al. 2024; Liu et al.,
-arXiv 2502.16982; Ahn et al., arXiv 2504.05295; Amsel et al., arXiv 2505.16932."""
+arXiv 2502.16982; Ahn et al., arXiv 2504.05295; Amsel et al., arXiv 2505.16932; Li et al., arXiv
+2510.05491 (NorMuon); Ahn, Amsel, Langford, arXiv 2512.16928 (Dion2)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from ortho_verify.reproduce.config import CLOSE_MARGIN, MATCH_MARGIN, METHODS_BY
 from ortho_verify.reproduce.statistics import (difference_text, lower_verdict, mean_std_text, paired_difference,
                                                test_losses, within_verdict)
 
-__all__ = ["CLAIMS", "Claim", "claim_dion_full_rank_matches_muon", "claim_dion_quarter_rank_close",
-           "claim_error_feedback_needed", "claim_muon_beats_adamw", "claim_polar_express_more_accurate",
-           "evaluate_claims"]
+__all__ = ["CLAIMS", "CLAIM_RULES", "Claim", "claim_dion2_quarter_close", "claim_dion_full_rank_matches_muon",
+           "claim_dion_quarter_rank_close", "claim_error_feedback_needed", "claim_muon_beats_adamw",
+           "claim_normuon_beats_muon", "claim_polar_express_more_accurate", "evaluate_claims"]
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,13 @@ class Claim:
     measured: str = ""
 
 
+def _label(key: str, fallback: str) -> str:
+    """A method's label; ``fallback`` for a method not in this installation's ``METHODS``."""
+    return METHODS_BY_KEY[key].label if key in METHODS_BY_KEY else fallback
+
+
 def _summary(results: Mapping, key: str) -> str:
-    return f"{METHODS_BY_KEY[key].label} {mean_std_text(test_losses(results, key).values())}"
+    return f"{_label(key, key)} {mean_std_text(test_losses(results, key).values())}"
 
 
 def _compare(results: Mapping, worse: str, better: str) -> tuple[dict, dict]:
@@ -73,18 +79,25 @@ def claim_muon_beats_adamw(results: Mapping) -> Claim:
                  f"AdamW − Muon = {difference_text(diff)}")
 
 
-def _within_claim(results: Mapping, key: str, margin: float, statement: str, claim_key: str) -> Claim:
-    diff, numbers = _compare(results, key, "muon-jordan")
-    muon = [v for v in test_losses(results, "muon-jordan").values() if v is not None and math.isfinite(v)]
+def _within_claim(results: Mapping, key: str, margin: float, statement: str, claim_key: str, *,
+                  reference: str = "muon-jordan", source: str = "Ahn et al., arXiv 2504.05295",
+                  names: tuple[str, str] = ("Dion", "Muon"), label: str = "") -> Claim:
+    diff, numbers = _compare(results, key, reference)
+    muon = [v for v in test_losses(results, reference).values() if v is not None and math.isfinite(v)]
     delta = margin * float(np.mean(muon)) if muon else math.nan
     verdict = within_verdict(diff, delta) if muon else "inconclusive"
     numbers.update(margin_relative=margin, margin=delta)
-    sentence = (f"{_OUTCOME[verdict]}: {_summary(results, key)} vs {_summary(results, 'muon-jordan')} nats/byte; "
-                f"Dion − Muon = {difference_text(diff)}, margin ±{delta:.3f} ({margin:.1%} of Muon's loss).")
-    rule = (f"d = test loss of {METHODS_BY_KEY[key].label} − Muon (Keller) per seed, δ = {margin:.1%} of Muon's mean loss; "
-            "reproduced if |mean(d)| + spread(d) ≤ δ, not reproduced if |mean(d)| − spread(d) > δ, else inconclusive")
-    return Claim(claim_key, statement, "Ahn et al., arXiv 2504.05295", rule, verdict, numbers, sentence,
-                 f"Dion − Muon = {difference_text(diff)}; δ = {delta:.3f}")
+    ref_label = _label(reference, reference)
+    method, ref = names
+    summaries = (f"{_summary(results, key)} vs {_summary(results, reference)} nats/byte"
+                 if key in METHODS_BY_KEY and reference in METHODS_BY_KEY else f"{label or key} was not run")
+    sentence = (f"{_OUTCOME[verdict]}: {summaries}; "
+                f"{method} − {ref} = {difference_text(diff)}, margin ±{delta:.3f} ({margin:.1%} of {ref}'s loss).")
+    rule = (f"d = test loss of {_label(key, label or key)} − {ref_label} per seed, δ = {margin:.1%} of {ref}'s mean "
+            "loss; reproduced if |mean(d)| + spread(d) ≤ δ, not reproduced if |mean(d)| − spread(d) > δ, else "
+            "inconclusive")
+    return Claim(claim_key, statement, source, rule, verdict, numbers, sentence,
+                 f"{method} − {ref} = {difference_text(diff)}; δ = {delta:.3f}")
 
 
 def claim_dion_full_rank_matches_muon(results: Mapping) -> Claim:
@@ -163,8 +176,48 @@ def claim_polar_express_more_accurate(results: Mapping) -> Claim:
                  f"Keller − Polar Express = {difference_text(diff)} ({dtype}, distance to UVᵀ)")
 
 
+def claim_normuon_beats_muon(results: Mapping) -> Claim:
+    """Li et al. (NorMuon, arXiv 2510.05491), abstract: "NorMuon consistently outperforms both Adam
+    and Muon" (11.31 % better training efficiency than Muon at 1.1B parameters). Judged here as a
+    lower held-out loss at equal steps, with both orthogonalizing by Polar Express (as microsoft/dion's
+    NorMuon and Muon do), so that the pair differs only in the NorMuon stage. Rule:
+    ``lower_verdict`` on Muon (Polar Express) − NorMuon per seed."""
+    diff, numbers = _compare(results, "muon-polar_express", "normuon")
+    verdict = lower_verdict(diff)
+    normuon = (_summary(results, "normuon") if "normuon" in METHODS_BY_KEY else
+               "NorMuon was not run (this ortho_fast's Muon has no normuon_beta2)")
+    sentence = (f"{_OUTCOME[verdict]}: held-out loss {normuon} vs {_summary(results, 'muon-polar_express')} "
+                f"nats/byte; Muon (Polar Express) − NorMuon = {difference_text(diff)}.")
+    return Claim("normuon_vs_muon", "NorMuon reaches a lower held-out loss than Muon (Polar Express) at equal steps",
+                 "Li et al., arXiv 2510.05491 (NorMuon); microsoft/dion dion/normuon.py",
+                 _lower_rule("test loss of Muon (Polar Express) − NorMuon (Polar Express)"), verdict, numbers, sentence,
+                 f"Muon (PE) − NorMuon = {difference_text(diff)}")
+
+
+def claim_dion2_quarter_close(results: Mapping) -> Claim:
+    """Dion2 (Ahn, Amsel, Langford, arXiv 2512.16928; microsoft/dion): the paper's Figure 1 shows a
+    final loss nearly identical to full Muon's while orthogonalizing only 25 % of the matrix (its
+    experiments: 300M and 1B models); microsoft/dion's README says Dion and Dion2 "share similar
+    practical benefits" with Muon. The comparison is against Muon with Polar Express: microsoft/dion's
+    Muon (the paper's codebase and baseline) and Dion2 itself orthogonalize with it, so the pair
+    differs only in the row / column selection and its error feedback. Rule: ``within_verdict`` of
+    Dion2 (f = 1/4) − Muon (Polar Express) with margin ``CLOSE_MARGIN`` × that Muon's mean loss."""
+    return _within_claim(results, "dion2-1/4", CLOSE_MARGIN,
+                         "Dion2 orthogonalizing a fraction 1/4 of the rows or columns stays close to Muon",
+                         "dion2_quarter", reference="muon-polar_express",
+                         source="Ahn, Amsel, Langford, arXiv 2512.16928 (Dion2), Figure 1; microsoft/dion",
+                         names=("Dion2", "Muon (PE)"), label="Dion2 f=1/4")
+
+
+#: Every claim, in report order: the loss claims, then the Newton–Schulz accuracy claim.
 CLAIMS = (claim_muon_beats_adamw, claim_dion_full_rank_matches_muon, claim_dion_quarter_rank_close,
-          claim_error_feedback_needed, claim_polar_express_more_accurate)
+          claim_error_feedback_needed, claim_normuon_beats_muon, claim_dion2_quarter_close,
+          claim_polar_express_more_accurate)
+#: Claim key -> its decision rule ("lower": ``lower_verdict``, "within": ``within_verdict``), in the
+#: order of ``CLAIMS`` (the report numbers the claims by it).
+CLAIM_RULES = {"muon_vs_adamw": "lower", "dion_full_rank": "within", "dion_quarter_rank": "within",
+               "error_feedback": "lower", "normuon_vs_muon": "lower", "dion2_quarter": "within",
+               "polar_express": "lower"}
 
 
 def evaluate_claims(results: Mapping) -> list[Claim]:

@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ortho-verify reproduce",
         description="At several model widths (a size sweep; --single-size: one), train a small byte-level GPT on "
                     "the Python standard library's sources with AdamW, Muon "
-                    "(Keller / Polar Express) and Dion (rank 1, 1/4, 1/16, with and without error feedback), sweep "
+                    "(Keller / Polar Express), NorMuon, Dion (rank 1, 1/4, 1/16, with and without error feedback) and "
+                    "Dion2 (fraction 1/4), sweep "
                     "each method's learning rate, evaluate it on several seeds, and write OUT/reproduction.md "
                     "(verdict per claim with its numbers), OUT/reproduction/*.png and OUT/reproduction/results.json.")
     parser.add_argument("--out", type=Path, default=Path("ortho-verify-out"),

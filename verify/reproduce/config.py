@@ -9,10 +9,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+import ortho_fast
 from ortho_verify import registry
 from ortho_verify.data import GPTConfig
 
-__all__ = ["FLAT_REFERENCE", "TREND_SERIES", "TrendSeries",
+__all__ = ["FAMILIES", "FLAT_REFERENCE", "TREND_SERIES", "TrendSeries", "UNAVAILABLE_METHODS", "missing_options",
            "CLOSE_MARGIN", "MATCH_MARGIN", "METHODS", "METHODS_BY_KEY", "MUON_LR_CONVENTIONS", "Method", "NS_DTYPES",
            "QUICK", "RANK_FRACTIONS", "RESULTS_FORMAT", "ReproConfig", "SV_DTYPES", "SV_SCHEDULES", "VERDICTS",
            "gpt_config", "lr_multiplier", "method_options"]
@@ -33,12 +34,23 @@ NS_DTYPES = ("bfloat16", "float16", "float32", "float64")
 MUON_LR_CONVENTIONS = ("spectral_norm", "original")
 
 
+#: The method families (the ``algorithm`` of ``ortho_fast.param_groups`` that trains the hidden matrices;
+#: "adamw" trains every parameter) and the option defaults that say which options the installed
+#: ``ortho_fast`` knows.
+FAMILIES = ("adamw", "muon", "dion", "dion2")
+_FAMILY_DEFAULTS = {"muon": ortho_fast.MUON_DEFAULTS, "dion": ortho_fast.DION_DEFAULTS,
+                    "dion2": ortho_fast.DION2_DEFAULTS}
+
+
 @dataclass(frozen=True)
 class Method:
-    """One optimizer of the study. ``family`` "adamw" trains every parameter with AdamW;
-    "muon" / "dion" train the hidden matrices (attention qkv / proj, MLP fc / proj) with Muon
-    (``coefficients`` a schedule of ``ortho_fast.COEFFICIENTS``) or Dion (``rank_fraction``,
-    ``error_feedback``) and the rest (embeddings, LayerNorms, lm_head) with AdamW."""
+    """One optimizer of the study. ``family`` (one of ``FAMILIES``) "adamw" trains every parameter
+    with AdamW; "muon" / "dion" / "dion2" train the hidden matrices (attention qkv / proj, MLP fc /
+    proj) with Muon (``coefficients`` a schedule of ``ortho_fast.COEFFICIENTS``; NorMuon when
+    ``normuon_beta2`` is set: Li et al., arXiv 2510.05491), Dion (``rank_fraction``,
+    ``error_feedback``) or Dion2 (``fraction`` of the rows or columns orthogonalized,
+    ``ef_decay``: microsoft/dion ``dion/dion2.py``) and the rest (embeddings, LayerNorms, lm_head)
+    with AdamW."""
 
     key: str
     label: str
@@ -46,16 +58,41 @@ class Method:
     coefficients: str | None = None
     rank_fraction: float | None = None
     error_feedback: bool | None = None
+    fraction: float | None = None
+    ef_decay: float | None = None
+    normuon_beta2: float | None = None
+
+
+def missing_options(config: registry.OptimizerConfig) -> tuple[str, ...]:
+    """The options of a reproduction method (``ortho_verify.registry`` configuration) that the
+    installed ``ortho_fast`` does not know for its algorithm (keys absent from ``MUON_DEFAULTS`` /
+    ``DION_DEFAULTS`` / ``DION2_DEFAULTS``); () for AdamW. ``ortho_fast.param_groups`` keeps an
+    unknown group key without using it, so a method with a missing option would train as another
+    algorithm under its name: such a method is left out of ``METHODS``.
+    Raises: KeyError for an algorithm outside ``FAMILIES``."""
+    if config.algorithm == "adamw":
+        return ()
+    known = _FAMILY_DEFAULTS[config.algorithm]
+    return tuple(k for k in config.options if k not in known)
+
+
+def _method(c: registry.OptimizerConfig) -> Method:
+    return Method(c.name.removeprefix("reproduce/"), c.label, c.algorithm, **{
+        k: c.options.get(k) for k in ("coefficients", "rank_fraction", "error_feedback", "fraction", "ef_decay",
+                                      "normuon_beta2")})
 
 
 #: Dion's rank fractions (fraction, name in method keys): ``ortho_verify.registry.REPRODUCTION_RANK_FRACTIONS``.
 RANK_FRACTIONS = registry.REPRODUCTION_RANK_FRACTIONS
-#: Every method of the study, in report order: ``ortho_verify.registry.REPRODUCTION_METHODS``.
-METHODS: tuple[Method, ...] = tuple(
-    Method(c.name.removeprefix("reproduce/"), c.label, c.algorithm, coefficients=c.options.get("coefficients"),
-           rank_fraction=c.options.get("rank_fraction"), error_feedback=c.options.get("error_feedback"))
-    for c in registry.REPRODUCTION_METHODS)
+#: Every method of the study, in report order: ``ortho_verify.registry.REPRODUCTION_METHODS`` whose
+#: options the installed ``ortho_fast`` knows (``missing_options``).
+METHODS: tuple[Method, ...] = tuple(_method(c) for c in registry.REPRODUCTION_METHODS if not missing_options(c))
 METHODS_BY_KEY = {m.key: m for m in METHODS}
+#: The registry's methods left out of ``METHODS``: key -> the options ``ortho_fast`` does not know
+#: (e.g. "normuon" before ``ortho_fast``'s Muon has ``normuon_beta2``). The report lists them.
+UNAVAILABLE_METHODS: dict[str, tuple[str, ...]] = {
+    c.name.removeprefix("reproduce/"): missing_options(c) for c in registry.REPRODUCTION_METHODS
+    if missing_options(c)}
 
 
 @dataclass(frozen=True)
@@ -73,8 +110,7 @@ class TrendSeries:
     kind: str = "loss"
 
 
-#: The series whose trend the size sweep judges. NorMuon / Dion2 rows go here (and their methods
-#: in ``ortho_verify.registry.REPRODUCTION_METHODS``) once those algorithms land.
+#: The series whose trend the size sweep judges.
 TREND_SERIES = (
     TrendSeries("muon_vs_adamw", "AdamW − Muon (Keller)", "muon_vs_adamw", "adamw", "muon-jordan"),
     TrendSeries("dion_full_rank", "Dion r=1, EF − Muon (Keller)", "dion_full_rank", "dion-1-ef", "muon-jordan"),
@@ -84,6 +120,9 @@ TREND_SERIES = (
     TrendSeries("error_feedback_1/4", "no EF − EF, Dion r=1/4", "error_feedback", "dion-1/4-noef", "dion-1/4-ef"),
     TrendSeries("error_feedback_1/16", "no EF − EF, Dion r=1/16", "error_feedback", "dion-1/16-noef",
                 "dion-1/16-ef"),
+    TrendSeries("normuon", "Muon (Polar Express) − NorMuon", "normuon_vs_muon", "muon-polar_express", "normuon"),
+    TrendSeries("dion2_quarter", "Dion2 f=1/4 − Muon (Polar Express)", "dion2_quarter", "dion2-1/4",
+                "muon-polar_express"),
     TrendSeries("polar_express", "Keller − Polar Express, distance to UVᵀ", "polar_express", "jordan",
                 "polar_express", kind="spectral"),
 )
@@ -119,10 +158,13 @@ class ReproConfig:
     ``curve_points`` + 1 evenly spaced steps (step 0 included) of the evaluation runs.
     ``heldout_every``: one file in k validation, one test (``ortho_verify.data.stdlib_split``).
     Seeds: ``sweep_seed`` for the lr sweep, ``seeds`` for the evaluation (disjoint).
-    Grids: ``adamw_lrs``, ``muon_lrs`` (scaled per matrix by ``muon_adjust_lr``, one of
-    ``MUON_LR_CONVENTIONS``; default Dion's √(m/n)), ``dion_lrs`` (Dion's √(m/n));
+    Grids: ``adamw_lrs``, ``muon_lrs`` (Muon and NorMuon; scaled per matrix by ``muon_adjust_lr``,
+    one of ``MUON_LR_CONVENTIONS``; default Dion's √(m/n)), ``dion_lrs`` (Dion and Dion2, both
+    scaled by √(m/n); it starts at 0.0025 because low-rank Dion's best lr lay at the low edge of a
+    grid starting at 0.01 even after two extensions);
     ``lr_extensions`` rounds that extend a grid by a factor ``lr_factor`` beyond an edge that
-    won. AdamW: ``betas``, ``adamw_eps``; Muon / Dion momentum ``momentum``; Newton–Schulz
+    won. AdamW: ``betas``, ``adamw_eps``; Muon / Dion momentum ``momentum`` (Dion2 has none: its
+    momentum buffer accumulates gradients and decays by ``ef_decay`` where selected); Newton–Schulz
     compute dtype ``ns_dtype``; weight decay 0 everywhere.
     ``capture_points`` steps (1, ..., steps) at which the Muon (Keller) runs record gradients.
 
@@ -145,7 +187,7 @@ class ReproConfig:
     seeds: tuple[int, ...] = (1, 2, 3)
     adamw_lrs: tuple[float, ...] = (1e-3, 2e-3, 4e-3)
     muon_lrs: tuple[float, ...] = (0.01, 0.02, 0.04)
-    dion_lrs: tuple[float, ...] = (0.01, 0.02, 0.04)
+    dion_lrs: tuple[float, ...] = (0.0025, 0.005, 0.01, 0.02, 0.04)
     lr_extensions: int = 1
     lr_factor: float = 2.0
     warmup_fraction: float = 0.05
@@ -195,8 +237,13 @@ class ReproConfig:
                        steps=self.steps * k, eval_windows=self.eval_windows * k)
 
     def grid(self, family: str) -> tuple[float, ...]:
-        """The initial lr grid of a method family ("adamw", "muon", "dion")."""
-        return {"adamw": self.adamw_lrs, "muon": self.muon_lrs, "dion": self.dion_lrs}[family]
+        """The initial lr grid of a method family (one of ``FAMILIES``): ``adamw_lrs``, ``muon_lrs``
+        (Muon, NorMuon), ``dion_lrs`` (Dion and Dion2: the same √(m/n) lr convention).
+        Raises: ValueError naming ``family`` for another family."""
+        grids = {"adamw": self.adamw_lrs, "muon": self.muon_lrs, "dion": self.dion_lrs, "dion2": self.dion_lrs}
+        if family not in grids:
+            raise ValueError(f"family: expected one of {FAMILIES}, got {family!r}")
+        return grids[family]
 
     def capture_steps(self) -> tuple[int, ...]:
         """Steps at which the Muon (Keller) evaluation runs record gradients: 1 to ``steps``,

@@ -17,13 +17,15 @@ __all__ = ["write_plots"]
 
 _WHAT = "ortho-verify reproduce's plots"
 
-#: Loss-curve panels: the optimizers side by side, then Dion's rank and error feedback.
-_PANELS = (("adamw", "muon-jordan", "muon-polar_express", "dion-1-ef"),
+#: Loss-curve panels: the optimizers side by side (NorMuon, Dion2 with them), then Dion's rank and error
+#: feedback. A method not in ``METHODS`` (not run) is skipped.
+_PANELS = (("adamw", "muon-jordan", "muon-polar_express", "normuon", "dion-1-ef", "dion2-1/4"),
            ("muon-jordan", "dion-1-ef", "dion-1/4-ef", "dion-1/4-noef", "dion-1/16-ef", "dion-1/16-noef"))
 
 
 def _style(key: str) -> dict:
-    color = require("matplotlib", _WHAT).colormaps["tab10"](list(METHODS_BY_KEY).index(key) % 10)
+    index = list(METHODS_BY_KEY).index(key)  # tab10 up to 10 methods, else tab20 (one colour per method)
+    color = require("matplotlib", _WHAT).colormaps["tab10" if len(METHODS_BY_KEY) <= 10 else "tab20"](index % 20)
     return {"color": color, "ls": "--" if key.endswith("-noef") else "-"}
 
 

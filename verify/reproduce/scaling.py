@@ -86,8 +86,9 @@ class SizeSweep:
 #: The default sweep: widths 32, 64, 128 (head size 16, 2 layers; 16× the matrix parameters from the
 #: smallest to the largest), 150 steps each with the held-out loss at 4 points of the evaluation runs,
 #: every size with its own lr sweep (the winners move by a factor 2 between d_model 32 and 64) extended up
-#: to twice beyond a winning edge (low-rank Dion wins at the low edge), so that the whole sweep stays under
-#: 15 min on 2 shared CPU cores.
+#: to twice beyond a winning edge (low-rank Dion won at the low edge of a grid starting at 0.01, so the Dion /
+#: Dion2 grid now starts at 0.0025). With 9 methods it took 14 min on 2 shared CPU cores; NorMuon, Dion2 and the
+#: two lower Dion grid points add about half as many runs again (the report records the wall time).
 DEFAULT_SWEEP = SizeSweep(replace(ReproConfig(), steps=150, curve_points=4, lr_extensions=2),
                           (ModelSize(32, 2, 2), ModelSize(64, 2, 4), ModelSize(128, 2, 8)))
 #: ``--quick``: three tiny widths of ``QUICK``, the lr sweep shared (run at the smallest), seconds.

@@ -41,6 +41,9 @@ def _plot_trends(results: Mapping, path: Path) -> Path:
             fit = means.mean() + t["slope"] * (x - x.mean())
             ax.plot(n, fit, ls="--", color="C3", lw=1, label=f"slope/doubling {t['per_doubling']:+.4f}")
         ax.axhline(0, color="black", lw=0.6)
+        if not np.isfinite(means).any():  # a method not run (or diverged at every size): nothing to draw
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+        ax.set_xlim(n.min() / 1.3, n.max() * 1.3)  # positive limits for the log axis even without data
         ax.set_xscale("log")
         ax.set_title(f"{t['label']}\ntrend: {t['verdict']}", fontsize=8)
         ax.tick_params(labelsize=7)

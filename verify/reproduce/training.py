@@ -22,13 +22,17 @@ def build_optimizer(method: Method, model: torch.nn.Module, lr: float, scalar_lr
                     seed: int) -> torch.optim.Optimizer:
     """The optimizer of ``method`` for ``model``.
 
-    "adamw": ``torch.optim.AdamW`` at ``lr`` on every parameter. "muon" / "dion":
+    "adamw": ``torch.optim.AdamW`` at ``lr`` on every parameter. "muon" / "dion" / "dion2":
     ``ortho_fast.HybridOptimizer`` over ``ortho_fast.param_groups`` — the hidden matrices on
     Muon (torch.optim.Muon's defaults: EMA momentum ``config.momentum`` with Nesterov, 5 steps of
     ``method.coefficients`` with its own normalization, computed in ``config.ns_dtype``; lr
-    scaled per matrix by ``config.muon_adjust_lr``) or Dion (Ahn et al. Algorithm 1:
+    scaled per matrix by ``config.muon_adjust_lr``; NorMuon's second-moment EMA
+    ``method.normuon_beta2`` when set), Dion (Ahn et al. Algorithm 1:
     μ = ``config.momentum``, Householder QR, one power iteration, column-normalized Q, lr scaled
-    by √(m/n), Q0 from ``seed``), at ``lr``; embeddings, LayerNorms and lm_head on AdamW at ``scalar_lr``. AdamW
+    by √(m/n), Q0 from ``seed``) or Dion2 (microsoft/dion ``dion/dion2.py``: ``method.fraction``
+    of the rows or columns selected by L1 norm, ``method.ef_decay`` on them, Polar Express in
+    ``config.ns_dtype``, lr scaled by √(m/n); no μ: ``config.momentum`` is not used), at ``lr``;
+    embeddings, LayerNorms and lm_head on AdamW at ``scalar_lr``. AdamW
     everywhere with ``config.betas``, ``config.adamw_eps``; weight decay 0 for every parameter.
     Raises: what ``param_groups`` / ``HybridOptimizer`` raise for bad options.
     """
@@ -37,6 +41,8 @@ def build_optimizer(method: Method, model: torch.nn.Module, lr: float, scalar_lr
     if method.family == "muon":  # nesterov, coefficients: ortho_verify.registry
         options = dict(momentum=config.momentum, **method_options(method), adjust_lr=config.muon_adjust_lr,
                        dtype=getattr(torch, config.ns_dtype))
+    elif method.family == "dion2":  # fraction, ef_decay, coefficients, adjust_lr: ortho_verify.registry
+        options = dict(**method_options(method), dtype=getattr(torch, config.ns_dtype))
     else:  # rank_fraction, error_feedback, qr_method: ortho_verify.registry
         options = dict(mu=config.momentum, **method_options(method))
     groups = ortho_fast.param_groups(
@@ -93,7 +99,7 @@ def train_run(config: ReproConfig, method_key: str, lr: float, seed: int, *, sca
     Args: ``method_key`` a key of ``METHODS``; ``scalar_lr`` the AdamW lr of the non-matrix
     parameters of Muon / Dion (default ``lr``); ``split`` "validation" or "test" (held-out
     split judged); ``curve``: record the held-out loss at ``config.curve_steps()`` (else only at
-    the end); ``capture``: record the gradients of the Muon / Dion matrices at
+    the end); ``capture``: record the gradients of the Muon / Dion / Dion2 matrices at
     ``config.capture_steps()``; ``device`` a torch device string.
     Returns: dict with ``method``, ``lr``, ``scalar_lr``, ``seed``, ``split``, ``loss`` (final
     held-out loss in nats per byte, None if diverged), ``curve_steps`` / ``curve`` (held-out
@@ -115,7 +121,7 @@ def train_run(config: ReproConfig, method_key: str, lr: float, seed: int, *, sca
     model = build_model(gpt_config(config), generator).to(dev)
     optimizer = build_optimizer(method, model, lr, lr if scalar_lr is None else scalar_lr, config, seed)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda index: lr_multiplier(index, config))
-    matrices = [(name, p) for g in optimizer.param_groups if g.get("algorithm") in ("muon", "dion")
+    matrices = [(name, p) for g in optimizer.param_groups if g.get("algorithm") in ("muon", "dion", "dion2")
                 for name, p in zip(g["param_names"], g["params"])]
     params = list(model.parameters())
     curve_steps = config.curve_steps() if curve else (config.steps,)
