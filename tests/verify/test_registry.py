@@ -67,7 +67,7 @@ def test_lookup_and_validation():
         config.options["lr"] = 1.0  # read-only: readers get copies from kwargs()
     mine = config.kwargs(lr=1.0)
     assert mine["lr"] == 1.0 and config.options["lr"] == 0.02
-    assert {c.algorithm for c in registry.select("reproduce")} == {"adamw", "muon", "dion"}
+    assert {c.algorithm for c in registry.select("reproduce")} == {"adamw", "muon", "dion", "dion2"}
 
 
 def test_registry_imports_without_torch_or_optional_dependencies():
