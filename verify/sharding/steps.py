@@ -33,7 +33,7 @@ def _replica(layout: Layout, mesh) -> tuple[int, int]:
 
 
 #: The optimizer class of each ``Layout.optimizer``.
-OPTIMIZERS = {"dion": ortho_fast.Dion, "muon": ortho_fast.Muon, "dion2": ortho_fast.Dion2}
+OPTIMIZERS = {"dion": ortho_fast.Dion, "muon": ortho_fast.Muon, "dion2": ortho_fast.Dion2, "normuon-stages": ortho_fast.Muon}
 
 
 def _optimizer(layout: Layout, params: list, mesh):
