@@ -29,6 +29,7 @@ import torch
 from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.diagnoses import with_cause
 from ortho_verify.checks.newton_schulz import compare_ns_output
+from ortho_verify.checks.statistical import StatisticalBatch, compare_ns_statistics, statistical_batches
 from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, dtype_name,
                                       table_and_normalization)
 from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
@@ -37,7 +38,7 @@ from ortho_verify.results import CheckResult, Failure, VerificationReport, measu
 
 __all__ = [
     "DEFAULT_SHAPES", "DEFAULT_SPECS", "DEFAULT_TIMEOUT_S", "DION", "DionConventions", "Failure", "MuonConventions",
-    "ORTHO_MUON", "call_with_timeout",
+    "ORTHO_MUON", "call_with_timeout", "check_orthogonalizer_statistics",
     "TORCH_MUON", "VerificationReport", "check_optimizer", "check_orthogonalizer", "check_orthogonalizer_example",
     "default_examples", "dtype_name", "optimizer_inputs",
 ]
@@ -174,11 +175,39 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
     return rows
 
 
+def check_orthogonalizer_statistics(fn: Callable, batch: StatisticalBatch, *, coefficients="jordan", dtype=None,
+                                    steps: int | None = None, safety: float | None = None, eps: float | None = None,
+                                    eps_mode: str = "add", batched: bool = True,
+                                    timeout_s: float | None = DEFAULT_TIMEOUT_S) -> list[CheckResult]:
+    """Run ``fn`` on a ``StatisticalBatch`` (one (J, m, n) call when ``batched``, else J calls of
+    (m, n)) and return the row ``ns_mean_deviation`` (``ortho_verify.checks.compare_ns_statistics``;
+    docs/verification.md, "Statistical power in low precision"), or ``orthogonalizer_runs`` failed
+    when fn raised or timed out. ``dtype``: bfloat16, float16 or float32 (the batch's values must
+    be representable in it: ``statistical_batch(..., dtype)``). Other arguments as
+    ``check_orthogonalizer``.
+    Raises: TypeError for a dtype outside the statistical model's (float64 has none)."""
+    name = dtype_name(dtype, ("bfloat16", "float16", "float32"))
+    table, safety, eps = table_and_normalization(coefficients, steps, safety, eps)
+    x = torch.from_numpy(batch.matrices).to(getattr(torch, name))
+    calls = [x] if batched else list(x)
+    outs = []
+    for one in calls:
+        status, out = call_with_timeout(fn, one, timeout_s)
+        if status != "ok" or not isinstance(out, torch.Tensor) or out.shape != one.shape:
+            why = f"did not return within {timeout_s:g} s" if status == "timeout" else \
+                f"raised {out!r}" if status == "raised" else f"returned {type(out).__name__} of the wrong shape"
+            return [measured("orthogonalizer_runs", batch.name, "fn(statistical batch)", math.inf, 0.0, why)]
+        outs.append(_as_f64(out))
+    fast = outs[0] if batched else torch.stack([torch.from_numpy(o) for o in outs]).numpy()
+    return [compare_ns_statistics(fast, batch.matrices, table, safety=safety, eps=eps, dtype=name, eps_mode=eps_mode,
+                                  input_name=batch.name, detail=f"{name}, {len(table)} steps")]
+
+
 def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.float32, steps: int | None = None,
                          safety: float | None = None, eps: float | None = None, eps_mode: str = "add",
                          examples: list[SpectralExample] | None = None, seed: int = 0,
                          batched: bool = True, max_batch_dims: int | None = None,
-                         timeout_s: float | None = DEFAULT_TIMEOUT_S) -> VerificationReport:
+                         timeout_s: float | None = DEFAULT_TIMEOUT_S, statistical: bool = True) -> VerificationReport:
     """Check a Newton–Schulz function against the exact oracle.
 
     ``fn`` maps a (..., m, n) tensor to its Newton–Schulz result of the same shape (leading dims
@@ -195,6 +224,11 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     Frobenius ``ns_tolerance``; bfloat16: per-direction singular values). ``timeout_s``: seconds
     one call of ``fn`` may take (default ``DEFAULT_TIMEOUT_S``; None: no limit): a call past it
     fails its example (``orthogonalizer_runs``, "did not return within ...") and the check goes on.
+    ``statistical`` (bfloat16 and float32; default True): also the row ``ns_mean_deviation`` on each
+    batch of ``ortho_verify.checks.statistical.STATISTICAL_SPECS`` (256 matrices of one spectrum: the
+    mean signed deviation per direction at a false-alarm probability of 1e-6;
+    ``check_orthogonalizer_statistics``); its batches are given as (J, m, n) when ``max_batch_dims``
+    allows one batch dim, else one matrix per call.
     Failed rows carry a ``cause`` in words (``CheckResult.cause``, also at the head of the note).
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive, ``failures`` with
     reproducing inputs, ratios; bfloat16 rows whose tolerance admits the zero output make no claim).
@@ -219,5 +253,11 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
         for case in ex.cases():  # the matrices fn received (rounded to the input dtype)
             inputs[case.name] = ({"input": case.matrix}, ex.provenance)
         inputs.setdefault(ex.name, ({"input": _as_f64(ex.tensor())}, ex.provenance))  # a whole batch
+    if statistical and name in ("bfloat16", "float32"):
+        for batch in statistical_batches(name, seed):
+            results += check_orthogonalizer_statistics(fn, batch, coefficients=coefficients, dtype=name, steps=steps,
+                                                       safety=safety, eps=eps, eps_mode=eps_mode,
+                                                       batched=limit is None or limit >= 1, timeout_s=timeout_s)
+            inputs[batch.name] = ({"input": batch.matrices}, batch.provenance)
     subject = f"{getattr(fn, '__name__', type(fn).__name__)} ({coefficients if isinstance(coefficients, str) else 'table'}, {name})"
     return VerificationReport(subject, results, inputs)
