@@ -83,8 +83,9 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
                           probability: float = stat.FALSE_ALARM_PROBABILITY) -> CheckResult:
     """The row ``ns_mean_deviation``: per direction i the mean over the J matrices of
     dᵢⱼ = uᵢᵀ X_j vᵢ − f(σ̂ᵢⱼ) (exact singular vectors of input j, f the declared schedule's scalar
-    map) against ``ns_mean_deviation_tolerances`` (variance proxies ``ns_rounding_variances``,
-    Bonferroni over the directions tested). Directions whose one-matrix radius exceeds
+    map) against ``ns_mean_deviation_tolerances``: the variance proxies of ``ns_rounding_moments``
+    (Bonferroni over the directions tested) plus its second-order bias bounds and the oracle's
+    allowance. Directions whose one-matrix proxy standard deviation √vᵢⱼ exceeds
     ``STATISTIC_FIRST_ORDER_LIMIT`` in any matrix are left out (outside the first-order model); a
     row with none left makes no claim. Error: |mean dᵢ| of the direction with the largest ratio.
 
@@ -109,14 +110,14 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
         sigma_hat = ortho_ref.normalized_singular_values(a, safety=safety, eps=eps, eps_mode=eps_mode)
         sigmas.append(sigma_hat)
         deviations.append(np.einsum("pi,pq,qi->i", u, x, v) - ortho_ref.ns_polynomial(sigma_hat, table))
-        variances.append(stat.ns_rounding_variances(sigma_hat, u, v, table, dtype))
-        allowances.append(stat.oracle_deviation_allowance(sigma_hat, (m, n), table))
+        variance, bias = stat.ns_rounding_moments(sigma_hat, u, v, table, dtype)
+        variances.append(variance)
+        allowances.append(stat.oracle_deviation_allowance(sigma_hat, (m, n), table) + bias)
     d, var, allow = np.array(deviations), np.array(variances), np.array(allowances)
-    radius = stat.hoeffding_lambda(probability, 1) * np.sqrt(var.max(axis=0))
-    kept = radius <= stat.STATISTIC_FIRST_ORDER_LIMIT
+    kept = np.sqrt(var.max(axis=0)) <= stat.STATISTIC_FIRST_ORDER_LIMIT
     if not kept.any():
         return measured(check, input_name, detail, 0.0, math.inf,
-                        "no claim: no direction in the first-order regime (one-matrix radius > "
+                        "no claim: no direction in the first-order regime (one-matrix sqrt(v) > "
                         f"{stat.STATISTIC_FIRST_ORDER_LIMIT})", informative=False)
     thresholds = stat.ns_mean_deviation_tolerances(var[:, kept], allow[:, kept], probability)
     means = d[:, kept].mean(axis=0)
@@ -126,5 +127,6 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
     lam = stat.hoeffding_lambda(probability, int(kept.sum()))
     return measured(check, input_name, f"{detail} (mean over {len(d)} matrices, worst direction)",
                     abs(float(means[i])), float(thresholds[i]),
-                    f"direction {index + 1} of {k} (sigma_hat {float(np.mean(np.array(sigmas)[:, index])):.3g}): mean deviation {float(means[i]):+.3g}, std {float(d[:, index].std()):.3g} per matrix; "
+                    f"direction {index + 1} of {k} (sigma_hat {float(np.mean(np.array(sigmas)[:, index])):.3g}): "
+                    f"mean deviation {float(means[i]):+.3g}, std {float(d[:, index].std()):.3g} per matrix; "
                     f"{int(kept.sum())} directions tested, lambda {lam:.2f} (false alarm <= {probability:g})")
