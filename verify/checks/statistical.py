@@ -103,17 +103,18 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
         return measured(check, input_name, detail, math.inf, 0.0, why)
     m, n = inputs.shape[-2:]
     k = min(m, n)
-    deviations, variances, allowances, sigmas = [], [], [], []
+    deviations, sigmas, lefts, rights = [], [], [], []
     for a, x in zip(inputs, fast):
         u, _, vt = ortho_ref.svd(a)
         u, v = u[:, :k], vt[:k].T
         sigma_hat = ortho_ref.normalized_singular_values(a, safety=safety, eps=eps, eps_mode=eps_mode)
         sigmas.append(sigma_hat)
+        lefts.append(u)
+        rights.append(v)
         deviations.append(np.einsum("pi,pq,qi->i", u, x, v) - ortho_ref.ns_polynomial(sigma_hat, table))
-        variance, bias = stat.ns_rounding_moments(sigma_hat, u, v, table, dtype)
-        variances.append(variance)
-        allowances.append(stat.oracle_deviation_allowance(sigma_hat, (m, n), table) + bias)
-    d, var, allow = np.array(deviations), np.array(variances), np.array(allowances)
+    d, sigmas = np.array(deviations), np.array(sigmas)
+    var, bias = stat.ns_rounding_moments(sigmas, np.array(lefts), np.array(rights), table, dtype)
+    allow = stat.oracle_deviation_allowance(sigmas, (m, n), table) + bias
     kept = np.sqrt(var.max(axis=0)) <= stat.STATISTIC_FIRST_ORDER_LIMIT
     if not kept.any():
         return measured(check, input_name, detail, 0.0, math.inf,
@@ -127,6 +128,6 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
     lam = stat.hoeffding_lambda(probability, int(kept.sum()))
     return measured(check, input_name, f"{detail} (mean over {len(d)} matrices, worst direction)",
                     abs(float(means[i])), float(thresholds[i]),
-                    f"direction {index + 1} of {k} (sigma_hat {float(np.mean(np.array(sigmas)[:, index])):.3g}): "
+                    f"direction {index + 1} of {k} (sigma_hat {float(np.mean(sigmas[:, index])):.3g}): "
                     f"mean deviation {float(means[i]):+.3g}, std {float(d[:, index].std()):.3g} per matrix; "
                     f"{int(kept.sum())} directions tested, lambda {lam:.2f} (false alarm <= {probability:g})")

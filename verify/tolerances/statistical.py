@@ -75,7 +75,7 @@ def accumulation_roundoff(dtype) -> float:
 
 
 def _divided_differences(x: np.ndarray, rest: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """|g[xᵢ, xᵢ, y]| for y = +x_l, −x_l (k × k each) and y = 0 (k,), g the composition of the
+    """|g[xᵢ, xᵢ, y]| for y = +x_l, −x_l ((..., k, k) each) and y = 0 (..., k), g the composition of the
     rows ``rest`` (a polynomial); within 1e-3 of a confluent point ½ max |g″| of the two ends."""
     def one(a, b):
         ga, gb = ortho_ref.ns_polynomial(a, rest), ortho_ref.ns_polynomial(b, rest)
@@ -86,8 +86,9 @@ def _divided_differences(x: np.ndarray, rest: np.ndarray) -> tuple[np.ndarray, n
         curvature = np.maximum(np.abs(ortho_ref.ns_derivative(a, rest, 2)), np.abs(ortho_ref.ns_derivative(b, rest, 2)))
         near = 0.5 * curvature
         return np.where(close, near, np.abs(value))
-    a = np.broadcast_to(x[:, None], (len(x), len(x)))
-    return one(a, a.T), one(a, -a.T), one(x, np.zeros_like(x))
+    a = np.broadcast_to(x[..., :, None], x.shape + x.shape[-1:])
+    b = np.swapaxes(a, -1, -2)
+    return one(a, b), one(a, -b), one(x, np.zeros_like(x))
 
 
 def ns_rounding_moments(sigma_hat: np.ndarray, u: np.ndarray, v: np.ndarray, coefficients,
@@ -119,8 +120,9 @@ def ns_rounding_moments(sigma_hat: np.ndarray, u: np.ndarray, v: np.ndarray, coe
     different points are independent, so cross terms have mean 0; third order is neglected.
     No underflow or overflow (float16: entries of the normalized iterates ≥ 6.1e-5).
 
-    Shapes: sigma_hat (k,) the normalized singular values (descending, as ``ortho_ref.svd``);
-    u (m, k), v (n, k) the input's singular vectors; -> ((k,), (k,)) float64.
+    Shapes: sigma_hat (..., k) the normalized singular values (descending, as ``ortho_ref.svd``);
+    u (..., m, k), v (..., n, k) the input's singular vectors (leading dims: independent matrices,
+    computed at once); -> ((..., k), (..., k)) float64.
     Source: Higham & Mary 2019 (SIAM J. Sci. Comput. 41(5)), Model 2.1 and Lemma 2.2; Higham,
     *Functions of Matrices*, Thm. 3.11 (the Fréchet derivatives of a matrix function).
     Raises: ValueError for a dtype outside ``STATISTICAL_DTYPES`` or mismatched shapes.
@@ -129,12 +131,13 @@ def ns_rounding_moments(sigma_hat: np.ndarray, u: np.ndarray, v: np.ndarray, coe
     if name not in STATISTICAL_DTYPES:
         raise ValueError(f"dtype: the statistical model covers {STATISTICAL_DTYPES}, got {dtype!r}")
     s = np.asarray(sigma_hat, dtype=np.float64)
-    k = len(s)
-    if u.shape[1] != k or v.shape[1] != k:
-        raise ValueError(f"u, v: expected k = {k} columns, got {u.shape} and {v.shape}")
-    if u.shape[0] > v.shape[0]:  # the iteration runs on the wide side
+    k = s.shape[-1]
+    if u.shape[-1] != k or v.shape[-1] != k or u.shape[:-2] != s.shape[:-1] or v.shape[:-2] != s.shape[:-1]:
+        raise ValueError(f"u, v: expected (..., m, {k}) and (..., n, {k}) for sigma_hat {s.shape}, got {u.shape} "
+                         f"and {v.shape}")
+    if u.shape[-2] > v.shape[-2]:  # the iteration runs on the wide side
         u, v = v, u
-    m, n = u.shape[0], v.shape[0]
+    m, n = u.shape[-2], v.shape[-2]
     uu, ua = unit_roundoff(name), accumulation_roundoff(name)
     table = ortho_ref.schedule(coefficients) if isinstance(coefficients, str) else coefficients
     table = np.atleast_2d(np.asarray(table, dtype=np.float64))  # (T, 3)
@@ -145,34 +148,41 @@ def ns_rounding_moments(sigma_hat: np.ndarray, u: np.ndarray, v: np.ndarray, coe
         derivatives.append(a + y * y * (3 * b + 5 * c * y * y))
         xs.append(y * (a + y * y * (b + c * y * y)))
     steps = len(table)
-    gammas = [np.ones(k) for _ in range(steps + 1)]  # gammas[t] = ∂x_T/∂x_t
+    gammas = [np.ones_like(s) for _ in range(steps + 1)]  # gammas[t] = ∂x_T/∂x_t
     for t in range(steps - 1, -1, -1):
         gammas[t] = gammas[t + 1] * derivatives[t]
     u2, v2 = u * u, v * v
-    v_perp2 = np.clip(1.0 - v2.sum(axis=1), 0.0, None)  # (n,): squared norm off the row space
-    var, bias = np.zeros(k), np.zeros(k)
+    u2t = np.swapaxes(u2, -1, -2)
+    v_perp2 = np.clip(1.0 - v2.sum(axis=-1), 0.0, None)[..., None]  # (..., n, 1): squared norm off the row space
+    var, bias = np.zeros_like(s), np.zeros_like(s)
     eye = np.eye(k, dtype=bool)
 
     def x_space(x):
-        return (u * x) @ v.T
+        return (u * x[..., None, :]) @ np.swapaxes(v, -1, -2)
 
     def a_space(y):
-        return (u * y) @ u.T
+        return (u * y[..., None, :]) @ np.swapaxes(u, -1, -2)
+
+    def diagonal(z):
+        return np.diagonal(z, axis1=-2, axis2=-1)
 
     def add(t, pairs, perp):
-        """Point entering iterate t: pairs (k, k) second moments of (UᵀδXV)ᵢₗ, perp (k,) off the row space."""
+        """Point entering iterate t: pairs (..., k, k) second moments of (UᵀδXV)ᵢₗ, perp (..., k) off the row space."""
         nonlocal var, bias
-        var = var + gammas[t] ** 2 * np.diag(pairs)
+        var = var + gammas[t] ** 2 * diagonal(pairs)
         if t == steps:
             return
         plus, minus, zero = differences[t]
-        sym = 0.5 * (pairs + pairs.T) * (plus + minus)
-        bias = bias + np.where(eye, 0.0, sym).sum(axis=1) + np.diag(pairs) * np.diag(plus) + 0.5 * perp * zero
+        sym = 0.5 * (pairs + np.swapaxes(pairs, -1, -2)) * (plus + minus)
+        bias = bias + np.where(eye, 0.0, sym).sum(axis=-1) + diagonal(pairs) * diagonal(plus) + 0.5 * perp * zero
+
+    def transpose(z):
+        return np.swapaxes(z, -1, -2)
 
     differences = [_divided_differences(xs[t], table[t:]) for t in range(steps)]
     x0 = x_space(s)
-    norm_pairs = np.diag(s * s * (3 * uu**2 + m * n * ua**2))  # one relative scalar error on every x_i
-    add(0, norm_pairs + uu**2 * (u2.T @ (x0 * x0) @ v2), uu**2 * (u2.T @ (x0 * x0) @ v_perp2))
+    norm_pairs = eye * (s * s * (3 * uu**2 + m * n * ua**2))[..., None, :]  # one relative scalar error on every x_i
+    add(0, norm_pairs + uu**2 * (u2t @ (x0 * x0) @ v2), uu**2 * (u2t @ (x0 * x0) @ v_perp2)[..., 0])
     for t, (a, b, c) in enumerate(table):
         x = xs[t]
         xm = x_space(x)
@@ -182,19 +192,19 @@ def ns_rounding_moments(sigma_hat: np.ndarray, u: np.ndarray, v: np.ndarray, coe
         bx = x_space((b * x * x + c * x**4) * x)
         abs_x = np.abs(xm)
         x2 = x * x
-        pair_h = {"A": b + c * (x2[:, None] + x2[None, :]), "P": c, "1": 1.0}
-        a_terms = [(am, "A", (abs_x @ abs_x.T, n)), (pm, "P", (np.abs(am) @ np.abs(am), m)), (b * am, "1", None),
-                   (c * pm, "1", None), (bm, "1", None)]
+        pair_h = {"A": b + c * (x2[..., :, None] + x2[..., None, :]), "P": c, "1": 1.0}
+        a_terms = [(am, "A", (abs_x @ transpose(abs_x), n)), (pm, "P", (np.abs(am) @ np.abs(am), m)),
+                   (b * am, "1", None), (c * pm, "1", None), (bm, "1", None)]
         for value, h, acc in a_terms:
-            moments = uu**2 * (u2.T @ (value * value) @ u2)
+            moments = uu**2 * (u2t @ (value * value) @ u2)
             if acc is not None:
-                moments += ua**2 * (acc[1] - 1) * (u2.T @ acc[0] ** 2 @ u2)
-            add(t + 1, 2 * moments * (pair_h[h] * x[None, :]) ** 2, np.zeros(k))
+                moments += ua**2 * (acc[1] - 1) * (u2t @ acc[0] ** 2 @ u2)
+            add(t + 1, 2 * moments * (pair_h[h] * x[..., None, :]) ** 2, np.zeros_like(s))
         for value, acc in [(bx, (np.abs(bm) @ abs_x, m)), (a * xm, None), (x_space(xs[t + 1]), None)]:
             squares = uu**2 * value * value
             if acc is not None:
                 squares = squares + ua**2 * (acc[1] - 1) * acc[0] ** 2
-            add(t + 1, (u2.T @ squares @ v2), u2.T @ squares @ v_perp2)
+            add(t + 1, u2t @ squares @ v2, (u2t @ squares @ v_perp2)[..., 0])
     return var, bias
 
 
@@ -207,7 +217,7 @@ def oracle_deviation_allowance(sigma_hat: np.ndarray, shape: tuple[int, int], co
     """A deterministic allowance for the float64 oracle's own error in dᵢ (not random, so added to
     the threshold, not to the variance): the SVD's singular values are backward stable
     (|σ̃ − σ| ≲ (m + n)·u64·σ_max per value, LAPACK), carried by f′ ≤ ``ns_diagonal_gain``; the
-    projection uᵢᵀXvᵢ sums mn products (≲ mn·u64·max|f|). Shapes: (k,) -> (k,)."""
+    projection uᵢᵀXvᵢ sums mn products (≲ mn·u64·max|f|). Shapes: (..., k) -> (..., k)."""
     m, n = shape
     s = np.asarray(sigma_hat, dtype=np.float64)
     gain = ortho_ref.ns_diagonal_gain(s, coefficients)
