@@ -207,7 +207,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
                          safety: float | None = None, eps: float | None = None, eps_mode: str = "add",
                          examples: list[SpectralExample] | None = None, seed: int = 0,
                          batched: bool = True, max_batch_dims: int | None = None,
-                         timeout_s: float | None = DEFAULT_TIMEOUT_S, statistical: bool = True) -> VerificationReport:
+                         timeout_s: float | None = DEFAULT_TIMEOUT_S, statistical: bool | None = None) -> VerificationReport:
     """Check a Newton–Schulz function against the exact oracle.
 
     ``fn`` maps a (..., m, n) tensor to its Newton–Schulz result of the same shape (leading dims
@@ -224,7 +224,8 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     Frobenius ``ns_tolerance``; bfloat16: per-direction singular values). ``timeout_s``: seconds
     one call of ``fn`` may take (default ``DEFAULT_TIMEOUT_S``; None: no limit): a call past it
     fails its example (``orthogonalizer_runs``, "did not return within ...") and the check goes on.
-    ``statistical`` (bfloat16 and float32; default True): also the row ``ns_mean_deviation`` on each
+    ``statistical`` (bfloat16 and float32; default: True unless ``examples`` are given, which are
+    then the only inputs): also the row ``ns_mean_deviation`` on each
     batch of ``ortho_verify.checks.statistical.STATISTICAL_SPECS`` (256 matrices of one spectrum: the
     mean signed deviation per direction at a false-alarm probability of 1e-6;
     ``check_orthogonalizer_statistics``); its batches are given as (J, m, n) when ``max_batch_dims``
@@ -241,6 +242,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     name = _ns_dtype_name(dtype)
     table_and_normalization(coefficients, steps, safety, eps)  # validate before running anything
     limit = _batch_limit(batched, max_batch_dims)
+    statistical = examples is None if statistical is None else statistical
     examples = default_examples(name, seed, batched, max_batch_dims) if examples is None else \
         [ex for ex in examples if limit is None or ex.matrix.ndim - 2 <= limit]
     if not examples:

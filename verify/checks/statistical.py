@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import ortho_ref
+from ortho_verify.checks.diagnoses import ns_output_cause, with_cause
 from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import matrix_with_spectrum
 from ortho_verify.tolerances import statistical as stat
@@ -97,10 +98,13 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
     check = "ns_mean_deviation"
     if dtype not in stat.STATISTICAL_DTYPES:
         raise ValueError(f"dtype: the statistical check covers {stat.STATISTICAL_DTYPES}, got {dtype!r}")
-    if fast.shape != inputs.shape or not np.all(np.isfinite(fast)):
-        why = f"output shape {fast.shape} != input shape {inputs.shape}" if fast.shape != inputs.shape else \
-            "output has NaN or Inf"
-        return measured(check, input_name, detail, math.inf, 0.0, why)
+    if fast.shape != inputs.shape:
+        return measured(check, input_name, detail, math.inf, 0.0, f"output shape {fast.shape} != input shape "
+                        f"{inputs.shape}")
+    if not np.all(np.isfinite(fast)):
+        j = int(np.flatnonzero(~np.isfinite(fast).reshape(len(fast), -1).all(axis=1))[0])
+        cause = ns_output_cause(fast[j], inputs[j], table, safety=safety, eps=eps, eps_mode=eps_mode, tolerance=0.0)
+        return with_cause(measured(check, input_name, detail, math.inf, 0.0, "output has NaN or Inf"), cause)
     m, n = inputs.shape[-2:]
     k = min(m, n)
     deviations, sigmas, lefts, rights = [], [], [], []
@@ -126,8 +130,15 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
     i = int(np.argmax(ratios))
     index = int(np.flatnonzero(kept)[i])
     lam = stat.hoeffding_lambda(probability, int(kept.sum()))
-    return measured(check, input_name, f"{detail} (mean over {len(d)} matrices, worst direction)",
+    row = measured(check, input_name, f"{detail} (mean over {len(d)} matrices, worst direction)",
                     abs(float(means[i])), float(thresholds[i]),
                     f"direction {index + 1} of {k} (sigma_hat {float(np.mean(sigmas[:, index])):.3g}): "
                     f"mean deviation {float(means[i]):+.3g}, std {float(d[:, index].std()):.3g} per matrix; "
                     f"{int(kept.sum())} directions tested, lambda {lam:.2f} (false alarm <= {probability:g})")
+    if row.passed:
+        return row
+    return with_cause(row, f"a systematic deviation of direction {index + 1} (sigma_hat "
+                           f"{float(np.mean(sigmas[:, index])):.3g}) by {float(means[i]):+.3g} on average over {len(d)} "
+                           "matrices, beyond what rounding explains: the kernel's coefficients, normalization (safety, "
+                           "eps, eps_mode) or step count differ from the declared ones, or it computes in a coarser "
+                           "precision than declared")
