@@ -20,6 +20,7 @@ takes one (m, n) matrix only)::
 
 from __future__ import annotations
 
+import ast
 import math
 import threading
 from typing import Callable
@@ -29,7 +30,8 @@ import torch
 from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.diagnoses import with_cause
 from ortho_verify.checks.newton_schulz import compare_ns_output
-from ortho_verify.checks.statistical import StatisticalBatch, compare_ns_statistics, statistical_batches
+from ortho_verify.checks.statistical import (StatisticalBatch, compare_ns_statistics, statistical_batch,
+                                             statistical_batches)
 from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, dtype_name,
                                       table_and_normalization)
 from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
@@ -40,7 +42,7 @@ __all__ = [
     "DEFAULT_SHAPES", "DEFAULT_SPECS", "DEFAULT_TIMEOUT_S", "DION", "DionConventions", "Failure", "MuonConventions",
     "ORTHO_MUON", "call_with_timeout", "check_orthogonalizer_statistics",
     "TORCH_MUON", "VerificationReport", "check_optimizer", "check_orthogonalizer", "check_orthogonalizer_example",
-    "default_examples", "dtype_name", "optimizer_inputs",
+    "default_examples", "dtype_name", "optimizer_inputs", "REPLAY_HINT", "replay_example",
 ]
 
 
@@ -253,13 +255,80 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
                                             eps=eps, eps_mode=eps_mode, timeout_s=timeout_s)
         results += rows
         for case in ex.cases():  # the matrices fn received (rounded to the input dtype)
-            inputs[case.name] = ({"input": case.matrix}, ex.provenance)
-        inputs.setdefault(ex.name, ({"input": _as_f64(ex.tensor())}, ex.provenance))  # a whole batch
+            inputs[case.name] = ({"input": case.matrix}, ex.provenance + REPLAY_HINT)
+        inputs.setdefault(ex.name, ({"input": _as_f64(ex.tensor())}, ex.provenance + REPLAY_HINT))  # a whole batch
     if statistical and name in ("bfloat16", "float32"):
         for batch in statistical_batches(name, seed):
             results += check_orthogonalizer_statistics(fn, batch, coefficients=coefficients, dtype=name, steps=steps,
                                                        safety=safety, eps=eps, eps_mode=eps_mode,
                                                        batched=limit is None or limit >= 1, timeout_s=timeout_s)
-            inputs[batch.name] = ({"input": batch.matrices}, batch.provenance)
+            inputs[batch.name] = ({"input": batch.matrices}, batch.provenance + REPLAY_HINT)
     subject = f"{getattr(fn, '__name__', type(fn).__name__)} ({coefficients if isinstance(coefficients, str) else 'table'}, {name})"
     return VerificationReport(subject, results, inputs)
+
+
+#: Appended to the provenance of every input of ``check_orthogonalizer``: how to replay a failure.
+REPLAY_HINT = "; replay: ortho_verify.replay_example(fn, failure, <the check's arguments>)"
+
+#: The provenance calls ``replay_example`` rebuilds (no other code is evaluated).
+_REBUILDERS = {"ortho_verify.strategies.build_example": build_example,
+               "ortho_verify.examples.build_example": build_example,
+               "ortho_verify.checks.statistical.statistical_batch": statistical_batch,
+               "ortho_verify.api.optimizer_inputs": optimizer_inputs}
+
+
+def _parse_provenance(provenance: str):
+    """(function name, args, kwargs) of a provenance call, parsed with ``ast`` (literals only).
+    Raises: ValueError naming provenance for anything else."""
+    text = provenance.split(";", 1)[0].strip()
+    try:
+        call = ast.parse(text, mode="eval").body
+        name = ast.unparse(call.func) if isinstance(call, ast.Call) else None
+        if name not in _REBUILDERS:
+            raise ValueError(name)
+        args = [ast.literal_eval(a) for a in call.args]
+        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    except (SyntaxError, ValueError) as err:
+        raise ValueError(f"provenance: expected a call of one of {sorted(_REBUILDERS)} with literal arguments, "
+                         f"got {provenance!r}") from err
+    return name, args, kwargs
+
+
+def replay_example(fn, failure, *, check: str | None = None, input_name: str | None = None, coefficients="jordan",
+                   dtype=None, steps: int | None = None, safety: float | None = None, eps: float | None = None,
+                   eps_mode: str = "add", timeout_s: float | None = DEFAULT_TIMEOUT_S, conventions=None,
+                   **optimizer_arguments) -> list[CheckResult]:
+    """Replay one failure of a report: rebuild its input from the provenance, run ``fn`` on it
+    again and return the rows of the same check on the same input (the same error and tolerance
+    for a deterministic ``fn``). docs/verification.md, "Replaying a failure".
+
+    ``failure``: a ``Failure`` of ``report.failures`` (check and input taken from it) or its
+    provenance string (then ``check`` and ``input_name`` select the rows; None: every row).
+    ``fn``: the kernel (orthogonalizer failures: inputs of ``build_example`` or
+    ``statistical_batch``) or the optimizer class (failures of ``check_optimizer``: inputs of
+    ``optimizer_inputs``, with ``conventions`` and any of its other arguments such as lr,
+    param_dtype in ``optimizer_arguments``). The other arguments are those of
+    ``check_orthogonalizer`` and must be the ones the report was made with.
+    Returns: the matching ``CheckResult`` rows (all rows of the replayed input if none match).
+    Raises: ValueError naming provenance when it is not a call this function rebuilds (it never
+    evaluates other code); TypeError for a bad dtype, as the checks.
+    """
+    if isinstance(failure, Failure):
+        provenance, check, input_name = failure.provenance, check or failure.result.check, \
+            input_name or failure.result.input
+    else:
+        provenance = str(failure)
+    name, args, kwargs = _parse_provenance(provenance)
+    built = _REBUILDERS[name](*args, **kwargs)
+    options = dict(coefficients=coefficients, steps=steps, safety=safety, eps=eps, eps_mode=eps_mode,
+                   timeout_s=timeout_s)
+    if name.endswith("optimizer_inputs"):
+        shapes, steps_run, cond, seed = (list(args) + [kwargs.get(k) for k in ("shapes", "steps", "cond", "seed")])[:4]
+        rows = check_optimizer(fn, conventions, shapes=shapes, steps=steps_run, cond=cond, seed=seed,
+                               **optimizer_arguments).results
+    elif isinstance(built, StatisticalBatch):
+        rows = check_orthogonalizer_statistics(fn, built, dtype=dtype if dtype is not None else args[4], **options)
+    else:
+        rows = check_orthogonalizer_example(fn, built, dtype=dtype, **options)
+    chosen = [r for r in rows if (check is None or r.check == check) and (input_name is None or r.input == input_name)]
+    return chosen or rows
