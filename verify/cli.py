@@ -30,6 +30,7 @@ import ortho_fast
 from ortho_verify import annotations, baseline, checks, data, error_feedback, junit, plots, registry, report
 from ortho_verify.arguments import (EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file,
                                     check_readable_file)
+from ortho_verify.checks.statistical import CLI_STATISTICAL_MATRICES, check_ns_statistics
 from ortho_verify.corpus import corpus_identity
 from ortho_verify.optional import require
 from ortho_verify.results import REPORT_SCHEMA_VERSION, CheckResult
@@ -170,6 +171,10 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
                 rec = None if sv_points is None else sv_points.setdefault((sched, dtype), [])
                 jobs.append((f"NS {sched}/{dtype} {case.name}",
                              lambda c=case, s=sched, d=dtype, r=rec: checks.check_newton_schulz(c, s, d, r)))
+    count = CLI_STATISTICAL_MATRICES["quick" if quick else "default"]
+    for sched in schedules:  # the statistical row: mean deviation over many matrices (bfloat16)
+        jobs.append((f"NS statistics {sched}/bfloat16",
+                     lambda s=sched: check_ns_statistics(s, "bfloat16", count)))
     for case in cases:
         for cfg in checks.MUON_CONFIGS:
             for dtype in ("float64", "float32"):

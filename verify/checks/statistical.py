@@ -24,8 +24,8 @@ from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import matrix_with_spectrum
 from ortho_verify.tolerances import statistical as stat
 
-__all__ = ["STATISTICAL_SPECS", "StatisticalBatch", "compare_ns_statistics", "statistical_batch",
-           "statistical_batches"]
+__all__ = ["CLI_STATISTICAL_MATRICES", "STATISTICAL_SPECS", "StatisticalBatch", "check_ns_statistics",
+           "compare_ns_statistics", "statistical_batch", "statistical_batches"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,3 +142,25 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
                            "matrices, beyond what rounding explains: the kernel's coefficients, normalization (safety, "
                            "eps, eps_mode) or step count differ from the declared ones, or it computes in a coarser "
                            "precision than declared")
+
+
+#: Matrices per statistical batch in ``ortho-verify`` (bfloat16, every registered schedule):
+#: fewer than ``check_orthogonalizer``'s 256 to keep the run time (about 1 s per schedule).
+CLI_STATISTICAL_MATRICES = {"quick": 64, "default": 128}
+
+
+def check_ns_statistics(schedule: str, dtype: str, count: int, seed: int = 0) -> list[CheckResult]:
+    """``ortho_fast.newton_schulz`` (a registered schedule with its own normalization, computed in
+    ``dtype``) on ``statistical_batch(1.0, (40, 24), None, count, dtype, seed)``: the row
+    ``ns_mean_deviation`` (``compare_ns_statistics``). For ``ortho-verify``.
+    Raises: ValueError for a dtype outside the statistical model's or an unknown schedule."""
+    import torch
+
+    import ortho_fast
+
+    sched = ortho_ref.SCHEDULES[schedule]
+    batch = statistical_batch(1.0, (40, 24), None, count, dtype, seed)
+    fast = ortho_fast.newton_schulz(torch.from_numpy(batch.matrices), schedule, safety=sched.safety, eps=sched.eps,
+                                    dtype=getattr(torch, dtype)).to(torch.float64).numpy()
+    return [compare_ns_statistics(fast, batch.matrices, ortho_ref.schedule(schedule), safety=sched.safety,
+                                  eps=sched.eps, dtype=dtype, input_name=batch.name, detail=f"{schedule}/{dtype}")]
