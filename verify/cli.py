@@ -30,7 +30,8 @@ import ortho_fast
 from ortho_verify import annotations, baseline, checks, data, error_feedback, junit, plots, registry, report
 from ortho_verify.arguments import (EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file,
                                     check_readable_file)
-from ortho_verify.checks.statistical import CLI_STATISTICAL_MATRICES, check_ns_statistics
+from ortho_verify.checks.statistical import (CLI_QUICK_STATISTICAL_SCHEDULES, CLI_STATISTICAL_MATRICES,
+                                             check_ns_statistics)
 from ortho_verify.corpus import corpus_identity
 from ortho_verify.optional import require
 from ortho_verify.results import REPORT_SCHEMA_VERSION, CheckResult
@@ -172,7 +173,7 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
                 jobs.append((f"NS {sched}/{dtype} {case.name}",
                              lambda c=case, s=sched, d=dtype, r=rec: checks.check_newton_schulz(c, s, d, r)))
     count = CLI_STATISTICAL_MATRICES["quick" if quick else "default"]
-    for sched in schedules:  # the statistical row: mean deviation over many matrices (bfloat16)
+    for sched in CLI_QUICK_STATISTICAL_SCHEDULES if quick else schedules:  # mean deviation over many matrices
         jobs.append((f"NS statistics {sched}/bfloat16",
                      lambda s=sched: check_ns_statistics(s, "bfloat16", count)))
     for case in cases:
