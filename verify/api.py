@@ -135,6 +135,12 @@ def call_with_timeout(fn: Callable, x, timeout_s: float | None):
     return ("ok", box["ok"]) if "ok" in box else ("raised", box.get("raised"))
 
 
+def _batched_hint(x: torch.Tensor) -> str:
+    """The note's advice when fn raised on an input with batch dims ("" for a matrix)."""
+    return (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
+            "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most") if x.ndim > 2 else ""
+
+
 def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coefficients="jordan", dtype=None,
                                  steps: int | None = None, safety: float | None = None, eps: float | None = None,
                                  eps_mode: str = "add", record: list | None = None,
@@ -162,8 +168,7 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
                            f"the kernel did not return within timeout_s = {timeout_s:g} s (a hang or an endless loop)")]
     if status == "raised":  # a crash is a failed check, reported with its input
         err = out
-        hint = (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
-                "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most") if x.ndim > 2 else ""
+        hint = _batched_hint(x)
         return [measured("orthogonalizer_runs", example.name, "fn(input)", math.inf, 0.0, f"raised {err!r}{hint}")]
     rows = [measured("input_unchanged", example.name, "fn must not modify its input",
                      float((x.double() - pristine.double()).abs().max()), 0.0)]
@@ -197,7 +202,8 @@ def check_orthogonalizer_statistics(fn: Callable, batch: StatisticalBatch, *, co
         status, out = call_with_timeout(fn, one, timeout_s)
         if status != "ok" or not isinstance(out, torch.Tensor) or out.shape != one.shape:
             why = f"did not return within {timeout_s:g} s" if status == "timeout" else \
-                f"raised {out!r}" if status == "raised" else f"returned {type(out).__name__} of the wrong shape"
+                f"raised {out!r}{_batched_hint(one)}" if status == "raised" else \
+                f"returned {type(out).__name__} of the wrong shape"
             return [measured("orthogonalizer_runs", batch.name, "fn(statistical batch)", math.inf, 0.0, why)]
         outs.append(_as_f64(out))
     fast = outs[0] if batched else torch.stack([torch.from_numpy(o) for o in outs]).numpy()
@@ -227,7 +233,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     one call of ``fn`` may take (default ``DEFAULT_TIMEOUT_S``; None: no limit): a call past it
     fails its example (``orthogonalizer_runs``, "did not return within ...") and the check goes on.
     ``statistical`` (bfloat16 and float32; default: True unless ``examples`` are given, which are
-    then the only inputs): also the row ``ns_mean_deviation`` on each
+    then the only inputs, or ``batched=False`` / ``max_batch_dims=0``): also the row ``ns_mean_deviation`` on each
     batch of ``ortho_verify.checks.statistical.STATISTICAL_SPECS`` (256 matrices of one spectrum: the
     mean signed deviation per direction at a false-alarm probability of 1e-6;
     ``check_orthogonalizer_statistics``); its batches are given as (J, m, n) when ``max_batch_dims``
@@ -244,7 +250,9 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     name = _ns_dtype_name(dtype)
     table_and_normalization(coefficients, steps, safety, eps)  # validate before running anything
     limit = _batch_limit(batched, max_batch_dims)
-    statistical = examples is None if statistical is None else statistical
+    # default: on with the default inputs, for kernels that take a batch (a (J, m, n) batch is one
+    # input of the report; a 2-D-only kernel's report holds matrices only unless it asks for them)
+    statistical = (examples is None and limit != 0) if statistical is None else statistical
     examples = default_examples(name, seed, batched, max_batch_dims) if examples is None else \
         [ex for ex in examples if limit is None or ex.matrix.ndim - 2 <= limit]
     if not examples:
@@ -267,8 +275,9 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     return VerificationReport(subject, results, inputs)
 
 
-#: Appended to the provenance of every input of ``check_orthogonalizer``: how to replay a failure.
-REPLAY_HINT = "; replay: ortho_verify.replay_example(fn, failure, <the check's arguments>)"
+#: Appended to the provenance of every input of ``check_orthogonalizer``: how to replay a failure
+#: (a Python comment, so the provenance stays an expression that rebuilds the input).
+REPLAY_HINT = "  # replay: ortho_verify.replay_example(fn, failure, <the check's arguments>)"
 
 #: The provenance calls ``replay_example`` rebuilds (no other code is evaluated).
 _REBUILDERS = {"ortho_verify.strategies.build_example": build_example,
@@ -280,9 +289,8 @@ _REBUILDERS = {"ortho_verify.strategies.build_example": build_example,
 def _parse_provenance(provenance: str):
     """(function name, args, kwargs) of a provenance call, parsed with ``ast`` (literals only).
     Raises: ValueError naming provenance for anything else."""
-    text = provenance.split(";", 1)[0].strip()
     try:
-        call = ast.parse(text, mode="eval").body
+        call = ast.parse(provenance.strip(), mode="eval").body
         name = ast.unparse(call.func) if isinstance(call, ast.Call) else None
         if name not in _REBUILDERS:
             raise ValueError(name)
