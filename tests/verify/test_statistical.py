@@ -67,7 +67,7 @@ def test_rounding_variances_reject_float64():
         stat.ns_rounding_variances(np.ones(2), np.eye(2), np.eye(2), JORDAN, "float64")
 
 
-@settings(max_examples=20, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.floats(1e-8, 1.0), min_size=1, max_size=6), st.integers(1, 64))
 def test_threshold_scales_as_one_over_sqrt_count(variances, count):
     """J independent matrices with the same proxies: the threshold is λ√v/√J (no allowance)."""
@@ -93,7 +93,7 @@ def test_mean_deviation_tolerance_pinned(factor, passes, sign):
     assert row.claimed
 
 
-@settings(max_examples=5, deadline=None)
+@settings(deadline=None)
 @given(st.integers(0, 2**16), st.sampled_from([(10, 6), (6, 10), (9, 9)]))
 def test_exact_outputs_pass(seed, shape):
     batch = statistical_batch(1.0, shape, None, 8, "bfloat16", seed=seed)
