@@ -2,7 +2,8 @@
 
 Public API (imported lazily, so ``import ortho_verify.tolerances`` stays light):
 ``check_orthogonalizer``, ``check_optimizer``, ``MuonConventions``, ``DionConventions``,
-``TORCH_MUON``, ``ORTHO_MUON``, ``DION``, ``VerificationReport`` (from ``ortho_verify.api``);
+``TORCH_MUON``, ``ORTHO_MUON``, ``DION``, ``VerificationReport``, ``replay_example`` (from
+``ortho_verify.api``);
 ``check_sharded_optimizer``, ``ShardedReport`` (from ``ortho_verify.sharded_check``);
 ``Dion2Conventions``, ``DION2`` (from ``ortho_verify.conventions``) and ``check_dion2_optimizer``
 (from ``ortho_verify.checks.dion2``).
@@ -10,7 +11,8 @@ Public API (imported lazily, so ``import ortho_verify.tolerances`` stays light):
 
 _API = ("check_orthogonalizer", "check_orthogonalizer_example", "check_optimizer", "MuonConventions",
         "DionConventions", "TORCH_MUON", "ORTHO_MUON", "DION", "VerificationReport", "default_examples",
-        "check_sharded_optimizer", "ShardedReport", "Dion2Conventions", "DION2", "check_dion2_optimizer")
+        "check_sharded_optimizer", "ShardedReport", "Dion2Conventions", "DION2", "check_dion2_optimizer",
+        "replay_example")
 #: Names of ``_API`` that live in ``ortho_verify.sharded_check`` (the distributed check).
 _SHARDED = ("check_sharded_optimizer", "ShardedReport")
 #: Names of ``_API`` that live elsewhere: name -> module.

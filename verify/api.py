@@ -20,6 +20,7 @@ takes one (m, n) matrix only)::
 
 from __future__ import annotations
 
+import ast
 import math
 import threading
 from typing import Callable
@@ -29,6 +30,8 @@ import torch
 from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.diagnoses import with_cause
 from ortho_verify.checks.newton_schulz import compare_ns_output
+from ortho_verify.checks.statistical import (StatisticalBatch, compare_ns_statistics, statistical_batch,
+                                             statistical_batches)
 from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, dtype_name,
                                       table_and_normalization)
 from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
@@ -37,9 +40,9 @@ from ortho_verify.results import CheckResult, Failure, VerificationReport, measu
 
 __all__ = [
     "DEFAULT_SHAPES", "DEFAULT_SPECS", "DEFAULT_TIMEOUT_S", "DION", "DionConventions", "Failure", "MuonConventions",
-    "ORTHO_MUON", "call_with_timeout",
+    "ORTHO_MUON", "call_with_timeout", "check_orthogonalizer_statistics",
     "TORCH_MUON", "VerificationReport", "check_optimizer", "check_orthogonalizer", "check_orthogonalizer_example",
-    "default_examples", "dtype_name", "optimizer_inputs",
+    "default_examples", "dtype_name", "optimizer_inputs", "REPLAY_HINT", "replay_example",
 ]
 
 
@@ -132,6 +135,12 @@ def call_with_timeout(fn: Callable, x, timeout_s: float | None):
     return ("ok", box["ok"]) if "ok" in box else ("raised", box.get("raised"))
 
 
+def _batched_hint(x: torch.Tensor) -> str:
+    """The note's advice when fn raised on an input with batch dims ("" for a matrix)."""
+    return (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
+            "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most") if x.ndim > 2 else ""
+
+
 def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coefficients="jordan", dtype=None,
                                  steps: int | None = None, safety: float | None = None, eps: float | None = None,
                                  eps_mode: str = "add", record: list | None = None,
@@ -159,8 +168,7 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
                            f"the kernel did not return within timeout_s = {timeout_s:g} s (a hang or an endless loop)")]
     if status == "raised":  # a crash is a failed check, reported with its input
         err = out
-        hint = (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
-                "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most") if x.ndim > 2 else ""
+        hint = _batched_hint(x)
         return [measured("orthogonalizer_runs", example.name, "fn(input)", math.inf, 0.0, f"raised {err!r}{hint}")]
     rows = [measured("input_unchanged", example.name, "fn must not modify its input",
                      float((x.double() - pristine.double()).abs().max()), 0.0)]
@@ -174,11 +182,40 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
     return rows
 
 
+def check_orthogonalizer_statistics(fn: Callable, batch: StatisticalBatch, *, coefficients="jordan", dtype=None,
+                                    steps: int | None = None, safety: float | None = None, eps: float | None = None,
+                                    eps_mode: str = "add", batched: bool = True,
+                                    timeout_s: float | None = DEFAULT_TIMEOUT_S) -> list[CheckResult]:
+    """Run ``fn`` on a ``StatisticalBatch`` (one (J, m, n) call when ``batched``, else J calls of
+    (m, n)) and return the row ``ns_mean_deviation`` (``ortho_verify.checks.compare_ns_statistics``;
+    docs/verification.md, "Statistical power in low precision"), or ``orthogonalizer_runs`` failed
+    when fn raised or timed out. ``dtype``: bfloat16, float16 or float32 (the batch's values must
+    be representable in it: ``statistical_batch(..., dtype)``). Other arguments as
+    ``check_orthogonalizer``.
+    Raises: TypeError for a dtype outside the statistical model's (float64 has none)."""
+    name = dtype_name(dtype, ("bfloat16", "float16", "float32"))
+    table, safety, eps = table_and_normalization(coefficients, steps, safety, eps)
+    x = torch.from_numpy(batch.matrices).to(getattr(torch, name))
+    calls = [x] if batched else list(x)
+    outs = []
+    for one in calls:
+        status, out = call_with_timeout(fn, one, timeout_s)
+        if status != "ok" or not isinstance(out, torch.Tensor) or out.shape != one.shape:
+            why = f"did not return within {timeout_s:g} s" if status == "timeout" else \
+                f"raised {out!r}{_batched_hint(one)}" if status == "raised" else \
+                f"returned {type(out).__name__} of the wrong shape"
+            return [measured("orthogonalizer_runs", batch.name, "fn(statistical batch)", math.inf, 0.0, why)]
+        outs.append(_as_f64(out))
+    fast = outs[0] if batched else torch.stack([torch.from_numpy(o) for o in outs]).numpy()
+    return [compare_ns_statistics(fast, batch.matrices, table, safety=safety, eps=eps, dtype=name, eps_mode=eps_mode,
+                                  input_name=batch.name, detail=f"{name}, {len(table)} steps")]
+
+
 def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.float32, steps: int | None = None,
                          safety: float | None = None, eps: float | None = None, eps_mode: str = "add",
                          examples: list[SpectralExample] | None = None, seed: int = 0,
                          batched: bool = True, max_batch_dims: int | None = None,
-                         timeout_s: float | None = DEFAULT_TIMEOUT_S) -> VerificationReport:
+                         timeout_s: float | None = DEFAULT_TIMEOUT_S, statistical: bool | None = None) -> VerificationReport:
     """Check a Newton–Schulz function against the exact oracle.
 
     ``fn`` maps a (..., m, n) tensor to its Newton–Schulz result of the same shape (leading dims
@@ -195,6 +232,12 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     Frobenius ``ns_tolerance``; bfloat16: per-direction singular values). ``timeout_s``: seconds
     one call of ``fn`` may take (default ``DEFAULT_TIMEOUT_S``; None: no limit): a call past it
     fails its example (``orthogonalizer_runs``, "did not return within ...") and the check goes on.
+    ``statistical`` (bfloat16 and float32; default: True unless ``examples`` are given, which are
+    then the only inputs, or ``batched=False`` / ``max_batch_dims=0``): also the row ``ns_mean_deviation`` on each
+    batch of ``ortho_verify.checks.statistical.STATISTICAL_SPECS`` (256 matrices of one spectrum: the
+    mean signed deviation per direction at a false-alarm probability of 1e-6;
+    ``check_orthogonalizer_statistics``); its batches are given as (J, m, n) when ``max_batch_dims``
+    allows one batch dim, else one matrix per call.
     Failed rows carry a ``cause`` in words (``CheckResult.cause``, also at the head of the note).
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive, ``failures`` with
     reproducing inputs, ratios; bfloat16 rows whose tolerance admits the zero output make no claim).
@@ -207,6 +250,9 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     name = _ns_dtype_name(dtype)
     table_and_normalization(coefficients, steps, safety, eps)  # validate before running anything
     limit = _batch_limit(batched, max_batch_dims)
+    # default: on with the default inputs, for kernels that take a batch (a (J, m, n) batch is one
+    # input of the report; a 2-D-only kernel's report holds matrices only unless it asks for them)
+    statistical = (examples is None and limit != 0) if statistical is None else statistical
     examples = default_examples(name, seed, batched, max_batch_dims) if examples is None else \
         [ex for ex in examples if limit is None or ex.matrix.ndim - 2 <= limit]
     if not examples:
@@ -217,7 +263,80 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
                                             eps=eps, eps_mode=eps_mode, timeout_s=timeout_s)
         results += rows
         for case in ex.cases():  # the matrices fn received (rounded to the input dtype)
-            inputs[case.name] = ({"input": case.matrix}, ex.provenance)
-        inputs.setdefault(ex.name, ({"input": _as_f64(ex.tensor())}, ex.provenance))  # a whole batch
+            inputs[case.name] = ({"input": case.matrix}, ex.provenance + REPLAY_HINT)
+        inputs.setdefault(ex.name, ({"input": _as_f64(ex.tensor())}, ex.provenance + REPLAY_HINT))  # a whole batch
+    if statistical and name in ("bfloat16", "float32"):
+        for batch in statistical_batches(name, seed):
+            results += check_orthogonalizer_statistics(fn, batch, coefficients=coefficients, dtype=name, steps=steps,
+                                                       safety=safety, eps=eps, eps_mode=eps_mode,
+                                                       batched=limit is None or limit >= 1, timeout_s=timeout_s)
+            inputs[batch.name] = ({"input": batch.matrices}, batch.provenance + REPLAY_HINT)
     subject = f"{getattr(fn, '__name__', type(fn).__name__)} ({coefficients if isinstance(coefficients, str) else 'table'}, {name})"
     return VerificationReport(subject, results, inputs)
+
+
+#: Appended to the provenance of every input of ``check_orthogonalizer``: how to replay a failure
+#: (a Python comment, so the provenance stays an expression that rebuilds the input).
+REPLAY_HINT = "  # replay: ortho_verify.replay_example(fn, failure, <the check's arguments>)"
+
+#: The provenance calls ``replay_example`` rebuilds (no other code is evaluated).
+_REBUILDERS = {"ortho_verify.strategies.build_example": build_example,
+               "ortho_verify.examples.build_example": build_example,
+               "ortho_verify.checks.statistical.statistical_batch": statistical_batch,
+               "ortho_verify.api.optimizer_inputs": optimizer_inputs}
+
+
+def _parse_provenance(provenance: str):
+    """(function name, args, kwargs) of a provenance call, parsed with ``ast`` (literals only).
+    Raises: ValueError naming provenance for anything else."""
+    try:
+        call = ast.parse(provenance.strip(), mode="eval").body
+        name = ast.unparse(call.func) if isinstance(call, ast.Call) else None
+        if name not in _REBUILDERS:
+            raise ValueError(name)
+        args = [ast.literal_eval(a) for a in call.args]
+        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    except (SyntaxError, ValueError) as err:
+        raise ValueError(f"provenance: expected a call of one of {sorted(_REBUILDERS)} with literal arguments, "
+                         f"got {provenance!r}") from err
+    return name, args, kwargs
+
+
+def replay_example(fn, failure, *, check: str | None = None, input_name: str | None = None, coefficients="jordan",
+                   dtype=None, steps: int | None = None, safety: float | None = None, eps: float | None = None,
+                   eps_mode: str = "add", timeout_s: float | None = DEFAULT_TIMEOUT_S, conventions=None,
+                   **optimizer_arguments) -> list[CheckResult]:
+    """Replay one failure of a report: rebuild its input from the provenance, run ``fn`` on it
+    again and return the rows of the same check on the same input (the same error and tolerance
+    for a deterministic ``fn``). docs/verification.md, "Replaying a failure".
+
+    ``failure``: a ``Failure`` of ``report.failures`` (check and input taken from it) or its
+    provenance string (then ``check`` and ``input_name`` select the rows; None: every row).
+    ``fn``: the kernel (orthogonalizer failures: inputs of ``build_example`` or
+    ``statistical_batch``) or the optimizer class (failures of ``check_optimizer``: inputs of
+    ``optimizer_inputs``, with ``conventions`` and any of its other arguments such as lr,
+    param_dtype in ``optimizer_arguments``). The other arguments are those of
+    ``check_orthogonalizer`` and must be the ones the report was made with.
+    Returns: the matching ``CheckResult`` rows (all rows of the replayed input if none match).
+    Raises: ValueError naming provenance when it is not a call this function rebuilds (it never
+    evaluates other code); TypeError for a bad dtype, as the checks.
+    """
+    if isinstance(failure, Failure):
+        provenance, check, input_name = failure.provenance, check or failure.result.check, \
+            input_name or failure.result.input
+    else:
+        provenance = str(failure)
+    name, args, kwargs = _parse_provenance(provenance)
+    built = _REBUILDERS[name](*args, **kwargs)
+    options = dict(coefficients=coefficients, steps=steps, safety=safety, eps=eps, eps_mode=eps_mode,
+                   timeout_s=timeout_s)
+    if name.endswith("optimizer_inputs"):
+        shapes, steps_run, cond, seed = (list(args) + [kwargs.get(k) for k in ("shapes", "steps", "cond", "seed")])[:4]
+        rows = check_optimizer(fn, conventions, shapes=shapes, steps=steps_run, cond=cond, seed=seed,
+                               **optimizer_arguments).results
+    elif isinstance(built, StatisticalBatch):
+        rows = check_orthogonalizer_statistics(fn, built, dtype=dtype if dtype is not None else args[4], **options)
+    else:
+        rows = check_orthogonalizer_example(fn, built, dtype=dtype, **options)
+    chosen = [r for r in rows if (check is None or r.check == check) and (input_name is None or r.input == input_name)]
+    return chosen or rows

@@ -32,6 +32,8 @@ from ortho_verify.checks.qk_clip import qk_clip_jobs
 from ortho_verify.checks.stages import stage_jobs
 from ortho_verify.arguments import (EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file,
                                     check_readable_file)
+from ortho_verify.checks.statistical import (CLI_QUICK_STATISTICAL_SCHEDULES, CLI_STATISTICAL_MATRICES,
+                                             check_ns_statistics)
 from ortho_verify.corpus import corpus_identity
 from ortho_verify.optional import require
 from ortho_verify.results import REPORT_SCHEMA_VERSION, CheckResult
@@ -172,6 +174,10 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
                 rec = None if sv_points is None else sv_points.setdefault((sched, dtype), [])
                 jobs.append((f"NS {sched}/{dtype} {case.name}",
                              lambda c=case, s=sched, d=dtype, r=rec: checks.check_newton_schulz(c, s, d, r)))
+    count = CLI_STATISTICAL_MATRICES["quick" if quick else "default"]
+    for sched in CLI_QUICK_STATISTICAL_SCHEDULES if quick else schedules:  # mean deviation over many matrices
+        jobs.append((f"NS statistics {sched}/bfloat16",
+                     lambda s=sched: check_ns_statistics(s, "bfloat16", count)))
     for case in cases:
         for cfg in checks.MUON_CONFIGS:
             for dtype in ("float64", "float32"):

@@ -9,6 +9,8 @@ By subject (every name stays importable from ``ortho_verify.tolerances``):
 
 - ``roundoff``: unit roundoffs, C_NS, the matmul / factorization rounding models;
 - ``newton_schulz``: ``ns_tolerance`` and the per-direction bfloat16 tolerances;
+- ``statistical``: the mean deviation over many matrices of a low-precision kernel
+  (``ns_rounding_moments``, ``ns_mean_deviation_tolerances``, false-alarm probability 1e-6);
 - ``polar``: the oracle's SVD, polar factor, ``ns_map`` and mpmath agreement;
 - ``muon``: a Muon step, momentum, cautious weight decay, parity with torch.optim.Muon;
 - ``dion``: a Dion step with any QR method / right factor / precision, the error-feedback identity;
@@ -49,6 +51,8 @@ from ortho_verify.tolerances.dion2 import (FIRST_ORDER_FRACTION, dion2_norm_tole
 from ortho_verify.tolerances.qk_clip import POW_ULPS, QK_CLIP_FIRST_ORDER, qk_clip_tolerance
 from ortho_verify.tolerances.stages import equilibration_error, normuon_amplification, scaling_error, stage_tolerances
 from ortho_verify.tolerances.scalar import adamw_tolerances, lion_tolerances
+from ortho_verify.tolerances.statistical import (FALSE_ALARM_PROBABILITY, hoeffding_lambda,
+                                                 ns_mean_deviation_tolerances, ns_rounding_moments)
 from ortho_verify.tolerances.compiled import compiled_tolerance
 from ortho_verify.tolerances.sharded import SHARDED_RTOL, sharded_tolerance
 from ortho_verify.tolerances.baselines import BASELINE_FLOOR, BASELINE_GROWTH
@@ -57,7 +61,8 @@ __all__ = [
     "equilibration_error", "normuon_amplification", "scaling_error", "stage_tolerances",
     "POW_ULPS", "QK_CLIP_FIRST_ORDER", "qk_clip_tolerance",
     "FIRST_ORDER_FRACTION", "dion2_norm_tolerances", "dion2_selection_violation", "dion2_step_tolerances",
-    "BASELINE_FLOOR", "BASELINE_GROWTH", "COEFFICIENT_REGISTRY_TOLERANCE", "C_NS", "FIRST_ORDER_LIMIT",
+    "BASELINE_FLOOR", "BASELINE_GROWTH", "COEFFICIENT_REGISTRY_TOLERANCE", "C_NS", "FALSE_ALARM_PROBABILITY",
+    "FIRST_ORDER_LIMIT", "hoeffding_lambda", "ns_mean_deviation_tolerances", "ns_rounding_moments",
     "LAPACK_SVD_TOLMUL", "POLAR_VALIDITY", "SCALAR_STEP_ROUNDINGS", "SHARDED_RTOL", "TORCH_MUON_TOLERANCE", "U64",
     "UNIT_ROUNDOFF", "adamw_tolerances", "cautious_weight_decay_tolerance", "compiled_tolerance", "condition_number",
     "dion_ideal_step_tolerances", "dion_observed_step_tolerances", "dion_tolerances", "dion_variant_tolerances",
