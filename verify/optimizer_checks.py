@@ -125,7 +125,9 @@ def _run(optimizer, conventions, *, lr, momentum, weight_decay, steps, param_dty
                     **conventions.extra_kwargs)
     labels = [f"{m}x{n}{suffix}" for m, n in shapes]
     report_inputs = {f"{label} step {t + 1}": ({"weight0": w0, **{f"grad{i + 1}": g for i, g in enumerate(gs)}},
-                                               f"ortho_verify.api.optimizer_inputs({tuple(shapes)}, {steps}, {cond}, {seed})")
+                                               f"ortho_verify.api.optimizer_inputs({tuple(shapes)}, {steps}, {cond}, {seed})"
+                                               "  # replay: ortho_verify.replay_example(optimizer, failure, "
+                                               "conventions=...)")
                      for label, (w0, gs) in zip(labels, inputs) for t in range(steps)}
     step = _muon_step_rows if isinstance(conventions, MuonConventions) else _dion_step_rows
     tracked = [None] * len(params)
