@@ -19,7 +19,7 @@ import torch
 
 import ortho_fast
 from ortho_verify.sharding.layouts import DION2_OPTIONS
-from ortho_verify.sharding.tensors import is_dtensor
+from ortho_verify.sharding.tensors import full_value, is_dtensor, write_full
 
 __all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory"]
 
@@ -36,19 +36,6 @@ _PE = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
        (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
        (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
        (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if is_dtensor(t) else t
-
-
-def _write(p: torch.Tensor, full: torch.Tensor) -> None:
-    if is_dtensor(p):
-        from torch.distributed.tensor import distribute_tensor
-
-        p.to_local().copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local())
-    else:
-        p.copy_(full)
 
 
 def _sharded_dim0(p: torch.Tensor) -> bool:
@@ -90,7 +77,7 @@ class PlantedDion2(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                w, g = _full(p), _full(p.grad)
+                w, g = full_value(p), full_value(p.grad)
                 st = self.state[p]
                 b = st.get("momentum", torch.zeros_like(w)) + g
                 m, n = w.shape
@@ -110,7 +97,7 @@ class PlantedDion2(torch.optim.Optimizer):
                 mom = bt.clone()
                 mom[sel] = bt[sel] * group["ef_decay"]
                 st["momentum"] = mom if rows else mom.mT
-                _write(p, w * (1 - group["lr"] * group["weight_decay"])
+                write_full(p, w * (1 - group["lr"] * group["weight_decay"])
                        - group["lr"] * math.sqrt(m / n) * (update if rows else update.mT))
 
 

@@ -15,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ortho_verify.sharding.tensors import is_dtensor
+from ortho_verify.sharding.tensors import full_value, is_dtensor, write_full
 
 __all__ = ["MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon", "newton_schulz_jordan", "planted_muon_factory"]
 
@@ -46,20 +46,6 @@ def newton_schulz_jordan(x: torch.Tensor, steps: int = 5, eps: float = 1e-7, nor
         g = y @ y.mT
         y = a * y + (b * g + c * g @ g) @ y
     return y.mT if tall else y
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if is_dtensor(t) else t
-
-
-def _write(p: torch.Tensor, full: torch.Tensor) -> None:
-    """Store the full value ``full`` into ``p``: its own shard for a DTensor."""
-    if is_dtensor(p):
-        from torch.distributed.tensor import distribute_tensor
-
-        p.to_local().copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local())
-    else:
-        p.copy_(full)
 
 
 def _stuck(bug: str | None) -> bool:
@@ -117,7 +103,7 @@ class PlantedMuon(torch.optim.Optimizer):
                     p.to_local().mul_(1 - lr * wd).add_(o, alpha=-lr * scale)
                     continue
                 if is_dtensor(u):
-                    o = newton_schulz_jordan(_full(u), norm=self._norm(u))
+                    o = newton_schulz_jordan(full_value(u), norm=self._norm(u))
                 elif self.dp_group is None:
                     o = newton_schulz_jordan(u)
                 else:  # DDP: rank i mod world computes matrix i and broadcasts it
@@ -126,7 +112,7 @@ class PlantedMuon(torch.optim.Optimizer):
                     o = newton_schulz_jordan(u) if me == owner else torch.zeros_like(u)
                     src = 0 if self.bug == "broadcast_from_rank_0" else owner
                     dist.broadcast(o, group=self.dp_group, group_src=src)
-                _write(p, _full(p) * (1 - lr * wd) - lr * math.sqrt(max(1.0, m / n)) * o)
+                write_full(p, full_value(p) * (1 - lr * wd) - lr * math.sqrt(max(1.0, m / n)) * o)
 
 
 class PlantedDion(torch.optim.Optimizer):
@@ -166,7 +152,7 @@ class PlantedDion(torch.optim.Optimizer):
         for group in self.param_groups:
             lr, mu, wd, eps = group["lr"], group["mu"], group["weight_decay"], group["epsilon"]
             for i, p in enumerate(group["params"]):
-                w, g = _full(p), _full(p.grad)
+                w, g = full_value(p), full_value(p.grad)
                 m, n = w.shape
                 state = self.state[p]
                 if not state:
@@ -185,7 +171,7 @@ class PlantedDion(torch.optim.Optimizer):
                 state["Q"] = r_mat / (torch.linalg.vector_norm(r_mat, dim=0) + eps)
                 update = p_mat @ state["Q"].mT
                 state["momentum"] = mw.mT if tr else mw
-                _write(p, w * (1 - lr * wd) - lr * math.sqrt(m / n) * (update.mT if tr else update))
+                write_full(p, w * (1 - lr * wd) - lr * math.sqrt(m / n) * (update.mT if tr else update))
 
 
 def planted_muon_factory(bug: str | None = None):

@@ -12,7 +12,8 @@ import torch
 
 from ortho_verify.sharding.layouts import Layout
 
-__all__ = ["digest", "dtensor_placements", "full_copy", "is_dtensor", "place", "relative_difference"]
+__all__ = ["digest", "dtensor_placements", "full_copy", "full_value", "is_dtensor", "place", "relative_difference",
+           "write_full"]
 
 
 def is_dtensor(t) -> bool:
@@ -53,6 +54,21 @@ def place(full: torch.Tensor, layout: Layout, mesh, device) -> torch.Tensor:
     from torch.distributed.tensor import distribute_tensor
 
     return distribute_tensor(full, mesh, dtensor_placements(layout, tuple(mesh.shape)), src_data_rank=None)
+
+
+def full_value(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: ``full_tensor()`` of a DTensor (a collective), else ``t`` itself."""
+    return t.full_tensor() if is_dtensor(t) else t
+
+
+def write_full(p: torch.Tensor, full: torch.Tensor) -> None:
+    """Store the full value ``full`` into ``p``: its own shard for a DTensor."""
+    if is_dtensor(p):
+        from torch.distributed.tensor import distribute_tensor
+
+        p.to_local().copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local())
+    else:
+        p.copy_(full)
 
 
 def full_copy(t: torch.Tensor) -> torch.Tensor:
