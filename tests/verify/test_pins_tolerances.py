@@ -1,6 +1,7 @@
 """Pinned tolerances, the rest (issue 13, "pin every tolerance"): ``ef_subspace_tolerances``,
 ``ef_bookkeeping_tolerance``, ``sharded_tolerance``, ``compiled_tolerance``, ``adamw_tolerances``,
-``lion_tolerances``, ``cautious_weight_decay_tolerance`` and the baseline margin.
+``lion_tolerances``, ``cautious_weight_decay_tolerance``, ``error_feedback_projection_tolerance`` and the
+baseline margin.
 
 As tests/verify/test_pinned_muon.py: at a fixed input the formula's value is recorded (``PIN_*``,
 3 significant digits, never a call of the tolerance function), and a planted error of ``BEYOND``
@@ -150,3 +151,17 @@ def test_baseline_margin_pinned(tmp_path, old, factor, passes):
     rows = baseline.compare([CheckResult("ns", "x", "d", factor * allowed, 1.0, True)], baseline.load(path), mode,
                             golden_dir=golden)
     assert all(r.passed for r in rows if r.check == "baseline_regression") is passes, rows
+
+
+# --- error feedback's two identities on a computed P (ortho_fast / ortho_ref Dion tests) ---
+
+#: ``error_feedback_projection_tolerance(1e-6, rows=24, b_norm=2.0, m_norm=1.9, r_norm=1.5, p_norm=2.4,
+#: mu=0.95, orthogonality=1e-6, dtype="float32")``.
+PIN_EF_PROJECTION = 1.23e-06
+
+
+@pytest.mark.parametrize("factor, passes", PLANTS)
+def test_error_feedback_projection_tolerance_pinned(factor, passes):
+    bound = tol.error_feedback_projection_tolerance(1e-6, rows=24, b_norm=2.0, m_norm=1.9, r_norm=1.5, p_norm=2.4,
+                                                    mu=0.95, orthogonality=1e-6, dtype="float32")
+    assert _passes(factor * PIN_EF_PROJECTION, bound) is passes
