@@ -16,9 +16,7 @@ from .compat import DION2_ALIASES, apply_aliases, canonical_group
 from .groups.dion2 import DION2_DEFAULTS, Dion2Groups, normalize_dion2_group
 from .groups.driver import check_then_step
 from .validation import is_dtensor
-from .groups.state import (
-    StateSpec, add_param_group_checked, check_saved_state, load_state_dict_checked, state_dict_with_dtype_names,
-)
+from .groups.state import STATE_SPECS, add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
 
 __all__ = ["DION2_DEFAULTS", "DION2_POSITIONAL", "DION2_STATE", "Dion2"]
 
@@ -28,7 +26,7 @@ DION2_POSITIONAL = ("use_triton", "use_polar_express", "use_gram_newton_schulz",
 
 #: The per-parameter state of Dion2 as ``load_state_dict`` checks it: ``momentum`` of the
 #: parameter's shape (microsoft/dion's key).
-DION2_STATE = StateSpec("Dion2", {"momentum": lambda p, group: tuple(p.shape)})
+DION2_STATE = STATE_SPECS["dion2"]
 
 
 class Dion2(Optimizer):
@@ -164,15 +162,9 @@ class Dion2(Optimizer):
             canonical_group(saved, DION2_ALIASES)
             return DION2_DEFAULTS, normalize_dion2_group
 
-        if isinstance(state_dict, dict) and {"state", "param_groups"} <= set(state_dict):
-            ids = [pid for g in state_dict["param_groups"] for pid in g.get("params", ())]
-            params = [(p, g) for g in self.param_groups for p in g["params"]]
-            if len(ids) == len(params):
-                for j, (pid, (p, group)) in enumerate(zip(ids, params)):
-                    if pid in state_dict["state"]:
-                        check_saved_state(state_dict["state"][pid], DION2_STATE, p, group,
-                                          f"parameter {j} (shape {tuple(p.shape)})")
-        load_state_dict_checked(self, state_dict, spec)
+        # each saved state checked against STATE_SPECS["dion2"] before any change; a distributed
+        # optimizer agrees on the verdict across ranks first (``load_state_dict_checked``)
+        load_state_dict_checked(self, state_dict, spec, algorithm_of=lambda group: "dion2")
         self._runner.reset()
 
     @torch.no_grad()

@@ -145,6 +145,12 @@ class Dion2Sharding(GroupRunner):
         self.layouts: dict[torch.Tensor, MatrixLayout] = {}
         self.cache = OptionsCache()
 
+    def agree(self, error: BaseException | None, device=None) -> None:
+        """Make a local verdict global (``load_state_dict``: a corrupt shard on one rank): raise
+        ``error`` on its rank and ValueError ("another rank rejected") on every other rank of the
+        optimizer's axes (``raise_together``, tag "load"); nothing when every rank passes None."""
+        raise_together(error, self.axes, tag="load", device=device)
+
     def options(self, group: dict) -> Dion2Options:
         return self.cache.get(group, DION2_OPTION_KEYS, resolve_dion2_options)
 

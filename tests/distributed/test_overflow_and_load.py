@@ -109,6 +109,16 @@ def _workers(rank: int, world: int) -> dict:
     out["dion load nan"] = _load_outcome(opt, _corrupt(good, "momentum", rank))
     out["dion load good"] = _load_outcome(opt, good)
 
+    # Dion2 FSDP: the same with a NaN in rank 1's shard of its momentum
+    ps = [torch.nn.Parameter(distribute_tensor(w.clone(), mesh, [Shard(0)])) for w in _full(8)]
+    opt = ortho_fast.Dion2(ps, lr=0.01, fraction=0.5, distributed_mesh=mesh)
+    for p, g in zip(ps, _full(9)):
+        p.grad = distribute_tensor(g, mesh, [Shard(0)])
+    opt.step()
+    good = copy.deepcopy(opt.state_dict())
+    out["dion2 load nan"] = _load_outcome(opt, _corrupt(good, "momentum", rank))
+    out["dion2 load good"] = _load_outcome(opt, good)
+
     # Muon DDP (plain parameters on a process group): a NaN in rank 1's momentum_buffer
     ps = [torch.nn.Parameter(w.clone()) for w in _full(6)]
     opt = ortho_fast.Muon(ps, lr=0.02, distributed_mesh=mesh)
@@ -133,7 +143,7 @@ def test_sharded_dion_column_norms_do_not_overflow(results, layout):
         assert out[layout]["worst"] <= sharded_tolerance("float32"), out[layout]
 
 
-@pytest.mark.parametrize("optimizer, key", [("dion", "momentum"), ("muon", "momentum_buffer")])
+@pytest.mark.parametrize("optimizer, key", [("dion", "momentum"), ("dion2", "momentum"), ("muon", "momentum_buffer")])
 def test_load_state_dict_with_a_nan_on_one_rank_raises_on_every_rank(results, optimizer, key):
     error0, unchanged0 = results[0][f"{optimizer} load nan"]
     error1, unchanged1 = results[1][f"{optimizer} load nan"]
