@@ -54,6 +54,35 @@ def check_finite(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}: contains NaN or Inf; expected finite values")
 
 
+def check_grad(p: torch.Tensor, name: str, algorithm: str, finite) -> None:
+    """Check ``p.grad`` (not None) as a matrix optimizer's step reads it: dense and real, of the
+    parameter's shape, dtype and device; finite when ``finite`` is True (now, one host sync), added
+    to ``finite`` when it is a ``FiniteCheck`` (decided by the caller), not checked when False.
+    ``name``: how the error names the parameter. Raises ValueError starting with "grad" and naming
+    ``algorithm`` and the parameter. Changes nothing."""
+    g = p.grad
+    if g.is_sparse or torch.is_complex(g):
+        raise ValueError(f"grad: {algorithm} expects dense real gradients ({name})")
+    if g.shape != p.shape:
+        raise ValueError(f"grad: expected shape {tuple(p.shape)}, got {tuple(g.shape)} ({name})")
+    if g.dtype != p.dtype or g.device != p.device:
+        raise ValueError(f"grad: expected dtype {p.dtype} on {p.device} (the parameter's), got {g.dtype} on "
+                         f"{g.device} ({name})")
+    if finite is True:
+        check_finite(g, f"grad of {name}")
+    elif isinstance(finite, FiniteCheck):
+        finite.add(g, f"grad of {name}")
+
+
+def check_param_shaped_state(state, p: torch.Tensor, key: str, name: str) -> None:
+    """Check ``state[p][key]`` where present: a tensor of the parameter's shape and dtype (a momentum
+    buffer). Raises ValueError starting with ``key`` and naming the parameter. Changes nothing."""
+    buf = state[p].get(key) if p in state else None
+    if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape or buf.dtype != p.dtype):
+        got = (tuple(buf.shape), buf.dtype) if isinstance(buf, torch.Tensor) else type(buf).__name__
+        raise ValueError(f"{key}: expected a tensor of shape {tuple(p.shape)} and dtype {p.dtype}, got {got} ({name})")
+
+
 def finite_flag(x: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool tensor on ``x``'s device: whether every entry of ``x`` (a DTensor: this rank's
     shard) is finite. No host sync (``check_finite`` without the decision)."""

@@ -19,7 +19,8 @@ from ..coefficients import resolve_coefficients, schedule_of
 from ..functional import dion2 as dion2_math
 from ..functional.dion2 import DION2_ADJUST_LR_MODES, SELECTION_SCOPES
 from ..functional.newton_schulz import resolve_compute_dtype
-from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_finite, check_hyper, local_tensor
+from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper, local_tensor,
+                          check_param_shaped_state)
 from .driver import GroupRunner
 from .options import OptionsCache
 
@@ -121,24 +122,11 @@ def check_dion2_step(group: dict, state: Mapping[torch.Tensor, dict], options: D
     Raises: ValueError / TypeError starting with the key, or "grad" / "momentum" naming the parameter."""
     options = resolve_dion2_options(group) if options is None else options
     for i, p in enumerate(group["params"]):
-        g = p.grad
-        if g is None:
+        if p.grad is None:
             continue
         name = _name(group, i, p)
-        if g.is_sparse or torch.is_complex(g):
-            raise ValueError(f"grad: Dion2 expects dense real gradients ({name})")
-        if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
-            raise ValueError(f"grad: expected shape {tuple(p.shape)}, dtype {p.dtype} on {p.device} (the parameter's), "
-                             f"got {tuple(g.shape)}, {g.dtype} on {g.device} ({name})")
-        if finite is True:
-            check_finite(g, f"grad of {name}")
-        elif isinstance(finite, FiniteCheck):
-            finite.add(g, f"grad of {name}")
-        buf = state[p].get("momentum") if p in state else None
-        if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape or buf.dtype != p.dtype):
-            got = (tuple(buf.shape), buf.dtype) if isinstance(buf, torch.Tensor) else type(buf).__name__
-            raise ValueError(f"momentum: expected a tensor of shape {tuple(p.shape)} and dtype {p.dtype}, got {got} "
-                             f"({name})")
+        check_grad(p, name, "Dion2", finite)
+        check_param_shaped_state(state, p, "momentum", name)
 
 
 def matrices(t: torch.Tensor, flatten: bool) -> torch.Tensor:

@@ -14,7 +14,8 @@ from typing import Mapping
 
 import torch
 
-from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_finite, check_hyper
+from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper,
+                          check_param_shaped_state)
 from ..coefficients import CoefficientsLike, resolve_coefficients, schedule_of
 from ..functional import muon as muon_math
 from ..functional import layout as layout_math
@@ -220,26 +221,11 @@ def check_muon_step(group: dict, state: Mapping[torch.Tensor, dict], options: Mu
     options = resolve_muon_options(group) if options is None else options
     layout = _layouts(group, options, layouts)
     for i, p in enumerate(group["params"]):
-        g = p.grad
-        if g is None:
+        if p.grad is None:
             continue
         name = param_name(group, i, p)
-        if g.is_sparse or torch.is_complex(g):
-            raise ValueError(f"grad: Muon expects dense real gradients ({name})")
-        if g.shape != p.shape:
-            raise ValueError(f"grad: expected shape {tuple(p.shape)}, got {tuple(g.shape)} ({name})")
-        if g.dtype != p.dtype or g.device != p.device:
-            raise ValueError(f"grad: expected dtype {p.dtype} on {p.device} (the parameter's), got {g.dtype} on "
-                             f"{g.device} ({name})")
-        if finite is True:
-            check_finite(g, f"grad of {name}")
-        elif isinstance(finite, FiniteCheck):
-            finite.add(g, f"grad of {name}")
-        buf = state[p].get("momentum_buffer") if p in state else None
-        if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape or buf.dtype != p.dtype):
-            got = (tuple(buf.shape), buf.dtype) if isinstance(buf, torch.Tensor) else type(buf).__name__
-            raise ValueError(f"momentum_buffer: expected a tensor of shape {tuple(p.shape)} and dtype {p.dtype}, "
-                             f"got {got} ({name})")
+        check_grad(p, name, "Muon", finite)
+        check_param_shaped_state(state, p, "momentum_buffer", name)
         check_stage_state(state[p] if p in state else {}, p, layout(i, p), options, name)
 
 

@@ -112,3 +112,23 @@ def test_bad_checkpoint_changes_nothing(corrupt, name):
     after = opt.state_dict()
     assert after["param_groups"] == before["param_groups"]
     assert all(torch.equal(after["state"][i]["momentum"], before["state"][i]["momentum"]) for i in before["state"])
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda p: torch.randn(p.shape, dtype=torch.float64), "grad: expected dtype"),
+    (lambda p: torch.randn(p.shape, dtype=torch.complex64), "grad: Dion2 expects dense real gradients"),
+])
+def test_a_bad_gradient_on_the_second_parameter_changes_nothing(bad, match):
+    """The second parameter's gradient of the wrong dtype / kind raises naming it, after the first
+    parameter's gradient was fine: no weight and no momentum changed (torch itself refuses a
+    gradient of another shape)."""
+    params, opt = _opt()
+    _step(params, opt, 1)
+    before = ([p.detach().clone() for p in params], [opt.state[p]["momentum"].clone() for p in params])
+    params[0].grad = torch.randn(6, 10)
+    params[1].grad_dtype = None  # torch 2.13 refuses a gradient of another dtype unless told to accept any
+    params[1].grad = bad(params[1])
+    with pytest.raises(ValueError, match=match):
+        opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(params, before[0]))
+    assert all(torch.equal(opt.state[p]["momentum"], m) for p, m in zip(params, before[1]))
