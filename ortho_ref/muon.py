@@ -74,6 +74,30 @@ class MuonStep(NamedTuple):
     ns_input: np.ndarray
 
 
+def _checked_step_inputs(weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor):
+    """The validated float64 inputs of one Muon step (``muon_step`` / ``muon_pipeline_step``):
+    (W, G, M, lr, μ, weight_decay, the (T, 3) table, s = lr_scale·extra_scale_factor)."""
+    w = as_matrix(weight, "weight")
+    g = as_like(grad, "grad", w.shape)
+    m_old = as_like(momentum, "momentum", w.shape)
+    lr = check_scalar(lr, "lr", low=0.0)
+    mu = check_scalar(mu, "mu", low=0.0, high=1.0)
+    weight_decay = check_scalar(weight_decay, "weight_decay", low=0.0)
+    table = schedule("jordan") if coefficients is None else as_coefficients(coefficients)
+    scale = lr_scale(adjust_lr, *w.shape) * check_scalar(extra_scale_factor, "extra_scale_factor", low=0.0,
+                                                         low_open=True)
+    return w, g, m_old, lr, mu, weight_decay, table, scale
+
+
+def _updated_weight(w: np.ndarray, o: np.ndarray, *, lr: float, weight_decay: float, scale: float,
+                    cautious: bool) -> np.ndarray:
+    """W·(1 − lr·wd) − lr·s·O, the decay masked to I(O⊙W ≥ 0) with ``cautious`` (Chen et al. 2025)."""
+    decayed = w * (1.0 - lr * weight_decay)
+    if cautious:
+        decayed = np.where(np.sign(o) * np.sign(w) >= 0, decayed, w)
+    return decayed - (lr * scale) * o
+
+
 def muon_step(
     weight,
     grad,
@@ -115,15 +139,8 @@ def muon_step(
     mismatches, lr < 0, mu outside [0, 1), weight_decay < 0, extra_scale_factor <= 0,
     unknown option strings.
     """
-    w = as_matrix(weight, "weight")
-    g = as_like(grad, "grad", w.shape)
-    m_old = as_like(momentum, "momentum", w.shape)
-    lr = check_scalar(lr, "lr", low=0.0)
-    mu = check_scalar(mu, "mu", low=0.0, high=1.0)
-    weight_decay = check_scalar(weight_decay, "weight_decay", low=0.0)
-    table = schedule("jordan") if coefficients is None else as_coefficients(coefficients)
-    scale = lr_scale(adjust_lr, *w.shape) * check_scalar(extra_scale_factor, "extra_scale_factor", low=0.0,
-                                                         low_open=True)
+    w, g, m_old, lr, mu, weight_decay, table, scale = _checked_step_inputs(
+        weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor)
     if orthogonalizer not in ("newton_schulz", "polar"):
         raise ValueError(f"orthogonalizer: expected 'newton_schulz' or 'polar', got {orthogonalizer!r}")
 
@@ -132,10 +149,7 @@ def muon_step(
         o = polar(u) if np.any(u) else np.zeros_like(u)
     else:
         o = ns_map(u, table, safety=safety, eps=eps, eps_mode=eps_mode)
-    decayed = w * (1.0 - lr * weight_decay)
-    if cautious_weight_decay:
-        decayed = np.where(np.sign(o) * np.sign(w) >= 0, decayed, w)
-    w_new = decayed - (lr * scale) * o
+    w_new = _updated_weight(w, o, lr=lr, weight_decay=weight_decay, scale=scale, cautious=cautious_weight_decay)
     return MuonStep(w_new, m_new, o, scale, u)
 
 
@@ -194,15 +208,8 @@ def muon_pipeline_step(
     ``normuon_beta2`` (outside [0, 1)), ``normuon_eps`` / ``normuon_eps_mode``, or
     ``normuon_variance`` of the wrong shape; TypeError for a non-bool ``renormalize``.
     """
-    w = as_matrix(weight, "weight")
-    g = as_like(grad, "grad", w.shape)
-    m_old = as_like(momentum, "momentum", w.shape)
-    lr = check_scalar(lr, "lr", low=0.0)
-    mu = check_scalar(mu, "mu", low=0.0, high=1.0)
-    weight_decay = check_scalar(weight_decay, "weight_decay", low=0.0)
-    table = schedule("jordan") if coefficients is None else as_coefficients(coefficients)
-    scale = lr_scale(adjust_lr, *w.shape) * check_scalar(extra_scale_factor, "extra_scale_factor", low=0.0,
-                                                         low_open=True)
+    w, g, m_old, lr, mu, weight_decay, table, scale = _checked_step_inputs(
+        weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor)
     side = stages.equilibration_side(row_equilibration)
     if not isinstance(renormalize, bool):
         raise TypeError(f"renormalize: expected a bool, got {renormalize!r}")
@@ -226,7 +233,5 @@ def muon_pipeline_step(
     if variance is not None:
         o, variance = stages.normuon_normalize(o, variance, beta2=normuon_beta2, eps=normuon_eps,
                                                eps_mode=normuon_eps_mode, dim=normuon_dim)
-    decayed = w * (1.0 - lr * weight_decay)
-    if cautious_weight_decay:
-        decayed = np.where(np.sign(o) * np.sign(w) >= 0, decayed, w)
-    return MuonPipelineStep(decayed - (lr * scale) * o, m_new, o, scale, u, o_ns, variance)
+    w_new = _updated_weight(w, o, lr=lr, weight_decay=weight_decay, scale=scale, cautious=cautious_weight_decay)
+    return MuonPipelineStep(w_new, m_new, o, scale, u, o_ns, variance)
