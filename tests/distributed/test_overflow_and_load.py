@@ -99,35 +99,26 @@ def _workers(rank: int, world: int) -> dict:
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("x",))["x"]
     out = {"overflow FSDP": _overflow(mesh, Shard(0)), "overflow TP": _overflow(mesh, Shard(1))}
 
-    # Dion FSDP: one good step, then load a checkpoint with a NaN in rank 1's shard of the momentum
-    ps = [torch.nn.Parameter(distribute_tensor(w.clone(), mesh, [Shard(0)])) for w in _full(4)]
-    opt = ortho_fast.Dion(ps, lr=0.01, rank_fraction=0.5, outer_shard_mesh=mesh)
-    for p, g in zip(ps, _full(5)):
-        p.grad = distribute_tensor(g, mesh, [Shard(0)])
-    opt.step()
-    good = copy.deepcopy(opt.state_dict())
-    out["dion load nan"] = _load_outcome(opt, _corrupt(good, "momentum", rank))
-    out["dion load good"] = _load_outcome(opt, good)
+    def place(t):  # FSDP: Shard(0) on the mesh
+        return distribute_tensor(t, mesh, [Shard(0)])
 
-    # Dion2 FSDP: the same with a NaN in rank 1's shard of its momentum
-    ps = [torch.nn.Parameter(distribute_tensor(w.clone(), mesh, [Shard(0)])) for w in _full(8)]
-    opt = ortho_fast.Dion2(ps, lr=0.01, fraction=0.5, distributed_mesh=mesh)
-    for p, g in zip(ps, _full(9)):
-        p.grad = distribute_tensor(g, mesh, [Shard(0)])
-    opt.step()
-    good = copy.deepcopy(opt.state_dict())
-    out["dion2 load nan"] = _load_outcome(opt, _corrupt(good, "momentum", rank))
-    out["dion2 load good"] = _load_outcome(opt, good)
-
-    # Muon DDP (plain parameters on a process group): a NaN in rank 1's momentum_buffer
-    ps = [torch.nn.Parameter(w.clone()) for w in _full(6)]
-    opt = ortho_fast.Muon(ps, lr=0.02, distributed_mesh=mesh)
-    for p, g in zip(ps, _full(7)):
-        p.grad = g
-    opt.step()
-    good = copy.deepcopy(opt.state_dict())
-    out["muon load nan"] = _load_outcome(opt, _corrupt(good, "momentum_buffer", rank))
-    out["muon load good"] = _load_outcome(opt, good)
+    # One good step, then load a checkpoint with a NaN in rank 1's part of the state key: Dion and
+    # Dion2 on FSDP shards, Muon DDP (plain parameters on a process group).
+    cases = {"dion": (lambda ps: ortho_fast.Dion(ps, lr=0.01, rank_fraction=0.5, outer_shard_mesh=mesh), place,
+                      "momentum", 4),
+             "dion2": (lambda ps: ortho_fast.Dion2(ps, lr=0.01, fraction=0.5, distributed_mesh=mesh), place,
+                       "momentum", 8),
+             "muon": (lambda ps: ortho_fast.Muon(ps, lr=0.02, distributed_mesh=mesh), lambda t: t,
+                      "momentum_buffer", 6)}
+    for name, (build, put, key, seed) in cases.items():
+        ps = [torch.nn.Parameter(put(w.clone())) for w in _full(seed)]
+        opt = build(ps)
+        for p, g in zip(ps, _full(seed + 1)):
+            p.grad = put(g)
+        opt.step()
+        good = copy.deepcopy(opt.state_dict())
+        out[f"{name} load nan"] = _load_outcome(opt, _corrupt(good, key, rank))
+        out[f"{name} load good"] = _load_outcome(opt, good)
     return out
 
 
