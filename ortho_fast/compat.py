@@ -212,15 +212,23 @@ def _valid_betas(value) -> bool:
 _BETAS_REASON = ("expected two numbers in [0, 1]; microsoft/dion uses them for its AdamW / Lion groups, which run "
                  "in HybridOptimizer here (this optimizer has none, so they change nothing)")
 
+def _newton_schulz_kernel_options(source) -> tuple[FixedOption, ...]:
+    """microsoft/dion's kernel switches (its Muon and Dion2 share them), accepted at the value
+    that computes what ortho_fast computes."""
+    return (
+        FixedOption("use_triton", source, _is(False), "no Triton kernels here; the Newton–Schulz kernels are "
+                    "chosen by ortho_fast (set it to False)"),
+        FixedOption("use_gram_newton_schulz", source, _is(False), "Gram Newton–Schulz is another algorithm "
+                    "(set it to False)"),
+        FixedOption("newton_schulz_func", source, _is(None), "a custom function cannot be checked; pass its "
+                    "coefficient rows as coefficients=[(a, b, c), ...]"),
+    )
+
+
 FIXED: dict[str, tuple[FixedOption, ...]] = {
     "muon": (
         FixedOption("betas", _DION_MUON, _valid_betas, _BETAS_REASON),
-        FixedOption("use_triton", _DION_MUON, _is(False), "no Triton kernels here; the Newton–Schulz kernels are "
-                    "chosen by ortho_fast (set it to False)"),
-        FixedOption("use_gram_newton_schulz", _DION_MUON, _is(False), "Gram Newton–Schulz is another algorithm "
-                    "(set it to False)"),
-        FixedOption("newton_schulz_func", _DION_MUON, _is(None), "a custom function cannot be checked; pass its "
-                    "coefficient rows as coefficients=[(a, b, c), ...]"),
+        *_newton_schulz_kernel_options(_DION_MUON),
         FixedOption("split_qkv", _EMERGING, _is(False), "put the fused QKV weights in their own param group with "
                     "split_sizes=(q, k, v) (and split_groups / num_heads)"),
         FixedOption("muon_split_qkv", _MEGATRON, _is(False), "put the fused QKV weights in their own param group "
@@ -236,12 +244,7 @@ FIXED: dict[str, tuple[FixedOption, ...]] = {
 }
 FIXED["dion2"] = (
     FixedOption("betas", _DION2, _valid_betas, _BETAS_REASON),
-    FixedOption("use_triton", _DION2, _is(False), "no Triton kernels here; the Newton–Schulz kernels are chosen by "
-                "ortho_fast (set it to False)"),
-    FixedOption("use_gram_newton_schulz", _DION2, _is(False), "Gram Newton–Schulz is another algorithm (set it to "
-                "False)"),
-    FixedOption("newton_schulz_func", _DION2, _is(None), "a custom function cannot be checked; pass its coefficient "
-                "rows as coefficients=[(a, b, c), ...]"),
+    *_newton_schulz_kernel_options(_DION2),
     FixedOption("triton_post_ortho", _DION2, _is(False), "the fused single-rounding update kernel is not ours: the "
                 "update here rounds as dion2_post_orthogonalize does (set it to False)"),
     FixedOption("verbose", _DION2, lambda v: isinstance(v, bool), "expected a bool (it only prints the selected "
