@@ -23,8 +23,8 @@ from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import MatrixCase
 from ortho_verify.tolerances.stages import equilibration_error, stage_tolerances
 
-__all__ = ["STAGE_CONFIGS", "STAGE_DTYPES", "StageRun", "StepInputs", "stage_step_rows", "check_muon_stages", "fast_stage_step", "stage_errors",
-           "stage_jobs", "stage_map_errors", "stage_reference"]
+__all__ = ["STAGE_CONFIGS", "STAGE_DTYPES", "StageRun", "StepInputs", "check_muon_stages", "fast_stage_step",
+           "stage_errors", "stage_jobs", "stage_map_errors", "stage_reference", "stage_step_rows"]
 
 #: label -> Muon options (lr and weight_decay included) of the stage configurations (``ortho_verify.registry``).
 STAGE_CONFIGS = registry.STAGE_CONFIGS
