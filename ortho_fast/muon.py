@@ -75,7 +75,10 @@ class Muon(Optimizer):
     2510.12402, I(u⊙x ≥ 0)); ``banks`` None (default): stack equal-shaped matrices of a group
     into one batched call when ``dtype`` is bfloat16 / float16 and not ``bitwise_torch``
     (``MuonOptions.batched``), True / False: always / never;
-    ``bitwise_torch`` (default False) torch.optim.Muon's bits (see above); ``expert_keys``
+    ``bitwise_torch`` (default False) torch.optim.Muon's bits (see above); ``gram`` Gram
+    Newton–Schulz (``newton_schulz``'s ``gram``): None (default) for float32 / float64 compute
+    on matrices with max(m, n) >= 2·min(m, n) (never with ``bitwise_torch``), True always
+    (float32 / float64 ``dtype`` only), False never; ``expert_keys``
     names whose parameters are (experts, m, n) stacks (needs
     ``Muon(model.named_parameters())``); ``split_sizes``, ``split_groups``, ``num_heads``
     fused-projection splits (per group: put the QKV weights in their own param group);
@@ -96,7 +99,7 @@ class Muon(Optimizer):
     by its own shape: layout-dependent by design). FSDP + TP: ``distributed_mesh=mesh["dp"],
     tp_mesh=mesh["tp"]``. FSDP, DDP and TP "duplicated" are bitwise the one-process update;
     "distributed" equal to rounding (the distributed step orthogonalizes matrix by matrix: its bits are
-    those of the one-process step with ``bitwise_torch=True``). Sharded parameters take no ``banks``, ``split_sizes`` /
+    those of the one-process step with ``banks=False``). Sharded parameters take no ``banks``, ``split_sizes`` /
     ``split_groups`` / ``num_heads``, ``expert_keys`` or ``flatten=False`` batches (plain and
     replicated ones take every option).
     ``check_finite`` (default True): every gradient must be finite, decided for the whole step by
@@ -158,6 +161,7 @@ class Muon(Optimizer):
         dtype: torch.dtype | str | None = torch.bfloat16,
         banks: bool | None = None,
         bitwise_torch: bool = False,
+        gram: bool | None = None,
         expert_keys: Sequence[str] = (),
         split_sizes: Sequence[int] | None = None,
         split_groups: int = 1,
@@ -188,7 +192,8 @@ class Muon(Optimizer):
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, momentum_style=momentum_style,
             coefficients=coefficients, ns_steps=ns_steps, safety=safety, eps=eps, eps_mode=eps_mode,
             adjust_lr=adjust_lr, extra_scale_factor=extra_scale_factor, cautious_weight_decay=cautious_weight_decay,
-            dtype=dtype, banks=banks, bitwise_torch=bitwise_torch, expert_keys=expert_keys, split_sizes=split_sizes,
+            dtype=dtype, banks=banks, bitwise_torch=bitwise_torch, gram=gram, expert_keys=expert_keys,
+            split_sizes=split_sizes,
             split_groups=split_groups, num_heads=num_heads, flatten=flatten, row_equilibration=row_equilibration,
             renormalize=renormalize, normuon_beta2=normuon_beta2, normuon_eps=normuon_eps,
             normuon_eps_mode=normuon_eps_mode, normuon_dim=normuon_dim, distributed_mesh=distributed_mesh,

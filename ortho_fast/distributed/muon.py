@@ -451,10 +451,12 @@ def check_stage_mode(options: MuonOptions, tp_mode: str | None, name: str) -> No
     """ValueError naming the first pipeline stage a parameter sharded by tensor parallelism in
     ``tp_mode`` cannot take: "distributed" never holds a whole matrix (MuonEq's row norms and
     Muon+'s / NorMuon's Frobenius norms would need their own all-reduces, not implemented), and
-    NorMuon's per-shard second moment under "blockwise" is not implemented."""
+    NorMuon's per-shard second moment under "blockwise" is not implemented. ``gram=True`` is a
+    whole-matrix kernel: "distributed" runs its own plain steps on the shards (``gram=None`` there
+    means those steps)."""
     if tp_mode == "distributed":
         bad = ("row_equilibration" if options.equilibration else "renormalize" if options.renormalize else
-               "normuon_beta2" if options.normuon_beta2 is not None else None)
+               "normuon_beta2" if options.normuon_beta2 is not None else "gram" if options.gram else None)
     elif tp_mode == "blockwise":
         bad = "normuon_beta2" if options.normuon_beta2 is not None else None
     else:

@@ -103,7 +103,7 @@ def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: fl
 
 def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: float, eps_mode: str,
                   compute_dtype: torch.dtype | None = None, precision: str | None = None,
-                  banks: bool = False) -> list[torch.Tensor]:
+                  banks: bool = False, gram: bool | None = None) -> list[torch.Tensor]:
     """Newton–Schulz (``newton_schulz_resolved``) on every matrix batch of ``mats``.
 
     Shapes: each input (..., m, n) -> the same shape, returned in ``compute_dtype`` (None: each
@@ -112,14 +112,14 @@ def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: fl
     (m, n) and dtype are stacked along the batch and orthogonalized in one batched call
     (``newton_schulz_stacked``: written into the stack in one cast, wide side contiguous; a lone
     member keeps its own 2-D call, so its bits do not depend on ``banks``).
-    Args: ``table`` the resolved per-step rows; ``safety``, ``eps``, ``eps_mode``, ``precision`` as
-    ``newton_schulz_resolved`` (validated by the caller).
+    Args: ``table`` the resolved per-step rows; ``safety``, ``eps``, ``eps_mode``, ``precision``,
+    ``gram`` as ``newton_schulz_resolved`` (validated by the caller).
     Source: Keller Jordan's Muon (per-matrix Newton–Schulz); modded-nanogpt / nanochat parameter banks.
     """
     def run(x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype if compute_dtype is None else compute_dtype
         return newton_schulz_resolved(x, table, safety=safety, eps=eps, eps_mode=eps_mode, compute_dtype=dtype,
-                                      precision=precision, out_dtype=dtype)
+                                      precision=precision, out_dtype=dtype, gram=gram)
 
     if not banks:
         return [run(x) for x in mats]
@@ -133,7 +133,7 @@ def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: fl
             continue
         dtype = mats[members[0]].dtype if compute_dtype is None else compute_dtype
         results = newton_schulz_stacked([mats[i] for i in members], table, safety=safety, eps=eps, eps_mode=eps_mode,
-                                        compute_dtype=dtype, precision=precision)
+                                        compute_dtype=dtype, precision=precision, gram=gram)
         for i, result in zip(members, results):
             out[i] = result
     return out

@@ -22,7 +22,7 @@ from ..functional import layout as layout_math
 from ..functional.layout import MuonLayout, is_expert_name
 from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, muon_momentum
 from ..functional import muon_stages as stage_math
-from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
+from ..functional.newton_schulz import EPS_MODES, check_gram, resolve_compute_dtype
 from .driver import GroupRunner
 from .muon_stages import STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options, variance_shape
 from .options import MuonOptions, OptionsCache
@@ -45,6 +45,7 @@ MUON_DEFAULTS: dict[str, object] = {
     "dtype": torch.bfloat16,
     "banks": None,  # None: batched in bf16 / fp16 unless bitwise_torch (MuonOptions.batched); True / False
     "bitwise_torch": False,  # True: torch.optim.Muon's bits (matrix by matrix, its 2-D calls)
+    "gram": None,  # None: Gram Newton–Schulz in float32 / float64 from aspect ratio 2 (not bitwise_torch); True / False
     "expert_keys": (),
     "split_sizes": None,
     "split_groups": 1,
@@ -107,6 +108,13 @@ def resolve_muon_options(group: dict) -> MuonOptions:
     check_choice(group["momentum_style"], "momentum_style", MOMENTUM_STYLES)
     check_choice(group["adjust_lr"], "adjust_lr", ADJUST_LR_MODES)
     compute_dtype, precision = resolve_compute_dtype(group["dtype"])
+    check_gram(group["gram"], compute_dtype)
+    if group["gram"] and compute_dtype is None:
+        raise ValueError("gram: gram=True needs dtype=torch.float32 or torch.float64 (dtype=None follows each "
+                         "gradient's dtype, and Gram Newton–Schulz runs in float32 / float64 only)")
+    if group["gram"] and group["bitwise_torch"]:
+        raise ValueError("gram: bitwise_torch=True runs torch.optim.Muon's plain steps; gram=True cannot be combined "
+                         "with it")
     if group["ns_steps"] is not None:
         check_count(group["ns_steps"], "ns_steps")
     coefficients: CoefficientsLike = group["coefficients"]
@@ -133,7 +141,7 @@ def resolve_muon_options(group: dict) -> MuonOptions:
         split_sizes=_int_tuple(group["split_sizes"], "split_sizes", allow_int=False),
         split_groups=group["split_groups"], num_heads=_int_tuple(group["num_heads"], "num_heads", allow_int=True),
         flatten=group["flatten"], bitwise_torch=group["bitwise_torch"], banks_setting=group["banks"],
-        **resolve_stage_options(group))
+        gram=False if group["bitwise_torch"] else group["gram"], **resolve_stage_options(group))
 
 
 #: The group keys a ``MuonOptions`` is resolved from (a change of any of them resolves it again).

@@ -123,6 +123,9 @@ class MuonOptions:
     bitwise_torch: bool = False
     #: ``banks`` as the group gives it (None: batched unless ``bitwise_torch``).
     banks_setting: bool | None = None
+    #: Gram Newton–Schulz (``ortho_fast.functional.newton_schulz.use_gram``): None automatic, False
+    #: with ``bitwise_torch``.
+    gram: bool | None = None
     # the pipeline stages (ortho_fast.groups.muon_stages; every stage off by default)
     equilibration: str | None = None
     renormalize: bool = False
@@ -155,7 +158,7 @@ class MuonOptions:
         uses them (``banks`` only when the group sets it: matrix by matrix otherwise, the bits of
         the one-process step with ``bitwise_torch=True``)."""
         return dict(safety=self.safety, eps=self.eps, eps_mode=self.eps_mode, compute_dtype=self.compute_dtype,
-                    precision=self.precision, banks=self.banks)
+                    precision=self.precision, banks=self.banks, gram=self.gram)
 
     def update_kwargs(self) -> dict:
         """Keyword arguments of ``ortho_fast.functional.muon.muon_update``."""

@@ -2,8 +2,9 @@
 one-process ``ortho_fast.Muon`` on the full tensors, on gloo ranks (one launch per world size).
 
 Every case steps 3 times from the same weights and gradients on every rank and compares the
-weights and momenta after each step with the one-process optimizer (``bitwise_torch=True``: the
-distributed step orthogonalizes matrix by matrix, never stacking): bitwise where the sharded
+weights and momenta after each step with the one-process optimizer (``banks=False``: the
+distributed step orthogonalizes matrix by matrix, never stacking; Gram Newton–Schulz where the
+one process takes it): bitwise where the sharded
 step orthogonalizes the very matrix one process does (FSDP, DDP, TP "duplicated"), within
 ``sharded_tolerance`` for TP "distributed" (the Gram matrix summed in another order), and
 bitwise against its own definition for TP "blockwise" (one-process Muon on each TP shard as a
@@ -153,8 +154,10 @@ def _run_case(case: dict, meshes: dict, rank: int) -> dict:
     blockwise = case["expect"] == "blockwise"
     pieces = [list(torch.chunk(w, tp_size, d)) if blockwise and d is not None else [w] for w, d in zip(fulls, tp_dims)]
     ref_params = [torch.nn.Parameter(x.clone()) for ps in pieces for x in ps]
-    # the distributed step orthogonalizes matrix by matrix: the one-process bits of bitwise_torch=True
-    ref = Muon(list(zip(names, ref_params)) if names else ref_params, **{"bitwise_torch": True, **kw})
+    # the distributed step orthogonalizes matrix by matrix: the one-process bits of banks=False (and
+    # TP "distributed" runs its own plain steps: gram=False is the one-process counterpart)
+    plain = {"gram": False} if case["mode"] == "distributed" else {}
+    ref = Muon(list(zip(names, ref_params)) if names else ref_params, **{"banks": False, **plain, **kw})
     params = list(zip(names, sharded)) if names else sharded
     opt = Muon(params, distributed_mesh=axis[case["dp"]], tp_mesh=axis[case["tp"]], tp_mode=case["mode"], **kw)
 

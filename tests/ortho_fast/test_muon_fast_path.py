@@ -159,14 +159,20 @@ def test_both_paths_compile_fullgraph_and_equal_eager(mode):
 
 def test_default_stacks_only_in_half_precision():
     """The rule of ``MuonOptions.batched``: float32 / float64 Newton–Schulz keeps the per-matrix
-    path by default (no measurable gain there), so it is the ``bitwise_torch`` step bit for bit."""
+    path by default (no measurable gain there), so with ``gram=False`` it is the ``bitwise_torch``
+    step bit for bit; ``gram=None`` (the default) changes exactly the matrices with aspect ratio
+    >= 2 (Gram Newton–Schulz)."""
     w0, grads = _weights_and_grads(GPT_SHAPES, "float32", steps=2)
     for dtype in (torch.float32, None):
-        a, _ = _run(lambda ps: Muon(ps, lr=0.02, dtype=dtype), w0, grads)
+        a, _ = _run(lambda ps: Muon(ps, lr=0.02, dtype=dtype, gram=False), w0, grads)
         b, _ = _run(lambda ps: Muon(ps, lr=0.02, dtype=dtype, bitwise_torch=True), w0, grads)
-        c, _ = _run(lambda ps: Muon(ps, lr=0.02, dtype=dtype, banks=True), w0, grads)
+        c, _ = _run(lambda ps: Muon(ps, lr=0.02, dtype=dtype, banks=True, gram=False), w0, grads)
+        d, _ = _run(lambda ps: Muon(ps, lr=0.02, dtype=dtype), w0, grads)
         assert all(torch.equal(x, y) for x, y in zip(a, b))
         assert not all(torch.equal(x, y) for x, y in zip(a, c))
+        for x, y, w in zip(a, d, w0):
+            rectangular = max(w.shape) >= 2 * min(w.shape)
+            assert torch.equal(x, y) != rectangular, w.shape
 
 
 @pytest.mark.parametrize("kw, key", [({"bitwise_torch": 1}, "bitwise_torch"), ({"bitwise_torch": None}, "bitwise_torch"),

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from ortho_fast.validation import check_count, check_filled, check_finite, check_hyper
+from ortho_fast.validation import FiniteCheck, check_count, check_filled, check_finite, check_hyper
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 
@@ -21,6 +21,32 @@ def test_any_non_finite_entry_is_caught(rows, cols, dtype, bad, transposed, wher
     x[i // x.shape[1], i % x.shape[1]] = bad
     with pytest.raises(ValueError, match="x: contains NaN or Inf"):
         check_finite(x, "x")
+
+
+@given(count=st.integers(1, 4), dtype=st.sampled_from(DTYPES), huge=st.booleans(), bad=st.sampled_from(
+    [None, float("nan"), float("inf"), -float("inf")]), which=st.integers(0, 3), where=st.floats(0, 1, exclude_max=True),
+    seed=st.integers(0, 2**16))
+def test_finite_check_verdict_is_exact(count, dtype, huge, bad, which, where, seed):
+    """``FiniteCheck`` screens with one sum per tensor, and a sum of finite entries can overflow
+    (``huge``: entries near the dtype's largest value, so the sum is ±Inf): its verdict is still
+    exactly "every entry finite", and an error names the first tensor that is not."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(5, 7, generator=gen).to(dtype) for _ in range(count)]
+    if huge:
+        xs[0] = torch.full((5, 7), torch.finfo(dtype).max / 2, dtype=dtype)
+    if bad is not None:
+        t = xs[which % count]
+        i = int(where * t.numel())
+        t.view(-1)[i] = bad
+    check = FiniteCheck()
+    for k, x in enumerate(xs):
+        check.add(x, f"x{k}")
+    error = check.error()
+    expected = next((k for k, x in enumerate(xs) if not bool(torch.isfinite(x).all())), None)
+    if expected is None:
+        assert error is None
+    else:
+        assert isinstance(error, ValueError) and str(error).startswith(f"x{expected}: contains NaN or Inf")
 
 
 def test_empty_and_scalar():
