@@ -49,3 +49,12 @@ def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     for r in rows:
         table.add_row(*r)
     Console().print(table)
+
+
+def print_markdown(columns: list[str], rows: list[list[str]], footer: str) -> None:
+    """A markdown table (for docs/performance.md) and a footer line naming the machine."""
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    print(f"\n{machine()}; {footer}")

@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from _common import machine, parser, print_table, setup
+from _common import parser, print_markdown, print_table, setup
 from ortho_fast import Muon
 
 
@@ -61,6 +61,7 @@ def variants(shapes, compile_step: bool) -> dict:
         "no check": Muon(make_params(shapes), lr=0.02, check_finite=False).step,
     }
     if compile_step:
+        torch._dynamo.reset()  # each size compiles a new optimizer's step: past 8 the recompile limit fails fullgraph
         step = torch.compile(Muon(make_params(shapes), lr=0.02, check_finite=False).step, fullgraph=True)
         step()
         step()  # the second call compiles again once the state exists
@@ -135,11 +136,7 @@ def main() -> None:
             print(" | ".join(rows[-1]), file=sys.stderr, flush=True)  # progress: a long run on a loaded machine
     header = ["model", "matrices", "threads", "torch ms", *(f"{c} / torch" for c in columns)]
     if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-        print(f"\n{machine()}; median of {repeats} repeats of interleaved rounds")
+        print_markdown(header, rows, f"median of {repeats} repeats of interleaved rounds")
     else:
         print_table(f"ortho_fast.Muon.step vs torch.optim.Muon.step (torch defaults, bf16 Newton–Schulz; median of "
                     f"{repeats} interleaved repeats)", header, rows)

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from _common import machine, parser, print_table, setup
+from _common import parser, print_markdown, print_table, setup
 from ortho_fast import newton_schulz
 
 SHAPES = [(256, 1024), (512, 2048), (2048, 512), (1024, 4096), (1024, 1024)]
@@ -87,11 +87,7 @@ def main() -> None:
                 print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     header = ["shape", "dtype", "threads", "plain ms", "plain / GEMM", "default / GEMM"]
     if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-        print(f"\n{machine()}; median of {args.rounds} interleaved rounds")
+        print_markdown(header, rows, f"median of {args.rounds} interleaved rounds")
     else:
         print_table(f"Newton–Schulz ({STEPS} steps, jordan) vs one GEMM of the plain iteration's FLOPs",
                     header, rows)

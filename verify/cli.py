@@ -160,6 +160,10 @@ def _golden_job():
     return run
 
 
+#: Compute dtypes whose Newton–Schulz rows run both kernels (``gram=False`` and ``gram=True``).
+GRAM_CLI_DTYPES = ("float32", "float64")
+
+
 def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[str, callable]]:
     """Every (label, thunk) to run, in report order. ``sv_points``: optional dict that the
     Newton–Schulz checks fill with (schedule, dtype) -> [(σ̂, uᵢᵀ X_fast vᵢ)] for the plots."""
@@ -172,12 +176,19 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
         for sched in schedules:
             for dtype in DTYPES:
                 rec = None if sv_points is None else sv_points.setdefault((sched, dtype), [])
-                jobs.append((f"NS {sched}/{dtype} {case.name}",
-                             lambda c=case, s=sched, d=dtype, r=rec: checks.check_newton_schulz(c, s, d, r)))
+                # float32 / float64: both kernels on every input (the default picks Gram Newton–Schulz from
+                # aspect ratio 2, so each would otherwise be judged on part of the inputs only)
+                for gram in (False, True) if dtype in GRAM_CLI_DTYPES else (None,):
+                    kernel = "" if gram is None else "/gram" if gram else "/plain"
+                    jobs.append((f"NS {sched}/{dtype}{kernel} {case.name}",
+                                 lambda c=case, s=sched, d=dtype, r=rec, g=gram: checks.check_newton_schulz(c, s, d, r, g)))
+                    rec = None  # the singular-value map plots one kernel per (schedule, dtype)
     count = CLI_STATISTICAL_MATRICES["quick" if quick else "default"]
     for sched in CLI_QUICK_STATISTICAL_SCHEDULES if quick else schedules:  # mean deviation over many matrices
         jobs.append((f"NS statistics {sched}/bfloat16",
                      lambda s=sched: check_ns_statistics(s, "bfloat16", count)))
+        jobs.append((f"NS statistics {sched}/float32/gram",  # where a Gram kernel's restarts show (docs/math.md §2.2a)
+                     lambda s=sched: check_ns_statistics(s, "float32", count, gram=True)))
     for case in cases:
         for cfg in checks.MUON_CONFIGS:
             for dtype in ("float64", "float32"):

@@ -13,7 +13,7 @@ from typing import Mapping
 
 import torch
 
-from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_finite, check_hyper
+from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper
 from ..functional import dion as dion_math
 from ..functional.dion import RIGHT_FACTORS, dion_rank, initial_q
 from ..functional.qr import QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, sketch_generator
@@ -93,7 +93,8 @@ def normalize_dion_group(group: dict) -> None:
 def check_dion_step(group: dict, state: Mapping[torch.Tensor, dict], *, finite: bool | FiniteCheck = True,
                     options: DionOptions | None = None) -> None:
     """Check one group before any change: its hyperparameters (a scheduler may have set them),
-    and for each param with a grad, the grad (dense, real, the param's shape, finite) and any
+    and for each param with a grad, the grad (``check_grad``: dense, real, the param's shape, dtype and
+    device, finite) and any
     existing state (``momentum`` of the param's shape, ``Q`` of shape (min(m, n), r)).
     ``finite=False`` leaves the finiteness test to the caller (the sharded step tests each
     rank's block and decides on every rank together); a ``FiniteCheck`` collects the gradients
@@ -105,12 +106,7 @@ def check_dion_step(group: dict, state: Mapping[torch.Tensor, dict], *, finite: 
         g = p.grad
         if g is None:
             continue
-        if g.is_sparse or not g.is_floating_point() or g.shape != p.shape:
-            raise ValueError(f"grad: expected a dense real tensor of shape {tuple(p.shape)}, got {tuple(g.shape)} {g.dtype}")
-        if finite is True:
-            check_finite(g, f"grad of parameter with shape {tuple(p.shape)}")
-        elif isinstance(finite, FiniteCheck):
-            finite.add(g, f"grad of parameter with shape {tuple(p.shape)}")
+        check_grad(p, f"parameter with shape {tuple(p.shape)}", "Dion", finite)
         st = state.get(p, {})
         m, n = matrix_shape(p)
         want_q = (min(m, n), param_rank(p, options))

@@ -69,9 +69,16 @@ def _assert_snapshot(ps, opt, snap):
         assert all(torch.equal(v, state[id(p)][k]) if torch.is_tensor(v) else v == state[id(p)][k] for k, v in s.items())
 
 
+def _regrad(p, grad):
+    p.grad_dtype = None  # torch 2.13 refuses a gradient of another dtype unless told to accept any
+    p.grad = grad
+
+
 @pytest.mark.parametrize("corrupt, match", [
     (lambda ps, opt: ps[1].grad.__setitem__((0, 0), float("nan")), "^grad"),
     (lambda ps, opt: ps[1].grad.__setitem__((1, 2), -float("inf")), "^grad"),
+    (lambda ps, opt: _regrad(ps[1], ps[1].grad.float()), "^grad: expected dtype torch.float64"),
+    (lambda ps, opt: _regrad(ps[1], ps[1].grad.to(torch.complex128)), "^grad: Dion expects dense real"),
     (lambda ps, opt: opt.state[ps[1]].__setitem__("step", 3), "^step:"),
     (lambda ps, opt: opt.param_groups[1].__setitem__("lr", -1.0), "^lr:"),
     (lambda ps, opt: opt.param_groups[1].__setitem__("lr", float("nan")), "^lr:"),

@@ -163,20 +163,24 @@ def case_svd(case: MatrixCase):
     return ortho_ref.svd(case.matrix)
 
 
-def check_newton_schulz(case: MatrixCase, schedule: str, dtype: str, record: list | None = None) -> list[CheckResult]:
+def check_newton_schulz(case: MatrixCase, schedule: str, dtype: str, record: list | None = None,
+                        gram: bool | None = None) -> list[CheckResult]:
     """(a) ``newton_schulz`` vs ``ns_map`` and (b) the singular-value spread vs the exact band
     (``compare_ns_output``), for a registered schedule computed in ``dtype``.
 
     ``record``: optional list receiving (σ̂, uᵢᵀ X_fast vᵢ) for the singular-value map.
+    ``gram``: ``newton_schulz``'s setting (None: its automatic choice; True / False name the
+    kernel in the row's detail: "/gram", "/plain").
     """
     a = case.matrix
     # The reference uses the oracle's own transcription of the schedule; the fast side is
     # called by name, so a wrong entry in either registry shows up here too.
     sched = ortho_ref.SCHEDULES[schedule]
     fast = ortho_fast.newton_schulz(
-        torch.from_numpy(a), schedule, safety=sched.safety, eps=sched.eps, dtype=TORCH_DTYPES[dtype]
+        torch.from_numpy(a), schedule, safety=sched.safety, eps=sched.eps, dtype=TORCH_DTYPES[dtype], gram=gram
     ).to(torch.float64).numpy()
     needs_svd = dtype == "bfloat16" or record is not None
+    kernel = "" if gram is None else "/gram" if gram else "/plain"
     return compare_ns_output(fast, a, ortho_ref.schedule(schedule), safety=sched.safety, eps=sched.eps, dtype=dtype,
-                             input_name=case.name, detail=f"{schedule}/{dtype}",
+                             input_name=case.name, detail=f"{schedule}/{dtype}{kernel}",
                              svd=case_svd(case) if needs_svd else None, record=record)

@@ -151,11 +151,13 @@ CLI_STATISTICAL_MATRICES = {"quick": 32, "default": 64}
 CLI_QUICK_STATISTICAL_SCHEDULES = ("jordan", "polar_express")
 
 
-def check_ns_statistics(schedule: str, dtype: str, count: int, seed: int = 0) -> list[CheckResult]:
+def check_ns_statistics(schedule: str, dtype: str, count: int, seed: int = 0,
+                        gram: bool | None = None) -> list[CheckResult]:
     """``ortho_fast.newton_schulz`` (a registered schedule with its own normalization, computed in
-    ``dtype``) on ``statistical_batch(1.0, (40, 24), None, count, dtype, seed)``: the row
-    ``ns_mean_deviation`` (``compare_ns_statistics``). For ``ortho-verify``.
-    Raises: ValueError for a dtype outside the statistical model's or an unknown schedule."""
+    ``dtype``, ``gram`` its kernel setting) on ``statistical_batch(1.0, (40, 24), None, count, dtype,
+    seed)``: the row ``ns_mean_deviation`` (``compare_ns_statistics``). For ``ortho-verify``.
+    Raises: ValueError for a dtype outside the statistical model's, an unknown schedule, or
+    ``gram=True`` in bfloat16 / float16."""
     import torch
 
     import ortho_fast
@@ -163,6 +165,8 @@ def check_ns_statistics(schedule: str, dtype: str, count: int, seed: int = 0) ->
     sched = ortho_ref.SCHEDULES[schedule]
     batch = statistical_batch(1.0, (40, 24), None, count, dtype, seed)
     fast = ortho_fast.newton_schulz(torch.from_numpy(batch.matrices), schedule, safety=sched.safety, eps=sched.eps,
-                                    dtype=getattr(torch, dtype)).to(torch.float64).numpy()
+                                    dtype=getattr(torch, dtype), gram=gram).to(torch.float64).numpy()
+    kernel = "" if gram is None else "/gram" if gram else "/plain"
     return [compare_ns_statistics(fast, batch.matrices, ortho_ref.schedule(schedule), safety=sched.safety,
-                                  eps=sched.eps, dtype=dtype, input_name=batch.name, detail=f"{schedule}/{dtype}")]
+                                  eps=sched.eps, dtype=dtype, input_name=batch.name,
+                                  detail=f"{schedule}/{dtype}{kernel}")]
