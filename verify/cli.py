@@ -32,6 +32,7 @@ from ortho_verify.checks.qk_clip import qk_clip_jobs
 from ortho_verify.checks.stages import stage_jobs
 from ortho_verify.arguments import (EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file,
                                     check_readable_file)
+from ortho_verify.checks.newton_schulz import kernel_suffix
 from ortho_verify.checks.statistical import (CLI_QUICK_STATISTICAL_SCHEDULES, CLI_STATISTICAL_MATRICES,
                                              check_ns_statistics)
 from ortho_verify.corpus import corpus_identity
@@ -179,8 +180,7 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
                 # float32 / float64: both kernels on every input (the default picks Gram Newton–Schulz from
                 # aspect ratio 2, so each would otherwise be judged on part of the inputs only)
                 for gram in (False, True) if dtype in GRAM_CLI_DTYPES else (None,):
-                    kernel = "" if gram is None else "/gram" if gram else "/plain"
-                    jobs.append((f"NS {sched}/{dtype}{kernel} {case.name}",
+                    jobs.append((f"NS {sched}/{dtype}{kernel_suffix(gram)} {case.name}",
                                  lambda c=case, s=sched, d=dtype, r=rec, g=gram: checks.check_newton_schulz(c, s, d, r, g)))
                     rec = None  # the singular-value map plots one kernel per (schedule, dtype)
     count = CLI_STATISTICAL_MATRICES["quick" if quick else "default"]

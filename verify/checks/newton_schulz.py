@@ -163,6 +163,11 @@ def case_svd(case: MatrixCase):
     return ortho_ref.svd(case.matrix)
 
 
+def kernel_suffix(gram: bool | None) -> str:
+    """The row-detail suffix naming ``newton_schulz``'s ``gram`` setting: "" (automatic), "/gram", "/plain"."""
+    return "" if gram is None else "/gram" if gram else "/plain"
+
+
 def check_newton_schulz(case: MatrixCase, schedule: str, dtype: str, record: list | None = None,
                         gram: bool | None = None) -> list[CheckResult]:
     """(a) ``newton_schulz`` vs ``ns_map`` and (b) the singular-value spread vs the exact band
@@ -180,7 +185,6 @@ def check_newton_schulz(case: MatrixCase, schedule: str, dtype: str, record: lis
         torch.from_numpy(a), schedule, safety=sched.safety, eps=sched.eps, dtype=TORCH_DTYPES[dtype], gram=gram
     ).to(torch.float64).numpy()
     needs_svd = dtype == "bfloat16" or record is not None
-    kernel = "" if gram is None else "/gram" if gram else "/plain"
     return compare_ns_output(fast, a, ortho_ref.schedule(schedule), safety=sched.safety, eps=sched.eps, dtype=dtype,
-                             input_name=case.name, detail=f"{schedule}/{dtype}{kernel}",
+                             input_name=case.name, detail=f"{schedule}/{dtype}{kernel_suffix(gram)}",
                              svd=case_svd(case) if needs_svd else None, record=record)

@@ -166,7 +166,8 @@ def check_ns_statistics(schedule: str, dtype: str, count: int, seed: int = 0,
     batch = statistical_batch(1.0, (40, 24), None, count, dtype, seed)
     fast = ortho_fast.newton_schulz(torch.from_numpy(batch.matrices), schedule, safety=sched.safety, eps=sched.eps,
                                     dtype=getattr(torch, dtype), gram=gram).to(torch.float64).numpy()
-    kernel = "" if gram is None else "/gram" if gram else "/plain"
+    from .newton_schulz import kernel_suffix
+
     return [compare_ns_statistics(fast, batch.matrices, ortho_ref.schedule(schedule), safety=sched.safety,
                                   eps=sched.eps, dtype=dtype, input_name=batch.name,
-                                  detail=f"{schedule}/{dtype}{kernel}")]
+                                  detail=f"{schedule}/{dtype}{kernel_suffix(gram)}")]
