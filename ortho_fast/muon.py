@@ -76,7 +76,7 @@ class Muon(Optimizer):
     into one batched call when ``dtype`` is bfloat16 / float16 and not ``bitwise_torch``
     (``MuonOptions.batched``), True / False: always / never;
     ``bitwise_torch`` (default False) torch.optim.Muon's bits (see above); ``gram`` Gram
-    Newton–Schulz (``newton_schulz``'s ``gram``): None (default) for float32 / float64 compute
+    Newton–Schulz (``newton_schulz``'s ``gram``): None (default) for float32 / float64 compute (not "high")
     on matrices with max(m, n) >= 2·min(m, n) (never with ``bitwise_torch``), True always
     (float32 / float64 ``dtype`` only), False never; ``expert_keys``
     names whose parameters are (experts, m, n) stacks (needs

@@ -129,23 +129,31 @@ def quintic_step_stacked(x: torch.Tensor, a: float, b: float, c: float, *, tall:
     return torch.baddbmm(x, x, poly, beta=a) if tall else torch.baddbmm(x, poly, x, beta=a)
 
 
-def use_gram(gram: bool | None, m: int, n: int, compute_dtype: torch.dtype) -> bool:
+def use_gram(gram: bool | None, m: int, n: int, compute_dtype: torch.dtype, precision: str | None = None) -> bool:
     """Whether an (m, n) matrix takes Gram Newton–Schulz: ``gram`` itself when set; None (auto):
-    the compute dtype is in ``GRAM_DTYPES`` and max(m, n) >= ``GRAM_MIN_ASPECT``·min(m, n)."""
+    the compute dtype is in ``GRAM_DTYPES``, the float32 products are not TF32 (``precision`` not
+    "high") and max(m, n) >= ``GRAM_MIN_ASPECT``·min(m, n)."""
     if gram is None:
-        return compute_dtype in GRAM_DTYPES and max(m, n) >= GRAM_MIN_ASPECT * min(m, n)
+        return (compute_dtype in GRAM_DTYPES and precision != "high"
+                and max(m, n) >= GRAM_MIN_ASPECT * min(m, n))
     return gram
 
 
-def check_gram(gram, compute_dtype: torch.dtype | None) -> bool | None:
-    """Validate the ``gram`` setting (None, True or False) for a compute dtype; returns it.
+def check_gram(gram, compute_dtype: torch.dtype | None, precision: str | None = None) -> bool | None:
+    """Validate the ``gram`` setting (None, True or False) for a compute dtype (and float32 matmul
+    ``precision``); returns it.
     Raises: TypeError for anything but None / bool; ValueError for ``gram=True`` with a compute
-    dtype outside ``GRAM_DTYPES`` (bfloat16 / float16: outside the Newton–Schulz tolerance)."""
+    dtype outside ``GRAM_DTYPES`` (bfloat16 / float16: outside the Newton–Schulz tolerance) or
+    with ``precision="high"`` (TF32 products on CUDA: a 10-bit significand, closer to bfloat16's
+    than to float32's; not judged here, no GPU)."""
     if gram is not None and not isinstance(gram, bool):
         raise TypeError(f"gram: expected None (automatic), True or False, got {gram!r}")
     if gram and compute_dtype is not None and compute_dtype not in GRAM_DTYPES:
         raise ValueError(f"gram: Gram Newton–Schulz runs in float32 or float64 only (in {compute_dtype} its "
                          f"error exceeds the Newton–Schulz tolerance; docs/performance.md); got dtype={compute_dtype}")
+    if gram and precision == "high":
+        raise ValueError("gram: Gram Newton–Schulz needs full float32 products; dtype='high' (TF32 on CUDA) is not "
+                         "judged for it (use dtype='highest' or torch.float32)")
     return gram
 
 
@@ -302,7 +310,8 @@ def newton_schulz(
     repeated beyond the table, fewer truncates); ``gram`` runs the steps on the small side's Gram
     matrix (``gram_iterate``, Gram Newton–Schulz: the same polynomial, 0.6–0.92× the
     multiply-adds from aspect ratio 2 up): None (default) chooses it for float32 / float64
-    compute with max(m, n) >= 2·min(m, n), True forces it (float32 / float64 only), False never.
+    compute with max(m, n) >= 2·min(m, n) (not with "high", TF32), True forces it (float32 /
+    float64 only), False never.
     Works under ``torch.compile`` (fullgraph for torch dtypes; the "high"/"highest" names
     switch a global setting around the call and are meant for eager use).
     Source: Keller Jordan's Muon (2024) ``zeropower_via_newtonschulz5``; torch.optim.Muon
@@ -322,7 +331,7 @@ def newton_schulz(
     safety = check_hyper(safety, "safety", low_open=True)
     eps = check_hyper(eps, "eps")
     table = resolve_coefficients(coefficients, steps)
-    check_gram(gram, compute_dtype)
+    check_gram(gram, compute_dtype, precision)
     return newton_schulz_resolved(g, table, safety=safety, eps=eps, eps_mode=eps_mode, compute_dtype=compute_dtype,
                                   precision=precision, out_dtype=out_dtype, gram=gram)
 
@@ -352,7 +361,7 @@ def newton_schulz_resolved(g: torch.Tensor, table, *, safety: float, eps: float,
     transpose = m > n  # both kernels then run the very calls of the wide transpose: NS(Gᵀ) = NS(G)ᵀ bit for bit
     if transpose:
         x = x.mT
-    gram = use_gram(gram, m, n, compute_dtype)
+    gram = use_gram(gram, m, n, compute_dtype, precision)
     if gram:  # Gram Newton–Schulz on a contiguous wide copy: 2048 x 512 float32 took 1.03x the GEMM on the
         x = x.contiguous()  # transposed view against 0.87x for 512 x 2048 (1 thread, measured)
     with float32_matmul_precision(precision) if precision is not None else contextlib.nullcontext():
@@ -396,7 +405,7 @@ def newton_schulz_stacked(mats, table, *, safety: float, eps: float, eps_mode: s
         start += k
     with float32_matmul_precision(precision) if precision is not None else contextlib.nullcontext():
         x = frobenius_normalize_(x, beta, safety, eps, eps_mode)
-        if use_gram(gram, m, n, compute_dtype):
+        if use_gram(gram, m, n, compute_dtype, precision):
             x = gram_iterate(x, table, tall=tall)
         else:
             for a, b, c in table:

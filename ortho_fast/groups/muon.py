@@ -108,7 +108,7 @@ def resolve_muon_options(group: dict) -> MuonOptions:
     check_choice(group["momentum_style"], "momentum_style", MOMENTUM_STYLES)
     check_choice(group["adjust_lr"], "adjust_lr", ADJUST_LR_MODES)
     compute_dtype, precision = resolve_compute_dtype(group["dtype"])
-    check_gram(group["gram"], compute_dtype)
+    check_gram(group["gram"], compute_dtype, precision)
     if group["gram"] and compute_dtype is None:
         raise ValueError("gram: gram=True needs dtype=torch.float32 or torch.float64 (dtype=None follows each "
                          "gradient's dtype, and Gram Newton–Schulz runs in float32 / float64 only)")

@@ -84,6 +84,9 @@ def test_auto_rule_and_bad_settings():
     assert use_gram(None, 16, int(16 * GRAM_MIN_ASPECT), torch.float32)
     assert not use_gram(None, 16, int(16 * GRAM_MIN_ASPECT) - 1, torch.float32)
     assert not use_gram(None, 16, 64, torch.bfloat16) and not use_gram(None, 16, 64, torch.float16)
+    assert not use_gram(None, 16, 64, torch.float32, "high") and use_gram(None, 16, 64, torch.float32, "highest")
+    with pytest.raises(ValueError, match="^gram: .*TF32"):
+        newton_schulz(g, dtype="high", gram=True)
     with pytest.raises(ValueError, match="^gram: .*float32 or float64"):
         newton_schulz(g, dtype=torch.bfloat16, gram=True)
     with pytest.raises(TypeError, match="^gram: "):
@@ -91,6 +94,7 @@ def test_auto_rule_and_bad_settings():
 
 
 @pytest.mark.parametrize("kw", [dict(gram=True), dict(gram=True, dtype=None), dict(gram=1, dtype=torch.float32),
+                                dict(gram=True, dtype="high"),
                                 dict(gram=True, dtype=torch.float32, bitwise_torch=True)])
 def test_muon_rejects_bad_gram_settings_naming_the_key(kw):
     p = torch.nn.Parameter(torch.randn(32, 8))
