@@ -373,6 +373,11 @@ class ShardedDionGroups(GroupRunner):
         ``meshes.check_axes`` (``raise_together``, tag "load"); nothing when every rank passes None."""
         raise_together(error, self.meshes.check_axes, tag="load", device=device)
 
+    @property
+    def agree_axes(self) -> list:
+        """The axes ``agree`` reduces over."""
+        return list(self.meshes.check_axes)
+
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         entries = [(group, p) for group in groups for p in group["params"]]
         device = local_tensor(entries[0][1]).device if entries else None  # NCCL reduces device tensors only

@@ -151,6 +151,11 @@ class Dion2Sharding(GroupRunner):
         optimizer's axes (``raise_together``, tag "load"); nothing when every rank passes None."""
         raise_together(error, self.axes, tag="load", device=device)
 
+    @property
+    def agree_axes(self) -> list:
+        """The axes ``agree`` reduces over."""
+        return list(self.axes)
+
     def options(self, group: dict) -> Dion2Options:
         return self.cache.get(group, DION2_OPTION_KEYS, resolve_dion2_options)
 

@@ -154,8 +154,12 @@ class MuonSharding(GroupRunner):
         dp / tp axes (``comm.raise_together``, tag "load"); nothing when every rank passes None.
         One process (no mesh): nothing here (the caller raises its own error)."""
         if self.active:
-            axes = [a for a in (self.dp, self.tp) if a is not None]
-            comm.raise_together(error, axes, tag="load", device=device)
+            comm.raise_together(error, self.agree_axes, tag="load", device=device)
+
+    @property
+    def agree_axes(self) -> list:
+        """The axes ``agree`` reduces over (none without a mesh)."""
+        return [a for a in (self.dp, self.tp) if a is not None] if self.active else []
 
     def entry(self, group: dict):
         """The group's options cache entry (resolved again when an option changed)."""

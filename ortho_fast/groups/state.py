@@ -185,6 +185,15 @@ def distributed_runners(optimizer: Optimizer) -> list:
     return found
 
 
+def _agree_key(runner) -> object:
+    """What identifies a runner's agreement: the member ranks of each axis it reduces over
+    (``agree_axes``; the same on every rank for the same meshes), or the runner itself when it
+    does not say. Runners of one optimizer on the same meshes (``HybridOptimizer``'s Muon and
+    Dion2 on ``distributed_mesh``) then agree once on load, not once each."""
+    axes = getattr(runner, "agree_axes", None)
+    return ("runner", id(runner)) if axes is None else frozenset(a.ranks for a in axes)
+
+
 def _checked_groups(optimizer: Optimizer, state_dict, group_spec: GroupSpec, algorithm_of) -> list[dict]:
     """Steps 0 and 1 of ``load_state_dict_checked`` and its saved-state check: the completed
     saved groups, or the first error (nothing changed)."""
@@ -241,8 +250,8 @@ def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: 
     A distributed optimizer (``distributed_runners``) makes the verdict of these checks global
     before anything changes: a corrupt state on one rank (a NaN in its shard) raises there and
     ValueError (``another rank rejected``) on every other rank (``comm.raise_together``: one
-    all-reduce per mesh axis, also when every rank is fine), so no rank loads while another
-    does not.
+    all-reduce per mesh axis, also when every rank is fine; runners on the same axes agree once),
+    so no rank loads while another does not.
     Raises: whatever ``group_spec``, its normalize function or ``check_saved_state`` raise
     (before any change); ValueError for a state dict without "state" / "param_groups"; torch's
     errors for a state dict of another shape (before any change too).
@@ -253,7 +262,12 @@ def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: 
     except (ValueError, TypeError, KeyError) as err:
         error = err
     device = next((p.device for g in optimizer.param_groups for p in g["params"]), None)  # NCCL: the GPU
+    agreed: set = set()
     for runner in distributed_runners(optimizer):  # every rank raises together, before any change
+        key = _agree_key(runner)
+        if key in agreed:  # these process groups agreed already: one verdict per set of axes
+            continue
+        agreed.add(key)
         runner.agree(error, device=device)
     if error is not None:
         raise error

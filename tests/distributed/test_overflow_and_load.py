@@ -1,4 +1,4 @@
-"""Two distributed guarantees, one launch of 2 gloo ranks (``ortho_verify.workers.run_workers``):
+"""Three distributed guarantees, one launch of 2 gloo ranks (``ortho_verify.workers.run_workers``):
 
 - sharded Dion's column norms cannot overflow: a float32 gradient with entries of 1e19..1e20 (the
   squares pass float32's 3.4e38) steps on the FSDP and TP layouts as the one-process float32 Dion
@@ -6,7 +6,9 @@
   move (the old sharded norm gave inf, Q = 0 and a zero update forever);
 - ``load_state_dict`` of a distributed optimizer with a NaN in one rank's shard of the state raises
   on every rank (that rank's error names the key, the other rank's says another rank rejected it)
-  and changes no state on any rank; the next load of a good checkpoint still works.
+  and changes no state on any rank; the next load of a good checkpoint still works (Dion, Dion2,
+  Muon, and HybridOptimizer with Muon and Dion2 groups);
+- runners of one optimizer on the same mesh agree once on load (one all-reduce, tag "load").
 """
 
 from __future__ import annotations
@@ -119,6 +121,25 @@ def _workers(rank: int, world: int) -> dict:
         good = copy.deepcopy(opt.state_dict())
         out[f"{name} load nan"] = _load_outcome(opt, _corrupt(good, key, rank))
         out[f"{name} load good"] = _load_outcome(opt, good)
+
+    # HybridOptimizer with a Muon (DDP) and a Dion2 (FSDP) group on the same mesh: both runners
+    # reduce over the same axis, so a load agrees once (it agreed once per runner before)
+    from ortho_fast.distributed.comm import record_collectives
+
+    muon_ps = [torch.nn.Parameter(w.clone()) for w in _full(10)]
+    dion2_ps = [torch.nn.Parameter(place(w.clone())) for w in _full(12)]
+    opt = ortho_fast.HybridOptimizer([{"params": muon_ps, "algorithm": "muon", "lr": 0.02},
+                                      {"params": dion2_ps, "algorithm": "dion2", "lr": 0.01, "fraction": 0.5}],
+                                     distributed_mesh=mesh)
+    for p, g in zip(muon_ps + dion2_ps, _full(11) + [place(g) for g in _full(13)]):
+        p.grad = g
+    opt.step()
+    good = copy.deepcopy(opt.state_dict())
+    with record_collectives() as ledger:
+        outcome = _load_outcome(opt, good)
+    out["hybrid load good"] = outcome
+    out["hybrid load all-reduces"] = sum(1 for r in ledger.records if r.tag == "load")
+    out["hybrid load nan"] = _load_outcome(opt, _corrupt(good, "momentum_buffer", rank))
     return out
 
 
@@ -134,7 +155,8 @@ def test_sharded_dion_column_norms_do_not_overflow(results, layout):
         assert out[layout]["worst"] <= sharded_tolerance("float32"), out[layout]
 
 
-@pytest.mark.parametrize("optimizer, key", [("dion", "momentum"), ("dion2", "momentum"), ("muon", "momentum_buffer")])
+@pytest.mark.parametrize("optimizer, key", [("dion", "momentum"), ("dion2", "momentum"), ("muon", "momentum_buffer"),
+                                            ("hybrid", "momentum_buffer")])
 def test_load_state_dict_with_a_nan_on_one_rank_raises_on_every_rank(results, optimizer, key):
     error0, unchanged0 = results[0][f"{optimizer} load nan"]
     error1, unchanged1 = results[1][f"{optimizer} load nan"]
@@ -142,3 +164,9 @@ def test_load_state_dict_with_a_nan_on_one_rank_raises_on_every_rank(results, op
     assert error0 is not None and "another rank rejected" in error0, error0
     assert unchanged0 and unchanged1
     assert all(out[f"{optimizer} load good"][0] is None for out in results)
+
+
+def test_runners_on_the_same_mesh_agree_once_on_load(results):
+    """HybridOptimizer's Muon and Dion2 runners share ``distributed_mesh``: one all-reduce (tag
+    "load") per load, where each runner used to make its own."""
+    assert all(out["hybrid load all-reduces"] == 1 for out in results), [out["hybrid load all-reduces"] for out in results]
