@@ -37,9 +37,10 @@ def median_seconds(fn, min_run_time: float) -> float:
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-def machine() -> str:
-    return (f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-            f"{torch.get_num_threads()} threads")
+def machine(threads: bool = True) -> str:
+    """torch version, processor and (``threads``) the current intra-op thread count."""
+    text = f"torch {torch.__version__}, {platform.processor() or platform.machine()}"
+    return f"{text}, {torch.get_num_threads()} threads" if threads else text
 
 
 def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
@@ -52,9 +53,10 @@ def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
 
 
 def print_markdown(columns: list[str], rows: list[list[str]], footer: str) -> None:
-    """A markdown table (for docs/performance.md) and a footer line naming the machine."""
+    """A markdown table (for docs/performance.md) and a footer line naming the machine (the
+    threads are a column of the table: a run may measure several counts)."""
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for r in rows:
         print("| " + " | ".join(r) + " |")
-    print(f"\n{machine()}; {footer}")
+    print(f"\n{machine(threads=False)}; {footer}")
