@@ -371,7 +371,7 @@ class ShardedDionGroups(GroupRunner):
         """Make a local verdict global (``load_state_dict``: a corrupt shard on one rank): raise
         ``error`` on its rank and ValueError ("another rank rejected") on every other rank of
         ``meshes.check_axes`` (``raise_together``, tag "load"); nothing when every rank passes None."""
-        raise_together(error, self.meshes.check_axes, tag="load", device=device)
+        raise_together(error, self.agree_axes, tag="load", device=device)
 
     @property
     def agree_axes(self) -> list:

@@ -149,7 +149,7 @@ class Dion2Sharding(GroupRunner):
         """Make a local verdict global (``load_state_dict``: a corrupt shard on one rank): raise
         ``error`` on its rank and ValueError ("another rank rejected") on every other rank of the
         optimizer's axes (``raise_together``, tag "load"); nothing when every rank passes None."""
-        raise_together(error, self.axes, tag="load", device=device)
+        raise_together(error, self.agree_axes, tag="load", device=device)
 
     @property
     def agree_axes(self) -> list:
