@@ -75,7 +75,7 @@ def dists(tmp_path_factory) -> tuple[Path, Path]:
     source = next((out / "unpacked").iterdir())
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
           "-w", out, source], cwd=out)
-    return sdist, next(out.glob("ortho-*.whl"))
+    return sdist, next(out.glob("ortho_optim-*.whl"))
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_fresh_environment_resolves_ortho_to_the_wheel(fresh_python):
         print(json.dumps({
             "site": sysconfig.get_paths()["purelib"],
             "files": [m.__file__ for m in (ortho_fast, ortho_ref, ortho_verify)],
-            "dist": str(md.distribution("ortho").locate_file("")),
+            "dist": str(md.distribution("ortho-optim").locate_file("")),
             "plugins": [e.value for e in md.entry_points(group="pytest11") if e.name == "ortho_verify"],
             "user_verify": importlib.util.find_spec("verify") is not None,
         }))
@@ -244,7 +244,7 @@ def test_plugin_needs_no_hypothesis(fresh_python, tmp_path):
     assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr
     asked = _run([fresh_python, "-m", "pytest", "-q", "-p", "no:hypothesispytest"], cwd=project,
                  env={"PYTHONPATH": str(blocker.parent), "ORTHO_HYPOTHESIS_PROFILE": "ortho-ci"}, check=False)
-    assert asked.returncode != 0 and "ortho[verify]" in asked.stdout + asked.stderr
+    assert asked.returncode != 0 and "ortho-optim[verify]" in asked.stdout + asked.stderr
 
 
 PROBE = '''import json, os

@@ -2,6 +2,6 @@
 
 import sys
 
-from ortho_verify.cli import main
+from ortho_verify.optional import console_main
 
-sys.exit(main())
+sys.exit(console_main())

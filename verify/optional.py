@@ -1,5 +1,5 @@
 """The judge's optional dependencies: matplotlib (plots), rich (terminal tables) and hypothesis
-(strategies), installed with the extra ``verify`` (``pip install 'ortho[verify]'``).
+(strategies), installed with the extra ``verify`` (``pip install 'ortho-optim[verify]'``).
 
 Every import of them in ``ortho_verify`` goes through ``require`` (or ``pyplot``), at the
 place of use, so that ``import ortho_verify.tolerances`` and ``import ortho_verify.registry``
@@ -9,20 +9,26 @@ need none of them and a missing one gives an ImportError that names the extra.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from types import ModuleType
 
-__all__ = ["EXTRA", "INSTALL_HINT", "require", "pyplot"]
+__all__ = ["DISTRIBUTION", "EXTRA", "EXTRA_MODULES", "INSTALL_HINT", "require", "pyplot", "console_main"]
 
-#: The extra of the ``ortho`` distribution that installs the judge's optional dependencies.
+#: The distribution's name on the package index (its import names are ortho_fast, ortho_ref, ortho_verify).
+DISTRIBUTION = "ortho-optim"
+#: The extra of the distribution that installs the judge's optional dependencies.
 EXTRA = "verify"
-INSTALL_HINT = f"pip install 'ortho[{EXTRA}]'"
+#: The top-level modules the extra installs (pyproject.toml, ``[project.optional-dependencies] verify``).
+EXTRA_MODULES = ("hypothesis", "rich", "threadpoolctl", "matplotlib")
+INSTALL_HINT = f"pip install '{DISTRIBUTION}[{EXTRA}]'"
 
 
 def require(module: str, what: str) -> ModuleType:
     """Import ``module`` (e.g. "rich.console", "hypothesis.strategies") and return it.
 
     ``what``: the feature that needs it, for the message (e.g. "ortho-verify's terminal table").
-    Raises: ImportError "<what> needs <package>: pip install 'ortho[verify]'" (the package is the
+    Raises: ImportError "<what> needs <package>: pip install 'ortho-optim[verify]'" (the package is the
     top-level name of ``module``) when it cannot be imported; the original error is its cause.
     """
     try:
@@ -40,3 +46,38 @@ def pyplot(what: str = "plotting"):
     matplotlib = require("matplotlib", what)
     matplotlib.use("Agg")
     return require("matplotlib.pyplot", what)
+
+
+def _missing_extra_modules() -> list[str]:
+    """The modules of ``EXTRA_MODULES`` that cannot be found (a finder that raises counts as missing)."""
+    missing = []
+    for name in EXTRA_MODULES:
+        try:
+            found = sys.modules[name] if name in sys.modules else importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            missing.append(name)
+    return missing
+
+
+def console_main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``ortho-verify`` command (and ``python -m ortho_verify``).
+
+    Installed without the extra, prints one line to stderr naming it —
+    ``ortho-verify needs the extra 'verify' (missing: threadpoolctl): pip install 'ortho-optim[verify]'`` —
+    and returns 2 (a usage error: nothing was run), instead of a traceback; otherwise runs
+    ``ortho_verify.cli.main(argv)`` and returns its exit code.
+    """
+    missing = _missing_extra_modules()
+    if not missing:
+        try:
+            from ortho_verify.cli import main
+        except ModuleNotFoundError as err:  # a module of the extra that is found but does not import
+            if (err.name or "").partition(".")[0] not in EXTRA_MODULES:
+                raise
+            missing = [(err.name or "").partition(".")[0]]
+        else:
+            return main(argv)
+    print(f"ortho-verify needs the extra '{EXTRA}' (missing: {', '.join(missing)}): {INSTALL_HINT}", file=sys.stderr)
+    return 2

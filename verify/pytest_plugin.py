@@ -50,13 +50,13 @@ def register_profiles() -> None:
 
     Called by the plugin only when a profile is requested; call it yourself (e.g. in a conftest) to
     load one with ``hypothesis.settings.load_profile``. Registers no other name.
-    Raises: pytest.UsageError naming the extra ``ortho[verify]`` if hypothesis is not installed.
+    Raises: pytest.UsageError naming the extra ``ortho-optim[verify]`` if hypothesis is not installed.
     """
     try:
         from hypothesis import HealthCheck, settings
     except ImportError:
         raise pytest.UsageError("ortho's hypothesis profiles need hypothesis, which is not installed: "
-                                "pip install 'ortho[verify]'") from None
+                                "pip install 'ortho-optim[verify]'") from None
     default = settings.get_profile("default")  # not the current profile: CI=true makes that hypothesis's "ci"
     profiles = {
         "ortho-dev": settings(default, max_examples=20, deadline=None),

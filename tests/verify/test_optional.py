@@ -14,7 +14,7 @@ from ortho_verify import optional, plots, report
 from ortho_verify.results import measured
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRA = "pip install 'ortho[verify]'"
+EXTRA = "pip install 'ortho-optim[verify]'"
 
 
 def _missing(monkeypatch, *names: str) -> None:
@@ -27,7 +27,7 @@ def _missing(monkeypatch, *names: str) -> None:
 
 def test_require_names_the_extra(monkeypatch):
     _missing(monkeypatch, "rich")
-    with pytest.raises(ImportError, match=r"the table needs rich: pip install 'ortho\[verify\]'") as err:
+    with pytest.raises(ImportError, match=r"the table needs rich: pip install 'ortho-optim\[verify\]'") as err:
         optional.require("rich.table", "the table")
     assert isinstance(err.value.__cause__, ImportError)
     assert optional.require("math", "nothing").sqrt(4.0) == 2.0
@@ -62,7 +62,7 @@ def test_light_modules_need_no_optional_dependency():
             "try:\n"
             "    import ortho_verify.strategies\n"
             "except ImportError as err:\n"
-            "    assert 'needs hypothesis' in str(err) and \"ortho[verify]\" in str(err), err\n"
+            "    assert 'needs hypothesis' in str(err) and \"ortho-optim[verify]\" in str(err), err\n"
             "else:\n"
             "    raise AssertionError('strategies imported without hypothesis')\n")
     run = _run_without(code, "matplotlib", "rich", "hypothesis")
@@ -73,3 +73,43 @@ def test_ortho_verify_command_without_rich_says_which_extra():
     run = _run_without("from ortho_verify.cli import main\nmain(['--quick', '--no-real', '--no-plots', '--out', "
                        "'/nonexistent/never-written'])\n", "rich")
     assert run.returncode != 0 and "needs rich" in run.stderr and EXTRA in run.stderr
+
+
+BLOCKER = '''import sys
+
+
+class _Uninstalled:  # a meta-path finder that makes the named packages absent, as if never installed
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Uninstalled())
+'''
+
+
+@pytest.mark.parametrize("blocked", [("threadpoolctl",), ("hypothesis", "rich", "threadpoolctl", "matplotlib")])
+@pytest.mark.parametrize("entry", ["console_main", "python -m"])
+def test_command_without_the_extra_is_one_line_and_exit_2(blocked, entry):
+    """``ortho-verify`` installed without the extra: one line naming it on stderr, exit 2, no traceback."""
+    run_it = ("from ortho_verify.optional import console_main\nsys.exit(console_main(['--quick']))\n"
+              if entry == "console_main" else "import runpy\nrunpy.run_module('ortho_verify', run_name='__main__')\n")
+    run = subprocess.run([sys.executable, "-c", BLOCKER.format(blocked=set(blocked)) + run_it], cwd=ROOT,
+                         capture_output=True, text=True, timeout=180)
+    lines = run.stderr.splitlines()
+    assert run.returncode == 2 and len(lines) == 1 and run.stdout == "", (run.returncode, run.stdout, run.stderr)
+    assert lines[0].endswith(f"(missing: {', '.join(blocked)}): {EXTRA}"), lines[0]
+    assert optional.DISTRIBUTION == "ortho-optim" and optional.INSTALL_HINT == EXTRA
+
+
+def test_extra_modules_are_the_extra_of_pyproject():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [r.split(">")[0].split("=")[0].strip() for r in project["optional-dependencies"][optional.EXTRA]]
+    assert sorted(declared) == sorted(optional.EXTRA_MODULES)
+    assert project["name"] == optional.DISTRIBUTION
+    assert project["scripts"]["ortho-verify"] == "ortho_verify.optional:console_main"
