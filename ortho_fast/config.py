@@ -13,10 +13,9 @@ from torch import nn
 
 from .coefficients import CoefficientsLike
 from .compat import DION_CONFIG_ALIASES, MUON_CONFIG_ALIASES, Alias, apply_aliases
-from .grouping import param_groups
+from .grouping import HYBRID_DEFAULTS, LION_SCALAR_BETAS, param_groups
 from .groups.dion import DION_DEFAULTS
 from .groups.muon import MUON_DEFAULTS
-from .groups.scalar import ADAMW_DEFAULTS
 from .hybrid_optimizer import HybridOptimizer
 
 
@@ -63,7 +62,12 @@ def accepts_aliases(aliases: tuple[Alias, ...], algorithm_defaults: Mapping[str,
 
 @dataclass(kw_only=True)
 class _HybridConfig:
-    """Fields shared by ``MuonConfig`` and ``DionConfig`` (the scalar side and the grouping)."""
+    """Fields shared by ``MuonConfig`` and ``DionConfig`` (the scalar side and the grouping).
+
+    Every default not given here is the algorithm's row of ``ortho_fast.grouping.HYBRID_DEFAULTS``,
+    the table ``param_groups`` takes its defaults from too (docs/compatibility.md, "Whole-model
+    defaults"): ``build(model)`` and ``HybridOptimizer(param_groups(model, algorithm=..., ...))``
+    with the same arguments give the same groups."""
 
     scalar_algorithm: str = "adamw"
     scalar_lr: float | None = None
@@ -71,14 +75,14 @@ class _HybridConfig:
     scalar_eps: float = 1e-8
     scalar_weight_decay: float | None = None
     embedding_weight_decay: float = 0.0
-    lm_head_lr_scale: str | None = None
+    lm_head_lr_scale: str | None = HYBRID_DEFAULTS["muon"]["lm_head_lr_scale"]
     d_model: int | None = None
     expert_keys: tuple[str, ...] = ()
     overrides: tuple = ()
     seed: int = 0
 
     #: Megatron's Lion betas for the scalar parameters of Muon (Emerging-Optimizers).
-    LION_BETAS = (0.95, 0.98)
+    LION_BETAS = LION_SCALAR_BETAS
 
     def _matrix_options(self) -> dict:
         raise NotImplementedError
@@ -88,13 +92,12 @@ class _HybridConfig:
             return {"betas": self.LION_BETAS if self.scalar_betas is None else self.scalar_betas}
         return {"betas": adamw_betas if self.scalar_betas is None else self.scalar_betas, "eps": self.scalar_eps}
 
-    def _build(self, model: nn.Module, algorithm: str, adamw_betas, scalar_weight_decay: float,
-               mesh=None, **distributed) -> HybridOptimizer:
+    def _build(self, model: nn.Module, algorithm: str, adamw_betas, mesh=None, **distributed) -> HybridOptimizer:
         matrix = self._matrix_options()
         groups = param_groups(
             model, algorithm=algorithm, scalar_algorithm=self.scalar_algorithm, lr=matrix.pop("lr"),
             scalar_lr=self.scalar_lr, weight_decay=matrix.pop("weight_decay"),
-            scalar_weight_decay=scalar_weight_decay if self.scalar_weight_decay is None else self.scalar_weight_decay,
+            scalar_weight_decay=self.scalar_weight_decay,
             embedding_weight_decay=self.embedding_weight_decay, lm_head_lr_scale=self.lm_head_lr_scale,
             d_model=self.d_model, expert_keys=self.expert_keys, overrides=self.overrides,
             matrix_options=matrix, scalar_options=self._scalar_options(adamw_betas),
@@ -152,8 +155,8 @@ class MuonConfig(_HybridConfig):
     5 steps with X₀ = U / (1.02‖U‖_F + 1e-6) (microsoft/dion, nanochat), "you6" 6 steps.
     ``muon_options``: any other ``MUON_DEFAULTS`` key (momentum_style, split_sizes, flatten, ...;
     a field that is set wins over the same key there).
-    Scalars: torch.optim.AdamW's defaults — betas (0.9, 0.999), eps 1e-8, weight_decay 0.01 —
-    at the Muon lr (``scalar_lr`` None; 1e-3 is also AdamW's default); embeddings without
+    Scalars (``HYBRID_DEFAULTS["muon"]``, as ``param_groups(model, algorithm="muon")``):
+    torch.optim.AdamW's defaults — betas (0.9, 0.999), eps 1e-8, weight_decay 0.01 — at the Muon lr (``scalar_lr`` None; 1e-3 is also AdamW's default); embeddings without
     weight decay (OLMo-core); no output-head lr scaling (torch has none; "inv_sqrt_d_model"
     for OLMo-core's). ``scalar_algorithm="lion"`` (recommended with Muon by Megatron /
     Emerging-Optimizers) uses betas (0.95, 0.98) unless ``scalar_betas`` is given; Lion
@@ -163,8 +166,8 @@ class MuonConfig(_HybridConfig):
     Raises (at ``build``): what ``param_groups`` and ``HybridOptimizer`` raise.
     """
 
-    lr: float = 1e-3
-    weight_decay: float = 0.1
+    lr: float = HYBRID_DEFAULTS["muon"]["lr"]
+    weight_decay: float = HYBRID_DEFAULTS["muon"]["weight_decay"]
     momentum: float = 0.95
     nesterov: bool = True
     coefficients: CoefficientsLike = "jordan"
@@ -185,7 +188,7 @@ class MuonConfig(_HybridConfig):
     def build(self, model: nn.Module, mesh=None) -> HybridOptimizer:
         """The optimizer for ``model`` (see the class docstring); ``mesh`` a named world
         DeviceMesh of a distributed model (``meshes_from_world_mesh``), with ``tp_mode``."""
-        return self._build(model, "muon", ADAMW_DEFAULTS["betas"], ADAMW_DEFAULTS["weight_decay"], mesh,
+        return self._build(model, "muon", HYBRID_DEFAULTS["muon"]["scalar_options"]["adamw"]["betas"], mesh,
                            tp_mode=self.tp_mode)
 
 
@@ -200,7 +203,8 @@ class DionConfig(_HybridConfig):
     embeddings (0), rank_fraction 1.0; rank_multiple_of 1, epsilon 1e-8 and power_iters 1
     from microsoft/dion's ``Dion``; AdamW eps = microsoft/dion's epsilon 1e-8. Grouping as
     OLMo-core: matrices -> Dion, embeddings -> AdamW without weight decay, vectors -> AdamW,
-    output head -> AdamW at lr/√d_model; one lr for every group (``scalar_lr`` None).
+    output head -> AdamW at lr/√d_model; one lr for every group (``scalar_lr`` None). These
+    are ``HYBRID_DEFAULTS["dion"]``, as ``param_groups(model, algorithm="dion")``.
     ``qr_method`` "randomized_cholesky_qr", microsoft/dion's default ("rcqr", oversample
     1.25), which OLMo-core does not override; ``ortho_fast.Dion`` itself defaults to
     "householder", the reference method.
@@ -210,16 +214,16 @@ class DionConfig(_HybridConfig):
     world ``mesh`` distributes it as OLMo-core does (``meshes_from_world_mesh``).
     """
 
-    lr: float = 0.01
+    lr: float = HYBRID_DEFAULTS["dion"]["lr"]
     mu: float = 0.95
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.1
+    betas: tuple[float, float] = HYBRID_DEFAULTS["dion"]["scalar_options"]["adamw"]["betas"]
+    weight_decay: float = HYBRID_DEFAULTS["dion"]["weight_decay"]
     rank_fraction: float = 1.0
     rank_multiple_of: int = 1
     epsilon: float = 1e-8
     power_iters: int = 1
-    qr_method: str = "randomized_cholesky_qr"
-    lm_head_lr_scale: str | None = "inv_sqrt_d_model"
+    qr_method: str = HYBRID_DEFAULTS["dion"]["matrix_options"]["qr_method"]
+    lm_head_lr_scale: str | None = HYBRID_DEFAULTS["dion"]["lm_head_lr_scale"]
     dion_options: dict = field(default_factory=dict)
 
     def _matrix_options(self) -> dict:
@@ -230,4 +234,4 @@ class DionConfig(_HybridConfig):
     def build(self, model: nn.Module, mesh=None) -> HybridOptimizer:
         """The optimizer for ``model`` (see the class docstring); ``mesh`` a named world
         DeviceMesh of a distributed model (``meshes_from_world_mesh``: OLMo-core's mapping)."""
-        return self._build(model, "dion", self.betas, self.weight_decay, mesh)
+        return self._build(model, "dion", self.betas, mesh)

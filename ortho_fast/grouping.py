@@ -31,6 +31,42 @@ WRAPPER_NAME_COMPONENTS = tuple(DROPPED_NAME_COMPONENTS) + ("_fsdp_wrapped_modul
 
 Override = tuple  # (glob str | Callable[[torch.Tensor, str], bool], dict of group options)
 
+#: Megatron / Emerging-Optimizers' Lion betas for the scalar parameters of Muon.
+LION_SCALAR_BETAS = (0.95, 0.98)
+
+#: The whole-model defaults, per matrix algorithm: the one table that ``param_groups`` and
+#: ``MuonConfig`` / ``DionConfig`` both take their defaults from, so that the two ways of building
+#: the optimizer of a model give the same groups (docs/compatibility.md, "Whole-model defaults").
+#: ``lr`` / ``weight_decay``: the matrix groups'; ``scalar_weight_decay`` None: the scalar groups
+#: take ``weight_decay``; ``scalar_options``: per scalar algorithm; ``matrix_options``: further
+#: options of every matrix group. Sources: muon — torch.optim.Muon and torch.optim.AdamW (no output-head
+#: lr scaling: torch has none); dion — OLMo-core ``DionConfig`` (lr 0.01, weight decay 0.1 for every group
+#: but the embeddings, AdamW betas (0.9, 0.95), output head at lr/√d_model) with microsoft/dion's
+#: default QR ("rcqr"); dion2 — microsoft/dion's ``Dion2`` lr and weight decay, one of each for
+#: every group (microsoft/dion), the output head as OLMo-core. Lion's betas: Megatron's (0.95, 0.98).
+HYBRID_DEFAULTS: dict[str, dict[str, Any]] = {
+    "muon": dict(lr=1e-3, weight_decay=0.1, scalar_weight_decay=1e-2, embedding_weight_decay=0.0,
+                 lm_head_lr_scale=None, matrix_options={},
+                 scalar_options={"adamw": {"betas": (0.9, 0.999), "eps": 1e-8}, "lion": {"betas": LION_SCALAR_BETAS}}),
+    "dion": dict(lr=0.01, weight_decay=0.1, scalar_weight_decay=None, embedding_weight_decay=0.0,
+                 lm_head_lr_scale="inv_sqrt_d_model", matrix_options={"qr_method": "randomized_cholesky_qr"},
+                 scalar_options={"adamw": {"betas": (0.9, 0.95), "eps": 1e-8}, "lion": {"betas": LION_SCALAR_BETAS}}),
+    "dion2": dict(lr=0.01, weight_decay=0.01, scalar_weight_decay=None, embedding_weight_decay=0.0,
+                  lm_head_lr_scale="inv_sqrt_d_model", matrix_options={},
+                  scalar_options={"adamw": {"betas": (0.9, 0.999), "eps": 1e-8}, "lion": {"betas": LION_SCALAR_BETAS}}),
+}
+
+
+class _Default:
+    """The default of an argument of ``param_groups``: ``HYBRID_DEFAULTS[algorithm][name]``."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+#: Sentinel of ``param_groups``' ``lm_head_lr_scale``: the value of ``HYBRID_DEFAULTS`` for the algorithm.
+DEFAULT: Any = _Default()
+
 
 def normalize_name(name: str, *, data_parallel: bool = False) -> str:
     """``name`` without wrapper components (``WRAPPER_NAME_COMPONENTS``; the leading
@@ -90,8 +126,8 @@ def param_groups(
     scalar_lr: float | None = None,
     weight_decay: float | None = None,
     scalar_weight_decay: float | None = None,
-    embedding_weight_decay: float = 0.0,
-    lm_head_lr_scale: str | None = "inv_sqrt_d_model",
+    embedding_weight_decay: float | None = None,
+    lm_head_lr_scale: str | None = DEFAULT,
     d_model: int | None = None,
     expert_keys: Sequence[str] = (),
     overrides: Sequence[Override] = (),
@@ -125,10 +161,15 @@ def param_groups(
        ``expert_keys``, or an override with ``{"flatten": True}`` for conv1d.
     5. "scalar": everything else (norms, biases, gains, expert biases) -> ``scalar_algorithm``,
        ``scalar_lr``, ``scalar_weight_decay``.
-    ``lr`` / ``weight_decay`` None: the matrix algorithm's defaults. ``scalar_lr`` None: ``lr``
-    if given (microsoft/dion and OLMo-core use one lr for every group), else the scalar
-    algorithm's default; ``scalar_weight_decay`` likewise from ``weight_decay``.
-    ``matrix_options`` / ``scalar_options``: further options of every matrix / scalar group.
+    Defaults (``lr``, ``weight_decay``, ``scalar_weight_decay``, ``embedding_weight_decay`` None,
+    ``lm_head_lr_scale`` ``DEFAULT``): ``HYBRID_DEFAULTS[algorithm]``, the table ``MuonConfig`` /
+    ``DionConfig`` take theirs from (docs/compatibility.md, "Whole-model defaults"): the same model
+    gets the same groups from ``param_groups`` + ``HybridOptimizer`` as from ``MuonConfig(...).build``
+    / ``DionConfig(...).build`` with the same arguments. ``scalar_lr`` None: ``lr`` (microsoft/dion
+    and OLMo-core use one lr for every group); ``scalar_weight_decay`` None: the table's, or
+    ``weight_decay`` where the table has none (Dion, Dion2).
+    ``matrix_options`` / ``scalar_options``: further options of every matrix / scalar group, on
+    top of the table's (Dion's ``qr_method``; the AdamW / Lion betas and eps).
     Parameters with ``requires_grad=False`` are left out.
 
     Returns: groups {"params", "param_names" (original names), "algorithm", options...},
@@ -144,6 +185,9 @@ def param_groups(
         raise ValueError(f"algorithm: expected one of {MATRIX_ALGORITHMS}, got {algorithm!r}")
     if scalar_algorithm not in SCALAR_ALGORITHMS:
         raise ValueError(f"scalar_algorithm: expected one of {SCALAR_ALGORITHMS}, got {scalar_algorithm!r}")
+    defaults = HYBRID_DEFAULTS[algorithm]
+    if lm_head_lr_scale is DEFAULT:
+        lm_head_lr_scale = defaults["lm_head_lr_scale"]
     if lm_head_lr_scale not in ("inv_sqrt_d_model", None):
         raise ValueError(f"lm_head_lr_scale: expected 'inv_sqrt_d_model' or None, got {lm_head_lr_scale!r}")
     if d_model is not None and (isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1):
@@ -170,17 +214,20 @@ def param_groups(
     normalized = {k: [normalize_name(n, data_parallel=data_parallel) for n in v] for k, v in names.items()}
     category = {k: _category(params[k], normalized[k], embedding_ids, expert_keys) for k in params}
 
-    lr = _resolve(lr, ALGORITHMS[algorithm].defaults["lr"])
-    weight_decay = _resolve(weight_decay, ALGORITHMS[algorithm].defaults["weight_decay"])
+    lr = _resolve(lr, defaults["lr"])
+    weight_decay = _resolve(weight_decay, defaults["weight_decay"])
     scalar_lr = _resolve(scalar_lr, lr)
-    scalar_weight_decay = _resolve(scalar_weight_decay, weight_decay)
+    scalar_weight_decay = _resolve(scalar_weight_decay, _resolve(defaults["scalar_weight_decay"], weight_decay))
+    embedding_weight_decay = _resolve(embedding_weight_decay, defaults["embedding_weight_decay"])
     heads = {params[k].shape[-1] for k in params if category[k] == "head"}
     if lm_head_lr_scale and heads and d_model is None and len(heads) > 1:
         raise ValueError(f"d_model: output heads of different fan_in {sorted(heads)}; pass d_model")
     head_lr = scalar_lr / math.sqrt(d_model or next(iter(heads))) if lm_head_lr_scale and heads else scalar_lr
-    scalar = dict(scalar_options or {}, algorithm=scalar_algorithm, lr=scalar_lr, weight_decay=scalar_weight_decay)
+    scalar = dict(defaults["scalar_options"][scalar_algorithm], **(scalar_options or {}), algorithm=scalar_algorithm,
+                  lr=scalar_lr, weight_decay=scalar_weight_decay)
     base = {
-        "matrix": dict(matrix_options or {}, algorithm=algorithm, lr=lr, weight_decay=weight_decay),
+        "matrix": dict(defaults["matrix_options"], **(matrix_options or {}), algorithm=algorithm, lr=lr,
+                       weight_decay=weight_decay),
         "scalar": scalar,
         "embedding": dict(scalar, weight_decay=embedding_weight_decay),
         "head": dict(scalar, lr=head_lr),

@@ -56,7 +56,7 @@ def _assignment(groups) -> dict:
 def test_param_groups_assigns_every_parameter_as_expected():
     model = gpt_model()
     groups = param_groups(model, lr=0.02, scalar_lr=3e-3, weight_decay=0.1, scalar_weight_decay=0.01,
-                          expert_keys=("experts",))
+                          expert_keys=("experts",), lm_head_lr_scale="inv_sqrt_d_model")
     assert _assignment(groups) == _expected(0.02, 3e-3, 0.1, 0.01, 3e-3 / math.sqrt(D_MODEL))
     by_name = groups_by_name(groups)
     assert by_name["_orig_mod.moe.experts.w1"]["expert_keys"] == ("experts",)
@@ -67,12 +67,14 @@ def test_param_groups_assigns_every_parameter_as_expected():
 
 
 def test_param_groups_defaults_follow_the_matrix_algorithm():
-    """lr / weight_decay None: the matrix algorithm's defaults; the scalars take the same lr
-    and weight decay (microsoft/dion, OLMo-core), the embeddings weight decay 0."""
+    """lr / weight_decay None: the matrix algorithm's row of the whole-model defaults
+    (``HYBRID_DEFAULTS``, the same as MuonConfig's: torch.optim.Muon's lr and weight decay, the
+    scalars at the same lr with torch.optim.AdamW's weight decay, no head scaling), the
+    embeddings weight decay 0."""
     groups = param_groups(gpt_model(), expert_keys=("experts",))
     mu = ortho_fast.MUON_DEFAULTS
-    assert _assignment(groups) == _expected(mu["lr"], mu["lr"], mu["weight_decay"], mu["weight_decay"],
-                                            mu["lr"] / math.sqrt(D_MODEL))
+    assert _assignment(groups) == _expected(mu["lr"], mu["lr"], mu["weight_decay"], ortho_fast.ADAMW_DEFAULTS["weight_decay"],
+                                            mu["lr"])
     without_experts = _assignment(param_groups(gpt_model()))
     assert without_experts["_orig_mod.moe.experts.b1"][0] == "muon"  # (E, 2d) counts as a matrix then
 
@@ -92,7 +94,7 @@ def test_param_groups_tied_embedding_is_an_embedding():
 ])
 def test_lm_head_lr_scale(scale, d_model, expected):
     groups = param_groups(gpt_model(), scalar_lr=1e-2, lm_head_lr_scale=scale, d_model=d_model)
-    assert _assignment(groups)["_orig_mod.lm_head.weight"] == ("adamw", expected, ortho_fast.MUON_DEFAULTS["weight_decay"])
+    assert _assignment(groups)["_orig_mod.lm_head.weight"] == ("adamw", expected, ortho_fast.ADAMW_DEFAULTS["weight_decay"])
 
 
 def test_head_names_only_at_the_top_except_lm_head():
@@ -105,12 +107,13 @@ def test_head_names_only_at_the_top_except_lm_head():
     net.layer.output = nn.Linear(D_MODEL, D_MODEL)
     net.lm_head = nn.Module()
     net.lm_head.w_out = nn.Linear(D_MODEL, 2 * VOCAB, bias=False)
-    got = _assignment(param_groups(nn.DataParallel(net), scalar_lr=1e-2, d_model=D_MODEL))
-    head = ("adamw", 1e-2 / math.sqrt(D_MODEL), ortho_fast.MUON_DEFAULTS["weight_decay"])
+    got = _assignment(param_groups(nn.DataParallel(net), scalar_lr=1e-2, d_model=D_MODEL,
+                                   lm_head_lr_scale="inv_sqrt_d_model"))
+    head = ("adamw", 1e-2 / math.sqrt(D_MODEL), ortho_fast.ADAMW_DEFAULTS["weight_decay"])
     assert got["module.output.weight"] == got["module.lm_head.w_out.weight"] == head
     assert got["module.layer.output.weight"][0] == "muon" and got["module.layer.output.bias"][0] == "adamw"
     with pytest.raises(ValueError, match="d_model: output heads of different fan_in"):
-        param_groups(_two_heads())
+        param_groups(_two_heads(), lm_head_lr_scale="inv_sqrt_d_model")
 
 
 def _two_heads() -> nn.Module:
