@@ -16,7 +16,8 @@ compared (they measure other matrices) and one ``baseline_inputs`` row that made
 the run's verdict is "inconclusive" (exit 1), never a regression.
 
 A user's own report (``check_orthogonalizer`` / ``check_optimizer``): ``save_baseline`` and
-``compare_with_baseline`` (docs/verification.md, "Regression CI with a baseline").
+``compare_with_baseline`` (docs/verification.md, "Regression CI with a baseline"); the pytest
+fixture ``ortho_baseline`` keeps one file per test, keyed by the full test id (``baseline_path_for_test``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +33,8 @@ import numpy as np
 from ortho_verify.results import CheckResult, VerificationReport, measured, no_claim
 from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
-__all__ = ["FORMAT", "GOLDEN_DIR", "READABLE_FORMATS", "allowed_ratio", "compare", "compare_with_baseline",
-           "golden_hashes", "load", "save_baseline", "write"]
+__all__ = ["BASELINE_FOLDER", "FORMAT", "GOLDEN_DIR", "READABLE_FORMATS", "allowed_ratio", "compare",
+           "compare_with_baseline", "golden_hashes", "load", "save_baseline", "baseline_path_for_test", "write"]
 
 #: 2: golden files hashed by content (``golden_hashes``), no-claim rows left out; 3: the identity of
 #: the real-gradient corpus ("inputs"), any run mode (a user's report: its subject).
@@ -40,6 +42,39 @@ FORMAT = 3
 #: Formats ``load`` reads (a format-2 baseline has no corpus identity: its real inputs are not compared).
 READABLE_FORMATS = (2, 3)
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "ortho_ref" / "golden" / "data"
+#: The folder of the ``ortho_baseline`` fixture's files, beside each test file.
+BASELINE_FOLDER = "ortho-baselines"
+
+
+def _safe_name(name: str) -> str:
+    """A file name for a test id: every run of characters outside [A-Za-z0-9_.-] becomes "_"."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "baseline"
+
+
+def baseline_path_for_test(test_file, test_id: str, *, folder=None, rootpath=None) -> Path:
+    """The baseline file of one test for the ``ortho_baseline`` fixture, keyed by the full test id.
+
+    ``test_file``: the test's module (pytest's ``request.node.path``); ``test_id``: the test's
+    id within it (the node id after the file: ``"TestKernel::test_drift[float32]"``), or the name
+    a test gave. Default: ``<folder of test_file>/ortho-baselines/<module stem>/<test id>.json`` —
+    anchored at the test file, so the same test finds the same file whatever the working
+    directory or pytest's rootdir, and same-named tests in other modules or folders get their own.
+    ``folder`` (``--ortho-baseline-dir``): ``<folder>/<test file relative to rootpath, without
+    .py>/<test id>.json`` (the path of a test file outside rootpath: from its anchor, e.g. "/").
+    Characters outside [A-Za-z0-9_.-] of the test id become "_".
+    Source: pytest-regressions keeps its data files beside the test module the same way.
+    """
+    test_file = Path(test_file)
+    name = f"{_safe_name(test_id)}.json"
+    if folder is None:
+        return test_file.parent / BASELINE_FOLDER / test_file.stem / name
+    try:
+        relative = test_file.with_suffix("").relative_to(Path(rootpath)) if rootpath is not None else None
+    except ValueError:
+        relative = None
+    if relative is None:
+        relative = test_file.with_suffix("").relative_to(test_file.anchor)
+    return Path(folder) / relative / name
 
 
 def _key(r: CheckResult) -> str:

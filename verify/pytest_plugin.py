@@ -84,7 +84,8 @@ def pytest_addoption(parser):
     parser.addoption("--ortho-report", default=None, metavar="DIR",
                      help="save the report of every verify_orthogonalizer / verify_optimizer call under DIR")
     parser.addoption("--ortho-baseline-dir", default=None, metavar="DIR",
-                     help="folder of the ortho_baseline fixture's baselines (default: <rootdir>/ortho-baselines)")
+                     help="folder of the ortho_baseline fixture's baselines, one file per test id under the test file's path "
+                          "relative to the rootdir (default: ortho-baselines/ beside each test file)")
     parser.addoption("--ortho-update-baseline", action="store_true", default=False,
                      help="ortho_baseline writes each report's baseline instead of comparing")
 
@@ -149,25 +150,26 @@ def verify_optimizer(request):
     return _checker(request, check_optimizer)
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "baseline"
-
-
 @pytest.fixture
 def ortho_baseline(request):
-    """``ortho_baseline(report, name=None)``: compare a ``VerificationReport`` with its baseline
-    ``<dir>/<name>.json`` (name default: the test's name) and fail the test when a check's
-    error/tolerance regressed (> max(2 x baseline, 0.1)) or a check of the baseline is missing;
-    returns the compared report. With ``--ortho-update-baseline`` it writes the baseline instead
-    (the report must have passed). A missing baseline fails the test with the command that writes it."""
-    from ortho_verify.baseline import compare_with_baseline, save_baseline
+    """``ortho_baseline(report, name=None)``: compare a ``VerificationReport`` with the baseline of
+    this test and fail the test when a check's error/tolerance regressed (> max(2 x baseline,
+    0.1)) or a check of the baseline is missing; returns the compared report. With
+    ``--ortho-update-baseline`` it writes the baseline instead (the report must have passed). A
+    missing baseline fails the test with the command that writes it.
+    The file is keyed by the full test id (``ortho_verify.baseline.baseline_path_for_test``):
+    ``<test file's folder>/ortho-baselines/<module>/<class::test[params] or name>.json``, the
+    same from any working directory; ``--ortho-baseline-dir DIR``:
+    ``DIR/<test file relative to the rootdir>/<test id>.json``."""
+    from ortho_verify.baseline import compare_with_baseline, save_baseline, baseline_path_for_test
 
     option = request.config.getoption("--ortho-baseline-dir")
-    folder = Path(option) if option else Path(request.config.rootpath) / "ortho-baselines"
     update = request.config.getoption("--ortho-update-baseline")
+    node = request.node
+    test_id = node.nodeid.split("::", 1)[1] if "::" in node.nodeid else node.name
 
     def run(report, name: str | None = None):
-        path = folder / f"{_safe(name or request.node.name)}.json"
+        path = baseline_path_for_test(node.path, name or test_id, folder=option, rootpath=request.config.rootpath)
         if update:
             try:
                 save_baseline(report, path)
@@ -175,8 +177,8 @@ def ortho_baseline(request):
                 pytest.fail(f"baseline {path} not written: {err}", pytrace=False)
             return report
         if not path.is_file():
-            pytest.fail(f"no baseline {path}: run pytest --ortho-update-baseline once and commit the file",
-                        pytrace=False)
+            pytest.fail(f"no baseline {path} for {node.nodeid}: run pytest --ortho-update-baseline once and "
+                        f"commit the file", pytrace=False)
         try:
             compared = compare_with_baseline(report, path)
         except (OSError, ValueError) as err:

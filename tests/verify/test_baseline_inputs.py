@@ -112,7 +112,7 @@ def test_pytest_fixture_writes_then_compares(tmp_path):
     missing = _pytest(tmp_path, env={"RATIO": "0.2"})
     assert missing.returncode == 1 and "--ortho-update-baseline" in missing.stdout
     assert _pytest(tmp_path, "--ortho-update-baseline", env={"RATIO": "0.2"}).returncode == 0
-    assert (tmp_path / "ortho-baselines" / "test_kernel.json").is_file()
+    assert (tmp_path / "ortho-baselines" / "test_fixture" / "test_kernel.json").is_file()
     assert _pytest(tmp_path, env={"RATIO": "0.3"}).returncode == 0
     worse = _pytest(tmp_path, env={"RATIO": "0.5"})
     assert worse.returncode == 1 and "baseline_regression" in worse.stdout
@@ -128,7 +128,8 @@ def test_docs_ci_example_of_a_users_baseline(tmp_path):
     (tmp_path / "test_kernel_baseline.py").write_text(code)
     first = _pytest(tmp_path, "--ortho-update-baseline", env={})
     assert first.returncode == 0, first.stdout + first.stderr
-    stored = json.loads((tmp_path / "ortho-baselines" / "test_kernel_has_not_drifted.json").read_text())
+    stored = json.loads((tmp_path / "ortho-baselines" / "test_kernel_baseline" / "test_kernel_has_not_drifted.json")
+                        .read_text())
     assert stored["mode"] == {"subject": "my_newton_schulz (jordan, float32)"} and len(stored["ratios"]) > 20
     again = _pytest(tmp_path, env={})
     assert again.returncode == 0 and "1 passed" in again.stdout, again.stdout
