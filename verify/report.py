@@ -9,11 +9,13 @@ every check and input). The file writers and the summary live with the result ty
 
 from __future__ import annotations
 
+import functools
 import shutil
 
 from ortho_verify.optional import require
 from ortho_verify.results import (CheckResult, error_feedback_table, format_number, summary, worst_per_group,
                                   write_reports)
+from ortho_verify.tables import print_fitted
 
 __all__ = ["FAILURES_SHOWN", "error_feedback_table", "make_console", "print_failures", "print_summary", "print_table",
            "summary", "terminal_width", "worst_per_group", "write_reports"]
@@ -49,24 +51,25 @@ def print_table(results: list[CheckResult], console=None) -> None:
     """
     table_mod = require("rich.table", "ortho-verify's terminal table")
     console = console or make_console()
-    table = table_mod.Table(title="ortho-verify: worst case per check and input", show_lines=False)
-    for col, just in (("check", "left"), ("input", "left"), ("worst case", "left"), ("error", "right"),
-                      ("tolerance", "right"), ("error/tol", "right"), ("result", "left")):
-        table.add_column(col, justify=just, overflow="fold")
+    box = require("rich.box", "ortho-verify's terminal table")
+    table = functools.partial(table_mod.Table, title="ortho-verify: worst case per check and input",
+                              box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     groups: dict[tuple[str, str], list[CheckResult]] = {}
     for r in results:
         groups.setdefault((r.check, r.input), []).append(r)
+    rows, styles = [], []
     for worst, ok, total in worst_per_group(results):
-        rows = groups[(worst.check, worst.input)]
-        failed = sum(not r.passed for r in rows)
+        group = groups[(worst.check, worst.input)]
+        failed = sum(not r.passed for r in group)
         vacuous = total - ok - failed
-        shown = (f"[bold red]FAIL {failed} of {total}[/]" if failed else f"[green]pass {ok} of {total}[/]" if ok
-                 else f"[yellow]no claim ({total})[/]")
+        shown = f"FAIL {failed} of {total}" if failed else f"pass {ok} of {total}" if ok else f"no claim ({total})"
         if vacuous and ok:
-            shown += f" [yellow]+{vacuous} no claim[/]"
-        table.add_row(worst.check, worst.input, worst.detail, format_number(worst.error),
-                      format_number(worst.tolerance), f"{worst.ratio:.3f}", shown)
-    console.print(table)
+            shown += f" +{vacuous} no claim"
+        rows.append([worst.check, worst.input, worst.detail, format_number(worst.error),
+                     format_number(worst.tolerance), f"{worst.ratio:.3f}", shown])
+        styles.append("bold red" if failed else None if ok else "yellow")
+    print_fitted(console, table, ["check", "input", "worst case", "error:right", "tolerance:right", "error/tol:right",
+                                  "result"], rows, fixed={3, 4, 5, 6}, keep={0, 1}, styles=styles)
 
 
 def print_summary(results: list[CheckResult], console=None) -> dict:
@@ -77,17 +80,15 @@ def print_summary(results: list[CheckResult], console=None) -> dict:
     console = console or make_console()
     summ = summary(results)
     box = require("rich.box", "ortho-verify's terminal table")
-    table = table_mod.Table(title="ortho-verify: fast implementations vs the exact oracle, one row per check",
-                            box=box.SIMPLE_HEAD, pad_edge=False)
-    for col, just in (("check", "left"), ("pass", "right"), ("fail", "right"), ("no\nclaim", "right"),
-                      ("worst\nerror/tol", "right"), ("worst input", "left")):
-        table.add_column(col, justify=just, overflow="fold", no_wrap=col == "check", max_width=None)
+    table = functools.partial(table_mod.Table, title="ortho-verify: fast implementations vs the exact oracle, "
+                              "one row per check", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    rows, styles = [], []
     for name, s in summ["by_check"].items():
-        style = "bold red" if s["failed"] else "yellow" if not s["passed"] else ""
+        styles.append("bold red" if s["failed"] else "yellow" if not s["passed"] else None)
         where = s["worst"]["input"] if s["worst"] else "—"
-        table.add_row(name, str(s["passed"]), str(s["failed"]), str(s["no_claim"]), f"{s['worst_ratio']:.3f}", where,
-                      style=style or None)
-    console.print(table)
+        rows.append([name, str(s["passed"]), str(s["failed"]), str(s["no_claim"]), f"{s['worst_ratio']:.3f}", where])
+    print_fitted(console, table, ["check", "pass:right", "fail:right", "no\nclaim:right", "worst\nerror/tol:right",
+                                  "worst input"], rows, fixed={1, 2, 3, 4}, keep={0, 5}, styles=styles)
     return summ
 
 
@@ -100,15 +101,12 @@ def print_failures(results: list[CheckResult], console=None, limit: int = FAILUR
     if not failed:
         return 0
     box = require("rich.box", "ortho-verify's terminal table")
-    table = table_mod.Table(title=f"failed: {len(failed)} (check, input) pairs", title_style="bold red",
-                            box=box.SIMPLE_HEAD, pad_edge=False)
-    for col, just in (("check", "left"), ("input", "left"), ("worst case", "left"), ("error", "right"),
-                      ("tolerance", "right"), ("error/tol", "right"), ("note", "left")):
-        table.add_column(col, justify=just, overflow="fold")
-    for r in failed[:limit]:
-        table.add_row(r.check, r.input, r.detail, format_number(r.error), format_number(r.tolerance),
-                      f"{r.ratio:.3g}", r.note)
-    console.print(table)
+    table = functools.partial(table_mod.Table, title=f"failed: {len(failed)} (check, input) pairs",
+                              title_style="bold red", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    rows = [[r.check, r.input, r.detail, format_number(r.error), format_number(r.tolerance), f"{r.ratio:.3g}", r.note]
+            for r in failed[:limit]]
+    print_fitted(console, table, ["check", "input", "worst case", "error:right", "tolerance:right", "error/tol:right",
+                                  "note"], rows, fixed={3, 4, 5}, keep={0, 1})
     if len(failed) > limit:
         console.print(f"[bold red]... and {len(failed) - limit} more failed pairs (report.md, \"Failures\")[/]")
     return len(failed)
