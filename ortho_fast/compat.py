@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
+from .documents import doc_reference
+
 __all__ = [
     "Alias", "DION2_ALIASES", "DION_ALIASES", "DION_CONFIG_ALIASES", "FIXED", "FixedOption", "MUON_ALIASES",
     "MUON_CONFIG_ALIASES",
@@ -267,7 +269,7 @@ def reject_unknown(names: Iterable[str], known: Iterable[str], where: str) -> No
     known = list(known)
     for name in names:
         raise TypeError(f"{where}: unexpected keyword argument {name!r}{suggest(name, known)} "
-                        "(the names accepted are listed in docs/compatibility.md)")
+                        f"(the names accepted are listed in {doc_reference('compatibility.md')})")
 
 
 def check_fixed(name: str, value, table: str) -> bool:

@@ -274,7 +274,9 @@ def long_files(root: Path) -> list[str]:
 
 def unlisted_packages(root: Path) -> list[str]:
     config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    listed = set(config["packages"])
+    data_only = {p for p, folder in config.get("package-dir", {}).items()  # e.g. docs/ shipped as ortho_fast/docs
+                 if "." in p and not list((root / folder).glob("*.py"))}
+    listed = set(config["packages"]) - data_only
     found = {".".join([name, *p.parent.relative_to(root / folder).parts])
              for name, folder in PACKAGES.items() for p in (root / folder).rglob("__init__.py")}
     return ([f"pyproject.toml: packages: `{p}` (a folder with __init__.py) is not listed" for p in sorted(found - listed)]

@@ -111,6 +111,11 @@ def test_wheel_holds_every_module_py_typed_and_the_license(dists):
     assert top_level <= {"ortho_ref", "ortho_fast", "ortho_verify"}, top_level  # no top-level `verify`
     core = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
     assert sorted(line.split()[1].split(">")[0] for line in core) == ["mpmath", "numpy", "scipy", "torch"]
+    assert "Name: ortho-optim" in metadata.splitlines()
+    docs = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert docs and [d for d in docs if f"ortho_fast/docs/{d}" not in names] == []  # the documents messages cite
+    scripts = archive.read(f"{info}/entry_points.txt").decode()
+    assert "ortho-verify = ortho_verify.console:console_main" in scripts
 
 
 def test_sdist_holds_tests_docs_benchmarks_scripts_license_citation(dists):
@@ -143,6 +148,43 @@ def test_fresh_environment_resolves_ortho_to_the_wheel(fresh_python):
     assert Path(out["dist"]) == Path(out["site"]), out
     assert out["plugins"][0] == "ortho_verify.pytest_plugin", out
     assert not out["user_verify"], "the wheel must not install a top-level `verify`"
+
+
+def test_messages_cite_documents_the_wheel_installed(fresh_python):
+    """An error message that cites a document names a file that exists in the installed package."""
+    probe = textwrap.dedent("""
+        import re, sysconfig, torch, ortho_fast
+        try:
+            ortho_fast.Muon([torch.nn.Parameter(torch.ones(2, 2))], ns_coefficent=(1, 2, 3))
+        except TypeError as err:
+            message = str(err)
+        cited = re.search(r"docs/compatibility.md \\((.+?)\\)", message).group(1)
+        print(sysconfig.get_paths()["purelib"]); print(cited); print(message)
+    """)
+    site, cited, message = _run([fresh_python, "-c", probe], cwd=fresh_python.parent).stdout.splitlines()[-3:]
+    assert Path(cited).is_file() and cited.startswith(site) and "ortho_fast/docs/" in Path(cited).as_posix(), message
+    assert "ns_coefficients" in message
+
+
+def test_command_without_the_extra_says_which_in_one_line(fresh_python, tmp_path):
+    """The installed ``ortho-verify`` script with threadpoolctl uninstalled (a meta-path finder in
+    sitecustomize makes it absent): one line on stderr naming the extra, exit 2."""
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent("""
+        import sys
+
+        class _Uninstalled:
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] == "threadpoolctl":
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+                return None
+
+        sys.meta_path.insert(0, _Uninstalled())
+    """))
+    run = _run([fresh_python.parent / "ortho-verify", "--quick"], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
+               check=False)
+    assert run.returncode == 2 and run.stdout == "", run.stdout + run.stderr
+    assert run.stderr.splitlines() == ["ortho-verify needs the extra 'verify' (missing: threadpoolctl): "
+                                       "pip install 'ortho-optim[verify]'"], run.stderr
 
 
 USER_VERIFY = '''"""The user's own module called verify (nothing to do with ortho)."""

@@ -2,6 +2,6 @@
 
 import sys
 
-from ortho_verify.optional import console_main
+from ortho_verify.console import console_main
 
 sys.exit(console_main())

@@ -13,7 +13,7 @@ import importlib.util
 import sys
 from types import ModuleType
 
-__all__ = ["DISTRIBUTION", "EXTRA", "EXTRA_MODULES", "INSTALL_HINT", "require", "pyplot", "console_main"]
+__all__ = ["DISTRIBUTION", "EXTRA", "EXTRA_MODULES", "INSTALL_HINT", "missing_extra_modules", "require", "pyplot"]
 
 #: The distribution's name on the package index (its import names are ortho_fast, ortho_ref, ortho_verify).
 DISTRIBUTION = "ortho-optim"
@@ -48,7 +48,7 @@ def pyplot(what: str = "plotting"):
     return require("matplotlib.pyplot", what)
 
 
-def _missing_extra_modules() -> list[str]:
+def missing_extra_modules() -> list[str]:
     """The modules of ``EXTRA_MODULES`` that cannot be found (a finder that raises counts as missing)."""
     missing = []
     for name in EXTRA_MODULES:
@@ -60,24 +60,3 @@ def _missing_extra_modules() -> list[str]:
             missing.append(name)
     return missing
 
-
-def console_main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``ortho-verify`` command (and ``python -m ortho_verify``).
-
-    Installed without the extra, prints one line to stderr naming it —
-    ``ortho-verify needs the extra 'verify' (missing: threadpoolctl): pip install 'ortho-optim[verify]'`` —
-    and returns 2 (a usage error: nothing was run), instead of a traceback; otherwise runs
-    ``ortho_verify.cli.main(argv)`` and returns its exit code.
-    """
-    missing = _missing_extra_modules()
-    if not missing:
-        try:
-            from ortho_verify.cli import main
-        except ModuleNotFoundError as err:  # a module of the extra that is found but does not import
-            if (err.name or "").partition(".")[0] not in EXTRA_MODULES:
-                raise
-            missing = [(err.name or "").partition(".")[0]]
-        else:
-            return main(argv)
-    print(f"ortho-verify needs the extra '{EXTRA}' (missing: {', '.join(missing)}): {INSTALL_HINT}", file=sys.stderr)
-    return 2

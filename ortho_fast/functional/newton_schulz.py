@@ -27,6 +27,7 @@ import math
 
 import torch
 
+from ..documents import doc_reference
 from ..validation import check_hyper, check_matrix_tensor
 from ..coefficients import CoefficientsLike, resolve_coefficients
 
@@ -150,7 +151,8 @@ def check_gram(gram, compute_dtype: torch.dtype | None, precision: str | None = 
         raise TypeError(f"gram: expected None (automatic), True or False, got {gram!r}")
     if gram and compute_dtype is not None and compute_dtype not in GRAM_DTYPES:
         raise ValueError(f"gram: Gram Newton–Schulz runs in float32 or float64 only (in {compute_dtype} its "
-                         f"error exceeds the Newton–Schulz tolerance; docs/performance.md); got dtype={compute_dtype}")
+                         f"error exceeds the Newton–Schulz tolerance; {doc_reference('performance.md')}); got "
+                         f"dtype={compute_dtype}")
     if gram and precision == "high":
         raise ValueError("gram: Gram Newton–Schulz needs full float32 products; dtype='high' (TF32 on CUDA) is not "
                          "judged for it (use dtype='highest' or torch.float32)")

@@ -93,7 +93,7 @@ sys.meta_path.insert(0, _Uninstalled())
 @pytest.mark.parametrize("entry", ["console_main", "python -m"])
 def test_command_without_the_extra_is_one_line_and_exit_2(blocked, entry):
     """``ortho-verify`` installed without the extra: one line naming it on stderr, exit 2, no traceback."""
-    run_it = ("from ortho_verify.optional import console_main\nsys.exit(console_main(['--quick']))\n"
+    run_it = ("from ortho_verify.console import console_main\nsys.exit(console_main(['--quick']))\n"
               if entry == "console_main" else "import runpy\nrunpy.run_module('ortho_verify', run_name='__main__')\n")
     run = subprocess.run([sys.executable, "-c", BLOCKER.format(blocked=set(blocked)) + run_it], cwd=ROOT,
                          capture_output=True, text=True, timeout=180)
@@ -112,4 +112,4 @@ def test_extra_modules_are_the_extra_of_pyproject():
     declared = [r.split(">")[0].split("=")[0].strip() for r in project["optional-dependencies"][optional.EXTRA]]
     assert sorted(declared) == sorted(optional.EXTRA_MODULES)
     assert project["name"] == optional.DISTRIBUTION
-    assert project["scripts"]["ortho-verify"] == "ortho_verify.optional:console_main"
+    assert project["scripts"]["ortho-verify"] == "ortho_verify.console:console_main"
