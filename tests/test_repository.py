@@ -80,3 +80,23 @@ def test_nothing_cites_a_design_file_outside_the_repository():
     hits = [f"{p.relative_to(ROOT)}:{i}" for p in files if p != Path(__file__).resolve()
             for i, line in enumerate(p.read_text().splitlines(), 1) if stale.search(line)]
     assert not hits, "cite docs/design.md instead: " + ", ".join(hits)
+
+
+def test_the_distribution_name_is_used_everywhere():
+    """The name on the package index is ``ortho-optim`` (``ortho`` is another project's): pyproject,
+    the extras' self-reference, CITATION.cff and every install command of the docs, the messages and
+    the tests use it; the import names stay ortho_fast, ortho_ref, ortho_verify."""
+    from ortho_verify.optional import DISTRIBUTION, INSTALL_HINT
+
+    text = (ROOT / "pyproject.toml").read_text()
+    assert DISTRIBUTION == "ortho-optim" and f'name = "{DISTRIBUTION}"' in text and f'"{DISTRIBUTION}[verify]"' in text
+    assert INSTALL_HINT == "pip install 'ortho-optim[verify]'"
+    assert 'title: "ortho-optim"' in (ROOT / "CITATION.cff").read_text()
+    wrong = re.compile(r"pip install '?ortho(\[|\s|'|$)|distribution\(\"ortho\"\)")
+    files = [ROOT / "README.md", ROOT / "CITATION.cff", *sorted((ROOT / "docs").glob("*.md"))] + [
+        p for folder in ("ortho_fast", "ortho_ref", "verify", "tests", "benchmarks", "scripts")
+        for p in (ROOT / folder).rglob("*.py") if p != Path(__file__).resolve()]
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in files for i, line in enumerate(p.read_text().splitlines(), 1)
+            if wrong.search(line)]
+    assert not hits, hits
+    assert "pip install 'ortho-optim[verify]'" in (ROOT / "docs" / "verification.md").read_text()

@@ -32,7 +32,7 @@ DEFAULT_SHAPES = ((37, 16), (12, 29), (30, 30))
 
 #: Parameter dtypes ``check_optimizer`` runs by default (``param_dtype=None``): float32, and
 #: bfloat16, where optimizers commonly take another code path (in-place casts, buffers kept in
-#: the parameter's dtype; issue 13: a momentum buffer normalized in place only for bfloat16).
+#: the parameter's dtype; e.g. a momentum buffer normalized in place only for bfloat16).
 DEFAULT_PARAM_DTYPES = (torch.float32, torch.bfloat16)
 
 

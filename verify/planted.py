@@ -208,7 +208,7 @@ PLANTED_BUGS = [
                "√(m/n) (microsoft/dion) where √max(1, m/n) (torch.optim.Muon 'original') is declared"),
     PlantedBug("momentum normalized in place", "optimizer",
                lambda: functools.partial(SimpleMuon, normalize_buffer_in_place=True), _FLOAT32_MUON,
-               "the stored momentum buffer divided by its norm in place (issue 13: norm 1.0 instead of 0.27); "
+               "the stored momentum buffer divided by its norm in place (norm 1.0 instead of 0.27); "
                "checked with the default parameter dtypes, float32 and bfloat16"),
     PlantedBug("gradient modified in place", "optimizer",
                lambda: functools.partial(SimpleMuon, nesterov_in_place=True), _FLOAT32_MUON,

@@ -1,5 +1,5 @@
 """User-style Dion implementations written independently of ``ortho_fast``: the free-sign-QR
-Dion (correct; the false alarm of issue 13 before the gauge-invariant comparison), a Dion that
+Dion (correct; a false alarm before the checks compared up to column signs), a Dion that
 never transposes (Q of shape (n, r) for wide matrices), and a Dion that orthonormalizes in
 float32 for float64 parameters. Each is correct code written differently from ours: it must
 pass ``ortho_verify.check_optimizer`` with the conventions it declares
