@@ -130,11 +130,13 @@ def print_fitted(console, make_table, headers: list[str], rows: list[list[str]],
                  keep: set[int] = frozenset(), styles: list[str | None] | None = None) -> None:
     """Print a rich table whose cells never break inside a word, without trailing spaces.
 
-    ``make_table()``: a new empty ``rich.table.Table`` with its title and box; ``headers``: the
-    column names (a header may hold "\n"), each column's justification after a ":" ("pass:right");
-    ``rows``: the cells as plain text (no rich markup); ``fixed``: columns that keep their width
-    (counts, numbers); ``keep``: columns shortened last (``column_widths``); ``styles``: a rich style per row or None. The widths fit the console's
-    width (``column_widths``) and every cell is wrapped by ``wrap_cell``; rich draws the table.
+    ``make_table(**overrides)``: a new empty ``rich.table.Table`` with its title and box;
+    ``headers``: the column names (a header may hold a line break), each column's justification
+    after a ":" ("pass:right"); ``rows``: the cells as plain text (no rich markup); ``fixed``:
+    columns that keep their width (counts, numbers); ``keep``: columns shortened last
+    (``column_widths``); ``styles``: a rich style per row or None. The widths fit the console's
+    width (``column_widths``), every cell is wrapped by ``wrap_cell``, and rich draws the table.
+    Raises: ImportError naming the extra ``verify`` when rich is not installed.
     """
     names = [h.rsplit(":", 1)[0] for h in headers]
     justify = [h.rsplit(":", 1)[1] if ":" in h else "left" for h in headers]
