@@ -5,11 +5,12 @@ where they have always been importable."""
 
 from .config import DionConfig, MuonConfig, meshes_from_world_mesh
 from .grouping import (
-    EMBEDDING_NAMES, HEAD_NAMES, TOP_LEVEL_HEAD_NAMES, WRAPPER_NAME_COMPONENTS, normalize_name, param_groups,
+    EMBEDDING_NAMES, HEAD_NAMES, HYBRID_DEFAULTS, TOP_LEVEL_HEAD_NAMES, WRAPPER_NAME_COMPONENTS, normalize_name,
+    param_groups,
 )
 from .groups.algorithms import ALGORITHMS, MATRIX_ALGORITHMS, SCALAR_ALGORITHMS, Algorithm
 from .hybrid_optimizer import HybridOptimizer
 
-__all__ = ["ALGORITHMS", "Algorithm", "DionConfig", "EMBEDDING_NAMES", "HEAD_NAMES", "HybridOptimizer",
-           "MATRIX_ALGORITHMS", "MuonConfig", "SCALAR_ALGORITHMS", "TOP_LEVEL_HEAD_NAMES", "WRAPPER_NAME_COMPONENTS",
+__all__ = ["ALGORITHMS", "Algorithm", "DionConfig", "EMBEDDING_NAMES", "HEAD_NAMES", "HYBRID_DEFAULTS",
+           "HybridOptimizer", "MATRIX_ALGORITHMS", "MuonConfig", "SCALAR_ALGORITHMS", "TOP_LEVEL_HEAD_NAMES", "WRAPPER_NAME_COMPONENTS",
            "meshes_from_world_mesh", "normalize_name", "param_groups"]
