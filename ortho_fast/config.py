@@ -156,7 +156,8 @@ class MuonConfig(_HybridConfig):
     ``muon_options``: any other ``MUON_DEFAULTS`` key (momentum_style, split_sizes, flatten, ...;
     a field that is set wins over the same key there).
     Scalars (``HYBRID_DEFAULTS["muon"]``, as ``param_groups(model, algorithm="muon")``):
-    torch.optim.AdamW's defaults — betas (0.9, 0.999), eps 1e-8, weight_decay 0.01 — at the Muon lr (``scalar_lr`` None; 1e-3 is also AdamW's default); embeddings without
+    torch.optim.AdamW's defaults — betas (0.9, 0.999), eps 1e-8, weight_decay 0.01 — at the Muon lr
+    (``scalar_lr`` None; 1e-3 is also AdamW's default); embeddings without
     weight decay (OLMo-core); no output-head lr scaling (torch has none; "inv_sqrt_d_model"
     for OLMo-core's). ``scalar_algorithm="lion"`` (recommended with Muon by Megatron /
     Emerging-Optimizers) uses betas (0.95, 0.98) unless ``scalar_betas`` is given; Lion

@@ -12,5 +12,5 @@ from .groups.algorithms import ALGORITHMS, MATRIX_ALGORITHMS, SCALAR_ALGORITHMS,
 from .hybrid_optimizer import HybridOptimizer
 
 __all__ = ["ALGORITHMS", "Algorithm", "DionConfig", "EMBEDDING_NAMES", "HEAD_NAMES", "HYBRID_DEFAULTS",
-           "HybridOptimizer", "MATRIX_ALGORITHMS", "MuonConfig", "SCALAR_ALGORITHMS", "TOP_LEVEL_HEAD_NAMES", "WRAPPER_NAME_COMPONENTS",
-           "meshes_from_world_mesh", "normalize_name", "param_groups"]
+           "HybridOptimizer", "MATRIX_ALGORITHMS", "MuonConfig", "SCALAR_ALGORITHMS", "TOP_LEVEL_HEAD_NAMES",
+           "WRAPPER_NAME_COMPONENTS", "meshes_from_world_mesh", "normalize_name", "param_groups"]

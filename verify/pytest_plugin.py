@@ -84,8 +84,8 @@ def pytest_addoption(parser):
     parser.addoption("--ortho-report", default=None, metavar="DIR",
                      help="save the report of every verify_orthogonalizer / verify_optimizer call under DIR")
     parser.addoption("--ortho-baseline-dir", default=None, metavar="DIR",
-                     help="folder of the ortho_baseline fixture's baselines, one file per test id under the test file's path "
-                          "relative to the rootdir (default: ortho-baselines/ beside each test file)")
+                     help="folder of the ortho_baseline fixture's baselines, one file per test id under the test "
+                          "file's path relative to the rootdir (default: ortho-baselines/ beside each test file)")
     parser.addoption("--ortho-update-baseline", action="store_true", default=False,
                      help="ortho_baseline writes each report's baseline instead of comparing")
 
