@@ -51,8 +51,14 @@ def _split_long_word(word: str, width: int) -> list[str]:
             pieces[-1] += part
         else:
             pieces.append(part)
-    return [p if len(p) <= width else p[:(width - 1) - (width - 1) // 2] + ELLIPSIS + p[len(p) - (width - 1) // 2:]
-            for p in pieces]
+    def elided(p: str) -> str:
+        if len(p) <= width:
+            return p
+        if width < 3:  # too narrow for "a…b"
+            return p[:width]
+        return p[:(width - 1) - (width - 1) // 2] + ELLIPSIS + p[len(p) - (width - 1) // 2:]
+
+    return [elided(p) for p in pieces]
 
 
 def wrap_cell(text: str, width: int) -> list[str]:
@@ -60,9 +66,9 @@ def wrap_cell(text: str, width: int) -> list[str]:
     break at spaces; a word longer than ``width`` breaks after a '/' (an input name such as
     "synthetic/well-conditioned/32x64"), and a piece still too long is shortened in the middle
     ("baseline…ssion"). Existing line breaks are kept; no line ends in a space.
-    Raises: ValueError for ``width`` < 3."""
-    if width < 3:
-        raise ValueError(f"width: expected at least 3 columns, got {width}")
+    Raises: ValueError for ``width`` < 1."""
+    if width < 1:
+        raise ValueError(f"width: expected at least 1 column, got {width}")
     lines: list[str] = []
     for paragraph in text.split("\n"):
         line = ""

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from typing import Sequence
 
 from ortho_verify.optional import require
 from ortho_verify.sharding.layouts import DION_OPTIONS, DTYPES, MUON_OPTIONS
+from ortho_verify.tables import print_fitted
 from ortho_verify.tolerances import sharded_tolerance
 
 __all__ = ["HEADERS", "TEMPLATE", "layouts_doc", "markdown_report", "markdown_tables", "print_table", "table_rows"]
@@ -46,12 +48,11 @@ def print_table(rows: Sequence[dict], console=None) -> None:
     """The rich table of ``table_rows`` (failures in red)."""
     Table = require("rich.table", "ortho-verify sharding's terminal table").Table
     console = console or require("rich.console", "ortho-verify sharding's terminal table").Console()
-    table = Table(title="ortho-verify sharding: every layout against one process")
-    for h in HEADERS:
-        table.add_column(h, justify="right" if h in ("worst rel. diff", "bound", "N") else "left")
-    for cells, r in zip(table_rows(rows), rows):
-        table.add_row(*cells, style=None if r["status"] == "pass" else "bold red")
-    console.print(table)
+    numbers = ("worst rel. diff", "bound", "N")
+    print_fitted(console, functools.partial(Table, title="ortho-verify sharding: every layout against one process"),
+                 [f"{h}:right" if h in numbers else h for h in HEADERS], [list(c) for c in table_rows(rows)],
+                 fixed={i for i, h in enumerate(HEADERS) if h in numbers}, keep={1, 2},
+                 styles=[None if r["status"] == "pass" else "bold red" for r in rows])
 
 
 def _merged(rows: Sequence[dict]) -> dict[tuple, list[dict]]:
