@@ -12,7 +12,7 @@ import torch
 from torch.optim import Optimizer
 
 from .coefficients import CoefficientsLike
-from .compat import DION2_ALIASES, apply_aliases, canonical_group
+from .compat import DION2_ALIASES, aliases_used, apply_aliases, canonical_group, named_as_given
 from .groups.dion2 import DION2_DEFAULTS, Dion2Groups, normalize_dion2_group
 from .groups.driver import check_then_step
 from .validation import is_dtensor
@@ -113,10 +113,12 @@ class Dion2(Optimizer):
             else:
                 aliases[name] = value
         aliases["betas"] = betas
+        used = aliases_used(aliases, DION2_ALIASES)
         apply_aliases(aliases, DION2_ALIASES, options, DION2_DEFAULTS, fixed="dion2", where="Dion2")
         if not isinstance(check_finite, bool):
             raise TypeError(f"check_finite: expected a bool, got {check_finite!r}")
-        normalize_dion2_group({**options, "params": []})
+        with named_as_given(used):
+            normalize_dion2_group({**options, "params": []})
         self.check_finite = check_finite
         self._sharding = None
         if any(x is not None for x in (distributed_mesh, tp_mesh, replicate_mesh)):
