@@ -29,7 +29,7 @@ __all__ = [
     "MUON_CONFIG_ALIASES",
     "TORCH_MUON_GROUP_KEYS", "TORCH_MUON_SEMANTICS", "VALUE_ALIASES", "aliases_used", "apply_aliases",
     "canonical_group", "named_as_given",
-    "canonical_value", "check_fixed", "from_torch_muon_group",
+    "canonical_value", "check_fixed", "check_fixed_in_group", "from_torch_muon_group",
     "is_torch_muon_group", "mixed_precision_dtypes", "reject_unknown", "suggest", "to_torch_muon_group",
 ]
 
@@ -281,6 +281,15 @@ def check_fixed(name: str, value, table: str) -> bool:
                 raise ValueError(f"{name}: {value!r} has no counterpart in ortho_fast ({fixed.source}): {fixed.reason}")
             return True
     return False
+
+
+def check_fixed_in_group(group: Mapping[str, Any], table: str) -> None:
+    """``check_fixed`` for every ``FIXED[table]`` name a param group holds (a group given to
+    ``add_param_group`` or a saved one: microsoft/dion's groups carry ``betas``).
+    Raises: ValueError naming the option, as ``check_fixed``."""
+    for fixed in FIXED[table]:
+        if fixed.name in group:
+            check_fixed(fixed.name, group[fixed.name], table)
 
 
 def _equal(a, b) -> bool:

@@ -12,7 +12,7 @@ import torch
 from torch.optim import Optimizer
 
 from .coefficients import CoefficientsLike
-from .compat import DION2_ALIASES, aliases_used, apply_aliases, canonical_group, named_as_given
+from .compat import DION2_ALIASES, aliases_used, apply_aliases, canonical_group, check_fixed_in_group, named_as_given
 from .groups.dion2 import DION2_DEFAULTS, Dion2Groups, normalize_dion2_group
 from .groups.driver import check_then_step
 from .validation import is_dtensor
@@ -142,6 +142,7 @@ class Dion2(Optimizer):
             if group.get("algorithm", "dion2") != "dion2":
                 raise ValueError(f"algorithm: Dion2 runs 'dion2' groups only, got {group['algorithm']!r}; use "
                                  "ortho_fast.HybridOptimizer for groups of several algorithms")
+            check_fixed_in_group(group, "dion2")  # microsoft/dion's betas, use_triton, ...: checked, unused
             normalize_dion2_group(group)
             if self._sharding is not None:
                 self._sharding.add_group(group)
@@ -162,7 +163,7 @@ class Dion2(Optimizer):
         (another optimizer's keys rejected naming the key); the loaded tensors are copies."""
         def spec(i: int, saved: dict, current: dict):
             canonical_group(saved, DION2_ALIASES)
-            return DION2_DEFAULTS, normalize_dion2_group
+            return DION2_DEFAULTS, lambda trial: (check_fixed_in_group(trial, "dion2"), normalize_dion2_group(trial))
 
         # each saved state checked against STATE_SPECS["dion2"] before any change; a distributed
         # optimizer agrees on the verdict across ranks first (``load_state_dict_checked``)

@@ -15,8 +15,8 @@ import torch
 from torch.optim import Optimizer
 
 from .coefficients import CoefficientsLike
-from .compat import (MUON_ALIASES, aliases_used, apply_aliases, canonical_group, from_torch_muon_group, named_as_given,
-                     to_torch_muon_group)
+from .compat import (MUON_ALIASES, aliases_used, apply_aliases, canonical_group, check_fixed_in_group,
+                     from_torch_muon_group, named_as_given, to_torch_muon_group)
 from .functional.layout import DROPPED_NAME_COMPONENTS, MuonLayout, is_expert_name, muon_layout
 from .functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, adjusted_lr_scale, muon_momentum, muon_update, orthogonalize
 from .groups.driver import check_then_step
@@ -238,6 +238,7 @@ class Muon(Optimizer):
 
         def normalize(group: dict) -> None:
             check_group_algorithm(group, "muon", "Muon")
+            check_fixed_in_group(group, "muon")  # microsoft/dion's betas, use_triton, ...: checked, unused
             normalize_muon_group(group)
             check_qk_clip_group(group)
             self._sharding.add_group(group)
@@ -278,6 +279,7 @@ class Muon(Optimizer):
 
             def normalize(trial: dict) -> None:
                 with named_as_given(used):
+                    check_fixed_in_group(trial, "muon")
                     normalize_muon_group(trial)
                     check_qk_clip_group(trial)
 

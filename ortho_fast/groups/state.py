@@ -337,6 +337,14 @@ def _checked_groups(optimizer: Optimizer, state_dict, group_spec: GroupSpec, alg
         raise ValueError("state_dict: expected a dict with 'state' and 'param_groups' (an optimizer's state_dict())")
     check_state_dict_ids(state_dict)
     saved = [{k: _dtype_from_name(v) for k, v in g.items()} for g in state_dict["param_groups"]]
+    if len(saved) != len(optimizer.param_groups):
+        raise ValueError(f"param_groups: the state dict has {len(saved)} param group(s), this optimizer "
+                         f"{len(optimizer.param_groups)} (a checkpoint of another model or optimizer?)")
+    for i, (group, current) in enumerate(zip(saved, optimizer.param_groups)):
+        if len(group["params"]) != len(current["params"]):
+            raise ValueError(f"param_groups: param group {i} of the state dict has {len(group['params'])} "
+                             f"parameter(s), this optimizer's {len(current['params'])} (a checkpoint of another "
+                             "model, or groups built in another order?)")
     trials = []
     if len(saved) == len(optimizer.param_groups):
         for i, (group, current) in enumerate(zip(saved, optimizer.param_groups)):
@@ -391,8 +399,9 @@ def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: 
     all-reduce per mesh axis, also when every rank is fine; runners on the same axes agree once),
     so no rank loads while another does not.
     Raises: whatever ``group_spec``, its normalize function or ``check_saved_state`` raise
-    (before any change); ValueError for a state dict without "state" / "param_groups"; torch's
-    errors for a state dict of another shape (before any change too).
+    (before any change); ValueError for a state dict without "state" / "param_groups", with
+    another number of groups or of parameters in a group, or whose ids or keys do not match
+    (``check_state_dict_ids``), or holding another optimizer's options (``check_foreign_options``).
     """
     error, saved = None, []
     try:
