@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -393,11 +394,13 @@ def named_as_given(used: Mapping[str, str]):
     try:
         yield
     except (ValueError, TypeError) as err:
-        key, sep, rest = str(err).partition(":")
+        message = str(err)
+        prefix = re.match(r"(param group \d+ \(\w+\): )?", message).group(0)  # HybridOptimizer's label
+        key, sep, rest = message[len(prefix):].partition(":")
         if not sep or key not in used:
             raise
         try:
-            renamed = type(err)(f"{used[key]} ({key} here):{rest}")
+            renamed = type(err)(f"{prefix}{used[key]} ({key} here):{rest}")
         except Exception:  # an exception class that cannot be rebuilt from a message
             raise err from None
         raise renamed.with_traceback(err.__traceback__) from None

@@ -40,6 +40,7 @@ def add_param_group_checked(optimizer: Optimizer, param_group: dict, normalize: 
     the parameter (index in the group, and its name where given) for a duplicate or a meta
     tensor; the optimizer's groups are then as before.
     """
+    _check_not_in_other_groups(optimizer, param_group)
     with warnings.catch_warnings():  # torch's "duplicate parameters" warning: raised below instead
         warnings.filterwarnings("ignore", message=".*duplicate parameters.*")
         Optimizer.add_param_group(optimizer, param_group)
@@ -49,6 +50,24 @@ def add_param_group_checked(optimizer: Optimizer, param_group: dict, normalize: 
     except Exception:
         optimizer.param_groups.pop()
         raise
+
+
+def _check_not_in_other_groups(optimizer: Optimizer, param_group) -> None:
+    """A parameter of ``param_group`` already in another group raises naming both places (torch's
+    own error names neither). Only for a list / tuple of parameters (a generator is left to torch:
+    reading it here would consume it)."""
+    params = param_group.get("params") if isinstance(param_group, Mapping) else None
+    if isinstance(params, torch.Tensor):
+        params = [params]
+    if not isinstance(params, (list, tuple)):
+        return
+    where = {id(p): (i, j) for i, g in enumerate(optimizer.param_groups) for j, p in enumerate(g["params"])}
+    for j, p in enumerate(params):
+        p = p[1] if isinstance(p, tuple) and len(p) == 2 else p  # (name, tensor) pairs
+        if id(p) in where:
+            i, k = where[id(p)]
+            raise ValueError(f"params: parameter {j} of the new param group is already parameter {k} of param group "
+                             f"{i}; a parameter belongs to one group")
 
 
 def check_group_params(group: dict) -> None:

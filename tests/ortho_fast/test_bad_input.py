@@ -284,3 +284,18 @@ def test_newton_schulz_out_dtype_must_be_floating(out_dtype):
     g = torch.randn(4, 3)
     with pytest.raises(TypeError, match=r"^out_dtype: expected None or a real floating torch\.dtype"):
         ortho_fast.newton_schulz(g, out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_parameter_in_two_groups_is_named(name):
+    params, opt = _stepped(name)
+    group = {"params": [torch.nn.Parameter(torch.randn(3, 3)), params[0]]}
+    if isinstance(opt, HybridOptimizer):
+        group["algorithm"] = opt.param_groups[0]["algorithm"]
+    _raises_and_keeps(opt, params, lambda: opt.add_param_group(group), ValueError,
+                      r"^params: parameter 1 of the new param group is already parameter 0 of param group 0")
+
+
+def test_a_hybrid_group_s_alias_is_named():
+    with pytest.raises(ValueError, match=r"^param group 0 \(muon\): mu \(momentum here\): expected"):
+        HybridOptimizer([{"params": _params(), "algorithm": "muon", "mu": 1.5}])
