@@ -7,10 +7,9 @@ named beside it (repository, file, the values). The table is in docs/compatibili
 the judge keeps its own independent table (``ortho_verify.presets``) and a test asserts that the
 two agree on every preset.
 
-Presets whose options belong to later parts of issue 16 ("nanochat": MuonEq / Muon+ / NorMuon
-stages of ``Muon``; "microsoft-dion-normuon": ``ortho_fast.NorMuon``; "microsoft-dion-dion2":
-``ortho_fast.Dion2``) are written against those names; until they exist, asking for such a
-preset raises NotImplementedError naming what is missing.
+Each preset was measured against its system's own code (``scripts/preset_compare.py``;
+docs/compatibility.md, "Presets measured against their systems"). A preset whose options or class
+this build lacks (``Preset.requires``) raises NotImplementedError naming what is missing.
 """
 
 from __future__ import annotations
@@ -122,7 +121,7 @@ def preset_names() -> tuple[str, ...]:
 def _class_of(preset: Preset):
     if preset.optimizer == "Muon":
         return Muon
-    cls = getattr(sys.modules[__package__], preset.optimizer, None)  # classes of later issue-16 parts
+    cls = getattr(sys.modules[__package__], preset.optimizer, None)  # NorMuon, Dion2
     if cls is None:
         raise NotImplementedError(f"optimizer_preset({preset.name!r}): needs ortho_fast.{preset.optimizer}, which "
                                   "this version of ortho_fast does not have")
@@ -168,7 +167,7 @@ def optimizer_preset(name: str, params: Iterable, **overrides):
         missing = [r for r in preset.requires if r not in accepted and r != preset.optimizer]
         if missing:
             raise NotImplementedError(f"optimizer_preset({name!r}): needs the {preset.optimizer} options {missing} "
-                                      "(issue 16, Muon stages), which this version of ortho_fast does not have")
+                                      "(Muon pipeline stages), which this version of ortho_fast does not have")
         unknown = sorted(k for k in overrides if k not in accepted)
         if unknown:
             raise TypeError(f"optimizer_preset({name!r}): unknown option {unknown[0]!r} for {preset.optimizer}; "

@@ -4,10 +4,9 @@ Independent of ``ortho_fast.presets`` on purpose: each entry is transcribed agai
 system's source, as conventions (``MuonConventions``: what the step computes) and the three
 hyperparameters ``check_optimizer`` passes (lr, momentum, weight decay), so that a test can
 assert that product and judge agree on every preset and ``ortho-verify`` can check each preset
-against the oracle (``check_preset``). Presets of later parts of issue 16 ("nanochat" with the
-MuonEq / Muon+ / NorMuon stages, "microsoft-dion-normuon", "microsoft-dion-dion2") name the
-convention fields those parts add; until the conventions have them, ``preset_conventions``
-raises NotImplementedError naming what is missing.
+against the oracle (``check_preset``). Conventions this version of the judge lacks make
+``preset_conventions`` raise NotImplementedError naming them. The product's table was measured
+against each system's code (docs/compatibility.md, "Presets measured against their systems").
 """
 
 from __future__ import annotations
@@ -77,12 +76,12 @@ def preset_conventions(name: str) -> MuonConventions | DionConventions:
     from ortho_verify import conventions
 
     kind, fields, _, _ = _known(name)
-    cls = getattr(conventions, kind, None)  # Dion2Conventions: issue 16 part B
+    cls = getattr(conventions, kind, None)
     if cls is None:
         raise NotImplementedError(f"preset {name!r}: needs {kind}, which this version of ortho_verify does not have")
     missing = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
     if missing:
-        raise NotImplementedError(f"preset {name!r}: needs the {kind} fields {missing} (issue 16), which this "
+        raise NotImplementedError(f"preset {name!r}: needs the {kind} fields {missing}, which this "
                                   "version of ortho_verify does not have")
     return cls(**fields)
 
