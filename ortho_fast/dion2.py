@@ -160,7 +160,10 @@ class Dion2(Optimizer):
         """torch's load_state_dict, checked before anything changes: each saved group completed
         from the current one, mapped (microsoft/dion's names) and normalized; each saved
         parameter state a ``momentum`` of the parameter's shape, real floating and finite
-        (another optimizer's keys rejected naming the key); the loaded tensors are copies."""
+        (another optimizer's keys rejected naming the key); the state dict's ids and state keys must
+        match (``check_state_dict_ids``: JSON's string keys raise) and its groups hold no other
+        optimizer's options (a Muon state dict's ``momentum``: ``check_foreign_options``); the
+        loaded tensors are copies. Raises: ValueError / TypeError naming the key, before any change."""
         def spec(i: int, saved: dict, current: dict):
             canonical_group(saved, DION2_ALIASES)
             return DION2_DEFAULTS, lambda trial: (check_fixed_in_group(trial, "dion2"), normalize_dion2_group(trial))

@@ -271,7 +271,11 @@ class Muon(Optimizer):
         behaviour), other Muon keys missing from a saved group are taken from the current group;
         every saved parameter state must be a ``momentum_buffer`` of the parameter's shape, real
         floating and finite (``check_saved_state``; Dion's or AdamW's keys are rejected naming
-        the key); the loaded ``momentum_buffer`` tensors are copies."""
+        the key); the state dict's parameter ids and state keys must match (a checkpoint whose keys
+        became strings through JSON raises, saying how to convert them: ``check_state_dict_ids``) and
+        its groups may not hold another optimizer's options (torch.optim.SGD's ``dampening``:
+        ``check_foreign_options``); the loaded ``momentum_buffer`` tensors are copies.
+        Raises: ValueError / TypeError naming the key or option, before anything changes."""
         def spec(i: int, saved: dict, current: dict):
             used = aliases_used(saved, MUON_ALIASES)
             canonical_group(from_torch_muon_group(fill_qk_clip_keys(saved, current)), MUON_ALIASES)
