@@ -16,8 +16,10 @@ Sources (read, not copied): torch ``torch/optim/_muon.py``; microsoft/dion ``dio
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -28,8 +30,9 @@ from .documents import doc_reference
 __all__ = [
     "Alias", "DION2_ALIASES", "DION_ALIASES", "DION_CONFIG_ALIASES", "FIXED", "FixedOption", "MUON_ALIASES",
     "MUON_CONFIG_ALIASES",
-    "TORCH_MUON_GROUP_KEYS", "TORCH_MUON_SEMANTICS", "VALUE_ALIASES", "apply_aliases", "canonical_group",
-    "canonical_value", "check_fixed", "from_torch_muon_group",
+    "TORCH_MUON_GROUP_KEYS", "TORCH_MUON_SEMANTICS", "VALUE_ALIASES", "aliases_used", "apply_aliases",
+    "canonical_group", "named_as_given",
+    "canonical_value", "check_fixed", "check_fixed_in_group", "from_torch_muon_group",
     "is_torch_muon_group", "mixed_precision_dtypes", "reject_unknown", "suggest", "to_torch_muon_group",
 ]
 
@@ -283,6 +286,15 @@ def check_fixed(name: str, value, table: str) -> bool:
     return False
 
 
+def check_fixed_in_group(group: Mapping[str, Any], table: str) -> None:
+    """``check_fixed`` for every ``FIXED[table]`` name a param group holds (a group given to
+    ``add_param_group`` or a saved one: microsoft/dion's groups carry ``betas``).
+    Raises: ValueError naming the option, as ``check_fixed``."""
+    for fixed in FIXED[table]:
+        if fixed.name in group:
+            check_fixed(fixed.name, group[fixed.name], table)
+
+
 def _equal(a, b) -> bool:
     """Equal by value, sequences (tuples, lists, tensors) compared as nested lists."""
     a, b = _as_floats(a), _as_floats(b)
@@ -368,6 +380,32 @@ def canonical_group(group: dict, aliases: Iterable[Alias]) -> dict:
         _set_option(group, alias, new)
         set_by[key] = alias.name
     return _canonical_values(group)
+
+
+def aliases_used(given: Mapping[str, Any], aliases: Iterable[Alias]) -> dict[str, str]:
+    """{our option: the other system's name the caller gave for it} (``given``: keywords or a
+    param group, before ``apply_aliases`` / ``canonical_group`` map them)."""
+    return {a.option: a.name for a in aliases if isinstance(given, Mapping) and a.name in given}
+
+
+@contextlib.contextmanager
+def named_as_given(used: Mapping[str, str]):
+    """Errors of the block that start with one of our option names (``"momentum: ..."``) are
+    raised again naming the caller's own name for it (``"mu (momentum here): ..."``, ``used``
+    from ``aliases_used``), so a user who passed microsoft/dion's ``mu`` reads ``mu``."""
+    try:
+        yield
+    except (ValueError, TypeError) as err:
+        message = str(err)
+        prefix = re.match(r"(param group \d+ \(\w+\): )?", message).group(0)  # HybridOptimizer's label
+        key, sep, rest = message[len(prefix):].partition(":")
+        if not sep or key not in used:
+            raise
+        try:
+            renamed = type(err)(f"{prefix}{used[key]} ({key} here):{rest}")
+        except Exception:  # an exception class that cannot be rebuilt from a message
+            raise err from None
+        raise renamed.with_traceback(err.__traceback__) from None
 
 
 def mixed_precision_dtypes(config) -> dict[str, torch.dtype | None]:

@@ -30,7 +30,7 @@ from .groups.driver import GroupRunner, check_then_step
 from .groups.state import (
     add_param_group_checked, check_group_algorithm, load_state_dict_checked, state_dict_with_dtype_names,
 )
-from .compat import DION_ALIASES, apply_aliases, canonical_group, mixed_precision_dtypes
+from .compat import DION_ALIASES, aliases_used, apply_aliases, canonical_group, mixed_precision_dtypes, named_as_given
 
 __all__ = ["CQR2_GRAM_DEVIATION", "DION_DEFAULTS", "Dion", "DionUpdate", "QR_METHODS", "QR_METHOD_ALIASES",
            "RCQR_OVERSAMPLE", "RIGHT_FACTORS", "WHOLE", "WholeDim", "check_dion_step", "dion_group_step", "dion_rank",
@@ -219,6 +219,7 @@ class Dion(Optimizer):
             if name in aliases:
                 raise TypeError(f"Dion: got multiple values for argument {name!r}")
             aliases[name] = value
+        used = aliases_used(aliases, DION_ALIASES)
         apply_aliases(aliases, DION_ALIASES, defaults, DION_DEFAULTS, fixed="dion", where="Dion")
         if mixed_precision_config is not None:
             for key, value in mixed_precision_dtypes(mixed_precision_config).items():
@@ -228,7 +229,8 @@ class Dion(Optimizer):
                 defaults[key] = defaults[key] if value is None else value
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed: expected an int, got {seed!r}")
-        normalize_dion_group({**defaults, "params": []})  # the defaults themselves, before any group
+        with named_as_given(used):
+            normalize_dion_group({**defaults, "params": []})  # the defaults themselves, before any group
         if not isinstance(check_finite, bool):
             raise TypeError(f"check_finite: expected a bool, got {check_finite!r}")
         self.seed, self.check_finite = seed, check_finite
@@ -254,9 +256,11 @@ class Dion(Optimizer):
         then ``normalize_dion_group`` and the layout checks; a rejected group is removed again.
         microsoft/dion's names (``rcqr_oversample``) are taken for ours; a group naming another
         ``algorithm`` or holding another algorithm's option is rejected."""
+        used = aliases_used(param_group, DION_ALIASES)
         if isinstance(param_group, dict):
             param_group = canonical_group(dict(param_group), DION_ALIASES)
-        add_param_group_checked(self, param_group, self._normalize_group)
+        with named_as_given(used):
+            add_param_group_checked(self, param_group, self._normalize_group)
 
     def state_dict(self) -> dict:
         """torch's ``state_dict`` with dtype options as names (``state_dict_with_dtype_names``)."""

@@ -12,7 +12,7 @@ import torch
 from torch.optim import Optimizer
 
 from .coefficients import CoefficientsLike
-from .compat import DION2_ALIASES, apply_aliases, canonical_group
+from .compat import DION2_ALIASES, aliases_used, apply_aliases, canonical_group, check_fixed_in_group, named_as_given
 from .groups.dion2 import DION2_DEFAULTS, Dion2Groups, normalize_dion2_group
 from .groups.driver import check_then_step
 from .validation import is_dtensor
@@ -113,10 +113,12 @@ class Dion2(Optimizer):
             else:
                 aliases[name] = value
         aliases["betas"] = betas
+        used = aliases_used(aliases, DION2_ALIASES)
         apply_aliases(aliases, DION2_ALIASES, options, DION2_DEFAULTS, fixed="dion2", where="Dion2")
         if not isinstance(check_finite, bool):
             raise TypeError(f"check_finite: expected a bool, got {check_finite!r}")
-        normalize_dion2_group({**options, "params": []})
+        with named_as_given(used):
+            normalize_dion2_group({**options, "params": []})
         self.check_finite = check_finite
         self._sharding = None
         if any(x is not None for x in (distributed_mesh, tp_mesh, replicate_mesh)):
@@ -140,6 +142,7 @@ class Dion2(Optimizer):
             if group.get("algorithm", "dion2") != "dion2":
                 raise ValueError(f"algorithm: Dion2 runs 'dion2' groups only, got {group['algorithm']!r}; use "
                                  "ortho_fast.HybridOptimizer for groups of several algorithms")
+            check_fixed_in_group(group, "dion2")  # microsoft/dion's betas, use_triton, ...: checked, unused
             normalize_dion2_group(group)
             if self._sharding is not None:
                 self._sharding.add_group(group)
@@ -157,10 +160,13 @@ class Dion2(Optimizer):
         """torch's load_state_dict, checked before anything changes: each saved group completed
         from the current one, mapped (microsoft/dion's names) and normalized; each saved
         parameter state a ``momentum`` of the parameter's shape, real floating and finite
-        (another optimizer's keys rejected naming the key); the loaded tensors are copies."""
+        (another optimizer's keys rejected naming the key); the state dict's ids and state keys must
+        match (``check_state_dict_ids``: JSON's string keys raise) and its groups hold no other
+        optimizer's options (a Muon state dict's ``momentum``: ``check_foreign_options``); the
+        loaded tensors are copies. Raises: ValueError / TypeError naming the key, before any change."""
         def spec(i: int, saved: dict, current: dict):
             canonical_group(saved, DION2_ALIASES)
-            return DION2_DEFAULTS, normalize_dion2_group
+            return DION2_DEFAULTS, lambda trial: (check_fixed_in_group(trial, "dion2"), normalize_dion2_group(trial))
 
         # each saved state checked against STATE_SPECS["dion2"] before any change; a distributed
         # optimizer agrees on the verdict across ranks first (``load_state_dict_checked``)

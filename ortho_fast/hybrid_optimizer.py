@@ -16,7 +16,8 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch.optim import Optimizer
 
-from .compat import DION2_ALIASES, DION_ALIASES, MUON_ALIASES, canonical_group, from_torch_muon_group
+from .compat import (DION2_ALIASES, DION_ALIASES, MUON_ALIASES, aliases_used, canonical_group, from_torch_muon_group,
+                     named_as_given)
 from .dion import dion_runner, init_dion_groups, plan_dion_group, resolve_meshes
 from .groups.algorithms import ALGORITHMS, SCALAR_ALGORITHMS, local_runners
 from .groups.dion import dion_state_dtype
@@ -221,12 +222,14 @@ class HybridOptimizer(Optimizer):
             raise ValueError(f"param group {index}: algorithm: expected one of {sorted(ALGORITHMS)}, got {algorithm!r}{hint}")
         if "params" not in group:
             raise ValueError(f"param group {index} ({algorithm}): params: missing; expected a list of tensors")
+        used = aliases_used(group, {"muon": MUON_ALIASES, "dion": DION_ALIASES, "dion2": DION2_ALIASES}.get(algorithm, ()))
         labelled(index, algorithm, _from_microsoft_dion, group, algorithm, self.algorithm_defaults[algorithm])
         labelled(index, algorithm, _canonical, group, algorithm)
         labelled(index, algorithm, _check_foreign_keys, group, algorithm)
         for key, value in self.algorithm_defaults[algorithm].items():
             group.setdefault(key, value)
-        add_param_group_checked(self, group, lambda g: self._normalize(index, algorithm, g))
+        with named_as_given(used):  # errors name the user's names (mu, not momentum)
+            add_param_group_checked(self, group, lambda g: self._normalize(index, algorithm, g))
 
     @torch.no_grad()
     def step(self, closure=None):

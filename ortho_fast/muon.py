@@ -15,7 +15,8 @@ import torch
 from torch.optim import Optimizer
 
 from .coefficients import CoefficientsLike
-from .compat import MUON_ALIASES, apply_aliases, canonical_group, from_torch_muon_group, to_torch_muon_group
+from .compat import (MUON_ALIASES, aliases_used, apply_aliases, canonical_group, check_fixed_in_group,
+                     from_torch_muon_group, named_as_given, to_torch_muon_group)
 from .functional.layout import DROPPED_NAME_COMPONENTS, MuonLayout, is_expert_name, muon_layout
 from .functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, adjusted_lr_scale, muon_momentum, muon_update, orthogonalize
 from .groups.driver import check_then_step
@@ -208,12 +209,14 @@ class Muon(Optimizer):
             if name in aliases:
                 raise TypeError(f"Muon: got multiple values for argument {name!r}")
             aliases[name] = value
+        used = aliases_used(aliases, MUON_ALIASES)  # errors name the user's names (mu, not momentum)
         apply_aliases(aliases, MUON_ALIASES, options, {**MUON_DEFAULTS, "distributed_mesh": None, "tp_mesh": None,
                                                         "tp_mode": "duplicated"}, fixed="muon", where="Muon")
         distributed_mesh, tp_mesh, tp_mode = (options.pop(k) for k in ("distributed_mesh", "tp_mesh", "tp_mode"))
         defaults = {**options, **qk_clip}
-        normalize_muon_group({**defaults, "params": []})
-        check_qk_clip_group({**defaults, "params": []})  # the defaults themselves, before any group
+        with named_as_given(used):
+            normalize_muon_group({**defaults, "params": []})
+            check_qk_clip_group({**defaults, "params": []})  # the defaults themselves, before any group
         from .distributed.muon import MuonSharding
         from .distributed.qk_clip import sharded_qk_clip_runner
 
@@ -235,13 +238,16 @@ class Muon(Optimizer):
 
         def normalize(group: dict) -> None:
             check_group_algorithm(group, "muon", "Muon")
+            check_fixed_in_group(group, "muon")  # microsoft/dion's betas, use_triton, ...: checked, unused
             normalize_muon_group(group)
             check_qk_clip_group(group)
             self._sharding.add_group(group)
 
+        used = aliases_used(param_group, MUON_ALIASES)
         if isinstance(param_group, dict):
             param_group = canonical_group(dict(param_group), MUON_ALIASES)
-        add_param_group_checked(self, param_group, normalize)
+        with named_as_given(used):
+            add_param_group_checked(self, param_group, normalize)
 
     def state_dict(self) -> dict:
         """torch's ``state_dict`` with dtype options as names (``state_dict_with_dtype_names``),
@@ -265,11 +271,23 @@ class Muon(Optimizer):
         behaviour), other Muon keys missing from a saved group are taken from the current group;
         every saved parameter state must be a ``momentum_buffer`` of the parameter's shape, real
         floating and finite (``check_saved_state``; Dion's or AdamW's keys are rejected naming
-        the key); the loaded ``momentum_buffer`` tensors are copies."""
+        the key); the state dict's parameter ids and state keys must match (a checkpoint whose keys
+        became strings through JSON raises, saying how to convert them: ``check_state_dict_ids``) and
+        its groups may not hold another optimizer's options (torch.optim.SGD's ``dampening``:
+        ``check_foreign_options``); the loaded ``momentum_buffer`` tensors are copies.
+        Raises: ValueError / TypeError naming the key or option, before anything changes."""
         def spec(i: int, saved: dict, current: dict):
+            used = aliases_used(saved, MUON_ALIASES)
             canonical_group(from_torch_muon_group(fill_qk_clip_keys(saved, current)), MUON_ALIASES)
             check_group_algorithm(saved, "muon", "Muon")
-            return MUON_DEFAULTS, lambda trial: (normalize_muon_group(trial), check_qk_clip_group(trial))
+
+            def normalize(trial: dict) -> None:
+                with named_as_given(used):
+                    check_fixed_in_group(trial, "muon")
+                    normalize_muon_group(trial)
+                    check_qk_clip_group(trial)
+
+            return MUON_DEFAULTS, normalize
 
         load_state_dict_checked(self, state_dict, spec, algorithm_of=muon_state_algorithm)
         self._runner.reset()

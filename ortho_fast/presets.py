@@ -7,10 +7,9 @@ named beside it (repository, file, the values). The table is in docs/compatibili
 the judge keeps its own independent table (``ortho_verify.presets``) and a test asserts that the
 two agree on every preset.
 
-Presets whose options belong to later parts of issue 16 ("nanochat": MuonEq / Muon+ / NorMuon
-stages of ``Muon``; "microsoft-dion-normuon": ``ortho_fast.NorMuon``; "microsoft-dion-dion2":
-``ortho_fast.Dion2``) are written against those names; until they exist, asking for such a
-preset raises NotImplementedError naming what is missing.
+Each preset was measured against its system's own code (``scripts/preset_compare.py``;
+docs/compatibility.md, "Presets measured against their systems"). A preset whose options or class
+this build lacks (``Preset.requires``) raises NotImplementedError naming what is missing.
 """
 
 from __future__ import annotations
@@ -56,10 +55,11 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         "adjust_lr_fn None = 'original', bf16 Newton-Schulz; bitwise_torch: its bits, matrix by matrix)"),
     Preset("microsoft-dion-muon", "Muon", dict(
         lr=0.01, weight_decay=0.01, momentum=0.95, nesterov=False, momentum_style="classic",
-        coefficients="polar_express", adjust_lr="spectral_norm", cautious_weight_decay=False, flatten=False,
-        dtype=torch.bfloat16),
-        "microsoft/dion dion/muon.py Muon.__init__ (lr 0.01, mu 0.95, weight_decay 0.01, cautious_wd False, "
-        "nesterov False, adjust_lr 'spectral_norm', flatten False, use_polar_express True); M <- mu*M + G"),
+        coefficients="polar_express", eps=1e-8, adjust_lr="spectral_norm", cautious_weight_decay=False,
+        flatten=False, dtype=torch.bfloat16),
+        "microsoft/dion dion/muon.py Muon.__init__ at 0a059a4 (lr 0.01, mu 0.95, weight_decay 0.01, cautious_wd "
+        "False, epsilon 1e-8 - passed to polar_express as its eps: X / (1.02||X|| + 1e-8) -, nesterov False, "
+        "adjust_lr 'spectral_norm', flatten False, use_polar_express True); M <- mu*M + G"),
     Preset("moonlight", "Muon", dict(
         lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="classic", coefficients="jordan",
         ns_steps=5, eps=1e-7, eps_mode="add", adjust_lr="match_rms_adamw", dtype=torch.bfloat16),
@@ -78,12 +78,16 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         lr=0.02, weight_decay=0.28, momentum=0.95, nesterov=True, momentum_style="ema",
         coefficients="polar_express", ns_steps=5, safety=1.01, eps=1e-6, eps_mode="add", adjust_lr="original",
         cautious_weight_decay=True, dtype=torch.bfloat16, row_equilibration=True, renormalize=True,
-        normuon_beta2=0.9),
+        normuon_beta2=0.9, normuon_dim="by_shape", normuon_eps=1e-10, normuon_eps_mode="clamp"),
         "karpathy/nanochat nanochat/optim.py muon_step_fused at 92d63d4 (2026-07-03): nesterov lerp momentum "
         "0.95 -> MuonEq row equilibration -> Polar Express X/(1.01||X|| + 1e-6), 5 steps, bf16 -> Muon+ "
-        "renormalization sqrt(min(m, n)) -> NorMuon variance reduction beta2 0.9 -> cautious weight decay; "
-        "lr * sqrt(max(1, m/n)); nanochat/gpt.py setup_optimizer (matrix_lr 0.02, beta2 0.9), "
-        "scripts/base_train.py (--weight-decay 0.28, before its batch-size scaling)",
+        "renormalization sqrt(min(m, n)) -> NorMuon variance reduction beta2 0.9 (v = mean of squares over the "
+        "last dim when m >= n, else over rows: 'by_shape'; 1/sqrt(max(v, 1e-10)): 'clamp') -> cautious weight "
+        "decay; lr * sqrt(max(1, m/n)); nanochat/gpt.py setup_optimizer (matrix_lr 0.02, beta2 0.9), "
+        "scripts/base_train.py (--weight-decay 0.28, before its batch-size scaling). Not expressible: nanochat "
+        "decays with the shape-scaled lr (lr * sqrt(max(1, m/n)) * wd), ortho_fast with lr * wd, so tall "
+        "matrices differ: give each tall shape its own group with weight_decay * sqrt(m / n) (docs/compatibility.md, "
+        "'Presets measured against their systems')",
         requires=("row_equilibration", "renormalize", "normuon_beta2")),
     Preset("motif", "Muon", dict(
         lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="classic", coefficients="cesista5",
@@ -94,10 +98,11 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         "X/(||X|| + 1e-7), lr * 0.2*sqrt(max(A, B)); clip_config threshold 100, scale sqrt(threshold/logit) "
         "on q and k). QK-clip is on once qk_clip_num_heads is given (Motif's default q_indices [] clips nothing)"),
     Preset("microsoft-dion-normuon", "NorMuon", dict(
-        lr=0.01, mu=0.95, muon_beta2=0.95, weight_decay=0.01, cautious_wd=False, nesterov=False,
+        lr=0.01, mu=0.95, muon_beta2=0.95, weight_decay=0.01, cautious_wd=False, epsilon=1e-8, nesterov=False,
         adjust_lr="spectral_norm", flatten=False),
-        "microsoft/dion dion/normuon.py NorMuon.__init__ (lr 0.01, mu 0.95, muon_beta2 0.95, weight_decay "
-        "0.01, cautious_wd False, nesterov False, adjust_lr 'spectral_norm', flatten False, Polar Express)",
+        "microsoft/dion dion/normuon.py NorMuon.__init__ at 0a059a4 (lr 0.01, mu 0.95, muon_beta2 0.95, "
+        "weight_decay 0.01, cautious_wd False, epsilon 1e-8 - Polar Express's eps -, nesterov False, adjust_lr "
+        "'spectral_norm', flatten False, Polar Express; variance sqrt(v) + 1e-8)",
         requires=("NorMuon",)),
     Preset("microsoft-dion-dion2", "Dion2", dict(
         lr=0.01, fraction=0.25, ef_decay=0.95, weight_decay=0.01, adjust_lr="spectral_norm", flatten=False,
@@ -116,7 +121,7 @@ def preset_names() -> tuple[str, ...]:
 def _class_of(preset: Preset):
     if preset.optimizer == "Muon":
         return Muon
-    cls = getattr(sys.modules[__package__], preset.optimizer, None)  # classes of later issue-16 parts
+    cls = getattr(sys.modules[__package__], preset.optimizer, None)  # NorMuon, Dion2
     if cls is None:
         raise NotImplementedError(f"optimizer_preset({preset.name!r}): needs ortho_fast.{preset.optimizer}, which "
                                   "this version of ortho_fast does not have")
@@ -162,7 +167,7 @@ def optimizer_preset(name: str, params: Iterable, **overrides):
         missing = [r for r in preset.requires if r not in accepted and r != preset.optimizer]
         if missing:
             raise NotImplementedError(f"optimizer_preset({name!r}): needs the {preset.optimizer} options {missing} "
-                                      "(issue 16, Muon stages), which this version of ortho_fast does not have")
+                                      "(Muon pipeline stages), which this version of ortho_fast does not have")
         unknown = sorted(k for k in overrides if k not in accepted)
         if unknown:
             raise TypeError(f"optimizer_preset({name!r}): unknown option {unknown[0]!r} for {preset.optimizer}; "

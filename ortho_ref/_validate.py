@@ -5,6 +5,26 @@ from __future__ import annotations
 import numpy as np
 
 
+def _asarray(a, name: str, expected: str, dtype=None) -> np.ndarray:
+    """``np.asarray(a, dtype)`` whose failures name the argument and what was expected (numpy's own
+    messages name neither): a ragged nested sequence, a torch bfloat16 tensor (numpy has no
+    bfloat16), values that are not numbers.
+    Raises: ValueError (ragged), TypeError (bfloat16 tensor, not convertible)."""
+    if type(a).__module__.startswith("torch") and str(getattr(a, "dtype", "")) == "torch.bfloat16":
+        raise TypeError(f"{name}: expected {expected}; got a torch.bfloat16 tensor, which numpy cannot hold: pass "
+                        f"{name}.float() or {name}.double() (the oracle computes in float64)")
+    try:
+        return np.asarray(a, dtype=dtype)
+    except ValueError as err:
+        if "inhomogeneous" in str(err) or "sequence" in str(err):
+            raise ValueError(f"{name}: expected {expected}; got a ragged nested sequence (rows of different "
+                             "lengths)") from None
+        raise ValueError(f"{name}: expected {expected}; numpy could not convert it ({err})") from None
+    except TypeError as err:
+        raise TypeError(f"{name}: expected {expected}; got {type(a).__name__}, which numpy could not convert "
+                        f"({err})") from None
+
+
 def as_matrix(a, name: str, *, allow_nonfinite: bool = False) -> np.ndarray:
     """Return ``a`` as a float64 (m, n) array, or raise a clear error.
 
@@ -12,7 +32,7 @@ def as_matrix(a, name: str, *, allow_nonfinite: bool = False) -> np.ndarray:
     Raises: TypeError for integer, boolean, complex or object dtypes; ValueError when
     ``a`` is not 2-D, is empty, or (unless ``allow_nonfinite``) holds NaN or Inf.
     """
-    arr = np.asarray(a)
+    arr = _asarray(a, name, "a real floating-point (m, n) array (float16/32/64)")
     if arr.dtype.kind not in "f":
         raise TypeError(
             f"{name}: expected a real floating-point array (float16/32/64), got dtype {arr.dtype}"
@@ -32,7 +52,7 @@ def as_like(a, name: str, shape: tuple[int, ...]) -> np.ndarray:
 
     Raises: TypeError (non-float dtype), ValueError (wrong shape, NaN or Inf).
     """
-    arr = np.asarray(a)
+    arr = _asarray(a, name, f"a real floating-point array of shape {tuple(shape)}")
     if arr.dtype.kind not in "f":
         raise TypeError(f"{name}: expected a real floating-point array, got dtype {arr.dtype}")
     if arr.shape != tuple(shape):
@@ -48,7 +68,7 @@ def as_coefficients(coefficients, name: str = "coefficients") -> np.ndarray:
 
     Raises: ValueError when the table is not (T, 3), is empty, or is not finite.
     """
-    table = np.asarray(coefficients, dtype=np.float64)
+    table = _asarray(coefficients, name, "a (T, 3) table of (a, b, c) rows of real numbers", np.float64)
     if table.ndim == 1 and table.shape == (3,):
         table = table[None, :]
     if table.ndim != 2 or table.shape[1] != 3 or table.shape[0] < 1:

@@ -241,12 +241,16 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     Failed rows carry a ``cause`` in words (``CheckResult.cause``, also at the head of the note).
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive, ``failures`` with
     reproducing inputs, ratios; bfloat16 rows whose tolerance admits the zero output make no claim).
-    Raises: TypeError for a dtype other than float64 / float32 / bfloat16 (float16 included);
+    Raises: TypeError for an ``fn`` that is not callable (None: nothing to check) or a dtype other
+    than float64 / float32 / bfloat16 (float16 included);
     ValueError for an unknown schedule, a bad table, a negative ``max_batch_dims``, or no example
     left (``examples`` empty, or only batched ones with ``batched=False``) — exceptions raised by ``fn`` are reported as failed
     checks instead.
     Source: the polynomial view of Newton–Schulz, Amsel et al. 2025 (arXiv 2505.16932), Sec. 2.
     """
+    if not callable(fn):  # before any work: None is a missing argument, not a failing kernel
+        raise TypeError(f"fn: expected a callable mapping a (..., m, n) tensor to its Newton–Schulz result, got "
+                        f"{type(fn).__name__}")
     name = _ns_dtype_name(dtype)
     table_and_normalization(coefficients, steps, safety, eps)  # validate before running anything
     limit = _batch_limit(batched, max_batch_dims)

@@ -58,6 +58,22 @@ def optimizer_inputs(shapes, steps: int, cond: float, seed: int) -> list[tuple[n
     return out
 
 
+def _check_problem_arguments(shapes, cond) -> None:
+    """``check_optimizer``'s ``shapes`` and ``cond``, before any work. Raises: ValueError naming the argument."""
+    try:
+        pairs = [tuple(s) for s in shapes]
+    except TypeError:
+        raise ValueError(f"shapes: expected a sequence of (m, n) pairs, got {shapes!r}") from None
+    if not pairs:
+        raise ValueError("shapes: expected at least one (m, n) pair, got none")
+    for shape in pairs:
+        if len(shape) != 2 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1 for d in shape):
+            raise ValueError(f"shapes: expected (m, n) pairs of positive integers (one matrix parameter each), got "
+                             f"{shape!r}")
+    if isinstance(cond, bool) or not isinstance(cond, (int, float)) or not math.isfinite(cond) or cond < 1:
+        raise ValueError(f"cond: expected a finite condition number >= 1 of the gradients, got {cond!r}")
+
+
 def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: float = 0.95,
                     weight_decay: float = 0.1, steps: int = 3, param_dtype=None,
                     shapes=DEFAULT_SHAPES, cond: float = 10.0, seed: int = 0) -> VerificationReport:
@@ -88,9 +104,11 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive); each failure
     carries the initial weight and gradients.
     Raises: TypeError without conventions for an unknown class or for a dtype outside float64 /
-    float32 / bfloat16 / float16; ValueError for steps < 1 (Dion: < 2), lr <= 0, or when the state
-    lacks a declared key (after the first step).
+    float32 / bfloat16 / float16; ValueError for steps < 1 (Dion: < 2), lr <= 0, ``shapes`` not a
+    non-empty sequence of (m, n) pairs of positive integers, ``cond`` not a finite number >= 1, or
+    when the state lacks a declared key (after the first step).
     """
+    _check_problem_arguments(shapes, cond)
     conventions = _default_conventions(optimizer) if conventions is None else conventions
     if not isinstance(conventions, (MuonConventions, DionConventions)):
         raise TypeError(f"conventions: expected MuonConventions or DionConventions, got {type(conventions).__name__}")

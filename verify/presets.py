@@ -4,10 +4,9 @@ Independent of ``ortho_fast.presets`` on purpose: each entry is transcribed agai
 system's source, as conventions (``MuonConventions``: what the step computes) and the three
 hyperparameters ``check_optimizer`` passes (lr, momentum, weight decay), so that a test can
 assert that product and judge agree on every preset and ``ortho-verify`` can check each preset
-against the oracle (``check_preset``). Presets of later parts of issue 16 ("nanochat" with the
-MuonEq / Muon+ / NorMuon stages, "microsoft-dion-normuon", "microsoft-dion-dion2") name the
-convention fields those parts add; until the conventions have them, ``preset_conventions``
-raises NotImplementedError naming what is missing.
+against the oracle (``check_preset``). Conventions this version of the judge lacks make
+``preset_conventions`` raise NotImplementedError naming them. The product's table was measured
+against each system's code (docs/compatibility.md, "Presets measured against their systems").
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ JUDGE_PRESETS: dict[str, tuple[str, dict, tuple[float, float, float], str]] = {
                                       eps=1e-7, eps_mode="clamp", adjust_lr="original", ns_dtype=_BF16),
               (1e-3, 0.95, 0.1), "torch/optim/_muon.py defaults"),
     "microsoft-dion-muon": ("MuonConventions", dict(momentum_style="classic", nesterov=False,
-                                                    coefficients="polar_express", eps_mode="add",
+                                                    coefficients="polar_express", eps=1e-8, eps_mode="add",
                                                     adjust_lr="spectral_norm", ns_dtype=_BF16),
                             (0.01, 0.95, 0.01), "microsoft/dion dion/muon.py"),
     "moonlight": ("MuonConventions", dict(momentum_style="classic", nesterov=True, coefficients="jordan", ns_steps=5,
@@ -43,14 +42,15 @@ JUDGE_PRESETS: dict[str, tuple[str, dict, tuple[float, float, float], str]] = {
     "nanochat": ("MuonConventions", dict(momentum_style="ema", nesterov=True, coefficients="polar_express",
                                          ns_steps=5, safety=1.01, eps=1e-6, eps_mode="add", adjust_lr="original",
                                          cautious_weight_decay=True, ns_dtype=_BF16, row_equilibration=True,
-                                         renormalize=True, normuon_beta2=0.9),
+                                         renormalize=True, normuon_beta2=0.9, normuon_dim="by_shape",
+                                         normuon_eps=1e-10, normuon_eps_mode="clamp"),
                  (0.02, 0.95, 0.28), "karpathy/nanochat nanochat/optim.py muon_step_fused (2026-07-03)"),
     "motif": ("MuonConventions", dict(momentum_style="classic", nesterov=True, coefficients="cesista5", ns_steps=5,
                                       eps=1e-7, eps_mode="add", adjust_lr="match_rms_adamw", ns_dtype=_BF16,
                                       qk_clip_threshold=100.0, qk_clip_alpha=0.5),
               (1e-3, 0.95, 0.1), "Motif optimizer muon.py (clip_config threshold 100)"),
     "microsoft-dion-normuon": ("MuonConventions", dict(momentum_style="classic", nesterov=False,
-                                                       coefficients="polar_express", eps_mode="add",
+                                                       coefficients="polar_express", eps=1e-8, eps_mode="add",
                                                        adjust_lr="spectral_norm", ns_dtype=_BF16, normuon_beta2=0.95,
                                                        hyperparameter_names={"lr": "lr", "momentum": "mu",
                                                                              "weight_decay": "weight_decay"}),
@@ -76,12 +76,12 @@ def preset_conventions(name: str) -> MuonConventions | DionConventions:
     from ortho_verify import conventions
 
     kind, fields, _, _ = _known(name)
-    cls = getattr(conventions, kind, None)  # Dion2Conventions: issue 16 part B
+    cls = getattr(conventions, kind, None)
     if cls is None:
         raise NotImplementedError(f"preset {name!r}: needs {kind}, which this version of ortho_verify does not have")
     missing = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
     if missing:
-        raise NotImplementedError(f"preset {name!r}: needs the {kind} fields {missing} (issue 16), which this "
+        raise NotImplementedError(f"preset {name!r}: needs the {kind} fields {missing}, which this "
                                   "version of ortho_verify does not have")
     return cls(**fields)
 

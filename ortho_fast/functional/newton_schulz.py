@@ -319,8 +319,8 @@ def newton_schulz(
     Source: Keller Jordan's Muon (2024) ``zeropower_via_newtonschulz5``; torch.optim.Muon
     ``_zeropower_via_newtonschulz``; Amsel et al. 2025 (arXiv 2505.16932) for per-step rows;
     NVIDIA Emerging-Optimizers ``muon_utils.newton_schulz`` for the precision names.
-    Raises: TypeError for a non-tensor or non-float ``g``, an unsupported ``dtype`` or a
-    non-bool ``gram``; ValueError for ``gram=True`` with bfloat16 / float16 compute, fewer than 2 dims, an empty matrix, a bad table, steps < 1, safety <= 0,
+    Raises: TypeError for a non-tensor or non-float ``g``, an unsupported ``dtype``, an
+    ``out_dtype`` that is not a real floating torch.dtype, or a non-bool ``gram``; ValueError for ``gram=True`` with bfloat16 / float16 compute, fewer than 2 dims, an empty matrix, a bad table, steps < 1, safety <= 0,
     eps < 0, or an unknown ``eps_mode``; UnknownScheduleError (a KeyError and a ValueError) for
     an unknown schedule name. NaN / Inf in
     ``g`` propagate (the optimizers check gradients before calling this).
@@ -334,6 +334,9 @@ def newton_schulz(
     eps = check_hyper(eps, "eps")
     table = resolve_coefficients(coefficients, steps)
     check_gram(gram, compute_dtype, precision)
+    if out_dtype is not None and not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):
+        raise TypeError(f"out_dtype: expected None or a real floating torch.dtype (bfloat16/float16/float32/float64), "
+                        f"got {out_dtype!r}")
     return newton_schulz_resolved(g, table, safety=safety, eps=eps, eps_mode=eps_mode, compute_dtype=compute_dtype,
                                   precision=precision, out_dtype=out_dtype, gram=gram)
 

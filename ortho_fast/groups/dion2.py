@@ -67,7 +67,7 @@ def resolve_dion2_options(group: dict) -> Dion2Options:
     Raises: ValueError / TypeError whose message starts with the key; UnknownScheduleError for an
     unknown schedule name."""
     check_filled(group, DION2_DEFAULTS, "Dion2")
-    for key, kw in (("lr", {}), ("fraction", {"high": 1.0, "low_open": True}), ("ef_decay", {}),
+    for key, kw in (("lr", {}), ("fraction", {"high": 1.0, "low_open": True}), ("ef_decay", {"high": 1.0}),
                     ("weight_decay", {}), ("epsilon", {})):
         check_hyper(group[key], key, **kw)
     if not isinstance(group["flatten"], bool):

@@ -4,13 +4,14 @@ loaded state tensors are the optimizer's own."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 import torch
 from torch.optim import Optimizer
 
-from ..validation import check_finite
+from ..validation import check_finite, local_tensor
 from .algorithms import ALGORITHMS
 from .dion import matrix_shape, param_rank
 from .muon import normuon_variance_state_shape
@@ -31,14 +32,63 @@ def add_param_group_checked(optimizer: Optimizer, param_group: dict, normalize: 
     """torch's ``add_param_group`` (defaults, (name, tensor) pairs -> ``param_names``, leaf and
     duplicate checks), then ``normalize`` on the added group; a rejected group is removed again.
 
-    Raises: whatever torch or ``normalize`` raise; the optimizer's groups are then as before.
+    Also rejected (before ``normalize``): a parameter listed twice in the group (torch only
+    warns, and the step would update it twice) and a parameter on the meta device (no data to
+    step: ``model.to_empty(device=...)`` and initialize it first).
+
+    Raises: whatever torch or ``normalize`` raise; ValueError starting with "params" and naming
+    the parameter (index in the group, and its name where given) for a duplicate or a meta
+    tensor; the optimizer's groups are then as before.
     """
-    Optimizer.add_param_group(optimizer, param_group)
+    _check_not_in_other_groups(optimizer, param_group)
+    with warnings.catch_warnings():  # torch's "duplicate parameters" warning: raised below instead
+        warnings.filterwarnings("ignore", message=".*duplicate parameters.*")
+        Optimizer.add_param_group(optimizer, param_group)
     try:
+        check_group_params(optimizer.param_groups[-1])
         normalize(optimizer.param_groups[-1])
     except Exception:
         optimizer.param_groups.pop()
         raise
+
+
+def _check_not_in_other_groups(optimizer: Optimizer, param_group) -> None:
+    """A parameter of ``param_group`` already in another group raises naming both places (torch's
+    own error names neither). Only for a list / tuple of parameters (a generator is left to torch:
+    reading it here would consume it)."""
+    params = param_group.get("params") if isinstance(param_group, Mapping) else None
+    if isinstance(params, torch.Tensor):
+        params = [params]
+    if not isinstance(params, (list, tuple)):
+        return
+    where = {id(p): (i, j) for i, g in enumerate(optimizer.param_groups) for j, p in enumerate(g["params"])}
+    for j, p in enumerate(params):
+        p = p[1] if isinstance(p, tuple) and len(p) == 2 else p  # (name, tensor) pairs
+        if id(p) in where:
+            i, k = where[id(p)]
+            raise ValueError(f"params: parameter {j} of the new param group is already parameter {k} of param group "
+                             f"{i}; a parameter belongs to one group")
+
+
+def check_group_params(group: dict) -> None:
+    """Every parameter of a group once, none on the meta device. Raises: ValueError starting with
+    "params" naming the parameter (its index in the group, its name where the group has
+    ``param_names``). Changes nothing."""
+    names = group.get("param_names") or []
+
+    def name(i: int) -> str:
+        return f"parameter {i}" + (f" ({names[i]!r})" if i < len(names) else "")
+
+    seen: dict[int, int] = {}
+    for i, p in enumerate(group["params"]):
+        if id(p) in seen:
+            raise ValueError(f"params: {name(i)} is {name(seen[id(p)])} again (the same tensor twice in one param "
+                             "group would be stepped twice); list each parameter once")
+        seen[id(p)] = i
+        if isinstance(p, torch.Tensor) and p.device.type == "meta":
+            raise ValueError(f"params: {name(i)} of shape {tuple(p.shape)} is on the meta device (no data to update); "
+                             "materialize the model first (model.to_empty(device=...) and initialize it), then build "
+                             "the optimizer")
 
 
 def check_group_algorithm(group: dict, algorithm: str, optimizer: str) -> None:
@@ -55,6 +105,62 @@ def check_group_algorithm(group: dict, algorithm: str, optimizer: str) -> None:
         owners = [a for a, spec in ALGORITHMS.items() if key in spec.defaults]
         if key not in own and key not in GROUP_BOOKKEEPING and owners:
             raise ValueError(f"{key}: an option of {'/'.join(owners)}, not of {algorithm} (its options: {sorted(own)})")
+
+
+#: The options of torch.optim's optimizers (their ``defaults`` in torch 2.13) that no algorithm
+#: here has, with the optimizers that have them: a saved group holding one is another optimizer's
+#: (a torch.optim.SGD state dict has ``dampening``), unless the key is accepted for the algorithm
+#: at that value (``TORCH_KEYS_ACCEPTED``).
+TORCH_ONLY_OPTIONS: dict[str, tuple[str, ...]] = {
+    "dampening": ("SGD",), "maximize": ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "NAdam", "RAdam", "Adamax"),
+    "foreach": ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad"), "fused": ("SGD", "Adam", "AdamW", "Adagrad"),
+    "differentiable": ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad"), "capturable": ("Adam", "AdamW", "RMSprop"),
+    "amsgrad": ("Adam", "AdamW"), "decoupled_weight_decay": ("Adam", "AdamW", "NAdam", "RAdam"),
+    "alpha": ("RMSprop", "ASGD"), "centered": ("RMSprop",), "lr_decay": ("Adagrad",),
+    "initial_accumulator_value": ("Adagrad",), "momentum_decay": ("NAdam",), "rho": ("Adadelta",),
+    "etas": ("Rprop",), "step_sizes": ("Rprop",), "lambd": ("ASGD",), "t0": ("ASGD",), "beta2_decay": ("Adafactor",),
+    "d": ("Adafactor",), "history_size": ("LBFGS",), "max_iter": ("LBFGS",), "line_search_fn": ("LBFGS",),
+}
+_ANY_BOOL = (None, False, True)
+#: torch.optim.AdamW's keys an AdamW group accepts (``HybridOptimizer`` loads torch.optim.AdamW
+#: checkpoints) at the values whose step is ours: implementation switches at any value,
+#: ``maximize`` / ``amsgrad`` off, decoupled weight decay on.
+TORCH_KEYS_ACCEPTED: dict[str, dict[str, tuple]] = {
+    "adamw": {"foreach": _ANY_BOOL, "fused": _ANY_BOOL, "capturable": _ANY_BOOL, "differentiable": (False,),
+              "maximize": (False,), "amsgrad": (False,), "decoupled_weight_decay": (True,)},
+}
+
+
+def _algorithm_of_options(keys) -> str | None:
+    """The algorithm whose option keys are ``keys`` (a group spec's), or None."""
+    keys = set(keys)
+    return next((name for name, spec in ALGORITHMS.items() if set(spec.defaults) == keys), None)
+
+
+def check_foreign_options(group: Mapping, keys, where: str) -> None:
+    """Reject a saved group holding an option its algorithm (``keys``: its option keys) lacks
+    but another optimizer has: another ortho_fast algorithm's (Muon's ``momentum`` in a state
+    dict given to Dion2) or a torch.optim optimizer's (``TORCH_ONLY_OPTIONS``: SGD's
+    ``dampening``), so that a foreign state dict never sets this optimizer's lr / momentum.
+    Other unknown keys (a scheduler's ``initial_lr``, a user's own) are kept.
+    Raises: ValueError starting with the key, naming its owners and ``where``. Changes nothing."""
+    from ..compat import FIXED
+
+    algorithm = _algorithm_of_options(keys)
+    keys = set(keys)
+    fixed = {f.name for table in FIXED.values() for f in table}  # other systems' names, checked by their tables
+    accepted = TORCH_KEYS_ACCEPTED.get(algorithm or "", {})
+    for key, value in group.items():
+        if key in keys or key in GROUP_BOOKKEEPING or key in fixed or not isinstance(key, str):
+            continue
+        if key in accepted and any(value is v or (type(value) is type(v) and value == v) for v in accepted[key]):
+            continue
+        owners = [f"ortho_fast {a}" for a, spec in ALGORITHMS.items() if key in spec.defaults]
+        owners += [f"torch.optim.{o}" for o in TORCH_ONLY_OPTIONS.get(key, ())]
+        if owners:
+            mine = algorithm or "this optimizer"
+            raise ValueError(f"{key}: an option of {' / '.join(owners)}, not of {mine} ({where} holds {key}={value!r}): "
+                             f"the state dict is another optimizer's; load it into that optimizer")
 
 
 _DTYPE_PREFIX = "torch."
@@ -101,12 +207,15 @@ class StateSpec:
     torch.optim.AdamW's layout, int64 in Dion's). A non-empty entry must hold every key (a
     missing key would be re-created as zeros: a silently different run) but those
     ``optional(group)`` names (keys whose re-creation changes nothing in that group) and no other.
+    ``nonnegative``: keys of second moments (averages of squares), which must hold no negative
+    entry (the step takes their square root: a negative one makes the parameter NaN).
     """
 
     algorithm: str
     tensors: Mapping[str, Callable[[torch.Tensor, dict], tuple[int, ...]]]
     counts: tuple[str, ...] = ()
     optional: Callable[[dict], tuple[str, ...]] = lambda group: ()
+    nonnegative: tuple[str, ...] = ()
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -120,9 +229,11 @@ STATE_SPECS: dict[str, StateSpec] = {
     "dion": StateSpec("Dion", {"momentum": _param_shape, "Q": _dion_q_shape}, ("step",),
                       lambda group: () if group["qr_method"] in ("randomized_cholesky_qr", "rcqr") else ("step",)),
     # Muon with NorMuon on (``ortho_fast.groups.muon.muon_state_algorithm``): its second moment too.
-    "normuon": StateSpec("NorMuon", {"momentum_buffer": _param_shape, VARIANCE_KEY: normuon_variance_state_shape}),
+    "normuon": StateSpec("NorMuon", {"momentum_buffer": _param_shape, VARIANCE_KEY: normuon_variance_state_shape},
+                         nonnegative=(VARIANCE_KEY,)),
     "dion2": StateSpec("Dion2", {"momentum": _param_shape}),
-    "adamw": StateSpec("AdamW", {"exp_avg": _param_shape, "exp_avg_sq": _param_shape}, ("step",)),
+    "adamw": StateSpec("AdamW", {"exp_avg": _param_shape, "exp_avg_sq": _param_shape}, ("step",),
+                       nonnegative=("exp_avg_sq",)),
     "lion": StateSpec("Lion", {"exp_avg": _param_shape}),
 }
 
@@ -137,8 +248,9 @@ def check_saved_state(entry, spec: StateSpec, p: torch.Tensor, group: dict, wher
 
     Raises: ValueError starting with the state key (or "state") and naming the parameter
     (``where``): an entry that is not a dict, a key of another optimizer or a missing key, a
-    tensor that is not real floating (an int64 Q), of the wrong shape or not finite, a step
-    count that is not a one-element tensor holding a non-negative integer.
+    tensor that is not real floating (an int64 Q), of the wrong shape or not finite, a second
+    moment (``spec.nonnegative``) with a negative entry, a step count that is not a one-element
+    tensor holding a non-negative integer.
     """
     if not isinstance(entry, Mapping):
         raise ValueError(f"state: expected a dict of tensors for {where}, got {type(entry).__name__}")
@@ -160,6 +272,11 @@ def check_saved_state(entry, spec: StateSpec, p: torch.Tensor, group: dict, wher
         if tuple(value.shape) != want:
             raise ValueError(f"{key}: expected shape {want} for {where}, got {tuple(value.shape)}")
         check_finite(value, f"{key} of {where}")
+        if key in spec.nonnegative:
+            local = local_tensor(value)
+            if local.numel() and bool(local.amin() < 0):
+                raise ValueError(f"{key}: a second moment must be >= 0, got a minimum of {local.amin().item():.3g} "
+                                 f"for {where} (a corrupt checkpoint: its square root would make the parameter NaN)")
     for key in spec.counts:
         if key not in entry:
             continue
@@ -194,16 +311,64 @@ def _agree_key(runner) -> object:
     return ("runner", id(runner)) if axes is None else frozenset(a.ranks for a in axes)
 
 
+def check_state_dict_ids(state_dict: Mapping) -> None:
+    """The parameter ids of a state dict: each listed once across its ``param_groups``, and every
+    key of its ``state`` one of them (torch's load drops an entry whose key is not: a checkpoint
+    whose keys became strings "0", "1" — through JSON — would start every parameter from empty
+    state, silently). Raises: ValueError starting with "param_groups" (a malformed group, an id
+    listed twice) or "state" (naming the key; a string of an id says how to convert). Changes nothing."""
+    groups, state = state_dict["param_groups"], state_dict["state"]
+    if not isinstance(groups, (list, tuple)):
+        raise ValueError(f"param_groups: expected a list of dicts, got {type(groups).__name__}")
+    if not isinstance(state, Mapping):
+        raise ValueError(f"state: expected a dict {{parameter id: state}}, got {type(state).__name__}")
+    owner: dict = {}
+    for i, group in enumerate(groups):
+        if not isinstance(group, Mapping) or not isinstance(group.get("params"), (list, tuple)):
+            raise ValueError(f"param_groups: group {i} must be a dict whose 'params' is a list of parameter ids, got "
+                             f"{group!r:.80}")
+        for pid in group["params"]:
+            if not isinstance(pid, (int, str)) or isinstance(pid, bool):
+                raise ValueError(f"param_groups: group {i} lists {pid!r} ({type(pid).__name__}); expected parameter "
+                                 "ids (ints, as Optimizer.state_dict() writes them)")
+            if pid in owner:
+                where = "again" if owner[pid] == i else f"and in param group {owner[pid]}"
+                raise ValueError(f"param_groups: parameter id {pid!r} is listed twice (in param group {i} {where}); "
+                                 "each parameter of a state dict appears once (a hand-edited or merged checkpoint?)")
+            owner[pid] = i
+    for key in state:
+        if key in owner:
+            continue
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit() and int(key) in owner:
+            raise ValueError(f"state: key {key!r} is a string but the param_groups list parameter ids as ints (the "
+                             "state dict went through JSON?); loading it would start every parameter from empty state. "
+                             "Convert the keys first: state_dict['state'] = {int(k): v for k, v in "
+                             "state_dict['state'].items()}")
+        ids = sorted(owner, key=str)
+        raise ValueError(f"state: key {key!r} is not a parameter id of the state dict's param_groups "
+                         f"({ids[:8]}{' ...' if len(ids) > 8 else ''}); its state would be dropped")
+
+
 def _checked_groups(optimizer: Optimizer, state_dict, group_spec: GroupSpec, algorithm_of) -> list[dict]:
     """Steps 0 and 1 of ``load_state_dict_checked`` and its saved-state check: the completed
     saved groups, or the first error (nothing changed)."""
     if not isinstance(state_dict, Mapping) or not {"state", "param_groups"} <= set(state_dict):
         raise ValueError("state_dict: expected a dict with 'state' and 'param_groups' (an optimizer's state_dict())")
+    check_state_dict_ids(state_dict)
     saved = [{k: _dtype_from_name(v) for k, v in g.items()} for g in state_dict["param_groups"]]
+    if len(saved) != len(optimizer.param_groups):
+        raise ValueError(f"param_groups: the state dict has {len(saved)} param group(s), this optimizer "
+                         f"{len(optimizer.param_groups)} (a checkpoint of another model or optimizer?)")
+    for i, (group, current) in enumerate(zip(saved, optimizer.param_groups)):
+        if len(group["params"]) != len(current["params"]):
+            raise ValueError(f"param_groups: param group {i} of the state dict has {len(group['params'])} "
+                             f"parameter(s), this optimizer's {len(current['params'])} (a checkpoint of another "
+                             "model, or groups built in another order?)")
     trials = []
     if len(saved) == len(optimizer.param_groups):
         for i, (group, current) in enumerate(zip(saved, optimizer.param_groups)):
             keys, normalize = group_spec(i, group, current)
+            check_foreign_options(group, keys, f"param group {i} of the state dict")
             for key in keys:
                 group.setdefault(key, current[key])
             trial = {**group, "params": current["params"]}
@@ -253,8 +418,9 @@ def load_state_dict_checked(optimizer: Optimizer, state_dict: dict, group_spec: 
     all-reduce per mesh axis, also when every rank is fine; runners on the same axes agree once),
     so no rank loads while another does not.
     Raises: whatever ``group_spec``, its normalize function or ``check_saved_state`` raise
-    (before any change); ValueError for a state dict without "state" / "param_groups"; torch's
-    errors for a state dict of another shape (before any change too).
+    (before any change); ValueError for a state dict without "state" / "param_groups", with
+    another number of groups or of parameters in a group, or whose ids or keys do not match
+    (``check_state_dict_ids``), or holding another optimizer's options (``check_foreign_options``).
     """
     error, saved = None, []
     try:

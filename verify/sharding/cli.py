@@ -51,9 +51,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="check your own distributed optimizer instead: factory(params, layout) found by import "
                              "path (ortho_verify.check_sharded_optimizer; --world-size, --layout, --dtype, --timeout "
                              "apply; writes sharded_optimizer.json)")
-    parser.add_argument("--timeout", type=float, default=TIMEOUT,
+    parser.add_argument("--timeout", type=_positive_seconds, default=TIMEOUT,
                         help=f"seconds per launch before the workers are killed (default {TIMEOUT:g})")
     return parser
+
+
+def _positive_seconds(text: str) -> float:
+    """``--timeout``'s type: a finite number of seconds > 0 (argparse exits 2 naming the option
+    otherwise, before any worker is launched)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
