@@ -183,21 +183,22 @@ def kernel_suffix(gram: bool | None) -> str:
 
 
 def check_newton_schulz(case: MatrixCase, schedule: str, dtype: str, record: list | None = None,
-                        gram: bool | None = None) -> list[CheckResult]:
+                        gram: bool | None = None, device=None) -> list[CheckResult]:
     """(a) ``newton_schulz`` vs ``ns_map`` and (b) the singular-value spread vs the exact band
     (``compare_ns_output``), for a registered schedule computed in ``dtype``.
 
     ``record``: optional list receiving (σ̂, uᵢᵀ X_fast vᵢ) for the singular-value map.
     ``gram``: ``newton_schulz``'s setting (None: its automatic choice; True / False name the
-    kernel in the row's detail: "/gram", "/plain").
+    kernel in the row's detail: "/gram", "/plain"). ``device``: where ``newton_schulz`` runs (the
+    float64 input is moved there, the result back; None: the CPU).
     """
     a = case.matrix
     # The reference uses the oracle's own transcription of the schedule; the fast side is
     # called by name, so a wrong entry in either registry shows up here too.
     sched = ortho_ref.SCHEDULES[schedule]
     fast = ortho_fast.newton_schulz(
-        torch.from_numpy(a), schedule, safety=sched.safety, eps=sched.eps, dtype=TORCH_DTYPES[dtype], gram=gram
-    ).to(torch.float64).numpy()
+        torch.from_numpy(a).to(device or "cpu"), schedule, safety=sched.safety, eps=sched.eps, dtype=TORCH_DTYPES[dtype],
+        gram=gram).cpu().to(torch.float64).numpy()
     needs_svd = dtype == "bfloat16" or record is not None
     return compare_ns_output(fast, a, ortho_ref.schedule(schedule), safety=sched.safety, eps=sched.eps, dtype=dtype,
                              input_name=case.name, detail=f"{schedule}/{dtype}{kernel_suffix(gram)}",
