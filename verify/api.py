@@ -97,7 +97,7 @@ def _check_shapes(shapes) -> list[tuple[int, ...]] | None:
         return None
     try:
         out = [tuple(int(d) for d in sh) for sh in shapes]
-    except TypeError:
+    except (TypeError, ValueError):
         raise ValueError(f"shapes: expected a list of (m, n) or (*batch, m, n) tuples, got {shapes!r}") from None
     if not out or any(len(sh) < 2 or min(sh) < 1 for sh in out):
         raise ValueError(f"shapes: expected a non-empty list of (m, n) or (*batch, m, n) tuples of dims >= 1, "
@@ -185,10 +185,12 @@ def call_with_timeout(fn: Callable, x, timeout_s: float | None):
     if not timeout_s > 0:
         raise ValueError(f"timeout_s: expected > 0 or None, got {timeout_s!r}")
     box: dict = {}
+    carried = _dynamo_settings()
 
     def run():
         try:
-            box["ok"] = fn(x)
+            with _with_dynamo_settings(carried):
+                box["ok"] = fn(x)
         except Exception as err:  # reported as a failed check
             box["raised"] = err
 
@@ -198,6 +200,33 @@ def call_with_timeout(fn: Callable, x, timeout_s: float | None):
     if worker.is_alive():
         return "timeout", None
     return ("ok", box["ok"]) if "ok" in box else ("raised", box.get("raised"))
+
+
+def _dynamo_settings() -> dict | None:
+    """The caller's ``torch._dynamo.config`` values (None when dynamo was never imported). dynamo's
+    settings are thread-local (torch 2.13: ``recompile_limit = 64`` set in the main thread reads 8 in
+    another), so ``call_with_timeout`` carries them into its worker thread: a user's raised
+    ``recompile_limit`` must hold where the judge calls the kernel."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return None
+    return sys.modules["torch._dynamo"].config.get_config_copy()
+
+
+def _with_dynamo_settings(settings: dict | None):
+    """A context that applies the caller's dynamo settings (``_dynamo_settings``) in this thread:
+    ``torch._dynamo.config.patch`` with the values that differ here."""
+    import contextlib
+    import sys
+
+    if not settings:
+        return contextlib.nullcontext()
+    config = sys.modules["torch._dynamo"].config
+    here = config.get_config_copy()
+    missing = object()
+    changed = {k: v for k, v in settings.items() if here.get(k, missing) != v}
+    return config.patch(changed) if changed else contextlib.nullcontext()
 
 
 def _batched_hint(x: torch.Tensor) -> str:
