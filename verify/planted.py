@@ -148,7 +148,7 @@ def gram_newton_schulz_kernel(g: torch.Tensor, coefficients=GRAM_POLAR_EXPRESS, 
     tall = x.shape[-2] > x.shape[-1]
     if tall:
         x = x.mT
-    eye = torch.eye(x.shape[-2], dtype=dtype)
+    eye = torch.eye(x.shape[-2], dtype=dtype, device=x.device)
     r = x @ x.mT
     q = None
     last = len(coefficients) - 1
