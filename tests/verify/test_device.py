@@ -130,3 +130,25 @@ def test_ortho_fast_kernel_passes_on_cpu_device_in_float16():
 
     report = check_orthogonalizer(kernel, dtype=torch.float16, device="cpu", statistical=False)
     assert report.passed, report.summary()
+
+
+def test_verify_orthogonalizer_fixture_takes_a_device(verify_orthogonalizer):
+    report = verify_orthogonalizer(newton_schulz_kernel, examples=default_examples("float32")[:2], device="cpu")
+    assert "on cpu (" in report.subject
+
+
+def test_ortho_device_option_is_the_fixture_default():
+    """``pytest --ortho-device DEVICE``: the default device= of verify_orthogonalizer (here "meta", which
+    the check refuses before running: the option reached it)."""
+    from types import SimpleNamespace
+
+    from ortho_verify import pytest_plugin
+
+    raw = getattr(pytest_plugin.verify_orthogonalizer, "__wrapped__", pytest_plugin.verify_orthogonalizer)
+    options = {"--ortho-device": "meta", "--ortho-report": None}
+    request = SimpleNamespace(config=SimpleNamespace(getoption=lambda name, default=None: options.get(name, default)),
+                              node=SimpleNamespace(nodeid="t"))
+    check = raw(request)
+    with pytest.raises(ValueError, match="meta"):
+        check(newton_schulz_kernel, examples=default_examples("float32")[:1])
+    assert "on cpu (" in check(newton_schulz_kernel, examples=default_examples("float32")[:1], device="cpu").subject
