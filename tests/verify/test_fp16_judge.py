@@ -100,7 +100,7 @@ def test_compute_name():
         check_orthogonalizer(FP16, dtype=torch.int32)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(deadline=None)
 @given(st.lists(st.floats(0.05, 1.0), min_size=1, max_size=12), st.integers(2, 64), st.integers(1, 64))
 def test_float16_tolerance_is_eight_times_finer_than_bfloat16(sigmas, m, n):
     """Same accumulation (float32), unit roundoff 2⁻¹¹ vs 2⁻⁸: ρ scales by 1/8 and the tolerance by

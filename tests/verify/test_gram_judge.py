@@ -23,12 +23,13 @@ TABLE = np.array(GRAM_POLAR_EXPRESS)
 GRAM = dict(coefficients=TABLE, safety=1.0, eps=1e-7, form="gram", restarts=GRAM_RESTARTS)
 FP16_ON_FP32 = dict(dtype=torch.float32, compute_dtype=torch.float16)
 
-@settings(max_examples=60, deadline=None)
-@given(st.sampled_from(sorted(ortho_ref.SCHEDULES)), st.integers(1, 8), st.floats(0.98, 1.02),
-       st.lists(st.floats(0.0, 1.1), min_size=1, max_size=9), st.sets(st.integers(1, 7)))
+@settings(deadline=None)
+@given(st.sampled_from(sorted(ortho_ref.SCHEDULES)), st.integers(1, 8), st.floats(0.97, 1.0),
+       st.lists(st.floats(0.0, 1.0), min_size=1, max_size=9), st.sets(st.integers(1, 7)))
 def test_gram_recurrence_is_the_newton_schulz_map(name, steps, scale, xs, restarts):
     """Exact arithmetic: the Gram form (any restarts) and the standard form are the same map, for every
-    registered schedule (its rows scaled by a random factor) and any restarts."""
+    registered schedule (its rows scaled by a random factor) and any restarts, on [0, 1] (σ̂ ≤ 1 after
+    normalization; past it a steep schedule diverges and both sides overflow)."""
     t = ortho_ref.schedule(name, steps) * scale
     r = tuple(i for i in sorted(restarts) if i < len(t))
     x = np.array(xs)

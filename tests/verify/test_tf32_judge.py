@@ -16,7 +16,7 @@ from ortho_verify.tolerances import TF32_UNIT_ROUNDOFF, operand_roundings, per_p
 finite32 = st.floats(-2.0**127, 2.0**127, allow_nan=False, width=32)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(st.lists(finite32, min_size=1, max_size=16))
 def test_round_to_tf32_keeps_ten_bits_nearest(values):
     x = torch.tensor(values, dtype=torch.float32)
