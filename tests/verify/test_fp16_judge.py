@@ -111,3 +111,16 @@ def test_float16_tolerance_is_eight_times_finer_than_bfloat16(sigmas, m, n):
     t16 = ns_singular_value_tolerances(s, table, (m, n), "float16")
     t8 = ns_singular_value_tolerances(s, table, (m, n), "bfloat16")
     assert np.all(t16 > 0) and np.all(t16 <= t8)
+
+
+def test_a_float16_failure_replays_with_its_compute_dtype():
+    from ortho_verify import replay_example
+
+    kernel = functools.partial(newton_schulz_kernel, dtype=torch.bfloat16)
+    declared = dict(dtype=torch.float32, compute_dtype=torch.float16)
+    report = check_orthogonalizer(kernel, examples=default_examples("float32", compute_dtype="float16")[:6],
+                                  **declared)
+    failure = report.failures[0]
+    rows = replay_example(kernel, failure, **declared)
+    assert [(r.check, r.error, r.tolerance) for r in rows] == [(failure.result.check, failure.result.error,
+                                                                 failure.result.tolerance)]
