@@ -285,7 +285,7 @@ def _collect(args: argparse.Namespace, console, sv_points: dict) -> tuple[list, 
             train_info = data.last_run_info()
             progress.remove_task(task)
         cases += synthetic_matrices(quick=args.quick, seed=args.seed)
-        jobs = plan_jobs(cases, args.quick, None if args.no_plots else sv_points, device=args.device)
+        jobs = plan_jobs(cases, args.quick, None if args.no_plots else sv_points, args.device)
         task = progress.add_task("checks", total=len(jobs))
         results = []
         for label, job in jobs:
@@ -340,7 +340,8 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
     device = meta["device"]
     console.print(f"[{style}]{summ['verdict'].upper()}: {summ['passed']} passed, {summ['failed']} failed[/], "
                   f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} s; Newton–Schulz on "
-                  f"{device['device']}: {device['name']}, torch {device['torch']}, CUDA {device['cuda']})")
+                  f"{device['device']}" + (f" {device['name']}, CUDA {device['cuda']}" if device["cuda"] and
+                                           device["device"] != "cpu" else "") + ")")
     for why in summ["inconclusive"]:
         console.print(f"[bold red]inconclusive: nothing compared — {why}[/]")
     written = [json_path, md_path] + ([args.junit_xml] if args.junit_xml is not None else [])
