@@ -269,9 +269,10 @@ def precision_power():
     return lines
 
 
-def precision_false_alarms(runs: int, matrices: int):
-    """False alarms of the float16 statistical row (two correct kernels) and of the Gram rows (the
-    planted float16 Gram kernel on one default-spec input per run, seeds 0 .. runs − 1)."""
+def precision_false_alarms(runs: int, matrices: int, parts=("user", "ortho_fast", "gram")):
+    """False alarms of the float16 statistical row (two correct kernels: ``parts`` "user", "ortho_fast")
+    and of the Gram rows ("gram": the planted float16 Gram kernel on one default-spec input per run,
+    seeds 0 .. runs − 1)."""
     import functools
 
     from ortho_verify.api import DEFAULT_SPECS, _scale, check_orthogonalizer_example
@@ -282,7 +283,10 @@ def precision_false_alarms(runs: int, matrices: int):
     kernels = {"user kernel (float16)": functools.partial(newton_schulz_kernel, dtype=torch.float16),
                "ortho_fast.newton_schulz (float16)": lambda g: ortho_fast.newton_schulz(g, "jordan",
                                                                                           dtype=torch.float16)}
+    chosen = {"user kernel (float16)": "user", "ortho_fast.newton_schulz (float16)": "ortho_fast"}
     for label, fn in kernels.items():
+        if chosen[label] not in parts:
+            continue
         t0, failures, worst = time.time(), 0, 0.0
         for seed in range(runs):
             batch = statistical_batch(1.0, (24, 16), None, matrices, "float16", seed=seed)
@@ -294,6 +298,8 @@ def precision_false_alarms(runs: int, matrices: int):
         lines.append(f"| `ns_mean_deviation`, {label} | {runs} | {matrices} × 24 × 16 | {failures} | {worst:.3f} | "
                      f"{time.time() - t0:.0f} s |")
         print(lines[-1], flush=True)
+    if "gram" not in parts:
+        return lines
     table = np.array(GRAM_POLAR_EXPRESS)
     t0, failures, worst, rows = time.time(), 0, 0.0, 0
     for seed in range(runs):
@@ -353,10 +359,15 @@ def main(argv=None) -> int:
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--precisions", action="store_true",
                         help="the float16 / TF32 / Gram power table and their false alarms (section precision_power)")
+    parser.add_argument("--parts", default="power,user,ortho_fast,gram",
+                        help="with --precisions: which parts to run (comma-separated of power, user, ortho_fast, gram; "
+                             "run them as separate processes on a loaded machine and join the printed rows)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     if args.precisions:
-        text = precision_markdown(precision_power(), precision_false_alarms(args.runs, args.matrices), args.runs,
+        parts = set(args.parts.split(","))
+        power = precision_power() if "power" in parts else []
+        text = precision_markdown(power, precision_false_alarms(args.runs, args.matrices, parts), args.runs,
                                   args.matrices)
         print(text)
         if args.write_docs:
