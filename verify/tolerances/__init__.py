@@ -7,8 +7,10 @@ repeats the derivations; the constants are the only free choices and each says w
 
 By subject (every name stays importable from ``ortho_verify.tolerances``):
 
-- ``roundoff``: unit roundoffs, C_NS, the matmul / factorization rounding models;
-- ``newton_schulz``: ``ns_tolerance`` and the per-direction bfloat16 tolerances;
+- ``roundoff``: unit roundoffs (TF32's 2⁻¹¹ operand rounding included), C_NS, the matmul /
+  factorization rounding models;
+- ``newton_schulz``: ``ns_tolerance``, the per-direction bfloat16 / float16 / TF32 tolerances and the
+  Gram Newton–Schulz ones (``ns_gram_singular_value_tolerances``, ``ns_gram_tolerance``);
 - ``statistical``: the mean deviation over many matrices of a low-precision kernel
   (``ns_rounding_moments``, ``ns_mean_deviation_tolerances``, false-alarm probability 1e-6);
 - ``polar``: the oracle's SVD, polar factor, ``ns_map`` and mpmath agreement;
