@@ -285,7 +285,9 @@ def _collect(args: argparse.Namespace, console, sv_points: dict) -> tuple[list, 
             train_info = data.last_run_info()
             progress.remove_task(task)
         cases += synthetic_matrices(quick=args.quick, seed=args.seed)
-        jobs = plan_jobs(cases, args.quick, None if args.no_plots else sv_points, args.device)
+        # the device only when it is not the CPU: plan_jobs(cases, quick, sv_points) stays the CPU run's call
+        on_device = () if args.device == "cpu" else (args.device,)
+        jobs = plan_jobs(cases, args.quick, None if args.no_plots else sv_points, *on_device)
         task = progress.add_task("checks", total=len(jobs))
         results = []
         for label, job in jobs:
