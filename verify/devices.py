@@ -60,8 +60,12 @@ def describe_device(device) -> dict:
     info = {"device": str(dev), "torch": torch.__version__, "cuda": torch.version.cuda}
     if dev.type == "cuda":
         major, minor = torch.cuda.get_device_capability(dev)
+        matmul = torch.backends.cuda.matmul
+        reduced = [name for name, flag in (("bfloat16", "allow_bf16_reduced_precision_reduction"),
+                                           ("float16", "allow_fp16_reduced_precision_reduction"))
+                   if bool(getattr(matmul, flag, False))]
         info.update(name=torch.cuda.get_device_name(dev), capability=f"{major}.{minor}",
-                    tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32))
+                    tf32_matmul=bool(matmul.allow_tf32), reduced_precision_reduction=reduced)
     else:
         info["name"] = platform.processor() or platform.machine() or dev.type
     return info
