@@ -152,3 +152,15 @@ def test_ortho_device_option_is_the_fixture_default():
     with pytest.raises(ValueError, match="meta"):
         check(newton_schulz_kernel, examples=default_examples("float32")[:1])
     assert "on cpu (" in check(newton_schulz_kernel, examples=default_examples("float32")[:1], device="cpu").subject
+
+
+def test_sharding_device_is_refused_clearly_until_the_sharded_check_takes_it(capsys):
+    from ortho_verify.cli import _sharding_takes_device, main
+    from ortho_verify.sharding import cli as sharding_cli
+
+    if "--device" in sharding_cli.build_parser()._option_string_actions:
+        assert _sharding_takes_device(["--device", "cpu"])
+        return
+    assert main(["sharding", "--device", "cuda"]) == 2
+    assert "device= not supported for sharding yet" in capsys.readouterr().err
+    assert _sharding_takes_device(["--quick"])
