@@ -30,27 +30,79 @@ import torch
 from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.diagnoses import with_cause
 from ortho_verify.checks.newton_schulz import compare_ns_output
-from ortho_verify.checks.statistical import (StatisticalBatch, compare_ns_statistics, statistical_batch,
-                                             statistical_batches)
+from ortho_verify.checks.statistical import (STATISTICAL_SPECS, StatisticalBatch, compare_ns_statistics,
+                                             statistical_batch, statistical_batches)
 from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, dtype_name,
                                       table_and_normalization)
+from ortho_verify.devices import describe_device, device_label, resolve_device
 from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
+from ortho_verify.tolerances import NS_FORMS, validate_restarts
 from ortho_verify.optimizer_checks import DEFAULT_SHAPES, check_optimizer, optimizer_inputs
 from ortho_verify.results import CheckResult, Failure, VerificationReport, measured
 
 __all__ = [
     "DEFAULT_SHAPES", "DEFAULT_SPECS", "DEFAULT_TIMEOUT_S", "DION", "DionConventions", "Failure", "MuonConventions",
-    "ORTHO_MUON", "call_with_timeout", "check_orthogonalizer_statistics",
+    "ORTHO_MUON", "RECOMPILE_LIMIT_FIX", "call_with_timeout", "check_orthogonalizer_statistics", "compute_name",
+    "is_recompile_limit",
     "TORCH_MUON", "VerificationReport", "check_optimizer", "check_orthogonalizer", "check_orthogonalizer_example",
     "default_examples", "dtype_name", "optimizer_inputs", "REPLAY_HINT", "replay_example",
 ]
 
 
 def _ns_dtype_name(dtype) -> str:
-    """The compute dtype of an orthogonalizer check: float64, float32 or bfloat16 (the dtypes of
-    ``ortho_verify.strategies.DTYPES``, whose inputs and tolerances are defined); TypeError otherwise
-    (float16 included: its range would need inputs of their own)."""
-    return dtype_name(dtype, DTYPES)
+    """The input dtype of an orthogonalizer check: float64, float32, bfloat16 or float16 (the dtypes of
+    ``ortho_verify.examples.DTYPES``, whose inputs are defined); "high" is float32 (TF32 products);
+    TypeError otherwise."""
+    return "float32" if isinstance(dtype, str) and dtype in ("high", "tf32") else dtype_name(dtype, DTYPES)
+
+
+def compute_name(dtype, compute_dtype=None) -> str:
+    """The compute precision the kernel is judged with: ``compute_dtype`` when given, else ``dtype``'s;
+    "high" / "tf32" name TF32 (float32 storage, products of 10-bit operands, float32 accumulation).
+    One of ``ortho_verify.tolerances.COMPUTE_PRECISIONS``.
+    Raises: TypeError naming compute_dtype (or dtype) for anything else."""
+    value, argument = (dtype, "dtype") if compute_dtype is None else (compute_dtype, "compute_dtype")
+    if isinstance(value, str) and value in ("high", "tf32"):
+        return "tf32"
+    return dtype_name(value, DTYPES, argument)
+
+
+#: float16's range for the default inputs (largest finite 65504, smallest normal 2⁻¹⁴ ≈ 6.1e-5):
+#: scales outside [1e-3, MAX_SCALE["float16"]] are clipped into it when the input or the compute
+#: dtype is float16 (a 1e-30 matrix is 0 in float16; at ‖G‖_F = 1e-3 the entries of a 20 × 12
+#: input are ≈ 6e-5, still normal). The ‖G‖_F = 1e-5 input stays: its entries are subnormal but
+#: exact as the kernel receives them, and it is where eps = 1e-7 is a 1% scale.
+FLOAT16_MIN_SCALE = 1e-3
+
+
+def _scale(scale, name: str, compute: str) -> float:
+    """A default spec's scale for an input dtype ``name`` and compute precision ``compute``."""
+    limit = min(MAX_SCALE[name], MAX_SCALE.get(compute, MAX_SCALE["float32"]))
+    value = limit if scale == "max" else min(scale, limit)
+    if "float16" in (name, compute) and value < 1e-10:
+        return FLOAT16_MIN_SCALE
+    return value
+
+
+def _shape_key(shape) -> tuple:
+    """Grouping key of an input shape: (m, n) first, then the batch dims (compiled kernels recompile
+    per distinct shape; grouped inputs make each shape's compilation happen once, in a row)."""
+    return tuple(shape[-2:]) + tuple(shape[:-2])
+
+
+def _check_shapes(shapes) -> list[tuple[int, ...]] | None:
+    """``shapes=`` as a list of int tuples ((m, n) or (*batch, m, n)); None passes through.
+    Raises: ValueError naming shapes."""
+    if shapes is None:
+        return None
+    try:
+        out = [tuple(int(d) for d in sh) for sh in shapes]
+    except (TypeError, ValueError):
+        raise ValueError(f"shapes: expected a list of (m, n) or (*batch, m, n) tuples, got {shapes!r}") from None
+    if not out or any(len(sh) < 2 or min(sh) < 1 for sh in out):
+        raise ValueError(f"shapes: expected a non-empty list of (m, n) or (*batch, m, n) tuples of dims >= 1, "
+                         f"got {shapes!r}")
+    return out
 
 
 #: (family, parameters, shape, scale) of the default inputs: every family, tall / wide /
@@ -89,17 +141,30 @@ def _batch_limit(batched: bool, max_batch_dims: int | None) -> int | None:
 
 
 def default_examples(dtype="float32", seed: int = 0, batched: bool = True,
-                     max_batch_dims: int | None = None) -> list[SpectralExample]:
+                     max_batch_dims: int | None = None, *, compute_dtype=None,
+                     shapes=None) -> list[SpectralExample]:
     """The inputs ``check_orthogonalizer`` uses by default (``DEFAULT_SPECS``), deterministic
-    for a seed; example i is drawn with seed ``seed + i``. ``batched=False`` leaves out the
+    for a seed; example i is drawn with seed ``seed + i``, grouped by shape ((m, n), then batch
+    dims; a compiled kernel compiles once per shape). ``batched=False`` leaves out the
     inputs with batch dimensions; ``max_batch_dims=b`` those with more than b (1: a kernel that
-    takes (m, n) or (b, m, n) only). Raises: TypeError for a dtype other than float64 / float32 /
-    bfloat16; ValueError for a negative max_batch_dims."""
+    takes (m, n) or (b, m, n) only). ``shapes`` (a list of (m, n) or (*batch, m, n)): every spec's
+    family and scale drawn at each of these shapes instead of its own (spec i at shape j with seed
+    ``seed + i``), for a kernel compiled for a few shapes. ``compute_dtype``: the precision the
+    kernel computes in, when it differs from the input ``dtype``; with float16 on either side the
+    scales are clipped into float16's range (``FLOAT16_MIN_SCALE``, ``MAX_SCALE``).
+    Raises: TypeError for a dtype other than float64 / float32 / bfloat16 / float16; ValueError for a
+    negative max_batch_dims or bad shapes."""
     name = _ns_dtype_name(dtype)
+    compute = compute_name(dtype, compute_dtype)
     limit = _batch_limit(batched, max_batch_dims)
-    return [build_example(kind, params, shape=shape, scale=MAX_SCALE[name] if scale == "max" else scale, dtype=name,
-                          seed=seed + i) for i, (kind, params, shape, scale) in enumerate(DEFAULT_SPECS)
-            if limit is None or len(shape) - 2 <= limit]
+    wanted = _check_shapes(shapes)
+    out = []
+    for i, (kind, params, shape, scale) in enumerate(DEFAULT_SPECS):
+        for sh in [shape] if wanted is None else wanted:
+            if limit is None or len(sh) - 2 <= limit:
+                out.append(build_example(kind, params, shape=sh, scale=_scale(scale, name, compute), dtype=name,
+                                         seed=seed + i))
+    return sorted(out, key=lambda ex: _shape_key(ex.matrix.shape))  # stable: spec order within a shape
 
 
 #: Default seconds one call of the checked kernel may take before ``check_orthogonalizer``
@@ -120,10 +185,12 @@ def call_with_timeout(fn: Callable, x, timeout_s: float | None):
     if not timeout_s > 0:
         raise ValueError(f"timeout_s: expected > 0 or None, got {timeout_s!r}")
     box: dict = {}
+    carried = _dynamo_settings()
 
     def run():
         try:
-            box["ok"] = fn(x)
+            with _with_dynamo_settings(carried):
+                box["ok"] = fn(x)
         except Exception as err:  # reported as a failed check
             box["raised"] = err
 
@@ -135,16 +202,82 @@ def call_with_timeout(fn: Callable, x, timeout_s: float | None):
     return ("ok", box["ok"]) if "ok" in box else ("raised", box.get("raised"))
 
 
+def _dynamo_settings() -> dict | None:
+    """The caller's ``torch._dynamo.config`` values (None when dynamo was never imported). dynamo's
+    settings are thread-local (torch 2.13: ``recompile_limit = 64`` set in the main thread reads 8 in
+    another), so ``call_with_timeout`` carries them into its worker thread: a user's raised
+    ``recompile_limit`` must hold where the judge calls the kernel."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return None
+    return sys.modules["torch._dynamo"].config.get_config_copy()
+
+
+def _with_dynamo_settings(settings: dict | None):
+    """A context that applies the caller's dynamo settings (``_dynamo_settings``) in this thread:
+    ``torch._dynamo.config.patch`` with the values that differ here."""
+    import contextlib
+    import sys
+
+    if not settings:
+        return contextlib.nullcontext()
+    config = sys.modules["torch._dynamo"].config
+    here = config.get_config_copy()
+    missing = object()
+    changed = {k: v for k, v in settings.items() if here.get(k, missing) != v}
+    return config.patch(changed) if changed else contextlib.nullcontext()
+
+
 def _batched_hint(x: torch.Tensor) -> str:
     """The note's advice when fn raised on an input with batch dims ("" for a matrix)."""
     return (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
             "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most") if x.ndim > 2 else ""
 
 
+#: What to do when a compiled kernel hits torch.compile's recompile limit (the row ``recompile_limit``).
+RECOMPILE_LIMIT_FIX = ("not a wrong result: torch.compile recompiled the kernel for each new input shape and hit "
+                       "dynamo's recompile limit, so this input was not judged. Fix: raise "
+                       "torch._dynamo.config.recompile_limit (cache_size_limit before torch 2.6), compile with "
+                       "dynamic=True or torch._dynamo.mark_dynamic(x, ...), or pass shapes=[...] to check the "
+                       "shapes the kernel is compiled for")
+
+_RECOMPILE_NAMES = ("FailOnRecompileLimitHit", "RecompileLimitExceeded", "CacheLimitExceeded")
+_RECOMPILE_TEXT = ("recompile_limit", "cache_size_limit", "recompile limit", "cache size limit")
+
+
+def is_recompile_limit(err: BaseException) -> bool:
+    """True for torch dynamo's recompile-limit failure (``torch._dynamo.exc.FailOnRecompileLimitHit``,
+    older ``RecompileLimitExceeded`` / ``CacheLimitExceeded``, or any exception whose message names
+    ``recompile_limit`` / ``cache_size_limit``), also when wrapped (``__cause__`` / ``__context__``)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if type(err).__name__ in _RECOMPILE_NAMES or any(t in str(err) for t in _RECOMPILE_TEXT):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _raised_row(err, x: torch.Tensor, input_name: str, what: str) -> CheckResult:
+    """The failed row for an fn that raised: ``recompile_limit`` (named, with the fix) or
+    ``orthogonalizer_runs``."""
+    if is_recompile_limit(err):
+        return with_cause(measured("recompile_limit", input_name, what, math.inf, 0.0,
+                                   f"raised {type(err).__name__} on shape {tuple(x.shape)}"), RECOMPILE_LIMIT_FIX)
+    return measured("orthogonalizer_runs", input_name, what, math.inf, 0.0, f"raised {err!r}{_batched_hint(x)}")
+
+
+def _to_host(out: torch.Tensor) -> torch.Tensor:
+    """A kernel's output on the CPU (the oracle's side), synchronizing the device."""
+    return out.detach().cpu() if out.device.type != "cpu" else out
+
+
 def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coefficients="jordan", dtype=None,
                                  steps: int | None = None, safety: float | None = None, eps: float | None = None,
                                  eps_mode: str = "add", record: list | None = None,
-                                 timeout_s: float | None = DEFAULT_TIMEOUT_S) -> list[CheckResult]:
+                                 timeout_s: float | None = DEFAULT_TIMEOUT_S, compute_dtype=None,
+                                 form: str = "standard", restarts=None, device=None) -> list[CheckResult]:
     """Run ``fn`` on one ``SpectralExample`` and compare each matrix of the result with
     ``ortho_ref.ns_map`` (``ortho_verify.checks.compare_ns_output``), for use in hypothesis tests.
 
@@ -152,14 +285,20 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
     ``check_orthogonalizer``. Rows: ``orthogonalizer_runs`` (fn raised; on a batched input the
     note says so and points to ``batched=False``), ``input_unchanged`` (fn modified its input;
     tolerance 0), ``output_shape``, then per matrix ``ns_vs_ns_map``, ``spread_in_band`` (and
-    ``ns_projected_singular_values`` for bfloat16). ``timeout_s``: seconds fn may take
+    ``ns_projected_singular_values`` for bfloat16 / float16 / tf32), or ``recompile_limit`` (a compiled
+    kernel hit dynamo's recompile limit: not judged, the fix in the note). ``timeout_s``: seconds fn may take
     (``DEFAULT_TIMEOUT_S``; None: no limit); past it ``orthogonalizer_runs`` fails with "did not
-    return within ..." instead of hanging (``call_with_timeout``).
-    Raises: TypeError for a dtype other than float64 / float32 / bfloat16.
+    return within ..." instead of hanging (``call_with_timeout``). ``compute_dtype``, ``form``,
+    ``restarts``, ``device``: as ``check_orthogonalizer`` (the input is made on the CPU and moved to
+    ``device``; the output is moved back).
+    Raises: TypeError for a dtype other than float64 / float32 / bfloat16 / float16 ("high": tf32);
+    ValueError for a bad form, restarts or device.
     """
-    name = _ns_dtype_name(example.dtype if dtype is None else dtype)
+    compute = compute_name(example.dtype if dtype is None else dtype, compute_dtype)
     table, safety, eps = table_and_normalization(coefficients, steps, safety, eps)
-    x = example.tensor()
+    form, restarts = _form(form, restarts, len(table))
+    dev = resolve_device(device)
+    x = example.tensor().to(dev)
     pristine = x.clone()
     status, out = call_with_timeout(fn, x, timeout_s)
     if status == "timeout":
@@ -167,55 +306,76 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
                                     f"did not return within {timeout_s:g} s"),
                            f"the kernel did not return within timeout_s = {timeout_s:g} s (a hang or an endless loop)")]
     if status == "raised":  # a crash is a failed check, reported with its input
-        err = out
-        hint = _batched_hint(x)
-        return [measured("orthogonalizer_runs", example.name, "fn(input)", math.inf, 0.0, f"raised {err!r}{hint}")]
+        return [_raised_row(out, x, example.name, "fn(input)")]
     rows = [measured("input_unchanged", example.name, "fn must not modify its input",
-                     float((x.double() - pristine.double()).abs().max()), 0.0)]
+                     float((_to_host(x).double() - _to_host(pristine).double()).abs().max()), 0.0)]
     if not isinstance(out, torch.Tensor) or out.shape != x.shape:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         return rows + [measured("output_shape", example.name, f"expected {tuple(x.shape)}", math.inf, 0.0, f"got {shape}")]
-    result = _as_f64(out).reshape(-1, *x.shape[-2:])
+    result = _as_f64(_to_host(out)).reshape(-1, *x.shape[-2:])
+    detail = f"{compute}{'' if form == 'standard' else f' gram restarts {list(restarts)}'}, {len(table)} steps" + \
+        ("" if dev.type == "cpu" else f", {dev}")
     for case, fast in zip(example.cases(), result):
-        rows += compare_ns_output(fast, case.matrix, table, safety=safety, eps=eps, eps_mode=eps_mode, dtype=name,
-                                  input_name=case.name, detail=f"{name}, {len(table)} steps", record=record)
+        rows += compare_ns_output(fast, case.matrix, table, safety=safety, eps=eps, eps_mode=eps_mode, dtype=compute,
+                                  input_name=case.name, detail=detail, record=record, form=form, restarts=restarts)
     return rows
+
+
+def _form(form: str, restarts, steps: int) -> tuple[str, tuple[int, ...]]:
+    """(form, restarts) checked: form in ``NS_FORMS``; restarts only with "gram" (0-based step indices).
+    Raises: ValueError naming form or restarts."""
+    if form not in NS_FORMS:
+        raise ValueError(f"form: expected one of {NS_FORMS}, got {form!r}")
+    if form == "standard" and restarts:
+        raise ValueError(f"restarts: only a Gram kernel restarts (form='gram'), got restarts={restarts!r} with "
+                         "form='standard'")
+    return form, validate_restarts(restarts, steps)
 
 
 def check_orthogonalizer_statistics(fn: Callable, batch: StatisticalBatch, *, coefficients="jordan", dtype=None,
                                     steps: int | None = None, safety: float | None = None, eps: float | None = None,
                                     eps_mode: str = "add", batched: bool = True,
-                                    timeout_s: float | None = DEFAULT_TIMEOUT_S) -> list[CheckResult]:
+                                    timeout_s: float | None = DEFAULT_TIMEOUT_S, compute_dtype=None,
+                                    device=None) -> list[CheckResult]:
     """Run ``fn`` on a ``StatisticalBatch`` (one (J, m, n) call when ``batched``, else J calls of
     (m, n)) and return the row ``ns_mean_deviation`` (``ortho_verify.checks.compare_ns_statistics``;
     docs/verification.md, "Statistical power in low precision"), or ``orthogonalizer_runs`` failed
     when fn raised or timed out. ``dtype``: bfloat16, float16 or float32 (the batch's values must
-    be representable in it: ``statistical_batch(..., dtype)``). Other arguments as
-    ``check_orthogonalizer``.
-    Raises: TypeError for a dtype outside the statistical model's (float64 has none)."""
+    be representable in it: ``statistical_batch(..., dtype)``). ``compute_dtype``: the precision
+    the kernel computes in when it differs from ``dtype`` (the input dtype; bfloat16, float16 or
+    float32). ``device``: where fn runs (the batch is moved there, the outputs back). Other
+    arguments as ``check_orthogonalizer``.
+    Raises: TypeError for a dtype outside the statistical model's (float64 and tf32 have none)."""
     name = dtype_name(dtype, ("bfloat16", "float16", "float32"))
+    compute = name if compute_dtype is None else dtype_name(compute_dtype, ("bfloat16", "float16", "float32"),
+                                                            "compute_dtype")
     table, safety, eps = table_and_normalization(coefficients, steps, safety, eps)
-    x = torch.from_numpy(batch.matrices).to(getattr(torch, name))
+    dev = resolve_device(device)
+    x = torch.from_numpy(batch.matrices).to(getattr(torch, name)).to(dev)
     calls = [x] if batched else list(x)
     outs = []
     for one in calls:
         status, out = call_with_timeout(fn, one, timeout_s)
+        if status == "raised":
+            return [_raised_row(out, one, batch.name, "fn(statistical batch)")]
         if status != "ok" or not isinstance(out, torch.Tensor) or out.shape != one.shape:
             why = f"did not return within {timeout_s:g} s" if status == "timeout" else \
-                f"raised {out!r}{_batched_hint(one)}" if status == "raised" else \
                 f"returned {type(out).__name__} of the wrong shape"
             return [measured("orthogonalizer_runs", batch.name, "fn(statistical batch)", math.inf, 0.0, why)]
-        outs.append(_as_f64(out))
+        outs.append(_as_f64(_to_host(out)))
     fast = outs[0] if batched else torch.stack([torch.from_numpy(o) for o in outs]).numpy()
-    return [compare_ns_statistics(fast, batch.matrices, table, safety=safety, eps=eps, dtype=name, eps_mode=eps_mode,
-                                  input_name=batch.name, detail=f"{name}, {len(table)} steps")]
+    return [compare_ns_statistics(fast, batch.matrices, table, safety=safety, eps=eps, dtype=compute,
+                                  eps_mode=eps_mode, input_name=batch.name,
+                                  detail=f"{compute}, {len(table)} steps" + ("" if dev.type == "cpu" else f", {dev}"))]
 
 
 def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.float32, steps: int | None = None,
                          safety: float | None = None, eps: float | None = None, eps_mode: str = "add",
                          examples: list[SpectralExample] | None = None, seed: int = 0,
                          batched: bool = True, max_batch_dims: int | None = None,
-                         timeout_s: float | None = DEFAULT_TIMEOUT_S, statistical: bool | None = None) -> VerificationReport:
+                         timeout_s: float | None = DEFAULT_TIMEOUT_S, statistical: bool | None = None,
+                         compute_dtype=None, form: str = "standard", restarts=None, shapes=None,
+                         device=None) -> VerificationReport:
     """Check a Newton–Schulz function against the exact oracle.
 
     ``fn`` maps a (..., m, n) tensor to its Newton–Schulz result of the same shape (leading dims
@@ -223,60 +383,105 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     ``default_examples(dtype, seed)`` (every spectrum family of ``ortho_verify.strategies``, tall / wide
     / square / batched, scales 1e-30 to ``MAX_SCALE``, ‖G‖_F ≈ 1.6e-5 where eps matters; with
     ``batched=False`` only the 2-D ones, for a kernel that takes one (m, n) matrix; with
-    ``max_batch_dims=1`` at most one batch dim, for a kernel that takes (m, n) or (b, m, n)), given in
-    the compute ``dtype`` itself (float64, float32 or bfloat16: the kernel sees the tensors it sees
-    in training, so in-place work on its input is caught by ``input_unchanged``), and each output matrix is compared with ``ortho_ref.ns_map`` for the
+    ``max_batch_dims=1`` at most one batch dim, for a kernel that takes (m, n) or (b, m, n)), grouped by
+    shape, given in the input ``dtype`` (float64, float32, bfloat16 or float16: the kernel sees the
+    tensors it sees in training, so in-place work on its input is caught by ``input_unchanged``), and
+    each output matrix is compared with ``ortho_ref.ns_map`` for the
     declared ``coefficients`` (a registry name or a (T, 3) table; ``steps`` truncates / extends
     it), normalization X₀ = G/(safety‖G‖_F + eps) (``eps_mode="clamp"``: /max(safety‖G‖_F, eps);
-    defaults from the named schedule, else 1 and 1e-7) and compute ``dtype`` (float64, float32:
-    Frobenius ``ns_tolerance``; bfloat16: per-direction singular values). ``timeout_s``: seconds
-    one call of ``fn`` may take (default ``DEFAULT_TIMEOUT_S``; None: no limit): a call past it
-    fails its example (``orthogonalizer_runs``, "did not return within ...") and the check goes on.
-    ``statistical`` (bfloat16 and float32; default: True unless ``examples`` are given, which are
-    then the only inputs, or ``batched=False`` / ``max_batch_dims=0``): also the row ``ns_mean_deviation`` on each
-    batch of ``ortho_verify.checks.statistical.STATISTICAL_SPECS`` (256 matrices of one spectrum: the
-    mean signed deviation per direction at a false-alarm probability of 1e-6;
-    ``check_orthogonalizer_statistics``); its batches are given as (J, m, n) when ``max_batch_dims``
-    allows one batch dim, else one matrix per call.
+    defaults from the named schedule, else 1 and 1e-7) and the compute precision: ``compute_dtype``
+    when given (a kernel that takes float32 and computes in bfloat16 is judged with bfloat16's
+    model: ``dtype=torch.float32, compute_dtype=torch.bfloat16``), else ``dtype``; "high" (as
+    ``dtype`` or ``compute_dtype``) is TF32: float32 storage, products of 10-bit operands. float64,
+    float32: Frobenius ``ns_tolerance``; bfloat16, float16, tf32: per-direction singular values
+    (docs/tolerances.md). With float16 on either side the scales stay in float16's range
+    (``FLOAT16_MIN_SCALE`` to ``MAX_SCALE["float16"]``).
+    ``form="gram"``: the kernel is Gram Newton–Schulz (iterates R = XXᵀ and Q, touching X only at the
+    ``restarts``, 0-based step indices before which X ← QX and R ← XXᵀ, e.g. ``(2,)`` for Dao AI Lab's
+    gram-newton-schulz; default none), the same map judged with the Gram rounding model
+    (``ns_gram_singular_value_tolerances`` / ``ns_gram_tolerance``).
+    ``shapes``: a list of (m, n) or (*batch, m, n): the default families drawn at these shapes only,
+    for a kernel compiled for a few shapes (``torch.compile(dynamic=False)``); a kernel that hits
+    dynamo's recompile limit fails the row ``recompile_limit`` with the fix, not a wrong-result row.
+    ``device`` (str or torch.device, default CPU): where fn runs; the inputs are made on the CPU in
+    float64, rounded to ``dtype``, moved there, and the outputs moved back to the CPU, where the oracle
+    runs; the report's subject names the device, its name and the torch / CUDA versions.
+    ``timeout_s``: seconds one call of ``fn`` may take (default ``DEFAULT_TIMEOUT_S``; None: no
+    limit): a call past it fails its example (``orthogonalizer_runs``, "did not return within ...")
+    and the check goes on.
+    ``statistical`` (computing in bfloat16, float16 or float32, standard form; default: True unless
+    ``examples`` are given, which are then the only inputs, or ``batched=False`` / ``max_batch_dims=0``):
+    also the row ``ns_mean_deviation`` on each batch of ``ortho_verify.checks.statistical.STATISTICAL_SPECS``
+    (256 matrices of one spectrum: the mean signed deviation per direction at a false-alarm probability
+    of 1e-6; ``check_orthogonalizer_statistics``; in float16 without the ‖G‖_F = 1.6e-5 batch, whose
+    entries are subnormal); its batches are given as (J, m, n) when ``max_batch_dims`` allows one
+    batch dim, else one matrix per call; with ``shapes`` they take the first shape's (m, n).
     Failed rows carry a ``cause`` in words (``CheckResult.cause``, also at the head of the note).
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive, ``failures`` with
-    reproducing inputs, ratios; bfloat16 rows whose tolerance admits the zero output make no claim).
-    Raises: TypeError for an ``fn`` that is not callable (None: nothing to check) or a dtype other
-    than float64 / float32 / bfloat16 (float16 included);
-    ValueError for an unknown schedule, a bad table, a negative ``max_batch_dims``, or no example
-    left (``examples`` empty, or only batched ones with ``batched=False``) — exceptions raised by ``fn`` are reported as failed
-    checks instead.
-    Source: the polynomial view of Newton–Schulz, Amsel et al. 2025 (arXiv 2505.16932), Sec. 2.
+    reproducing inputs, ratios; low-precision rows whose tolerance admits the zero output make no claim).
+    Raises: TypeError for an ``fn`` that is not callable (None: nothing to check) or a dtype /
+    compute_dtype other than float64 / float32 / bfloat16 / float16 / "high"; ValueError for an
+    unknown schedule, a bad table, a negative ``max_batch_dims``, a bad ``form`` / ``restarts`` /
+    ``shapes``, an unusable ``device`` (all before fn is called), or no example left (``examples``
+    empty, or only batched ones with ``batched=False``) — exceptions raised by ``fn`` are reported as
+    failed checks instead.
+    Source: the polynomial view of Newton–Schulz, Amsel et al. 2025 (arXiv 2505.16932), Sec. 2;
+    Gram Newton–Schulz: Dao AI Lab, gram-newton-schulz (2025).
     """
     if not callable(fn):  # before any work: None is a missing argument, not a failing kernel
         raise TypeError(f"fn: expected a callable mapping a (..., m, n) tensor to its Newton–Schulz result, got "
                         f"{type(fn).__name__}")
     name = _ns_dtype_name(dtype)
-    table_and_normalization(coefficients, steps, safety, eps)  # validate before running anything
+    compute = compute_name(dtype, compute_dtype)
+    table, _, _ = table_and_normalization(coefficients, steps, safety, eps)  # validate before running anything
+    form, restarts = _form(form, restarts, len(table))
+    dev = resolve_device(device)
+    wanted = _check_shapes(shapes)
     limit = _batch_limit(batched, max_batch_dims)
     # default: on with the default inputs, for kernels that take a batch (a (J, m, n) batch is one
     # input of the report; a 2-D-only kernel's report holds matrices only unless it asks for them)
     statistical = (examples is None and limit != 0) if statistical is None else statistical
-    examples = default_examples(name, seed, batched, max_batch_dims) if examples is None else \
-        [ex for ex in examples if limit is None or ex.matrix.ndim - 2 <= limit]
+    examples = default_examples(name, seed, batched, max_batch_dims, compute_dtype=compute_dtype, shapes=wanted) \
+        if examples is None else [ex for ex in examples if limit is None or ex.matrix.ndim - 2 <= limit]
     if not examples:
         raise ValueError("examples: expected at least one SpectralExample (2-D when batched=False)")
+    options = dict(coefficients=coefficients, steps=steps, safety=safety, eps=eps, eps_mode=eps_mode,
+                   timeout_s=timeout_s)
     results, inputs = [], {}
     for ex in examples:
-        rows = check_orthogonalizer_example(fn, ex, coefficients=coefficients, dtype=name, steps=steps, safety=safety,
-                                            eps=eps, eps_mode=eps_mode, timeout_s=timeout_s)
+        rows = check_orthogonalizer_example(fn, ex, dtype=name, compute_dtype=compute, form=form, restarts=restarts,
+                                            device=dev, **options)
         results += rows
         for case in ex.cases():  # the matrices fn received (rounded to the input dtype)
             inputs[case.name] = ({"input": case.matrix}, ex.provenance + REPLAY_HINT)
         inputs.setdefault(ex.name, ({"input": _as_f64(ex.tensor())}, ex.provenance + REPLAY_HINT))  # a whole batch
-    if statistical and name in ("bfloat16", "float32"):
-        for batch in statistical_batches(name, seed):
-            results += check_orthogonalizer_statistics(fn, batch, coefficients=coefficients, dtype=name, steps=steps,
-                                                       safety=safety, eps=eps, eps_mode=eps_mode,
-                                                       batched=limit is None or limit >= 1, timeout_s=timeout_s)
+    if statistical and form == "standard" and name in STATISTICAL_INPUTS and compute in STATISTICAL_INPUTS:
+        stat_shape = None if wanted is None else wanted[0][-2:]
+        for batch in _statistical_batches(name, compute, seed, stat_shape):
+            results += check_orthogonalizer_statistics(fn, batch, dtype=name, compute_dtype=compute, device=dev,
+                                                       batched=limit is None or limit >= 1, **options)
             inputs[batch.name] = ({"input": batch.matrices}, batch.provenance + REPLAY_HINT)
-    subject = f"{getattr(fn, '__name__', type(fn).__name__)} ({coefficients if isinstance(coefficients, str) else 'table'}, {name})"
+    kernel = f"{compute}" + ("" if compute == name else f" on {name} inputs") + \
+        ("" if form == "standard" else f", gram restarts {list(restarts)}")
+    subject = f"{getattr(fn, '__name__', type(fn).__name__)} ({coefficients if isinstance(coefficients, str) else 'table'}, " \
+              f"{kernel}) on {device_label(describe_device(dev))}"
     return VerificationReport(subject, results, inputs)
+
+
+#: Input dtypes and compute precisions with a statistical row (``ortho_verify.tolerances.statistical``).
+STATISTICAL_INPUTS = ("bfloat16", "float16", "float32")
+
+
+def _statistical_batches(name: str, compute: str, seed: int, shape=None) -> list[StatisticalBatch]:
+    """``statistical_batches(name, seed)``, at ``shape`` (m, n) when given, without the ‖G‖_F = 1.6e-5
+    batch when float16 is the input or compute dtype (its entries fall below float16's normal range,
+    which the statistical model does not cover)."""
+    out = []
+    for i, (lc, sh, norm, count) in enumerate(STATISTICAL_SPECS):
+        if norm is not None and "float16" in (name, compute):
+            continue
+        out.append(statistical_batch(lc, tuple(shape) if shape is not None else sh, norm, count, name, seed + 1000 + i))
+    return out
 
 
 #: Appended to the provenance of every input of ``check_orthogonalizer``: how to replay a failure
@@ -309,6 +514,7 @@ def _parse_provenance(provenance: str):
 def replay_example(fn, failure, *, check: str | None = None, input_name: str | None = None, coefficients="jordan",
                    dtype=None, steps: int | None = None, safety: float | None = None, eps: float | None = None,
                    eps_mode: str = "add", timeout_s: float | None = DEFAULT_TIMEOUT_S, conventions=None,
+                   compute_dtype=None, form: str = "standard", restarts=None, device=None,
                    **optimizer_arguments) -> list[CheckResult]:
     """Replay one failure of a report: rebuild its input from the provenance, run ``fn`` on it
     again and return the rows of the same check on the same input (the same error and tolerance
@@ -320,7 +526,8 @@ def replay_example(fn, failure, *, check: str | None = None, input_name: str | N
     ``statistical_batch``) or the optimizer class (failures of ``check_optimizer``: inputs of
     ``optimizer_inputs``, with ``conventions`` and any of its other arguments such as lr,
     param_dtype in ``optimizer_arguments``). The other arguments are those of
-    ``check_orthogonalizer`` and must be the ones the report was made with.
+    ``check_orthogonalizer`` (``compute_dtype``, ``form``, ``restarts``, ``device`` included) and
+    must be the ones the report was made with.
     Returns: the matching ``CheckResult`` rows (all rows of the replayed input if none match).
     Raises: ValueError naming provenance when it is not a call this function rebuilds (it never
     evaluates other code); TypeError for a bad dtype, as the checks.
@@ -339,8 +546,11 @@ def replay_example(fn, failure, *, check: str | None = None, input_name: str | N
         rows = check_optimizer(fn, conventions, shapes=shapes, steps=steps_run, cond=cond, seed=seed,
                                **optimizer_arguments).results
     elif isinstance(built, StatisticalBatch):
-        rows = check_orthogonalizer_statistics(fn, built, dtype=dtype if dtype is not None else args[4], **options)
+        rows = check_orthogonalizer_statistics(fn, built, dtype=args[4], device=device,
+                                               compute_dtype=compute_name(args[4] if dtype is None else dtype,
+                                                                          compute_dtype), **options)
     else:
-        rows = check_orthogonalizer_example(fn, built, dtype=dtype, **options)
+        rows = check_orthogonalizer_example(fn, built, dtype=dtype, compute_dtype=compute_dtype, form=form,
+                                            restarts=restarts, device=device, **options)
     chosen = [r for r in rows if (check is None or r.check == check) and (input_name is None or r.input == input_name)]
     return chosen or rows

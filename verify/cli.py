@@ -36,6 +36,7 @@ from ortho_verify.checks.newton_schulz import kernel_suffix
 from ortho_verify.checks.statistical import (CLI_QUICK_STATISTICAL_SCHEDULES, CLI_STATISTICAL_MATRICES,
                                              check_ns_statistics)
 from ortho_verify.corpus import corpus_identity
+from ortho_verify.devices import describe_device, resolve_device
 from ortho_verify.optional import require
 from ortho_verify.results import REPORT_SCHEMA_VERSION, CheckResult
 from ortho_verify.spectra import synthetic_matrices
@@ -90,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: the matrices are small; with 2 threads on a "
                              "2-core machine that other processes also use, --quick took 19.6 s instead of 5.1 s)")
+    parser.add_argument("--device", default="cpu", metavar="DEVICE",
+                        help="where ortho_fast's Newton–Schulz kernels run: cpu (default), cuda, cuda:1, ... (inputs "
+                             "are made on the CPU in float64 and moved; the oracle stays on the CPU; the report "
+                             "names the device, its name and the torch / CUDA versions)")
     parser.add_argument("--baseline", type=Path, default=None, metavar="FILE",
                         help="compare every check's error/tolerance with FILE and fail when one regresses: "
                              f"ratio > max({BASELINE_GROWTH:g} x its baseline ratio, {BASELINE_FLOOR:g}); also fails "
@@ -116,6 +121,10 @@ def validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict 
         parser.error(f"--threads must be >= 1, got {args.threads}")
     if not 0 <= args.seed <= MAX_SEED:
         parser.error(f"--seed must be in [0, 2^63 - 1], got {args.seed}")
+    try:
+        args.device = str(resolve_device(args.device, "--device"))
+    except ValueError as err:
+        parser.error(str(err))
     check_folder(parser, "--out", args.out)
     if not args.no_real:
         check_folder(parser, "--cache-dir", args.cache_dir)
@@ -165,9 +174,12 @@ def _golden_job():
 GRAM_CLI_DTYPES = ("float32", "float64")
 
 
-def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[str, callable]]:
+def plan_jobs(cases, quick: bool, sv_points: dict | None = None, device=None) -> list[tuple[str, callable]]:
     """Every (label, thunk) to run, in report order. ``sv_points``: optional dict that the
-    Newton–Schulz checks fill with (schedule, dtype) -> [(σ̂, uᵢᵀ X_fast vᵢ)] for the plots."""
+    Newton–Schulz checks fill with (schedule, dtype) -> [(σ̂, uᵢᵀ X_fast vᵢ)] for the plots.
+    ``device``: where the Newton–Schulz rows (per input and statistical) run ``ortho_fast``'s kernels
+    (None or "cpu": the CPU; the other checks run on the CPU)."""
+    dev = None if device in (None, "cpu") else device
     jobs = [("coefficient registries", checks.check_coefficient_registries)]
     golden = _golden_job()
     if golden is not None:
@@ -181,14 +193,15 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
                 # aspect ratio 2, so each would otherwise be judged on part of the inputs only)
                 for gram in (False, True) if dtype in GRAM_CLI_DTYPES else (None,):
                     jobs.append((f"NS {sched}/{dtype}{kernel_suffix(gram)} {case.name}",
-                                 lambda c=case, s=sched, d=dtype, r=rec, g=gram: checks.check_newton_schulz(c, s, d, r, g)))
+                                 lambda c=case, s=sched, d=dtype, r=rec, g=gram: checks.check_newton_schulz(
+                                     c, s, d, r, g, device=dev)))
                     rec = None  # the singular-value map plots one kernel per (schedule, dtype)
     count = CLI_STATISTICAL_MATRICES["quick" if quick else "default"]
     for sched in CLI_QUICK_STATISTICAL_SCHEDULES if quick else schedules:  # mean deviation over many matrices
         jobs.append((f"NS statistics {sched}/bfloat16",
-                     lambda s=sched: check_ns_statistics(s, "bfloat16", count)))
+                     lambda s=sched: check_ns_statistics(s, "bfloat16", count, device=dev)))
         jobs.append((f"NS statistics {sched}/float32/gram",  # where a Gram kernel's restarts show (docs/math.md §2.2a)
-                     lambda s=sched: check_ns_statistics(s, "float32", count, gram=True)))
+                     lambda s=sched: check_ns_statistics(s, "float32", count, gram=True, device=dev)))
     for case in cases:
         for cfg in checks.MUON_CONFIGS:
             for dtype in ("float64", "float32"):
@@ -225,12 +238,26 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None) -> list[tuple[s
     return jobs
 
 
+def _sharding_takes_device(args: list[str]) -> bool:
+    """False when ``--device`` is given to ``ortho-verify sharding`` and its parser has no such option
+    (then the command line says so instead of argparse's "unrecognized arguments"); True otherwise."""
+    if not any(a == "--device" or a.startswith("--device=") for a in args):
+        return True
+    from ortho_verify.sharding import cli as sharding_cli
+
+    return "--device" in sharding_cli.build_parser()._option_string_actions
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the checks; returns the exit code: 0 every check passed, 1 a check failed or the run
     was inconclusive (``ortho_verify.results.verdict``), 2 a usage error (raised as SystemExit(2)
     by argparse, before any work)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in SUBCOMMANDS:  # ortho-verify sharding ... / ortho-verify reproduce ...
+        if argv[0] == "sharding" and not _sharding_takes_device(argv[1:]):
+            print("ortho-verify sharding: --device: device= not supported for sharding yet (the sharded check runs "
+                  "gloo workers on the CPU; under torchrun it uses NCCL on CUDA)", file=sys.stderr)
+            return 2
         module = importlib.import_module(SUBCOMMANDS[argv[0]])
         return module.main(argv[1:])
     parser = build_parser()
@@ -272,7 +299,9 @@ def _collect(args: argparse.Namespace, console, sv_points: dict) -> tuple[list, 
             train_info = data.last_run_info()
             progress.remove_task(task)
         cases += synthetic_matrices(quick=args.quick, seed=args.seed)
-        jobs = plan_jobs(cases, args.quick, None if args.no_plots else sv_points)
+        # the device only when it is not the CPU: plan_jobs(cases, quick, sv_points) stays the CPU run's call
+        on_device = () if args.device == "cpu" else (args.device,)
+        jobs = plan_jobs(cases, args.quick, None if args.no_plots else sv_points, *on_device)
         task = progress.add_task("checks", total=len(jobs))
         results = []
         for label, job in jobs:
@@ -307,6 +336,8 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
         "torch": torch.__version__,
         "numpy": np.__version__,
         "machine": f"{platform.machine()} {platform.system()}, {torch.get_num_threads()} torch threads",
+        # where ortho_fast's Newton–Schulz rows ran (the other checks and the oracle: the CPU)
+        "device": describe_device(args.device),
     }
     if stored is not None:
         meta["baseline"] = str(args.baseline)
@@ -322,8 +353,11 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
         for line in annotations.github_annotations(results, str(md_path)):
             print(line, flush=True)
     style = "green" if summ["verdict"] == "passed" else "bold red"
+    device = meta["device"]
     console.print(f"[{style}]{summ['verdict'].upper()}: {summ['passed']} passed, {summ['failed']} failed[/], "
-                  f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} s)")
+                  f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} s; Newton–Schulz on "
+                  f"{device['device']}" + (f" {device['name']}, CUDA {device['cuda']}" if device["cuda"] and
+                                           device["device"] != "cpu" else "") + ")")
     for why in summ["inconclusive"]:
         console.print(f"[bold red]inconclusive: nothing compared — {why}[/]")
     written = [json_path, md_path] + ([args.junit_xml] if args.junit_xml is not None else [])

@@ -22,7 +22,7 @@ __all__ = ["DTYPES", "LAYOUTS", "MAX_SCALE", "MIN_SCALE", "SPECTRUM_KINDS", "Spe
 
 SPECTRUM_KINDS = ("geometric", "clustered", "rank_deficient", "dynamic_range", "flat", "two_level")
 LAYOUTS = ("tall", "wide", "square")
-DTYPES = ("float64", "float32", "bfloat16")
+DTYPES = ("float64", "float32", "bfloat16", "float16")
 
 #: Largest matrix scale per input dtype. torch.linalg.vector_norm sums squares without
 #: rescaling, so ‖G‖_F overflows to inf once ‖G‖_F² > 3.4e38 in float32 / bfloat16
@@ -31,7 +31,9 @@ DTYPES = ("float64", "float32", "bfloat16")
 #: singular values of size ≤ 1 × scale, so user kernels are judged on their arithmetic.
 #: ``ortho_fast.newton_schulz`` normalizes X/2^e and is tested up to 1e30 separately
 #: (tests/ortho_fast/test_newton_schulz.py::test_huge_and_tiny_inputs_match_ns_map).
-MAX_SCALE = {"float64": 1e30, "float32": 1e15, "bfloat16": 1e15}
+#: float16 (largest finite 65504): 1e2 keeps ‖G‖_F² < 65504 for the default inputs' spectra, so a
+#: kernel that sums squares in float16 is judged on its arithmetic too.
+MAX_SCALE = {"float64": 1e30, "float32": 1e15, "bfloat16": 1e15, "float16": 1e2}
 MIN_SCALE = 1e-30
 
 def make_spectrum(kind: str, k: int, **params) -> np.ndarray:

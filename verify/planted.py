@@ -19,7 +19,8 @@ import torch
 import ortho_fast
 from ortho_verify.conventions import DionConventions, MuonConventions
 
-__all__ = ["JORDAN", "PLANTED_BUGS", "PlantedBug", "SimpleDion", "SimpleMuon", "newton_schulz_kernel"]
+__all__ = ["GRAM_POLAR_EXPRESS", "GRAM_RESTARTS", "JORDAN", "PLANTED_BUGS", "PlantedBug", "SimpleDion", "SimpleMuon",
+           "gram_newton_schulz_kernel", "newton_schulz_kernel", "round_to_tf32", "tf32_newton_schulz_kernel"]
 
 #: Keller Jordan's quintic coefficients (torch.optim.Muon's default), 5 steps.
 JORDAN = ((3.4445, -4.7750, 2.0315),) * 5
@@ -68,6 +69,101 @@ def newton_schulz_kernel(g: torch.Tensor, coefficients=JORDAN, *, dtype: torch.d
     if tall:
         x = x.mT if transpose_back else x.reshape(g.shape)
     return x.to(g.dtype)
+
+
+def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (float32) with each significand rounded to TF32's 10 bits, to nearest, ties to even: what
+    an NVIDIA tensor core does to a float32 matmul's operands under ``torch.backends.cuda.matmul.
+    allow_tf32`` / ``set_float32_matmul_precision("high")``, simulated on any device. The exponent
+    range is float32's (TF32 keeps 8 exponent bits); inf and NaN pass through; a carry out of the
+    significand rounds up to the next power of two (to inf past float32's largest finite value,
+    as the hardware's round-to-nearest).
+    Shapes: any -> the same, float32. Raises: TypeError for another dtype."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"x: expected float32, got {x.dtype}")
+    bits = x.contiguous().view(torch.int32)
+    drop = 13  # 23 float32 significand bits -> 10
+    lsb = (bits >> drop) & 1
+    rounded = ((bits + ((1 << (drop - 1)) - 1) + lsb) >> drop) << drop
+    finite = torch.isfinite(x)
+    return torch.where(finite, rounded.view(torch.float32), x)
+
+
+def tf32_newton_schulz_kernel(g: torch.Tensor, coefficients=JORDAN, *, eps: float = 1e-7,
+                              operand_bits: str = "tf32") -> torch.Tensor:
+    """A float32 Newton–Schulz whose matmuls run as TF32 tensor cores do, simulated on the CPU: each
+    product's operands rounded by ``round_to_tf32`` (``operand_bits="bfloat16"``: to bfloat16's 7
+    bits instead, a planted precision error), products and sums in float32. Normalization
+    X₀ = G/(‖G‖_F + eps) in float32; A = XXᵀ on the wide side; X ← aX + (bA + cA²)X.
+    Shapes: g (..., m, n) -> (..., m, n) float32 (g cast to float32 first).
+    Source: NVIDIA's TF32 (Ampere whitepaper, 2020); Emerging-Optimizers' ``fp32_matmul_prec="high"``.
+    Raises: ValueError for an unknown operand_bits."""
+    if operand_bits not in ("tf32", "bfloat16"):
+        raise ValueError(f"operand_bits: expected 'tf32' or 'bfloat16', got {operand_bits!r}")
+
+    def cut(t):
+        return round_to_tf32(t) if operand_bits == "tf32" else t.to(torch.bfloat16).float()
+
+    def mm(p, q):
+        return cut(p) @ cut(q)
+
+    x = g.float()
+    x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + eps)
+    tall = x.shape[-2] > x.shape[-1]
+    if tall:
+        x = x.mT
+    for a, b, c in coefficients:
+        gram = mm(x, x.mT)
+        x = a * x + mm(b * gram + c * mm(gram, gram), x)
+    return (x.mT if tall else x).contiguous()
+
+
+#: Dao AI Lab's gram-newton-schulz default coefficients: the first five steps of Polar Express
+#: (Amsel et al. 2025, Table / arXiv 2505.16932) unmodified, then (a/s, b/s³, c/s⁵) with safety
+#: s = 1.05. Computed here from the oracle's transcription (``polar_express_paper``, which folds in
+#: 1.01): multiply back by 1.01^(1, 3, 5), divide by 1.05^(1, 3, 5).
+GRAM_POLAR_EXPRESS = tuple(tuple(float(v) for v in row) for row in
+                           ortho_fast.COEFFICIENTS["polar_express_paper"].table(5)
+                           * ((1.01 / 1.05) ** torch.tensor([1.0, 3.0, 5.0], dtype=torch.float64)).numpy())
+#: Dao AI Lab's default restart: before the third step (0-based index 2), X ← QX and R ← XXᵀ.
+GRAM_RESTARTS = (2,)
+
+
+def gram_newton_schulz_kernel(g: torch.Tensor, coefficients=GRAM_POLAR_EXPRESS, *, restarts=GRAM_RESTARTS,
+                              dtype: torch.dtype = torch.float16, eps: float = 1e-7) -> torch.Tensor:
+    """A user's Gram Newton–Schulz, written from the published algorithm (Dao AI Lab,
+    gram-newton-schulz, 2025): normalize X₀ = G/(‖G‖_F + eps) in float32, cast to ``dtype``, put the
+    short side first, R = XXᵀ; per step i (0-based) with (a, b, c): before a step in ``restarts``
+    X ← QX, R ← XXᵀ and Q restarts; Z = bR + cR², Q ← aI + Z on the first step after a (re)start,
+    else Q ← aQ + ZQ; unless the next step restarts (or this is the last), R ← (aI + Z)R(aI + Z) in
+    two products; finally X ← QX. Every intermediate is stored in ``dtype`` (float16 by default, the
+    published kernel's), aI included.
+    Shapes: g (..., m, n) -> (..., m, n) in g's dtype. Planted errors: ``restarts=()`` where restarts
+    are declared, a perturbed ``coefficients`` row, ``dtype=torch.float16`` declared as float32.
+    Source: Dao AI Lab, gram-newton-schulz (2025); microsoft/dion ``use_gram_newton_schulz``.
+    """
+    x = g.float()
+    x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + eps)
+    x = x.to(dtype)
+    tall = x.shape[-2] > x.shape[-1]
+    if tall:
+        x = x.mT
+    eye = torch.eye(x.shape[-2], dtype=dtype, device=x.device)
+    r = x @ x.mT
+    q = None
+    last = len(coefficients) - 1
+    for i, (a, b, c) in enumerate(coefficients):
+        if i in restarts and i > 0:
+            x = q @ x
+            r = x @ x.mT
+            q = None
+        z = b * r + c * (r @ r)
+        q = a * eye + z if q is None else a * q + z @ q
+        if i < last and i + 1 not in restarts:
+            rz = a * r + z @ r
+            r = a * rz + z @ rz
+    x = q @ x
+    return (x.mT if tall else x).to(g.dtype)
 
 
 class SimpleMuon(torch.optim.Optimizer):
@@ -193,6 +289,14 @@ PLANTED_BUGS = [
                lambda: functools.partial(_kernel, eps=1e-3, dtype=torch.bfloat16), None,
                "X₀ = G/(‖G‖_F + 1e-3) where 1e-7 is declared, in a bfloat16 kernel: matters once ‖G‖_F ≲ 1e-4",
                {"dtype": torch.bfloat16}),
+    PlantedBug("bf16 arithmetic where float16 declared", "orthogonalizer",
+               lambda: functools.partial(_kernel, dtype=torch.bfloat16), None,
+               "the iteration runs in bfloat16 (7-bit significand) while the check declares float16 (10-bit)",
+               {"dtype": torch.float16}),
+    PlantedBug("bf16 operands where TF32 declared", "orthogonalizer",
+               lambda: functools.partial(tf32_newton_schulz_kernel, operand_bits="bfloat16"), None,
+               "matmul operands rounded to bfloat16 while TF32 (dtype='high', 10-bit operands) is declared",
+               {"dtype": "high"}),
     PlantedBug("wrong error-feedback sign", "optimizer",
                lambda: functools.partial(SimpleDion, error_feedback_sign=-1), DionConventions(),
                "Dion keeps M = B + (1 − μ)PRᵀ"),

@@ -83,6 +83,8 @@ def _option(config) -> str | None:
 def pytest_addoption(parser):
     parser.addoption("--ortho-report", default=None, metavar="DIR",
                      help="save the report of every verify_orthogonalizer / verify_optimizer call under DIR")
+    parser.addoption("--ortho-device", default=None, metavar="DEVICE",
+                     help="default device= of verify_orthogonalizer (cpu, cuda, cuda:1, ...; default: the CPU)")
     parser.addoption("--ortho-baseline-dir", default=None, metavar="DIR",
                      help="folder of the ortho_baseline fixture's baselines, one file per test id under the test "
                           "file's path relative to the rootdir (default: ortho-baselines/ beside each test file)")
@@ -134,11 +136,19 @@ def _checker(request, check):
 
 @pytest.fixture
 def verify_orthogonalizer(request):
-    """``verify_orthogonalizer(fn, coefficients=..., dtype=...)``: ``ortho_verify.check_orthogonalizer``
-    that fails the test with the report's summary; returns the report when it passed."""
+    """``verify_orthogonalizer(fn, coefficients=..., dtype=..., device=...)``: ``ortho_verify.check_orthogonalizer``
+    that fails the test with the report's summary; returns the report when it passed. ``device``
+    defaults to ``--ortho-device`` (else the CPU)."""
     from ortho_verify.api import check_orthogonalizer
 
-    return _checker(request, check_orthogonalizer)
+    default_device = request.config.getoption("--ortho-device", default=None)
+
+    def check(*args, **kwargs):
+        if default_device is not None:
+            kwargs.setdefault("device", default_device)
+        return check_orthogonalizer(*args, **kwargs)
+
+    return _checker(request, check)
 
 
 @pytest.fixture

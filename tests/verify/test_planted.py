@@ -117,7 +117,9 @@ def test_bad_arguments_raise_before_running():
     with pytest.raises(TypeError, match="dtype"):
         check_orthogonalizer(calls.append, dtype=torch.int32)
     with pytest.raises(TypeError, match="dtype"):  # not a ValueError from inside build_example
-        check_orthogonalizer(calls.append, dtype=torch.float16)
+        check_orthogonalizer(calls.append, dtype=torch.complex64)  # (float16 is judged since issue 24)
+    with pytest.raises(TypeError, match="compute_dtype"):
+        check_orthogonalizer(calls.append, dtype=torch.float32, compute_dtype=torch.int8)
     with pytest.raises(ValueError, match="examples"):
         check_orthogonalizer(calls.append, examples=[build_example("flat", {}, shape=(2, 3, 4))], batched=False)
     with pytest.raises(ValueError, match="coefficients"):

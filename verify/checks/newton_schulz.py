@@ -75,7 +75,8 @@ def _envelope_row(check: str, input_name: str, detail: str, values: np.ndarray, 
 def compare_ns_output(fast: np.ndarray, a: np.ndarray, table, *, safety: float, eps: float, dtype: str,
                       input_name: str, detail: str, eps_mode: str = "add", extra: float = 0.0, svd=None,
                       record: list | None = None, prefix: str = "",
-                      lr_shape: tuple[int, int] | None = None) -> list[CheckResult]:
+                      lr_shape: tuple[int, int] | None = None, form: str = "standard",
+                      restarts=()) -> list[CheckResult]:
     """Judge a computed Newton–Schulz result ``fast`` of the input ``a`` against the oracle.
 
     float32/float64: (a) ‖fast − ns_map(a)‖_F ≤ ``ns_tolerance`` + ``extra``; (b) spread: every
@@ -98,9 +99,14 @@ def compare_ns_output(fast: np.ndarray, a: np.ndarray, table, *, safety: float, 
     and ``spread_in_band``; a non-finite or mis-shaped ``fast`` fails both with error inf.
     Failed rows carry a ``cause`` (``ortho_verify.checks.diagnoses.ns_output_cause``; ``lr_shape``
     (m, n) when ``fast`` is an update recovered by dividing by an lr scale, to name a scale mix-up).
+    ``dtype`` may also be "float16" and "tf32" (judged per direction, as bfloat16: ``PER_DIRECTION``).
+    ``form="gram"`` with ``restarts`` (0-based steps before which R is recomputed): the kernel is
+    Gram Newton–Schulz, judged with ``ns_gram_singular_value_tolerances`` (low precision) or
+    ``ns_gram_tolerance`` (float32 / float64).
     """
     rows = _compare_rows(fast, a, table, safety=safety, eps=eps, dtype=dtype, input_name=input_name, detail=detail,
-                         eps_mode=eps_mode, extra=extra, svd=svd, record=record, prefix=prefix)
+                         eps_mode=eps_mode, extra=extra, svd=svd, record=record, prefix=prefix, form=form,
+                         restarts=restarts)
     if all(r.passed for r in rows) or fast.shape != a.shape:
         return rows
     cause = ns_output_cause(fast, a, table, safety=safety, eps=eps, eps_mode=eps_mode,
@@ -108,7 +114,12 @@ def compare_ns_output(fast: np.ndarray, a: np.ndarray, table, *, safety: float, 
     return [with_cause(r, cause) for r in rows]
 
 
-def _compare_rows(fast, a, table, *, safety, eps, dtype, input_name, detail, eps_mode, extra, svd, record, prefix):
+#: Compute precisions judged per singular direction (``compare_ns_output``'s low-precision rows).
+PER_DIRECTION = tol.PER_DIRECTION_PRECISIONS
+
+
+def _compare_rows(fast, a, table, *, safety, eps, dtype, input_name, detail, eps_mode, extra, svd, record, prefix,
+                  form="standard", restarts=()):
     """The rows of ``compare_ns_output`` before diagnosis."""
     names = [prefix + "ns_vs_ns_map", prefix + "spread_in_band"]
     if fast.shape != a.shape or not np.all(np.isfinite(fast)):
@@ -121,25 +132,28 @@ def _compare_rows(fast, a, table, *, safety, eps, dtype, input_name, detail, eps
     lo, hi = ortho_ref.ns_band(table, float(sigma_hat.min()), float(sigma_hat.max()) * (1 + 1e-12) + 1e-300)
     band = f"band [{lo:.3f}, {hi:.3f}], measured [{sv_fast.min():.3f}, {sv_fast.max():.3f}]"
     projected = None
-    if dtype == "bfloat16" or record is not None:
+    per_direction = dtype in PER_DIRECTION
+    if per_direction or record is not None:
         u_a, _, vt_a = ortho_ref.svd(a) if svd is None else svd
         projected = np.einsum("ij,ik,kj->j", u_a, fast, vt_a.T)
         if record is not None:
             record.append((sigma_hat, projected))
-    if dtype != "bfloat16":
+    if not per_direction:
         ref = ortho_ref.ns_map(a, table, safety=safety, eps=eps, eps_mode=eps_mode)
         # Spread in float32/float64: σᵢ(ns_map) = f(σ̂ᵢ) lies in the band, and by Weyl each σᵢ moves
         # by at most ‖X_fast − X_ref‖₂ ≤ ‖·‖_F ≤ ns_tolerance, which counts the cancelling step terms
         # (the first-order singular-value model does not: a 1 × 1 float32 input exceeded it by 2%).
-        sv_tol = tol.ns_tolerance(sigma_hat, table, a.shape, dtype) + extra
+        sv_tol = (tol.ns_gram_tolerance(sigma_hat, table, a.shape, dtype, restarts) if form == "gram" else
+                  tol.ns_tolerance(sigma_hat, table, a.shape, dtype)) + extra
         weak = "; tolerance exceeds the band's upper edge" if sv_tol >= hi else ""
         excursion = max(0.0, lo - float(sv_fast.min()), float(sv_fast.max()) - hi)
         return [measured(names[0], input_name, detail + " (Frobenius)", np.linalg.norm(fast - ref), sv_tol),
                 measured(names[1], input_name, detail, excursion, sv_tol, band + weak)]
-    taus = tol.ns_singular_value_tolerances(sigma_hat, table, a.shape, dtype) + extra
+    taus = (tol.ns_gram_singular_value_tolerances(sigma_hat, table, a.shape, dtype, restarts) if form == "gram" else
+            tol.ns_singular_value_tolerances(sigma_hat, table, a.shape, dtype)) + extra
     resolved = f_sigma > taus  # directions whose interval f ± τ excludes 0
     vacuous = "no claim: every direction's tolerance admits 0 (f(sigma_i) <= tau_i), too ill-conditioned " \
-              "or too small for bfloat16"
+              f"or too small for {dtype}"
     ratios = np.abs(projected - f_sigma) / taus
     i = int(np.argmax(ratios))
     sharp = int(np.sum(taus < SHARP_SINGULAR_VALUE_TOLERANCE))
@@ -169,21 +183,22 @@ def kernel_suffix(gram: bool | None) -> str:
 
 
 def check_newton_schulz(case: MatrixCase, schedule: str, dtype: str, record: list | None = None,
-                        gram: bool | None = None) -> list[CheckResult]:
+                        gram: bool | None = None, device=None) -> list[CheckResult]:
     """(a) ``newton_schulz`` vs ``ns_map`` and (b) the singular-value spread vs the exact band
     (``compare_ns_output``), for a registered schedule computed in ``dtype``.
 
     ``record``: optional list receiving (σ̂, uᵢᵀ X_fast vᵢ) for the singular-value map.
     ``gram``: ``newton_schulz``'s setting (None: its automatic choice; True / False name the
-    kernel in the row's detail: "/gram", "/plain").
+    kernel in the row's detail: "/gram", "/plain"). ``device``: where ``newton_schulz`` runs (the
+    float64 input is moved there, the result back; None: the CPU).
     """
     a = case.matrix
     # The reference uses the oracle's own transcription of the schedule; the fast side is
     # called by name, so a wrong entry in either registry shows up here too.
     sched = ortho_ref.SCHEDULES[schedule]
     fast = ortho_fast.newton_schulz(
-        torch.from_numpy(a), schedule, safety=sched.safety, eps=sched.eps, dtype=TORCH_DTYPES[dtype], gram=gram
-    ).to(torch.float64).numpy()
+        torch.from_numpy(a).to(device or "cpu"), schedule, safety=sched.safety, eps=sched.eps, dtype=TORCH_DTYPES[dtype],
+        gram=gram).cpu().to(torch.float64).numpy()
     needs_svd = dtype == "bfloat16" or record is not None
     return compare_ns_output(fast, a, ortho_ref.schedule(schedule), safety=sched.safety, eps=sched.eps, dtype=dtype,
                              input_name=case.name, detail=f"{schedule}/{dtype}{kernel_suffix(gram)}",

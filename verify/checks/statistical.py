@@ -152,10 +152,11 @@ CLI_QUICK_STATISTICAL_SCHEDULES = ("jordan", "polar_express")
 
 
 def check_ns_statistics(schedule: str, dtype: str, count: int, seed: int = 0,
-                        gram: bool | None = None) -> list[CheckResult]:
+                        gram: bool | None = None, device=None) -> list[CheckResult]:
     """``ortho_fast.newton_schulz`` (a registered schedule with its own normalization, computed in
     ``dtype``, ``gram`` its kernel setting) on ``statistical_batch(1.0, (40, 24), None, count, dtype,
-    seed)``: the row ``ns_mean_deviation`` (``compare_ns_statistics``). For ``ortho-verify``.
+    seed)``: the row ``ns_mean_deviation`` (``compare_ns_statistics``). For ``ortho-verify``;
+    ``device``: where ``newton_schulz`` runs (None: the CPU; the batch moved there, the result back).
     Raises: ValueError for a dtype outside the statistical model's, an unknown schedule, or
     ``gram=True`` in bfloat16 / float16."""
     import torch
@@ -164,8 +165,9 @@ def check_ns_statistics(schedule: str, dtype: str, count: int, seed: int = 0,
 
     sched = ortho_ref.SCHEDULES[schedule]
     batch = statistical_batch(1.0, (40, 24), None, count, dtype, seed)
-    fast = ortho_fast.newton_schulz(torch.from_numpy(batch.matrices), schedule, safety=sched.safety, eps=sched.eps,
-                                    dtype=getattr(torch, dtype), gram=gram).to(torch.float64).numpy()
+    fast = ortho_fast.newton_schulz(torch.from_numpy(batch.matrices).to(device or "cpu"), schedule,
+                                    safety=sched.safety, eps=sched.eps, dtype=getattr(torch, dtype),
+                                    gram=gram).cpu().to(torch.float64).numpy()
     from .newton_schulz import kernel_suffix
 
     return [compare_ns_statistics(fast, batch.matrices, ortho_ref.schedule(schedule), safety=sched.safety,

@@ -7,8 +7,10 @@ repeats the derivations; the constants are the only free choices and each says w
 
 By subject (every name stays importable from ``ortho_verify.tolerances``):
 
-- ``roundoff``: unit roundoffs, C_NS, the matmul / factorization rounding models;
-- ``newton_schulz``: ``ns_tolerance`` and the per-direction bfloat16 tolerances;
+- ``roundoff``: unit roundoffs (TF32's 2⁻¹¹ operand rounding included), C_NS, the matmul /
+  factorization rounding models;
+- ``newton_schulz``: ``ns_tolerance``, the per-direction bfloat16 / float16 / TF32 tolerances and the
+  Gram Newton–Schulz ones (``ns_gram_singular_value_tolerances``, ``ns_gram_tolerance``);
 - ``statistical``: the mean deviation over many matrices of a low-precision kernel
   (``ns_rounding_moments``, ``ns_mean_deviation_tolerances``, false-alarm probability 1e-6);
 - ``polar``: the oracle's SVD, polar factor, ``ns_map`` and mpmath agreement;
@@ -27,11 +29,15 @@ Notation: u = unit roundoff of the compute dtype (2⁻⁵³ float64, 2⁻²⁴ f
 2⁻¹¹ float16), u64 = 2⁻⁵³ (the float64 oracle), k = min(m, n), d = max(m, n).
 """
 
-from ortho_verify.tolerances.roundoff import (C_NS, U64, UNIT_ROUNDOFF, condition_number, factor_roundoff,
-                                              matmul_roundoff, unit_roundoff)
-from ortho_verify.tolerances.newton_schulz import (COEFFICIENT_REGISTRY_TOLERANCE, gains_and_sizes,
+from ortho_verify.tolerances.roundoff import (C_NS, COMPUTE_PRECISIONS, PER_DIRECTION_PRECISIONS,
+                                              TF32_UNIT_ROUNDOFF, U64, UNIT_ROUNDOFF, compute_precision,
+                                              condition_number, factor_roundoff, matmul_roundoff, operand_roundings,
+                                              unit_roundoff)
+from ortho_verify.tolerances.newton_schulz import (COEFFICIENT_REGISTRY_TOLERANCE, NS_FORMS, gains_and_sizes,
+                                                   gram_point_gains, gram_rounding_points,
+                                                   ns_gram_singular_value_tolerances, ns_gram_tolerance,
                                                    ns_singular_value_tolerance, ns_singular_value_tolerances,
-                                                   ns_tolerance)
+                                                   ns_tolerance, per_product_roundoff, validate_restarts)
 from ortho_verify.tolerances.polar import (LAPACK_SVD_TOLMUL, POLAR_VALIDITY, SCALAR_STEP_ROUNDINGS, mp_accuracy,
                                            mp_agreement_tolerance, ns_map_tolerance, polar_condition_tolerance,
                                            polar_hermitian_tolerance, polar_tolerance, prescribed_spectrum_tolerance,
@@ -58,6 +64,9 @@ from ortho_verify.tolerances.sharded import SHARDED_RTOL, sharded_tolerance
 from ortho_verify.tolerances.baselines import BASELINE_FLOOR, BASELINE_GROWTH
 
 __all__ = [
+    "COMPUTE_PRECISIONS", "NS_FORMS", "PER_DIRECTION_PRECISIONS", "TF32_UNIT_ROUNDOFF", "compute_precision",
+    "gram_point_gains", "gram_rounding_points", "ns_gram_singular_value_tolerances", "ns_gram_tolerance",
+    "operand_roundings", "per_product_roundoff", "validate_restarts",
     "equilibration_error", "normuon_amplification", "scaling_error", "stage_tolerances",
     "POW_ULPS", "QK_CLIP_FIRST_ORDER", "qk_clip_tolerance",
     "FIRST_ORDER_FRACTION", "dion2_norm_tolerances", "dion2_selection_violation", "dion2_step_tolerances",

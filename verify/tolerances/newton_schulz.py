@@ -10,11 +10,12 @@ import math
 import numpy as np
 
 import ortho_ref
-from ortho_verify.tolerances.roundoff import C_NS, U64, UNIT_ROUNDOFF, unit_roundoff
+from ortho_verify.tolerances.roundoff import C_NS, U64, UNIT_ROUNDOFF, operand_roundings, unit_roundoff
 
 __all__ = [
-    "COEFFICIENT_REGISTRY_TOLERANCE", "ROUNDINGS_PER_STEP", "gains_and_sizes", "ns_singular_value_tolerance",
-    "ns_singular_value_tolerances", "ns_tolerance",
+    "COEFFICIENT_REGISTRY_TOLERANCE", "NS_FORMS", "ROUNDINGS_PER_STEP", "gains_and_sizes", "gram_point_gains",
+    "gram_rounding_points", "ns_gram_singular_value_tolerances", "ns_gram_tolerance", "ns_singular_value_tolerance",
+    "ns_singular_value_tolerances", "ns_tolerance", "per_product_roundoff", "validate_restarts",
 ]
 
 
@@ -108,15 +109,174 @@ def ns_singular_value_tolerances(sigma_hat: np.ndarray, coefficients, shape: tup
     well-resolved directions of an ill-conditioned input keep a sharp check.
     Shapes: sigma_hat (k,) -> (k,) float64.
     """
-    u = unit_roundoff(dtype)
-    accumulation = 1.0 if u > UNIT_ROUNDOFF["float32"] else math.sqrt(max(shape))
-    rho = ROUNDINGS_PER_STEP * accumulation * (u + U64)
+    rho = ROUNDINGS_PER_STEP * per_product_roundoff(dtype, shape)
     # Mean-value form: the gain's sup over each σ̂ᵢ ± rho, not its value at σ̂ᵢ — the steep
     # schedules' gains oscillate within one bf16 rounding of x ≈ 1 (a point value was
     # measured to be exceeded: polar_express_paper, a 3 × 1 input at σ̂ = 0.99).
     x = np.asarray(sigma_hat, dtype=np.float64)[:, None] + rho * np.linspace(-1.0, 1.0, 33)[None, :]
     gain = ortho_ref.ns_diagonal_gain(np.clip(x, 0.0, None), coefficients)
     return rho * np.max(gain, axis=1)
+
+
+def per_product_roundoff(dtype, shape: tuple[int, int]) -> float:
+    """ρ: the displacement of one singular value (absolute, per unit of the product's scale) that one
+    matrix product commits, the rounding model of the per-direction tolerances.
+
+    bfloat16 / float16: the product accumulates in float32 and is rounded once, ρ = u + u64.
+    float32 / float64: accumulated in the dtype itself, ρ = √d·(u + u64) (Higham & Mary's
+    probabilistic √d, d = max(m, n) the longest inner dimension).
+    TF32 ("tf32" / "high"): both operands rounded to 10 bits (u = 2⁻¹¹) and the products
+    accumulated and stored in float32, fl(AB) = (A + ΔA)(B + ΔB) + float32 accumulation, so
+    ρ = 2(u_tf32 + u64) + √d·u32 (``operand_roundings``).
+    """
+    u = unit_roundoff(dtype)
+    d = max(shape)
+    if operand_roundings(dtype) == 2:
+        return 2 * (u + U64) + math.sqrt(d) * UNIT_ROUNDOFF["float32"]
+    accumulation = 1.0 if u > UNIT_ROUNDOFF["float32"] else math.sqrt(d)
+    return accumulation * (u + U64)
+
+
+#: Kernel forms of a Newton–Schulz iteration that the checks model: "standard" (X ← aX + (bA + cA²)X
+#: with A = XXᵀ each step) and "gram" (Gram Newton–Schulz: the iteration carried on R = XXᵀ and
+#: Q = Π(aI + bR + cR²), X touched only at the declared restarts and at the end). The same map in
+#: exact arithmetic; different rounding.
+NS_FORMS = ("standard", "gram")
+
+
+def validate_restarts(restarts, steps: int) -> tuple[int, ...]:
+    """The sorted step indices (0-based, 0 < i < steps) before which a Gram kernel restarts
+    (X ← QX, R ← XXᵀ), from any iterable of ints; None or () for none.
+    Raises: ValueError naming restarts for a non-integer or an index outside 1 .. steps − 1."""
+    if restarts is None:
+        return ()
+    try:
+        values = sorted({int(i) for i in restarts if int(i) == i})
+        given = list(restarts)
+    except (TypeError, ValueError):
+        raise ValueError(f"restarts: expected step indices (ints in 1 .. {steps - 1}), got {restarts!r}") from None
+    if len(values) != len(set(given)) or any(not 0 < i < steps for i in values):
+        raise ValueError(f"restarts: expected step indices (0-based ints in 1 .. {steps - 1}, the steps before which X "
+                         f"<- QX and R <- XX^T are recomputed), got {restarts!r}")
+    return tuple(values)
+
+
+def gram_rounding_points(x0, table, restarts=(), perturbation: dict | None = None, sizes: list | None = None):
+    """The scalar Gram Newton–Schulz recurrence of one singular value x₀ (elementwise over an
+    array), with an additive perturbation at each rounding point.
+
+    In exact arithmetic every intermediate of a Gram kernel is a function of the input's
+    singular values in the input's own singular basis (R = U diag(r) Uᵀ, Q = U diag(q) Uᵀ,
+    X = U diag(x) Vᵀ), so one direction follows the scalar recurrence
+
+        x ← x₀, r ← x²;  per step i: [restart: x ← q·x, r ← x², q ← 1]
+        z ← b r + c r²,  q ← (a + z)·q,  [unless the next step restarts or i is last:
+        r_z ← (a + z)·r,  r ← (a + z)·r_z];   at the end x_T = q·x,
+
+    whose result is ``ortho_ref.ns_polynomial`` (z and r are the step polynomial's
+    h(x²) − a and x² along the trajectory). The *points* are the stored intermediates in this
+    order: the (normalized) input, then every R, Z, Q, R_z, restart X and the final X.
+    ``perturbation``: point index -> value added there (complex values allowed: complex-step
+    derivatives). ``sizes``: if a list, receives per point the magnitude of its terms
+    (|b|r + |c|r² for Z, (|a| + |z|)|q| for Q, ...), the scale its rounding is relative to.
+    Returns: x_T (the same shape as x0). Source: the Gram form of Newton–Schulz, Dao AI Lab's
+    gram-newton-schulz (2025) and microsoft/dion's ``use_gram_newton_schulz``, written from the
+    polynomial view (Amsel et al. 2025, arXiv 2505.16932, Sec. 2).
+    """
+    table = np.atleast_2d(np.asarray(table, dtype=np.float64))
+    extra = perturbation or {}
+    index = [0]
+
+    def point(value, size):
+        if sizes is not None:
+            sizes.append(np.abs(size))
+        i = index[0]
+        index[0] += 1
+        return value + extra[i] if i in extra else value
+
+    x0 = np.asarray(x0)
+    x = point(x0 * 1.0, np.abs(x0))
+    r = point(x * x, np.abs(x * x))
+    q = np.ones_like(x)
+    last = len(table) - 1
+    for i, (a, b, c) in enumerate(table):
+        if i in restarts:
+            x = point(q * x, np.abs(q * x))
+            r = point(x * x, np.abs(x * x))
+            q = np.ones_like(x)
+        z = point(b * r + c * r * r, abs(b) * np.abs(r) + abs(c) * np.abs(r * r))
+        q = point((a + z) * q, (abs(a) + np.abs(z)) * np.abs(q))
+        if i < last and i + 1 not in restarts:
+            rz = point((a + z) * r, (abs(a) + np.abs(z)) * np.abs(r))
+            r = point((a + z) * rz, (abs(a) + np.abs(z)) * np.abs(rz))
+    return point(q * x, np.abs(q * x))
+
+
+def gram_point_gains(x0, table, restarts=()) -> tuple[np.ndarray, np.ndarray]:
+    """(|∂x_T/∂e_p|, S_p): per rounding point p of ``gram_rounding_points`` the first-order gain of
+    the output singular value (complex-step derivative of the polynomial recurrence: exact to
+    float64 rounding, no step size to tune) and the magnitude of the point's terms, both
+    elementwise over x0. Shapes: x0 (...) -> ((P, ...), (P, ...))."""
+    x0 = np.asarray(x0, dtype=np.float64)
+    sizes: list = []
+    gram_rounding_points(x0, table, restarts, sizes=sizes)
+    h = 1e-30
+    gains = np.stack([np.abs(gram_rounding_points(x0.astype(np.complex128), table, restarts, {p: 1j * h}).imag / h)
+                      for p in range(len(sizes))])
+    return gains, np.stack(sizes)
+
+
+def ns_gram_singular_value_tolerances(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dtype,
+                                      restarts=()) -> np.ndarray:
+    """Per-direction tolerances τᵢ for |σ(X_fast) − f(σ̂ᵢ)| of a Gram Newton–Schulz kernel:
+
+        τᵢ = ρ · Σ_p sup_{|x − σ̂ᵢ| ≤ δ} |∂x_T/∂e_p|(x) · S_p,   S_p = max_j size_p(σ̂_j),
+        δ = ROUNDINGS_PER_STEP·ρ,
+
+    with ρ = ``per_product_roundoff(dtype, shape)`` and the points, gains and sizes of
+    ``gram_rounding_points`` / ``gram_point_gains`` (docs/tolerances.md, "Gram Newton–Schulz").
+
+    Derivation (first order, as ``ns_singular_value_tolerances``). Each stored intermediate M_p
+    (R, Z, Q, R_z, X) is rounded once; its error E_p moves direction i's value of M_p by
+    uᵢᵀE_pwᵢ ≲ ρ·‖M_p‖₂ (Stewart & Sun 1990, ch. V), and ‖M_p‖₂ = S_p, the largest term
+    magnitude over the whole spectrum — the *coupling* that makes Gram kernels different: Q's
+    norm is set by the small singular values (q ≈ Π aᵢ ≈ 10² at x ≈ 0 after two polar_express
+    steps), and its rounding lands on every direction. From point p the displacement reaches
+    the output through the rest of the recurrence, whose derivative is the point's gain. An
+    error in R is carried by every later R update — each multiplies it by ∂r′/∂r = (a + z)² +
+    ... ≈ a² ≈ 12–66 at small r — until a restart recomputes R from X, which is why kernels
+    restart; it reaches X only through Q, at the restarts and at the end. The sup over a
+    rounding neighbourhood makes the estimate a mean-value one, as in the standard form.
+    A first-order model, not a rigorous bound: informative where it is below the band's width.
+    Shapes: sigma_hat (k,) -> (k,) float64. Raises: ValueError for bad restarts.
+    """
+    table = ortho_ref.schedule(coefficients) if isinstance(coefficients, str) else \
+        np.atleast_2d(np.asarray(coefficients, dtype=np.float64))
+    restarts = validate_restarts(restarts, len(table))
+    rho = per_product_roundoff(dtype, shape)
+    s = np.asarray(sigma_hat, dtype=np.float64)
+    _, sizes = gram_point_gains(s, table, restarts)
+    scale = sizes.max(axis=1)  # (P,): ‖M_p‖₂ over the spectrum
+    x = np.clip(s[:, None] + ROUNDINGS_PER_STEP * rho * np.linspace(-1.0, 1.0, 33)[None, :], 0.0, None)
+    gains, _ = gram_point_gains(x, table, restarts)  # (P, k, 33)
+    return rho * np.einsum("pk,p->k", gains.max(axis=2), scale)
+
+
+def ns_gram_tolerance(sigma_hat: np.ndarray, coefficients, shape: tuple[int, int], dtype, restarts=()) -> float:
+    """Frobenius tolerance for ‖X_fast − ns_map(G)‖_F of a Gram kernel in float32 / float64:
+
+        ns_tolerance(σ̂) + C_NS·√k·max_i τᵢ^gram
+
+    The standard form's rounding model covers the X products (R = XXᵀ, the restarts and the final
+    QX are products of the same sizes as a standard step's); the Gram recurrence adds, per
+    direction, the τᵢ of ``ns_gram_singular_value_tolerances`` (its diagonal errors); an
+    error matrix of k directions whose entries are each within the largest τ has Frobenius
+    norm ≲ √k·max τ at its root-mean-square (the off-diagonal entries are carried by divided
+    differences of the same recurrence, bounded by its gains' sup over the spectrum's hull),
+    and C_NS = 2 allows two standard deviations, as in ``ns_tolerance``."""
+    k = min(shape)
+    return ns_tolerance(sigma_hat, coefficients, shape, dtype) + C_NS * math.sqrt(k) * float(
+        np.max(ns_gram_singular_value_tolerances(sigma_hat, coefficients, shape, dtype, restarts)))
 
 
 #: Two transcriptions of the same decimal literals must give the same float64 bits.

@@ -10,7 +10,9 @@ import math
 
 import numpy as np
 
-__all__ = ["C_NS", "U64", "UNIT_ROUNDOFF", "condition_number", "factor_roundoff", "matmul_roundoff", "unit_roundoff"]
+__all__ = ["C_NS", "COMPUTE_PRECISIONS", "PER_DIRECTION_PRECISIONS", "TF32_UNIT_ROUNDOFF", "U64", "UNIT_ROUNDOFF",
+           "compute_precision", "condition_number", "factor_roundoff", "matmul_roundoff", "operand_roundings",
+           "unit_roundoff"]
 
 
 U64 = 2.0**-53
@@ -30,9 +32,44 @@ UNIT_ROUNDOFF = {
 C_NS = 2.0
 
 
+#: TF32, NVIDIA's float32 matmul mode of Ampere and later GPUs (``torch.set_float32_matmul_precision("high")``,
+#: Emerging-Optimizers' ``fp32_matmul_prec="high"``): float32 storage, each product's *operands*
+#: rounded to a 10-bit significand (unit roundoff 2⁻¹¹, float16's), the products accumulated and
+#: stored in float32. Not a storage dtype: it is named "tf32" (or "high") only as a compute precision.
+TF32_UNIT_ROUNDOFF = 2.0**-11
+
+#: The compute precisions the Newton–Schulz checks model: the storage dtypes and "tf32".
+COMPUTE_PRECISIONS = ("float64", "float32", "tf32", "bfloat16", "float16")
+#: Compute precisions judged per singular direction (their u is too coarse for a Frobenius
+#: comparison with ``ns_map`` to be informative): ``compare_ns_output``'s low-precision rows.
+PER_DIRECTION_PRECISIONS = ("bfloat16", "float16", "tf32")
+
+
+def compute_precision(name) -> str:
+    """The canonical compute-precision name: a torch dtype or dtype name of ``UNIT_ROUNDOFF``, or
+    "tf32" / "high" (-> "tf32"); ValueError naming dtype otherwise."""
+    text = str(name).replace("torch.", "").replace("numpy.", "")
+    if text in ("tf32", "high"):
+        return "tf32"
+    if text not in UNIT_ROUNDOFF:
+        raise ValueError(f"dtype: expected one of {list(COMPUTE_PRECISIONS)} (or 'high' for tf32), got {name!r}")
+    return text
+
+
+def operand_roundings(dtype) -> int:
+    """Roundings of one matrix product that reach its result at the unit roundoff u: 1 for a storage
+    dtype (the result is rounded once; bfloat16 / float16 accumulate in float32, float32 / float64
+    in their own precision, counted apart as √d·u), 2 for TF32 (both operands are rounded to
+    10 bits before the float32 products: fl(AB) = (A + ΔA)(B + ΔB), |ΔA| ≤ u|A|, |ΔB| ≤ u|B|)."""
+    return 2 if compute_precision(dtype) == "tf32" else 1
+
+
 def unit_roundoff(dtype) -> float:
-    """u for a dtype given as a torch/numpy dtype or its name; ValueError if unknown."""
+    """u for a dtype given as a torch/numpy dtype or its name ("tf32" / "high": 2⁻¹¹, TF32's
+    product operands); ValueError if unknown."""
     name = str(dtype).replace("torch.", "").replace("numpy.", "")
+    if name in ("tf32", "high"):
+        return TF32_UNIT_ROUNDOFF
     if name not in UNIT_ROUNDOFF:
         raise ValueError(f"dtype: expected one of {sorted(UNIT_ROUNDOFF)}, got {dtype!r}")
     return UNIT_ROUNDOFF[name]
