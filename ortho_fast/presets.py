@@ -23,6 +23,7 @@ from typing import Iterable, Mapping
 import torch
 
 from .compat import MUON_ALIASES
+from .documents import doc_reference
 from .groups.muon import MUON_DEFAULTS
 from .groups.qk_clip import QK_CLIP_DEFAULTS
 from .muon import Muon
@@ -86,8 +87,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         "decay; lr * sqrt(max(1, m/n)); nanochat/gpt.py setup_optimizer (matrix_lr 0.02, beta2 0.9), "
         "scripts/base_train.py (--weight-decay 0.28, before its batch-size scaling). Not expressible: nanochat "
         "decays with the shape-scaled lr (lr * sqrt(max(1, m/n)) * wd), ortho_fast with lr * wd, so tall "
-        "matrices differ: give each tall shape its own group with weight_decay * sqrt(m / n) (docs/compatibility.md, "
-        "'Presets measured against their systems')",
+        "matrices differ: give each tall shape its own group with weight_decay * sqrt(m / n) ("
+        f"{doc_reference('compatibility.md', 'Presets measured against their systems')})",
         requires=("row_equilibration", "renormalize", "normuon_beta2")),
     Preset("motif", "Muon", dict(
         lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="classic", coefficients="cesista5",
