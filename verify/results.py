@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
-    "REPORT_SCHEMA_VERSION", "CheckResult", "Failure", "VerificationReport", "error_feedback_table", "format_number",
-    "measured", "no_claim", "no_claim_summary", "report_body", "summary", "verdict", "worst_per_group", "write_reports",
+    "FAILURE_KINDS", "REPORT_SCHEMA_VERSION", "SIDE_EFFECTS", "CheckResult", "Failure", "VerificationReport",
+    "accept_side_effects", "error_feedback_table", "failure_kind", "failure_kinds", "format_number",
+    "measured", "no_claim", "user_frame", "verdict_text", "no_claim_summary", "report_body", "summary", "verdict", "worst_per_group", "write_reports",
 ]
 
 
@@ -33,6 +34,8 @@ class CheckResult:
     claimed. ``extra``: optional named measurements shown in the report (e.g. the fraction of the
     gradient lost without error feedback); they change no verdict. ``cause``: for a failed row,
     the likely cause in words (``ortho_verify.checks.diagnoses``), empty when none is known.
+    ``kind``: what kind of failure the row is (``FAILURE_KINDS``: "wrong math", "side effect",
+    "unsupported"); empty: derived from the check's name (``failure_kind``).
     """
 
     check: str
@@ -45,6 +48,7 @@ class CheckResult:
     extra: dict = field(default_factory=dict)
     claimed: bool = True
     cause: str = ""
+    kind: str = ""
 
     @property
     def ratio(self) -> float:
@@ -58,7 +62,109 @@ class CheckResult:
         return "fail" if not self.passed else "pass" if self.claimed else "no claim"
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "ratio": self.ratio, "status": self.status}
+        return {**asdict(self), "kind": failure_kind(self), "ratio": self.ratio, "status": self.status}
+
+
+#: The kinds of failure a report counts apart (docs/verification.md, "Kinds of failure"):
+#: "wrong math" — the update or the state differs from the oracle's beyond the tolerance;
+#: "side effect" — the result may be right, but the code changed something it was not given to
+#: change (its input, the gradient) or shares state storage with the parameter;
+#: "unsupported" — the code raised (or hung) on an input it does not take (a dtype, a shape, a layout).
+FAILURE_KINDS = ("wrong math", "side effect", "unsupported")
+
+#: Checks whose failures are side effects, by the name ``allow_side_effects`` accepts them under:
+#: "grad_mutated" (``gradient_unchanged``: the optimizer wrote into p.grad), "input_mutated"
+#: (``input_unchanged``: a kernel wrote into its input), "state_aliased" (``state_not_aliased``:
+#: a state tensor shares storage with p or p.grad).
+SIDE_EFFECTS = {"grad_mutated": "gradient_unchanged", "input_mutated": "input_unchanged",
+                "state_aliased": "state_not_aliased"}
+
+#: Checks whose failures mean the code raised or hung on the input (kind "unsupported").
+UNSUPPORTED_CHECKS = ("orthogonalizer_runs", "optimizer_runs", "layout_runs")
+
+
+def failure_kind(row: CheckResult) -> str:
+    """The kind of a row (``FAILURE_KINDS``): its own ``kind`` when set, else "side effect" for
+    the checks of ``SIDE_EFFECTS``, "unsupported" for ``UNSUPPORTED_CHECKS``, "wrong math" otherwise."""
+    if row.kind:
+        return row.kind
+    if row.check in SIDE_EFFECTS.values():
+        return "side effect"
+    if row.check in UNSUPPORTED_CHECKS:
+        return "unsupported"
+    return "wrong math"
+
+
+def failure_kinds(results) -> dict[str, int]:
+    """Failed rows per kind, every kind of ``FAILURE_KINDS`` present (0 when none)."""
+    counts = dict.fromkeys(FAILURE_KINDS, 0)
+    for r in results:
+        if not r.passed:
+            k = failure_kind(r)
+            counts[k] = counts.get(k, 0) + 1
+    return counts
+
+
+def verdict_text(results) -> str:
+    """The verdict in words with the kinds of failure that made it: "passed", "inconclusive", or
+    e.g. "failed: side effect (3 rows)" / "failed: wrong math (2 rows), unsupported (1 row)"."""
+    status, _ = verdict(results)
+    if status != "failed":
+        return status
+    kinds = [f"{k} ({n} row{'s' if n != 1 else ''})" for k, n in failure_kinds(results).items() if n]
+    return "failed: " + ", ".join(kinds)
+
+
+def accept_side_effects(rows, allowed) -> list:
+    """``rows`` with the failures of the side effects named in ``allowed`` (keys of
+    ``SIDE_EFFECTS``) turned into rows that make no claim, their note saying what was accepted
+    and by how much (the measurement is kept in ``extra``; ``verdict`` does not count a check
+    whose rows were all accepted as inconclusive).
+    Raises: ValueError naming ``allow_side_effects`` for a name outside ``SIDE_EFFECTS``."""
+    allowed = set(allowed or ())
+    unknown = allowed - set(SIDE_EFFECTS)
+    if unknown:
+        raise ValueError(f"allow_side_effects: unknown {sorted(unknown)}; expected names from {sorted(SIDE_EFFECTS)}")
+    checks = {SIDE_EFFECTS[a]: a for a in allowed}
+    out = []
+    for r in rows:
+        if r.check in checks:
+            from dataclasses import replace
+
+            what = checks[r.check]
+            note = (f"accepted ({what} in allow_side_effects): error {r.error:.3g}" + (f"; {r.note}" if r.note else "")
+                    if not r.passed else f"{what} accepted by allow_side_effects; not seen here")
+            r = replace(r, passed=True, claimed=False, cause="", note=note,
+                        extra={**r.extra, "accepted_side_effect": what})
+        out.append(r)
+    return out
+
+
+def user_frame(err: BaseException, skip=("ortho_verify", "torch")) -> str:
+    """"file:line in function" of the last traceback frame of ``err`` in the user's code: the
+    last one outside the packages named in ``skip`` (their directories) and Python's own
+    library; the last frame of all when every frame is inside them, "" without a traceback."""
+    import os
+    import sys
+    import sysconfig
+    import traceback
+
+    roots = []
+    for name in skip:
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "__file__", None):
+            roots.append(os.path.dirname(os.path.abspath(mod.__file__)) + os.sep)
+    stdlib = sysconfig.get_paths().get("stdlib")
+    if stdlib:
+        roots.append(os.path.abspath(stdlib) + os.sep)
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return ""
+    mine = [f for f in frames if not any(os.path.abspath(f.filename).startswith(r) and "site-packages" not in
+                                         os.path.abspath(f.filename)[len(r):] for r in roots)
+            and not f.filename.startswith("<")]
+    f = (mine or frames)[-1]
+    return f"{f.filename}:{f.lineno} in {f.name}"
 
 
 def measured(check: str, case_name: str, detail: str, error, tolerance, note: str = "",
@@ -90,9 +196,12 @@ def verdict(results) -> tuple[str, list[str]]:
     for r in results:
         families.setdefault(r.check, []).append(r)
     reasons = [f"{check}: no claim on any of its {len(rows)} rows ({rows[0].note or 'no note'})"
-               for check, rows in families.items() if not any(r.claimed for r in rows)]
+               for check, rows in families.items() if not any(r.claimed for r in rows)
+               and not all("accepted_side_effect" in r.extra or r.extra.get("supplementary") for r in rows)]
     if not results:
         reasons = ["no check was run"]
+    elif not reasons and not any(r.claimed for r in results):
+        reasons = [f"no row made a claim ({results[0].note or 'no note'})"]
     return ("inconclusive" if reasons else "passed"), reasons
 
 
@@ -136,6 +245,8 @@ def summary(results: list[CheckResult]) -> dict:
         "failed": sum(not r.passed for r in results),
         "no_claim": sum(r.status == "no claim" for r in results),
         "verdict": status,
+        "kinds": failure_kinds(results),
+        "verdict_text": verdict_text(results),
         "inconclusive": reasons,
         "by_check": by_check,
     }
@@ -216,7 +327,7 @@ def report_body(results: list[CheckResult], meta: dict, all_rows: bool = False) 
 
 def _md_row(r: CheckResult) -> str:
     return (f"| {r.check} | {r.input} | {r.detail} | {format_number(r.error)} | {format_number(r.tolerance)} | "
-            f"{r.ratio:.3f} | {r.status if r.passed else 'FAIL'} | {r.note} |")
+            f"{r.ratio:.3f} | {r.status if r.passed else 'FAIL (' + failure_kind(r) + ')'} | {r.note} |")
 
 
 def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=(), all_rows: bool = False
@@ -237,7 +348,9 @@ def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=(
         "",
         f"{summ['passed']} of {summ['total']} checks passed, {summ['failed']} failed, {summ['no_claim']} made no claim "
         f"(passed vacuously: not compared, or a tolerance that cannot reject a wrong result). Verdict: "
-        f"{summ['verdict']}.",
+        f"{summ['verdict_text']}.",
+        "",
+        "Failures by kind: " + ", ".join(f"{k} {n}" for k, n in summ["kinds"].items()) + ".",
         "",
         *[f"- nothing compared — {why}" for why in summ["inconclusive"]],
         "## Run",
@@ -319,6 +432,17 @@ class VerificationReport:
         return self.passed
 
     @property
+    def kinds(self) -> dict[str, int]:
+        """Failed rows per kind of failure (``FAILURE_KINDS``: "wrong math", "side effect",
+        "unsupported"), each counted apart."""
+        return failure_kinds(self.results)
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict with the kinds that made it, e.g. "failed: side effect (3 rows)"."""
+        return verdict_text(self.results)
+
+    @property
     def failures(self) -> list[Failure]:
         """The failed results, each with its reproducing input."""
         return [Failure(r, *self.inputs.get(r.input, ({}, ""))) for r in self.results if not r.passed]
@@ -334,7 +458,9 @@ class VerificationReport:
         provenance and the first rows that made no claim (at most ``max_rows`` of each)."""
         status, reasons = verdict(self.results)
         counts = {k: sum(r.status == k for r in self.results) for k in ("pass", "fail", "no claim")}
-        head = (f"{self.subject}: {status.upper()} — {counts['pass']} of {len(self.results)} checks passed, "
+        kinds = ", ".join(f"{k}: {n}" for k, n in failure_kinds(self.results).items() if n)
+        head = (f"{self.subject}: {status.upper()}{f' ({kinds})' if kinds else ''} — {counts['pass']} of "
+                f"{len(self.results)} checks passed, "
                 f"{counts['fail']} failed, {counts['no claim']} made no claim; worst error/tolerance "
                 f"{self.worst_ratio:.3g}")
         lines = [head] + [f"  nothing compared — {why}" for why in reasons]
@@ -351,7 +477,8 @@ class VerificationReport:
         if fails:
             lines.append(f"failures ({len(fails)}):")
             for f in fails[:max_rows]:
-                lines.append(f"  {f.result.check} on {f.result.input} [{f.result.detail}]: error {f.result.error:.3g} > "
+                lines.append(f"  [{failure_kind(f.result)}] {f.result.check} on {f.result.input} [{f.result.detail}]: "
+                             f"error {f.result.error:.3g} > "
                              f"tolerance {f.result.tolerance:.3g}{' — ' + f.result.note if f.result.note else ''}")
                 lines.append(f"    reproduce: {f.provenance}")
             if len(fails) > max_rows:

@@ -1,0 +1,158 @@
+"""The statistical row of ``check_optimizer`` (``optimizer_mean_deviation``): J same-shape
+parameters stepped by the optimizer under test, the update each one received recovered from its
+weights, and the per-direction mean over the J matrices of uᵢᵀ Õ vᵢ − f(σ̂ᵢ) against the
+threshold of ``ortho_verify.tolerances.statistical`` (the kernel's roundings) plus
+``ortho_verify.tolerances.optimizer_statistical`` (the roundings of the momentum, the Nesterov
+mix and the weight update around it), at the false-alarm probability of the orthogonalizer rows
+(1e-6 per row). docs/verification.md, "Statistical rows of check_optimizer".
+
+One bfloat16 step's window is wide (a singular value of the update anywhere in [0.55, 2.4] for
+Keller Jordan's schedule), so a NorMuon run where Muon is declared, a safety factor of 1.01 for
+1.02, eps added for clamped, an lr scale off by 2% or a Nesterov mix of the wrong form pass the
+per-step rows; each moves every matrix's direction i the same way, and the mean over J matrices
+separates it from rounding at a 1/√J smaller threshold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+import ortho_ref
+from ortho_verify.results import CheckResult, measured
+from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.tolerances import statistical as stat
+from ortho_verify.tolerances.optimizer_statistical import optimizer_rounding_moments
+
+__all__ = ["MIN_STATISTICAL_MATRICES", "STATISTICAL_GRADIENT_NORM", "STATISTICAL_MATRICES", "STATISTICAL_SHAPE",
+           "STATISTICAL_STEPS", "StatisticalInputs", "optimizer_mean_deviation", "statistical_inputs"]
+
+#: Same-shape parameters added by default to a bfloat16 / float16 run (or a run whose declared
+#: Newton–Schulz dtype is one of them): the power table of docs/verification.md is measured with it.
+STATISTICAL_MATRICES = 64
+#: Fewest matrices ``check_optimizer`` accepts for the statistical row (a mean over fewer is
+#: dominated by its second-order allowance).
+MIN_STATISTICAL_MATRICES = 8
+#: Their shape: tall (NorMuon's per-row rescale and the lr scales differ most on tall matrices),
+#: the shape of the orthogonalizer rows' batches.
+STATISTICAL_SHAPE = (40, 24)
+#: ‖G‖_F of their gradients: small enough that eps = 1e-7 is ≳ 1% of s‖U‖_F with EMA momentum
+#: (eps added vs clamped then moves every direction), far above underflow in bfloat16.
+STATISTICAL_GRADIENT_NORM = 1e-5
+#: Steps with gradients for them; the row measures the last (step 2: the momentum and the
+#: Nesterov mix are non-trivial, so their form matters; step 1 from M = 0 makes U a multiple of G).
+STATISTICAL_STEPS = 2
+#: Ratio of the largest to the smallest row scale of their gradients.
+STATISTICAL_ROW_SPREAD = 10.0
+
+
+@dataclass(frozen=True)
+class StatisticalInputs:
+    """``weights`` (J, m, n) and ``grads`` (STATISTICAL_STEPS, J, m, n) float64, rounded to the
+    parameters' dtype; ``provenance`` the call that rebuilds them."""
+
+    weights: np.ndarray
+    grads: np.ndarray
+    provenance: str
+
+
+def statistical_inputs(shape, count: int, cond: float, seed: int, dtype: str) -> StatisticalInputs:
+    """Weights 0.02·N(0, 1) and ``STATISTICAL_STEPS`` gradients per matrix: singular values
+    geomspace(1, 1/cond) with Haar vectors (``numpy.random.default_rng(seed + 2000)``), rows then
+    scaled by geomspace(1, 1/``STATISTICAL_ROW_SPREAD``) (neurons of different scales, as in a
+    trained network: the rows of the update then differ in norm, which a per-row rescale changes)
+    and the whole to ‖G‖_F = ``STATISTICAL_GRADIENT_NORM``; rounded to ``dtype``. The statistic
+    needs no particular distribution: each matrix's singular triplets are computed exactly."""
+    import torch
+
+    m, n = shape
+    rng = np.random.default_rng(seed + 2000)
+    s = np.geomspace(1.0, 1.0 / cond, min(m, n))
+    rows = np.geomspace(1.0, 1.0 / STATISTICAL_ROW_SPREAD, m)[:, None]
+    weights = 0.02 * rng.standard_normal((count, m, n))
+
+    def grad():
+        g = rows * matrix_with_spectrum(s, m, n, rng)
+        return g * (STATISTICAL_GRADIENT_NORM / np.linalg.norm(g))
+
+    grads = np.stack([np.stack([grad() for _ in range(count)]) for _ in range(STATISTICAL_STEPS)])
+    tdt = getattr(torch, dtype)
+
+    def rounded(a):
+        return torch.from_numpy(a).to(tdt).double().numpy()
+
+    return StatisticalInputs(rounded(weights), rounded(grads),
+                             f"ortho_verify.checks.optimizer_statistics.statistical_inputs({tuple(shape)}, {count}, "
+                             f"{cond!r}, {seed}, {dtype!r})")
+
+
+def optimizer_mean_deviation(conv, *, weights: np.ndarray, momenta: np.ndarray, grads: np.ndarray,
+                             new_weights: np.ndarray, new_momenta: np.ndarray | None, lr: float, mu: float, wd: float,
+                             table, safety: float, eps: float, param_dtype: str, ns_dtype: str, input_name: str,
+                             probability: float = stat.FALSE_ALARM_PROBABILITY) -> CheckResult:
+    """The row ``optimizer_mean_deviation`` of one step of J parameters (``conv``: MuonConventions
+    without pipeline stages or cautious weight decay). Per matrix j the reference
+    ``ortho_ref.muon_step`` from (weights, momenta, grads)[j] gives U and the lr scale s; the
+    measured update Õ = (W(1 − lr·wd) − W_new)/(lr·s); dᵢⱼ = uᵢᵀÕvᵢ − f(σ̂ᵢⱼ). Threshold per
+    direction: ``ns_mean_deviation_tolerances`` of the kernel's variance proxies in ``ns_dtype``
+    (``ns_rounding_moments``) plus ``optimizer_rounding_moments`` (momentum, mix and weight
+    roundings in ``param_dtype``), the second-order bias bounds and the oracle's allowance added.
+    Directions outside the first-order regime (one-matrix √v > ``STATISTIC_FIRST_ORDER_LIMIT``)
+    are left out; none left: no claim. Error: |mean dᵢ| of the direction with the largest ratio.
+    Shapes: (J, m, n) float64 each. ``ns_dtype`` outside ``STATISTICAL_DTYPES`` (float64): no claim.
+    """
+    check = "optimizer_mean_deviation"
+    J, m, n = weights.shape
+    detail = f"update of {J} {m}x{n} parameters, step from their own state ({ns_dtype} Newton-Schulz)"
+    if ns_dtype not in stat.STATISTICAL_DTYPES:
+        return measured(check, input_name, detail, 0.0, math.inf,
+                        f"no claim: the statistical model covers {stat.STATISTICAL_DTYPES}", informative=False,
+                        extra={"supplementary": True})
+    k = min(m, n)
+    refs = [ortho_ref.muon_step(w, g, mp, lr=lr, mu=mu, nesterov=conv.nesterov, momentum_style=conv.momentum_style,
+                                coefficients=table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
+                                adjust_lr=conv.adjust_lr, weight_decay=wd, extra_scale_factor=conv.extra_scale_factor)
+            for w, g, mp in zip(weights, grads, momenta)]
+    step = lr * refs[0].lr_scale
+    measured_update = (weights * (1 - lr * wd) - new_weights) / step
+    if not np.all(np.isfinite(measured_update)):
+        return measured(check, input_name, detail, math.inf, 0.0, "the update has NaN or Inf")
+    ns_in = np.stack([r.ns_input for r in refs])
+    us, ss, vts = np.linalg.svd(ns_in, full_matrices=False)
+    us, vs = us[..., :k], np.swapaxes(vts[..., :k, :], -1, -2)
+    sigma_hat = np.stack([ortho_ref.normalized_singular_values(a, safety=safety, eps=eps, eps_mode=conv.eps_mode)
+                          for a in ns_in])
+    d = np.einsum("jpi,jpq,jqi->ji", us, measured_update, vs) - ortho_ref.ns_polynomial(sigma_hat, table)
+    var, bias = stat.ns_rounding_moments(sigma_hat, us, vs, table, ns_dtype)
+    m_new = np.stack([r.momentum for r in refs]) if new_momenta is None else new_momenta
+    w_mix = mu if conv.nesterov else 1.0
+    inputs2 = 2.0 * (w_mix ** 2 * (m_new ** 2 + (mu * momenta) ** 2 + grads ** 2) + ns_in ** 2)
+    o_ref = np.stack([r.update for r in refs])
+    weights2 = weights ** 2 + new_weights ** 2 + 2.0 * (step * o_ref) ** 2
+    var_o, bias_o = optimizer_rounding_moments(sigma_hat, us, vs, table, ns_input=ns_in, safety=safety,
+                                               input_magnitudes=inputs2, weight_magnitudes=weights2, step=step,
+                                               state_dtype=param_dtype, ns_dtype=ns_dtype)
+    var = var + var_o
+    allow = stat.oracle_deviation_allowance(sigma_hat, (m, n), table) + bias + bias_o
+    kept = np.sqrt(var.max(axis=0)) <= stat.STATISTIC_FIRST_ORDER_LIMIT
+    if not kept.any():
+        return measured(check, input_name, detail, 0.0, math.inf,
+                        f"no claim: no direction in the first-order regime (one-matrix sqrt(v) > "
+                        f"{stat.STATISTIC_FIRST_ORDER_LIMIT})", informative=False, extra={"supplementary": True})
+    thresholds = stat.ns_mean_deviation_tolerances(var[:, kept], allow[:, kept], probability)
+    means = d[:, kept].mean(axis=0)
+    ratios = np.abs(means) / thresholds
+    i = int(np.argmax(ratios))
+    index = int(np.flatnonzero(kept)[i])
+    lam = stat.hoeffding_lambda(probability, int(kept.sum()))
+    sig = float(np.mean(sigma_hat[:, index]))
+    row = measured(check, input_name, f"{detail} (mean over {J} matrices, worst direction)", abs(float(means[i])),
+                   float(thresholds[i]),
+                   f"direction {index + 1} of {k} (sigma_hat {sig:.3g}): mean deviation {float(means[i]):+.3g}, "
+                   f"std {float(d[:, index].std()):.3g} per matrix; {int(kept.sum())} directions tested, lambda "
+                   f"{lam:.2f} (false alarm <= {probability:g})",
+                   extra={"mean_deviation": d.mean(axis=0).tolist(), "sigma_hat": sigma_hat.mean(axis=0).tolist(),
+                          "kept": kept.tolist()})
+    return row
