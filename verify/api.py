@@ -36,7 +36,7 @@ from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventi
                                       table_and_normalization)
 from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
 from ortho_verify.optimizer_checks import DEFAULT_SHAPES, check_optimizer, optimizer_inputs
-from ortho_verify.results import CheckResult, Failure, VerificationReport, measured
+from ortho_verify.results import CheckResult, Failure, VerificationReport, measured, user_frame
 
 __all__ = [
     "DEFAULT_SHAPES", "DEFAULT_SPECS", "DEFAULT_TIMEOUT_S", "DION", "DionConventions", "Failure", "MuonConventions",
@@ -169,7 +169,9 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
     if status == "raised":  # a crash is a failed check, reported with its input
         err = out
         hint = _batched_hint(x)
-        return [measured("orthogonalizer_runs", example.name, "fn(input)", math.inf, 0.0, f"raised {err!r}{hint}")]
+        frame = user_frame(err)  # issue 25: name the user's frame that raised
+        return [measured("orthogonalizer_runs", example.name, "fn(input)", math.inf, 0.0,
+                         f"raised {err!r}{' at ' + frame if frame else ''}{hint}")]
     rows = [measured("input_unchanged", example.name, "fn must not modify its input",
                      float((x.double() - pristine.double()).abs().max()), 0.0)]
     if not isinstance(out, torch.Tensor) or out.shape != x.shape:
@@ -202,7 +204,8 @@ def check_orthogonalizer_statistics(fn: Callable, batch: StatisticalBatch, *, co
         status, out = call_with_timeout(fn, one, timeout_s)
         if status != "ok" or not isinstance(out, torch.Tensor) or out.shape != one.shape:
             why = f"did not return within {timeout_s:g} s" if status == "timeout" else \
-                f"raised {out!r}{_batched_hint(one)}" if status == "raised" else \
+                f"raised {out!r}{' at ' + user_frame(out) if user_frame(out) else ''}{_batched_hint(one)}" \
+                if status == "raised" else \
                 f"returned {type(out).__name__} of the wrong shape"
             return [measured("orthogonalizer_runs", batch.name, "fn(statistical batch)", math.inf, 0.0, why)]
         outs.append(_as_f64(out))

@@ -324,6 +324,8 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
     style = "green" if summ["verdict"] == "passed" else "bold red"
     console.print(f"[{style}]{summ['verdict'].upper()}: {summ['passed']} passed, {summ['failed']} failed[/], "
                   f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} s)")
+    if summ["failed"]:  # issue 25: the kinds of failure, counted apart
+        console.print("[bold red]failures by kind: " + ", ".join(f"{k} {n}" for k, n in summ["kinds"].items()) + "[/]")
     for why in summ["inconclusive"]:
         console.print(f"[bold red]inconclusive: nothing compared — {why}[/]")
     written = [json_path, md_path] + ([args.junit_xml] if args.junit_xml is not None else [])

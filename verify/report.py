@@ -12,7 +12,8 @@ from __future__ import annotations
 import shutil
 
 from ortho_verify.optional import require
-from ortho_verify.results import (CheckResult, error_feedback_table, format_number, summary, worst_per_group,
+from ortho_verify.results import (CheckResult, error_feedback_table, failure_kind, format_number, summary,
+                                  worst_per_group,
                                   write_reports)
 
 __all__ = ["FAILURES_SHOWN", "error_feedback_table", "make_console", "print_failures", "print_summary", "print_table",
@@ -107,7 +108,7 @@ def print_failures(results: list[CheckResult], console=None, limit: int = FAILUR
         table.add_column(col, justify=just, overflow="fold")
     for r in failed[:limit]:
         table.add_row(r.check, r.input, r.detail, format_number(r.error), format_number(r.tolerance),
-                      f"{r.ratio:.3g}", r.note)
+                      f"{r.ratio:.3g}", f"[{failure_kind(r)}] {r.note}")
     console.print(table)
     if len(failed) > limit:
         console.print(f"[bold red]... and {len(failed) - limit} more failed pairs (report.md, \"Failures\")[/]")

@@ -85,13 +85,14 @@ UNSUPPORTED_CHECKS = ("orthogonalizer_runs", "optimizer_runs", "layout_runs")
 
 def failure_kind(row: CheckResult) -> str:
     """The kind of a row (``FAILURE_KINDS``): its own ``kind`` when set, else "side effect" for
-    the checks of ``SIDE_EFFECTS``, "unsupported" for ``UNSUPPORTED_CHECKS``, "wrong math" otherwise."""
+    the checks of ``SIDE_EFFECTS``, "unsupported" for ``UNSUPPORTED_CHECKS`` (raised, hung; "wrong
+    math" when it returned a result of the wrong type or shape), "wrong math" otherwise."""
     if row.kind:
         return row.kind
     if row.check in SIDE_EFFECTS.values():
         return "side effect"
-    if row.check in UNSUPPORTED_CHECKS:
-        return "unsupported"
+    if row.check in UNSUPPORTED_CHECKS:  # it ran, but returned something else than asked: wrong output
+        return "wrong math" if row.note.startswith("returned") else "unsupported"
     return "wrong math"
 
 
@@ -438,6 +439,14 @@ class VerificationReport:
         return failure_kinds(self.results)
 
     @property
+    def cause(self) -> str:
+        """The one cause the report leads with (``ortho_verify.checks.diagnoses.headline_cause``:
+        the cause of the most failed rows on non-degenerate inputs); "" when none is known."""
+        from ortho_verify.checks.diagnoses import headline_cause
+
+        return headline_cause(self.results)
+
+    @property
     def verdict_text(self) -> str:
         """The verdict with the kinds that made it, e.g. "failed: side effect (3 rows)"."""
         return verdict_text(self.results)
@@ -464,6 +473,8 @@ class VerificationReport:
                 f"{counts['fail']} failed, {counts['no claim']} made no claim; worst error/tolerance "
                 f"{self.worst_ratio:.3g}")
         lines = [head] + [f"  nothing compared — {why}" for why in reasons]
+        if self.cause:
+            lines.append(f"likely cause: {self.cause}")
         by_check: dict[str, CheckResult] = {}
         for worst, _, _ in worst_per_group(self.results):
             key = (not worst.passed, worst.claimed, worst.ratio)
