@@ -389,23 +389,49 @@ def _muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, 
     return rows, ref.momentum
 
 
-def _update_cause(conv: MuonConventions, row, measured_update, ref_update, w_prev, grad, m_prev, *, lr, mu, wd, table,
-                  safety, eps) -> str:
-    """The row's own cause, or which other momentum form (Nesterov on / off, EMA / classic) the
-    measured update matches: e.g. a dropped Nesterov term shows as a failing update while the
-    momentum buffer passes."""
+def momentum_form_candidates(conv: MuonConventions, grad, m_prev, *, mu: float, table, safety: float, eps: float
+                             ) -> list[tuple[str, np.ndarray]]:
+    """(label, Newton–Schulz input U′) of the momentum forms other than the declared one that an
+    optimizer commonly computes: Nesterov dropped / added, the other momentum style, both, and the
+    Nesterov mix written as G + μ·M_new on the declared buffer (the classic form on an EMA buffer,
+    or the EMA lerp on a classic one). Shapes: (m, n) float64 each."""
+    out = []
     for nesterov, style in ((not conv.nesterov, conv.momentum_style),
                             (conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema"),
                             (not conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema")):
-        alt = ortho_ref.muon_step(w_prev, grad, m_prev, lr=lr, mu=mu, nesterov=nesterov, momentum_style=style,
-                                  coefficients=table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
-                                  adjust_lr=conv.adjust_lr, weight_decay=wd, extra_scale_factor=conv.extra_scale_factor,
-                                  cautious_weight_decay=conv.cautious_weight_decay)
-        if np.linalg.norm(measured_update - alt.update) <= 0.1 * np.linalg.norm(measured_update - ref_update):
-            what = "the Nesterov term dropped" if conv.nesterov and not nesterov else \
-                "a Nesterov term added" if nesterov and not conv.nesterov else f"{style} momentum"
-            return (f"the update matches nesterov={nesterov}, momentum_style={style!r} ({what}) "
-                    f"where nesterov={conv.nesterov}, momentum_style={conv.momentum_style!r} is declared")
+        _, u = ortho_ref.muon.momentum_update(grad, m_prev, mu=mu, nesterov=nesterov, momentum_style=style)
+        what = "the Nesterov term dropped" if conv.nesterov and not nesterov else \
+            "a Nesterov term added" if nesterov and not conv.nesterov else f"{style} momentum"
+        out.append((f"nesterov={nesterov}, momentum_style={style!r} ({what})", u))
+    if conv.nesterov:
+        m_new, _ = ortho_ref.muon.momentum_update(grad, m_prev, mu=mu, nesterov=True, momentum_style=conv.momentum_style)
+        if conv.momentum_style == "ema":
+            out.append(("the Nesterov mix written as G + mu*M on the EMA buffer (the classic form) instead of "
+                        "lerp(G, M, mu)", grad + mu * m_new))
+        else:
+            out.append(("the Nesterov mix written as lerp(G, M, mu) on the classic buffer instead of G + mu*M",
+                        (1 - mu) * grad + mu * m_new))
+    return out
+
+
+def _update_cause(conv: MuonConventions, row, measured_update, ref_update, w_prev, grad, m_prev, *, lr, mu, wd, table,
+                  safety, eps) -> str:
+    """One cause for a failing update, from a replay: each momentum form of
+    ``momentum_form_candidates`` is run through the declared Newton–Schulz map and compared with
+    the measured update; the form with the smallest residual is named when it explains the update
+    (residual at most a tenth of the declared form's), else the row's own cause. Every row of a
+    step gets the same answer (the replay does not depend on the row)."""
+    base = float(np.linalg.norm(measured_update - ref_update))
+    best = None
+    for label, u in momentum_form_candidates(conv, grad, m_prev, mu=mu, table=table, safety=safety, eps=eps):
+        alt = ortho_ref.ns_map(u, table, safety=safety, eps=eps, eps_mode=conv.eps_mode)
+        resid = float(np.linalg.norm(measured_update - alt))
+        if best is None or resid < best[0]:
+            best = (resid, label)
+    if best is not None and best[0] <= 0.1 * base:
+        return (f"the update matches {best[1]} where nesterov={conv.nesterov}, momentum_style="
+                f"{conv.momentum_style!r} is declared (replay residual {best[0] / max(base, 1e-300):.2g} of the "
+                "declared form's)")
     return row.cause
 
 

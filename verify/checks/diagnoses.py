@@ -16,7 +16,7 @@ import numpy as np
 import ortho_ref
 from ortho_verify.results import CheckResult
 
-__all__ = ["LR_SCALE_ALIASES", "headline_cause", "map_fit_cause", "momentum_cause", "ns_output_cause", "scale_cause",
+__all__ = ["LR_SCALE_ALIASES", "headline_cause", "lr_scale_pair", "map_fit_cause", "momentum_cause", "ns_output_cause", "scale_cause",
            "with_cause"]
 
 #: lr-scale modes that are other libraries' names for the same scale (``MuonConventions.adjust_lr``):
@@ -76,7 +76,7 @@ def ns_output_cause(fast: np.ndarray, a: np.ndarray, table, *, safety: float, ep
     cause = scale_cause(fast, ref, tolerance, lr_shape)
     if cause:
         return cause
-    return map_fit_cause(projected - f, sigma_hat, table, tolerance=tolerance)
+    return map_fit_cause(projected - f, sigma_hat, table, tolerance=tolerance, lr_shape=lr_shape)
 
 
 def _map_candidates(sigma_hat: np.ndarray, table) -> dict:
@@ -100,7 +100,7 @@ def _map_candidates(sigma_hat: np.ndarray, table) -> dict:
 
 
 _CAUSE_TEXT = {
-    "output": "the update is off by a constant factor {f:.4g} (an lr scale or an extra factor other than declared)",
+    "output": "the update is off by a constant factor {f:.4g}",
     "normalization": "the input is normalized by another scale, x{f:.4g} of the declared s‖U‖_F (a safety factor or "
                      "eps other than declared, or eps added vs clamped)",
     "coefficient": "a Newton–Schulz coefficient differs from the declared schedule ({detail})",
@@ -108,7 +108,7 @@ _CAUSE_TEXT = {
 
 
 def map_fit_cause(deviation: np.ndarray, sigma_hat: np.ndarray, table, *, tolerance: float = 0.0,
-                  explained: float = 0.9) -> str:
+                  explained: float = 0.9, lr_shape: tuple[int, int] | None = None) -> str:
     """The one known systematic error that explains a per-direction deviation d(σ̂) of the map,
     ranked by fitting each candidate of ``_map_candidates`` (one relative change ε, least squares
     over the directions, exact map, |ε| ≤ 0.2) and comparing the fraction of ‖d‖² each explains.
@@ -139,6 +139,8 @@ def map_fit_cause(deviation: np.ndarray, sigma_hat: np.ndarray, table, *, tolera
         text = _CAUSE_TEXT["coefficient"].format(detail=which)
     else:
         text = _CAUSE_TEXT[best].format(f=1 + e)
+        pair = lr_scale_pair(1 + e, *lr_shape) if best == "output" and lr_shape is not None else ""
+        text += f" on a {lr_shape[0]}x{lr_shape[1]} matrix: matches the lr scale {pair}" if pair else ""
     return f"{text}; explains {100 * (1 - resid):.1f}% of the deviation over {d.size} directions"
 
 
@@ -158,13 +160,22 @@ def scale_cause(fast: np.ndarray, ref: np.ndarray, tolerance: float, lr_shape: t
         m, n = lr_shape
         names = [mode for mode in ortho_ref.muon.ADJUST_LR_MODES if mode is not None and mode not in LR_SCALE_ALIASES]
         scales = {str(mode): ortho_ref.lr_scale(mode, m, n) for mode in names} | {"None": 1.0}
-        # one pair: the closest ratio (aliases removed; a tie goes to a pair without None)
-        matches = sorted((abs(a / b / s - 1), used == "None" or declared == "None", f"{used} where {declared} is declared")
-                         for used, a in scales.items() for declared, b in scales.items()
-                         if used != declared and abs(a / b / s - 1) < 0.01)
-        text += f" on a {m}x{n} matrix" + (f": matches the lr scale {matches[0][2]}" if matches else
+        pair = lr_scale_pair(s, m, n)
+        text += f" on a {m}x{n} matrix" + (f": matches the lr scale {pair}" if pair else
                                            ": no ratio of known lr scales (" + ", ".join(scales) + ") explains it")
     return text
+
+
+def lr_scale_pair(s: float, m: int, n: int, within: float = 0.01) -> str:
+    """"used where declared is declared": the one pair of known lr scales (``ortho_ref.lr_scale``
+    modes without the aliases of ``LR_SCALE_ALIASES``, and None = 1) whose ratio on (m, n) is
+    closest to ``s`` (within ``within`` relative; a tie goes to a pair without None); "" if none."""
+    names = [mode for mode in ortho_ref.muon.ADJUST_LR_MODES if mode is not None and mode not in LR_SCALE_ALIASES]
+    scales = {str(mode): ortho_ref.lr_scale(mode, m, n) for mode in names} | {"None": 1.0}
+    matches = sorted((abs(a / b / s - 1), used == "None" or declared == "None", f"{used} where {declared} is declared")
+                     for used, a in scales.items() for declared, b in scales.items()
+                     if used != declared and abs(a / b / s - 1) < within)
+    return matches[0][2] if matches else ""
 
 
 def headline_cause(results) -> str:

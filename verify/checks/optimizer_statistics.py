@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import ortho_ref
+from ortho_verify.checks.diagnoses import with_cause
 from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import matrix_with_spectrum
 from ortho_verify.tolerances import statistical as stat
@@ -155,4 +156,99 @@ def optimizer_mean_deviation(conv, *, weights: np.ndarray, momenta: np.ndarray, 
                    f"{lam:.2f} (false alarm <= {probability:g})",
                    extra={"mean_deviation": d.mean(axis=0).tolist(), "sigma_hat": sigma_hat.mean(axis=0).tolist(),
                           "kept": kept.tolist()})
-    return row
+    if row.passed:
+        return row
+    cause = _statistical_cause(conv, d_mean=d.mean(axis=0), kept=kept, thresholds=thresholds, weights=weights,
+                               momenta=momenta, grads=grads, measured_update=measured_update, table=table,
+                               safety=safety, eps=eps, mu=mu, sigma_hat=sigma_hat.mean(axis=0), shape=(m, n))
+    return with_cause(row, cause)
+
+
+def _mean_deviation(update: np.ndarray, ns_in: np.ndarray, table, *, safety: float, eps: float, eps_mode: str
+                    ) -> np.ndarray:
+    """Per direction the mean over the matrices of uᵢᵀ·update·vᵢ − f(σ̂ᵢ), U's exact triplets. (k,)"""
+    k = min(ns_in.shape[-2:])
+    us, _, vts = np.linalg.svd(ns_in, full_matrices=False)
+    sig = np.stack([ortho_ref.normalized_singular_values(a, safety=safety, eps=eps, eps_mode=eps_mode) for a in ns_in])
+    return (np.einsum("jpi,jpq,jiq->ji", us[..., :k], update, vts[..., :k, :])
+            - ortho_ref.ns_polynomial(sig, table)).mean(axis=0)
+
+
+def _statistical_cause(conv, *, d_mean, kept, thresholds, weights, momenta, grads, measured_update, table, safety, eps,
+                       mu, sigma_hat, shape) -> str:
+    """One cause of a failing ``optimizer_mean_deviation`` row, ranked by how much of the
+    deviation each candidate leaves (max over the tested directions of |mean deviation| /
+    threshold after it; the row failed because the declared form leaves > 1):
+    replays — every momentum form of ``momentum_form_candidates`` through the declared map, and a
+    per-row rescale of the update (NorMuon's, rows to equal RMS, norm restored) undone — and
+    one-parameter fits of the mean deviation (``_map_candidates``: output scale = lr scale, with
+    the one pair of known lr scales it matches; normalization scale = safety / eps; a coefficient).
+    The candidate that leaves the least is named when it leaves ≤ 1 (within the statistics) or
+    less than a quarter of the declared form's; otherwise the deviation is described without a cause."""
+    from ortho_verify.optimizer_checks import momentum_form_candidates
+    from scipy.optimize import minimize_scalar
+
+    from ortho_verify.checks.diagnoses import _CAUSE_TEXT, _map_candidates, lr_scale_pair
+
+    def left(dev):  # (sum of squared ratios: the ranking; max ratio: whether it is explained)
+        r = np.abs(dev[kept]) / thresholds
+        return float(np.sum(r * r)), float(np.max(r))
+
+    base = left(d_mean)
+    scores = []  # (sum of squares, max ratio, text, group)
+    declared_in = _ns_inputs(conv, weights, momenta, grads, mu)
+    for label, _ in momentum_form_candidates(conv, grads[0], momenta[0], mu=mu, table=table, safety=safety, eps=eps):
+        ns_alt = np.stack([dict(momentum_form_candidates(conv, g, mp, mu=mu, table=table, safety=safety,
+                                                         eps=eps))[label] for g, mp in zip(grads, momenta)])
+        scores.append((*left(_mean_deviation(measured_update, ns_alt, table, safety=safety, eps=eps,
+                                             eps_mode=conv.eps_mode)), f"the update matches {label}", label))
+    other = "add" if conv.eps_mode == "clamp" else "clamp"
+    scores.append((*left(_mean_deviation(measured_update, declared_in, table, safety=safety, eps=eps, eps_mode=other)),
+                   f"eps_mode {other!r} (the norm {'plus' if other == 'add' else 'clamped at'} eps = {eps:g}) where "
+                   f"{conv.eps_mode!r} is declared", "eps"))
+    # a per-row rescale undone: the measured update's rows rescaled back to the reference's row norms
+    refs = np.stack([ortho_ref.ns_map(u, table, safety=safety, eps=eps, eps_mode=conv.eps_mode) for u in declared_in])
+    rows_ref = np.linalg.norm(refs, axis=-1, keepdims=True)
+    rows_meas = np.linalg.norm(measured_update, axis=-1, keepdims=True)
+    undone = measured_update * np.where(rows_meas > 0, rows_ref / np.where(rows_meas > 0, rows_meas, 1), 1)
+    spread = float(np.mean(np.std(rows_meas / np.maximum(rows_ref, 1e-300), axis=-2)))
+    scores.append((*left(_mean_deviation(undone, declared_in, table, safety=safety, eps=eps, eps_mode=conv.eps_mode)),
+                   f"a per-row rescale of the update after Newton–Schulz (NorMuon's normalization; the rows' norms "
+                   f"differ from the declared update's by {100 * spread:.1f}% on average) where plain Muon is declared",
+                   "rows"))
+    x = sigma_hat[kept]
+    for name, g in _map_candidates(x, table).items():
+        res = minimize_scalar(lambda e: float(np.sum(((d_mean[kept] - g(e)) / thresholds) ** 2)), bounds=(-0.2, 0.2),
+                              method="bounded", options={"xatol": 1e-7})
+        e = float(res.x)
+        after = d_mean.copy()
+        after[kept] = d_mean[kept] - g(e)
+        if name == "output":
+            pair = lr_scale_pair(1 + e, *shape, within=0.005)
+            text = _CAUSE_TEXT["output"].format(f=1 + e) + (f": matches the lr scale {pair}" if pair else "")
+        elif name == "normalization":
+            text = _CAUSE_TEXT["normalization"].format(f=1 + e)
+        else:
+            text = f"Newton–Schulz coefficient {name} x{1 + e:.4g} in every step (another schedule or a typo)"
+        scores.append((*left(after), text, "coefficient" if name in "abc" else name))
+    scores.sort(key=lambda t: t[0])
+    chi, worst, text, group = scores[0]
+    if group == "coefficient":  # one cause: a coefficient; which one only when the fit separates them
+        rivals = [t for t in scores[1:] if t[3] == "coefficient"]
+        if rivals and rivals[0][0] < 4 * chi:
+            text = ("a Newton–Schulz coefficient differs from the declared schedule (a, b and c fit alike within "
+                    f"the statistics; best: {text.split(' in every')[0].removeprefix('Newton–Schulz ')})")
+    runner = next((t for t in scores[1:] if t[3] != group), None)
+    separated = runner is None or runner[0] >= 2 * chi
+    if worst <= 1 or chi < 0.25 * base[0]:
+        rest = "" if separated else f"; {runner[2].split(' (')[0]} fits nearly as well"
+        return f"{text} (leaves {worst:.2g} of the threshold; the declared form leaves {base[1]:.2g}{rest})"
+    return (f"a systematic deviation of the update beyond rounding that no known form explains (the closest, "
+            f"{text.split(' (')[0]}, leaves {worst:.2g} of the threshold)")
+
+
+def _ns_inputs(conv, weights, momenta, grads, mu) -> np.ndarray:
+    """The declared Newton–Schulz inputs U of every matrix (J, m, n)."""
+    return np.stack([ortho_ref.muon.momentum_update(g, mp, mu=mu, nesterov=conv.nesterov,
+                                                    momentum_style=conv.momentum_style)[1]
+                     for g, mp in zip(grads, momenta)])
