@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from ortho_verify.sharding.tensors import full_value, is_dtensor, write_full
 
-__all__ = ["MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon", "newton_schulz_jordan", "planted_muon_factory"]
+__all__ = ["CRASHES", "MUON_BUGS", "ORIENTATIONS", "CrashingMuon", "PlantedDion", "PlantedMuon", "crashing_muon_factory",
+           "newton_schulz_jordan", "planted_muon_factory"]
 
 #: PlantedMuon's bugs: what each gets wrong.
 MUON_BUGS = {
@@ -182,4 +183,56 @@ def planted_muon_factory(bug: str | None = None):
         if layout is None:
             return PlantedMuon(params, bug=bug)
         return PlantedMuon(params, distributed_mesh=layout.shard_mesh, tp_mesh=layout.inner_shard_mesh, bug=bug)
+    return factory
+
+
+#: What ``CrashingMuon`` cannot take, and the internal-looking error it raises there (the check
+#: classifies by the layout and shape that raised, never by the message).
+CRASHES = {
+    "empty_shards": "a matrix of which some rank holds an empty shard (fewer rows or columns than ranks)",
+    "tp": "a DTensor with a TP mesh dim (sharded over the inner shard mesh)",
+}
+
+
+class CrashingMuon(PlantedMuon):
+    """``PlantedMuon`` (correct where it runs) that raises on what ``crash`` names (a subset of
+    ``CRASHES``), on every rank at once (decided from the global shape and the placements, so no
+    rank waits on a collective): microsoft/dion's Dion with the default shapes, which crashes on
+    empty shards and on TP placements, without its code."""
+
+    def __init__(self, params, *, crash=("empty_shards", "tp"), **kwargs):
+        unknown = set(crash) - set(CRASHES)
+        if unknown:
+            raise ValueError(f"crash: unknown {sorted(unknown)}; expected names from {sorted(CRASHES)}")
+        super().__init__(params, **kwargs)
+        self.crash = set(crash)
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not is_dtensor(p):
+                    continue
+                names = p.device_mesh.mesh_dim_names or ()
+                if "tp" in self.crash and "tp" in names and not p.placements[names.index("tp")].is_replicate():
+                    raise RuntimeError(f"shape mismatch in all_to_all: expected a contiguous local tensor, got "
+                                       f"{tuple(p.to_local().shape)}")
+                if "empty_shards" in self.crash:
+                    for d, pl in enumerate(p.placements):
+                        if pl.is_replicate():
+                            continue
+                        size, parts = p.shape[pl.dim], p.device_mesh.size(d)
+                        chunk = -(-size // parts)
+                        if -(-size // chunk) < parts:
+                            raise RuntimeError("cannot reshape tensor of 0 elements into shape [0, -1] because the "
+                                               "unspecified dimension size -1 can be any value")
+        return super().step()
+
+
+def crashing_muon_factory(crash=("empty_shards", "tp")):
+    """A ``check_sharded_optimizer`` factory of ``CrashingMuon`` raising on ``crash``."""
+    def factory(params, layout):
+        if layout is None:
+            return CrashingMuon(params, crash=crash)
+        return CrashingMuon(params, crash=crash, distributed_mesh=layout.shard_mesh, tp_mesh=layout.inner_shard_mesh)
     return factory
