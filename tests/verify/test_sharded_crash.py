@@ -61,3 +61,24 @@ def test_device_cpu_is_the_default_launch():
     report = check_sharded_optimizer(crashing_muon_factory(crash=()), world_size=2, layouts=["FSDP Shard(0)"],
                                      shapes=((8, 6),), steps=1, device="cpu")
     assert report.passed, report.summary()
+
+
+def _basis_dion(params, layout):
+    from ortho_verify.sharding import PlantedDion
+
+    kw = dict(lr=0.02, mu=0.9, weight_decay=0.1, rank_fraction=0.5, rotate_basis_when_sharded=True)
+    if layout is None:
+        return PlantedDion(params, **kw)
+    return PlantedDion(params, replicate_mesh=layout.replicate_mesh, outer_shard_mesh=layout.outer_shard_mesh,
+                       inner_shard_mesh=layout.inner_shard_mesh, **kw)
+
+
+def test_basis_dependent_update_is_named_by_a_deterministic_replay():
+    from ortho_verify import DionConventions
+
+    report = check_sharded_optimizer(_basis_dion, DionConventions(), world_size=2, layouts=["FSDP Shard(0)", "DDP"],
+                                     shapes=(("tall", (16, 8)), ("wide", (8, 16)), ("square", (12, 12))), steps=3)
+    found = [d for d in report.disagreements if d["layout"] == "FSDP Shard(0)" and d["step"] is not None]
+    assert {d["shape"].split()[0] for d in found} == {"tall", "wide", "square"}
+    assert all("basis-dependent update" in d["cause"] for d in found), [d["cause"] for d in found]
+    assert not [d for d in report.disagreements if d["layout"] == "DDP"]  # plain tensors: QR's own basis
