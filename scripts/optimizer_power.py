@@ -15,7 +15,7 @@ each one ``optimizer_mean_deviation`` row on ``--fa-matrices`` matrices of ``--f
     python scripts/optimizer_power.py --write-docs         # and replace the generated section
     python scripts/optimizer_power.py --runs 30 --plants "eps added, clamp declared"   # small
 
-Run time on 2 shared cores: about 1 s per false-alarm run, 3–10 s per power row.
+Run time on 2 shared cores: about 0.2–0.3 s per false-alarm run (1 thread), 2–10 s per power row.
 """
 
 from __future__ import annotations
@@ -81,20 +81,21 @@ def markdown(power: list[dict], alarms: list[dict], args) -> str:
              "|---|---|---|---|---|---|"]
     lines += [f"| {a['optimizer']} | {a['runs']} | {a['claims']} | {a['failures']} | {a['worst']:.3f} | "
               f"{a['seconds']:.0f} s |" for a in alarms]
-    lines += ["", f"Power: `check_optimizer(..., statistical_matrices={args.matrices})` with the default shapes and "
+    lines += ["", "Power: `check_optimizer(..., statistical_matrices=J)` with the default shapes and "
               "steps; the plants of `ortho_verify.planted_muon.PLANTS` in `TorchStyleMuon` (bfloat16 Newton–Schulz "
               "declared, as torch.optim.Muon), checked against the correct conventions. \"statistical\" is the "
               "`optimizer_mean_deviation` row, \"per-step rows\" the worst claimed row of the others "
               "(error/tolerance > 1 fails).", "",
-              "| parameters | optimizer | statistical: error/tolerance | per-step rows: worst error/tolerance | "
-              "verdict |", "|---|---|---|---|---|"]
+              "| parameters | optimizer | J | statistical: error/tolerance | per-step rows: worst error/tolerance | "
+              "verdict |", "|---|---|---|---|---|---|"]
     for p in power:
-        st = p["stat"]
-        stat = "no row" if st is None else f"{'caught' if not st.passed else 'missed' if st.claimed else 'no claim'} " \
+        st, correct = p["stat"], p["plant"].startswith("correct")
+        hit, miss = ("false alarm", "passes") if correct else ("caught", "missed")
+        stat = "no row" if st is None else f"{hit if not st.passed else miss if st.claimed else 'no claim'} " \
             f"({st.ratio:.2f})"
-        other = f"{'caught' if p['other'] > 1 else 'missed'} ({p['other']:.2f})" if math.isfinite(p["other"]) \
-            else "caught (inf)"
-        lines.append(f"| {p['dtype']} | {p['plant']} | {stat} | {other} | {p['verdict']} |")
+        other = f"{hit if p['other'] > 1 else miss} ({p['other']:.2f})" if math.isfinite(p["other"]) \
+            else f"{hit} (inf)"
+        lines.append(f"| {p['dtype']} | {p['plant']} | {p['matrices']} | {stat} | {other} | {p['verdict']} |")
     return "\n".join(lines)
 
 
@@ -103,7 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=1000, help="false-alarm runs in all (split over 3 optimizers)")
     ap.add_argument("--fa-matrices", type=int, default=16)
     ap.add_argument("--fa-shape", type=int, nargs=2, default=(24, 16))
-    ap.add_argument("--matrices", type=int, default=64, help="statistical matrices of the power rows")
+    ap.add_argument("--matrices", type=int, nargs="+", default=[64, 256],
+                    help="statistical matrices of the power rows (one row per value)")
     ap.add_argument("--plants", nargs="*", default=None, help="names of PLANTS (default every one)")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args(argv)
@@ -111,12 +113,14 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     power = []
     for dtype in DTYPES:
-        power.append(power_row("correct (TorchStyleMuon)", TorchStyleMuon, TORCH_STYLE_CONVENTIONS, dtype,
-                               args.matrices))
-        for name in (args.plants if args.plants is not None else PLANTS):
-            factory, conv = planted(name)
-            power.append(power_row(name, factory, conv, dtype, args.matrices))
-            print(power[-1]["plant"], dtype, power[-1]["verdict"], flush=True)
+        for count in args.matrices:
+            power.append(power_row("correct (TorchStyleMuon)", TorchStyleMuon, TORCH_STYLE_CONVENTIONS, dtype, count))
+            power[-1]["matrices"] = count
+            for name in (args.plants if args.plants is not None else PLANTS):
+                factory, conv = planted(name)
+                power.append(power_row(name, factory, conv, dtype, count))
+                power[-1]["matrices"] = count
+                print(power[-1]["plant"], dtype, count, power[-1]["verdict"], flush=True)
     alarms = false_alarm_runs(args.runs, args.fa_matrices, args.fa_shape)
     text = markdown(power, alarms, args)
     print(text)
