@@ -114,3 +114,16 @@ def test_headline_ignores_degenerate_rows():
 def test_correct_torch_style_muon_passes_with_no_cause():
     report = check_optimizer(TorchStyleMuon, TORCH_STYLE_CONVENTIONS, **FAST)
     assert report.passed and report.cause == ""
+
+
+def test_bf16_kernel_statistics_name_one_cause_not_every_possibility():
+    from ortho_verify.api import check_orthogonalizer_statistics
+    from ortho_verify.checks.statistical import statistical_batch
+
+    fn = functools.partial(newton_schulz_kernel, coefficients=((3.4445, -4.7750 * 1.01, 2.0315),) * 5,
+                           dtype=torch.bfloat16)
+    [row] = check_orthogonalizer_statistics(fn, statistical_batch(1.0, (40, 24), None, 64, "bfloat16", 1000),
+                                            dtype=torch.bfloat16)
+    assert not row.passed
+    assert row.cause.startswith("a Newton–Schulz coefficient differs"), row.cause
+    assert "eps_mode" not in row.cause and "coarser" not in row.cause and "step count" not in row.cause
