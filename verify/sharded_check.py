@@ -142,6 +142,28 @@ def _last_line(err: BaseException) -> str:
     return lines[-1] if lines else type(err).__name__
 
 
+def _user_frame_in(text: str) -> str:
+    """"file:line in function" of the last traceback frame in ``text`` (a worker's formatted
+    traceback) outside ortho_verify, torch and Python's own library (else outside torch and the
+    library: the judge's own planted optimizers); "" when there is none."""
+    import re
+    import sysconfig
+
+    skip = [os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+            os.path.dirname(os.path.abspath(__file__)) + os.sep]
+    stdlib = sysconfig.get_paths().get("stdlib")
+    if stdlib:
+        skip.append(os.path.abspath(stdlib) + os.sep)
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', text)
+
+    def outside(roots):
+        return [f for f in frames if not f[0].startswith("<") and not any(
+            os.path.abspath(f[0]).startswith(r) and "site-packages" not in os.path.abspath(f[0])[len(r):] for r in roots)]
+
+    mine = outside(skip) or outside([r for r in skip if r != skip[1]])  # else the judge's own planted code
+    return f"{mine[-1][0]}:{mine[-1][1]} in {mine[-1][2]}" if mine else ""
+
+
 def _run_layout(plan: FactoryPlan, world_size: int, timeout: float, gpu: bool = False
                 ) -> tuple[list | None, str | None]:
     """Every rank's result of ``layout_rank_run`` (forked gloo workers; spawned NCCL workers, one
@@ -167,7 +189,8 @@ def _run_layout(plan: FactoryPlan, world_size: int, timeout: float, gpu: bool = 
     except TimeoutError as err:
         return None, f"hung: {err}"
     except WorkerError as err:
-        return None, f"raised: {str(err).splitlines()[0]} {_last_line(err)}"
+        frame = _user_frame_in(str(err))
+        return None, f"raised: {str(err).splitlines()[0]} {_last_line(err)}" + (f" at {frame}" if frame else "")
 
 
 def _split(size: int, parts: int) -> tuple[bool, bool]:

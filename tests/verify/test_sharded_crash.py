@@ -82,3 +82,11 @@ def test_basis_dependent_update_is_named_by_a_deterministic_replay():
     assert {d["shape"].split()[0] for d in found} == {"tall", "wide", "square"}
     assert all("basis-dependent update" in d["cause"] for d in found), [d["cause"] for d in found]
     assert not [d for d in report.disagreements if d["layout"] == "DDP"]  # plain tensors: QR's own basis
+
+
+def test_crash_message_names_the_users_frame():
+    report = check_sharded_optimizer(crashing_muon_factory(), world_size=2, layouts=["TP colwise"], shapes=((8, 6),),
+                                     steps=1)
+    [row] = [r for r in report.results if r.check == "layout_runs"]
+    assert not row.passed and "planted_optimizers.py" in row.note and "in step" in row.note, row.note
+    assert report.crashes == {"does not take TP placements": ["TP colwise"]}
