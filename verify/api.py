@@ -36,7 +36,8 @@ from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventi
                                       table_and_normalization)
 from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
 from ortho_verify.optimizer_checks import DEFAULT_SHAPES, check_optimizer, optimizer_inputs
-from ortho_verify.results import CheckResult, Failure, VerificationReport, measured, user_frame
+from ortho_verify.results import (CheckResult, Failure, VerificationReport, accept_side_effects, measured,
+                                  user_frame)
 
 __all__ = [
     "DEFAULT_SHAPES", "DEFAULT_SPECS", "DEFAULT_TIMEOUT_S", "DION", "DionConventions", "Failure", "MuonConventions",
@@ -218,7 +219,8 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
                          safety: float | None = None, eps: float | None = None, eps_mode: str = "add",
                          examples: list[SpectralExample] | None = None, seed: int = 0,
                          batched: bool = True, max_batch_dims: int | None = None,
-                         timeout_s: float | None = DEFAULT_TIMEOUT_S, statistical: bool | None = None) -> VerificationReport:
+                         timeout_s: float | None = DEFAULT_TIMEOUT_S, statistical: bool | None = None,
+                         allow_side_effects=()) -> VerificationReport:
     """Check a Newton–Schulz function against the exact oracle.
 
     ``fn`` maps a (..., m, n) tensor to its Newton–Schulz result of the same shape (leading dims
@@ -242,6 +244,8 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     ``check_orthogonalizer_statistics``); its batches are given as (J, m, n) when ``max_batch_dims``
     allows one batch dim, else one matrix per call.
     Failed rows carry a ``cause`` in words (``CheckResult.cause``, also at the head of the note).
+    ``allow_side_effects``: e.g. {"input_mutated"} accepts a kernel that writes into its input
+    (``ortho_verify.results.accept_side_effects``; issue 25); kinds of failure: ``report.kinds``.
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive, ``failures`` with
     reproducing inputs, ratios; bfloat16 rows whose tolerance admits the zero output make no claim).
     Raises: TypeError for a dtype other than float64 / float32 / bfloat16 (float16 included);
@@ -252,6 +256,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     """
     name = _ns_dtype_name(dtype)
     table_and_normalization(coefficients, steps, safety, eps)  # validate before running anything
+    accept_side_effects([], allow_side_effects)  # ValueError naming allow_side_effects
     limit = _batch_limit(batched, max_batch_dims)
     # default: on with the default inputs, for kernels that take a batch (a (J, m, n) batch is one
     # input of the report; a 2-D-only kernel's report holds matrices only unless it asks for them)
@@ -275,7 +280,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
                                                        batched=limit is None or limit >= 1, timeout_s=timeout_s)
             inputs[batch.name] = ({"input": batch.matrices}, batch.provenance + REPLAY_HINT)
     subject = f"{getattr(fn, '__name__', type(fn).__name__)} ({coefficients if isinstance(coefficients, str) else 'table'}, {name})"
-    return VerificationReport(subject, results, inputs)
+    return VerificationReport(subject, accept_side_effects(results, allow_side_effects), inputs)
 
 
 #: Appended to the provenance of every input of ``check_orthogonalizer``: how to replay a failure

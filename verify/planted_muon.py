@@ -48,7 +48,7 @@ def _newton_schulz(g: torch.Tensor, table, *, safety: float, eps: float, eps_mod
     X ← aX + (bA + cA·A)X per row (a, b, c) of ``table``, in ``dtype``. ``in_place``: the division
     is done with ``div_`` on ``g.to(dtype)``, which is ``g`` itself when ``g`` already has ``dtype``."""
     x = g.to(dtype)
-    norm = torch.linalg.vector_norm(x) * safety
+    norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) * safety  # per matrix of a batch
     denom = norm + eps if eps_mode == "add" else norm.clamp(min=eps)
     x = x.div_(denom) if in_place else x / denom
     tall = x.size(-2) > x.size(-1)
@@ -63,7 +63,7 @@ def _newton_schulz(g: torch.Tensor, table, *, safety: float, eps: float, eps_mod
 def inplace_kernel(g: torch.Tensor) -> torch.Tensor:
     """A jordan Newton–Schulz kernel (bfloat16, eps clamped) whose normalization divides
     ``g.bfloat16()`` in place: the caller's bfloat16 input is modified (a side effect), the
-    output is right. Shapes: (m, n) -> (m, n) bfloat16."""
+    output is right. Shapes: (..., m, n) -> (..., m, n) bfloat16 (each matrix normalized alone)."""
     return _newton_schulz(g, ortho_ref.schedule("jordan"), safety=1.0, eps=1e-7, eps_mode="clamp",
                           dtype=torch.bfloat16, in_place=True)
 
