@@ -22,7 +22,7 @@ from ortho_verify.results import verdict
 from ortho_verify.planted_muon import (JORDAN_CONVENTIONS, TORCH_STYLE_CONVENTIONS, JordanStyleMuon, TorchStyleMuon,
                                        planted)
 
-STAT = dict(shapes=(), steps=2, param_dtype=torch.bfloat16, statistical_matrices=16, statistical_shape=(24, 16))
+STAT = dict(shapes=((4, 2),), steps=2, param_dtype=torch.bfloat16, statistical_matrices=16, statistical_shape=(24, 16))
 
 
 def _row(report):
@@ -45,7 +45,7 @@ def test_optimizer_level_plants_are_caught_in_bf16(plant):
     factory, conv = planted(plant)
     report = check_optimizer(factory, conv, **{**STAT, "statistical_matrices": 32, "statistical_shape": (40, 24)})
     row = _row(report)
-    assert not row.passed and row.ratio > 1 and report.kinds["wrong math"] == 1
+    assert not row.passed and row.ratio > 1 and report.kinds["wrong math"] >= 1 and report.kinds["side effect"] == 0
     # the per-step rows alone miss it in bfloat16 (one step's window is wide)
     rest = check_optimizer(factory, conv, param_dtype=torch.bfloat16, steps=2, statistical_matrices=0)
     assert rest.status == "passed", rest.summary()
