@@ -64,7 +64,8 @@ def statistical_inputs(shape, count: int, cond: float, seed: int, dtype: str) ->
     geomspace(1, 1/cond) with Haar vectors (``numpy.random.default_rng(seed + 2000)``), rows then
     scaled by geomspace(1, 1/``STATISTICAL_ROW_SPREAD``) (neurons of different scales, as in a
     trained network: the rows of the update then differ in norm, which a per-row rescale changes)
-    and the whole to ‖G‖_F = ``STATISTICAL_GRADIENT_NORM``; rounded to ``dtype``. The statistic
+    and the whole to ‖G‖_F = ``STATISTICAL_GRADIENT_NORM`` (1 in float16, whose normal range ends
+    at 6.1e-5); rounded to ``dtype``. The statistic
     needs no particular distribution: each matrix's singular triplets are computed exactly."""
     import torch
 
@@ -76,7 +77,10 @@ def statistical_inputs(shape, count: int, cond: float, seed: int, dtype: str) ->
 
     def grad():
         g = rows * matrix_with_spectrum(s, m, n, rng)
-        return g * (STATISTICAL_GRADIENT_NORM / np.linalg.norm(g))
+        return g * (norm / np.linalg.norm(g))
+
+    # float16: ‖G‖_F = 1e-5 puts entries below its normal range (the model assumes no underflow)
+    norm = 1.0 if dtype == "float16" else STATISTICAL_GRADIENT_NORM
 
     grads = np.stack([np.stack([grad() for _ in range(count)]) for _ in range(STATISTICAL_STEPS)])
     tdt = getattr(torch, dtype)
