@@ -18,7 +18,7 @@ from ortho_verify import error_feedback
 from ortho_verify import tolerances as tol
 from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.dion import dion_reference_rows, never_transposed_dion_step
-from ortho_verify.checks.diagnoses import momentum_cause, with_cause
+from ortho_verify.checks.diagnoses import momentum_cause, momentum_form_candidates, with_cause
 from ortho_verify.checks.newton_schulz import compare_ns_output
 from ortho_verify.checks.optimizer_statistics import (MIN_STATISTICAL_MATRICES, STATISTICAL_MATRICES,
                                                       STATISTICAL_SHAPE, optimizer_mean_deviation, statistical_inputs)
@@ -387,31 +387,6 @@ def _muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, 
                                                  tolerance=m_tol))
         rows.append(row)
     return rows, ref.momentum
-
-
-def momentum_form_candidates(conv: MuonConventions, grad, m_prev, *, mu: float, table, safety: float, eps: float
-                             ) -> list[tuple[str, np.ndarray]]:
-    """(label, Newton–Schulz input U′) of the momentum forms other than the declared one that an
-    optimizer commonly computes: Nesterov dropped / added, the other momentum style, both, and the
-    Nesterov mix written as G + μ·M_new on the declared buffer (the classic form on an EMA buffer,
-    or the EMA lerp on a classic one). Shapes: (m, n) float64 each."""
-    out = []
-    for nesterov, style in ((not conv.nesterov, conv.momentum_style),
-                            (conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema"),
-                            (not conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema")):
-        _, u = ortho_ref.muon.momentum_update(grad, m_prev, mu=mu, nesterov=nesterov, momentum_style=style)
-        what = "the Nesterov term dropped" if conv.nesterov and not nesterov else \
-            "a Nesterov term added" if nesterov and not conv.nesterov else f"{style} momentum"
-        out.append((f"nesterov={nesterov}, momentum_style={style!r} ({what})", u))
-    if conv.nesterov:
-        m_new, _ = ortho_ref.muon.momentum_update(grad, m_prev, mu=mu, nesterov=True, momentum_style=conv.momentum_style)
-        if conv.momentum_style == "ema":
-            out.append(("the Nesterov mix written as G + mu*M on the EMA buffer (the classic form) instead of "
-                        "lerp(G, M, mu)", grad + mu * m_new))
-        else:
-            out.append(("the Nesterov mix written as lerp(G, M, mu) on the classic buffer instead of G + mu*M",
-                        (1 - mu) * grad + mu * m_new))
-    return out
 
 
 def _update_cause(conv: MuonConventions, row, measured_update, ref_update, w_prev, grad, m_prev, *, lr, mu, wd, table,

@@ -14,9 +14,11 @@ import dataclasses
 import numpy as np
 
 import ortho_ref
+from ortho_verify.kinds import headline_cause
 from ortho_verify.results import CheckResult
 
-__all__ = ["LR_SCALE_ALIASES", "headline_cause", "lr_scale_pair", "map_fit_cause", "momentum_cause", "ns_output_cause", "scale_cause",
+__all__ = ["CAUSE_TEXT", "LR_SCALE_ALIASES", "headline_cause", "lr_scale_pair", "map_candidates",
+           "momentum_form_candidates", "map_fit_cause", "momentum_cause", "ns_output_cause", "scale_cause",
            "with_cause"]
 
 #: lr-scale modes that are other libraries' names for the same scale (``MuonConventions.adjust_lr``):
@@ -79,7 +81,7 @@ def ns_output_cause(fast: np.ndarray, a: np.ndarray, table, *, safety: float, ep
     return map_fit_cause(projected - f, sigma_hat, table, tolerance=tolerance, lr_shape=lr_shape)
 
 
-def _map_candidates(sigma_hat: np.ndarray, table) -> dict:
+def map_candidates(sigma_hat: np.ndarray, table) -> dict:
     """Per known kind of systematic error, the map it gives as a function of one relative change
     ε (the deviation from f(σ̂) is g(ε) − f): the output scaled by 1 + ε (an lr scale, a constant
     factor), the normalization scaled (σ̂ → σ̂/(1 + ε): a safety factor or an eps other than
@@ -99,7 +101,7 @@ def _map_candidates(sigma_hat: np.ndarray, table) -> dict:
             "a": coefficient(0), "b": coefficient(1), "c": coefficient(2)}
 
 
-_CAUSE_TEXT = {
+CAUSE_TEXT = {
     "output": "the update is off by a constant factor {f:.4g}",
     "normalization": "the input is normalized by another scale, x{f:.4g} of the declared s‖U‖_F (a safety factor or "
                      "eps other than declared, or eps added vs clamped)",
@@ -110,7 +112,7 @@ _CAUSE_TEXT = {
 def map_fit_cause(deviation: np.ndarray, sigma_hat: np.ndarray, table, *, tolerance: float = 0.0,
                   explained: float = 0.9, lr_shape: tuple[int, int] | None = None) -> str:
     """The one known systematic error that explains a per-direction deviation d(σ̂) of the map,
-    ranked by fitting each candidate of ``_map_candidates`` (one relative change ε, least squares
+    ranked by fitting each candidate of ``map_candidates`` (one relative change ε, least squares
     over the directions, exact map, |ε| ≤ 0.2) and comparing the fraction of ‖d‖² each explains.
     The best is named with its fitted factor when it explains at least ``explained``; the three
     coefficient candidates count as one cause ("a coefficient differs") and name the coefficient
@@ -124,7 +126,7 @@ def map_fit_cause(deviation: np.ndarray, sigma_hat: np.ndarray, table, *, tolera
     if d.size < 3 or not np.all(np.isfinite(d)) or float(d @ d) == 0 or float(np.ptp(x)) <= 1e-2 * float(x.max()):
         return ""
     fits = {}
-    for name, g in _map_candidates(x, table).items():
+    for name, g in map_candidates(x, table).items():
         res = minimize_scalar(lambda e: float(np.sum((d - g(e)) ** 2)), bounds=(-0.2, 0.2), method="bounded",
                               options={"xatol": 1e-7})
         fits[name] = (float(res.fun) / float(d @ d), float(res.x))
@@ -136,9 +138,9 @@ def map_fit_cause(deviation: np.ndarray, sigma_hat: np.ndarray, table, *, tolera
         others = sorted(fits[k][0] for k in "abc" if k != best)
         which = (f"best fit: {best} x{1 + e:.4g}, residual {resid:.1e} vs {others[0]:.1e} for the next coefficient"
                  if others[0] >= 4 * resid else "a, b and c fit alike on these inputs")
-        text = _CAUSE_TEXT["coefficient"].format(detail=which)
+        text = CAUSE_TEXT["coefficient"].format(detail=which)
     else:
-        text = _CAUSE_TEXT[best].format(f=1 + e)
+        text = CAUSE_TEXT[best].format(f=1 + e)
         pair = lr_scale_pair(1 + e, *lr_shape) if best == "output" and lr_shape is not None else ""
         text += f" on a {lr_shape[0]}x{lr_shape[1]} matrix: matches the lr scale {pair}" if pair else ""
     return f"{text}; explains {100 * (1 - resid):.1f}% of the deviation over {d.size} directions"
@@ -178,24 +180,6 @@ def lr_scale_pair(s: float, m: int, n: int, within: float = 0.01) -> str:
     return matches[0][2] if matches else ""
 
 
-def headline_cause(results) -> str:
-    """The one cause a report leads with: among the failed rows with a cause, the one given by
-    the most rows on non-degenerate inputs (an input named 1x1, or a row whose ``extra`` marks it
-    "degenerate", never decides it), ties to the worse error/tolerance; "" when no failed row has one."""
-    counts: dict[str, list] = {}
-    for r in results:
-        if r.passed or not r.cause:
-            continue
-        degenerate = r.extra.get("degenerate") or any(t in r.input for t in ("1x1", "/1x"))
-        entry = counts.setdefault(r.cause, [0, 0, 0.0])
-        entry[0 if degenerate else 1] += 1
-        entry[2] = max(entry[2], r.ratio if np.isfinite(r.ratio) else 1e300)
-    if not counts:
-        return ""
-    best = max(counts.items(), key=lambda kv: (kv[1][1] > 0, kv[1][1], kv[1][2]))
-    return best[0]
-
-
 def momentum_cause(fast: np.ndarray, grad: np.ndarray, previous: np.ndarray, *, mu: float, declared: str,
                    tolerance: float) -> str:
     """Which known momentum form the buffer ``fast`` matches (to ``tolerance``), when it is not
@@ -214,3 +198,28 @@ def momentum_cause(fast: np.ndarray, grad: np.ndarray, previous: np.ndarray, *, 
                 f"{norm:.3g} (the {declared} form divided by its norm)")
     return (f"momentum differs from every known momentum form (ema, classic, gradient only, not updated, normalized); "
             f"norm {np.linalg.norm(fast):.3g}, expected {norm:.3g}")
+
+
+def momentum_form_candidates(conv, grad, m_prev, *, mu: float, table, safety: float, eps: float
+                             ) -> list[tuple[str, np.ndarray]]:
+    """(label, Newton–Schulz input U′) of the momentum forms other than the declared one that an
+    optimizer commonly computes: Nesterov dropped / added, the other momentum style, both, and the
+    Nesterov mix written as G + μ·M_new on the declared buffer (the classic form on an EMA buffer,
+    or the EMA lerp on a classic one). Shapes: (m, n) float64 each."""
+    out = []
+    for nesterov, style in ((not conv.nesterov, conv.momentum_style),
+                            (conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema"),
+                            (not conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema")):
+        _, u = ortho_ref.muon.momentum_update(grad, m_prev, mu=mu, nesterov=nesterov, momentum_style=style)
+        what = "the Nesterov term dropped" if conv.nesterov and not nesterov else \
+            "a Nesterov term added" if nesterov and not conv.nesterov else f"{style} momentum"
+        out.append((f"nesterov={nesterov}, momentum_style={style!r} ({what})", u))
+    if conv.nesterov:
+        m_new, _ = ortho_ref.muon.momentum_update(grad, m_prev, mu=mu, nesterov=True, momentum_style=conv.momentum_style)
+        if conv.momentum_style == "ema":
+            out.append(("the Nesterov mix written as G + mu*M on the EMA buffer (the classic form) instead of "
+                        "lerp(G, M, mu)", grad + mu * m_new))
+        else:
+            out.append(("the Nesterov mix written as lerp(G, M, mu) on the classic buffer instead of G + mu*M",
+                        (1 - mu) * grad + mu * m_new))
+    return out

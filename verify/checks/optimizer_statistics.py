@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 import ortho_ref
-from ortho_verify.checks.diagnoses import with_cause
+from ortho_verify.checks.diagnoses import (CAUSE_TEXT, lr_scale_pair, map_candidates, momentum_form_candidates,
+                                             with_cause)
 from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import matrix_with_spectrum
 from ortho_verify.tolerances import statistical as stat
@@ -185,14 +186,11 @@ def _statistical_cause(conv, *, d_mean, kept, thresholds, weights, momenta, grad
     threshold after it; the row failed because the declared form leaves > 1):
     replays — every momentum form of ``momentum_form_candidates`` through the declared map, and a
     per-row rescale of the update (NorMuon's, rows to equal RMS, norm restored) undone — and
-    one-parameter fits of the mean deviation (``_map_candidates``: output scale = lr scale, with
+    one-parameter fits of the mean deviation (``map_candidates``: output scale = lr scale, with
     the one pair of known lr scales it matches; normalization scale = safety / eps; a coefficient).
     The candidate that leaves the least is named when it leaves ≤ 1 (within the statistics) or
     less than a quarter of the declared form's; otherwise the deviation is described without a cause."""
-    from ortho_verify.optimizer_checks import momentum_form_candidates
     from scipy.optimize import minimize_scalar
-
-    from ortho_verify.checks.diagnoses import _CAUSE_TEXT, _map_candidates, lr_scale_pair
 
     def left(dev):  # (sum of squared ratios: the ranking; max ratio: whether it is explained)
         r = np.abs(dev[kept]) / thresholds
@@ -221,7 +219,7 @@ def _statistical_cause(conv, *, d_mean, kept, thresholds, weights, momenta, grad
                    f"differ from the declared update's by {100 * spread:.1f}% on average) where plain Muon is declared",
                    "rows"))
     x = sigma_hat[kept]
-    for name, g in _map_candidates(x, table).items():
+    for name, g in map_candidates(x, table).items():
         res = minimize_scalar(lambda e: float(np.sum(((d_mean[kept] - g(e)) / thresholds) ** 2)), bounds=(-0.2, 0.2),
                               method="bounded", options={"xatol": 1e-7})
         e = float(res.x)
@@ -229,9 +227,9 @@ def _statistical_cause(conv, *, d_mean, kept, thresholds, weights, momenta, grad
         after[kept] = d_mean[kept] - g(e)
         if name == "output":
             pair = lr_scale_pair(1 + e, *shape, within=0.005)
-            text = _CAUSE_TEXT["output"].format(f=1 + e) + (f": matches the lr scale {pair}" if pair else "")
+            text = CAUSE_TEXT["output"].format(f=1 + e) + (f": matches the lr scale {pair}" if pair else "")
         elif name == "normalization":
-            text = _CAUSE_TEXT["normalization"].format(f=1 + e)
+            text = CAUSE_TEXT["normalization"].format(f=1 + e)
         else:
             text = f"Newton–Schulz coefficient {name} x{1 + e:.4g} in every step (another schedule or a typo)"
         scores.append((*left(after), text, "coefficient" if name in "abc" else name))

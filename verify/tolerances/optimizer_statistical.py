@@ -30,7 +30,7 @@ import numpy as np
 
 import ortho_ref
 from ortho_verify.tolerances.roundoff import unit_roundoff
-from ortho_verify.tolerances.statistical import _divided_differences
+from ortho_verify.tolerances.statistical import divided_differences
 
 __all__ = ["optimizer_rounding_moments"]
 
@@ -70,7 +70,7 @@ def optimizer_rounding_moments(sigma_hat: np.ndarray, u: np.ndarray, v: np.ndarr
     v_perp2 = np.clip(1.0 - (vw * vw).sum(axis=-1), 0.0, None)[..., None]
     perp = (uw2t @ aw @ v_perp2)[..., 0]
     table = ortho_ref.schedule(coefficients) if isinstance(coefficients, str) else np.atleast_2d(coefficients)
-    plus, minus, zero = _divided_differences(s, table)
+    plus, minus, zero = divided_differences(s, table)
     eye = np.eye(s.shape[-1], dtype=bool)
     sym = 0.5 * (pairs + np.swapaxes(pairs, -1, -2)) * (plus + minus)
     bias = np.where(eye, 0.0, sym).sum(axis=-1) + np.diagonal(pairs, axis1=-2, axis2=-1) * \
