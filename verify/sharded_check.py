@@ -335,7 +335,7 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
     target = getattr(factory, "__qualname__", type(factory).__name__)
     report = ShardedReport(f"{getattr(factory, '__module__', '')}.{target} on {len(chosen)} layouts", [],
                            {}, world_size=world_size, layouts=[lay.name for lay, _ in chosen])
-    failing, passing = [], []
+    failing, passing, by_shape = [], [], set()
     for lay, mesh_shape in chosen:
         plan = FactoryPlan(factory, lay, mesh_shape, shapes, name, steps)
         runs, error = _run_layout(plan, world_size, timeout, gpu)
@@ -343,6 +343,7 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
             # judged on the shapes it runs; the ones that raise are classified by layout and shape
             rows, found, numeric, crashes = _by_shape(factory, lay, mesh_shape, shapes, name, steps, world_size,
                                                       timeout, conventions, tol, device, gpu)
+            by_shape.add(lay.name)
             for why, where in crashes:
                 report.crashes.setdefault(why, []).append(where)
             if len(crashes) < len(shapes):
@@ -360,10 +361,11 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
         report.disagreements += found
     report.patterns = layout_pattern(failing, passing)
     for i, (label, shape) in enumerate(shapes):
-        arrays = {"weight0": initial_weight(i, shape, getattr(torch, name)).double().numpy()}
-        how = (f"ortho_verify.sharding.initial_weight({i}, {shape}, torch.{name}); gradients "
-               f"ortho_verify.sharding.gradient({i}, step, 0, {shape}, torch.{name})")
         for lay, _ in chosen:
+            k = 0 if lay.name in by_shape else i  # a layout run shape by shape gave each shape index 0
+            arrays = {"weight0": initial_weight(k, shape, getattr(torch, name)).double().numpy()}
+            how = (f"ortho_verify.sharding.initial_weight({k}, {shape}, torch.{name}); gradients "
+                   f"ortho_verify.sharding.gradient({k}, step, 0, {shape}, torch.{name})")
             report.inputs[input_name(lay.name, label, shape)] = (arrays, how)
     if conventions is not None:
         report.results += _oracle_rows(factory, conventions, reference, shapes, getattr(torch, name), steps)

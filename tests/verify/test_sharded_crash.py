@@ -90,3 +90,13 @@ def test_crash_message_names_the_users_frame():
     [row] = [r for r in report.results if r.check == "layout_runs"]
     assert not row.passed and "planted_optimizers.py" in row.note and "in step" in row.note, row.note
     assert report.crashes == {"does not take TP placements": ["TP colwise"]}
+
+
+def test_by_shape_provenance_rebuilds_the_input_it_ran():
+    from ortho_verify.sharding import initial_weight
+
+    report = check_sharded_optimizer(crashing_muon_factory(), world_size=4, layouts=["FSDP Shard(0)"],
+                                     shapes=(("tall", (16, 8)), ("empty shards", (3, 5))), steps=1)
+    arrays, how = report.inputs["FSDP Shard(0) / empty shards 3x5"]
+    assert "initial_weight(0, (3, 5)" in how
+    assert (arrays["weight0"] == initial_weight(0, (3, 5), torch.float64).double().numpy()).all()
