@@ -98,8 +98,9 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     that dtype's run stops there and the other dtypes still run.
     ``allow_side_effects``: names of ``ortho_verify.results.SIDE_EFFECTS`` ("grad_mutated",
     "input_mutated", "state_aliased") accepted explicitly: their rows make no claim and say so.
-    ``statistical_matrices``: J >= 8, or None (default: ``STATISTICAL_MATRICES`` for bfloat16 and
-    float16 runs, none in float32 / float64), adds J parameters of ``statistical_shape`` (default
+    ``statistical_matrices``: J >= 8, or None (default: ``STATISTICAL_MATRICES`` where the coarser of
+    the parameters' and the declared Newton–Schulz dtype is bfloat16 / float16 — with both default
+    parameter dtypes in the bfloat16 run only — else none), adds J parameters of ``statistical_shape`` (default
     ``STATISTICAL_SHAPE``, tall) to the same optimizer and the row ``optimizer_mean_deviation``:
     the per-direction mean over the J matrices of the first step's measured update against the
     declared one (``ortho_verify.checks.statistical``, false alarm <= 1e-6 per row;
@@ -139,10 +140,12 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     for dt in dtypes:
         suffix = "" if dt == torch.float32 or len(dtypes) == 1 else f" {dtype_name(dt)}"
         count = statistical_matrices
-        if count is None:  # on where one step's window is wide: a bfloat16 / float16 step or kernel
+        if count is None:  # on where one step's window is wide: a bfloat16 / float16 step or kernel; with
+            # both default dtypes only in the bfloat16 run (one row per call: it costs about 0.5 s)
             ns = dtype_name(getattr(conventions, "ns_dtype", dt), argument="conventions.ns_dtype")
-            count = STATISTICAL_MATRICES if isinstance(conventions, MuonConventions) and \
-                coarser_dtype(ns, dtype_name(dt)) in ("bfloat16", "float16") else 0
+            wide = coarser_dtype(ns, dtype_name(dt)) in ("bfloat16", "float16")
+            count = STATISTICAL_MATRICES if isinstance(conventions, MuonConventions) and wide and not (
+                len(dtypes) > 1 and dt == torch.float32) else 0
         results, inputs = _run(optimizer, conventions, lr=lr, momentum=momentum, weight_decay=weight_decay,
                                steps=steps, param_dtype=dt, shapes=shapes, cond=cond, seed=seed, suffix=suffix,
                                statistical=(count, stat_shape), device=device)
