@@ -38,7 +38,8 @@ from ortho_verify.devices import describe_device, device_label, resolve_device
 from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
 from ortho_verify.tolerances import NS_FORMS, validate_restarts
 from ortho_verify.optimizer_checks import DEFAULT_SHAPES, check_optimizer, optimizer_inputs
-from ortho_verify.results import CheckResult, Failure, VerificationReport, measured
+from ortho_verify.results import (CheckResult, Failure, VerificationReport, accept_side_effects, measured,
+                                  user_frame)
 
 __all__ = [
     "DEFAULT_SHAPES", "DEFAULT_SPECS", "DEFAULT_TIMEOUT_S", "DION", "DionConventions", "Failure", "MuonConventions",
@@ -265,7 +266,9 @@ def _raised_row(err, x: torch.Tensor, input_name: str, what: str) -> CheckResult
     if is_recompile_limit(err):
         return with_cause(measured("recompile_limit", input_name, what, math.inf, 0.0,
                                    f"raised {type(err).__name__} on shape {tuple(x.shape)}"), RECOMPILE_LIMIT_FIX)
-    return measured("orthogonalizer_runs", input_name, what, math.inf, 0.0, f"raised {err!r}{_batched_hint(x)}")
+    frame = user_frame(err)  # the user's frame that raised
+    return measured("orthogonalizer_runs", input_name, what, math.inf, 0.0,
+                    f"raised {err!r}{' at ' + frame if frame else ''}{_batched_hint(x)}")
 
 
 def _to_host(out: torch.Tensor) -> torch.Tensor:
@@ -375,7 +378,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
                          batched: bool = True, max_batch_dims: int | None = None,
                          timeout_s: float | None = DEFAULT_TIMEOUT_S, statistical: bool | None = None,
                          compute_dtype=None, form: str = "standard", restarts=None, shapes=None,
-                         device=None) -> VerificationReport:
+                         device=None, allow_side_effects=()) -> VerificationReport:
     """Check a Newton–Schulz function against the exact oracle.
 
     ``fn`` maps a (..., m, n) tensor to its Newton–Schulz result of the same shape (leading dims
@@ -417,6 +420,8 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     entries are subnormal); its batches are given as (J, m, n) when ``max_batch_dims`` allows one
     batch dim, else one matrix per call; with ``shapes`` they take the first shape's (m, n).
     Failed rows carry a ``cause`` in words (``CheckResult.cause``, also at the head of the note).
+    ``allow_side_effects``: e.g. {"input_mutated"} accepts a kernel that writes into its input
+    (``ortho_verify.results.accept_side_effects``; issue 25); kinds of failure: ``report.kinds``.
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive, ``failures`` with
     reproducing inputs, ratios; low-precision rows whose tolerance admits the zero output make no claim).
     Raises: TypeError for an ``fn`` that is not callable (None: nothing to check) or a dtype /
@@ -437,6 +442,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     form, restarts = _form(form, restarts, len(table))
     dev = resolve_device(device)
     wanted = _check_shapes(shapes)
+    accept_side_effects([], allow_side_effects)  # ValueError naming allow_side_effects
     limit = _batch_limit(batched, max_batch_dims)
     # default: on with the default inputs, for kernels that take a batch (a (J, m, n) batch is one
     # input of the report; a 2-D-only kernel's report holds matrices only unless it asks for them)
@@ -465,7 +471,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
         ("" if form == "standard" else f", gram restarts {list(restarts)}")
     subject = f"{getattr(fn, '__name__', type(fn).__name__)} ({coefficients if isinstance(coefficients, str) else 'table'}, " \
               f"{kernel}) on {device_label(describe_device(dev))}"
-    return VerificationReport(subject, results, inputs)
+    return VerificationReport(subject, accept_side_effects(results, allow_side_effects), inputs)
 
 
 #: Input dtypes and compute precisions with a statistical row (``ortho_verify.tolerances.statistical``).

@@ -358,6 +358,8 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
                   f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} s; Newton–Schulz on "
                   f"{device['device']}" + (f" {device['name']}, CUDA {device['cuda']}" if device["cuda"] and
                                            device["device"] != "cpu" else "") + ")")
+    if summ["failed"]:  # the kinds of failure, counted apart
+        console.print("[bold red]failures by kind: " + ", ".join(f"{k} {n}" for k, n in summ["kinds"].items()) + "[/]")
     for why in summ["inconclusive"]:
         console.print(f"[bold red]inconclusive: nothing compared — {why}[/]")
     written = [json_path, md_path] + ([args.junit_xml] if args.junit_xml is not None else [])

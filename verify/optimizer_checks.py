@@ -6,6 +6,7 @@ Public entry point: ``ortho_verify.check_optimizer`` (``ortho_verify.api`` re-ex
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -17,14 +18,16 @@ from ortho_verify import error_feedback
 from ortho_verify import tolerances as tol
 from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.dion import dion_reference_rows, never_transposed_dion_step
-from ortho_verify.checks.diagnoses import momentum_cause, with_cause
+from ortho_verify.checks.diagnoses import momentum_cause, momentum_form_candidates, with_cause
 from ortho_verify.checks.newton_schulz import compare_ns_output
+from ortho_verify.checks.optimizer_statistics import (MIN_STATISTICAL_MATRICES, STATISTICAL_MATRICES,
+                                                      STATISTICAL_SHAPE, optimizer_mean_deviation, statistical_inputs)
 from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, coarser_dtype,
                                       dtype_name, table_and_normalization)
-from ortho_verify.results import VerificationReport, measured
+from ortho_verify.results import VerificationReport, accept_side_effects, measured, user_frame
 from ortho_verify.spectra import matrix_with_spectrum
 
-__all__ = ["DEFAULT_PARAM_DTYPES", "DEFAULT_SHAPES", "check_optimizer", "optimizer_inputs"]
+__all__ = ["DEFAULT_PARAM_DTYPES", "DEFAULT_SHAPES", "check_optimizer", "optimizer_inputs", "resolve_device"]
 
 #: Parameter shapes of ``check_optimizer``: tall, wide and square, each with a row count that
 #: 4 does not divide (sharding bugs), small enough for a fast check.
@@ -76,7 +79,9 @@ def _check_problem_arguments(shapes, cond) -> None:
 
 def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: float = 0.95,
                     weight_decay: float = 0.1, steps: int = 3, param_dtype=None,
-                    shapes=DEFAULT_SHAPES, cond: float = 10.0, seed: int = 0) -> VerificationReport:
+                    shapes=DEFAULT_SHAPES, cond: float = 10.0, seed: int = 0, allow_side_effects=(),
+                    statistical_matrices: int | None = None, statistical_shape=None,
+                    device=None) -> VerificationReport:
     """Check a Muon- or Dion-like optimizer step by step against the oracle.
 
     ``optimizer``: a class or factory called as ``optimizer(params, **{names[k]: v}, **extra_kwargs)``
@@ -101,12 +106,30 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     out and said so in the notes — and at every step the invariants that need no P
     (``ortho_verify.error_feedback.observed_step_rows``: ``dion_update_structure``,
     ``dion_momentum_split``).
+    Kinds of failure (``ortho_verify.results.FAILURE_KINDS``, counted apart in ``report.kinds``
+    and named in the verdict): "wrong math" (update, state), "side effect" (``gradient_unchanged``,
+    ``state_not_aliased``), "unsupported": an exception from the optimizer (its constructor or a
+    step) is not raised out of the check but becomes a failing ``optimizer_runs`` row naming the
+    exception and the last traceback frame in the user's code (``ortho_verify.results.user_frame``);
+    that dtype's run stops there and the other dtypes still run.
+    ``allow_side_effects``: names of ``ortho_verify.results.SIDE_EFFECTS`` ("grad_mutated",
+    "input_mutated", "state_aliased") accepted explicitly: their rows make no claim and say so.
+    ``statistical_matrices``: J >= 8, or None (default: ``STATISTICAL_MATRICES`` where the coarser of
+    the parameters' and the declared Newton–Schulz dtype is bfloat16 / float16 — with both default
+    parameter dtypes in the bfloat16 run only — else none), adds J parameters of ``statistical_shape`` (default
+    ``STATISTICAL_SHAPE``, tall) to the same optimizer and the row ``optimizer_mean_deviation``:
+    the per-direction mean over the J matrices of the first step's measured update against the
+    declared one (``ortho_verify.checks.statistical``, false alarm <= 1e-6 per row;
+    docs/verification.md, "Statistical rows of check_optimizer"); 0 turns it off.
+    ``device``: where the parameters live (torch device or name; default None: "cpu"); they are
+    built on the CPU in float64, rounded to ``param_dtype`` and moved.
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive); each failure
     carries the initial weight and gradients.
     Raises: TypeError without conventions for an unknown class or for a dtype outside float64 /
     float32 / bfloat16 / float16; ValueError for steps < 1 (Dion: < 2), lr <= 0, ``shapes`` not a
-    non-empty sequence of (m, n) pairs of positive integers, ``cond`` not a finite number >= 1, or
-    when the state lacks a declared key (after the first step).
+    non-empty sequence of (m, n) pairs of positive integers, ``cond`` not a finite number >= 1, an
+    unknown name in ``allow_side_effects``, statistical_matrices outside {0} ∪ [8, ∞), a CUDA
+    ``device`` without CUDA, or when the state lacks a declared key (after the first step).
     """
     _check_problem_arguments(shapes, cond)
     conventions = _default_conventions(optimizer) if conventions is None else conventions
@@ -120,34 +143,93 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     dtypes = DEFAULT_PARAM_DTYPES if param_dtype is None else (param_dtype,)
     for dt in dtypes:
         dtype_name(dt, argument="param_dtype")  # TypeError before any work
+    accept_side_effects([], allow_side_effects)  # ValueError naming allow_side_effects
+    if statistical_matrices is not None and (isinstance(statistical_matrices, bool) or not isinstance(
+            statistical_matrices, int) or (statistical_matrices != 0 and statistical_matrices < MIN_STATISTICAL_MATRICES)):
+        raise ValueError(f"statistical_matrices: expected None, 0 or an integer >= {MIN_STATISTICAL_MATRICES}, "
+                         f"got {statistical_matrices!r}")
+    stat_shape = STATISTICAL_SHAPE if statistical_shape is None else tuple(statistical_shape)
+    if len(stat_shape) != 2 or not all(isinstance(d, int) and d >= 2 for d in stat_shape):
+        raise ValueError(f"statistical_shape: expected (m, n) with m, n >= 2, got {statistical_shape!r}")
+    device = resolve_device(device)
     target = getattr(optimizer, "func", optimizer)  # functools.partial: the class it wraps
     subject = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
     report = VerificationReport(f"{subject} ({type(conventions).__name__})", [], {})
     for dt in dtypes:
         suffix = "" if dt == torch.float32 or len(dtypes) == 1 else f" {dtype_name(dt)}"
+        count = statistical_matrices
+        if count is None:  # on where one step's window is wide: a bfloat16 / float16 step or kernel; with
+            # both default dtypes only in the bfloat16 run (one row per call: it costs about 0.5 s)
+            ns = dtype_name(getattr(conventions, "ns_dtype", dt), argument="conventions.ns_dtype")
+            wide = coarser_dtype(ns, dtype_name(dt)) in ("bfloat16", "float16")
+            count = STATISTICAL_MATRICES if isinstance(conventions, MuonConventions) and wide and not (
+                len(dtypes) > 1 and dt == torch.float32) else 0
         results, inputs = _run(optimizer, conventions, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                               steps=steps, param_dtype=dt, shapes=shapes, cond=cond, seed=seed, suffix=suffix)
-        report.results += results
+                               steps=steps, param_dtype=dt, shapes=shapes, cond=cond, seed=seed, suffix=suffix,
+                               statistical=(count, stat_shape), device=device)
+        report.results += accept_side_effects(results, allow_side_effects)
         report.inputs.update(inputs)
     return report
 
 
-def _run(optimizer, conventions, *, lr, momentum, weight_decay, steps, param_dtype, shapes, cond, seed, suffix):
+def resolve_device(device) -> torch.device:
+    """``device`` (None: CPU) as a torch.device.
+    Raises: ValueError naming ``device`` for a CUDA device when CUDA is not available or the
+    index is not below ``torch.cuda.device_count()``; TypeError for something not a device."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (TypeError, RuntimeError) as err:
+        raise TypeError(f"device: expected a torch device or a name such as 'cpu' or 'cuda', got {device!r}") from err
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index is not None and dev.index >= count):
+            raise ValueError(f"device: {device!r} requested but {count} CUDA device(s) are available")
+    return dev
+
+
+def _raised_row(err: BaseException, name: str, what: str):
+    """The failing ``optimizer_runs`` row (kind "unsupported") for an exception from the user's code."""
+    frame = user_frame(err)
+    text = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    row = measured("optimizer_runs", name, what, math.inf, 0.0, f"raised {text}" + (f" at {frame}" if frame else ""))
+    row = with_cause(row, f"the optimizer raised {type(err).__name__} on this input" +
+                     (f" ({frame})" if frame else "") + ": it does not take it")
+    return dataclasses.replace(row, kind="unsupported", extra={"exception": type(err).__name__, "frame": frame})
+
+
+def _run(optimizer, conventions, *, lr, momentum, weight_decay, steps, param_dtype, shapes, cond, seed, suffix,
+         statistical=(0, None), device=torch.device("cpu")):
     """(rows, report inputs) of ``check_optimizer`` for one parameter dtype; ``suffix`` is added
-    to the shape label of every input name."""
+    to the shape label of every input name. ``statistical``: (J, shape) of the statistical rows."""
     pdt = dtype_name(param_dtype, argument="param_dtype")
     inputs = optimizer_inputs(shapes, steps, cond, seed)
-    params = [torch.nn.Parameter(torch.tensor(w0, dtype=param_dtype)) for w0, _ in inputs]
+    count, stat_shape = statistical
+    batch = statistical_inputs(stat_shape, count, cond, seed, pdt) if count and isinstance(
+        conventions, MuonConventions) else None
+
+    def placed(a):  # built on the CPU in float64, rounded to the dtype, then moved
+        return torch.tensor(a, dtype=torch.float64).to(dtype=param_dtype).to(device)
+
+    params = [torch.nn.Parameter(placed(w0)) for w0, _ in inputs]
+    extra_params = [] if batch is None else [torch.nn.Parameter(placed(w0)) for w0 in batch.weights]
     names = conventions.hyperparameter_names
-    opt = optimizer(params, **{names["lr"]: lr, names["momentum"]: momentum, names["weight_decay"]: weight_decay},
-                    **conventions.extra_kwargs)
     labels = [f"{m}x{n}{suffix}" for m, n in shapes]
+    try:
+        opt = optimizer(params + extra_params,
+                        **{names["lr"]: lr, names["momentum"]: momentum, names["weight_decay"]: weight_decay},
+                        **conventions.extra_kwargs)
+    except Exception as err:  # noqa: BLE001 - the user's code: reported as a row, not raised out of the check
+        return [_raised_row(err, f"{labels[0]} step 1" if labels else f"constructor{suffix}",
+                            f"optimizer(params, ...) in {pdt}")], {}
     report_inputs = {f"{label} step {t + 1}": ({"weight0": w0, **{f"grad{i + 1}": g for i, g in enumerate(gs)}},
                                                f"ortho_verify.api.optimizer_inputs({tuple(shapes)}, {steps}, {cond}, {seed})"
                                                "  # replay: ortho_verify.replay_example(optimizer, failure, "
                                                "conventions=...)")
                      for label, (w0, gs) in zip(labels, inputs) for t in range(steps)}
     step = _muon_step_rows if isinstance(conventions, MuonConventions) else _dion_step_rows
+    stat_momenta = None if batch is None else np.zeros_like(batch.weights)
     tracked = [None] * len(params)
     results = []
     for t in range(steps):
@@ -155,15 +237,75 @@ def _run(optimizer, conventions, *, lr, momentum, weight_decay, steps, param_dty
                   for p in params]
         grads = []
         for p, (_, gs) in zip(params, inputs):
-            p.grad = torch.tensor(gs[t], dtype=param_dtype)
+            p.grad = placed(gs[t])
             grads.append(_as_f64(p.grad))
-        opt.step()
+        stat_t = min(steps, len(batch.grads)) - 1 if batch is not None else -1
+        if extra_params and t <= stat_t:
+            stat_before = (np.stack([_as_f64(p) for p in extra_params]), _momenta(opt, extra_params, conventions,
+                                                                                   stat_momenta))
+        for j, p in enumerate(extra_params):
+            p.grad = placed(batch.grads[t, j]) if t <= stat_t else None
+        try:
+            opt.step()
+        except Exception as err:  # noqa: BLE001 - the user's code: reported as a row; this dtype's run stops
+            results.append(_raised_row(err, f"{labels[0]} step {t + 1}" if labels else f"step {t + 1}{suffix}",
+                                       f"optimizer.step() {t + 1} in {pdt}"))
+            return results, report_inputs
+        if extra_params and t < stat_t:  # the reference's momentum, for optimizers without a readable buffer
+            stat_momenta = _reference_momenta(conventions, stat_before, batch.grads[t], lr=lr, mu=momentum,
+                                              wd=weight_decay)
+        elif extra_params and t == stat_t:
+            results.append(_statistical_row(opt, extra_params, conventions, stat_before, batch, t, lr=lr, mu=momentum,
+                                            wd=weight_decay, pdt=pdt, suffix=suffix))
+            report_inputs[results[-1].input] = ({"weight0": batch.weights[0], "grad1": batch.grads[0, 0]},
+                                                batch.provenance + "  # every matrix: [j] of its arrays")
         for i, p in enumerate(params):
             results += _buffer_rows(opt, p, grads[i], f"{labels[i]} step {t + 1}")
             rows, tracked[i] = step(opt, p, conventions, before[i], grads[i], tracked[i], t, lr=lr, mu=momentum,
                                     wd=weight_decay, pdt=pdt, name=f"{labels[i]} step {t + 1}")
             results += rows
     return results, report_inputs
+
+
+def _momenta(opt, params, conv, tracked: np.ndarray) -> np.ndarray:
+    """The momentum buffers of ``params`` before a step: the optimizer's own (float64) when the
+    conventions name a key it keeps, else ``tracked`` (the reference's)."""
+    key = conv.momentum_state_key
+    if key and all(key in opt.state.get(p, {}) for p in params):
+        return np.stack([_as_f64(opt.state[p][key]) for p in params])
+    return tracked
+
+
+def _reference_momenta(conv, before, grads, *, lr, mu, wd) -> np.ndarray:
+    """The reference's momentum after a step of every statistical matrix."""
+    weights, momenta = before
+    return np.stack([ortho_ref.muon_step(w, g, m, lr=lr, mu=mu, nesterov=conv.nesterov,
+                                         momentum_style=conv.momentum_style, weight_decay=wd).momentum
+                     for w, g, m in zip(weights, grads, momenta)])
+
+
+def _statistical_row(opt, params, conv, before, batch, t, *, lr, mu, wd, pdt, suffix):
+    """``optimizer_mean_deviation`` of step ``t`` of the statistical parameters
+    (``ortho_verify.checks.optimizer_statistics``); a row that makes no claim for conventions with
+    pipeline stages or cautious weight decay (the per-direction model is of plain Muon)."""
+    from ortho_verify.results import no_claim
+
+    J, (m, n) = len(params), batch.weights.shape[-2:]
+    name = f"statistical {J}x({m}x{n}){suffix} step {t + 1}"
+    if conv.has_stages or conv.cautious_weight_decay:
+        return no_claim("optimizer_mean_deviation", name, "update", "not compared: the statistical row models plain "
+                        "Muon (no pipeline stages, no cautious weight decay)", extra={"supplementary": True})
+    table, safety, eps = table_and_normalization(conv.coefficients, conv.ns_steps, conv.safety, conv.eps)
+    ns_dt = coarser_dtype(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt)
+    key = conv.momentum_state_key
+    new_momenta = np.stack([_as_f64(opt.state[p][key]) for p in params]) if key and all(
+        key in opt.state.get(p, {}) for p in params) else None
+    if new_momenta is not None and new_momenta.shape != batch.weights.shape:
+        new_momenta = None
+    return optimizer_mean_deviation(conv, weights=before[0], momenta=before[1], grads=batch.grads[t],
+                                    new_weights=np.stack([_as_f64(p) for p in params]), new_momenta=new_momenta,
+                                    lr=lr, mu=mu, wd=wd, table=table, safety=safety, eps=eps, param_dtype=pdt,
+                                    ns_dtype=ns_dt, input_name=name)
 
 
 def _buffer_rows(opt, p, grad: np.ndarray, name: str) -> list:
@@ -270,21 +412,22 @@ def _muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, 
 
 def _update_cause(conv: MuonConventions, row, measured_update, ref_update, w_prev, grad, m_prev, *, lr, mu, wd, table,
                   safety, eps) -> str:
-    """The row's own cause, or which other momentum form (Nesterov on / off, EMA / classic) the
-    measured update matches: e.g. a dropped Nesterov term shows as a failing update while the
-    momentum buffer passes."""
-    for nesterov, style in ((not conv.nesterov, conv.momentum_style),
-                            (conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema"),
-                            (not conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema")):
-        alt = ortho_ref.muon_step(w_prev, grad, m_prev, lr=lr, mu=mu, nesterov=nesterov, momentum_style=style,
-                                  coefficients=table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
-                                  adjust_lr=conv.adjust_lr, weight_decay=wd, extra_scale_factor=conv.extra_scale_factor,
-                                  cautious_weight_decay=conv.cautious_weight_decay)
-        if np.linalg.norm(measured_update - alt.update) <= 0.1 * np.linalg.norm(measured_update - ref_update):
-            what = "the Nesterov term dropped" if conv.nesterov and not nesterov else \
-                "a Nesterov term added" if nesterov and not conv.nesterov else f"{style} momentum"
-            return (f"the update matches nesterov={nesterov}, momentum_style={style!r} ({what}) "
-                    f"where nesterov={conv.nesterov}, momentum_style={conv.momentum_style!r} is declared")
+    """One cause for a failing update, from a replay: each momentum form of
+    ``momentum_form_candidates`` is run through the declared Newton–Schulz map and compared with
+    the measured update; the form with the smallest residual is named when it explains the update
+    (residual at most a tenth of the declared form's), else the row's own cause. Every row of a
+    step gets the same answer (the replay does not depend on the row)."""
+    base = float(np.linalg.norm(measured_update - ref_update))
+    best = None
+    for label, u in momentum_form_candidates(conv, grad, m_prev, mu=mu, table=table, safety=safety, eps=eps):
+        alt = ortho_ref.ns_map(u, table, safety=safety, eps=eps, eps_mode=conv.eps_mode)
+        resid = float(np.linalg.norm(measured_update - alt))
+        if best is None or resid < best[0]:
+            best = (resid, label)
+    if best is not None and best[0] <= 0.1 * base:
+        return (f"the update matches {best[1]} where nesterov={conv.nesterov}, momentum_style="
+                f"{conv.momentum_style!r} is declared (replay residual {best[0] / max(base, 1e-300):.2g} of the "
+                "declared form's)")
     return row.cause
 
 

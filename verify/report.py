@@ -13,7 +13,8 @@ import functools
 import shutil
 
 from ortho_verify.optional import require
-from ortho_verify.results import (CheckResult, error_feedback_table, format_number, summary, worst_per_group,
+from ortho_verify.results import (CheckResult, error_feedback_table, failure_kind, format_number, summary,
+                                  worst_per_group,
                                   write_reports)
 from ortho_verify.tables import print_fitted
 
@@ -103,7 +104,8 @@ def print_failures(results: list[CheckResult], console=None, limit: int = FAILUR
     box = require("rich.box", "ortho-verify's terminal table")
     table = functools.partial(table_mod.Table, title=f"failed: {len(failed)} (check, input) pairs",
                               title_style="bold red", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    rows = [[r.check, r.input, r.detail, format_number(r.error), format_number(r.tolerance), f"{r.ratio:.3g}", r.note]
+    rows = [[r.check, r.input, r.detail, format_number(r.error), format_number(r.tolerance), f"{r.ratio:.3g}",
+             f"[{failure_kind(r)}] {r.note}"]
             for r in failed[:limit]]
     print_fitted(console, table, ["check", "input", "worst case", "error:right", "tolerance:right", "error/tol:right",
                                   "note"], rows, fixed={3, 4, 5}, keep={0, 1})

@@ -16,9 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ortho_verify.kinds import (FAILURE_KINDS, SIDE_EFFECTS, UNSUPPORTED_CHECKS, accept_side_effects, failure_kind,
+                                failure_kinds, headline_cause, user_frame)
+
 __all__ = [
-    "REPORT_SCHEMA_VERSION", "CheckResult", "Failure", "VerificationReport", "error_feedback_table", "format_number",
-    "measured", "no_claim", "no_claim_summary", "report_body", "summary", "verdict", "worst_per_group", "write_reports",
+    "FAILURE_KINDS", "REPORT_SCHEMA_VERSION", "SIDE_EFFECTS", "UNSUPPORTED_CHECKS", "CheckResult", "headline_cause", "Failure", "VerificationReport",
+    "accept_side_effects", "error_feedback_table", "failure_kind", "failure_kinds", "format_number",
+    "measured", "no_claim", "user_frame", "verdict_text", "no_claim_summary", "report_body", "summary", "verdict", "worst_per_group", "write_reports",
 ]
 
 
@@ -33,6 +37,8 @@ class CheckResult:
     claimed. ``extra``: optional named measurements shown in the report (e.g. the fraction of the
     gradient lost without error feedback); they change no verdict. ``cause``: for a failed row,
     the likely cause in words (``ortho_verify.checks.diagnoses``), empty when none is known.
+    ``kind``: what kind of failure the row is (``FAILURE_KINDS``: "wrong math", "side effect",
+    "unsupported"); empty: derived from the check's name (``failure_kind``).
     """
 
     check: str
@@ -45,6 +51,7 @@ class CheckResult:
     extra: dict = field(default_factory=dict)
     claimed: bool = True
     cause: str = ""
+    kind: str = ""
 
     @property
     def ratio(self) -> float:
@@ -58,7 +65,7 @@ class CheckResult:
         return "fail" if not self.passed else "pass" if self.claimed else "no claim"
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "ratio": self.ratio, "status": self.status}
+        return {**asdict(self), "kind": failure_kind(self), "ratio": self.ratio, "status": self.status}
 
 
 def measured(check: str, case_name: str, detail: str, error, tolerance, note: str = "",
@@ -90,10 +97,23 @@ def verdict(results) -> tuple[str, list[str]]:
     for r in results:
         families.setdefault(r.check, []).append(r)
     reasons = [f"{check}: no claim on any of its {len(rows)} rows ({rows[0].note or 'no note'})"
-               for check, rows in families.items() if not any(r.claimed for r in rows)]
+               for check, rows in families.items() if not any(r.claimed for r in rows)
+               and not all("accepted_side_effect" in r.extra or r.extra.get("supplementary") for r in rows)]
     if not results:
         reasons = ["no check was run"]
+    elif not reasons and not any(r.claimed for r in results):
+        reasons = [f"no row made a claim ({results[0].note or 'no note'})"]
     return ("inconclusive" if reasons else "passed"), reasons
+
+
+def verdict_text(results) -> str:
+    """The verdict in words with the kinds of failure that made it: "passed", "inconclusive", or
+    e.g. "failed: side effect (3 rows)" / "failed: wrong math (2 rows), unsupported (1 row)"."""
+    status, _ = verdict(results)
+    if status != "failed":
+        return status
+    kinds = [f"{k} ({n} row{'s' if n != 1 else ''})" for k, n in failure_kinds(results).items() if n]
+    return "failed: " + ", ".join(kinds)
 
 
 def format_number(x: float) -> str:
@@ -136,6 +156,8 @@ def summary(results: list[CheckResult]) -> dict:
         "failed": sum(not r.passed for r in results),
         "no_claim": sum(r.status == "no claim" for r in results),
         "verdict": status,
+        "kinds": failure_kinds(results),
+        "verdict_text": verdict_text(results),
         "inconclusive": reasons,
         "by_check": by_check,
     }
@@ -216,7 +238,7 @@ def report_body(results: list[CheckResult], meta: dict, all_rows: bool = False) 
 
 def _md_row(r: CheckResult) -> str:
     return (f"| {r.check} | {r.input} | {r.detail} | {format_number(r.error)} | {format_number(r.tolerance)} | "
-            f"{r.ratio:.3f} | {r.status if r.passed else 'FAIL'} | {r.note} |")
+            f"{r.ratio:.3f} | {r.status if r.passed else 'FAIL (' + failure_kind(r) + ')'} | {r.note} |")
 
 
 def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=(), all_rows: bool = False
@@ -237,7 +259,9 @@ def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=(
         "",
         f"{summ['passed']} of {summ['total']} checks passed, {summ['failed']} failed, {summ['no_claim']} made no claim "
         f"(passed vacuously: not compared, or a tolerance that cannot reject a wrong result). Verdict: "
-        f"{summ['verdict']}.",
+        f"{summ['verdict_text']}.",
+        "",
+        "Failures by kind: " + ", ".join(f"{k} {n}" for k, n in summ["kinds"].items()) + ".",
         "",
         *[f"- nothing compared — {why}" for why in summ["inconclusive"]],
         "## Run",
@@ -319,6 +343,23 @@ class VerificationReport:
         return self.passed
 
     @property
+    def kinds(self) -> dict[str, int]:
+        """Failed rows per kind of failure (``FAILURE_KINDS``: "wrong math", "side effect",
+        "unsupported"), each counted apart."""
+        return failure_kinds(self.results)
+
+    @property
+    def cause(self) -> str:
+        """The one cause the report leads with (``ortho_verify.kinds.headline_cause``: the cause of
+        the most failed rows on non-degenerate inputs); "" when none is known."""
+        return headline_cause(self.results)
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict with the kinds that made it, e.g. "failed: side effect (3 rows)"."""
+        return verdict_text(self.results)
+
+    @property
     def failures(self) -> list[Failure]:
         """The failed results, each with its reproducing input."""
         return [Failure(r, *self.inputs.get(r.input, ({}, ""))) for r in self.results if not r.passed]
@@ -334,10 +375,14 @@ class VerificationReport:
         provenance and the first rows that made no claim (at most ``max_rows`` of each)."""
         status, reasons = verdict(self.results)
         counts = {k: sum(r.status == k for r in self.results) for k in ("pass", "fail", "no claim")}
-        head = (f"{self.subject}: {status.upper()} — {counts['pass']} of {len(self.results)} checks passed, "
+        kinds = ", ".join(f"{k}: {n}" for k, n in failure_kinds(self.results).items() if n)
+        head = (f"{self.subject}: {status.upper()}{f' ({kinds})' if kinds else ''} — {counts['pass']} of "
+                f"{len(self.results)} checks passed, "
                 f"{counts['fail']} failed, {counts['no claim']} made no claim; worst error/tolerance "
                 f"{self.worst_ratio:.3g}")
         lines = [head] + [f"  nothing compared — {why}" for why in reasons]
+        if self.cause:
+            lines.append(f"likely cause: {self.cause}")
         by_check: dict[str, CheckResult] = {}
         for worst, _, _ in worst_per_group(self.results):
             key = (not worst.passed, worst.claimed, worst.ratio)
@@ -351,7 +396,8 @@ class VerificationReport:
         if fails:
             lines.append(f"failures ({len(fails)}):")
             for f in fails[:max_rows]:
-                lines.append(f"  {f.result.check} on {f.result.input} [{f.result.detail}]: error {f.result.error:.3g} > "
+                lines.append(f"  [{failure_kind(f.result)}] {f.result.check} on {f.result.input} [{f.result.detail}]: "
+                             f"error {f.result.error:.3g} > "
                              f"tolerance {f.result.tolerance:.3g}{' — ' + f.result.note if f.result.note else ''}")
                 lines.append(f"    reproduce: {f.provenance}")
             if len(fails) > max_rows:

@@ -59,8 +59,8 @@ from ortho_verify.sharding.mesh_layout import ShardedLayout, sharded_layout
 from ortho_verify.sharding.factory_run import FactoryPlan, hyperparameters, layout_rank_run, one_process_run
 from ortho_verify.sharding.diagnosis import FEATURES, dion_replay, layout_features, layout_pattern, moved_fraction
 from ortho_verify.sharding.factories import dion_factory, muon_factory
-from ortho_verify.sharding.planted_optimizers import (MUON_BUGS, ORIENTATIONS, PlantedDion, PlantedMuon,
-                                                      planted_muon_factory)
+from ortho_verify.sharding.planted_optimizers import (CRASHES, MUON_BUGS, ORIENTATIONS, CrashingMuon, PlantedDion,
+                                                      PlantedMuon, crashing_muon_factory, planted_muon_factory)
 from ortho_verify.sharding.planted_dion2 import DION2_BUGS, PlantedDion2, dion2_factory, planted_dion2_factory
 from ortho_verify.sharding.dion2_reference import dion2_local_reference, selected_dim_shards
 
@@ -76,4 +76,5 @@ __all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory
            "SHARDED_LAYOUTS", "ShardedLayout", "sharded_layout", "FactoryPlan", "hyperparameters", "layout_rank_run",
            "one_process_run", "FEATURES", "dion_replay", "layout_features", "layout_pattern", "moved_fraction",
            "dion_factory", "muon_factory", "MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon", "planted_muon_factory", "digest",
-           "full_copy", "is_dtensor", "place", "relative_difference"]
+           "full_copy", "is_dtensor", "place", "relative_difference", "CRASHES", "CrashingMuon",
+           "crashing_muon_factory"]

@@ -76,6 +76,56 @@ def _orientation(plan, i: int, run: dict, reference: dict, conventions, tol: flo
     return ""
 
 
+def _basis(plan, i: int, run: dict, conventions, tol: float) -> str:
+    """With ``DionConventions``: whether step 2 of the run is Dion with another orthonormal basis of
+    span P. Replayed from the run's own state after step 1 with a deterministic factorization
+    (Householder QR, diag(R) > 0; ``ortho_ref.orthonormalize``) in one process's orientation: the
+    run's update lies in span P (‖(I − PPᵀ)ΔW‖ ≤ tol·‖ΔW‖) yet differs from the replay's → the update
+    depends on the basis chosen for span P (a randomized sketch or a QR whose basis differs by
+    layout: R = BᵀP is column-normalized, which a rotation of P changes). '' otherwise."""
+    import numpy as np
+
+    import ortho_ref
+
+    if not isinstance(conventions, DionConventions) or plan.steps < 2:
+        return ""
+    names, hyper = conventions.hyperparameter_names, run["hyper"]
+    state = run["state_first"][i]
+    if not all(names[k] in hyper for k in ("lr", "momentum", "weight_decay")) or \
+            conventions.momentum_state_key not in state or conventions.q_state_key not in state:
+        return ""
+    label, shape = plan.shapes[i]
+    m, n = shape
+    transposed = m < n
+    dt = getattr(torch, plan.dtype)
+    lr, mu, wd = hyper[names["lr"]], hyper[names["momentum"]], hyper[names["weight_decay"]]
+    w1, w2 = (run["weights"][t][i].double().numpy() for t in (0, 1))
+    b = state[conventions.momentum_state_key].double().numpy() + gradient(i, 1, 0, shape, dt).double().numpy()
+    q = state[conventions.q_state_key].double().numpy()
+    bw = b.T if transposed else b
+    if q.shape[0] != bw.shape[1]:
+        return ""
+    p_mat = ortho_ref.orthonormalize(bw @ q)
+    step = ((1 - lr * wd) * w1 - w2) / (lr * math.sqrt(m / n))
+    step_w = step.T if transposed else step
+    norm = float(np.linalg.norm(step_w))
+    if norm == 0:
+        return ""
+    outside = float(np.linalg.norm(step_w - p_mat @ (p_mat.T @ step_w))) / norm
+    replay = dion_replay(w1, state[conventions.momentum_state_key].double().numpy(), q,
+                         [gradient(i, 1, 0, shape, dt).double().numpy()], transposed=transposed, lr=lr, mu=mu,
+                         weight_decay=wd, epsilon=conventions.epsilon, error_feedback=conventions.error_feedback)
+    if replay is None:
+        return ""
+    differs = relative_difference(run["weights"][1][i], torch.from_numpy(replay[0]))
+    if outside <= tol and differs > tol:
+        return (f"basis-dependent update: step 2 lies in span P of a deterministic replay from the run's own state "
+                f"(outside it: {outside:.1e}) but differs from the replay's update ({differs:.1e}): another "
+                "orthonormal basis of span P (a randomized sketch or a QR whose basis differs by layout; Dion's "
+                "column normalization of R = BᵀP changes with it)")
+    return ""
+
+
 def _cause(plan, i: int, runs: list[dict], reference: dict, conventions, tol: float, first_bad: int | None) -> str:
     """The most specific explanation of parameter i's disagreement (see ``ortho_verify.sharding.diagnosis``)."""
     run, causes = runs[0], []
@@ -89,6 +139,9 @@ def _cause(plan, i: int, runs: list[dict], reference: dict, conventions, tol: fl
         causes.append(f"the ranks hold state of different shapes ({per_rank}): a choice made per rank from its own "
                       "shard (e.g. the orientation from the local shard's shape)")
     orient = _orientation(plan, i, run, reference, conventions, tol)
+    if orient.startswith("not an orientation choice"):
+        basis = _basis(plan, i, run, conventions, tol)
+        orient = basis or orient
     if orient:
         causes.append(orient)
     local = [r["local_shard"][i] for r in runs if r["local_shard"][i] is not None]

@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from ortho_verify.sharding.tensors import full_value, is_dtensor, write_full
 
-__all__ = ["MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon", "newton_schulz_jordan", "planted_muon_factory"]
+__all__ = ["CRASHES", "MUON_BUGS", "ORIENTATIONS", "CrashingMuon", "PlantedDion", "PlantedMuon", "crashing_muon_factory",
+           "newton_schulz_jordan", "planted_muon_factory"]
 
 #: PlantedMuon's bugs: what each gets wrong.
 MUON_BUGS = {
@@ -123,17 +124,21 @@ class PlantedDion(torch.optim.Optimizer):
     ``mu``, ``epsilon``, ``power_iters`` = 1 only). State "momentum" (m, n) and "Q" (k, r), plain full
     tensors on every rank, r = max(1, round(rank_fraction·min(m, n))); Q0 N(0, 1) seeded by the
     parameter's index and Q's shape. ``orientation``: a key of ``ORIENTATIONS``.
+    ``rotate_basis_when_sharded`` (planted): on DTensor parameters P is rotated within its span by a
+    fixed r×r orthogonal matrix (the basis of span P then depends on the layout).
     Raises: ValueError for power_iters != 1 or an unknown orientation."""
 
     def __init__(self, params, replicate_mesh=None, outer_shard_mesh=None, inner_shard_mesh=None,
                  replicate_mesh_grad_sync: bool = True, rank_fraction: float = 1.0, lr: float = 0.01, mu: float = 0.95,
-                 weight_decay: float = 0.01, epsilon: float = 1e-8, power_iters: int = 1, *, orientation: str = "shape"):
+                 weight_decay: float = 0.01, epsilon: float = 1e-8, power_iters: int = 1, *, orientation: str = "shape",
+                 rotate_basis_when_sharded: bool = False):
         if power_iters != 1:
             raise ValueError(f"power_iters: this planted Dion does 1, got {power_iters!r}")
         if orientation not in ORIENTATIONS:
             raise ValueError(f"orientation: expected one of {list(ORIENTATIONS)}, got {orientation!r}")
         super().__init__(params, dict(lr=lr, mu=mu, weight_decay=weight_decay, epsilon=epsilon))
         self.rank_fraction, self.orientation = rank_fraction, orientation
+        self.rotate_basis_when_sharded = rotate_basis_when_sharded  # planted: P's basis depends on the layout
         self.outer = None if outer_shard_mesh is None else outer_shard_mesh.mesh_dim_names[0]
 
     def _transposed(self, p: torch.Tensor) -> bool:
@@ -166,6 +171,13 @@ class PlantedDion(torch.optim.Optimizer):
                 bw = b.mT if tr else b
                 p_mat, r_tri = torch.linalg.qr(bw @ state["Q"])
                 p_mat = p_mat * torch.where(r_tri.diagonal() < 0, -1.0, 1.0).to(p_mat.dtype)
+                if self.rotate_basis_when_sharded and is_dtensor(p) and p_mat.shape[1] > 1:
+                    # planted: another orthonormal basis of span P on sharded layouts (a distributed QR
+                    # or sketch with its own basis); Dion's column normalization of R = BᵀP is not
+                    # invariant to it, so the update changes
+                    rot = torch.linalg.qr(torch.randn(p_mat.shape[1], p_mat.shape[1], dtype=torch.float64,
+                                                      generator=torch.Generator().manual_seed(7)))[0]
+                    p_mat = p_mat @ rot.to(p_mat.device, p_mat.dtype)
                 r_mat = bw.mT @ p_mat
                 mw = bw - (1 - mu) * p_mat @ r_mat.mT
                 state["Q"] = r_mat / (torch.linalg.vector_norm(r_mat, dim=0) + eps)
@@ -182,4 +194,56 @@ def planted_muon_factory(bug: str | None = None):
         if layout is None:
             return PlantedMuon(params, bug=bug)
         return PlantedMuon(params, distributed_mesh=layout.shard_mesh, tp_mesh=layout.inner_shard_mesh, bug=bug)
+    return factory
+
+
+#: What ``CrashingMuon`` cannot take, and the internal-looking error it raises there (the check
+#: classifies by the layout and shape that raised, never by the message).
+CRASHES = {
+    "empty_shards": "a matrix of which some rank holds an empty shard (fewer rows or columns than ranks)",
+    "tp": "a DTensor with a TP mesh dim (sharded over the inner shard mesh)",
+}
+
+
+class CrashingMuon(PlantedMuon):
+    """``PlantedMuon`` (correct where it runs) that raises on what ``crash`` names (a subset of
+    ``CRASHES``), on every rank at once (decided from the global shape and the placements, so no
+    rank waits on a collective): microsoft/dion's Dion with the default shapes, which crashes on
+    empty shards and on TP placements, without its code."""
+
+    def __init__(self, params, *, crash=("empty_shards", "tp"), **kwargs):
+        unknown = set(crash) - set(CRASHES)
+        if unknown:
+            raise ValueError(f"crash: unknown {sorted(unknown)}; expected names from {sorted(CRASHES)}")
+        super().__init__(params, **kwargs)
+        self.crash = set(crash)
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not is_dtensor(p):
+                    continue
+                names = p.device_mesh.mesh_dim_names or ()
+                if "tp" in self.crash and "tp" in names and not p.placements[names.index("tp")].is_replicate():
+                    raise RuntimeError(f"shape mismatch in all_to_all: expected a contiguous local tensor, got "
+                                       f"{tuple(p.to_local().shape)}")
+                if "empty_shards" in self.crash:
+                    for d, pl in enumerate(p.placements):
+                        if pl.is_replicate():
+                            continue
+                        size, parts = p.shape[pl.dim], p.device_mesh.size(d)
+                        chunk = -(-size // parts)
+                        if -(-size // chunk) < parts:
+                            raise RuntimeError("cannot reshape tensor of 0 elements into shape [0, -1] because the "
+                                               "unspecified dimension size -1 can be any value")
+        return super().step()
+
+
+def crashing_muon_factory(crash=("empty_shards", "tp")):
+    """A ``check_sharded_optimizer`` factory of ``CrashingMuon`` raising on ``crash``."""
+    def factory(params, layout):
+        if layout is None:
+            return CrashingMuon(params, crash=crash)
+        return CrashingMuon(params, crash=crash, distributed_mesh=layout.shard_mesh, tp_mesh=layout.inner_shard_mesh)
     return factory

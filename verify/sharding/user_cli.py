@@ -36,6 +36,7 @@ def optimizer_main(args, dtypes) -> int:
             print(report.summary())
             ok &= report.passed
             reports.append({"world_size": n, "dtype": dtype, "status": report.status,
+                            "verdict": report.verdict_text, "kinds": report.kinds, "crashes": report.crashes,
                             "disagreements": report.disagreements, "patterns": report.patterns,
                             "results": [r.as_dict() for r in report.results]})
     args.out.mkdir(parents=True, exist_ok=True)

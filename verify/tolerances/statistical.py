@@ -37,7 +37,7 @@ from ortho_verify.tolerances.roundoff import U64, UNIT_ROUNDOFF, unit_roundoff
 __all__ = [
     "FALSE_ALARM_PROBABILITY", "STATISTICAL_DTYPES", "STATISTIC_FIRST_ORDER_LIMIT", "accumulation_roundoff",
     "hoeffding_lambda", "ns_mean_deviation_tolerances", "ns_rounding_moments", "ns_rounding_variances",
-    "oracle_deviation_allowance",
+    "oracle_deviation_allowance", "divided_differences",
 ]
 
 #: False-alarm probability of one statistical check (one row: every direction of one batch).
@@ -260,3 +260,8 @@ oracle's ``oracle_deviation_allowance``),
                          f"{a.shape}")
     lam = hoeffding_lambda(probability, v.shape[1] if count is None else count)
     return lam * np.sqrt(v.sum(axis=0)) / v.shape[0] + a.mean(axis=0)
+
+
+#: Public name of ``_divided_differences`` (``ortho_verify.tolerances.optimizer_statistical``'s
+#: second-order bound of the roundings before the kernel uses it; issue 25).
+divided_differences = _divided_differences
