@@ -275,7 +275,7 @@ def precision_false_alarms(runs: int, matrices: int, parts=("user", "ortho_fast"
     seeds 0 .. runs − 1)."""
     import functools
 
-    from ortho_verify.api import DEFAULT_SPECS, _scale, check_orthogonalizer_example
+    from ortho_verify.api import DEFAULT_SPECS, check_orthogonalizer_example, input_scale
     from ortho_verify.examples import build_example
     from ortho_verify.planted import GRAM_POLAR_EXPRESS, gram_newton_schulz_kernel, newton_schulz_kernel
 
@@ -304,7 +304,7 @@ def precision_false_alarms(runs: int, matrices: int, parts=("user", "ortho_fast"
     t0, failures, worst, rows = time.time(), 0, 0.0, 0
     for seed in range(runs):
         kind, params, shape, scale = DEFAULT_SPECS[seed % len(DEFAULT_SPECS)]
-        ex = build_example(kind, params, shape=shape, scale=_scale(scale, "float32", "float16"), dtype="float32",
+        ex = build_example(kind, params, shape=shape, scale=input_scale(scale, "float32", "float16"), dtype="float32",
                            seed=seed)
         out = check_orthogonalizer_example(gram_newton_schulz_kernel, ex, coefficients=table, safety=1.0, eps=1e-7,
                                            dtype="float32", compute_dtype="float16", form="gram", restarts=(2,),

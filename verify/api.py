@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import math
-import threading
 from typing import Callable
 
 import torch
@@ -36,6 +35,7 @@ from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventi
                                       table_and_normalization)
 from ortho_verify.devices import describe_device, device_label, resolve_device
 from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
+from ortho_verify.kernel_calls import DEFAULT_TIMEOUT_S, RECOMPILE_LIMIT_FIX, call_with_timeout, is_recompile_limit
 from ortho_verify.tolerances import NS_FORMS, validate_restarts
 from ortho_verify.optimizer_checks import DEFAULT_SHAPES, check_optimizer, optimizer_inputs
 from ortho_verify.results import (CheckResult, Failure, VerificationReport, accept_side_effects, measured,
@@ -46,7 +46,7 @@ __all__ = [
     "ORTHO_MUON", "RECOMPILE_LIMIT_FIX", "call_with_timeout", "check_orthogonalizer_statistics", "compute_name",
     "is_recompile_limit",
     "TORCH_MUON", "VerificationReport", "check_optimizer", "check_orthogonalizer", "check_orthogonalizer_example",
-    "default_examples", "dtype_name", "optimizer_inputs", "REPLAY_HINT", "replay_example",
+    "default_examples", "dtype_name", "input_scale", "optimizer_inputs", "REPLAY_HINT", "replay_example",
 ]
 
 
@@ -76,7 +76,7 @@ def compute_name(dtype, compute_dtype=None) -> str:
 FLOAT16_MIN_SCALE = 1e-3
 
 
-def _scale(scale, name: str, compute: str) -> float:
+def input_scale(scale, name: str, compute: str) -> float:
     """A default spec's scale for an input dtype ``name`` and compute precision ``compute``."""
     limit = min(MAX_SCALE[name], MAX_SCALE.get(compute, MAX_SCALE["float32"]))
     value = limit if scale == "max" else min(scale, limit)
@@ -163,101 +163,15 @@ def default_examples(dtype="float32", seed: int = 0, batched: bool = True,
     for i, (kind, params, shape, scale) in enumerate(DEFAULT_SPECS):
         for sh in [shape] if wanted is None else wanted:
             if limit is None or len(sh) - 2 <= limit:
-                out.append(build_example(kind, params, shape=sh, scale=_scale(scale, name, compute), dtype=name,
+                out.append(build_example(kind, params, shape=sh, scale=input_scale(scale, name, compute), dtype=name,
                                          seed=seed + i))
     return sorted(out, key=lambda ex: _shape_key(ex.matrix.shape))  # stable: spec order within a shape
-
-
-#: Default seconds one call of the checked kernel may take before ``check_orthogonalizer``
-#: fails the example (generous: a 37 × 16 float32 call takes well under a second on one core).
-DEFAULT_TIMEOUT_S = 120.0
-
-
-def call_with_timeout(fn: Callable, x, timeout_s: float | None):
-    """``fn(x)`` in a daemon thread, waiting at most ``timeout_s`` seconds (None: no limit, in
-    this thread). Returns ("ok", value), ("raised", exception) or ("timeout", None); a call that
-    times out is abandoned (a thread cannot be killed; it ends with the process).
-    Raises: ValueError naming timeout_s when it is not positive."""
-    if timeout_s is None:
-        try:
-            return "ok", fn(x)
-        except Exception as err:  # reported as a failed check
-            return "raised", err
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s: expected > 0 or None, got {timeout_s!r}")
-    box: dict = {}
-    carried = _dynamo_settings()
-
-    def run():
-        try:
-            with _with_dynamo_settings(carried):
-                box["ok"] = fn(x)
-        except Exception as err:  # reported as a failed check
-            box["raised"] = err
-
-    worker = threading.Thread(target=run, daemon=True, name="ortho-verify-example")
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        return "timeout", None
-    return ("ok", box["ok"]) if "ok" in box else ("raised", box.get("raised"))
-
-
-def _dynamo_settings() -> dict | None:
-    """The caller's ``torch._dynamo.config`` values (None when dynamo was never imported). dynamo's
-    settings are thread-local (torch 2.13: ``recompile_limit = 64`` set in the main thread reads 8 in
-    another), so ``call_with_timeout`` carries them into its worker thread: a user's raised
-    ``recompile_limit`` must hold where the judge calls the kernel."""
-    import sys
-
-    if "torch._dynamo" not in sys.modules:
-        return None
-    return sys.modules["torch._dynamo"].config.get_config_copy()
-
-
-def _with_dynamo_settings(settings: dict | None):
-    """A context that applies the caller's dynamo settings (``_dynamo_settings``) in this thread:
-    ``torch._dynamo.config.patch`` with the values that differ here."""
-    import contextlib
-    import sys
-
-    if not settings:
-        return contextlib.nullcontext()
-    config = sys.modules["torch._dynamo"].config
-    here = config.get_config_copy()
-    missing = object()
-    changed = {k: v for k, v in settings.items() if here.get(k, missing) != v}
-    return config.patch(changed) if changed else contextlib.nullcontext()
 
 
 def _batched_hint(x: torch.Tensor) -> str:
     """The note's advice when fn raised on an input with batch dims ("" for a matrix)."""
     return (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
             "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most") if x.ndim > 2 else ""
-
-
-#: What to do when a compiled kernel hits torch.compile's recompile limit (the row ``recompile_limit``).
-RECOMPILE_LIMIT_FIX = ("not a wrong result: torch.compile recompiled the kernel for each new input shape and hit "
-                       "dynamo's recompile limit, so this input was not judged. Fix: raise "
-                       "torch._dynamo.config.recompile_limit (cache_size_limit before torch 2.6), compile with "
-                       "dynamic=True or torch._dynamo.mark_dynamic(x, ...), or pass shapes=[...] to check the "
-                       "shapes the kernel is compiled for")
-
-_RECOMPILE_NAMES = ("FailOnRecompileLimitHit", "RecompileLimitExceeded", "CacheLimitExceeded")
-_RECOMPILE_TEXT = ("recompile_limit", "cache_size_limit", "recompile limit", "cache size limit")
-
-
-def is_recompile_limit(err: BaseException) -> bool:
-    """True for torch dynamo's recompile-limit failure (``torch._dynamo.exc.FailOnRecompileLimitHit``,
-    older ``RecompileLimitExceeded`` / ``CacheLimitExceeded``, or any exception whose message names
-    ``recompile_limit`` / ``cache_size_limit``), also when wrapped (``__cause__`` / ``__context__``)."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if type(err).__name__ in _RECOMPILE_NAMES or any(t in str(err) for t in _RECOMPILE_TEXT):
-            return True
-        err = err.__cause__ or err.__context__
-    return False
 
 
 def _raised_row(err, x: torch.Tensor, input_name: str, what: str) -> CheckResult:
@@ -421,7 +335,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     batch dim, else one matrix per call; with ``shapes`` they take the first shape's (m, n).
     Failed rows carry a ``cause`` in words (``CheckResult.cause``, also at the head of the note).
     ``allow_side_effects``: e.g. {"input_mutated"} accepts a kernel that writes into its input
-    (``ortho_verify.results.accept_side_effects``; issue 25); kinds of failure: ``report.kinds``.
+    (``ortho_verify.results.accept_side_effects``); kinds of failure: ``report.kinds``.
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive, ``failures`` with
     reproducing inputs, ratios; low-precision rows whose tolerance admits the zero output make no claim).
     Raises: TypeError for an ``fn`` that is not callable (None: nothing to check) or a dtype /

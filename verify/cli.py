@@ -238,26 +238,12 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None, device=None) ->
     return jobs
 
 
-def _sharding_takes_device(args: list[str]) -> bool:
-    """False when ``--device`` is given to ``ortho-verify sharding`` and its parser has no such option
-    (then the command line says so instead of argparse's "unrecognized arguments"); True otherwise."""
-    if not any(a == "--device" or a.startswith("--device=") for a in args):
-        return True
-    from ortho_verify.sharding import cli as sharding_cli
-
-    return "--device" in sharding_cli.build_parser()._option_string_actions
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the checks; returns the exit code: 0 every check passed, 1 a check failed or the run
     was inconclusive (``ortho_verify.results.verdict``), 2 a usage error (raised as SystemExit(2)
     by argparse, before any work)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in SUBCOMMANDS:  # ortho-verify sharding ... / ortho-verify reproduce ...
-        if argv[0] == "sharding" and not _sharding_takes_device(argv[1:]):
-            print("ortho-verify sharding: --device: device= not supported for sharding yet (the sharded check runs "
-                  "gloo workers on the CPU; under torchrun it uses NCCL on CUDA)", file=sys.stderr)
-            return 2
         module = importlib.import_module(SUBCOMMANDS[argv[0]])
         return module.main(argv[1:])
     parser = build_parser()

@@ -1,4 +1,4 @@
-"""Kinds of failure (issue 25; docs/verification.md, "Kinds of failure"): what a failed row is —
+"""Kinds of failure (docs/verification.md, "Kinds of failure"): what a failed row is —
 wrong math, a side effect, an unsupported input — how a report counts them, how a user accepts a
 side effect explicitly, the user's frame of an exception, and the one cause a report leads with.
 

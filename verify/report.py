@@ -102,10 +102,13 @@ def print_failures(results: list[CheckResult], console=None, limit: int = FAILUR
     if not failed:
         return 0
     box = require("rich.box", "ortho-verify's terminal table")
-    table = functools.partial(table_mod.Table, title=f"failed: {len(failed)} (check, input) pairs",
+    kinds: dict[str, int] = {}
+    for r in failed:
+        kinds[failure_kind(r)] = kinds.get(failure_kind(r), 0) + 1
+    by_kind = ", ".join(f"{kind} {n}" for kind, n in kinds.items())
+    table = functools.partial(table_mod.Table, title=f"failed: {len(failed)} (check, input) pairs ({by_kind})",
                               title_style="bold red", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    rows = [[r.check, r.input, r.detail, format_number(r.error), format_number(r.tolerance), f"{r.ratio:.3g}",
-             f"[{failure_kind(r)}] {r.note}"]
+    rows = [[r.check, r.input, r.detail, format_number(r.error), format_number(r.tolerance), f"{r.ratio:.3g}", r.note]
             for r in failed[:limit]]
     print_fitted(console, table, ["check", "input", "worst case", "error:right", "tolerance:right", "error/tol:right",
                                   "note"], rows, fixed={3, 4, 5}, keep={0, 1})

@@ -154,13 +154,18 @@ def test_ortho_device_option_is_the_fixture_default():
     assert "on cpu (" in check(newton_schulz_kernel, examples=default_examples("float32")[:1], device="cpu").subject
 
 
-def test_sharding_device_is_refused_clearly_until_the_sharded_check_takes_it(capsys):
-    from ortho_verify.cli import _sharding_takes_device, main
-    from ortho_verify.sharding import cli as sharding_cli
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without enough GPUs")
+def test_sharding_device_cuda_without_gpus_is_a_usage_error_before_any_launch(capsys):
+    from ortho_verify.cli import main
 
-    if "--device" in sharding_cli.build_parser()._option_string_actions:
-        assert _sharding_takes_device(["--device", "cpu"])
-        return
-    assert main(["sharding", "--device", "cuda"]) == 2
-    assert "device= not supported for sharding yet" in capsys.readouterr().err
-    assert _sharding_takes_device(["--quick"])
+    with pytest.raises(SystemExit) as exc:
+        main(["sharding", "--device", "cuda", "--world-size", "2", "--quick"])
+    assert exc.value.code == 2
+    assert "--device cuda runs one rank per GPU: --world-size 2 needs 2 GPUs" in capsys.readouterr().err
+
+
+def test_sharding_run_names_a_bad_device():
+    from ortho_verify.sharding.launch import run
+
+    with pytest.raises(ValueError, match="device: expected 'cpu'"):
+        run(2, quick=True, device="tpu")

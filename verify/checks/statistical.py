@@ -137,7 +137,7 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
                     f"{int(kept.sum())} directions tested, lambda {lam:.2f} (false alarm <= {probability:g})")
     if row.passed:
         return row
-    # issue 25: one cause, fitted on the per-direction means (output scale, normalization, a coefficient)
+    # one cause, fitted on the per-direction means (output scale, normalization, a coefficient)
     fitted = map_fit_cause(means, sigmas[:, kept].mean(axis=0), table)
     return with_cause(row, fitted or f"a systematic deviation of direction {index + 1} (sigma_hat "
                            f"{float(np.mean(sigmas[:, index])):.3g}) by {float(means[i]):+.3g} on average over {len(d)} "

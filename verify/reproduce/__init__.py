@@ -72,13 +72,13 @@ __all__ = [
     "METHODS_BY_KEY", "MUON_LR_CONVENTIONS", "NS_DTYPES", "RANK_FRACTIONS", "RESULTS_FORMAT", "Runner", "SV_DTYPES",
     "SV_SCHEDULES", "corpus", "cpu_model", "difference_text", "gpt_config", "heldout_loss", "init_worker",
     "mean_std_text", "method_options", "sweep_learning_rates", "test_losses",
-    # the model-size sweep (issue 18)
+    # the model-size sweep
     "CACHE_FORMAT", "CachedRunner", "DEFAULT_SWEEP", "FLAT_MARGIN", "FLAT_REFERENCE", "LR_SWEEP_MODES", "ModelSize",
     "QUICK_SWEEP", "RunCache", "SWEEP_PLOTS", "SizeSweep", "TRENDS", "TREND_SERIES", "TrendSeries", "code_files",
     "cost_table", "default_cache_dir", "method_fingerprint", "method_fingerprints", "parameter_counts",
     "render_sweep_sections", "run_key", "run_size_sweep", "seed_slopes", "series_differences", "size_trends",
     "trend_rule_text", "trend_verdict", "write_sweep_plots",
-    # NorMuon and Dion2 (issue 16)
+    # NorMuon and Dion2
     "CLAIM_RULES", "FAMILIES", "UNAVAILABLE_METHODS", "claim_dion2_quarter_close", "claim_normuon_beats_muon",
     "missing_options",
 ]

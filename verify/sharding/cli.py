@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="check your own distributed optimizer instead: factory(params, layout) found by import "
                              "path (ortho_verify.check_sharded_optimizer; --world-size, --layout, --dtype, --timeout "
                              "apply; writes sharded_optimizer.json)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: forked gloo workers (default); cuda: one NCCL rank per GPU (needs --world-size "
+                             "GPUs; under torchrun the launched ranks decide)")
     parser.add_argument("--timeout", type=_positive_seconds, default=TIMEOUT,
                         help=f"seconds per launch before the workers are killed (default {TIMEOUT:g})")
     return parser
@@ -77,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().error("--write-docs documents the full run: drop --quick, --layout and --dtype")
     if args.write_docs and under_torchrun():  # one launched world size, the page covers all of DOCS_WORLD_SIZES
         build_parser().error("--write-docs runs world sizes 1 2 4 8 as gloo workers: run it without torchrun")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.device == "cuda" and not under_torchrun() and gpus < max(args.world_size):
+        build_parser().error(f"--device cuda runs one rank per GPU: --world-size {max(args.world_size)} needs "
+                             f"{max(args.world_size)} GPUs, {gpus} available")
     check_folder(build_parser(), "--out", args.out)  # before any launch
     dtypes = tuple(args.dtype or DTYPES)
     if args.optimizer:
@@ -92,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in sizes:
         begun = time.perf_counter()
         try:
-            rows += run(n, dtypes=dtypes, quick=args.quick, layouts=args.layout, timeout=args.timeout)
+            rows += run(n, dtypes=dtypes, quick=args.quick, layouts=args.layout, timeout=args.timeout,
+                        device=args.device)
         except (TimeoutError, WorkerError, ValueError) as err:  # a hang, a rank that raised, no layout under torchrun
             console.print(f"[bold red]world size {n}: {type(err).__name__}: {err}[/]")
             return 1
@@ -103,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     failed = [r for r in rows if r["status"] != "pass"]
     meta = {"command": " ".join(["ortho-verify sharding", *(argv if argv is not None else sys.argv[1:])]),
-            "backend": dist.get_backend() if dist.is_initialized() else "gloo (forked CPU workers)",
+            "backend": dist.get_backend() if dist.is_initialized() else
+            ("nccl (one spawned rank per GPU)" if args.device == "cuda" else "gloo (forked CPU workers)"),
             "matrices": QUICK_MATRICES if args.quick else MATRICES, "steps": QUICK_STEPS if args.quick else STEPS,
             "elapsed_s": round(elapsed, 1), "seconds_per_world_size": seconds, "python": platform.python_version(), "torch": torch.__version__,
             "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs"}

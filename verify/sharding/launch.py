@@ -24,19 +24,24 @@ def under_torchrun() -> bool:
 
 
 def run(world_size: int | None = None, *, dtypes: Sequence[str] = DTYPES, quick: bool = False,
-        layouts: Sequence[str] | None = None, plant: str | None = None, timeout: float = TIMEOUT) -> list[dict]:
+        layouts: Sequence[str] | None = None, plant: str | None = None, timeout: float = TIMEOUT,
+        device: str = "cpu") -> list[dict]:
     """Check every layout that fits ``world_size`` (see ``layouts_for``; ``layouts`` filters by
     name); returns one row per (layout, dtype) with "status" "pass" / "FAIL", the relative
     Frobenius differences per quantity ("errors", "worst"), the contract ("bound"), and "comm"
     (measured elements per step and rank, the analytic volume).
 
     Without a process group: forks ``world_size`` gloo workers on CPU (``run_workers``, killed
-    after ``timeout`` seconds). Under torchrun: runs in this process on the launched world
+    after ``timeout`` seconds), or with ``device="cuda"`` spawns one NCCL rank per GPU
+    (``run_gpu_workers``). Under torchrun: runs in this process on the launched world
     (``world_size`` None or equal to it; NCCL + CUDA if available, else gloo), and returns the
     rows on rank 0, [] elsewhere. ``plant``: a key of ``PLANTS`` (a bug the checks must catch).
-    Raises: ValueError for a bad ``world_size``, an unknown dtype or plant, or a filter matching
-    no layout; TimeoutError / ortho_verify.workers.WorkerError from the launch.
+    Raises: ValueError for a bad ``world_size``, an unknown dtype or plant, a ``device`` other than
+    "cpu" / "cuda" (or "cuda" with fewer GPUs than ranks), or a filter matching no layout;
+    TimeoutError / ortho_verify.workers.WorkerError from the launch.
     """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected 'cpu' (gloo workers) or 'cuda' (one NCCL rank per GPU), got {device!r}")
     for d in dtypes:
         sharded_tolerance(d)  # ValueError naming the dtype
     if plant is not None and plant not in PLANTS:
@@ -59,6 +64,8 @@ def run(world_size: int | None = None, *, dtypes: Sequence[str] = DTYPES, quick:
     plan = Plan(chosen, tuple(dtypes), QUICK_MATRICES if quick else MATRICES, QUICK_STEPS if quick else STEPS, plant)
     if launched:
         return worker(dist.get_rank(), world_size, plan) or []
+    if device == "cuda":
+        return run_gpu_workers(world_size, worker, plan, timeout=timeout)[0]
     return run_workers(world_size, worker, plan, timeout=timeout)[0]
 
 

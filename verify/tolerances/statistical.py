@@ -263,5 +263,5 @@ oracle's ``oracle_deviation_allowance``),
 
 
 #: Public name of ``_divided_differences`` (``ortho_verify.tolerances.optimizer_statistical``'s
-#: second-order bound of the roundings before the kernel uses it; issue 25).
+#: second-order bound of the roundings before the kernel uses it).
 divided_differences = _divided_differences
