@@ -18,7 +18,7 @@ from .coefficients import CoefficientsLike
 from .compat import MUON_ALIASES, apply_aliases, canonical_group, from_torch_muon_group, to_torch_muon_group
 from .functional.layout import DROPPED_NAME_COMPONENTS, MuonLayout, is_expert_name, muon_layout
 from .functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, adjusted_lr_scale, muon_momentum, muon_update, orthogonalize
-from .groups.driver import check_then_step
+from .groups.driver import check_then_step, tracks_scheduler_calls
 from .groups.muon import (
     MUON_DEFAULTS, MuonGroups, check_muon_step, default_eps_mode, muon_group_step, muon_state_algorithm,
     normalize_muon_group, resolve_muon_options,
@@ -290,6 +290,7 @@ class Muon(Optimizer):
         """{layer: γ per key group (device tensor)} of the last step's QK-clip (1.0: not clipped), for logging."""
         return dict(self._qk_clip.last_factors)
 
+    @tracks_scheduler_calls
     @torch.no_grad()
     def step(self, closure=None, qk_logits=None):
         """One Muon step for every parameter with a gradient, then QK-clip of every layer with
