@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from ..validation import check_choice
+from .graph_scalars import add_scaled_, foreach_scale_
 from .layout import MuonLayout
 from .newton_schulz import newton_schulz_resolved, newton_schulz_stack, newton_schulz_stacked
 
@@ -131,7 +132,7 @@ def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: fl
     Source: torch.optim.Muon / AdamW (decoupled decay with the unscaled lr)."""
     factor = 1 - float(lr) * float(weight_decay)
     if factor != 1.0 and params:
-        torch._foreach_mul_(list(params), factor)
+        foreach_scale_(params, factor)
 
 
 class MatrixStack(list):
@@ -227,6 +228,6 @@ def muon_update(p: torch.Tensor, layout: MuonLayout, outs: Sequence[torch.Tensor
             decayed = torch.where(o.sign() * view.sign() >= 0, view * (1 - lr * wd), view)
             view.copy_(decayed)
         scale = adjusted_lr_scale(adjust_lr, shape[-2], shape[-1]) * extra_scale_factor
-        view.add_(o, alpha=-lr * scale)
+        add_scaled_(view, o, -lr * scale)
     if w is not p:
         p.copy_(w)

@@ -18,6 +18,7 @@ import torch
 from ..coefficients import resolve_coefficients, schedule_of
 from ..functional import dion2 as dion2_math
 from ..functional.dion2 import DION2_ADJUST_LR_MODES, SELECTION_SCOPES
+from ..functional.graph_scalars import foreach_scale_
 from ..functional.newton_schulz import resolve_compute_dtype
 from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper, local_tensor,
                           check_param_shaped_state)
@@ -182,7 +183,7 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None) ->
             write_back(local_tensor(state[p]["momentum"]), buf)
         weights = [matrices(local_tensor(p), options.flatten) for p in params]
         decay = 1 - options.lr * options.weight_decay
-        torch._foreach_mul_(weights, decay)  # dion2_update's decay, batched (the same bits)
+        foreach_scale_(weights, decay)  # dion2_update's decay, batched (the same bits)
         delta = ortho.to(weights[0].dtype) * (-options.lr * scale)
         for j, (p, w) in enumerate(zip(params, weights)):
             w.scatter_add_(-2 if rows else -1, dion2_math.expand_indices(indices[j], w, rows), delta[j])

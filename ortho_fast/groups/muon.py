@@ -25,6 +25,7 @@ from ..functional.layout import MuonLayout, is_expert_name
 from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, muon_momentum
 from ..functional import muon_stages as stage_math
 from ..functional.newton_schulz import EPS_MODES, check_gram, resolve_compute_dtype
+from ..functional.graph_scalars import foreach_add_scaled_
 from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
 from .driver import GroupRunner
 from .muon_stages import STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options, variance_shape
@@ -403,7 +404,7 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
                 torch._foreach_copy_(parts, muon_math.split_stack(variances[0], parts))
         outs = muon_math.split_stack(stack, params)
     scale = muon_math.adjusted_lr_scale(options.adjust_lr, chunk.m, chunk.n) * options.extra_scale_factor
-    torch._foreach_add_(params, outs, alpha=-float(update["lr"]) * scale)
+    foreach_add_scaled_(params, outs, -float(update["lr"]) * scale)
 
 
 class MuonGroups(GroupRunner):
