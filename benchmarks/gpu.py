@@ -136,9 +136,8 @@ def peak_extra(device: torch.device, fn) -> float | None:
 
 
 def workspace_bytes(opt) -> int | None:
-    runner = getattr(opt, "_runner", None)
-    ws = getattr(runner, "workspace", None)
-    return None if ws is None else ws.nbytes
+    """``Muon.workspace_nbytes`` (NorMuon too); None for other optimizers."""
+    return getattr(opt, "workspace_nbytes", None)
 
 
 def steps_section(device, clock, peak, args) -> None:

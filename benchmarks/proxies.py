@@ -64,9 +64,9 @@ def measure(factory, d: int, layers: int, min_run_time: float) -> tuple[int, int
         opt.step()
     with CountOps() as counter:
         opt.step()
-    workspace = getattr(getattr(opt, "_runner", None), "workspace", None)
+    workspace = getattr(opt, "workspace_nbytes", None)  # Muon / NorMuon
     seconds = median_seconds(opt.step, min_run_time)
-    return counter.ops, first.allocated, counter.allocated, None if workspace is None else workspace.nbytes, seconds
+    return counter.ops, first.allocated, counter.allocated, workspace, seconds
 
 
 def main() -> None:

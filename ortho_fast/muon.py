@@ -286,6 +286,14 @@ class Muon(Optimizer):
         self._qk_clip.record(layer, max_logits)
 
     @property
+    def workspace_nbytes(self) -> int:
+        """Bytes of the buffers the stacked step keeps between steps (``ortho_fast.functional.stacked.
+        Workspace``: at most one chunk of ``MAX_STACK_ELEMENTS`` entries; 0 before the first step,
+        on the ``bitwise_torch`` path and in the distributed step)."""
+        workspace = getattr(self._runner, "workspace", None)
+        return 0 if workspace is None else workspace.nbytes
+
+    @property
     def qk_clip_factors(self) -> dict:
         """{layer: γ per key group (device tensor)} of the last step's QK-clip (1.0: not clipped), for logging."""
         return dict(self._qk_clip.last_factors)

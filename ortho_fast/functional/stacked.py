@@ -18,10 +18,12 @@ import math
 
 import torch
 
-#: Most matrix entries one stack (one chunk) holds: 2^24 (64 MiB of float32 momentum, 32 MiB per
+#: Most matrix entries one stack (one chunk) holds: 2^25 (128 MiB of float32 momentum, 64 MiB per
 #: bfloat16 stack). Larger shape groups are cut into chunks of whole matrices (a chunk holds at
-#: least one); the workspace never exceeds one chunk's buffers.
-MAX_STACK_ELEMENTS = 1 << 24
+#: least one); the workspace never exceeds one chunk's buffers. The trade-off: each of the 12
+#: same-shape matrices of a d = 768 × 12 GPT is then one chunk (179 operations per step; 2^24 cut
+#: it into 7 chunks, about 265), for a 243 MB workspace (docs/performance.md, "(e)").
+MAX_STACK_ELEMENTS = 1 << 25
 
 
 class Workspace:

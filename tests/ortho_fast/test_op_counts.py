@@ -111,5 +111,5 @@ def test_the_workspace_is_reused_and_the_step_allocates_less_than_torch():
         with CountOps() as counter:
             opt.step()
         pointers.append(sorted(t.data_ptr() for t in workspace._flat.values()))
-    assert workspace.nbytes > 0 and pointers[1] == pointers[2] == pointers[0]
+    assert opt.workspace_nbytes == workspace.nbytes > 0 and pointers[1] == pointers[2] == pointers[0]
     assert counter.allocated < second_step("torch")[0].allocated
