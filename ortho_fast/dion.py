@@ -26,7 +26,7 @@ from .groups.dion import (
     DION_DEFAULTS, DionGroups, check_dion_step, dion_group_step, dion_state_dtype, init_dion_state,
     normalize_dion_group, resolve_dion_options,
 )
-from .groups.driver import GroupRunner, check_then_step
+from .groups.driver import GroupRunner, check_then_step, tracks_scheduler_calls
 from .groups.state import (
     add_param_group_checked, check_group_algorithm, load_state_dict_checked, state_dict_with_dtype_names,
 )
@@ -303,6 +303,7 @@ class Dion(Optimizer):
 
             synchronize_replicas(self.param_groups, self.state, self._meshes)
 
+    @tracks_scheduler_calls
     @torch.no_grad()
     def step(self, closure=None):
         """One Dion step for every parameter with a gradient: every group is checked first

@@ -14,7 +14,7 @@ from torch.optim import Optimizer
 from .coefficients import CoefficientsLike
 from .compat import DION2_ALIASES, aliases_used, apply_aliases, canonical_group, check_fixed_in_group, named_as_given
 from .groups.dion2 import DION2_DEFAULTS, Dion2Groups, normalize_dion2_group
-from .groups.driver import check_then_step
+from .groups.driver import check_then_step, tracks_scheduler_calls
 from .validation import is_dtensor
 from .groups.state import STATE_SPECS, add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
 
@@ -173,6 +173,7 @@ class Dion2(Optimizer):
         load_state_dict_checked(self, state_dict, spec, algorithm_of=lambda group: "dion2")
         self._runner.reset()
 
+    @tracks_scheduler_calls
     @torch.no_grad()
     def step(self, closure=None):
         """One Dion2 step for every parameter with a gradient. Returns the closure's loss."""

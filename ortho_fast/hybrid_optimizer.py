@@ -21,7 +21,7 @@ from .compat import (DION2_ALIASES, DION_ALIASES, MUON_ALIASES, aliases_used, ca
 from .dion import dion_runner, init_dion_groups, plan_dion_group, resolve_meshes
 from .groups.algorithms import ALGORITHMS, SCALAR_ALGORITHMS, local_runners
 from .groups.dion import dion_state_dtype
-from .groups.driver import check_then_step, describe_groups, labelled
+from .groups.driver import check_then_step, describe_groups, labelled, tracks_scheduler_calls
 from .groups.muon import muon_state_algorithm
 from .groups.state import add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
 
@@ -231,6 +231,7 @@ class HybridOptimizer(Optimizer):
         with named_as_given(used):  # errors name the user's names (mu, not momentum)
             add_param_group_checked(self, group, lambda g: self._normalize(index, algorithm, g))
 
+    @tracks_scheduler_calls
     @torch.no_grad()
     def step(self, closure=None):
         """Check every group (``check_<alg>_step``), then step every group. Returns the

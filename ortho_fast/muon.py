@@ -19,7 +19,7 @@ from .compat import (MUON_ALIASES, aliases_used, apply_aliases, canonical_group,
                      from_torch_muon_group, named_as_given, to_torch_muon_group)
 from .functional.layout import DROPPED_NAME_COMPONENTS, MuonLayout, is_expert_name, muon_layout
 from .functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, adjusted_lr_scale, muon_momentum, muon_update, orthogonalize
-from .groups.driver import check_then_step
+from .groups.driver import check_then_step, tracks_scheduler_calls
 from .groups.muon import (
     MUON_DEFAULTS, MuonGroups, check_muon_step, default_eps_mode, muon_group_step, muon_state_algorithm,
     normalize_muon_group, resolve_muon_options,
@@ -304,10 +304,19 @@ class Muon(Optimizer):
         self._qk_clip.record(layer, max_logits)
 
     @property
+    def workspace_nbytes(self) -> int:
+        """Bytes of the buffers the stacked step keeps between steps (``ortho_fast.functional.stacked.
+        Workspace``: at most one chunk of ``MAX_STACK_ELEMENTS`` entries; 0 before the first step,
+        on the ``bitwise_torch`` path and in the distributed step)."""
+        workspace = getattr(self._runner, "workspace", None)
+        return 0 if workspace is None else workspace.nbytes
+
+    @property
     def qk_clip_factors(self) -> dict:
         """{layer: γ per key group (device tensor)} of the last step's QK-clip (1.0: not clipped), for logging."""
         return dict(self._qk_clip.last_factors)
 
+    @tracks_scheduler_calls
     @torch.no_grad()
     def step(self, closure=None, qk_logits=None):
         """One Muon step for every parameter with a gradient, then QK-clip of every layer with

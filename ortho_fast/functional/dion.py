@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from ..validation import check_choice, check_count, check_hyper
+from .graph_scalars import add_scaled_, addmm_scaled_
 from .qr import (QR_METHODS, RCQR_OVERSAMPLE, WHOLE, factor_dtype, orthonormalize_block, seed_for)
 
 RIGHT_FACTORS = ("column_norm", "qr")
@@ -174,9 +175,9 @@ def dion_apply(x, g, m, q, *, shape, lr, mu, weight_decay, epsilon, power_iters,
     qp, alpha = q.to(p.dtype), -lr * math.sqrt(rows_ / cols_)
     left, right = (qp, p.mT) if transposed else (p, qp.mT)  # the update PQᵀ in x's orientation
     if x.dtype == p.dtype:
-        x.addmm_(left, right, alpha=alpha)
+        addmm_scaled_(x, left, right, alpha)
     else:  # mixed precision: the product in the momentum dtype, rounded once into x's dtype
-        x.add_(left @ right, alpha=alpha)
+        add_scaled_(x, left @ right, alpha)
     return DionUpdate(p, r)
 
 

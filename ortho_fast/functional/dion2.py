@@ -74,6 +74,9 @@ def _expand(indices: torch.Tensor, like: torch.Tensor, rows: bool) -> torch.Tens
     return indices.unsqueeze(-2).expand(*indices.shape[:-1], like.shape[-2], indices.shape[-1])
 
 
+expand_indices = _expand  # the index tensor of a gather / scatter along the selected dimension
+
+
 def dion2_gather(b: torch.Tensor, indices: torch.Tensor, rows: bool) -> torch.Tensor:
     """The selected submatrix: (..., k, n) rows or (..., m, k) columns of B (a copy)."""
     return torch.gather(b, -2 if rows else -1, _expand(indices, b, rows))

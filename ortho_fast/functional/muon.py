@@ -19,8 +19,9 @@ from typing import Sequence
 import torch
 
 from ..validation import check_choice
+from .graph_scalars import add_scaled_, foreach_scale_
 from .layout import MuonLayout
-from .newton_schulz import newton_schulz_resolved, newton_schulz_stacked
+from .newton_schulz import newton_schulz_resolved, newton_schulz_stack, newton_schulz_stacked
 
 MOMENTUM_STYLES = ("ema", "classic")
 #: lr adjustment modes; the last three are Megatron / Emerging-Optimizers ``scale_mode`` names.
@@ -92,18 +93,62 @@ def muon_momentum_foreach(grads: Sequence[torch.Tensor], bufs: Sequence[torch.Te
     return list(torch._foreach_add(grads, bufs, alpha=mu)) if nesterov else bufs
 
 
+def update_momentum_buffers(grads: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor], *, mu: float,
+                            style: str) -> None:
+    """The buffer half of ``muon_momentum_foreach``: every ``bufs[i]`` updated in place ("ema":
+    M ← M + (1−μ)(G − M); "classic": M ← μM + G), the same bits. Raises: ValueError naming ``style``."""
+    check_choice(style, "style", MOMENTUM_STYLES)
+    grads, bufs = list(grads), list(bufs)
+    if not grads:
+        return
+    if style == "ema":
+        torch._foreach_lerp_(bufs, grads, 1 - mu)
+    else:
+        torch._foreach_mul_(bufs, mu)
+        torch._foreach_add_(bufs, grads)
+
+
+def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor], *,
+                  mu: float, nesterov: bool, style: str) -> None:
+    """The other half: writes U (the matrix to orthogonalize) into ``out[i]`` from the updated
+    ``bufs[i]`` — G + μ(M − G) ("ema", ``lerp``) / G + μM ("classic") with ``nesterov``, else M —
+    the same bits as ``muon_momentum_foreach``'s results (the same kernels, in place on a copy
+    of G). Shapes: ``out[i]``, ``grads[i]``, ``bufs[i]`` of one shape and dtype per i."""
+    check_choice(style, "style", MOMENTUM_STYLES)
+    out = list(out)
+    if not nesterov:
+        torch._foreach_copy_(out, list(bufs))
+        return
+    torch._foreach_copy_(out, list(grads))
+    if style == "ema":
+        torch._foreach_lerp_(out, list(bufs), mu)
+    else:
+        torch._foreach_add_(out, list(bufs), alpha=mu)
+
+
 def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: float) -> None:
     """Decoupled weight decay W ← W·(1 − lr·wd) on every tensor of ``params`` in place, with one
     ``_foreach_mul_`` (the same bits as ``W.mul_(1 - lr * wd)``; nothing when lr·wd = 0).
     Source: torch.optim.Muon / AdamW (decoupled decay with the unscaled lr)."""
     factor = 1 - float(lr) * float(weight_decay)
     if factor != 1.0 and params:
-        torch._foreach_mul_(list(params), factor)
+        foreach_scale_(params, factor)
+
+
+class MatrixStack(list):
+    """A list of matrices that are the consecutive slices, in order, of one contiguous (k, m, n)
+    tensor ``stack`` (``ortho_fast.groups.muon``'s stacked step builds its momentum so): a list
+    for every caller, and ``orthogonalize`` reads the stack without copying it. The result of
+    ``orthogonalize`` on one is again one (``stack``: the compute-dtype result)."""
+
+    def __init__(self, mats, stack: torch.Tensor) -> None:
+        super().__init__(mats)
+        self.stack = stack
 
 
 def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: float, eps_mode: str,
                   compute_dtype: torch.dtype | None = None, precision: str | None = None,
-                  banks: bool = False, gram: bool | None = None) -> list[torch.Tensor]:
+                  banks: bool = False, gram: bool | None = None, workspace=None) -> list[torch.Tensor]:
     """Newton–Schulz (``newton_schulz_resolved``) on every matrix batch of ``mats``.
 
     Shapes: each input (..., m, n) -> the same shape, returned in ``compute_dtype`` (None: each
@@ -113,7 +158,10 @@ def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: fl
     (``newton_schulz_stacked``: written into the stack in one cast, wide side contiguous; a lone
     member keeps its own 2-D call, so its bits do not depend on ``banks``).
     Args: ``table`` the resolved per-step rows; ``safety``, ``eps``, ``eps_mode``, ``precision``,
-    ``gram`` as ``newton_schulz_resolved`` (validated by the caller).
+    ``gram`` as ``newton_schulz_resolved`` (validated by the caller). ``workspace``: an
+    ``ortho_fast.functional.stacked.Workspace`` for the stacked call when all inputs share one
+    shape (the results are then views of its buffers, valid until its next use); a ``MatrixStack``
+    of k >= 2 matrices is orthogonalized as its stack (no copy) and returns a ``MatrixStack``.
     Source: Keller Jordan's Muon (per-matrix Newton–Schulz); modded-nanogpt / nanochat parameter banks.
     """
     def run(x: torch.Tensor) -> torch.Tensor:
@@ -123,6 +171,12 @@ def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: fl
 
     if not banks:
         return [run(x) for x in mats]
+    stack = getattr(mats, "stack", None)
+    if stack is not None and stack.shape[0] >= 2:
+        dtype = stack.dtype if compute_dtype is None else compute_dtype
+        x = newton_schulz_stack(stack, table, safety=safety, eps=eps, eps_mode=eps_mode, compute_dtype=dtype,
+                                precision=precision, gram=gram, workspace=workspace)
+        return MatrixStack(split_stack(x, mats), x)
     grouped: dict[tuple, list[int]] = defaultdict(list)
     for i, x in enumerate(mats):
         grouped[(*x.shape[-2:], x.dtype)].append(i)
@@ -133,9 +187,20 @@ def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: fl
             continue
         dtype = mats[members[0]].dtype if compute_dtype is None else compute_dtype
         results = newton_schulz_stacked([mats[i] for i in members], table, safety=safety, eps=eps, eps_mode=eps_mode,
-                                        compute_dtype=dtype, precision=precision, gram=gram)
+                                        compute_dtype=dtype, precision=precision, gram=gram,
+                                        workspace=workspace if len(grouped) == 1 else None)
         for i, result in zip(members, results):
             out[i] = result
+    return out
+
+
+def split_stack(x: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The consecutive slices of a (k, m, n) stack shaped as the tensors of ``like`` (views)."""
+    out, start = [], 0
+    for t in like:
+        k = t.numel() // (x.shape[-2] * x.shape[-1])
+        out.append(x[start:start + k].view(t.shape))
+        start += k
     return out
 
 
@@ -163,6 +228,6 @@ def muon_update(p: torch.Tensor, layout: MuonLayout, outs: Sequence[torch.Tensor
             decayed = torch.where(o.sign() * view.sign() >= 0, view * (1 - lr * wd), view)
             view.copy_(decayed)
         scale = adjusted_lr_scale(adjust_lr, shape[-2], shape[-1]) * extra_scale_factor
-        view.add_(o, alpha=-lr * scale)
+        add_scaled_(view, o, -lr * scale)
     if w is not p:
         p.copy_(w)

@@ -271,9 +271,10 @@ def frobenius_normalize_(x: torch.Tensor, beta: torch.Tensor, safety: float, eps
         norm = x.square().sum(dim=(-2, -1), keepdim=x.ndim > 2).sqrt()
     if safety != 1.0:
         norm = norm * safety
-    wide = torch.promote_types(x.dtype, beta.dtype)  # holds eps rounded to x's dtype, and β (no float64 on MPS)
-    eps_rounded = torch.full_like(beta, eps, dtype=x.dtype).to(wide)
-    eps_scaled = (eps_rounded / beta.to(wide)).to(x.dtype)  # exact unless it underflows
+    # eps rounded to x's dtype, divided by β in the promoted dtype of the two (holds both; no float64 on
+    # MPS), exact unless it underflows, then back in x's dtype
+    eps_rounded = torch.full_like(beta, eps, dtype=x.dtype)
+    eps_scaled = torch.div(eps_rounded, beta).to(x.dtype)
     denom = norm + eps_scaled if eps_mode == "add" else torch.maximum(norm, eps_scaled)
     if eps == 0.0:  # a zero matrix maps to zero (as ns_map), not to 0/0
         denom = torch.where(denom == 0, torch.ones_like(denom), denom)
@@ -377,46 +378,59 @@ def newton_schulz_resolved(g: torch.Tensor, table, *, safety: float, eps: float,
 
 
 def newton_schulz_stacked(mats, table, *, safety: float, eps: float, eps_mode: str, compute_dtype: torch.dtype,
-                          precision: str | None = None, gram: bool | None = None) -> list[torch.Tensor]:
+                          precision: str | None = None, gram: bool | None = None, workspace=None,
+                          stack: torch.Tensor | None = None) -> list[torch.Tensor]:
     """``newton_schulz_resolved`` on k matrices of one shape, stacked into one batch: the fast
     default path of ``ortho_fast.Muon`` (modded-nanogpt / nanochat parameter banks).
 
-    Each input is divided by its power of two β (``power_of_two_scale``) and cast to the compute
-    dtype in one pass, written straight into a preallocated (k, m, n) stack in the inputs' own
-    orientation (a transposed write costs 2.6× a contiguous one on CPU, and so does reading a
-    transposed result in the update); the torch.cat of the float32 inputs is gone too. Then the
-    normalization of ``normalize_and_iterate`` and ``quintic_step_stacked`` (or ``gram_iterate``,
-    ``gram`` resolved by ``use_gram``) on the stack.
+    The inputs are concatenated into one (k, m, n) stack in their own dtype (``stack``: that stack
+    already, the inputs being its consecutive slices: no copy), each matrix divided by its power
+    of two β (``power_of_two_scale``) and cast to the compute dtype in one pass
+    (``stacked.scale_and_cast``), in the inputs' own orientation (a transposed write costs 2.6×
+    a contiguous one on CPU, and so does reading a transposed result in the update). Then the
+    normalization of ``normalize_and_iterate`` and ``quintic_step_stacked``'s products written
+    into reused buffers (``stacked.iterate_stack``), or ``gram_iterate`` (``gram`` resolved by
+    ``use_gram``). A fixed number of operations whatever k.
+    ``workspace``: an ``ortho_fast.functional.stacked.Workspace`` holding the compute-dtype stacks
+    and products (None: allocated here); the results are then views of its buffers, valid until
+    its next use.
     Shapes: ``mats`` a non-empty sequence of (..., m, n) tensors of one (m, n) and one dtype; the
     result: one (..., m, n) tensor per input in ``compute_dtype`` (views of the stack).
     Contract: per matrix the same function as ``newton_schulz_resolved`` in exact arithmetic; a
     batched ``bmm`` differs from a 2-D ``addmm`` in the last bits (not torch.optim.Muon's bits),
     within ``ortho_verify.tolerances.ns_tolerance`` of ``ortho_ref.ns_map``.
     Source: Keller Jordan's Muon (2024) ``zeropower_via_newtonschulz5`` (batched over leading
-    dims); docs/performance.md, "(b)" for the measurements behind it.
+    dims); docs/performance.md, "(b)" and "The stacked step".
     Raises: nothing of its own (validated options, as ``newton_schulz_resolved``).
     """
     m, n = mats[0].shape[-2], mats[0].shape[-1]
     flat = [x.reshape(-1, m, n) for x in mats]
     counts = [f.shape[0] for f in flat]
-    tall = m > n
-    amax = torch.cat([torch.maximum(f.amax(dim=(-2, -1)), -f.amin(dim=(-2, -1))) for f in flat])
-    largest = math.floor(math.log2(torch.finfo(amax.dtype).max))  # as power_of_two_scale: capped
-    beta = torch.ldexp(torch.ones_like(amax), torch.frexp(amax).exponent.clamp(max=largest)).reshape(-1, 1, 1)
-    x = torch.empty((sum(counts), m, n), dtype=compute_dtype, device=mats[0].device)
-    start = 0
-    for f, k in zip(flat, counts):
-        torch.div(f, beta[start:start + k], out=x[start:start + k])  # exact, then one cast into the stack
-        start += k
-    with float32_matmul_precision(precision) if precision is not None else contextlib.nullcontext():
-        x = frobenius_normalize_(x, beta, safety, eps, eps_mode)
-        if use_gram(gram, m, n, compute_dtype, precision):
-            x = gram_iterate(x, table, tall=tall)
-        else:
-            for a, b, c in table:
-                x = quintic_step_stacked(x, a, b, c, tall=tall)
+    u = stack if stack is not None else flat[0] if len(flat) == 1 else torch.cat(flat)
+    x = newton_schulz_stack(u, table, safety=safety, eps=eps, eps_mode=eps_mode, compute_dtype=compute_dtype,
+                            precision=precision, gram=gram, workspace=workspace)
     out, start = [], 0
     for src, k in zip(mats, counts):
         out.append(x[start:start + k].reshape(src.shape))
         start += k
     return out
+
+
+def newton_schulz_stack(u: torch.Tensor, table, *, safety: float, eps: float, eps_mode: str,
+                        compute_dtype: torch.dtype, precision: str | None = None, gram: bool | None = None,
+                        workspace=None) -> torch.Tensor:
+    """``newton_schulz_stacked`` on its stack: u (k, m, n) contiguous, any floating dtype -> the
+    (k, m, n) result in ``compute_dtype`` (a buffer of ``workspace`` when given). Options
+    validated by the caller."""
+    from .stacked import Workspace, iterate_stack, scale_and_cast
+
+    workspace = Workspace() if workspace is None else workspace
+    m, n = u.shape[-2], u.shape[-1]
+    tall = m > n
+    x = workspace.get("stack_a", tuple(u.shape), compute_dtype, u.device)
+    beta = scale_and_cast(u, x)  # exact division by β, then one cast into the stack
+    with float32_matmul_precision(precision) if precision is not None else contextlib.nullcontext():
+        x = frobenius_normalize_(x, beta, safety, eps, eps_mode)
+        if use_gram(gram, m, n, compute_dtype, precision):
+            return gram_iterate(x, table, tall=tall)
+        return iterate_stack(x, table, tall=tall, workspace=workspace)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .graph_scalars import add_scaled_
+
 
 @torch.no_grad()
 def adamw_update(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
@@ -46,4 +48,4 @@ def lion_update(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, *, l
     exp_avg.lerp_(grad, 1 - beta2)
     if weight_decay != 0:
         p.mul_(1 - lr * weight_decay)
-    p.add_(update, alpha=-lr)
+    add_scaled_(p, update, -lr)

@@ -18,6 +18,7 @@ import torch
 from ..coefficients import resolve_coefficients, schedule_of
 from ..functional import dion2 as dion2_math
 from ..functional.dion2 import DION2_ADJUST_LR_MODES, SELECTION_SCOPES
+from ..functional.graph_scalars import foreach_scale_
 from ..functional.newton_schulz import resolve_compute_dtype
 from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper, local_tensor,
                           check_param_shaped_state)
@@ -166,20 +167,26 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None) ->
         rows = dion2_math.dion2_select_rows(m, n)
         k = dion2_math.dion2_num_selected(options.fraction, m if rows else n)
         buffers = [matrices(local_tensor(state[p]["momentum"]), options.flatten) for p in params]
-        for buf, p in zip(buffers, params):
-            dion2_math.dion2_accumulate(matrices(local_tensor(p.grad), options.flatten), buf)
+        grads = [matrices(local_tensor(p.grad), options.flatten) for p in params]
+        torch._foreach_add_(buffers, [g.to(b.dtype) for g, b in zip(grads, buffers)])  # dion2_accumulate, batched
         b = torch.stack(buffers) if len(buffers) > 1 else buffers[0].unsqueeze(0)
         indices = dion2_math.dion2_select(dion2_math.dion2_slice_norms(b, rows), k)
         sub = dion2_math.dion2_gather(b, indices, rows)
         ortho = dion2_math.orthogonalize_selected(sub, options.table, safety=options.safety, eps=options.epsilon,
                                                   compute_dtype=options.compute_dtype, precision=options.precision)
         scale = dion2_math.dion2_lr_scale(options.adjust_lr, m, n)
-        for j, (p, buf) in enumerate(zip(params, buffers)):
-            dion2_math.dion2_error_feedback(buf, indices[j], sub[j], rows, options.ef_decay)
+        # the error feedback on the whole stack, written back into every buffer with one copy
+        dion2_math.dion2_error_feedback(b, indices, sub, rows, options.ef_decay)
+        if len(buffers) > 1:
+            torch._foreach_copy_(buffers, list(b.unbind(0)))
+        for p, buf in zip(params, buffers):
             write_back(local_tensor(state[p]["momentum"]), buf)
-            w = matrices(local_tensor(p), options.flatten)
-            dion2_math.dion2_update(w, ortho[j], indices[j], rows, lr=options.lr, weight_decay=options.weight_decay,
-                                    lr_scale=scale)
+        weights = [matrices(local_tensor(p), options.flatten) for p in params]
+        decay = 1 - options.lr * options.weight_decay
+        foreach_scale_(weights, decay)  # dion2_update's decay, batched (the same bits)
+        delta = ortho.to(weights[0].dtype) * (-options.lr * scale)
+        for j, (p, w) in enumerate(zip(params, weights)):
+            w.scatter_add_(-2 if rows else -1, dion2_math.expand_indices(indices[j], w, rows), delta[j])
             write_back(local_tensor(p), w)
 
 

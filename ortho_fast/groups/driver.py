@@ -13,7 +13,10 @@ import rules".
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Mapping, Sequence
+
+import torch
 
 from ..validation import FiniteCheck
 
@@ -47,6 +50,36 @@ class GroupRunner:
             cache.clear()
 
 
+def tracks_scheduler_calls(step: Callable) -> Callable:
+    """Decorate an optimizer's ``step`` so that it records its own call for the LR schedulers.
+
+    A ``torch.optim.lr_scheduler.LRScheduler`` replaces ``opt.step`` by a wrapper that sets
+    ``opt._opt_called`` (to warn when ``scheduler.step()`` runs first) unless the step already
+    carries ``_wrapped_by_lr_sched``; dynamo never traces that wrapper (``lr_scheduler.py`` is in
+    its force-skipped files), so ``torch.compile(opt.step, fullgraph=True)`` of an optimizer whose
+    scheduler was created before compiling failed with "function marked as skipped". The step
+    marked here sets ``_opt_called`` itself and carries the mark, so the scheduler leaves it as
+    it is: the same warnings, a step dynamo traces. Source: ``LRScheduler.__init__``'s
+    ``patch_track_step_called`` (torch 2.13)."""
+
+    @functools.wraps(step)
+    def wrapper(self, *args, **kwargs):
+        self._opt_called = True
+        return step(self, *args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True
+    return wrapper
+
+
+def compile_hint_error() -> RuntimeError:
+    """The error of a step compiled with ``check_finite=True`` (dynamo cannot trace the one host
+    read of the finiteness check: a data-dependent branch)."""
+    return RuntimeError(
+        "check_finite=True reads one flag from the device per step (the gradients' finiteness), which "
+        "torch.compile cannot put in a graph; construct the optimizer with check_finite=False to compile its "
+        "step (a NaN / Inf gradient then propagates, as in torch.optim), or call the step uncompiled")
+
+
 def labelled(index: int, algorithm: str, fn: Callable, *args, **kwargs):
     """Call fn; a ValueError / TypeError / KeyError gets "param group i (algorithm): " in front
     (same type; the original chained as its cause)."""
@@ -69,6 +102,8 @@ def check_then_step(groups: Sequence[dict], state, runners: Mapping[str, GroupRu
     Raises: the first error found, before any parameter or state changes (with ``agree``: on
     every rank).
     """
+    if check_finite and torch.compiler.is_compiling():
+        raise compile_hint_error()
     error, checked_local = None, False
     finite = FiniteCheck() if check_finite else None
     communicating: dict[str, list[dict]] = {}

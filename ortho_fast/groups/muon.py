@@ -10,6 +10,8 @@ runs them with the options and layouts cached (``ortho_fast.groups.options``). T
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
@@ -23,6 +25,8 @@ from ..functional.layout import MuonLayout, is_expert_name
 from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, muon_momentum
 from ..functional import muon_stages as stage_math
 from ..functional.newton_schulz import EPS_MODES, check_gram, resolve_compute_dtype
+from ..functional.graph_scalars import foreach_add_scaled_
+from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
 from .driver import GroupRunner
 from .muon_stages import STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options, variance_shape
 from .options import MuonOptions, OptionsCache
@@ -250,7 +254,8 @@ def momentum_of(p: torch.Tensor, state, options: MuonOptions, grad: torch.Tensor
 
 
 @torch.no_grad()
-def muon_group_step(group: dict, state, options: MuonOptions | None = None, layouts: dict | None = None) -> None:
+def muon_group_step(group: dict, state, options: MuonOptions | None = None, layouts: dict | None = None,
+                    workspace: Workspace | None = None) -> None:
     """One Muon step for every parameter of ``group`` that has a gradient (``check_muon_step``
     must have passed): momentum, Newton–Schulz per matrix of ``muon_layout`` (same-shape
     matrices batched, ``MuonOptions.batched``), W ← W·(1 − lr·wd) − lr·s·O with s =
@@ -260,18 +265,25 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
     The momentum and the decay run as ``_foreach`` ops over the group (the same bits as per
     tensor); with ``bitwise_torch`` (and ``banks`` not set) every matrix takes its own 2-D
     Newton–Schulz, torch.optim.Muon's bits; by default, with bfloat16 / float16 Newton–Schulz,
-    same-shape matrices are stacked into one batched call (``newton_schulz_stacked``), within the
-    Newton–Schulz tolerance of the oracle (the rule: ``MuonOptions.batched``).
-    ``options`` / ``layouts``: the group's resolved options and a layout cache (both optional;
-    resolved here when absent).
-    The pipeline stages the options switch on run per matrix, in nanochat's order: MuonEq before
-    Newton–Schulz (``functional.muon_stages.pre_orthogonalize``), Muon+ and NorMuon after it
-    (``post_orthogonalize``), one call each (docs/math.md, "Muon pipeline stages").
+    same-shape matrices are stacked (the rule: ``MuonOptions.batched``): parameters that are one
+    matrix (or one batch of them: experts, conv weights) of a shape shared with another take the
+    stacked step (``stacked_chunk_step``: a fixed number of operations per chunk of
+    ``ortho_fast.functional.stacked.MAX_STACK_ELEMENTS`` entries, in ``workspace``'s buffers);
+    the others (split projections, heads, a lone shape, cautious weight decay) go through
+    ``orthogonalize`` with ``banks`` (``newton_schulz_stacked``). Both are within the
+    Newton–Schulz tolerance of the oracle.
+    ``options`` / ``layouts`` / ``workspace``: the group's resolved options, a layout cache and
+    the reused buffers (all optional; resolved / allocated here when absent).
+    The pipeline stages the options switch on run per matrix (per stack on the stacked step), in
+    nanochat's order: MuonEq before Newton–Schulz (``functional.muon_stages.pre_orthogonalize``),
+    Muon+ and NorMuon after it (``post_orthogonalize``), one call each (docs/math.md, "Muon
+    pipeline stages").
     State: ``state[p]["momentum_buffer"]`` of the parameter's shape and dtype (created as
     zeros), the key of torch.optim.Muon; with NorMuon ``state[p]["variance_neuron"]``
     (``ortho_fast.groups.muon_stages.variance_shape``).
     Source: Jordan et al. 2024 (Muon); torch.optim.Muon (``_multi_tensor`` momentum); microsoft/dion
-    Muon; Chen et al. 2025 (arXiv 2510.12402, cautious weight decay).
+    Muon; Chen et al. 2025 (arXiv 2510.12402, cautious weight decay); modded-nanogpt / nanochat
+    parameter banks.
     """
     options = resolve_muon_options(group) if options is None else options
     layout = _layouts(group, options, layouts)
@@ -279,22 +291,120 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
     for _, p in live:
         if "momentum_buffer" not in state[p]:
             state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-    us = muon_math.muon_momentum_foreach([p.grad for _, p in live], [state[p]["momentum_buffer"] for _, p in live],
+    chunks, rest = plan_stacks(live, layout, options)
+    update = options.update_kwargs()
+    if not options.cautious_weight_decay:
+        muon_math.decay_weights([p for _, p in live], lr=options.lr, weight_decay=options.weight_decay)
+        update["weight_decay"] = 0.0
+    if chunks:
+        stacked = [p for chunk in chunks for p, _, _ in chunk.members]
+        bufs = [state[p]["momentum_buffer"] for p in stacked]
+        muon_math.update_momentum_buffers([p.grad for p in stacked], bufs, mu=options.momentum,
+                                          style=options.momentum_style)
+        workspace = Workspace() if workspace is None else workspace
+        for chunk in chunks:
+            stacked_chunk_step(chunk, state, options, update, workspace)
+    if not rest:
+        return
+    us = muon_math.muon_momentum_foreach([p.grad for _, p in rest], [state[p]["momentum_buffer"] for _, p in rest],
                                          mu=options.momentum, nesterov=options.nesterov, style=options.momentum_style)
     items = []
-    for (i, p), u in zip(live, us):
+    for (i, p), u in zip(rest, us):
         lay = layout(i, p)
         items.append((p, lay, stage_math.pre_orthogonalize(lay.matrices(u), equilibration=options.equilibration)))
     outs = iter(muon_math.orthogonalize([x for _, _, mats in items for x in mats], options.table,
                                         **{**options.orthogonalize_kwargs(), "banks": options.batched}))
-    update = options.update_kwargs()
-    if not options.cautious_weight_decay:
-        muon_math.decay_weights([p for p, _, _ in items], lr=options.lr, weight_decay=options.weight_decay)
-        update["weight_decay"] = 0.0
     for p, lay, mats in items:
         variances = None if options.normuon_beta2 is None else normuon_variances(p, state, lay, options.normuon_dim)
         post = stage_math.post_orthogonalize([next(outs) for _ in mats], variances, **options.post_orthogonalize_kwargs())
         muon_math.muon_update(p, lay, post, **update)
+
+
+@dataclass
+class StackChunk:
+    """Parameters whose matrices share one (m, n), dtype and device, stacked together:
+    ``members`` (parameter, its layout, its index in the group), ``count`` matrices in all."""
+
+    m: int
+    n: int
+    members: list = field(default_factory=list)
+    count: int = 0
+
+
+def _whole(lay: MuonLayout) -> bool:
+    """Whether a layout is the parameter itself read as (*batch, m, n): one block of all rows, one head."""
+    return lay.groups == 1 and len(lay.blocks) == 1 and lay.blocks[0] == (0, lay.m, lay.m)
+
+
+def plan_stacks(live, layout, options: MuonOptions) -> tuple[list[StackChunk], list]:
+    """Split a group's live (index, parameter) pairs into chunks for ``stacked_chunk_step`` and
+    the rest: with ``options.batched`` and no cautious weight decay, contiguous parameters whose
+    layout is ``_whole`` are grouped by (m, n, dtype, device) in order and cut into chunks of at
+    most ``MAX_STACK_ELEMENTS`` entries (whole parameters; at least one each); a chunk of one
+    matrix goes to the rest (its 2-D call, the bits of ``banks=False``)."""
+    if not options.batched or options.cautious_weight_decay:
+        return [], list(live)
+    open_chunks: dict[tuple, StackChunk] = {}
+    chunks, rest = [], []
+    for i, p in live:
+        lay = layout(i, p)
+        if not (_whole(lay) and p.is_contiguous()):
+            rest.append((i, p))
+            continue
+        key = (lay.m, lay.n, p.dtype, p.device)
+        chunk = open_chunks.get(key)
+        count = math.prod(lay.batch)
+        if chunk is not None and chunk.count and (chunk.count + count) * lay.m * lay.n > MAX_STACK_ELEMENTS:
+            chunk = None
+        if chunk is None:
+            chunk = open_chunks[key] = StackChunk(lay.m, lay.n)
+            chunks.append(chunk)
+        chunk.members.append((p, lay, i))
+        chunk.count += count
+    singles = [c for c in chunks if c.count < 2]
+    rest += [(i, p) for c in singles for p, _, i in c.members]
+    rest.sort(key=lambda item: item[0])
+    return [c for c in chunks if c.count >= 2], rest
+
+
+def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: dict, workspace: Workspace) -> None:
+    """The Muon step of one chunk (its momentum buffers already updated,
+    ``functional.muon.update_momentum_buffers``): U (Nesterov or the buffer) written into one
+    (k, m, n) stack of the parameters' dtype, MuonEq on it, ``orthogonalize`` of it as a
+    ``MatrixStack``, Muon+ / NorMuon on the result stack (the second moments concatenated and
+    written back with one ``_foreach_copy_``), the update as one ``_foreach_add_`` with the
+    chunk's lr·s. A fixed number of operations whatever the chunk's size."""
+    params = [p for p, _, _ in chunk.members]
+    shape = (chunk.count, chunk.m, chunk.n)
+    u = workspace.get("momentum", shape, params[0].dtype, params[0].device)
+    views = muon_math.split_stack(u, params)
+    bufs = [state[p]["momentum_buffer"] for p in params]
+    muon_math.momentum_into(views, [p.grad for p in params], bufs, mu=options.momentum, nesterov=options.nesterov,
+                            style=options.momentum_style)
+    mats = muon_math.MatrixStack([v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)], u)
+    pre = stage_math.pre_orthogonalize([u], equilibration=options.equilibration)[0]
+    if pre is not u:
+        mats = muon_math.MatrixStack(muon_math.split_stack(pre, mats), pre)
+    outs = muon_math.orthogonalize(mats, options.table, **{**options.orthogonalize_kwargs(), "banks": True,
+                                                           "workspace": workspace})
+    stack = getattr(outs, "stack", None)
+    stages = options.renormalize or options.normuon_beta2 is not None
+    if stack is None:  # a plain list (a patched ``orthogonalize``): the stages per parameter, as the rest
+        outs = [(stage_math.post_orthogonalize([o], None if options.normuon_beta2 is None else normuon_variances(
+                    p, state, lay, options.normuon_dim), **options.post_orthogonalize_kwargs())[0] if stages else o)
+                .reshape(p.shape) for o, (p, lay, _) in zip(outs, chunk.members)]
+    else:
+        if stages:
+            variances = None
+            if options.normuon_beta2 is not None:
+                parts = [normuon_variances(p, state, lay, options.normuon_dim)[0] for p, lay, _ in chunk.members]
+                variances = [torch.cat([v.view(-1, *v.shape[-2:]) for v in parts])]
+            stack = stage_math.post_orthogonalize([stack], variances, **options.post_orthogonalize_kwargs())[0]
+            if variances is not None:
+                torch._foreach_copy_(parts, muon_math.split_stack(variances[0], parts))
+        outs = muon_math.split_stack(stack, params)
+    scale = muon_math.adjusted_lr_scale(options.adjust_lr, chunk.m, chunk.n) * options.extra_scale_factor
+    foreach_add_scaled_(params, outs, -float(update["lr"]) * scale)
 
 
 class MuonGroups(GroupRunner):
@@ -303,6 +413,7 @@ class MuonGroups(GroupRunner):
 
     def __init__(self) -> None:
         self.cache = OptionsCache()
+        self.workspace = Workspace()
 
     def entry(self, group: dict):
         """The group's cache entry (options resolved now if an option changed)."""
@@ -315,7 +426,7 @@ class MuonGroups(GroupRunner):
 
     def step(self, group: dict, state, first_index: int) -> None:
         entry = self.entry(group)
-        muon_group_step(group, state, entry.options, entry.per_param)
+        muon_group_step(group, state, entry.options, entry.per_param, self.workspace)
 
 
 def normuon_variance_state_shape(p: torch.Tensor, group: dict) -> tuple[int, ...]:

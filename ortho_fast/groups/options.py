@@ -62,7 +62,15 @@ class OptionsCache:
 
     def entry(self, group: dict, keys: Sequence[str], resolve: Callable[[dict], Any]) -> CacheEntry:
         """The cache entry of ``group`` (resolved now if needed). Raises what ``resolve`` raises;
-        a group that fails resolution leaves no entry."""
+        a group that fails resolution leaves no entry.
+
+        Under ``torch.compile`` the group is resolved afresh and nothing is cached: the resolution
+        is Python on the group's values, run once per trace and gone from the graph, and a value
+        dynamo made symbolic (an lr a scheduler changes, the options of a second optimizer
+        compiled in the process) then needs no comparison with a cached one (``id()`` of a dict
+        and ``hasattr`` on a symbolic float stop dynamo's trace)."""
+        if torch.compiler.is_compiling():
+            return CacheEntry(group, (), resolve(group))
         try:
             snapshot = tuple(_freeze(group.get(k)) for k in keys)
         except _Uncacheable:

@@ -9,6 +9,7 @@ Host syncs are counted as calls of ``aten._local_scalar_dense`` — the op behin
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -65,7 +66,14 @@ def _builders(dtype):
         opt.init_state()
         return opt
 
-    return {"muon": (SHAPES, muon), "dion": (SHAPES, dion), "hybrid": (SHAPES + [(7,), (3, 5)], hybrid)}
+    def normuon(ps, check_finite):
+        return ortho_fast.NorMuon(ps, lr=0.02, dtype=dtype, check_finite=check_finite)
+
+    def dion2(ps, check_finite):
+        return ortho_fast.Dion2(ps, lr=0.02, dtype=dtype, check_finite=check_finite)
+
+    return {"muon": (SHAPES, muon), "dion": (SHAPES, dion), "hybrid": (SHAPES + [(7,), (3, 5)], hybrid),
+            "normuon": (SHAPES, normuon), "dion2": (SHAPES, dion2)}
 
 
 def _state(opt):
@@ -146,3 +154,107 @@ def test_a_gradient_of_another_dtype_raises_before_any_change(name, bad):
     with pytest.raises((ValueError, TypeError), match="grad"):
         opt.step()
     assert all(torch.equal(a, b) for a, b in zip(before, _state(opt)))
+
+
+def _schedule(opt):
+    """An LR schedule that changes every group's lr at every step."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1.0 / (t + 1))
+
+
+def _compiled_run(name, *, when, backend, steps=3, seed=0):
+    """Eager and compiled copies of one optimizer with a scheduler each (the compiled one's
+    created ``when`` = "before" or "after" compiling), stepped side by side; returns the worst
+    relative difference of parameters and state, and the number of graphs dynamo compiled."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    shapes, build = _builders(torch.float32)[name]
+    eager_ps, compiled_ps = _params(shapes, torch.float32, seed), _params(shapes, torch.float32, seed)
+    eager, compiled = build(eager_ps, False), build(compiled_ps, False)
+    eager_schedule = _schedule(eager)
+    compiled_schedule = _schedule(compiled) if when == "before" else None
+    step = torch.compile(compiled.step, fullgraph=True, backend=backend)
+    compiled_schedule = compiled_schedule or _schedule(compiled)
+    for t in range(steps):
+        _grads(eager_ps, t)
+        _grads(compiled_ps, t)
+        eager.step()
+        step()
+        eager_schedule.step()
+        compiled_schedule.step()
+    assert compiled.param_groups[0]["lr"] == eager.param_groups[0]["lr"] != 0.02 * (1 if name != "hybrid" else 0.05)
+    return max(_relative(c, e) for c, e in zip(_state(compiled), _state(eager))), counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("name", ["muon", "normuon", "dion2", "dion", "hybrid"])
+def test_compiled_step_follows_a_scheduler_created_before_compiling(name):
+    """fullgraph with an LR scheduler created first (it used to wrap ``opt.step`` in a function dynamo
+    skips) and changing lr at every step: the AOT graph (aot_eager: inductor's input, without code
+    generation) gives the eager step's values, and two graphs serve three steps — the first step's
+    (no state yet) and one where lr is an input (an lr given as ``alpha=`` or a ``_foreach`` scalar
+    was a constant: one graph per step, ``ortho_fast.functional.graph_scalars``). Inductor and a
+    scheduler created after compiling: the slow test."""
+    worst, graphs = _compiled_run(name, when="before", backend="aot_eager", steps=3)
+    assert worst <= compiled_tolerance("float32") and graphs == 2, (worst, graphs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("name", ["muon", "normuon", "dion2", "dion", "hybrid"])
+def test_compiled_step_follows_a_scheduler_with_inductor(name, when):
+    worst, graphs = _compiled_run(name, when=when, backend="inductor", steps=4, seed=1)
+    assert worst <= compiled_tolerance("float32") and graphs == 2, (worst, graphs)
+
+
+@pytest.mark.parametrize("name", ["muon", pytest.param("dion2", marks=pytest.mark.slow)])
+def test_two_optimizers_compiled_in_one_process(name):
+    """The second compile of the same step code with other option values (dynamo then makes floats
+    that differ symbolic: lr, here) still traces, and each compiled optimizer equals its eager twin."""
+    torch._dynamo.reset()
+    shapes, build = _builders(torch.float32)[name]
+    runs = []
+    for lr in (0.02, 0.005):
+        ps_e, ps_c = _params(shapes, torch.float32, 3), _params(shapes, torch.float32, 3)
+        eager, compiled = build(ps_e, False), build(ps_c, False)
+        for opt in (eager, compiled):
+            opt.param_groups[0]["lr"] = lr
+        runs.append((ps_e, ps_c, eager, torch.compile(compiled.step, fullgraph=True, backend="eager"), compiled))
+    for t in range(2):
+        for ps_e, ps_c, eager, step, _ in runs:
+            _grads(ps_e, t)
+            _grads(ps_c, t)
+            eager.step()
+            step()
+    for ps_e, ps_c, eager, _, compiled in runs:
+        assert max(_relative(c, e) for c, e in zip(_state(compiled), _state(eager))) <= compiled_tolerance("float32")
+
+
+def test_compiling_with_check_finite_names_the_fix():
+    """The finiteness check's one host read cannot be traced: the error says so and names
+    ``check_finite=False`` (instead of dynamo's "data-dependent expression")."""
+    torch._dynamo.reset()
+    ps = _params(SHAPES, torch.float32)
+    opt = ortho_fast.Muon(ps, lr=0.02, dtype=torch.float32)
+    _grads(ps, 0)
+    with pytest.raises(Exception, match="check_finite=False"):
+        torch.compile(opt.step, fullgraph=True, backend="eager")()
+
+
+@pytest.mark.parametrize("name", ["muon", "normuon", "dion2", "dion", "hybrid"])
+def test_a_scheduler_keeps_the_step_and_its_order_warning(name):
+    """A scheduler leaves the step unwrapped (dynamo can trace it) and still warns when
+    ``scheduler.step()`` comes before any ``optimizer.step()``, and only then."""
+    shapes, build = _builders(torch.float32)[name]
+    ps = _params(shapes, torch.float32)
+    opt = build(ps, True)
+    step = type(opt).step
+    schedule = _schedule(opt)
+    assert "step" not in vars(opt) and type(opt).step is step
+    with pytest.warns(UserWarning, match=r"before `optimizer.step\(\)`"):
+        schedule.step()
+    _grads(ps, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.step()
+        schedule.step()

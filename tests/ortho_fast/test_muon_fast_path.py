@@ -16,7 +16,8 @@ from hypothesis import given, settings, strategies as st
 import ortho_ref
 from ortho_fast.groups.muon import resolve_muon_options
 from ortho_fast import Muon
-from ortho_fast.functional.muon import decay_weights, muon_momentum, muon_momentum_foreach
+from ortho_fast.functional.muon import (decay_weights, momentum_into, muon_momentum, muon_momentum_foreach,
+                                        update_momentum_buffers)
 from ortho_fast.functional.newton_schulz import newton_schulz_resolved, newton_schulz_stacked
 from ortho_verify import tolerances as tol
 from ortho_verify.tolerances import compiled_tolerance
@@ -186,3 +187,42 @@ def test_bad_mode_options_name_the_key(kw, key):
     with pytest.raises(TypeError, match=key):
         opt.step()
     assert torch.equal(opt.param_groups[0]["params"][0].detach(), torch.zeros(4, 4))
+
+
+@pytest.mark.parametrize("style", ["ema", "classic"])
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_momentum_written_into_a_stack_is_bitwise_the_per_tensor_ops(style, nesterov):
+    """The stacked step's momentum (buffers updated with ``update_momentum_buffers``, U written into
+    one stack with ``momentum_into``) gives ``muon_momentum``'s buffers and U bit for bit."""
+    rng = rng_for("stack-momentum")
+    shapes = GPT_SHAPES[:2] * 3  # (24, 8) and (8, 8) interleaved: the stack holds every entry in order
+    grads = [torch.tensor(rng.standard_normal(s), dtype=torch.float32) for s in shapes]
+    bufs_a = [torch.tensor(rng.standard_normal(s), dtype=torch.float32) for s in shapes]
+    bufs_b = [b.clone() for b in bufs_a]
+    stack = torch.full((sum(g.numel() for g in grads),), float("nan"))
+    views, start = [], 0
+    for g in grads:
+        views.append(stack[start:start + g.numel()].view(g.shape))
+        start += g.numel()
+    update_momentum_buffers(grads, bufs_a, mu=0.9, style=style)
+    momentum_into(views, grads, bufs_a, mu=0.9, nesterov=nesterov, style=style)
+    for g, a, b, v in zip(grads, bufs_a, bufs_b, views):
+        assert torch.equal(v, muon_momentum(g, b, mu=0.9, nesterov=nesterov, style=style))
+        assert torch.equal(a, b)
+
+
+def test_chunks_of_a_shape_group_step_as_one_stack(monkeypatch):
+    """Cutting a shape group into chunks of ``MAX_STACK_ELEMENTS`` entries (here at most 2 matrices
+    of (24, 8): four chunks) changes which matrices share a batched call, not what each matrix
+    gets: every batched product computes each matrix on its own, so the parameters are bit for
+    bit those of the one-stack step (and every one of them moved)."""
+    import ortho_fast.groups.muon as group_muon
+
+    shapes = [(24, 8), (24, 8), (8, 8)] * 3 + [(24, 8)] * 2  # (24, 8): 8, four chunks of 2
+    w0, grads = _weights_and_grads(shapes, "chunks")
+    whole, opt = _run(lambda ps: Muon(ps, lr=0.02), w0, grads)
+    monkeypatch.setattr(group_muon, "MAX_STACK_ELEMENTS", 2 * 24 * 8)
+    chunked, small = _run(lambda ps: Muon(ps, lr=0.02), w0, grads)
+    assert small.workspace_nbytes < opt.workspace_nbytes
+    for a, b, w in zip(chunked, whole, w0):
+        assert not torch.equal(a, w) and torch.equal(a, b), tuple(w.shape)

@@ -1,0 +1,50 @@
+"""In-place updates scaled by a Python float (an lr, a decay factor) in the form each mode wants.
+
+Eager: the fused forms (``add_(src, alpha=s)``, ``addmm_(a, b, alpha=s)``, ``_foreach_mul_(ts, s)``,
+``_foreach_add_(ts, srcs, alpha=s)``): one kernel, torch.optim's bits. Under ``torch.compile``
+a float given as ``alpha=`` or as a ``_foreach`` scalar stays a constant of the graph (AOT's
+tensorify pass specializes it: measured on torch 2.13, 5 graphs for 5 values), so an lr that a
+scheduler changes at every step recompiled the step at every step until dynamo's recompile limit;
+a float that multiplies a tensor becomes a graph input after the second compile. So under
+compile these write the same update as a product then a sum (inductor fuses them; within
+``ortho_verify.tolerances.compiled_tolerance`` of eager). Source: torch 2.13
+``torch/fx/passes/_tensorify_python_scalars.py``; docs/performance.md, "(d)".
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def add_scaled_(dst: torch.Tensor, src: torch.Tensor, alpha: float) -> torch.Tensor:
+    """dst ← dst + alpha·src in place (src cast to dst's dtype under compile); returns dst."""
+    if torch.compiler.is_compiling():
+        return dst.add_(src.to(dst.dtype) * alpha)
+    return dst.add_(src, alpha=alpha)
+
+
+def addmm_scaled_(dst: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
+    """dst ← dst + alpha·(a @ b) in place; returns dst."""
+    if torch.compiler.is_compiling():
+        return dst.add_((a @ b) * alpha)
+    return dst.addmm_(a, b, alpha=alpha)
+
+
+def foreach_add_scaled_(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor], alpha: float) -> None:
+    """dsts[i] ← dsts[i] + alpha·srcs[i] in place, for every i (one ``_foreach_add_`` in eager)."""
+    if torch.compiler.is_compiling():
+        for d, s in zip(dsts, srcs):
+            d.add_(s.to(d.dtype) * alpha)
+        return
+    torch._foreach_add_(list(dsts), list(srcs), alpha=alpha)
+
+
+def foreach_scale_(ts: Sequence[torch.Tensor], factor: float) -> None:
+    """ts[i] ← factor·ts[i] in place, for every i (one ``_foreach_mul_`` in eager)."""
+    if torch.compiler.is_compiling():
+        for t in ts:
+            t.mul_(factor)
+        return
+    torch._foreach_mul_(list(ts), factor)
