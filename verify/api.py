@@ -384,8 +384,9 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     kernel = f"{compute}" + ("" if compute == name else f" on {name} inputs") + \
         ("" if form == "standard" else f", gram restarts {list(restarts)}")
     subject = f"{getattr(fn, '__name__', type(fn).__name__)} ({coefficients if isinstance(coefficients, str) else 'table'}, " \
-              f"{kernel}) on {device_label(describe_device(dev))}"
-    return VerificationReport(subject, accept_side_effects(results, allow_side_effects), inputs)
+              f"{kernel})"
+    return VerificationReport(subject, accept_side_effects(results, allow_side_effects), inputs,
+                              device_label(describe_device(dev)))
 
 
 #: Input dtypes and compute precisions with a statistical row (``ortho_verify.tolerances.statistical``).

@@ -264,4 +264,4 @@ def compare_with_baseline(report: VerificationReport, path) -> VerificationRepor
     Its ``passed`` is False when a ratio regressed or a check of the baseline is missing.
     Raises: OSError if ``path`` cannot be read, ValueError if it is not a baseline (``load``)."""
     rows = compare(report.results, load(path), {"subject": report.subject}, golden=False)
-    return VerificationReport(report.subject, [*report.results, *rows], report.inputs)
+    return VerificationReport(report.subject, [*report.results, *rows], report.inputs, report.device)

@@ -22,12 +22,13 @@ from ortho_verify.checks.diagnoses import momentum_cause, momentum_form_candidat
 from ortho_verify.checks.newton_schulz import compare_ns_output
 from ortho_verify.checks.optimizer_statistics import (MIN_STATISTICAL_MATRICES, STATISTICAL_MATRICES,
                                                       STATISTICAL_SHAPE, optimizer_mean_deviation, statistical_inputs)
+from ortho_verify.devices import describe_device, device_label, resolve_device
 from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, coarser_dtype,
                                       dtype_name, table_and_normalization)
 from ortho_verify.results import VerificationReport, accept_side_effects, measured, user_frame
 from ortho_verify.spectra import matrix_with_spectrum
 
-__all__ = ["DEFAULT_PARAM_DTYPES", "DEFAULT_SHAPES", "check_optimizer", "optimizer_inputs", "resolve_device"]
+__all__ = ["DEFAULT_PARAM_DTYPES", "DEFAULT_SHAPES", "check_optimizer", "optimizer_inputs"]
 
 #: Parameter shapes of ``check_optimizer``: tall, wide and square, each with a row count that
 #: 4 does not divide (sharding bugs), small enough for a fast check.
@@ -154,7 +155,8 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     device = resolve_device(device)
     target = getattr(optimizer, "func", optimizer)  # functools.partial: the class it wraps
     subject = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
-    report = VerificationReport(f"{subject} ({type(conventions).__name__})", [], {})
+    report = VerificationReport(f"{subject} ({type(conventions).__name__})", [], {},
+                                device_label(describe_device(device)))
     for dt in dtypes:
         suffix = "" if dt == torch.float32 or len(dtypes) == 1 else f" {dtype_name(dt)}"
         count = statistical_matrices
@@ -170,23 +172,6 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
         report.results += accept_side_effects(results, allow_side_effects)
         report.inputs.update(inputs)
     return report
-
-
-def resolve_device(device) -> torch.device:
-    """``device`` (None: CPU) as a torch.device.
-    Raises: ValueError naming ``device`` for a CUDA device when CUDA is not available or the
-    index is not below ``torch.cuda.device_count()``; TypeError for something not a device."""
-    if device is None:
-        return torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except (TypeError, RuntimeError) as err:
-        raise TypeError(f"device: expected a torch device or a name such as 'cpu' or 'cuda', got {device!r}") from err
-    if dev.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0 or (dev.index is not None and dev.index >= count):
-            raise ValueError(f"device: {device!r} requested but {count} CUDA device(s) are available")
-    return dev
 
 
 def _raised_row(err: BaseException, name: str, what: str):

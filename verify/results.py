@@ -323,6 +323,10 @@ class VerificationReport:
     subject: str
     results: list
     inputs: dict
+    #: where the checked code ran (``ortho_verify.devices.device_label``: device, its name, torch and
+    #: CUDA versions); "" when not recorded. Not part of ``subject``, so a baseline keyed by the
+    #: subject holds across machines and torch versions.
+    device: str = ""
 
     @property
     def status(self) -> str:
@@ -380,7 +384,8 @@ class VerificationReport:
                 f"{len(self.results)} checks passed, "
                 f"{counts['fail']} failed, {counts['no claim']} made no claim; worst error/tolerance "
                 f"{self.worst_ratio:.3g}")
-        lines = [head] + [f"  nothing compared — {why}" for why in reasons]
+        lines = [head] + ([f"  ran on {self.device}"] if self.device else []) + \
+            [f"  nothing compared — {why}" for why in reasons]
         if self.cause:
             lines.append(f"likely cause: {self.cause}")
         by_check: dict[str, CheckResult] = {}

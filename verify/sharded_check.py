@@ -310,7 +310,7 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
     shapes = _shapes(shapes)
-    from ortho_verify.optimizer_checks import resolve_device
+    from ortho_verify.devices import resolve_device
 
     dev = resolve_device(device)  # TypeError / ValueError naming device
     gpu = dev.type == "cuda" and not under_torchrun()

@@ -38,7 +38,7 @@ def test_ortho_fast_kernels_pass_on_cuda(dtype):
         torch.backends.cuda.matmul.allow_tf32 = previous
     assert report.passed, report.summary()
     assert set(seen) == {"cuda"}
-    assert torch.cuda.get_device_name() in report.subject and f"CUDA {torch.version.cuda}" in report.subject
+    assert torch.cuda.get_device_name() in report.device and f"CUDA {torch.version.cuda}" in report.device
 
 
 def test_real_tf32_is_judged_as_high_not_float32():

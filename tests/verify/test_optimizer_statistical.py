@@ -1,4 +1,4 @@
-"""check_optimizer's statistical row ``optimizer_mean_deviation`` (issue 25): J same-shape
+"""check_optimizer's statistical row ``optimizer_mean_deviation``: J same-shape
 parameters in one optimizer, the per-direction mean of the update's deviation against the
 Higham–Mary / Azuma–Hoeffding threshold (false alarm <= 1e-6 per row). Correct optimizers written
 differently pass; the optimizer-level plants beyond the statistics' reach fail; the power script
@@ -12,8 +12,6 @@ import pathlib
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import ortho_fast
 from ortho_verify import ORTHO_MUON, MuonConventions, check_optimizer
@@ -30,8 +28,10 @@ def _row(report):
     return row
 
 
-@settings(max_examples=4, deadline=None)
-@given(seed=st.integers(0, 10_000), which=st.sampled_from(["ours", "torch-style", "jordan-style"]))
+# Three correct optimizers at two seeds each here; the false-alarm rate itself (3,000 seeded runs)
+# is measured by scripts/optimizer_power.py and written into docs/verification.md.
+@pytest.mark.parametrize("seed", [0, 7919])
+@pytest.mark.parametrize("which", ["ours", "torch-style", "jordan-style"])
 def test_correct_optimizers_pass_the_statistical_row(seed, which):
     factory, conv = {"ours": (ortho_fast.Muon, ORTHO_MUON), "torch-style": (TorchStyleMuon, TORCH_STYLE_CONVENTIONS),
                      "jordan-style": (JordanStyleMuon, JORDAN_CONVENTIONS)}[which]
