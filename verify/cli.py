@@ -52,6 +52,8 @@ LAYOUT_DTYPE = "float32"
 #: (``ortho_verify.registry.DION_VARIANT_RUNS``).
 DION_VARIANT_RUNS = registry.DION_VARIANT_RUNS
 DION_VARIANT_RANK_FRACTION = 0.25
+#: Phases shorter than this are left out of the verdict line's time breakdown (all are in report.json).
+PHASE_SHOWN_S = 0.5
 #: Largest ``--seed`` (torch and numpy seeds are unsigned 64-bit; the synthetic inputs add offsets).
 MAX_SEED = 2**63 - 1
 
@@ -250,9 +252,27 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(previous)
 
 
-def _collect(args: argparse.Namespace, console, sv_points: dict) -> tuple[list, list, dict | None]:
+def attribute_seconds(seconds: dict, rows: list, elapsed: float) -> None:
+    """Add a job's wall time ``elapsed`` to ``seconds`` (check name -> seconds), shared among the
+    checks of its ``rows`` in proportion to their row counts (a job that returned nothing is not
+    counted), so the per-check seconds of a run add up to the time of its checks."""
+    for row in rows:
+        seconds[row.check] = seconds.get(row.check, 0.0) + elapsed / len(rows)
+
+
+def phase_text(phases: dict) -> str:
+    """": real gradients 14.1 s, checks 29.0 s, plots 2.2 s": the phases of at least ``PHASE_SHOWN_S``
+    seconds, for the verdict line (every phase is in report.json's meta.phases_s; every check's
+    seconds in report.md's summary and report.json's summary.by_check.*.seconds)."""
+    shown = [f"{k} {v:.1f} s" for k, v in phases.items() if v >= PHASE_SHOWN_S]
+    return ": " + ", ".join(shown) if shown else ""
+
+
+def _collect(args: argparse.Namespace, console, sv_points: dict, timing: dict
+             ) -> tuple[list, list, dict | None]:
     """Inputs, results and the training metadata, with a progress bar on the terminal (``console``:
-    a ``rich.console.Console``)."""
+    a ``rich.console.Console``). Fills ``timing``: "phases" (wall seconds of "real gradients",
+    "synthetic inputs", "checks") and "checks" (wall seconds per check, ``attribute_seconds``)."""
     rp = require("rich.progress", "ortho-verify's progress bar")
     BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn = (
         rp.BarColumn, rp.MofNCompleteColumn, rp.Progress, rp.TextColumn, rp.TimeElapsedColumn, rp.TimeRemainingColumn)
@@ -260,7 +280,9 @@ def _collect(args: argparse.Namespace, console, sv_points: dict) -> tuple[list, 
     progress_cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                      TimeRemainingColumn())
     train_info = None
+    phases, per_check = timing.setdefault("phases", {}), timing.setdefault("checks", {})
     with Progress(*progress_cols, console=console, transient=True) as progress:
+        started = time.perf_counter()
         if not args.no_real:
             task = progress.add_task("training the byte-level GPT on the pinned corpus (cached after the first run)", total=None)
 
@@ -271,14 +293,22 @@ def _collect(args: argparse.Namespace, console, sv_points: dict) -> tuple[list, 
             cases += data.real_gradients(quick=args.quick, cache_dir=args.cache_dir, seed=args.seed, progress=on_step)
             train_info = data.last_run_info()
             progress.remove_task(task)
+            phases["real gradients"] = time.perf_counter() - started
+        started = time.perf_counter()
         cases += synthetic_matrices(quick=args.quick, seed=args.seed)
+        phases["synthetic inputs"] = time.perf_counter() - started
+        started = time.perf_counter()
         jobs = plan_jobs(cases, args.quick, None if args.no_plots else sv_points)
         task = progress.add_task("checks", total=len(jobs))
         results = []
         for label, job in jobs:
             progress.update(task, description=label[:60])
-            results += job()
+            begun = time.perf_counter()
+            rows = job()
+            attribute_seconds(per_check, rows, time.perf_counter() - begun)
+            results += rows
             progress.advance(task)
+        phases["checks"] = time.perf_counter() - started
     return cases, results, train_info
 
 
@@ -286,13 +316,19 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
     console = report.make_console()
     started = time.perf_counter()
     sv_points: dict = {}
-    cases, results, train_info = _collect(args, console, sv_points)
+    timing: dict = {}
+    cases, results, train_info = _collect(args, console, sv_points, timing)
     mode = {"quick": args.quick, "real_inputs_used": not args.no_real, "seed": args.seed}
     real_names = sorted({c.name for c in cases if c.source == "real"})
     inputs = {"corpus": (train_info or {}).get("corpus", corpus_identity()) if real_names else None,
               "real_inputs": real_names}
     if stored is not None:
+        begun = time.perf_counter()
         results += baseline.compare(results, stored, mode, inputs=inputs, real_inputs=real_names)
+        timing["phases"]["baseline"] = time.perf_counter() - begun
+    begun = time.perf_counter()
+    plot_paths = [] if args.no_plots else plots.write_plots(results, sv_points, args.out)
+    timing["phases"]["plots"] = time.perf_counter() - begun
     elapsed = time.perf_counter() - started
     meta = {
         "command": " ".join(["ortho-verify", *argv]),
@@ -303,6 +339,7 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
         "corpus": inputs["corpus"],
         "training": train_info,
         "elapsed_s": round(elapsed, 1),
+        "phases_s": {k: round(v, 2) for k, v in timing["phases"].items()},
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,
@@ -310,8 +347,8 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
     }
     if stored is not None:
         meta["baseline"] = str(args.baseline)
-    plot_paths = [] if args.no_plots else plots.write_plots(results, sv_points, args.out)
-    json_path, md_path = report.write_reports(results, args.out, meta, plot_paths, all_rows=args.all_rows)
+    json_path, md_path = report.write_reports(results, args.out, meta, plot_paths, all_rows=args.all_rows,
+                                              seconds=timing["checks"])
     if args.verbose:
         report.print_table(results, console)
     summ = report.print_summary(results, console)
@@ -323,7 +360,7 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
             print(line, flush=True)
     style = "green" if summ["verdict"] == "passed" else "bold red"
     console.print(f"[{style}]{summ['verdict'].upper()}: {summ['passed']} passed, {summ['failed']} failed[/], "
-                  f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} s)")
+                  f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} s{phase_text(timing['phases'])})")
     for why in summ["inconclusive"]:
         console.print(f"[bold red]inconclusive: nothing compared — {why}[/]")
     written = [json_path, md_path] + ([args.junit_xml] if args.junit_xml is not None else [])

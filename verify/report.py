@@ -12,8 +12,8 @@ from __future__ import annotations
 import shutil
 
 from ortho_verify.optional import require
-from ortho_verify.results import (CheckResult, error_feedback_table, format_number, summary, worst_per_group,
-                                  write_reports)
+from ortho_verify.results import (CheckResult, error_feedback_table, format_number, format_worst_ratio, summary,
+                                  worst_per_group, write_reports)
 
 __all__ = ["FAILURES_SHOWN", "error_feedback_table", "make_console", "print_failures", "print_summary", "print_table",
            "summary", "terminal_width", "worst_per_group", "write_reports"]
@@ -69,24 +69,27 @@ def print_table(results: list[CheckResult], console=None) -> None:
     console.print(table)
 
 
-def print_summary(results: list[CheckResult], console=None) -> dict:
+def print_summary(results: list[CheckResult], console=None, seconds: dict | None = None) -> dict:
     """One row per check: rows that passed, failed and made no claim (counted apart), the worst
-    error/tolerance of its claimed rows and the input where it occurred; returns ``summary(results)``.
+    error/tolerance of its claimed rows ("exact" for a passing check whose claims all have tolerance 0)
+    and the input where it occurred, and with ``seconds`` (check -> wall seconds the run spent on it) a
+    column "s"; returns ``summary(results, seconds)``.
     Raises: ImportError naming the extra ``verify`` when rich is not installed."""
     table_mod = require("rich.table", "ortho-verify's terminal table")
     console = console or make_console()
-    summ = summary(results)
+    summ = summary(results, seconds)
     box = require("rich.box", "ortho-verify's terminal table")
     table = table_mod.Table(title="ortho-verify: fast implementations vs the exact oracle, one row per check",
                             box=box.SIMPLE_HEAD, pad_edge=False)
     for col, just in (("check", "left"), ("pass", "right"), ("fail", "right"), ("no\nclaim", "right"),
-                      ("worst\nerror/tol", "right"), ("worst input", "left")):
+                      ("worst\nerror/tol", "right"), ("worst input", "left"), *((("s", "right"),) if seconds else ())):
         table.add_column(col, justify=just, overflow="fold", no_wrap=col == "check", max_width=None)
     for name, s in summ["by_check"].items():
         style = "bold red" if s["failed"] else "yellow" if not s["passed"] else ""
         where = s["worst"]["input"] if s["worst"] else "—"
-        table.add_row(name, str(s["passed"]), str(s["failed"]), str(s["no_claim"]), f"{s['worst_ratio']:.3f}", where,
-                      style=style or None)
+        timing = (f"{s['seconds']:.1f}",) if seconds else ()
+        table.add_row(name, str(s["passed"]), str(s["failed"]), str(s["no_claim"]), format_worst_ratio(s), where,
+                      *timing, style=style or None)
     console.print(table)
     return summ
 
