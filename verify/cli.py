@@ -27,7 +27,8 @@ import torch
 from threadpoolctl import threadpool_limits
 
 import ortho_fast
-from ortho_verify import annotations, baseline, checks, data, error_feedback, junit, plots, presets, registry, report
+from ortho_verify import (annotations, baseline, checks, data, error_feedback, junit, measured, plots, presets,
+                          registry, report)
 from ortho_verify.checks.qk_clip import qk_clip_jobs
 from ortho_verify.checks.stages import stage_jobs
 from ortho_verify.arguments import (EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file,
@@ -65,6 +66,22 @@ SUBCOMMAND_HELP = {"sharding": "distributed layouts of Dion and Muon equal to on
                    "reproduce": "the papers' claims re-measured on real text ('ortho-verify reproduce --help')"}
 
 
+def measured_text(what: str) -> str:
+    """The measured cost that ``--help`` quotes, from ``ortho_verify.measured`` (written by
+    ``python scripts/timings.py --write-docs``): "quick" -> the ``--quick`` run's wall time, "threads" ->
+    ``--quick`` with 1 and 2 threads. "not measured" when the measurement lacks it."""
+    c = measured.TIMINGS.get("commands", {})
+    where = f"{measured.TIMINGS.get('cores')} CPU cores, {measured.TIMINGS.get('date')}"
+    try:
+        if what == "quick":
+            return (f"{c['quick']['wall_s']:.0f} s with the gradients cached, {c['quick_first']['wall_s']:.0f} s the "
+                    f"first time, on {where}")
+        return (f"--quick took {c['quick']['wall_s']:.0f} s with 1 thread, {c['quick_threads2']['wall_s']:.0f} s "
+                f"with 2, on {where}")
+    except KeyError:
+        return "not measured"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``ortho-verify`` command line: the default run's options and the ``SUBCOMMANDS``
     (listed for usage and typo suggestions; each parses its own arguments)."""
@@ -74,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 every check passed; 1 a check failed, a baseline regressed, or the run was "
                "inconclusive (a check made no claim on any input, or the baseline's inputs differ); 2 usage error.",
     )
-    parser.add_argument("--quick", action="store_true", help="fewer inputs (about 10 s on 2 CPU cores)")
+    parser.add_argument("--quick", action="store_true", help=f"fewer inputs ({measured_text('quick')})")
     parser.add_argument("--out", type=Path, default=Path("ortho-verify-out"),
                         help="folder for report.json, report.md and plots/ (default: ./ortho-verify-out)")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -90,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--junit-xml", type=Path, default=None, metavar="FILE",
                         help="write JUnit XML to FILE: one test case per check and input")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1: the matrices are small; with 2 threads on a "
-                             "2-core machine that other processes also use, --quick took 19.6 s instead of 5.1 s)")
+                        help="torch intra-op threads (default 1: the matrices are small, and threads that wait "
+                             f"for a core other processes use slow the run down: {measured_text('threads')})")
     parser.add_argument("--baseline", type=Path, default=None, metavar="FILE",
                         help="compare every check's error/tolerance with FILE and fail when one regresses: "
                              f"ratio > max({BASELINE_GROWTH:g} x its baseline ratio, {BASELINE_FLOOR:g}); also fails "
