@@ -64,8 +64,22 @@ def timed(argv: list[str], env: dict | None = None) -> dict:
             "rc": proc.returncode, "tail": proc.stdout[-2000:]}
 
 
+#: The test of the committed docs against the committed measurement: the run is about to rewrite both.
+CONSISTENCY_TEST = "tests/test_timings_doc.py::test_the_committed_docs_are_the_writer_s_output_of_the_committed_measurement"
+
+
+def measure_pytest() -> dict:
+    """The test suite as CI runs it (default markers and hypothesis profile), timed."""
+    run = timed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--deselect", CONSISTENCY_TEST])
+    counts = re.findall(r"^=*\s*(\d+ passed.*?) in [\d.]+s", run["tail"], re.M)
+    run.update(label=PYTEST_LABEL, tests=counts[-1] if counts else "",
+               load_at_start=[round(x, 2) for x in os.getloadavg()])
+    return {k: v for k, v in run.items() if k != "tail" or run["rc"]}
+
+
 def measure(skip_pytest: bool = False, previous: dict | None = None) -> dict:
-    """Every command of ``VERIFY_RUNS`` and the test suite, timed (see the module docstring)."""
+    """Every command of ``VERIFY_RUNS`` and the test suite, timed (see the module docstring);
+    ``skip_pytest`` keeps the test suite's entry of ``previous`` (if any)."""
     out: dict = {"date": datetime.date.today().isoformat(), "cores": os.cpu_count(),
                  "load_at_start": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
                  "commands": {}}
@@ -91,10 +105,7 @@ def measure(skip_pytest: bool = False, previous: dict | None = None) -> dict:
     if skip_pytest and previous and "pytest" in previous.get("commands", {}):
         out["commands"]["pytest"] = previous["commands"]["pytest"]
     elif not skip_pytest:
-        run = timed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        counts = re.findall(r"^=*\s*(\d+ passed.*?) in [\d.]+s", run["tail"], re.M)
-        run.update(label=PYTEST_LABEL, tests=counts[-1] if counts else "")
-        out["commands"]["pytest"] = {k: v for k, v in run.items() if k != "tail"}
+        out["commands"]["pytest"] = measure_pytest()
     return out
 
 
@@ -114,8 +125,10 @@ def render(t: dict) -> dict[str, str]:
         rows.append(f"| {PYTEST_LABEL}: {c['pytest'].get('tests', '')} | {_seconds(c['pytest']['wall_s'])} | "
                     f"{_seconds(c['pytest']['cpu_s'])} |")
     phases = ", ".join(f"{k} {_seconds(v)}" for k, v in c["default_first"]["phases_s"].items())
+    load = c.get("pytest", {}).get("load_at_start")
+    pytest_load = f", {load[0]:g} at the start of pytest" if load else ""
     table = "\n".join(["", *rows, "",
-                       f"{where}; load average {t['load_at_start'][0]:g} at the start (a machine shared with "
+                       f"{where}; load average {t['load_at_start'][0]:g} at the start{pytest_load} (a machine shared with "
                        f"other work inflates wall time more than CPU time). Phases of the first run: {phases}; the "
                        "seconds of every check are in report.md and report.json (`summary.by_check.*.seconds`).", ""])
     stages = sum(v or 0.0 for k, v in t.get("checks_s", {}).items() if k.startswith("muon_stages"))
@@ -179,13 +192,21 @@ def write_docs(t: dict, root: Path = ROOT) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-docs", action="store_true", help="rewrite the marked regions and verify/measured.py")
-    parser.add_argument("--skip-pytest", action="store_true",
-                        help="do not run the test suite (keep the previous measurement in verify/measured.py)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--skip-pytest", action="store_true",
+                       help="do not run the test suite (keep its previous measurement from verify/measured.py)")
+    which.add_argument("--pytest-only", action="store_true",
+                       help="run only the test suite; keep the other measurements from verify/measured.py")
     args = parser.parse_args(argv)
-    previous = None
-    if args.skip_pytest:
-        from ortho_verify.measured import TIMINGS as previous
-    t = measure(args.skip_pytest, previous)
+    from ortho_verify.measured import TIMINGS as previous
+    if args.pytest_only:  # the other commands' numbers stay; with none yet, only verify/measured.py is written
+        t = {**previous, "commands": {**previous.get("commands", {}), "pytest": measure_pytest()}}
+        if "default_first" not in t["commands"]:
+            print(json.dumps(t, indent=1))
+            MEASURED_MODULE.write_text(module_text(t))
+            return 1 if t["commands"]["pytest"]["rc"] else 0
+    else:
+        t = measure(args.skip_pytest, previous)
     print(json.dumps(t, indent=1))
     failed = [k for k, v in t["commands"].items() if v.get("rc")]
     if failed:
