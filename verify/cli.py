@@ -285,23 +285,76 @@ def phase_text(phases: dict) -> str:
     return ": " + ", ".join(shown) if shown else ""
 
 
-def _collect(args: argparse.Namespace, console, sv_points: dict, timing: dict
+def _run_jobs(jobs, progress, task, per_check: dict, done: dict | None = None) -> list:
+    """Run ``jobs`` in order with the progress bar's ``task``; a label already in ``done`` (label ->
+    (rows, seconds), from an earlier plan) takes its rows instead of running again. The seconds of
+    each job go to ``per_check`` (``attribute_seconds``). Returns the rows in plan order."""
+    results = []
+    for label, job in jobs:
+        progress.update(task, description=label[:60])
+        if done is not None and label in done:
+            rows, seconds = done.pop(label)
+        else:
+            begun = time.perf_counter()
+            rows = job()
+            seconds = time.perf_counter() - begun
+        attribute_seconds(per_check, rows, seconds)
+        results += rows
+        progress.advance(task)
+    return results
+
+
+def _unique_labels(jobs) -> set:
+    labels = [label for label, _ in jobs]
+    return {label for label in labels if labels.count(label) == 1}
+
+
+def collect(args: argparse.Namespace, console, sv_points: dict, timing: dict
              ) -> tuple[list, list, dict | None]:
     """Inputs, results and the training metadata, with a progress bar on the terminal (``console``:
     a ``rich.console.Console``). Fills ``timing``: "phases" (wall seconds of "real gradients",
-    "synthetic inputs", "checks") and "checks" (wall seconds per check, ``attribute_seconds``)."""
+    "synthetic inputs", "checks") and "checks" (wall seconds per check, ``attribute_seconds``).
+
+    A first run (no gradient cache) trains the GPT in a second process (``data.capture_in_background``)
+    while this one runs the jobs that need no real gradient (the plan of the synthetic inputs alone);
+    the full plan then takes their rows by label, so the report is the same as a run in plan order."""
     rp = require("rich.progress", "ortho-verify's progress bar")
     BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn = (
         rp.BarColumn, rp.MofNCompleteColumn, rp.Progress, rp.TextColumn, rp.TimeElapsedColumn, rp.TimeRemainingColumn)
-    cases = []
     progress_cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                      TimeRemainingColumn())
     train_info = None
     phases, per_check = timing.setdefault("phases", {}), timing.setdefault("checks", {})
+    record = None if args.no_plots else sv_points
+    started = time.perf_counter()
+    background = None if args.no_real else data.capture_in_background(cache_dir=args.cache_dir, seed=args.seed)
+    synthetic = synthetic_matrices(quick=args.quick, seed=args.seed)
+    phases["synthetic inputs"] = time.perf_counter() - started
+    done: dict = {}
+    checks_s = 0.0
     with Progress(*progress_cols, console=console, transient=True) as progress:
-        started = time.perf_counter()
+        cases = []
+        if background is not None:
+            early = plan_jobs(synthetic, args.quick, record)
+            keep = _unique_labels(early)
+            task = progress.add_task("checks", total=len(early))
+            training = progress.add_task("training the byte-level GPT in a second process (cached after the first "
+                                         "run)", total=None)
+            begun = time.perf_counter()
+            for label, job in early:
+                progress.update(task, description=label[:60])
+                t0 = time.perf_counter()
+                rows = job()
+                if label in keep:
+                    done[label] = (rows, time.perf_counter() - t0)
+                progress.advance(task)
+            checks_s += time.perf_counter() - begun
+            background.join()
+            progress.remove_task(task)
+            progress.remove_task(training)
         if not args.no_real:
-            task = progress.add_task("training the byte-level GPT on the pinned corpus (cached after the first run)", total=None)
+            task = progress.add_task("training the byte-level GPT on the pinned corpus (cached after the first run)",
+                                     total=None)
 
             def on_step(step: int, total: int, loss: float) -> None:
                 progress.update(task, total=total, completed=step,
@@ -309,23 +362,19 @@ def _collect(args: argparse.Namespace, console, sv_points: dict, timing: dict
 
             cases += data.real_gradients(quick=args.quick, cache_dir=args.cache_dir, seed=args.seed, progress=on_step)
             train_info = data.last_run_info()
+            if background is not None and background.exitcode == 0:  # trained now, by the second process
+                train_info.update(from_cache=False, trained_in_background=True)
             progress.remove_task(task)
-            phases["real gradients"] = time.perf_counter() - started
-        started = time.perf_counter()
-        cases += synthetic_matrices(quick=args.quick, seed=args.seed)
-        phases["synthetic inputs"] = time.perf_counter() - started
-        started = time.perf_counter()
-        jobs = plan_jobs(cases, args.quick, None if args.no_plots else sv_points)
+            phases["real gradients" + (" (second process, beside the checks)" if background is not None else "")] = \
+                time.perf_counter() - started
+        cases += synthetic
+        begun = time.perf_counter()
+        jobs = plan_jobs(cases, args.quick, record)
+        keep = _unique_labels(jobs)
+        done = {label: v for label, v in done.items() if label in keep}
         task = progress.add_task("checks", total=len(jobs))
-        results = []
-        for label, job in jobs:
-            progress.update(task, description=label[:60])
-            begun = time.perf_counter()
-            rows = job()
-            attribute_seconds(per_check, rows, time.perf_counter() - begun)
-            results += rows
-            progress.advance(task)
-        phases["checks"] = time.perf_counter() - started
+        results = _run_jobs(jobs, progress, task, per_check, done)
+        phases["checks"] = checks_s + time.perf_counter() - begun
     return cases, results, train_info
 
 
@@ -334,7 +383,7 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
     started = time.perf_counter()
     sv_points: dict = {}
     timing: dict = {}
-    cases, results, train_info = _collect(args, console, sv_points, timing)
+    cases, results, train_info = collect(args, console, sv_points, timing)
     mode = {"quick": args.quick, "real_inputs_used": not args.no_real, "seed": args.seed}
     real_names = sorted({c.name for c in cases if c.source == "real"})
     inputs = {"corpus": (train_info or {}).get("corpus", corpus_identity()) if real_names else None,
