@@ -197,9 +197,16 @@ def main(argv: list[str] | None = None) -> int:
                        help="do not run the test suite (keep its previous measurement from verify/measured.py)")
     which.add_argument("--pytest-only", action="store_true",
                        help="run only the test suite; keep the other measurements from verify/measured.py")
+    which.add_argument("--from-json", type=Path, metavar="FILE",
+                       help="measure nothing: take the measurement this script printed to FILE (the test suite's "
+                            "from verify/measured.py when FILE has none)")
     args = parser.parse_args(argv)
     from ortho_verify.measured import TIMINGS as previous
-    if args.pytest_only:  # the other commands' numbers stay; with none yet, only verify/measured.py is written
+    if args.from_json:
+        t = json.loads(args.from_json.read_text())
+        if "pytest" not in t["commands"] and "pytest" in previous.get("commands", {}):
+            t["commands"]["pytest"] = previous["commands"]["pytest"]
+    elif args.pytest_only:  # the other commands' numbers stay; with none yet, only verify/measured.py is written
         t = {**previous, "commands": {**previous.get("commands", {}), "pytest": measure_pytest()}}
         if "default_first" not in t["commands"]:
             print(json.dumps(t, indent=1))
