@@ -171,7 +171,7 @@ def module_text(t: dict) -> str:
     """The source of ``verify/measured.py``: the measurement as a dict literal."""
     return ('"""Timings of ``ortho-verify`` and the test suite, measured by ``python scripts/timings.py --write-docs``\n'
             '(generated: do not edit; ``ortho-verify --help`` quotes them)."""\n\n'
-            f"TIMINGS: dict = {pprint.pformat(t, width=110, sort_dicts=True)}\n")
+            f"TIMINGS: dict = {pprint.pformat(t, width=110, sort_dicts=False)}\n")
 
 
 def write_docs(t: dict, root: Path = ROOT) -> list[Path]:
