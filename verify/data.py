@@ -366,8 +366,7 @@ def _save(path: Path, cases: list[MatrixCase], meta: dict) -> None:
     arrays["descriptions"] = np.array([c.description for c in cases])
     arrays["meta"] = np.array(json.dumps(meta, sort_keys=True))
     _atomic_write(path, lambda f: np.savez(f, **arrays))
-    # Human-readable copy of the metadata; the .npz alone is authoritative.
-    sidecar = json.dumps(meta, indent=2, sort_keys=True).encode()
+    sidecar = json.dumps(meta, indent=2, sort_keys=True).encode()  # readable copy; the .npz is authoritative
     _atomic_write(path.with_suffix(".json"), lambda f: f.write(sidecar))
 
 
@@ -390,16 +389,18 @@ def _cache_path(config: GPTConfig, cache_dir, seed: int) -> tuple[Path, str]:
 
 def capture_in_background(*, config: GPTConfig | None = None, cache_dir: str | os.PathLike | None = None,
                           seed: int = 0):
-    """Start :func:`real_gradients`' training in a forked daemon process when its cache file is missing,
-    so that the caller works on the other core meanwhile (``ortho-verify`` checks the synthetic inputs):
-    join the returned ``multiprocessing.Process``, then call :func:`real_gradients` with the same
-    arguments: it reads the file the child wrote atomically (or trains if the child failed). None when
-    the file exists or the platform cannot fork. Raises: OSError if the cache directory cannot be made."""
+    """Start :func:`real_gradients`' training in a forked daemon process when its cache file is missing (torch's
+    compiler stack, which AdamW imports, is imported first: the caller needs it too), so that the caller
+    works on the other core meanwhile (``ortho-verify`` checks the synthetic inputs): join the returned
+    ``multiprocessing.Process``, then call :func:`real_gradients` with the same arguments: it reads the file
+    the child wrote atomically (or trains if the child failed). None when the file exists or the platform
+    cannot fork. Raises: OSError if the cache directory cannot be made."""
     config = GPTConfig() if config is None else config
     path, _ = _cache_path(config, cache_dir, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() or "fork" not in multiprocessing.get_all_start_methods():
         return None
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])  # imports torch._dynamo (seconds) here, not in the child
     proc = multiprocessing.get_context("fork").Process(target=real_gradients, name="ortho-gpt-capture", daemon=True,
                                                        kwargs=dict(quick=True, config=config, cache_dir=cache_dir,
                                                                    seed=seed))
@@ -461,14 +462,14 @@ def real_gradients(
     config = GPTConfig() if config is None else config
     path, key = _cache_path(config, cache_dir, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
+    from_cache = False
     try:
         cases, meta = _load(path, key)
         from_cache = True
     except FileNotFoundError:
-        from_cache = False
+        pass
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
         warnings.warn(f"rebuilding unreadable gradient cache {path}: {err}", stacklevel=2)
-        from_cache = False
     if not from_cache:
         losses: list[float] = []
 
