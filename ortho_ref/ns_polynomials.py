@@ -109,14 +109,19 @@ def check_ns_options(coefficients, safety, eps, eps_mode) -> tuple[np.ndarray, f
     return table, safety, eps
 
 
+@functools.lru_cache(maxsize=256)
 def _grid(lo: float, hi: float, n: int = 20001) -> np.ndarray:
-    """Dense grid on [lo, hi]: linear plus geometric points (resolves the region near 0)."""
+    """Dense grid on [lo, hi]: linear plus geometric points (resolves the region near 0).
+    Read-only and cached per (lo, hi, n): the root searches of every table share the grid of one
+    interval (its sort was a quarter of a search)."""
     pts = [np.linspace(lo, hi, n)]
     if lo > 0:
         pts.append(np.geomspace(lo, hi, n))
     else:
         pts.append(np.geomspace(max(hi * 1e-12, np.finfo(float).tiny), hi, n))
-    return np.unique(np.concatenate(pts))
+    grid = np.unique(np.concatenate(pts))
+    grid.setflags(write=False)
+    return grid
 
 
 def _bisect(g, a: np.ndarray, b: np.ndarray) -> np.ndarray:

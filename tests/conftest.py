@@ -5,10 +5,11 @@
 - Tests marked ``slow`` are skipped unless selected with ``-m slow`` (or any ``-m``
   expression naming them) — the default run is what CI runs on 2 cores.
 - Hypothesis: unless a profile is chosen (``--hypothesis-profile ortho-dev|ortho-ci|ortho-deep`` or
-  ``ORTHO_HYPOTHESIS_PROFILE``, see ``ortho_verify.pytest_plugin``), the suite runs hypothesis's
-  default example counts, derandomized (every run of ``.ci/run`` tests the same examples)
-  and without a per-example deadline (a shared 2-core CI machine must not turn a slow
-  example into a failure). Example counts are left to the profiles; ``ortho-dev`` and
+  ``ORTHO_HYPOTHESIS_PROFILE``, see ``ortho_verify.pytest_plugin``), the suite runs
+  ``DEFAULT_EXAMPLES`` examples per property (tests with their own ``max_examples`` keep it),
+  derandomized (every run of ``.ci/run`` tests the same examples) and without a per-example
+  deadline (a shared 2-core CI machine must not turn a slow example into a failure). Deeper:
+  ``--hypothesis-profile ortho-ci`` (100 examples) or ``ortho-deep``; ``ortho-dev`` and
   ``ortho-deep`` draw new examples each run.
 """
 
@@ -20,7 +21,11 @@ from threadpoolctl import threadpool_limits
 
 from ortho_verify.pytest_plugin import ENV_PROFILE
 
-settings.register_profile("ortho-tests", deadline=None, derandomize=True)
+#: Examples per property in the default run (tests that set ``max_examples`` keep theirs). 30, not
+#: hypothesis's 100: the suite must stay within 5 minutes on CI's 2 cores, and the properties'
+#: deeper runs are the profiles ``ortho-ci`` (100) and ``ortho-deep`` (5000).
+DEFAULT_EXAMPLES = 30
+settings.register_profile("ortho-tests", deadline=None, derandomize=True, max_examples=DEFAULT_EXAMPLES)
 
 
 def pytest_configure(config):

@@ -27,7 +27,8 @@ import torch
 from threadpoolctl import threadpool_limits
 
 import ortho_fast
-from ortho_verify import annotations, baseline, checks, data, error_feedback, junit, plots, presets, registry, report
+from ortho_verify import (annotations, baseline, checks, data, error_feedback, junit, measured, plots, presets,
+                          registry, report)
 from ortho_verify.checks.qk_clip import qk_clip_jobs
 from ortho_verify.checks.stages import stage_jobs
 from ortho_verify.arguments import (EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file,
@@ -53,6 +54,8 @@ LAYOUT_DTYPE = "float32"
 #: (``ortho_verify.registry.DION_VARIANT_RUNS``).
 DION_VARIANT_RUNS = registry.DION_VARIANT_RUNS
 DION_VARIANT_RANK_FRACTION = 0.25
+#: Phases shorter than this are left out of the verdict line's time breakdown (all are in report.json).
+PHASE_SHOWN_S = 0.5
 #: Largest ``--seed`` (torch and numpy seeds are unsigned 64-bit; the synthetic inputs add offsets).
 MAX_SEED = 2**63 - 1
 
@@ -64,6 +67,22 @@ SUBCOMMAND_HELP = {"sharding": "distributed layouts of Dion and Muon equal to on
                    "reproduce": "the papers' claims re-measured on real text ('ortho-verify reproduce --help')"}
 
 
+def measured_text(what: str) -> str:
+    """The measured cost that ``--help`` quotes, from ``ortho_verify.measured`` (written by
+    ``python scripts/timings.py --write-docs``): "quick" -> the ``--quick`` run's wall time, "threads" ->
+    ``--quick`` with 1 and 2 threads. "not measured" when the measurement lacks it."""
+    c = measured.TIMINGS.get("commands", {})
+    where = f"{measured.TIMINGS.get('cores')} CPU cores, {measured.TIMINGS.get('date')}"
+    try:
+        if what == "quick":
+            return (f"{c['quick']['wall_s']:.0f} s with the gradients cached, {c['quick_first']['wall_s']:.0f} s the "
+                    f"first time, on {where}")
+        return (f"--quick took {c['quick']['wall_s']:.0f} s with 1 thread, {c['quick_threads2']['wall_s']:.0f} s "
+                f"with 2, on {where}")
+    except KeyError:
+        return "not measured"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``ortho-verify`` command line: the default run's options and the ``SUBCOMMANDS``
     (listed for usage and typo suggestions; each parses its own arguments)."""
@@ -73,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 every check passed; 1 a check failed, a baseline regressed, or the run was "
                "inconclusive (a check made no claim on any input, or the baseline's inputs differ); 2 usage error.",
     )
-    parser.add_argument("--quick", action="store_true", help="fewer inputs (about 10 s on 2 CPU cores)")
+    parser.add_argument("--quick", action="store_true", help=f"fewer inputs ({measured_text('quick')})")
     parser.add_argument("--out", type=Path, default=Path("ortho-verify-out"),
                         help="folder for report.json, report.md and plots/ (default: ./ortho-verify-out)")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -89,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--junit-xml", type=Path, default=None, metavar="FILE",
                         help="write JUnit XML to FILE: one test case per check and input")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1: the matrices are small; with 2 threads on a "
-                             "2-core machine that other processes also use, --quick took 19.6 s instead of 5.1 s)")
+                        help="torch intra-op threads (default 1: the matrices are small, and threads that wait "
+                             f"for a core other processes use slow the run down: {measured_text('threads')})")
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
                         help="where ortho_fast's Newton–Schulz kernels run: cpu (default), cuda, cuda:1, ... (inputs "
                              "are made on the CPU in float64 and moved; the oracle stays on the CPU; the report "
@@ -263,19 +282,94 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(previous)
 
 
-def _collect(args: argparse.Namespace, console, sv_points: dict) -> tuple[list, list, dict | None]:
+def attribute_seconds(seconds: dict, rows: list, elapsed: float) -> None:
+    """Add a job's wall time ``elapsed`` to ``seconds`` (check name -> seconds), shared among the
+    checks of its ``rows`` in proportion to their row counts (a job that returned nothing is not
+    counted), so the per-check seconds of a run add up to the time of its checks."""
+    for row in rows:
+        seconds[row.check] = seconds.get(row.check, 0.0) + elapsed / len(rows)
+
+
+def phase_text(phases: dict) -> str:
+    """": real gradients 14.1 s, checks 29.0 s, plots 2.2 s": the phases of at least ``PHASE_SHOWN_S``
+    seconds, for the verdict line (every phase is in report.json's meta.phases_s; every check's
+    seconds in report.md's summary and report.json's summary.by_check.*.seconds)."""
+    shown = [f"{k} {v:.1f} s" for k, v in phases.items() if v >= PHASE_SHOWN_S]
+    return ": " + ", ".join(shown) if shown else ""
+
+
+def _run_jobs(jobs, progress, task, per_check: dict, done: dict | None = None) -> list:
+    """Run ``jobs`` in order with the progress bar's ``task``; a label already in ``done`` (label ->
+    (rows, seconds), from an earlier plan) takes its rows instead of running again. The seconds of
+    each job go to ``per_check`` (``attribute_seconds``). Returns the rows in plan order."""
+    results = []
+    for label, job in jobs:
+        progress.update(task, description=label[:60])
+        if done is not None and label in done:
+            rows, seconds = done.pop(label)
+        else:
+            begun = time.perf_counter()
+            rows = job()
+            seconds = time.perf_counter() - begun
+        attribute_seconds(per_check, rows, seconds)
+        results += rows
+        progress.advance(task)
+    return results
+
+
+def _unique_labels(jobs) -> set:
+    labels = [label for label, _ in jobs]
+    return {label for label in labels if labels.count(label) == 1}
+
+
+def collect(args: argparse.Namespace, console, sv_points: dict, timing: dict
+             ) -> tuple[list, list, dict | None]:
     """Inputs, results and the training metadata, with a progress bar on the terminal (``console``:
-    a ``rich.console.Console``)."""
+    a ``rich.console.Console``). Fills ``timing``: "phases" (wall seconds of "real gradients",
+    "synthetic inputs", "checks") and "checks" (wall seconds per check, ``attribute_seconds``).
+
+    A first run (no gradient cache) trains the GPT in a second process (``data.capture_in_background``)
+    while this one runs the jobs that need no real gradient (the plan of the synthetic inputs alone);
+    the full plan then takes their rows by label, so the report is the same as a run in plan order."""
     rp = require("rich.progress", "ortho-verify's progress bar")
     BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn = (
         rp.BarColumn, rp.MofNCompleteColumn, rp.Progress, rp.TextColumn, rp.TimeElapsedColumn, rp.TimeRemainingColumn)
-    cases = []
     progress_cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                      TimeRemainingColumn())
     train_info = None
+    phases, per_check = timing.setdefault("phases", {}), timing.setdefault("checks", {})
+    record = None if args.no_plots else sv_points
+    # the device only when it is not the CPU: plan_jobs(cases, quick, sv_points) stays the CPU run's call
+    on_device = () if args.device == "cpu" else (args.device,)
+    started = time.perf_counter()
+    background = None if args.no_real else data.capture_in_background(cache_dir=args.cache_dir, seed=args.seed)
+    synthetic = synthetic_matrices(quick=args.quick, seed=args.seed)
+    phases["synthetic inputs"] = time.perf_counter() - started
+    done: dict = {}
+    checks_s = 0.0
     with Progress(*progress_cols, console=console, transient=True) as progress:
+        cases = []
+        if background is not None:
+            early = plan_jobs(synthetic, args.quick, record, *on_device)
+            keep = _unique_labels(early)
+            task = progress.add_task("checks", total=len(early))
+            training = progress.add_task("training the byte-level GPT in a second process (cached after the first "
+                                         "run)", total=None)
+            begun = time.perf_counter()
+            for label, job in early:
+                progress.update(task, description=label[:60])
+                t0 = time.perf_counter()
+                rows = job()
+                if label in keep:
+                    done[label] = (rows, time.perf_counter() - t0)
+                progress.advance(task)
+            checks_s += time.perf_counter() - begun
+            background.join()
+            progress.remove_task(task)
+            progress.remove_task(training)
         if not args.no_real:
-            task = progress.add_task("training the byte-level GPT on the pinned corpus (cached after the first run)", total=None)
+            task = progress.add_task("training the byte-level GPT on the pinned corpus (cached after the first run)",
+                                     total=None)
 
             def on_step(step: int, total: int, loss: float) -> None:
                 progress.update(task, total=total, completed=step,
@@ -283,17 +377,19 @@ def _collect(args: argparse.Namespace, console, sv_points: dict) -> tuple[list, 
 
             cases += data.real_gradients(quick=args.quick, cache_dir=args.cache_dir, seed=args.seed, progress=on_step)
             train_info = data.last_run_info()
+            if background is not None and background.exitcode == 0:  # trained now, by the second process
+                train_info.update(from_cache=False, trained_in_background=True)
             progress.remove_task(task)
-        cases += synthetic_matrices(quick=args.quick, seed=args.seed)
-        # the device only when it is not the CPU: plan_jobs(cases, quick, sv_points) stays the CPU run's call
-        on_device = () if args.device == "cpu" else (args.device,)
-        jobs = plan_jobs(cases, args.quick, None if args.no_plots else sv_points, *on_device)
+            phases["real gradients" + (" (second process, beside the checks)" if background is not None else "")] = \
+                time.perf_counter() - started
+        cases += synthetic
+        begun = time.perf_counter()
+        jobs = plan_jobs(cases, args.quick, record, *on_device)
+        keep = _unique_labels(jobs)
+        done = {label: v for label, v in done.items() if label in keep}
         task = progress.add_task("checks", total=len(jobs))
-        results = []
-        for label, job in jobs:
-            progress.update(task, description=label[:60])
-            results += job()
-            progress.advance(task)
+        results = _run_jobs(jobs, progress, task, per_check, done)
+        phases["checks"] = checks_s + time.perf_counter() - begun
     return cases, results, train_info
 
 
@@ -301,13 +397,19 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
     console = report.make_console()
     started = time.perf_counter()
     sv_points: dict = {}
-    cases, results, train_info = _collect(args, console, sv_points)
+    timing: dict = {}
+    cases, results, train_info = collect(args, console, sv_points, timing)
     mode = {"quick": args.quick, "real_inputs_used": not args.no_real, "seed": args.seed}
     real_names = sorted({c.name for c in cases if c.source == "real"})
     inputs = {"corpus": (train_info or {}).get("corpus", corpus_identity()) if real_names else None,
               "real_inputs": real_names}
     if stored is not None:
+        begun = time.perf_counter()
         results += baseline.compare(results, stored, mode, inputs=inputs, real_inputs=real_names)
+        timing["phases"]["baseline"] = time.perf_counter() - begun
+    begun = time.perf_counter()
+    plot_paths = [] if args.no_plots else plots.write_plots(results, sv_points, args.out)
+    timing["phases"]["plots"] = time.perf_counter() - begun
     elapsed = time.perf_counter() - started
     meta = {
         "command": " ".join(["ortho-verify", *argv]),
@@ -318,6 +420,7 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
         "corpus": inputs["corpus"],
         "training": train_info,
         "elapsed_s": round(elapsed, 1),
+        "phases_s": {k: round(v, 2) for k, v in timing["phases"].items()},
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,
@@ -327,8 +430,8 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
     }
     if stored is not None:
         meta["baseline"] = str(args.baseline)
-    plot_paths = [] if args.no_plots else plots.write_plots(results, sv_points, args.out)
-    json_path, md_path = report.write_reports(results, args.out, meta, plot_paths, all_rows=args.all_rows)
+    json_path, md_path = report.write_reports(results, args.out, meta, plot_paths, all_rows=args.all_rows,
+                                              seconds=timing["checks"])
     if args.verbose:
         report.print_table(results, console)
     summ = report.print_summary(results, console)
@@ -341,7 +444,7 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
     style = "green" if summ["verdict"] == "passed" else "bold red"
     device = meta["device"]
     console.print(f"[{style}]{summ['verdict'].upper()}: {summ['passed']} passed, {summ['failed']} failed[/], "
-                  f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} s; Newton–Schulz on "
+                  f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} s{phase_text(timing['phases'])}; Newton–Schulz on "
                   f"{device['device']}" + (f" {device['name']}, CUDA {device['cuda']}" if device["cuda"] and
                                            device["device"] != "cpu" else "") + ")")
     if summ["failed"]:  # the kinds of failure, counted apart

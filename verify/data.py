@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import sys
 import sysconfig
@@ -35,8 +36,8 @@ from torch import nn
 from ortho_verify.corpus import CORPUS_BYTES, corpus_identity, pinned_corpus
 from ortho_verify.spectra import MatrixCase
 
-__all__ = ["CorpusSplit", "GPTConfig", "last_run_info", "real_gradients", "stdlib_corpus", "stdlib_split",
-           "train_and_capture"]
+__all__ = ["CorpusSplit", "GPTConfig", "capture_in_background", "last_run_info", "real_gradients", "stdlib_corpus",
+           "stdlib_split", "train_and_capture"]
 
 VOCAB_SIZE = 256  # byte-level tokens
 _SKIP_DIRS = frozenset({"site-packages", "test", "tests", "idle_test"})
@@ -56,22 +57,13 @@ Progress = Callable[[int, int, float], None]
 
 
 def stdlib_corpus(max_bytes: int | None = None) -> bytes:
-    """Concatenated bytes of the standard library's ``.py`` files.
+    """Concatenated bytes of the standard library's ``.py`` files (about 12 MB for CPython 3.11).
 
-    Walks ``sysconfig.get_paths()["stdlib"]`` top-down, directories and files in
-    sorted order (deterministic for a given installation), skipping
-    ``site-packages`` and test directories (``test``, ``tests``,
-    ``idlelib/idle_test``); files that cannot be read are skipped.
-
-    Args:
-        max_bytes: if given, stop after this many bytes (the result is truncated
-            to exactly ``max_bytes`` when the library is larger).
-
-    Returns:
-        the corpus as ``bytes`` (about 12 MB for CPython 3.11 without tests).
-
-    Raises:
-        ValueError: if ``max_bytes`` is negative.
+    Walks ``sysconfig.get_paths()["stdlib"]`` top-down, directories and files in sorted order
+    (deterministic for a given installation), skipping ``site-packages`` and test directories
+    (``test``, ``tests``, ``idlelib/idle_test``) and files that cannot be read. ``max_bytes``: if
+    given, stop after this many bytes (the result is truncated to exactly ``max_bytes``).
+    Raises: ValueError if ``max_bytes`` is negative.
     """
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
@@ -108,15 +100,9 @@ def stdlib_split(heldout_every: int = 10) -> CorpusSplit:
     spread over the whole library, and no file contributes to two splits, so held-out text
     is never a window of the training text. Deterministic for a given installation.
 
-    Args:
-        heldout_every: k >= 3 (k = 10: 80 % / 10 % / 10 % of the files).
-
-    Returns:
-        a :class:`CorpusSplit` (train + validation + test is a permutation of the files
-        of ``stdlib_corpus()``).
-
-    Raises:
-        ValueError: if ``heldout_every`` is not an int >= 3.
+    ``heldout_every``: k >= 3 (k = 10: 80 % / 10 % / 10 % of the files). Returns a
+    :class:`CorpusSplit` (train + validation + test is a permutation of the files of ``stdlib_corpus()``).
+    Raises: ValueError if ``heldout_every`` is not an int >= 3.
     """
     if isinstance(heldout_every, bool) or not isinstance(heldout_every, int) or heldout_every < 3:
         raise ValueError(f"heldout_every: expected an int >= 3, got {heldout_every!r}")
@@ -380,8 +366,7 @@ def _save(path: Path, cases: list[MatrixCase], meta: dict) -> None:
     arrays["descriptions"] = np.array([c.description for c in cases])
     arrays["meta"] = np.array(json.dumps(meta, sort_keys=True))
     _atomic_write(path, lambda f: np.savez(f, **arrays))
-    # Human-readable copy of the metadata; the .npz alone is authoritative.
-    sidecar = json.dumps(meta, indent=2, sort_keys=True).encode()
+    sidecar = json.dumps(meta, indent=2, sort_keys=True).encode()  # readable copy; the .npz is authoritative
     _atomic_write(path.with_suffix(".json"), lambda f: f.write(sidecar))
 
 
@@ -395,6 +380,32 @@ def _load(path: Path, key: str) -> tuple[list[MatrixCase], dict]:
             for i, (name, desc) in enumerate(zip(z["names"], z["descriptions"]))
         ]
     return cases, meta
+
+
+def _cache_path(config: GPTConfig, cache_dir, seed: int) -> tuple[Path, str]:
+    key = _cache_key(config, seed)
+    return (Path(cache_dir) if cache_dir is not None else _default_cache_dir()) / f"gpt-grads-{key}.npz", key
+
+
+def capture_in_background(*, config: GPTConfig | None = None, cache_dir: str | os.PathLike | None = None,
+                          seed: int = 0):
+    """Start :func:`real_gradients`' training in a forked daemon process when its cache file is missing (torch's
+    compiler stack, which AdamW imports, is imported first: the caller needs it too), so that the caller
+    works on the other core meanwhile (``ortho-verify`` checks the synthetic inputs): join the returned
+    ``multiprocessing.Process``, then call :func:`real_gradients` with the same arguments: it reads the file
+    the child wrote atomically (or trains if the child failed). None when the file exists or the platform
+    cannot fork. Raises: OSError if the cache directory cannot be made."""
+    config = GPTConfig() if config is None else config
+    path, _ = _cache_path(config, cache_dir, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])  # imports torch._dynamo (seconds) here, not in the child
+    proc = multiprocessing.get_context("fork").Process(target=real_gradients, name="ortho-gpt-capture", daemon=True,
+                                                       kwargs=dict(quick=True, config=config, cache_dir=cache_dir,
+                                                                   seed=seed))
+    proc.start()
+    return proc
 
 
 _last_info: dict | None = None
@@ -443,28 +454,22 @@ def real_gradients(
         seed: training seed (see :func:`train_and_capture`).
         progress: forwarded to :func:`train_and_capture` when training runs.
 
-    Returns:
-        list of :class:`MatrixCase` as produced by :func:`train_and_capture`
-        (float64 (m, n) gradients, source ``"real"``). Training metadata, including
-        the final loss, is available from :func:`last_run_info`.
-
-    Raises:
-        OSError: if the cache directory cannot be created or written.
+    Returns the :class:`MatrixCase` list of :func:`train_and_capture` (float64 (m, n) gradients,
+    source ``"real"``); the training metadata, final loss included, from :func:`last_run_info`.
+    Raises: OSError if the cache directory cannot be created or written.
     """
     global _last_info
     config = GPTConfig() if config is None else config
-    directory = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    key = _cache_key(config, seed)
-    path = directory / f"gpt-grads-{key}.npz"
+    path, key = _cache_path(config, cache_dir, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from_cache = False
     try:
         cases, meta = _load(path, key)
         from_cache = True
     except FileNotFoundError:
-        from_cache = False
+        pass
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
         warnings.warn(f"rebuilding unreadable gradient cache {path}: {err}", stacklevel=2)
-        from_cache = False
     if not from_cache:
         losses: list[float] = []
 

@@ -13,9 +13,8 @@ import functools
 import shutil
 
 from ortho_verify.optional import require
-from ortho_verify.results import (CheckResult, error_feedback_table, failure_kind, format_number, summary,
-                                  worst_per_group,
-                                  write_reports)
+from ortho_verify.results import (CheckResult, error_feedback_table, failure_kind, format_number, format_worst_ratio,
+                                  summary, worst_per_group, write_reports)
 from ortho_verify.tables import print_fitted
 
 __all__ = ["FAILURES_SHOWN", "error_feedback_table", "make_console", "print_failures", "print_summary", "print_table",
@@ -73,13 +72,15 @@ def print_table(results: list[CheckResult], console=None) -> None:
                                   "result"], rows, fixed={3, 4, 5, 6}, keep={0, 1}, styles=styles)
 
 
-def print_summary(results: list[CheckResult], console=None) -> dict:
+def print_summary(results: list[CheckResult], console=None, seconds: dict | None = None) -> dict:
     """One row per check: rows that passed, failed and made no claim (counted apart), the worst
-    error/tolerance of its claimed rows and the input where it occurred; returns ``summary(results)``.
+    error/tolerance of its claimed rows ("exact" for a passing check whose claims all have tolerance 0)
+    and the input where it occurred, and with ``seconds`` (check -> wall seconds the run spent on it) a
+    column "s"; returns ``summary(results, seconds)``.
     Raises: ImportError naming the extra ``verify`` when rich is not installed."""
     table_mod = require("rich.table", "ortho-verify's terminal table")
     console = console or make_console()
-    summ = summary(results)
+    summ = summary(results, seconds)
     box = require("rich.box", "ortho-verify's terminal table")
     table = functools.partial(table_mod.Table, title="ortho-verify: fast implementations vs the exact oracle, "
                               "one row per check", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
@@ -87,9 +88,13 @@ def print_summary(results: list[CheckResult], console=None) -> dict:
     for name, s in summ["by_check"].items():
         styles.append("bold red" if s["failed"] else "yellow" if not s["passed"] else None)
         where = s["worst"]["input"] if s["worst"] else "—"
-        rows.append([name, str(s["passed"]), str(s["failed"]), str(s["no_claim"]), f"{s['worst_ratio']:.3f}", where])
-    print_fitted(console, table, ["check", "pass:right", "fail:right", "no\nclaim:right", "worst\nerror/tol:right",
-                                  "worst input"], rows, fixed={1, 2, 3, 4}, keep={0, 5}, styles=styles)
+        timing = [f"{s['seconds']:.1f}"] if seconds else []
+        rows.append([name, str(s["passed"]), str(s["failed"]), str(s["no_claim"]), format_worst_ratio(s), where, *timing])
+    print_fitted(console, table, ["check", "pass:right", "fail:right", "no
+claim:right", "worst
+error/tol:right",
+                                  "worst input", *(["s:right"] if seconds else [])], rows,
+                 fixed={1, 2, 3, 4, 6} if seconds else {1, 2, 3, 4}, keep={0, 5}, styles=styles)
     return summ
 
 

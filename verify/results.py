@@ -21,14 +21,15 @@ from ortho_verify.kinds import (FAILURE_KINDS, SIDE_EFFECTS, UNSUPPORTED_CHECKS,
 
 __all__ = [
     "FAILURE_KINDS", "REPORT_SCHEMA_VERSION", "SIDE_EFFECTS", "UNSUPPORTED_CHECKS", "CheckResult", "headline_cause", "Failure", "VerificationReport",
-    "accept_side_effects", "error_feedback_table", "failure_kind", "failure_kinds", "format_number",
+    "accept_side_effects", "error_feedback_table", "failure_kind", "failure_kinds", "format_number", "format_worst_ratio",
     "measured", "no_claim", "user_frame", "verdict_text", "no_claim_summary", "report_body", "summary", "verdict", "worst_per_group", "write_reports",
 ]
 
 
 @dataclass
 class CheckResult:
-    """One measured comparison. ``ratio`` = error / tolerance (0 when both are 0).
+    """One measured comparison. ``ratio`` = error / tolerance; with tolerance 0 (an exact check: bitwise
+    equality, a bound that must hold with no slack) it is 0 when the row holds (error <= 0) and inf when not.
 
     ``passed``: no violation was found. ``claimed``: the row is evidence — False for a
     comparison that was not made (ill-posed: P not determined by B) or whose tolerance cannot
@@ -57,7 +58,7 @@ class CheckResult:
     def ratio(self) -> float:
         if self.tolerance > 0:
             return self.error / self.tolerance
-        return 0.0 if self.error == 0 else math.inf
+        return 0.0 if self.error <= 0 else math.inf  # exact check: held (a margin error < 0 included) or not
 
     @property
     def status(self) -> str:
@@ -133,22 +134,29 @@ def worst_per_group(results: list[CheckResult]) -> list[tuple[CheckResult, int, 
             for rs in groups.values()]
 
 
-def summary(results: list[CheckResult]) -> dict:
+def summary(results: list[CheckResult], seconds: dict | None = None) -> dict:
     """Counts (passed, failed, no_claim: rows that passed vacuously), the verdict
     (``verdict``) with its reasons, and per check (``by_check``, first-seen order) its counts
     (total, passed, failed, no_claim), the worst error/tolerance ratio of its claimed rows
-    (``worst_ratio``, 0 when none) and where it occurred (``worst``: input, detail, ratio, or None)."""
+    (``worst_ratio``, 0 when none) and where it occurred (``worst``: input, detail, ratio, or None),
+    ``exact`` (True when every claimed row has tolerance 0: a bitwise or no-slack check, whose
+    ratio is 0 or inf) and ``seconds``: ``seconds[check]`` (wall seconds the run spent on the check,
+    measured by the caller, e.g. ``ortho-verify``), None when not given."""
     by_check: dict[str, dict] = {}
     for r in results:
         s = by_check.setdefault(r.check, {"total": 0, "passed": 0, "failed": 0, "no_claim": 0, "worst_ratio": 0.0,
-                                          "worst": None})
+                                          "worst": None, "exact": True,
+                                          "seconds": None if seconds is None else round(seconds.get(r.check, 0.0), 3)})
         s["total"] += 1
+        s["exact"] = s["exact"] and (not r.claimed or r.tolerance == 0)
         s["passed"] += int(r.status == "pass")
         s["failed"] += int(not r.passed)
         s["no_claim"] += int(r.status == "no claim")
         if r.claimed and (s["worst"] is None or r.ratio > s["worst_ratio"]):
             s["worst_ratio"] = r.ratio
             s["worst"] = {"input": r.input, "detail": r.detail, "ratio": r.ratio}
+    for s in by_check.values():
+        s["exact"] = s["exact"] and s["worst"] is not None
     status, reasons = verdict(results)
     return {
         "total": len(results),
@@ -217,9 +225,18 @@ def no_claim_summary(results: list[CheckResult]) -> dict:
     return out
 
 
-def report_body(results: list[CheckResult], meta: dict, all_rows: bool = False) -> dict:
+def format_worst_ratio(entry: dict) -> str:
+    """The worst error/tolerance of a ``summary`` ``by_check`` entry as the tables show it: "exact"
+    for a passing check whose claims all have tolerance 0 (its ratio is 0 by definition), else 3
+    decimals ("inf" for a failed exact check)."""
+    if entry.get("exact") and not entry["failed"]:
+        return "exact"
+    return f"{entry['worst_ratio']:.3f}"
+
+
+def report_body(results: list[CheckResult], meta: dict, all_rows: bool = False, seconds: dict | None = None) -> dict:
     """The content of ``report.json`` (schema ``REPORT_SCHEMA_VERSION``): ``meta``, ``summary``
-    (``summary``), ``groups`` (per (check, input): counts and its worst row, ``worst_per_group``),
+    (``summary``, with ``seconds`` per check when given), ``groups`` (per (check, input): counts and its worst row, ``worst_per_group``),
     ``failures`` (every failed row in full), ``no_claim`` (``no_claim_summary``) and, with
     ``all_rows``, ``results`` (every row)."""
     groups = []
@@ -229,7 +246,7 @@ def report_body(results: list[CheckResult], meta: dict, all_rows: bool = False) 
                        "failed": sum(not r.passed for r in rows), "worst": {k: v for k, v in _row(worst).items()
                                                                             if k not in ("check", "input")}})
     body = {"schema": "ortho-verify-report", "schema_version": REPORT_SCHEMA_VERSION, "meta": meta,
-            "summary": summary(results), "groups": groups, "failures": [_row(r) for r in results if not r.passed],
+            "summary": summary(results, seconds), "groups": groups, "failures": [_row(r) for r in results if not r.passed],
             "no_claim": no_claim_summary(results)}
     if all_rows:
         body["results"] = [_row(r) for r in results]
@@ -241,16 +258,17 @@ def _md_row(r: CheckResult) -> str:
             f"{r.ratio:.3f} | {r.status if r.passed else 'FAIL (' + failure_kind(r) + ')'} | {r.note} |")
 
 
-def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=(), all_rows: bool = False
-                  ) -> tuple[Path, Path]:
+def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=(), all_rows: bool = False,
+                  seconds: dict | None = None) -> tuple[Path, Path]:
     """Write ``report.json`` (``report_body``) and ``report.md`` (verdict, run metadata, summary
     per check, every failure in full, the no-claim summary, the error-feedback comparison, the
     ``plots`` (paths relative to ``out_dir``), the worst row per check and input and, with
-    ``all_rows``, every row) to ``out_dir`` (created); returns both paths.
+    ``all_rows``, every row) to ``out_dir`` (created); returns both paths. ``seconds``: wall seconds
+    per check (``summary``), a column of the summary when given.
     Raises: OSError if ``out_dir`` cannot be created or written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    body = report_body(results, meta, all_rows)
+    body = report_body(results, meta, all_rows, seconds)
     summ = body["summary"]
     json_path = out_dir / "report.json"
     json_path.write_text(json.dumps(body, indent=1, default=str))
@@ -268,13 +286,14 @@ def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=(
         "",
     ]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
+    timed = seconds is not None
     lines += ["", "## Summary by check", "",
-              "| check | passed | failed | no claim | total | worst error/tolerance | worst input |",
-              "|---|---|---|---|---|---|---|"]
+              "| check | passed | failed | no claim | total | worst error/tolerance | worst input |"
+              + (" seconds |" if timed else ""), "|---|---|---|---|---|---|---|" + ("---|" if timed else "")]
     for name, s in summ["by_check"].items():
         where = f"{s['worst']['input']} ({s['worst']['detail']})" if s["worst"] else ""
         lines.append(f"| {name} | {s['passed']} | {s['failed']} | {s['no_claim']} | {s['total']} | "
-                     f"{s['worst_ratio']:.3f} | {where} |")
+                     f"{format_worst_ratio(s)} | {where} |" + (f" {s['seconds']:.1f} |" if timed else ""))
     head = ["| check | input | detail | error | tolerance | error/tol | result | note |", "|---|---|---|---|---|---|---|---|"]
     failed = [r for r in results if not r.passed]
     if failed:

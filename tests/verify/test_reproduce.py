@@ -287,6 +287,9 @@ def test_methods_see_the_same_batches():
 # ---------------------------------------------------------------------------------------
 
 
+# slow: 172 s of a loaded 2-core run (about 22 s quiet), the suite's slowest test; the end-to-end
+# pipeline stays in the default run through test_reproduce_sweep.py's quick sweep.
+@pytest.mark.slow
 def test_quick_run_writes_report_plots_and_results(tmp_path, capsys):
     assert rp.main(["--quick", "--jobs", "1", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "reproduction.md").read_text()

@@ -5,6 +5,7 @@ per-direction singular-value tolerances of bfloat16, and the bands and gains the
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -71,6 +72,17 @@ def gains_and_sizes(sigma_hat: np.ndarray, coefficients) -> tuple[np.ndarray, np
     lo, hi = float(max(s.min(), 0.0)), float(s.max())
     if hi <= lo:
         hi = lo * (1 + 1e-12) + 1e-300
+    table = np.ascontiguousarray(np.asarray(coefficients, dtype=np.float64))
+    gains, sizes = _gains_and_sizes(table.tobytes(), table.shape, lo, hi)
+    return gains.copy(), sizes.copy()
+
+
+@functools.lru_cache(maxsize=4096)
+def _gains_and_sizes(table_bytes: bytes, shape: tuple, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """``gains_and_sizes`` on the hull [lo, hi], memoized on the exact table bytes and float64 ends: the
+    Newton–Schulz rows of one input call it with the same σ̂ and schedule once per dtype and kernel
+    (float64 / float32, plain / Gram), and the oracle's root search is most of a row's cost."""
+    coefficients = np.frombuffer(table_bytes, dtype=np.float64).reshape(shape)
     gains = ortho_ref.ns_step_gains(coefficients, lo, hi)
     inner, outer = ortho_ref.ns_lipschitz(coefficients, lo, hi), ortho_ref.ns_lipschitz(coefficients, 0.0, hi)
     if not inner <= gains[0] <= outer * (1 + math.sqrt(U64)):

@@ -1,0 +1,229 @@
+"""Measure what the README's commands cost and write every timing of the docs from the measurement.
+
+Runs, each as a new process, as a new user would: ``ortho-verify`` with an empty gradient cache
+(the first run trains the byte-level GPT), ``ortho-verify`` again (cache warm), ``ortho-verify
+--quick`` with an empty cache and again warm, ``ortho-verify --quick --threads 2`` (warm), and the
+test suite (``python -m pytest -q -p no:cacheprovider``; ``--skip-pytest`` leaves it out and keeps
+the previous measurement). Wall seconds (``time.perf_counter``) and CPU seconds (user + system of
+the child, ``resource.getrusage(RUSAGE_CHILDREN)``: less affected by other processes on a shared
+machine) per command, the phases and seconds per check from each run's report.json.
+
+    python scripts/timings.py                  # measure and print the JSON
+    python scripts/timings.py --write-docs     # and rewrite the marked regions and verify/measured.py
+
+``--write-docs`` replaces the text between ``<!-- timings:NAME:start -->`` and
+``<!-- timings:NAME:end -->`` in README.md and docs/*.md with ``render(timings)[NAME]``, and writes
+``verify/measured.py`` (the numbers ``ortho-verify --help`` quotes). No timing in those files is typed
+by hand: tests/test_timings_doc.py checks that the regions exist and that the writer round-trips.
+Run time: about 2 minutes plus the test suite (5 minutes) on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import pprint
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Files whose marked regions ``--write-docs`` rewrites.
+DOC_FILES = ("README.md", "docs/verification.md", "docs/tolerances.md")
+#: The generated module with the numbers of ``ortho-verify --help`` (``ortho_verify.measured``).
+MEASURED_MODULE = ROOT / "verify" / "measured.py"
+START, END = "<!-- timings:{}:start -->", "<!-- timings:{}:end -->"
+REGION = re.compile(r"<!-- timings:([a-z0-9-]+):start -->(.*?)<!-- timings:([a-z0-9-]+):end -->", re.S)
+#: (key, label, ortho-verify arguments, fresh gradient cache) in the order they run.
+VERIFY_RUNS = (
+    ("default_first", "`ortho-verify`, first run (trains the GPT)", [], True),
+    ("default", "`ortho-verify` (gradients cached)", [], False),
+    ("quick_first", "`ortho-verify --quick`, first run (trains the GPT)", ["--quick"], True),
+    ("quick", "`ortho-verify --quick` (gradients cached)", ["--quick"], False),
+    ("quick_threads2", "`ortho-verify --quick --threads 2` (gradients cached)", ["--quick", "--threads", "2"], False),
+)
+PYTEST_LABEL = "`pytest` (the test suite, default markers)"
+
+
+def timed(argv: list[str], env: dict | None = None) -> dict:
+    """Run ``argv`` in the repository root; its wall and CPU seconds (user + system) and exit code."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"argv": " ".join(argv[2:] if argv[1] == "-m" else argv), "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+            "rc": proc.returncode, "tail": proc.stdout[-2000:]}
+
+
+#: The test of the committed docs against the committed measurement: the run is about to rewrite both.
+CONSISTENCY_TEST = "tests/test_timings_doc.py::test_the_committed_docs_are_the_writer_s_output_of_the_committed_measurement"
+
+
+def measure_pytest() -> dict:
+    """The test suite as CI runs it (default markers and hypothesis profile), timed."""
+    run = timed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--deselect", CONSISTENCY_TEST])
+    counts = re.findall(r"^=*\s*(\d+ passed.*?) in [\d.]+s", run["tail"], re.M)
+    run.update(label=PYTEST_LABEL, tests=counts[-1] if counts else "",
+               load_at_start=[round(x, 2) for x in os.getloadavg()])
+    return {k: v for k, v in run.items() if k != "tail" or run["rc"]}
+
+
+def measure(skip_pytest: bool = False, previous: dict | None = None) -> dict:
+    """Every command of ``VERIFY_RUNS`` and the test suite, timed (see the module docstring);
+    ``skip_pytest`` keeps the test suite's entry of ``previous`` (if any)."""
+    out: dict = {"date": datetime.date.today().isoformat(), "cores": os.cpu_count(),
+                 "load_at_start": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
+                 "commands": {}}
+    work = Path(tempfile.mkdtemp(prefix="ortho-timings-"))
+    cache = None
+    for key, label, args, fresh in VERIFY_RUNS:
+        if fresh:
+            cache = work / f"cache-{key}"
+        folder = work / key
+        run = timed([sys.executable, "-m", "ortho_verify", *args, "--cache-dir", str(cache), "--out", str(folder)])
+        run["label"] = label
+        report = json.loads((folder / "report.json").read_text()) if (folder / "report.json").exists() else {}
+        meta = report.get("meta", {})
+        run["phases_s"] = meta.get("phases_s", {})
+        run["train_s"] = round((meta.get("training") or {}).get("train_seconds", 0.0), 1) if fresh else 0.0
+        run["rows"] = report.get("summary", {}).get("total", 0)
+        if key == "default":
+            out["checks_s"] = {name: entry.get("seconds") for name, entry in
+                               report.get("summary", {}).get("by_check", {}).items()}
+        out["commands"][key] = {k: v for k, v in run.items() if k != "tail"}
+        if run["rc"] != 0:
+            out["commands"][key]["tail"] = run["tail"]
+    if skip_pytest and previous and "pytest" in previous.get("commands", {}):
+        out["commands"]["pytest"] = previous["commands"]["pytest"]
+    elif not skip_pytest:
+        out["commands"]["pytest"] = measure_pytest()
+    return out
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.0f} s" if x >= 10 else f"{x:.1f} s"
+
+
+def render(t: dict) -> dict[str, str]:
+    """The text of every marked region, from a ``measure()`` dict: region name -> markdown."""
+    c = t["commands"]
+    where = f"{t['cores']} CPU cores, {t['date']}, measured by `python scripts/timings.py --write-docs`"
+    rows = ["| command | wall | CPU (user + system) |", "|---|---|---|"]
+    for key, label, _, _ in VERIFY_RUNS:
+        if key in c:
+            rows.append(f"| {label} | {_seconds(c[key]['wall_s'])} | {_seconds(c[key]['cpu_s'])} |")
+    if "pytest" in c:
+        rows.append(f"| {PYTEST_LABEL}: {c['pytest'].get('tests', '')} | {_seconds(c['pytest']['wall_s'])} | "
+                    f"{_seconds(c['pytest']['cpu_s'])} |")
+    phases = ", ".join(f"{k} {_seconds(v)}" for k, v in c["default_first"]["phases_s"].items())
+    load = c.get("pytest", {}).get("load_at_start")
+    pytest_load = f", {load[0]:g} at the start of pytest" if load else ""
+    table = "\n".join(["", *rows, "",
+                       f"{where}; load average {t['load_at_start'][0]:g} at the start{pytest_load} (a machine shared with "
+                       f"other work inflates wall time more than CPU time). Phases of the first run: {phases}; the "
+                       "seconds of every check are in report.md and report.json (`summary.by_check.*.seconds`).", ""])
+    stages = sum(v or 0.0 for k, v in t.get("checks_s", {}).items() if k.startswith("muon_stages"))
+    return {
+        "capture": f"{_seconds(c['default_first']['train_s'])} the first time on {t['cores']} CPU cores",
+        "commands": table,
+        "quick": f"{_seconds(c['quick']['wall_s'])} with the gradients cached, {_seconds(c['quick_first']['wall_s'])} "
+                 f"the first time ({where})",
+        "default-cached": f"{_seconds(c['default']['wall_s'])} on {t['cores']} CPU cores with the model cached "
+                          f"({t['date']})",
+        "statistical-rows": f"{_seconds(t.get('checks_s', {}).get('ns_mean_deviation') or 0.0)} of the default run "
+                            f"({where})",
+        "stage-rows": f"{_seconds(stages)} of the default run on {t['cores']} CPU cores ({t['date']})",
+    }
+
+
+def rewrite(text: str, regions: dict[str, str]) -> str:
+    """``text`` with the content of every marked region replaced by ``regions[name]``.
+    Raises: ValueError for a start marker without its end, an end without a start, or a region
+    whose name ``regions`` lacks (naming it)."""
+    starts, ends = re.findall(r"<!-- timings:([a-z0-9-]+):start -->", text), re.findall(
+        r"<!-- timings:([a-z0-9-]+):end -->", text)
+    for match in REGION.finditer(text):
+        if match.group(1) != match.group(3):
+            raise ValueError(f"timings region {match.group(1)!r} ends with the marker of {match.group(3)!r}")
+    if starts != ends:
+        raise ValueError(f"timings markers unmatched: starts {starts}, ends {ends}")
+    for name in starts:
+        if name not in regions:
+            raise ValueError(f"timings region {name!r} has no value (known: {sorted(regions)})")
+    return REGION.sub(lambda m: START.format(m.group(1)) + regions[m.group(1)] + END.format(m.group(1)), text)
+
+
+def regions_of(text: str) -> dict[str, str]:
+    """The current content of every marked region of ``text``."""
+    return {m.group(1): m.group(2) for m in REGION.finditer(text)}
+
+
+def module_text(t: dict) -> str:
+    """The source of ``verify/measured.py``: the measurement as a dict literal."""
+    return ('"""Timings of ``ortho-verify`` and the test suite, measured by ``python scripts/timings.py --write-docs``\n'
+            '(generated: do not edit; ``ortho-verify --help`` quotes them)."""\n\n'
+            f"TIMINGS: dict = {pprint.pformat(t, width=110, sort_dicts=False)}\n")
+
+
+def write_docs(t: dict, root: Path = ROOT) -> list[Path]:
+    """Rewrite the marked regions of ``DOC_FILES`` under ``root`` and ``verify/measured.py``; the changed paths."""
+    regions, changed = render(t), []
+    for name in DOC_FILES:
+        path = root / name
+        text = path.read_text()
+        new = rewrite(text, regions)
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    module = root / MEASURED_MODULE.relative_to(ROOT)
+    module.write_text(module_text(t))
+    return changed + [module]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write-docs", action="store_true", help="rewrite the marked regions and verify/measured.py")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--skip-pytest", action="store_true",
+                       help="do not run the test suite (keep its previous measurement from verify/measured.py)")
+    which.add_argument("--pytest-only", action="store_true",
+                       help="run only the test suite; keep the other measurements from verify/measured.py")
+    which.add_argument("--from-json", type=Path, metavar="FILE",
+                       help="measure nothing: take the measurement this script printed to FILE (the test suite's "
+                            "from verify/measured.py when FILE has none)")
+    args = parser.parse_args(argv)
+    from ortho_verify.measured import TIMINGS as previous
+    if args.from_json:
+        t = json.loads(args.from_json.read_text())
+        if "pytest" not in t["commands"] and "pytest" in previous.get("commands", {}):
+            t["commands"]["pytest"] = previous["commands"]["pytest"]
+    elif args.pytest_only:  # the other commands' numbers stay; with none yet, only verify/measured.py is written
+        t = {**previous, "commands": {**previous.get("commands", {}), "pytest": measure_pytest()}}
+        if "default_first" not in t["commands"]:
+            print(json.dumps(t, indent=1))
+            MEASURED_MODULE.write_text(module_text(t))
+            return 1 if t["commands"]["pytest"]["rc"] else 0
+    else:
+        t = measure(args.skip_pytest, previous)
+    print(json.dumps(t, indent=1))
+    failed = [k for k, v in t["commands"].items() if v.get("rc")]
+    if failed:
+        print(f"not written: {failed} exited non-zero", file=sys.stderr)
+        return 1
+    if args.write_docs:
+        for path in write_docs(t):
+            print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

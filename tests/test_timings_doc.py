@@ -1,0 +1,104 @@
+"""The timings in README.md, docs/*.md and ``ortho-verify --help`` are written by
+``scripts/timings.py --write-docs`` from a measurement, never typed: the marked regions exist, the
+writer round-trips on a fake measurement, and the committed docs are what the writer makes of the
+committed measurement (``ortho_verify.measured``)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ortho_verify import cli, measured
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("timings_script", ROOT / "scripts" / "timings.py")
+timings = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(timings)
+
+#: Regions each file must have (name -> file).
+REQUIRED = {"capture": "README.md", "commands": "README.md", "statistical-rows": "docs/verification.md",
+            "stage-rows": "docs/tolerances.md", "default-cached": "docs/tolerances.md"}
+
+
+def _run(wall, cpu, train=0.0, **extra):
+    return {"argv": "x", "wall_s": wall, "cpu_s": cpu, "rc": 0, "label": "x",
+            "phases_s": {"real gradients": train, "checks": wall - train}, "train_s": train, "rows": 10, **extra}
+
+
+FAKE = {"date": "2000-01-02", "cores": 2, "load_at_start": [0.5, 0.4, 0.3], "python": "3.11",
+        "commands": {"default_first": _run(51.5, 50.1, 12.25), "default": _run(38.0, 37.5),
+                     "quick_first": _run(21.0, 20.0, 12.0), "quick": _run(8.25, 8.0),
+                     "quick_threads2": _run(9.5, 12.0), "pytest": _run(233.0, 228.0, tests="2240 passed")},
+        "checks_s": {"ns_mean_deviation": 1.25, "muon_stages_vs_reference": 3.0, "muon_stages_map_vs_reference": 2.0}}
+
+
+def test_every_required_region_is_in_its_file():
+    for name, file in REQUIRED.items():
+        text = (ROOT / file).read_text()
+        assert timings.START.format(name) in text and timings.END.format(name) in text, (name, file)
+
+
+def test_every_region_of_the_docs_has_a_rendered_value():
+    values = timings.render(FAKE)
+    for file in timings.DOC_FILES:
+        assert set(timings.regions_of((ROOT / file).read_text())) <= set(values), file
+
+
+def test_writer_round_trips_on_a_fake_measurement():
+    values = timings.render(FAKE)
+    other = copy.deepcopy(FAKE)
+    other["commands"]["quick"]["wall_s"] = 99.0
+    other["commands"]["default_first"]["train_s"] = 77.0
+    other["checks_s"]["ns_mean_deviation"] = 5.5
+    for file in timings.DOC_FILES:
+        text = (ROOT / file).read_text()
+        once = timings.rewrite(text, values)
+        assert timings.regions_of(once) == {k: values[k] for k in timings.regions_of(text)}
+        assert timings.rewrite(once, values) == once  # idempotent
+        changed = timings.rewrite(once, timings.render(other))
+        assert timings.rewrite(changed, values) == once  # back again
+        outside = timings.REGION.sub("", once)
+        assert outside == timings.REGION.sub("", text)  # nothing outside the regions changes
+    assert "12 s the first time" in values["capture"] and "| 52 s | 50 s |" in values["commands"]
+    assert "1.2 s of the default run" in values["statistical-rows"] and values["stage-rows"].startswith("5.0 s")
+    assert "99 s" in timings.render(other)["quick"] and "77 s" in timings.render(other)["capture"]
+
+
+def test_writer_rejects_unmatched_or_unknown_regions():
+    start, end = timings.START.format("capture"), timings.END.format("capture")
+    with pytest.raises(ValueError, match="unmatched"):
+        timings.rewrite(f"a {start} b", timings.render(FAKE))
+    with pytest.raises(ValueError, match="'nope' has no value"):
+        timings.rewrite(f"{timings.START.format('nope')}x{timings.END.format('nope')}", timings.render(FAKE))
+    with pytest.raises(ValueError, match="ends with the marker"):
+        timings.rewrite(f"{start}x{timings.END.format('quick')}{timings.START.format('quick')}y{end}",
+                        timings.render(FAKE))
+
+
+def test_write_docs_writes_the_files_and_the_module_that_help_quotes(tmp_path, monkeypatch):
+    for file in timings.DOC_FILES:
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / file, tmp_path / file)
+    (tmp_path / "verify").mkdir()
+    changed = timings.write_docs(FAKE, tmp_path)
+    assert tmp_path / "verify" / "measured.py" in changed
+    namespace: dict = {}
+    exec((tmp_path / "verify" / "measured.py").read_text(), namespace)
+    assert namespace["TIMINGS"] == FAKE
+    assert "12 s the first time" in (tmp_path / "README.md").read_text()
+    monkeypatch.setattr(measured, "TIMINGS", FAKE)
+    text = cli.build_parser().format_help()
+    assert "8 s with the gradients cached, 21 s the first time" in " ".join(text.split())
+    assert "8 s with 1 thread, 10 s with 2" in " ".join(text.split())
+
+
+def test_the_committed_docs_are_the_writer_s_output_of_the_committed_measurement():
+    """No timing typed by hand: the regions equal ``render(ortho_verify.measured.TIMINGS)``."""
+    values = timings.render(measured.TIMINGS)
+    for file in timings.DOC_FILES:
+        for name, content in timings.regions_of((ROOT / file).read_text()).items():
+            assert content == values[name], (file, name)
