@@ -90,9 +90,7 @@ def print_summary(results: list[CheckResult], console=None, seconds: dict | None
         where = s["worst"]["input"] if s["worst"] else "—"
         timing = [f"{s['seconds']:.1f}"] if seconds else []
         rows.append([name, str(s["passed"]), str(s["failed"]), str(s["no_claim"]), format_worst_ratio(s), where, *timing])
-    print_fitted(console, table, ["check", "pass:right", "fail:right", "no
-claim:right", "worst
-error/tol:right",
+    print_fitted(console, table, ["check", "pass:right", "fail:right", "no\nclaim:right", "worst\nerror/tol:right",
                                   "worst input", *(["s:right"] if seconds else [])], rows,
                  fixed={1, 2, 3, 4, 6} if seconds else {1, 2, 3, 4}, keep={0, 5}, styles=styles)
     return summ
