@@ -1,4 +1,5 @@
-"""Start gloo worker processes on CPU (fork), run one function on every rank, collect the results.
+"""Start worker processes (gloo ranks on CPU by fork; NCCL ranks on GPUs by spawn), run one function
+on every rank, collect the results.
 
 ``run_workers(world_size, fn, *args)`` forks ``world_size`` children; each sets
 ``torch.set_num_threads(1)``, joins a gloo process group through a file store, runs
@@ -33,14 +34,19 @@ class WorkerError(RuntimeError):
     """A worker raised; the message carries its rank and traceback."""
 
 
-def _child(rank: int, world_size: int, store_path: str, fn: Callable, args: tuple, conn) -> None:
+def _child(rank: int, world_size: int, store_path: str, fn: Callable, args: tuple, conn, backend: str = "gloo") -> None:
     status, payload = "ok", None
     try:
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
+        if backend == "nccl":  # one rank per GPU: rank r on cuda:r
+            torch.cuda.set_device(rank)
+            dist.init_process_group("nccl", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+                                    device_id=torch.device("cuda", rank))
+        else:
+            dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
         try:
             payload = fn(rank, world_size, *args)
         finally:
@@ -55,23 +61,27 @@ def _child(rank: int, world_size: int, store_path: str, fn: Callable, args: tupl
     os._exit(0)
 
 
-def run_workers(world_size: int, fn: Callable[..., Any], *args, timeout: float = DEFAULT_TIMEOUT) -> list:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` forked gloo ranks; returns the results
-    in rank order.
+def run_workers(world_size: int, fn: Callable[..., Any], *args, timeout: float = DEFAULT_TIMEOUT,
+                backend: str = "gloo") -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; returns the results in rank order.
 
-    Raises: ValueError naming ``world_size`` unless an int >= 1; TimeoutError after ``timeout``
-    seconds (the children are killed); WorkerError if a rank raised (the first failing rank's
-    traceback; the other ranks are killed, they may be waiting on it).
+    ``backend``: "gloo" forks CPU ranks; "nccl" spawns one rank per GPU (rank r on cuda:r; CUDA
+    cannot be forked, so ``fn`` and ``args`` must pickle: a function defined at module level).
+    Raises: ValueError naming ``world_size`` unless an int >= 1, or ``backend`` unless "gloo" /
+    "nccl"; TimeoutError after ``timeout`` seconds (the children are killed); WorkerError if a rank
+    raised (the first failing rank's traceback; the other ranks are killed, they may be waiting on it).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
-    ctx = mp.get_context("fork")
-    with tempfile.TemporaryDirectory(prefix="ortho-gloo-") as tmp:
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend: expected 'gloo' (forked CPU ranks) or 'nccl' (spawned GPU ranks), got {backend!r}")
+    ctx = mp.get_context("fork" if backend == "gloo" else "spawn")
+    with tempfile.TemporaryDirectory(prefix=f"ortho-{backend}-") as tmp:
         store = os.path.join(tmp, "store")
         procs, conns = [], []
         for rank in range(world_size):
             parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(rank, world_size, store, fn, args, child), daemon=True)
+            proc = ctx.Process(target=_child, args=(rank, world_size, store, fn, args, child, backend), daemon=True)
             proc.start()
             child.close()
             procs.append(proc)

@@ -130,3 +130,10 @@ def test_worker_failure_and_timeout_are_reported():
 
     with pytest.raises(TimeoutError, match=r"ranks \[0, 1\] of 2 did not finish"):
         run_workers(2, hang, timeout=5)
+
+
+@pytest.mark.parametrize("world_size, backend, name", [(0, "gloo", "world_size"), (2, "mpi", "backend"),
+                                                       (True, "gloo", "world_size")])
+def test_run_workers_names_a_bad_argument_before_launching(world_size, backend, name):
+    with pytest.raises(ValueError, match=f"^{name}: expected"):
+        run_workers(world_size, lambda rank, ws: rank, backend=backend)

@@ -69,81 +69,14 @@ def run(world_size: int | None = None, *, dtypes: Sequence[str] = DTYPES, quick:
     return run_workers(world_size, worker, plan, timeout=timeout)[0]
 
 
-def _gpu_child(rank: int, world_size: int, store_path: str, fn, args: tuple, conn) -> None:
-    """One spawned NCCL rank on GPU ``rank``: ``fn(rank, world_size, *args)``, its result (or
-    traceback) sent back through ``conn`` (as ``ortho_verify.workers``' gloo children)."""
-    import pickle
-    import traceback
-
-    status, payload = "ok", None
-    try:
-        torch.set_num_threads(1)
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
-                                device_id=torch.device("cuda", rank))
-        try:
-            payload = fn(rank, world_size, *args)
-        finally:
-            dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported to the parent, which re-raises
-        status, payload = "error", traceback.format_exc()
-    try:
-        conn.send_bytes(pickle.dumps((status, payload)))
-    except Exception:  # noqa: BLE001 - an unpicklable result is an error too
-        conn.send_bytes(pickle.dumps(("error", f"rank {rank}: result not picklable\n{traceback.format_exc()}")))
-    conn.close()
-
-
 def run_gpu_workers(world_size: int, fn, *args, timeout: float = TIMEOUT) -> list:
     """``fn(rank, world_size, *args)`` on ``world_size`` spawned NCCL ranks, one per GPU (rank r
-    on cuda:r); results in rank order. ``fn`` and ``args`` must pickle (spawn: a factory defined
-    at module level). Raises: ValueError naming ``device`` with fewer GPUs than ranks; TimeoutError
-    after ``timeout`` seconds (children killed); ortho_verify.workers.WorkerError if a rank raised."""
-    import multiprocessing as mp
-    import pickle
-    import tempfile
-    import time
-
-    from ortho_verify.workers import WorkerError
-
+    on cuda:r; ``ortho_verify.workers.run_workers`` with backend "nccl"); results in rank order.
+    ``fn`` and ``args`` must pickle (spawn: a factory defined at module level). Raises: ValueError
+    naming ``device`` with fewer GPUs than ranks; TimeoutError after ``timeout`` seconds (children
+    killed); ortho_verify.workers.WorkerError if a rank raised."""
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if available < world_size:
         raise ValueError(f"device: 'cuda' runs one rank per GPU: world_size {world_size} needs {world_size} GPUs, "
                          f"{available} available")
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="ortho-nccl-") as tmp:
-        store = os.path.join(tmp, "store")
-        procs, conns = [], []
-        for rank in range(world_size):
-            parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_gpu_child, args=(rank, world_size, store, fn, args, child), daemon=True)
-            proc.start()
-            child.close()
-            procs.append(proc)
-            conns.append(parent)
-        results: dict = {}
-        deadline = time.monotonic() + timeout
-        try:
-            while len(results) < world_size:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    missing = sorted(set(range(world_size)) - set(results))
-                    raise TimeoutError(f"run_gpu_workers: ranks {missing} of {world_size} did not finish within "
-                                       f"{timeout:g} s")
-                for conn in mp.connection.wait([c for r, c in enumerate(conns) if r not in results],
-                                               timeout=min(left, 1.0)):
-                    rank = conns.index(conn)
-                    try:
-                        results[rank] = pickle.loads(conn.recv_bytes())
-                    except EOFError:
-                        results[rank] = ("error", f"rank {rank} exited without a result")
-                    if results[rank][0] == "error":
-                        raise WorkerError(f"rank {rank} of {world_size} failed:\n{results[rank][1]}")
-        finally:
-            for proc in procs:
-                if proc.is_alive():
-                    proc.kill()
-                proc.join(timeout=10)
-            for conn in conns:
-                conn.close()
-    return [results[r][1] for r in range(world_size)]
+    return run_workers(world_size, fn, *args, timeout=timeout, backend="nccl")
