@@ -15,31 +15,10 @@ counts (tests/ortho_fast/test_op_counts.py); this script prints them.
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import ortho_fast
 from _common import median_seconds, parser, print_table, setup
-
-
-class CountOps(TorchDispatchMode):
-    """Compute (non-view) aten operations and the bytes their allocating calls return."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-        self.allocated = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func.is_view or func is torch.ops.aten.detach.default:
-            return out
-        self.ops += 1
-        if not func._schema.is_mutable and "out" not in kwargs:
-            for t in out if isinstance(out, (list, tuple)) else (out,):
-                if isinstance(t, torch.Tensor):
-                    self.allocated += t.numel() * t.element_size()
-        return out
+from _op_count import CountOps
 
 
 OPTIMIZERS = {

@@ -11,37 +11,24 @@ call chain per matrix), which the first test pins so that the counter is known t
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import ortho_fast
 from ortho_fast.functional.stacked import Workspace
 
+_SPEC = importlib.util.spec_from_file_location(
+    "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
+_OP_COUNT = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_OP_COUNT)
+#: The counter benchmarks/proxies.py prints with (one definition for both).
+CountOps = _OP_COUNT.CountOps
+
 #: microsoft/dion's compute ops per step over the same 48 matrices (issue 23).
 BOUNDS = {"muon": 262, "muon_no_check": 262, "normuon": 322, "dion2": 466}
-
-
-class CountOps(TorchDispatchMode):
-    """Counts the compute (non-view) aten operations run inside it, and the bytes of the tensors
-    the allocating ones return (in-place and ``out=`` operations allocate nothing)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-        self.allocated = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func.is_view or func is torch.ops.aten.detach.default:
-            return out
-        self.ops += 1
-        if not func._schema.is_mutable and "out" not in kwargs:
-            for t in out if isinstance(out, (list, tuple)) else (out,):
-                if isinstance(t, torch.Tensor):
-                    self.allocated += t.numel() * t.element_size()
-        return out
 
 
 def gpt_params(d: int = 32, layers: int = 12, seed: int = 0) -> list[torch.nn.Parameter]:
