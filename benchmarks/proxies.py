@@ -16,20 +16,13 @@ from __future__ import annotations
 
 import torch
 
-import ortho_fast
 from _common import median_seconds, parser, print_table, setup
 from _op_count import CountOps
+from gpu import optimizers
 
 
-OPTIMIZERS = {
-    "torch.optim.Muon": lambda ps: torch.optim.Muon(ps, lr=0.02),
-    "Muon": lambda ps: ortho_fast.Muon(ps, lr=0.02),
-    "Muon check_finite=False": lambda ps: ortho_fast.Muon(ps, lr=0.02, check_finite=False),
-    "Muon bitwise_torch": lambda ps: ortho_fast.Muon(ps, lr=0.02, bitwise_torch=True),
-    "NorMuon": lambda ps: ortho_fast.NorMuon(ps, lr=0.02),
-    "Dion2": lambda ps: ortho_fast.Dion2(ps, lr=0.02),
-    "Dion": lambda ps: ortho_fast.Dion(ps, lr=0.02),
-}
+#: The optimizers benchmarks/gpu.py times, by the same factories (name -> factory(params)).
+OPTIMIZERS = optimizers([])
 
 
 def measure(factory, d: int, layers: int, min_run_time: float) -> tuple[int, int, int | None, float]:
