@@ -378,13 +378,7 @@ def main(argv=None) -> int:
     text = markdown(fa, power, args.runs, args.matrices)
     print(text)
     if args.write_docs:
-        doc = DOCS.read_text()
-        if BEGIN in doc and END in doc:
-            head, rest = doc.split(BEGIN, 1)
-            doc = head + text + rest.split(END, 1)[1]
-        else:
-            doc = doc.rstrip("\n") + "\n\n" + text + "\n"
-        DOCS.write_text(doc)
+        _write_block(BEGIN, END, text)
     return 0
 
 
