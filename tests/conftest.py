@@ -31,6 +31,13 @@ settings.register_profile("ortho-tests", deadline=None, derandomize=True, max_ex
 def pytest_configure(config):
     if not config.getoption("--hypothesis-profile", default=None) and not os.environ.get(ENV_PROFILE):
         settings.load_profile("ortho-tests")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # one of several test processes on the machine's cores: one intra-op thread each, in this
+        # process and in the processes its tests start (two OpenMP teams per core spin-wait)
+        import torch
+
+        torch.set_num_threads(1)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -342,7 +342,8 @@ def collect(args: argparse.Namespace, console, sv_points: dict, timing: dict
     # the device only when it is not the CPU: plan_jobs(cases, quick, sv_points) stays the CPU run's call
     on_device = () if args.device == "cpu" else (args.device,)
     started = time.perf_counter()
-    background = None if args.no_real else data.capture_in_background(cache_dir=args.cache_dir, seed=args.seed)
+    background = None if args.no_real else data.capture_in_background(cache_dir=args.cache_dir, seed=args.seed,
+                                                                           quick=args.quick)
     synthetic = synthetic_matrices(quick=args.quick, seed=args.seed)
     phases["synthetic inputs"] = time.perf_counter() - started
     done: dict = {}

@@ -13,20 +13,17 @@ Gradients of its 2-D weights at a few training steps are the "real" test matrice
 
 from __future__ import annotations
 
-import hashlib
-import json
 import multiprocessing
 import os
 import sys
 import sysconfig
-import tempfile
 import time
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -34,10 +31,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ortho_verify.corpus import CORPUS_BYTES, corpus_identity, pinned_corpus
+from ortho_verify.gradient_cache import cache_path, load, save
 from ortho_verify.spectra import MatrixCase
 
-__all__ = ["CorpusSplit", "GPTConfig", "capture_in_background", "last_run_info", "real_gradients", "stdlib_corpus",
-           "stdlib_split", "train_and_capture"]
+__all__ = ["CorpusSplit", "GPTConfig", "capture_in_background", "last_run_info", "quick_config", "quick_step",
+           "real_gradients", "stdlib_corpus", "stdlib_split", "train_and_capture"]
 
 VOCAB_SIZE = 256  # byte-level tokens
 _SKIP_DIRS = frozenset({"site-packages", "test", "tests", "idle_test"})
@@ -50,7 +48,25 @@ QUICK_PARAMS = (
     "blocks.0.mlp.proj.weight",
     "lm_head.weight",
 )
-_CACHE_FORMAT = 2  # bump when the cache layout or the capture procedure changes
+
+
+def quick_step(config: "GPTConfig") -> int:
+    """The capture step of the quick set of real inputs: the first capture step after step 1 (the
+    gradients at step 1 are those of the random initialization), else the only one. 100 for the
+    default ``GPTConfig``."""
+    later = [s for s in sorted(config.capture_steps) if s > 1]
+    return later[0] if later else max(config.capture_steps)
+
+
+def quick_config(config: "GPTConfig") -> "GPTConfig":
+    """``config`` trained only up to ``quick_step(config)`` and capturing there: the quick set's own
+    training (a third of the default's steps). AdamW runs at a constant lr and draws its batches
+    from one generator, so its first steps are those of the full run: the quick set is the same
+    matrices whether it is read from the full run's cache or from this one's."""
+    step = quick_step(config)
+    return replace(config, steps=step, capture_steps=(step,))
+
+
 _FINAL_LOSS_WINDOW = 10
 
 Progress = Callable[[int, int, float], None]
@@ -330,79 +346,27 @@ def _train(config: GPTConfig, seed: int, progress: Progress | None) -> list[Matr
     return cases
 
 
-def _default_cache_dir() -> Path:
-    if os.environ.get("ORTHO_CACHE_DIR"):
-        return Path(os.environ["ORTHO_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "ortho"
-
-
-def _cache_key(config: GPTConfig, seed: int) -> str:
-    identity = {
-        "format": _CACHE_FORMAT,
-        "config": asdict(config),
-        "seed": seed,
-        "torch": torch.__version__,
-        "corpus": corpus_identity(config.corpus_bytes),
-    }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write via ``write(file)`` to a temp file in the same directory, then os.replace."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def _save(path: Path, cases: list[MatrixCase], meta: dict) -> None:
-    arrays = {f"matrix_{i}": c.matrix for i, c in enumerate(cases)}
-    arrays["names"] = np.array([c.name for c in cases])
-    arrays["descriptions"] = np.array([c.description for c in cases])
-    arrays["meta"] = np.array(json.dumps(meta, sort_keys=True))
-    _atomic_write(path, lambda f: np.savez(f, **arrays))
-    sidecar = json.dumps(meta, indent=2, sort_keys=True).encode()  # readable copy; the .npz is authoritative
-    _atomic_write(path.with_suffix(".json"), lambda f: f.write(sidecar))
-
-
-def _load(path: Path, key: str) -> tuple[list[MatrixCase], dict]:
-    with np.load(path, allow_pickle=False) as z:
-        meta = json.loads(str(z["meta"]))
-        if meta["key"] != key:
-            raise ValueError(f"cache key mismatch in {path}")
-        cases = [
-            MatrixCase(name=str(name), matrix=z[f"matrix_{i}"], source="real", description=str(desc))
-            for i, (name, desc) in enumerate(zip(z["names"], z["descriptions"]))
-        ]
-    return cases, meta
-
-
-def _cache_path(config: GPTConfig, cache_dir, seed: int) -> tuple[Path, str]:
-    key = _cache_key(config, seed)
-    return (Path(cache_dir) if cache_dir is not None else _default_cache_dir()) / f"gpt-grads-{key}.npz", key
-
-
 def capture_in_background(*, config: GPTConfig | None = None, cache_dir: str | os.PathLike | None = None,
-                          seed: int = 0):
+                          seed: int = 0, quick: bool = False):
     """Start :func:`real_gradients`' training in a forked daemon process when its cache file is missing (torch's
     compiler stack, which AdamW imports, is imported first: the caller needs it too), so that the caller
     works on the other core meanwhile (``ortho-verify`` checks the synthetic inputs): join the returned
     ``multiprocessing.Process``, then call :func:`real_gradients` with the same arguments: it reads the file
     the child wrote atomically (or trains if the child failed). None when the file exists or the platform
-    cannot fork. Raises: OSError if the cache directory cannot be made."""
+    cannot fork. ``quick``: the training :func:`real_gradients` needs for ``quick=True`` (none when the full
+    run's cache exists, else ``quick_config``'s). Raises: OSError if the cache directory cannot be made."""
     config = GPTConfig() if config is None else config
-    path, _ = _cache_path(config, cache_dir, seed)
+    path, _ = cache_path(config, cache_dir, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() or "fork" not in multiprocessing.get_all_start_methods():
         return None
+    if quick:
+        config = quick_config(config)
+        if cache_path(config, cache_dir, seed)[0].exists():
+            return None
     torch.optim.AdamW([torch.zeros(1, requires_grad=True)])  # imports torch._dynamo (seconds) here, not in the child
     proc = multiprocessing.get_context("fork").Process(target=real_gradients, name="ortho-gpt-capture", daemon=True,
-                                                       kwargs=dict(quick=True, config=config, cache_dir=cache_dir,
+                                                       kwargs=dict(quick=False, config=config, cache_dir=cache_dir,
                                                                    seed=seed))
     proc.start()
     return proc
@@ -442,11 +406,12 @@ def real_gradients(
     cache format) — not the Python version: the corpus does not depend on it — so a changed setting never loads a stale file. An unreadable
     or mismatching cache file is rebuilt (with a warning); files are written to a
     temp file and moved into place with ``os.replace``, so an interrupted write
-    never leaves a corrupt cache. Quick and full calls share the same cache.
+    never leaves a corrupt cache. A quick call reads the full run's cache when it exists, else
+    trains only up to the quick step (``quick_config``, cached under its own key): the same matrices.
 
     Args:
-        quick: if True return a subset of the full list: the last capture step only,
-            and only the parameters tok_emb, blocks.0.attn.{qkv,proj},
+        quick: if True return the quick set: the capture step ``quick_step(config)`` only
+            (step 100 of the default), and only the parameters tok_emb, blocks.0.attn.{qkv,proj},
             blocks.0.mlp.{fc,proj} and lm_head (6 matrices).
         config: model and schedule; default ``GPTConfig()``.
         cache_dir: cache directory; default ``$ORTHO_CACHE_DIR``, else
@@ -460,11 +425,14 @@ def real_gradients(
     """
     global _last_info
     config = GPTConfig() if config is None else config
-    path, key = _cache_path(config, cache_dir, seed)
+    step = quick_step(config)
+    if quick and not cache_path(config, cache_dir, seed)[0].exists():
+        config = quick_config(config)  # the full run is not cached: train only what the quick set needs
+    path, key = cache_path(config, cache_dir, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     from_cache = False
     try:
-        cases, meta = _load(path, key)
+        cases, meta = load(path, key)
         from_cache = True
     except FileNotFoundError:
         pass
@@ -492,9 +460,9 @@ def real_gradients(
             "final_loss": float(np.mean(losses[-_FINAL_LOSS_WINDOW:])),
             "train_seconds": time.perf_counter() - start,
         }
-        _save(path, cases, meta)
+        save(path, cases, meta)
     _last_info = {**meta, "cache_path": str(path), "from_cache": from_cache}
     if quick:
-        last = f"gpt/step{max(config.capture_steps)}/"
-        cases = [c for c in cases if c.name.startswith(last) and c.name[len(last):] in QUICK_PARAMS]
+        prefix = f"gpt/step{step}/"
+        cases = [c for c in cases if c.name.startswith(prefix) and c.name[len(prefix):] in QUICK_PARAMS]
     return cases

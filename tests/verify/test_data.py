@@ -115,3 +115,21 @@ def test_training_reduces_loss():
     assert torch.get_num_threads() == threads  # the single-thread training setting is restored
     assert losses[0] == pytest.approx(math.log(256), abs=0.1)  # N(0, 0.02) init: near-uniform prediction
     assert np.mean(losses[-10:]) < losses[0] - 1.0
+
+
+def test_quick_set_trains_only_to_its_step_and_equals_the_full_runs(tmp_path, monkeypatch):
+    config = GPTConfig(**{**TINY.__dict__, "capture_steps": (1, 3, 5)})
+    assert data.quick_step(config) == 3 and data.quick_step(GPTConfig()) == 100
+    steps = []
+    quick = real_gradients(quick=True, config=config, cache_dir=tmp_path / "quick",
+                           progress=lambda step, total, loss: steps.append((step, total)))
+    assert steps[-1] == (3, 3) and len(steps) == 3  # trained three steps, not five
+    assert [c.name for c in quick] == [f"gpt/step3/{n}" for n in data.QUICK_PARAMS]
+    full = real_gradients(quick=False, config=config, cache_dir=tmp_path / "full")
+    _forbid_training(monkeypatch)
+    from_full = real_gradients(quick=True, config=config, cache_dir=tmp_path / "full")  # reads the full cache
+    assert last_run_info()["config"]["steps"] == 5
+    by_name = {c.name: c.matrix for c in full}
+    assert [c.name for c in from_full] == [c.name for c in quick]
+    assert all(np.array_equal(by_name[c.name], c.matrix) for c in quick)  # the same bits either way
+    assert data.capture_in_background(config=config, cache_dir=tmp_path / "quick", quick=True) is None  # cached

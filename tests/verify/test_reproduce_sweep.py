@@ -135,7 +135,7 @@ def test_bad_sweep_arguments_exit_2_naming_the_option(argv, option, capsys):
 
 
 def test_quick_sweep_resumes_from_its_cache(tmp_path, capsys):
-    argv = ["--quick", "--jobs", "1", "--sizes", "8,16", "--cache", str(tmp_path / "cache")]
+    argv = ["--quick", "--steps", "8", "--seeds", "1", "--jobs", "1", "--sizes", "8,16", "--cache", str(tmp_path / "cache")]
     assert rp.main([*argv, "--out", str(tmp_path / "a")]) == 0
     first = json.loads((tmp_path / "a" / "reproduction" / "results.json").read_text())
     assert [r["config"]["d_model"] for r in first["sizes"]] == [8, 16] and first["config"]["d_model"] == 16

@@ -208,7 +208,9 @@ def run_size_sweep(sweep: SizeSweep, *, device: str = "cpu", jobs: int = 1, thre
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            results["step_cost"] = time_steps(config, results["best_lr"], results["scalar_lr"], device=device)
+            # rounds of a third of a run's steps, at most 8 (a short run is a smoke run: its cost too)
+            results["step_cost"] = time_steps(config, results["best_lr"], results["scalar_lr"], device=device,
+                                              steps=max(1, min(8, config.steps // 3)))
         finally:
             torch.set_num_threads(previous)
         results["parameters"] = parameter_counts(config)
