@@ -97,8 +97,11 @@ def measure(skip_pytest: bool = False, previous: dict | None = None) -> dict:
         run["train_s"] = round((meta.get("training") or {}).get("train_seconds", 0.0), 1) if fresh else 0.0
         run["rows"] = report.get("summary", {}).get("total", 0)
         if key == "default":
-            out["checks_s"] = {name: entry.get("seconds") for name, entry in
-                               report.get("summary", {}).get("by_check", {}).items()}
+            by_check = report.get("summary", {}).get("by_check", {})
+            out["checks_s"] = {name: entry.get("seconds") for name, entry in by_check.items()}
+            out["checks"] = {name: {k: entry.get(k) for k in ("total", "no_claim", "worst_ratio", "exact")}
+                             for name, entry in by_check.items()}
+            out["inputs"] = {"total": meta.get("inputs", 0), "real": meta.get("real_inputs", 0), "seed": meta.get("seed")}
         out["commands"][key] = {k: v for k, v in run.items() if k != "tail"}
         if run["rc"] != 0:
             out["commands"][key]["tail"] = run["tail"]
@@ -107,6 +110,38 @@ def measure(skip_pytest: bool = False, previous: dict | None = None) -> dict:
     elif not skip_pytest:
         out["commands"]["pytest"] = measure_pytest()
     return out
+
+
+#: What a check's row of the default run's table says beyond its name (docs/tolerances.md, "Measured").
+CHECK_NOTES = {
+    "golden": "float64 oracle vs 50-digit golden files",
+    "ns_vs_ns_map": "float64, float32 Frobenius; bfloat16 sorted singular values",
+    "ns_projected_singular_values": "bfloat16",
+    "muon_vs_reference": "torch, microsoft/dion, Moonlight, Megatron, nanochat option sets",
+    "muon_layout_vs_reference": "QKV split, banks",
+    "dion_variant_vs_reference": "QR methods, Orth-Dion, power_iters 2, bf16 params / fp32 state",
+}
+
+
+def checks_table(t: dict) -> str:
+    """The default run's rows per check (from ``measure()``'s "checks" and "inputs"): the counts
+    and the worst error/tolerance over the rows that claim ("exact" checks: 0, bitwise)."""
+    checks, inputs = t.get("checks", {}), t.get("inputs", {})
+    if not checks:
+        return "\n(not measured)\n"
+    total = sum(c["total"] or 0 for c in checks.values())
+    no_claim = sum(c["no_claim"] or 0 for c in checks.values())
+    rows = ["| check | checks | no claim | worst error/tolerance |", "|---|---|---|---|"]
+    for name, c in checks.items():
+        label = f"{name} ({CHECK_NOTES[name]})" if name in CHECK_NOTES else name
+        worst = ("0 (bitwise)" if c.get("exact") else "—" if c.get("worst_ratio") is None
+                 else f"{c['worst_ratio']:.3f}")
+        rows.append(f"| {label} | {c['total']} | {c['no_claim']} | {worst} |")
+    head = (f"`ortho-verify` (default run, seed {inputs.get('seed', 0)}, {inputs.get('total', '?')} inputs, "
+            f"{inputs.get('real', '?')} of them real gradients of the stdlib GPT): {total} checks, {no_claim} of them "
+            f"without a claim; {t['cores']} CPU cores, {t['date']}, measured by `python scripts/timings.py "
+            "--write-docs`. Worst error/tolerance over the rows that claim:")
+    return "\n".join(["", head, "", *rows, ""])
 
 
 def _seconds(x: float) -> str:
@@ -142,6 +177,7 @@ def render(t: dict) -> dict[str, str]:
         "statistical-rows": f"{_seconds(t.get('checks_s', {}).get('ns_mean_deviation') or 0.0)} of the default run "
                             f"({where})",
         "stage-rows": f"{_seconds(stages)} of the default run on {t['cores']} CPU cores ({t['date']})",
+        "default-checks": checks_table(t),
     }
 
 

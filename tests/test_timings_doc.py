@@ -21,7 +21,8 @@ _spec.loader.exec_module(timings)
 
 #: Regions each file must have (name -> file).
 REQUIRED = {"capture": "README.md", "commands": "README.md", "statistical-rows": "docs/verification.md",
-            "stage-rows": "docs/tolerances.md", "default-cached": "docs/tolerances.md"}
+            "stage-rows": "docs/tolerances.md", "default-cached": "docs/tolerances.md",
+            "default-checks": "docs/tolerances.md"}
 
 
 def _run(wall, cpu, train=0.0, **extra):
@@ -33,7 +34,18 @@ FAKE = {"date": "2000-01-02", "cores": 2, "load_at_start": [0.5, 0.4, 0.3], "pyt
         "commands": {"default_first": _run(51.5, 50.1, 12.25), "default": _run(38.0, 37.5),
                      "quick_first": _run(21.0, 20.0, 12.0), "quick": _run(8.25, 8.0),
                      "quick_threads2": _run(9.5, 12.0), "pytest": _run(233.0, 228.0, tests="2240 passed")},
-        "checks_s": {"ns_mean_deviation": 1.25, "muon_stages_vs_reference": 3.0, "muon_stages_map_vs_reference": 2.0}}
+        "checks_s": {"ns_mean_deviation": 1.25, "muon_stages_vs_reference": 3.0, "muon_stages_map_vs_reference": 2.0},
+        "checks": {"golden": {"total": 23, "no_claim": 0, "worst_ratio": 0.125, "exact": False},
+                   "muon_vs_torch": {"total": 56, "no_claim": 0, "worst_ratio": 0.0, "exact": True},
+                   "dion_vs_reference": {"total": 10, "no_claim": 10, "worst_ratio": None, "exact": False}},
+        "inputs": {"total": 56, "real": 44, "seed": 0}}
+
+
+def test_the_checks_table_is_the_measured_rows():
+    text = timings.render(FAKE)["default-checks"]
+    assert "56 inputs, 44 of them real gradients" in text and "89 checks, 10 of them without a claim" in text
+    assert "| golden (float64 oracle vs 50-digit golden files) | 23 | 0 | 0.125 |" in text
+    assert "| muon_vs_torch | 56 | 0 | 0 (bitwise) |" in text and "| dion_vs_reference | 10 | 10 | — |" in text
 
 
 def test_every_required_region_is_in_its_file():
