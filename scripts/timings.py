@@ -50,6 +50,8 @@ VERIFY_RUNS = (
     ("quick_threads2", "`ortho-verify --quick --threads 2` (gradients cached)", ["--quick", "--threads", "2"], False),
 )
 PYTEST_LABEL = "`pytest` (the test suite, default markers)"
+#: (key, factory) of ``ortho-verify sharding --optimizer ortho_verify.sharding:<factory> --world-size 4``, timed.
+SHARDING_RUNS = (("sharding_muon", "muon_factory"), ("sharding_dion", "dion_factory"))
 
 
 def timed(argv: list[str], env: dict | None = None) -> dict:
@@ -105,6 +107,10 @@ def measure(skip_pytest: bool = False, previous: dict | None = None) -> dict:
         out["commands"][key] = {k: v for k, v in run.items() if k != "tail"}
         if run["rc"] != 0:
             out["commands"][key]["tail"] = run["tail"]
+    for key, factory in SHARDING_RUNS:
+        run = timed([sys.executable, "-m", "ortho_verify", "sharding", "--optimizer", f"ortho_verify.sharding:{factory}",
+                     "--world-size", "4", "--out", str(work / key)])
+        out["commands"][key] = {k: v for k, v in run.items() if k != "tail" or run["rc"]}
     if skip_pytest and previous and "pytest" in previous.get("commands", {}):
         out["commands"]["pytest"] = previous["commands"]["pytest"]
     elif not skip_pytest:
@@ -178,6 +184,10 @@ def render(t: dict) -> dict[str, str]:
                             f"({where})",
         "stage-rows": f"{_seconds(stages)} of the default run on {t['cores']} CPU cores ({t['date']})",
         "default-checks": checks_table(t),
+        "sharding": (f"{_seconds(c['sharding_muon']['wall_s'])} for ortho_fast's Muon and "
+                     f"{_seconds(c['sharding_dion']['wall_s'])} for its Dion ({where}: `ortho-verify sharding "
+                     "--optimizer ortho_verify.sharding:muon_factory --world-size 4`, and `dion_factory`)"
+                     if "sharding_muon" in c and "sharding_dion" in c else "(not measured)"),
     }
 
 

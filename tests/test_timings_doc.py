@@ -22,7 +22,7 @@ _spec.loader.exec_module(timings)
 #: Regions each file must have (name -> file).
 REQUIRED = {"capture": "README.md", "commands": "README.md", "statistical-rows": "docs/verification.md",
             "stage-rows": "docs/tolerances.md", "default-cached": "docs/tolerances.md",
-            "default-checks": "docs/tolerances.md"}
+            "default-checks": "docs/tolerances.md", "sharding": "docs/verification.md"}
 
 
 def _run(wall, cpu, train=0.0, **extra):
@@ -33,7 +33,8 @@ def _run(wall, cpu, train=0.0, **extra):
 FAKE = {"date": "2000-01-02", "cores": 2, "load_at_start": [0.5, 0.4, 0.3], "python": "3.11",
         "commands": {"default_first": _run(51.5, 50.1, 12.25), "default": _run(38.0, 37.5),
                      "quick_first": _run(21.0, 20.0, 12.0), "quick": _run(8.25, 8.0),
-                     "quick_threads2": _run(9.5, 12.0), "pytest": _run(233.0, 228.0, tests="2240 passed")},
+                     "quick_threads2": _run(9.5, 12.0), "pytest": _run(233.0, 228.0, tests="2240 passed"),
+                     "sharding_muon": _run(6.5, 6.0), "sharding_dion": _run(11.0, 10.0)},
         "checks_s": {"ns_mean_deviation": 1.25, "muon_stages_vs_reference": 3.0, "muon_stages_map_vs_reference": 2.0},
         "checks": {"golden": {"total": 23, "no_claim": 0, "worst_ratio": 0.125, "exact": False},
                    "muon_vs_torch": {"total": 56, "no_claim": 0, "worst_ratio": 0.0, "exact": True},
