@@ -52,10 +52,11 @@ GRAM_RESTART_EVERY = 2
 GRAM_MIN_ASPECT = 2.0
 #: Compute dtypes where ``gram=True`` is accepted: the judge passes Gram Newton–Schulz there under
 #: its Gram rounding model with the restarts of ``gram_restarts`` (float16: every default input of
-#: ``check_orthogonalizer`` and every ``ortho-verify`` input, worst 0.57× the tolerance). bfloat16 is
-#: left out: its Gram model admits the zero output on 7–15 of the 79 default rows (no claim), and
-#: against the standard bfloat16 model (what ``gram=False`` is held to) it fails at 1.7×
-#: (docs/performance.md, "Gram Newton–Schulz").
+#: ``check_orthogonalizer`` for the six schedules of ``COEFFICIENTS``, worst 0.57× the tolerance (you6),
+#: and within the standard *bfloat16* model that the default kernel is held to, worst 0.27×).
+#: bfloat16 is left out: its Gram model makes no claim on 63 of the 79 default rows for polar_express
+#: (an inconclusive verdict), and against the standard bfloat16 model it fails for jordan (1.69×) and
+#: you6 (2.84×) (docs/performance.md, "Gram Newton–Schulz").
 GRAM_DTYPES = (torch.float16, torch.float32, torch.float64)
 #: Compute dtypes where ``gram=None`` (automatic) chooses Gram Newton–Schulz: float32 / float64.
 #: float16 is opt-in (``gram=True``): its speed against bfloat16's standard steps is a GPU question,
