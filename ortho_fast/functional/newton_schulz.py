@@ -44,16 +44,16 @@ EPS_MODES = ("add", "clamp")
 #: gram-newton-schulz restart once, before step 2 (``gram_newton_schulz_reset_iterations=[2]``); in
 #: float32 that fails the judge's statistical check (``ns_mean_deviation``) for the cesista5 and you6
 #: schedules (3.2–3.6× and 5.3–7.5× the threshold, 256 matrices of 40 × 24 / 48 × 24 / 24 × 72), and in
-#: float16 its per-direction rows for you6 (2.1× on a 24 × 24 geometric spectrum); restarting every
-#: second step passes both (at most 0.88× and 0.57× for each of the six schedules in ``COEFFICIENTS``).
+#: float16 its per-direction rows for you6 (2.0× on a 28 × 12 flat spectrum); restarting every second
+#: step passes both (at most 0.63× and 0.33× for each of the six schedules in ``COEFFICIENTS``).
 GRAM_RESTART_EVERY = 2
 #: Automatic Gram Newton–Schulz (``gram=None``) from this aspect ratio max(m, n) / min(m, n) up:
 #: below it the (m×m)³ products cost more than the m²n products they save (docs/performance.md).
 GRAM_MIN_ASPECT = 2.0
 #: Compute dtypes where ``gram=True`` is accepted: the judge passes Gram Newton–Schulz there under
 #: its Gram rounding model with the restarts of ``gram_restarts`` (float16: every default input of
-#: ``check_orthogonalizer`` for the six schedules of ``COEFFICIENTS``, worst 0.57× the tolerance (you6),
-#: and within the standard *bfloat16* model that the default kernel is held to, worst 0.27×).
+#: ``check_orthogonalizer`` for the six schedules of ``COEFFICIENTS``, worst 0.33× the tolerance (you6),
+#: and within the standard *bfloat16* model that the default kernel is held to, worst 0.16×).
 #: bfloat16 is left out: its Gram model makes no claim on 63 of the 79 default rows for polar_express
 #: (an inconclusive verdict), and against the standard bfloat16 model it fails for jordan (1.69×) and
 #: you6 (2.84×) (docs/performance.md, "Gram Newton–Schulz").
@@ -196,7 +196,9 @@ def gram_iterate(x: torch.Tensor, table, *, tall: bool, restarts=None) -> torch.
     Q is carried as αI + M with the scalar α = Π aᵢ kept in Python and M holding the polynomial
     part, so no aᵢ is rounded into a diagonal of the compute dtype (the error the judge's
     ``ns_mean_deviation`` found in the stacked step's a·I form); every a·(·) is added in a
-    product's accumulation (``baddbmm(…, beta=a)``). Shapes: x (batch, m, n) or (m, n) ->
+    product's accumulation (``baddbmm(…, beta=a)``), and M's update aM + αZ + ZM is
+    ``baddbmm(M + (α/a)Z, Z, M, beta=a)``: two roundings (aM, αZ and their sum rounded apart: the
+    float16 kernel's worst judged ratio 0.57×, against 0.33× in this form; you6). Shapes: x (batch, m, n) or (m, n) ->
     the same shape and dtype (``tall``: m > n, R = XᵀX). ``restarts``: the steps before which R is
     recomputed (None: every ``GRAM_RESTART_EVERY``-th; ``(2,)`` is microsoft/dion's single restart).
     Accuracy: within ``ortho_verify.tolerances.ns_tolerance`` of ``ortho_ref.ns_map`` in float32 and
@@ -242,7 +244,11 @@ def gram_iterate(x: torch.Tensor, table, *, tall: bool, restarts=None) -> torch.
         if m is None:  # Q = αI -> (aI + Z)·αI = aαI + αZ
             m = z if alpha == 1.0 else z * alpha
         else:  # (aI + Z)(αI + M) = aαI + (aM + αZ + ZM)
-            m = torch.baddbmm(m * a + z * alpha, z, m) if not tall else torch.baddbmm(m * a + z * alpha, m, z)
+            if a != 0.0:
+                s = torch.add(m, z, alpha=alpha / a)  # M + (α/a)Z, one rounding; a·(·) inside the product
+                m = torch.baddbmm(s, z, m, beta=a) if not tall else torch.baddbmm(s, m, z, beta=a)
+            else:  # a = 0 (a user's row): αZ + ZM
+                m = torch.baddbmm(z * alpha, z, m) if not tall else torch.baddbmm(z * alpha, m, z)
         alpha *= a
         if i < last and i + 1 not in restarts:
             rz = torch.baddbmm(r, r, z, beta=a)  # R(aI + Z)

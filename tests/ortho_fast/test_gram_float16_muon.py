@@ -98,3 +98,16 @@ def test_newton_schulz_float16_gram_errors_name_the_argument():
         ortho_fast.newton_schulz(g, dtype=torch.bfloat16, gram=True)
     out = ortho_fast.newton_schulz(g, dtype=torch.float16, gram=True)
     assert out.dtype == torch.float32 and out.shape == g.shape and torch.isfinite(out).all()
+
+
+def test_gram_with_a_zero_coefficient_row_is_judged_correct():
+    """A user's row with a = 0 (M's update has no α/a form there): the Gram kernel still computes the
+    declared map, judged as a Gram kernel in float64 on every other default input."""
+    from ortho_verify import check_orthogonalizer
+    from ortho_verify.api import default_examples
+
+    table = [(3.4445, -4.7750, 2.0315), (0.0, 1.5, -0.5), (3.0, -3.0, 1.0)]
+    report = check_orthogonalizer(lambda g: ortho_fast.newton_schulz(g, table, dtype=torch.float64, gram=True),
+                                  coefficients=table, safety=1.0, eps=1e-7, dtype=torch.float64, form="gram",
+                                  restarts=gram_restarts(3), examples=default_examples("float64")[::2])
+    assert report.passed, report.summary(max_rows=3)
