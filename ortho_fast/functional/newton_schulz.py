@@ -210,10 +210,10 @@ def gram_iterate(x: torch.Tensor, table, *, tall: bool, restarts=None) -> torch.
     float16 range: X is normalized (‖X‖₂ ≤ ‖X‖_F ≤ 1), so |R_ij| ≤ 1, and every later R is the square
     of an intermediate singular value (≤ 2² for polar_express's first step on [0, 1], ≤ 1.3² for the
     other registered schedules); ‖Z‖₂ = max |br + cr²| along the trajectory (≤ 8 for them) and ‖Q‖₂ ≈
-    Π aᵢ over the steps since the last restart (33 for polar_express's first two): far below 65504. Entries below 6e-5 are subnormal, and a direction with x² < 6e-8 has
-    r = 0 (Z = 0, Q = αI on it: f(x) ≈ Π aᵢ·x, the polynomial's own leading term), an absolute error
-    below 2⁻²⁴ that the judge's per-product roundoff (2⁻¹¹ of ‖R‖₂) covers. Products accumulate in
-    float32 and round once (``bmm`` / ``baddbmm`` in float16 on CPU and CUDA; CUDA's
+    Π aᵢ over the steps since the last restart (33 for polar_express's first two): far below 65504.
+    Entries below 6e-5 are subnormal and below 2⁻²⁴ round to 0 or 2⁻²⁴: an absolute error of at most
+    2⁻²⁵ per entry, below the judge's per-product roundoff 2⁻¹¹·‖R‖₂ (‖R‖₂ = σ̂²_max, near 1).
+    Products accumulate in float32 and round once (``bmm`` / ``baddbmm`` in float16 on CPU and CUDA; CUDA's
     ``allow_fp16_reduced_precision_reduction`` may split the sum in float16 for some shapes);
     α stays a Python float, and the restarts recompute R from X.
     Source: Gram Newton–Schulz as in microsoft/dion's optional ``use_gram_newton_schulz`` kernel
@@ -358,11 +358,14 @@ def newton_schulz(
     NVIDIA Emerging-Optimizers ``muon_utils.newton_schulz`` for the precision names; Dao AI Lab's
     gram-newton-schulz (2025) for Gram Newton–Schulz in float16.
     Raises: TypeError for a non-tensor or non-float ``g``, an unsupported ``dtype``, an
-    ``out_dtype`` that is not a real floating torch.dtype, or a non-bool ``gram``; ValueError for ``gram=True`` with bfloat16 or TF32 ("high") compute, fewer than 2 dims, an empty matrix, a bad table, steps < 1, safety <= 0,
+    ``out_dtype`` that is not a real floating torch.dtype, or a non-bool ``gram``; ValueError for
+    ``gram=True`` with bfloat16 or TF32 ("high") compute, fewer than 2 dims, an empty matrix, a bad
+    table, steps < 1, safety <= 0,
     eps < 0, or an unknown ``eps_mode``; UnknownScheduleError (a KeyError and a ValueError) for
     an unknown schedule name. NaN / Inf in
     ``g`` propagate (the optimizers check gradients before calling this).
-    Contract: ‖result − ns_map(g)‖_F within ``ortho_verify.tolerances.ns_tolerance`` (per matrix).
+    Contract: ‖result − ns_map(g)‖_F within ``ortho_verify.tolerances.ns_tolerance`` (per matrix; float16
+    Gram: per direction within ``ns_gram_singular_value_tolerances`` with ``gram_restarts``).
     """
     check_matrix_tensor(g, "g")
     compute_dtype, precision = resolve_compute_dtype(dtype, g.dtype)
