@@ -225,7 +225,8 @@ def _newton_schulz_kernel_options(source) -> tuple[FixedOption, ...]:
                     "chosen by ortho_fast (set it to False)"),
         FixedOption("use_gram_newton_schulz", source, _is(False), "set it to False: ortho_fast's own option is "
                     "gram (None chooses Gram Newton–Schulz in float32 / float64; in bfloat16, microsoft/dion's default, "
-                    "its error exceeds the Newton–Schulz tolerance, so gram=True needs dtype=torch.float32)"),
+                    "its error exceeds the Newton–Schulz tolerance, so gram=True needs dtype=torch.float16 or "
+                    "torch.float32)"),
         FixedOption("newton_schulz_func", source, _is(None), "a custom function cannot be checked; pass its "
                     "coefficient rows as coefficients=[(a, b, c), ...]"),
     )

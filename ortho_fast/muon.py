@@ -79,7 +79,8 @@ class Muon(Optimizer):
     ``bitwise_torch`` (default False) torch.optim.Muon's bits (see above); ``gram`` Gram
     Newton–Schulz (``newton_schulz``'s ``gram``): None (default) for float32 / float64 compute (not "high")
     on matrices with max(m, n) >= 2·min(m, n) (never with ``bitwise_torch``), True always
-    (float32 / float64 ``dtype`` only), False never; ``expert_keys``
+    (float16 / float32 / float64 ``dtype`` only; ``dtype=torch.float16, gram=True`` is the float16
+    Gram kernel of Dao AI Lab's gram-newton-schulz, restarting every second step), False never; ``expert_keys``
     names whose parameters are (experts, m, n) stacks (needs
     ``Muon(model.named_parameters())``); ``split_sizes``, ``split_groups``, ``num_heads``
     fused-projection splits (per group: put the QKV weights in their own param group);

@@ -191,6 +191,12 @@ def _golden_job():
 
 #: Compute dtypes whose Newton–Schulz rows run both kernels (``gram=False`` and ``gram=True``).
 GRAM_CLI_DTYPES = ("float32", "float64")
+#: float16 Gram Newton–Schulz rows (``gram=True, dtype=torch.float16``, judged with the Gram form and
+#: ortho_fast's restarts) on the inputs whose small side is at most this: every ``--quick`` input and
+#: the tall / wide / rank-deficient 128-wide ones of the default run. The 256-wide inputs are left
+#: out for time (float16 products on a CPU and the output's SVD: 30 s more on one core with them,
+#: measured; the float16 rounding model does not depend on the size).
+GRAM_FLOAT16_MAX_SIDE = 128
 
 
 def plan_jobs(cases, quick: bool, sv_points: dict | None = None, device=None) -> list[tuple[str, callable]]:
@@ -215,6 +221,11 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None, device=None) ->
                                  lambda c=case, s=sched, d=dtype, r=rec, g=gram: checks.check_newton_schulz(
                                      c, s, d, r, g, device=dev)))
                     rec = None  # the singular-value map plots one kernel per (schedule, dtype)
+            # float16 Gram Newton–Schulz (``gram=True, dtype=torch.float16``), judged as a Gram kernel
+            if min(case.matrix.shape) <= GRAM_FLOAT16_MAX_SIDE:
+                jobs.append((f"NS {sched}/float16/gram {case.name}",
+                             lambda c=case, s=sched: checks.check_newton_schulz(c, s, "float16", None, True,
+                                                                                device=dev)))
     count = CLI_STATISTICAL_MATRICES["quick" if quick else "default"]
     for sched in CLI_QUICK_STATISTICAL_SCHEDULES if quick else schedules:  # mean deviation over many matrices
         jobs.append((f"NS statistics {sched}/bfloat16",

@@ -267,6 +267,8 @@ class PlantedBug:
 
 
 _FLOAT32_MUON = MuonConventions(ns_dtype=torch.float32)
+#: A float16 Gram kernel restarting before steps 2 and 4, as ortho_fast's ``gram=True, dtype=torch.float16``.
+_FLOAT16_GRAM = {"compute_dtype": torch.float16, "form": "gram", "restarts": (2, 4)}
 _kernel = newton_schulz_kernel
 PLANTED_BUGS = [
     PlantedBug("wrong coefficient", "orthogonalizer",
@@ -297,6 +299,15 @@ PLANTED_BUGS = [
                lambda: functools.partial(tf32_newton_schulz_kernel, operand_bits="bfloat16"), None,
                "matmul operands rounded to bfloat16 while TF32 (dtype='high', 10-bit operands) is declared",
                {"dtype": "high"}),
+    PlantedBug("float16 Gram kernel without its restarts", "orthogonalizer",
+               lambda: functools.partial(gram_newton_schulz_kernel, coefficients=JORDAN, restarts=()), None,
+               "a float16 Gram Newton–Schulz that never recomputes R from X where restarts before steps 2 and 4 "
+               "are declared (measured 112x)", _FLOAT16_GRAM),
+    PlantedBug("float16 Gram kernel with c 1% off", "orthogonalizer",
+               lambda: functools.partial(gram_newton_schulz_kernel, restarts=_FLOAT16_GRAM["restarts"],
+                                         coefficients=((3.4445, -4.7750, 2.0315 * 1.01),) * 5), None,
+               "every step's c 1% too large in a float16 Gram kernel (measured 1.86x; 0.5% off is within the "
+               "per-direction tolerance, and the Gram form has no statistical row)", _FLOAT16_GRAM),
     PlantedBug("wrong error-feedback sign", "optimizer",
                lambda: functools.partial(SimpleDion, error_feedback_sign=-1), DionConventions(),
                "Dion keeps M = B + (1 − μ)PRᵀ"),

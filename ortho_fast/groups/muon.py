@@ -114,8 +114,9 @@ def resolve_muon_options(group: dict) -> MuonOptions:
     compute_dtype, precision = resolve_compute_dtype(group["dtype"])
     check_gram(group["gram"], compute_dtype, precision)
     if group["gram"] and compute_dtype is None:
-        raise ValueError("gram: gram=True needs dtype=torch.float32 or torch.float64 (dtype=None follows each "
-                         "gradient's dtype, and Gram Newton–Schulz runs in float32 / float64 only)")
+        raise ValueError("gram: gram=True needs dtype=torch.float16, torch.float32 or torch.float64 (dtype=None "
+                         "follows each gradient's dtype, and Gram Newton–Schulz runs in float16 / float32 / float64 "
+                         "only)")
     if group["gram"] and group["bitwise_torch"]:
         raise ValueError("gram: bitwise_torch=True runs torch.optim.Muon's plain steps; gram=True cannot be combined "
                          "with it")

@@ -65,6 +65,21 @@ def test_gram_float16_kernel_on_cuda():
                                     restarts=(2,), device="cuda").passed
 
 
+@pytest.mark.parametrize("name", ["jordan", "polar_express", "you6"])
+def test_ortho_fast_float16_gram_on_cuda(name):
+    """ortho_fast's float16 Gram Newton–Schulz (``gram=True, dtype=torch.float16``) on the GPU, judged as a
+    Gram kernel with its own restarts (cuBLAS float16 products: the reduced-precision-reduction flag is
+    named in the report's device description)."""
+    from ortho_fast.functional.newton_schulz import gram_restarts
+
+    sched = ortho_fast.COEFFICIENTS[name]
+    fn = functools.partial(ortho_fast.newton_schulz, coefficients=name, dtype=torch.float16, gram=True,
+                           safety=sched.safety, eps=sched.eps)
+    report = check_orthogonalizer(fn, coefficients=name, dtype=torch.float32, compute_dtype=torch.float16,
+                                  form="gram", restarts=gram_restarts(len(sched.table())), device="cuda")
+    assert report.passed, report.summary()
+
+
 def test_compiled_kernel_on_cuda_with_shapes():
     kernel = torch.compile(newton_schulz_kernel, dynamic=False, fullgraph=True)
     report = check_orthogonalizer(kernel, shapes=[(64, 32)], device="cuda", statistical=False)

@@ -189,17 +189,26 @@ def check_newton_schulz(case: MatrixCase, schedule: str, dtype: str, record: lis
 
     ``record``: optional list receiving (σ̂, uᵢᵀ X_fast vᵢ) for the singular-value map.
     ``gram``: ``newton_schulz``'s setting (None: its automatic choice; True / False name the
-    kernel in the row's detail: "/gram", "/plain"). ``device``: where ``newton_schulz`` runs (the
+    kernel in the row's detail: "/gram", "/plain"). In float16 (``dtype="float16"``, float64 inputs)
+    ``gram=True`` is judged as what it is, a Gram kernel (``form="gram"``) with ortho_fast's restarts
+    (``ortho_fast.functional.newton_schulz.gram_restarts``); in float32 / float64 with the standard
+    form's Frobenius tolerance, which it meets. ``device``: where ``newton_schulz`` runs (the
     float64 input is moved there, the result back; None: the CPU).
     """
+    from ortho_fast.functional.newton_schulz import gram_restarts
+
     a = case.matrix
     # The reference uses the oracle's own transcription of the schedule; the fast side is
     # called by name, so a wrong entry in either registry shows up here too.
     sched = ortho_ref.SCHEDULES[schedule]
+    table = ortho_ref.schedule(schedule)
     fast = ortho_fast.newton_schulz(
-        torch.from_numpy(a).to(device or "cpu"), schedule, safety=sched.safety, eps=sched.eps, dtype=TORCH_DTYPES[dtype],
-        gram=gram).cpu().to(torch.float64).numpy()
-    needs_svd = dtype == "bfloat16" or record is not None
-    return compare_ns_output(fast, a, ortho_ref.schedule(schedule), safety=sched.safety, eps=sched.eps, dtype=dtype,
+        torch.from_numpy(a).to(device or "cpu"), schedule, safety=sched.safety, eps=sched.eps,
+        dtype=TORCH_DTYPES.get(dtype) or getattr(torch, dtype), gram=gram).cpu().to(torch.float64).numpy()
+    gram_form = bool(gram) and dtype in PER_DIRECTION
+    needs_svd = dtype in PER_DIRECTION or record is not None
+    return compare_ns_output(fast, a, table, safety=sched.safety, eps=sched.eps, dtype=dtype,
                              input_name=case.name, detail=f"{schedule}/{dtype}{kernel_suffix(gram)}",
-                             svd=case_svd(case) if needs_svd else None, record=record)
+                             svd=case_svd(case) if needs_svd else None, record=record,
+                             form="gram" if gram_form else "standard",
+                             restarts=gram_restarts(len(table)) if gram_form else ())
