@@ -2,14 +2,16 @@
 
 The fast default Muon step (``ortho_fast.groups.muon``, bfloat16 / float16 Newton–Schulz, not
 ``bitwise_torch``) runs per chunk of same-shape matrices a fixed number of operations, however
-many matrices the chunk holds: the Nesterov momentum written into one stack (``_foreach`` ops),
-the overflow-safe power-of-two scale and the cast in one division, one Frobenius normalization,
-five steps of three batched products, the update as one ``_foreach_add_``. The stacks and the
-products' outputs live in a ``Workspace`` kept by the optimizer: allocated at the first step,
-reused by every chunk of every later step (no allocation in the step, the same addresses at every
-step: what a CUDA graph replays), bounded by ``MAX_STACK_ELEMENTS`` per chunk.
+many matrices the chunk holds (plus one write of U per matrix): the Nesterov momentum written into
+one stack, the overflow-safe power-of-two scale, one Frobenius normalization, five steps of three
+batched products, the update as one ``_foreach_add_``. The stacks and the products' outputs live
+in a ``Workspace`` kept by the optimizer: allocated at the first step, reused by every chunk of
+every later step (no allocation in the step, the same addresses at every step: what a CUDA graph
+replays). A chunk's workspace stays within ``workspace_budget``: the peak extra memory of a step
+within ``MEMORY_RATIO`` × torch.optim.Muon's.
 Source: modded-nanogpt / nanochat parameter banks (batched Newton–Schulz); torch.optim's
-``_multi_tensor_*`` steps (``_foreach`` ops); docs/performance.md, "The stacked step".
+``_multi_tensor_*`` steps (``_foreach`` ops); torch.optim.Muon (the memory it is measured
+against); docs/performance.md, "The stacked step and the GPU proxies".
 """
 
 from __future__ import annotations

@@ -382,8 +382,12 @@ def plan_stacks(live, layout, options: MuonOptions, budget_from: tuple[int, int,
         transient = stage_nbytes_per_entry(options, dtype) * m * n  # per matrix, beside the workspace
         total = sum(member[3] for member in members)
         most = max(1, MAX_STACK_ELEMENTS // (m * n))
-        while budget is not None and most > 1 and size(most) + most * transient > budget:
-            most -= 1
+        if budget is not None and size(most) + most * transient > budget:  # the largest k that fits (or 1)
+            low, high = 1, most
+            while low < high:
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if size(mid) + mid * transient <= budget else (low, mid - 1)
+            most = low
         cap = -(-total // -(-total // most))  # equal chunks: ceil(total / number of chunks)
         chunk = None
         for p, lay, i, count in members:
