@@ -19,11 +19,12 @@ from .options import MuonOptions
 
 def stage_nbytes_per_entry(options: MuonOptions, dtype: torch.dtype) -> int:
     """Peak bytes per stacked entry the pipeline stages allocate beside the workspace (their
-    ``stage_dtype`` copies, ``ortho_fast.functional.muon_stages``): MuonEq's equilibrated copy of
-    U; Muon+'s copy and its scaled result; NorMuon's copy (scaled in place) and its squares."""
+    ``stage_dtype`` copies, ``ortho_fast.functional.muon_stages``): MuonEq's copy of U and its
+    scaled result; Muon+'s copy and its scaled result; NorMuon's copy (scaled in place) and its
+    squares (8 bytes per entry each in float32; Muon+ then NorMuon 12)."""
     size = stage_math.stage_dtype(dtype).itemsize
     after = (2 if options.renormalize else 0) + (2 if options.normuon_beta2 is not None else 0)
-    return size * ((options.equilibration is not None) + min(after, 3))
+    return size * (2 * (options.equilibration is not None) + min(after, 3))
 
 
 def writes_compute_dtype(options: MuonOptions, dtype: torch.dtype) -> bool:
