@@ -345,7 +345,7 @@ class StackChunk:
     members: list = field(default_factory=list)
     count: int = 0
     nbytes: int = 0  # its workspace (``stacked.chunk_nbytes``)
-    key: tuple = ()  # (m, n, dtype): the shape group it was cut from
+    key: tuple = ()  # (m, n, dtype, device): the shape group it was cut from
 
 
 def _whole(lay: MuonLayout) -> bool:
@@ -394,7 +394,7 @@ def plan_stacks(live, layout, options: MuonOptions, budget_from: tuple[int, int,
         chunk = None
         for p, lay, i, count in members:
             if chunk is None or (chunk.count and chunk.count + count > cap):
-                chunk = StackChunk(m, n, key=(m, n, dtype))
+                chunk = StackChunk(m, n, key=(m, n, dtype, p.device))
                 chunks.append(chunk)
             chunk.members.append((p, lay, i))
             chunk.count += count
@@ -408,10 +408,12 @@ def plan_stacks(live, layout, options: MuonOptions, budget_from: tuple[int, int,
 def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: dict, workspace: Workspace) -> None:
     """The Muon step of one chunk (its momentum buffers already updated,
     ``functional.muon.update_momentum_buffers``): U (Nesterov or the buffer) written into one
-    (k, m, n) stack of the parameters' dtype, MuonEq on it, ``orthogonalize`` of it as a
-    ``MatrixStack``, Muon+ / NorMuon on the result stack (the second moments concatenated and
-    written back with one ``_foreach_copy_``), the update as one ``_foreach_add_`` with the
-    chunk's lr·s. A fixed number of operations whatever the chunk's size."""
+    (k, m, n) workspace stack, of the compute dtype where ``writes_compute_dtype`` (rounded once
+    on the write) else of the parameters' dtype, MuonEq on it, ``orthogonalize`` of it as a
+    scratch ``MatrixStack`` (the iteration starts in it when it has the compute dtype), Muon+ /
+    NorMuon on the result stack (the second moments concatenated and written back with one
+    ``_foreach_copy_``), the update as one ``_foreach_add_`` with the chunk's lr·s. A fixed
+    number of operations whatever the chunk's size, plus one write of U per matrix when cast."""
     params = [p for p, _, _ in chunk.members]
     shape = (chunk.count, chunk.m, chunk.n)
     direct = writes_compute_dtype(options, params[0].dtype)
