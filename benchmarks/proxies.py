@@ -8,7 +8,7 @@ step, over the 48 matrices of 12 GPT blocks (fused QKV (3d, d), proj (d, d), MLP
 down (d, 4d); fp32 parameters).
 
 Counts are taken under a ``TorchDispatchMode`` (``_op_count.CountOps``); operations in the second
-step. Below d ≈ 590 (12 blocks) each shape group is one chunk (the workspace floor,
+step. Below d ≈ 600 (12 blocks) each shape group is one chunk (the workspace floor,
 ``ortho_fast.functional.stacked.MIN_WORKSPACE_BYTES``) and the counts do not depend on d; above it
 the workspace budget cuts the groups into chunks (``--no-floor`` shows that regime at a small d).
 The test suite bounds both (tests/ortho_fast/test_op_counts.py); this script prints them.
@@ -52,7 +52,7 @@ def main() -> None:
     p.add_argument("--d", type=int, default=128, help="model width (default 128)")
     p.add_argument("--layers", type=int, default=12, help="GPT blocks (default 12: 48 matrices)")
     p.add_argument("--no-floor", action="store_true",
-                   help="workspace floor 0: the chunking of models above d ≈ 590 at this d")
+                   help="workspace floor 0: the chunking of models above d ≈ 600 at this d")
     args = p.parse_args()
     setup(args)
     if args.quick:

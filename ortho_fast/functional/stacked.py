@@ -20,7 +20,7 @@ import math
 
 import torch
 
-#: Most matrix entries one stack (one chunk) holds: 2^25 (128 MiB of float32 momentum, 64 MiB per
+#: Most matrix entries one stack (one chunk) holds: 2^25 (128 MiB of float32 U where that stack is kept, 64 MiB per
 #: bfloat16 stack). Larger shape groups are cut into chunks of whole matrices (a chunk holds at
 #: least one); the memory budget (``workspace_budget``) usually cuts them smaller.
 MAX_STACK_ELEMENTS = 1 << 25
@@ -32,7 +32,7 @@ MEMORY_RATIO = 1.1
 
 #: The smallest workspace budget in bytes (32 MiB): below it the launches, not the memory, are
 #: what a step costs (a d = 128 × 12 GPT's whole state is 9 MiB), so every shape group of a small
-#: model stays one chunk (tests/ortho_fast/test_op_counts.py). It binds below about d = 590 for
+#: model stays one chunk (tests/ortho_fast/test_op_counts.py). It binds below about d = 600 for
 #: 12 GPT blocks; d = 768 × 12 and larger follow ``MEMORY_RATIO``.
 MIN_WORKSPACE_BYTES = 32 << 20
 
