@@ -1,13 +1,17 @@
-"""CPU proxies of the GPU step (issue 23), side by side with torch.optim.Muon: compute (non-view)
-aten operations per step (the kernel launches of the eager GPU step), bytes allocated per step
-(outputs of the allocating operations; in-place and ``out=`` writes allocate nothing), the
-workspace the optimizer keeps between steps, and the CPU time of a step, over the 48 matrices of
-12 GPT blocks (fused QKV (3d, d), proj (d, d), MLP up (4d, d), MLP down (d, 4d); fp32 parameters).
+"""CPU proxies of the GPU step, side by side with torch.optim.Muon: compute (non-view)
+aten operations per step (the kernel launches of the eager GPU step), the peak extra memory of the
+first step (state and workspace created then) and of a later one (the peak of the bytes the
+step's allocations keep alive: the analogue of ``torch.cuda.max_memory_allocated`` minus the memory
+before the step, benchmarks/gpu.py's column), bytes allocated per step (in-place and ``out=``
+writes allocate nothing), the workspace the optimizer keeps between steps, and the CPU time of a
+step, over the 48 matrices of 12 GPT blocks (fused QKV (3d, d), proj (d, d), MLP up (4d, d), MLP
+down (d, 4d); fp32 parameters).
 
-Counts are taken in the second step (the state exists) under a ``TorchDispatchMode``; they depend
-on the number and shapes of the matrices, not on d (except where a shape group exceeds one
-workspace chunk, ``ortho_fast.functional.stacked.MAX_STACK_ELEMENTS``). The test suite bounds the
-counts (tests/ortho_fast/test_op_counts.py); this script prints them.
+Counts are taken under a ``TorchDispatchMode`` (``_op_count.CountOps``); operations in the second
+step. Below d ≈ 600 (12 blocks) each shape group is one chunk (the workspace floor,
+``ortho_fast.functional.stacked.MIN_WORKSPACE_BYTES``) and the counts do not depend on d; above it
+the workspace budget cuts the groups into chunks (``--no-floor`` shows that regime at a small d).
+The test suite bounds both (tests/ortho_fast/test_op_counts.py); this script prints them.
 
     python benchmarks/proxies.py [--d 256] [--layers 12]
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ortho_fast.functional import stacked
 from _common import median_seconds, parser, print_table, setup
 from _op_count import CountOps
 from gpu import optimizers
@@ -25,7 +30,7 @@ from gpu import optimizers
 OPTIMIZERS = optimizers([])
 
 
-def measure(factory, d: int, layers: int, min_run_time: float) -> tuple[int, int, int | None, float]:
+def measure(factory, d: int, layers: int, min_run_time: float) -> dict:
     gen = torch.Generator().manual_seed(0)
     shapes = [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * layers
     params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
@@ -37,30 +42,37 @@ def measure(factory, d: int, layers: int, min_run_time: float) -> tuple[int, int
     with CountOps() as counter:
         opt.step()
     workspace = getattr(opt, "workspace_nbytes", None)  # Muon / NorMuon
-    seconds = median_seconds(opt.step, min_run_time)
-    return counter.ops, first.allocated, counter.allocated, workspace, seconds
+    return {"ops": counter.ops, "first peak": first.peak, "later peak": counter.peak,
+            "allocated": counter.allocated, "workspace": workspace,
+            "seconds": median_seconds(opt.step, min_run_time)}
 
 
 def main() -> None:
     p = parser(__doc__.split("\n\n")[0])
     p.add_argument("--d", type=int, default=128, help="model width (default 128)")
     p.add_argument("--layers", type=int, default=12, help="GPT blocks (default 12: 48 matrices)")
+    p.add_argument("--no-floor", action="store_true",
+                   help="workspace floor 0: the chunking of models above d ≈ 600 at this d")
     args = p.parse_args()
     setup(args)
     if args.quick:
         args.d = 16
+    if args.no_floor:
+        stacked.MIN_WORKSPACE_BYTES = 0
     rows, ref = [], None
     for name, factory in OPTIMIZERS.items():
-        ops, first, allocated, workspace, seconds = measure(factory, args.d, args.layers, args.min_run_time)
-        ref = ref or (ops, first, allocated, seconds)
-        rows.append([name, str(ops), f"{ops / ref[0]:.2f}", f"{first / 2**20:.2f}", f"{first / ref[1]:.2f}",
-                     f"{allocated / 2**20:.2f}", f"{allocated / ref[2]:.2f}",
-                     "-" if workspace is None else f"{workspace / 2**20:.2f}", f"{seconds * 1e3:.2f}",
-                     f"{seconds / ref[3]:.2f}"])
+        m = measure(factory, args.d, args.layers, args.min_run_time)
+        ref = ref or m
+        ratio = lambda key: f"{m[key] / ref[key]:.2f}" if ref[key] else "-"
+        mb = lambda key: f"{m[key] / 2**20:.2f}"
+        rows.append([name, str(m["ops"]), ratio("ops"), mb("first peak"), ratio("first peak"), mb("later peak"),
+                     ratio("later peak"), mb("allocated"), ratio("allocated"),
+                     "-" if m["workspace"] is None else mb("workspace"), f"{m['seconds'] * 1e3:.2f}", ratio("seconds")])
     print_table(f"One step over {4 * args.layers} GPT matrices, d = {args.d} (ours / torch: ÷ torch.optim.Muon; "
-                "allocated: bytes returned by allocating ops, the first step with its state and workspace)",
-                ["optimizer", "compute ops", "ours / torch", "1st step allocated MB", "ours / torch",
-                 "later step allocated MB", "ours / torch", "workspace MB", "ms / step", "ours / torch"], rows)
+                "peak: extra bytes kept alive at once, the first step with its state and workspace)",
+                ["optimizer", "compute ops", "ours / torch", "1st step peak MB", "ours / torch", "later peak MB",
+                 "ours / torch", "later allocated MB", "ours / torch", "workspace MB", "ms / step", "ours / torch"],
+                rows)
 
 
 if __name__ == "__main__":

@@ -307,7 +307,7 @@ class Muon(Optimizer):
     @property
     def workspace_nbytes(self) -> int:
         """Bytes of the buffers the stacked step keeps between steps (``ortho_fast.functional.stacked.
-        Workspace``: at most one chunk of ``MAX_STACK_ELEMENTS`` entries; 0 before the first step,
+        Workspace``: its largest chunk, within ``stacked.workspace_budget``; 0 before the first step,
         on the ``bitwise_torch`` path and in the distributed step)."""
         workspace = getattr(self._runner, "workspace", None)
         return 0 if workspace is None else workspace.nbytes

@@ -113,11 +113,19 @@ def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bu
     """The other half: writes U (the matrix to orthogonalize) into ``out[i]`` from the updated
     ``bufs[i]`` — G + μ(M − G) ("ema", ``lerp``) / G + μM ("classic") with ``nesterov``, else M —
     the same bits as ``muon_momentum_foreach``'s results (the same kernels, in place on a copy
-    of G). Shapes: ``out[i]``, ``grads[i]``, ``bufs[i]`` of one shape and dtype per i."""
+    of G). ``out`` of another dtype than the gradients (the bfloat16 stack of the stacked step):
+    U is computed in the gradients' dtype and rounded once on the write, one ``out=`` call per
+    tensor (no temporary of U; the bits of ``muon_momentum_foreach``'s results cast to it).
+    Shapes: ``out[i]``, ``grads[i]``, ``bufs[i]`` of one shape per i; ``grads[i]``, ``bufs[i]``
+    of one dtype."""
     check_choice(style, "style", MOMENTUM_STYLES)
     out = list(out)
     if not nesterov:
         torch._foreach_copy_(out, list(bufs))
+        return
+    if out and out[0].dtype != grads[0].dtype:
+        for o, g, b in zip(out, grads, bufs):
+            torch.lerp(g, b, mu, out=o) if style == "ema" else torch.add(g, b, alpha=mu, out=o)
         return
     torch._foreach_copy_(out, list(grads))
     if style == "ema":
@@ -139,11 +147,14 @@ class MatrixStack(list):
     """A list of matrices that are the consecutive slices, in order, of one contiguous (k, m, n)
     tensor ``stack`` (``ortho_fast.groups.muon``'s stacked step builds its momentum so): a list
     for every caller, and ``orthogonalize`` reads the stack without copying it. The result of
-    ``orthogonalize`` on one is again one (``stack``: the compute-dtype result)."""
+    ``orthogonalize`` on one is again one (``stack``: the compute-dtype result). ``scratch``: the
+    stack is the caller's buffer, free to be overwritten (in the compute dtype the iteration
+    then starts in it: no copy)."""
 
-    def __init__(self, mats, stack: torch.Tensor) -> None:
+    def __init__(self, mats, stack: torch.Tensor, scratch: bool = False) -> None:
         super().__init__(mats)
         self.stack = stack
+        self.scratch = scratch
 
 
 def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: float, eps_mode: str,
@@ -161,7 +172,8 @@ def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: fl
     ``gram`` as ``newton_schulz_resolved`` (validated by the caller). ``workspace``: an
     ``ortho_fast.functional.stacked.Workspace`` for the stacked call when all inputs share one
     shape (the results are then views of its buffers, valid until its next use); a ``MatrixStack``
-    of k >= 2 matrices is orthogonalized as its stack (no copy) and returns a ``MatrixStack``.
+    of k >= 2 matrices (or a ``scratch`` one) is orthogonalized as its stack (no copy) and returns
+    a ``MatrixStack``.
     Source: Keller Jordan's Muon (per-matrix Newton–Schulz); modded-nanogpt / nanochat parameter banks.
     """
     def run(x: torch.Tensor) -> torch.Tensor:
@@ -172,10 +184,11 @@ def orthogonalize(mats: Sequence[torch.Tensor], table, *, safety: float, eps: fl
     if not banks:
         return [run(x) for x in mats]
     stack = getattr(mats, "stack", None)
-    if stack is not None and stack.shape[0] >= 2:
+    if stack is not None and (stack.shape[0] >= 2 or getattr(mats, "scratch", False)):
         dtype = stack.dtype if compute_dtype is None else compute_dtype
         x = newton_schulz_stack(stack, table, safety=safety, eps=eps, eps_mode=eps_mode, compute_dtype=dtype,
-                                precision=precision, gram=gram, workspace=workspace)
+                                precision=precision, gram=gram, workspace=workspace,
+                                overwrite=getattr(mats, "scratch", False))
         return MatrixStack(split_stack(x, mats), x)
     grouped: dict[tuple, list[int]] = defaultdict(list)
     for i, x in enumerate(mats):

@@ -115,17 +115,17 @@ def normuon_normalize(o: torch.Tensor, variance: torch.Tensor, *, beta2: float, 
     Source: Li et al. arXiv 2510.05491; microsoft/dion ``_normuon_normalization_core``; nanochat
     ``muon_step_fused``. Raises: nothing (the group layer validates the options and the state).
     """
-    w = o.to(stage_dtype(o.dtype))
+    w = o.to(stage_dtype(o.dtype), copy=True)  # scaled in place below (one O-sized buffer, not three)
     red = -1 if normuon_side(w.shape[-2], w.shape[-1], dim) == "row" else -2
     mean_square = w.square().mean(dim=red, keepdim=True)
     v = variance.to(stage_dtype(variance.dtype)).lerp(mean_square.to(stage_dtype(variance.dtype)), 1 - beta2)
     variance.copy_(v)
     v = v.to(w.dtype)
     scale = 1.0 / (v.sqrt() + eps) if eps_mode == "add" else v.clamp_min(eps).rsqrt()
-    y = w * scale
+    norm_w = torch.linalg.vector_norm(w, dim=(-2, -1), keepdim=True)
+    y = w.mul_(scale)
     norm_y = torch.linalg.vector_norm(y, dim=(-2, -1), keepdim=True)
-    ratio = torch.linalg.vector_norm(w, dim=(-2, -1), keepdim=True) / norm_y.clamp_min(torch.finfo(w.dtype).tiny)
-    return y * ratio
+    return y.mul_(norm_w / norm_y.clamp_min(torch.finfo(w.dtype).tiny))
 
 
 def pre_orthogonalize(mats: Sequence[torch.Tensor], *, equilibration: str | None) -> list[torch.Tensor]:

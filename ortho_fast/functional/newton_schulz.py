@@ -458,16 +458,17 @@ def newton_schulz_stacked(mats, table, *, safety: float, eps: float, eps_mode: s
 
 def newton_schulz_stack(u: torch.Tensor, table, *, safety: float, eps: float, eps_mode: str,
                         compute_dtype: torch.dtype, precision: str | None = None, gram: bool | None = None,
-                        workspace=None) -> torch.Tensor:
+                        workspace=None, overwrite: bool = False) -> torch.Tensor:
     """``newton_schulz_stacked`` on its stack: u (k, m, n) contiguous, any floating dtype -> the
-    (k, m, n) result in ``compute_dtype`` (a buffer of ``workspace`` when given). Options
+    (k, m, n) result in ``compute_dtype`` (a buffer of ``workspace`` when given). ``overwrite``:
+    u is the caller's scratch; in ``compute_dtype`` the iteration starts in it (no copy). Options
     validated by the caller."""
     from .stacked import Workspace, iterate_stack, scale_and_cast
 
     workspace = Workspace() if workspace is None else workspace
     m, n = u.shape[-2], u.shape[-1]
     tall = m > n
-    x = workspace.get("stack_a", tuple(u.shape), compute_dtype, u.device)
+    x = u if overwrite and u.dtype == compute_dtype else workspace.get("stack_a", tuple(u.shape), compute_dtype, u.device)
     beta = scale_and_cast(u, x)  # exact division by β, then one cast into the stack
     with float32_matmul_precision(precision) if precision is not None else contextlib.nullcontext():
         x = frobenius_normalize_(x, beta, safety, eps, eps_mode)

@@ -2,14 +2,16 @@
 
 The fast default Muon step (``ortho_fast.groups.muon``, bfloat16 / float16 Newton–Schulz, not
 ``bitwise_torch``) runs per chunk of same-shape matrices a fixed number of operations, however
-many matrices the chunk holds: the Nesterov momentum written into one stack (``_foreach`` ops),
-the overflow-safe power-of-two scale and the cast in one division, one Frobenius normalization,
-five steps of three batched products, the update as one ``_foreach_add_``. The stacks and the
-products' outputs live in a ``Workspace`` kept by the optimizer: allocated at the first step,
-reused by every chunk of every later step (no allocation in the step, the same addresses at every
-step: what a CUDA graph replays), bounded by ``MAX_STACK_ELEMENTS`` per chunk.
+many matrices the chunk holds (plus one write of U per matrix): the Nesterov momentum written into
+one stack, the overflow-safe power-of-two scale, one Frobenius normalization, five steps of three
+batched products, the update as one ``_foreach_add_``. The stacks and the products' outputs live
+in a ``Workspace`` kept by the optimizer: allocated at the first step, reused by every chunk of
+every later step (no allocation in the step, the same addresses at every step: what a CUDA graph
+replays). A chunk's workspace stays within ``workspace_budget``: the peak extra memory of a step
+within ``MEMORY_RATIO`` × torch.optim.Muon's.
 Source: modded-nanogpt / nanochat parameter banks (batched Newton–Schulz); torch.optim's
-``_multi_tensor_*`` steps (``_foreach`` ops); docs/performance.md, "The stacked step".
+``_multi_tensor_*`` steps (``_foreach`` ops); torch.optim.Muon (the memory it is measured
+against); docs/performance.md, "The stacked step and the GPU proxies".
 """
 
 from __future__ import annotations
@@ -18,49 +20,127 @@ import math
 
 import torch
 
-#: Most matrix entries one stack (one chunk) holds: 2^25 (128 MiB of float32 momentum, 64 MiB per
+#: Most matrix entries one stack (one chunk) holds: 2^25 (128 MiB of float32 U where that stack is kept, 64 MiB per
 #: bfloat16 stack). Larger shape groups are cut into chunks of whole matrices (a chunk holds at
-#: least one); the workspace never exceeds one chunk's buffers. The trade-off: each of the 12
-#: same-shape matrices of a d = 768 × 12 GPT is then one chunk (179 operations per step; 2^24 cut
-#: it into 7 chunks, about 265), for a 243 MB workspace (docs/performance.md, "(e)").
+#: least one); the memory budget (``workspace_budget``) usually cuts them smaller.
 MAX_STACK_ELEMENTS = 1 << 25
+
+#: The memory goal of the stacked step: its peak extra memory (state created at the first step,
+#: workspace, temporaries) at most this many times torch.optim.Muon's (its momentum buffers plus
+#: the temporaries of one matrix). ``workspace_budget`` derives the chunk budget from it.
+MEMORY_RATIO = 1.1
+
+#: The smallest workspace budget in bytes (32 MiB): below it the launches, not the memory, are
+#: what a step costs (a d = 128 × 12 GPT's whole state is 9 MiB), so every shape group of a small
+#: model stays one chunk (tests/ortho_fast/test_op_counts.py). It binds below about d = 600 for
+#: 12 GPT blocks; d = 768 × 12 and larger follow ``MEMORY_RATIO``.
+MIN_WORKSPACE_BYTES = 32 << 20
+
+#: Byte alignment of every workspace buffer (the CUDA caching allocator's block size).
+ALIGN = 512
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def chunk_nbytes(k: int, m: int, n: int, momentum_dtype: torch.dtype | None, compute_dtype: torch.dtype) -> int:
+    """Bytes of workspace one chunk of k (m, n) matrices takes: the momentum stack in
+    ``momentum_dtype`` (None: none), two ``compute_dtype`` stacks (the Gram matrix is written
+    into the second while the polynomial is formed) and the (k, s, s) polynomial, s = min(m, n);
+    each buffer placed at a multiple of ``ALIGN`` bytes, in the order ``Workspace.get`` gives
+    them out (the momentum stack first: the stack the iteration starts in when it has the compute
+    dtype)."""
+    s = min(m, n)
+    size = compute_dtype.itemsize
+    parts = [k * m * n * (size if momentum_dtype is None else momentum_dtype.itemsize)]
+    if momentum_dtype is not None:
+        parts.append(k * m * n * size)
+    parts += [k * m * n * size, k * s * s * size]
+    return sum(_aligned(part) for part in parts[:-1]) + parts[-1]
+
+
+def torch_temporaries_nbytes(m: int, n: int, dtype: torch.dtype) -> int:
+    """Peak bytes torch.optim.Muon's step allocates for one (m, n) matrix of ``dtype`` beyond its
+    momentum buffer: the Nesterov matrix U (``dtype``), the bfloat16 iterate and its successor,
+    and the (s, s) Gram matrix and polynomial, s = min(m, n) (``torch.optim._muon``:
+    ``grad.lerp``, ``_zeropower_via_newtonschulz``'s ``bfloat16()`` and ``addmm`` calls)."""
+    s = min(m, n)
+    return m * n * (dtype.itemsize + 4) + 4 * s * s
+
+
+def workspace_budget(state_nbytes: int, largest_temporaries: int, extra_state_nbytes: int = 0) -> int:
+    """The bytes one chunk's workspace may take, from the memory goal ``MEMORY_RATIO``.
+
+    torch.optim.Muon's first step peaks at S + T₁: its momentum (S bytes, created then) and the
+    temporaries of its largest matrix (T₁, ``torch_temporaries_nbytes``). Ours peaks at
+    S + X + W + t: the same momentum, the extra state X (NorMuon's second moments), the
+    workspace W (created then, kept) and small temporaries t (per-matrix scales and norms).
+    S + X + W + t ≤ r·(S + T₁) holds with W ≤ (r − 1)·S + T₁ − X when t ≤ (r − 1)·T₁: that is
+    the budget, never below ``MIN_WORKSPACE_BYTES``. A later step holds S + X + W before it
+    starts, so its extra is t only.
+    """
+    budget = (MEMORY_RATIO - 1) * state_nbytes + largest_temporaries - extra_state_nbytes
+    return max(MIN_WORKSPACE_BYTES, int(budget))
 
 
 class Workspace:
-    """Named buffers reused across steps: ``get(name, shape, dtype, device)`` returns a view of
-    one flat buffer per (name, dtype, device), grown to the largest request and kept.
+    """Buffers reused across steps, carved from one byte pool per device: ``get(name, shape,
+    dtype, device)`` returns a view of the pool placed after the buffers already given out in
+    the current frame; a name requested again starts a new frame from the pool's start (chunks
+    run one after the other, each consumed before the next starts), so the pool holds one chunk's
+    buffers and every chunk of every step gets the same addresses (what a CUDA graph replays).
 
-    Buffers of one name are shared by every chunk (chunks run one after the other, each consumed
-    before the next starts). ``nbytes`` is the memory held between steps. Under ``torch.compile``
-    every request is a fresh ``torch.empty`` (inductor plans the graph's memory itself).
-    Not part of an optimizer's ``state_dict``; a copied optimizer starts without buffers.
+    ``reserve(nbytes, device)`` sizes the pool before a step (the stacked step reserves its
+    largest chunk, ``chunk_nbytes``); a request beyond the pool grows it (the buffers given out
+    earlier in the frame stay valid in the old pool while their views live). ``nbytes`` is the
+    memory held between steps. Under ``torch.compile`` every request is a fresh ``torch.empty``
+    (inductor plans the graph's memory itself). Not part of an optimizer's ``state_dict``; a
+    copied optimizer starts without buffers.
     """
 
     def __init__(self) -> None:
-        self._flat: dict[tuple, torch.Tensor] = {}
+        self._pool: dict[torch.device, torch.Tensor] = {}
+        self._frame: dict[torch.device, tuple[set, int]] = {}
+
+    def reserve(self, nbytes: int, device: torch.device) -> None:
+        """Grow the pool of ``device`` to at least ``nbytes`` (the smaller one released first)."""
+        device = torch.device(device)
+        pool = self._pool.get(device)
+        if pool is None or pool.numel() < nbytes:
+            self._pool.pop(device, None)
+            self._frame.pop(device, None)
+            self._pool[device] = torch.empty(nbytes, dtype=torch.uint8, device=device)
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return torch.empty(shape, dtype=dtype, device=device)
-        numel = math.prod(shape)
-        key = (name, dtype, device)
-        flat = self._flat.get(key)
-        if flat is None or flat.numel() < numel:
-            self._flat.pop(key, None)  # release the smaller one before allocating
-            flat = torch.empty(numel, dtype=dtype, device=device)
-            self._flat[key] = flat
-        return flat[:numel].view(shape)
+        device = torch.device(device)
+        names, offset = self._frame.get(device, (frozenset(), 0))
+        if name in names:  # the previous chunk is done: this one starts from the pool's start
+            names, offset = frozenset(), 0
+        end = offset + math.prod(shape) * dtype.itemsize
+        if device not in self._pool or self._pool[device].numel() < end:
+            self._pool.pop(device, None)
+            self._pool[device] = torch.empty(end, dtype=torch.uint8, device=device)
+        self._frame[device] = (names | {name}, _aligned(end))
+        return self._pool[device][offset:end].view(dtype).view(shape)
 
     @property
     def nbytes(self) -> int:
         """Bytes held between steps."""
-        return sum(t.numel() * t.element_size() for t in self._flat.values())
+        return sum(t.numel() for t in self._pool.values())
+
+    def data_ptrs(self) -> list[int]:
+        """The addresses of the pools (the same at every step once reserved)."""
+        return sorted(t.data_ptr() for t in self._pool.values())
 
     def clear(self) -> None:
-        self._flat.clear()
+        self._pool.clear()
+        self._frame.clear()
 
     def __getstate__(self) -> dict:  # a copied optimizer allocates its own buffers
-        return {"_flat": {}}
+        return {"_pool": {}, "_frame": {}}
 
 
 def scale_and_cast(u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -80,15 +160,16 @@ def scale_and_cast(u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 def iterate_stack(x: torch.Tensor, table, *, tall: bool, workspace: Workspace) -> torch.Tensor:
     """The Newton–Schulz steps of ``table`` on a normalized contiguous (k, m, n) stack, on the small
     side without transposing (``newton_schulz.quintic_step_stacked``: the same calls, bitwise),
-    every product written into workspace buffers (``out=``): two stacks used in turn and the
-    (k, s, s) Gram and polynomial matrices. Returns the stack holding the result (``x`` or the
+    every product written into workspace buffers (``out=``): two stacks used in turn (the (k, s, s)
+    Gram matrix is written into the one not holding x, which the step's last product overwrites
+    after the polynomial is formed) and the (k, s, s) polynomial. Returns the stack holding the result (``x`` or the
     workspace's "stack_b"; x must not be that buffer). Shapes: x (k, m, n) -> (k, m, n), x's dtype."""
     k, m, n = x.shape
     s = n if tall else m
     other = workspace.get("stack_b", (k, m, n), x.dtype, x.device)
-    gram = workspace.get("gram", (k, s, s), x.dtype, x.device)
     poly = workspace.get("poly", (k, s, s), x.dtype, x.device)
     for a, b, c in table:
+        gram = other.view(-1)[:k * s * s].view(k, s, s)  # s <= m, n: fits in other
         torch.bmm(x.mT, x, out=gram) if tall else torch.bmm(x, x.mT, out=gram)
         if c == 0.0:  # baddbmm's alpha == 0 quirk (``newton_schulz.quintic_step``)
             torch.mul(gram, b, out=poly)

@@ -26,8 +26,10 @@ from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, muon_momentum
 from ..functional import muon_stages as stage_math
 from ..functional.newton_schulz import EPS_MODES, check_gram, resolve_compute_dtype
 from ..functional.graph_scalars import foreach_add_scaled_
+from ..functional import stacked as stacked_math
 from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
 from .driver import GroupRunner
+from .muon_budget import stage_nbytes_per_entry, state_bytes, writes_compute_dtype
 from .muon_stages import STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options, variance_shape
 from .options import MuonOptions, OptionsCache
 
@@ -292,20 +294,33 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
     for _, p in live:
         if "momentum_buffer" not in state[p]:
             state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-    chunks, rest = plan_stacks(live, layout, options)
+    chunks, rest = plan_stacks(live, layout, options, state_bytes(live, layout, options))
     update = options.update_kwargs()
     if not options.cautious_weight_decay:
         muon_math.decay_weights([p for _, p in live], lr=options.lr, weight_decay=options.weight_decay)
         update["weight_decay"] = 0.0
+    if rest:  # before the stacks: at a first step their temporaries come and go before the workspace
+        _rest_step(group, state, options, layout, rest, update)
     if chunks:
         stacked = [p for chunk in chunks for p, _, _ in chunk.members]
         bufs = [state[p]["momentum_buffer"] for p in stacked]
         muon_math.update_momentum_buffers([p.grad for p in stacked], bufs, mu=options.momentum,
                                           style=options.momentum_style)
         workspace = Workspace() if workspace is None else workspace
+        if not torch.compiler.is_compiling():
+            for device in {chunk.members[0][0].device for chunk in chunks}:
+                workspace.reserve(max(c.nbytes for c in chunks if c.members[0][0].device == device), device)
         for chunk in chunks:
             stacked_chunk_step(chunk, state, options, update, workspace)
-    if not rest:
+
+
+def _rest_step(group: dict, state, options: MuonOptions, layout, rest, update: dict) -> None:
+    """The parameters ``plan_stacks`` leaves out of the stacks: ``orthogonalize`` on their
+    matrices, batched over the rest (``options.batched``), else one parameter after the other
+    (one parameter's temporaries at a time, as torch.optim.Muon; the same bits)."""
+    if not options.batched and len(rest) > 1:
+        for item in rest:
+            _rest_step(group, state, options, layout, [item], update)
         return
     us = muon_math.muon_momentum_foreach([p.grad for _, p in rest], [state[p]["momentum_buffer"] for _, p in rest],
                                          mu=options.momentum, nesterov=options.nesterov, style=options.momentum_style)
@@ -330,6 +345,8 @@ class StackChunk:
     n: int
     members: list = field(default_factory=list)
     count: int = 0
+    nbytes: int = 0  # its workspace (``stacked.chunk_nbytes``)
+    key: tuple = ()  # (m, n, dtype, device): the shape group it was cut from
 
 
 def _whole(lay: MuonLayout) -> bool:
@@ -337,52 +354,77 @@ def _whole(lay: MuonLayout) -> bool:
     return lay.groups == 1 and len(lay.blocks) == 1 and lay.blocks[0] == (0, lay.m, lay.m)
 
 
-def plan_stacks(live, layout, options: MuonOptions) -> tuple[list[StackChunk], list]:
+def plan_stacks(live, layout, options: MuonOptions, budget_from: tuple[int, int, int] | None = None
+                ) -> tuple[list[StackChunk], list]:
     """Split a group's live (index, parameter) pairs into chunks for ``stacked_chunk_step`` and
     the rest: with ``options.batched`` and no cautious weight decay, contiguous parameters whose
-    layout is ``_whole`` are grouped by (m, n, dtype, device) in order and cut into chunks of at
-    most ``MAX_STACK_ELEMENTS`` entries (whole parameters; at least one each); a chunk of one
-    matrix goes to the rest (its 2-D call, the bits of ``banks=False``)."""
+    layout is ``_whole`` are grouped by (m, n, dtype, device) and cut, in order, into chunks of
+    whole parameters of about equal size, each within ``MAX_STACK_ELEMENTS`` entries and a
+    workspace (``stacked.chunk_nbytes``) within ``stacked.workspace_budget(*budget_from)``
+    (``state_bytes``; None: no budget) with the stages' temporaries (``stage_nbytes_per_entry``);
+    a parameter larger than that is a chunk of its own. A shape group of one matrix goes to the
+    rest (its 2-D call, the bits of ``banks=False``); a chunk of one matrix cut by the budget stays
+    a stack (the rest's step batches all its same-shape matrices at once, and allocates as much)."""
     if not options.batched or options.cautious_weight_decay:
         return [], list(live)
-    open_chunks: dict[tuple, StackChunk] = {}
-    chunks, rest = [], []
+    groups: dict[tuple, list] = {}
+    rest = []
     for i, p in live:
         lay = layout(i, p)
         if not (_whole(lay) and p.is_contiguous()):
             rest.append((i, p))
             continue
-        key = (lay.m, lay.n, p.dtype, p.device)
-        chunk = open_chunks.get(key)
-        count = math.prod(lay.batch)
-        if chunk is not None and chunk.count and (chunk.count + count) * lay.m * lay.n > MAX_STACK_ELEMENTS:
-            chunk = None
-        if chunk is None:
-            chunk = open_chunks[key] = StackChunk(lay.m, lay.n)
-            chunks.append(chunk)
-        chunk.members.append((p, lay, i))
-        chunk.count += count
-    singles = [c for c in chunks if c.count < 2]
-    rest += [(i, p) for c in singles for p, _, i in c.members]
+        groups.setdefault((lay.m, lay.n, p.dtype, p.device), []).append((p, lay, i, math.prod(lay.batch)))
+    budget = None if budget_from is None else stacked_math.workspace_budget(*budget_from)
+    chunks = []
+    for (m, n, dtype, _), members in groups.items():
+        compute = options.compute_dtype or dtype  # U's stack: the first compute stack, or one before them
+        in_place = writes_compute_dtype(options, dtype) or (compute == dtype and options.equilibration is None)
+        momentum = None if in_place else dtype
+        size = lambda k, m=m, n=n, u=momentum, c=compute: stacked_math.chunk_nbytes(k, m, n, u, c)
+        transient = stage_nbytes_per_entry(options, dtype) * m * n  # per matrix, beside the workspace
+        total = sum(member[3] for member in members)
+        most = max(1, MAX_STACK_ELEMENTS // (m * n))
+        if budget is not None and size(most) + most * transient > budget:  # the largest k that fits (or 1)
+            low, high = 1, most
+            while low < high:
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if size(mid) + mid * transient <= budget else (low, mid - 1)
+            most = low
+        cap = -(-total // -(-total // most))  # equal chunks: ceil(total / number of chunks)
+        chunk = None
+        for p, lay, i, count in members:
+            if chunk is None or (chunk.count and chunk.count + count > cap):
+                chunk = StackChunk(m, n, key=(m, n, dtype, p.device))
+                chunks.append(chunk)
+            chunk.members.append((p, lay, i))
+            chunk.count += count
+            chunk.nbytes = size(chunk.count)
+    lone = {id(c) for c in chunks if c.count < 2 and sum(c.count for d in chunks if d.key == c.key) < 2}
+    rest += [(i, p) for c in chunks if id(c) in lone for p, _, i in c.members]
     rest.sort(key=lambda item: item[0])
-    return [c for c in chunks if c.count >= 2], rest
+    return [c for c in chunks if id(c) not in lone], rest
 
 
 def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: dict, workspace: Workspace) -> None:
     """The Muon step of one chunk (its momentum buffers already updated,
     ``functional.muon.update_momentum_buffers``): U (Nesterov or the buffer) written into one
-    (k, m, n) stack of the parameters' dtype, MuonEq on it, ``orthogonalize`` of it as a
-    ``MatrixStack``, Muon+ / NorMuon on the result stack (the second moments concatenated and
-    written back with one ``_foreach_copy_``), the update as one ``_foreach_add_`` with the
-    chunk's lr·s. A fixed number of operations whatever the chunk's size."""
+    (k, m, n) workspace stack, of the compute dtype where ``writes_compute_dtype`` (rounded once
+    on the write) else of the parameters' dtype, MuonEq on it, ``orthogonalize`` of it as a
+    scratch ``MatrixStack`` (the iteration starts in it when it has the compute dtype), Muon+ /
+    NorMuon on the result stack (the second moments concatenated and written back with one
+    ``_foreach_copy_``), the update as one ``_foreach_add_`` with the chunk's lr·s. A fixed
+    number of operations whatever the chunk's size, plus one write of U per matrix when cast."""
     params = [p for p, _, _ in chunk.members]
     shape = (chunk.count, chunk.m, chunk.n)
-    u = workspace.get("momentum", shape, params[0].dtype, params[0].device)
+    direct = writes_compute_dtype(options, params[0].dtype)
+    u = workspace.get("momentum", shape, options.compute_dtype if direct else params[0].dtype, params[0].device)
     views = muon_math.split_stack(u, params)
     bufs = [state[p]["momentum_buffer"] for p in params]
     muon_math.momentum_into(views, [p.grad for p in params], bufs, mu=options.momentum, nesterov=options.nesterov,
                             style=options.momentum_style)
-    mats = muon_math.MatrixStack([v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)], u)
+    mats = muon_math.MatrixStack([v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)], u,
+                                 scratch=True)
     pre = stage_math.pre_orthogonalize([u], equilibration=options.equilibration)[0]
     if pre is not u:
         mats = muon_math.MatrixStack(muon_math.split_stack(pre, mats), pre)
