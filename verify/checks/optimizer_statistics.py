@@ -23,6 +23,7 @@ import numpy as np
 import ortho_ref
 from ortho_verify.checks.diagnoses import (CAUSE_TEXT, lr_scale_pair, map_candidates, momentum_form_candidates,
                                              with_cause)
+from ortho_verify.checks.statistical import worst_direction
 from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import matrix_with_spectrum
 from ortho_verify.tolerances import statistical as stat
@@ -142,25 +143,9 @@ def optimizer_mean_deviation(conv, *, weights: np.ndarray, momenta: np.ndarray, 
                                                state_dtype=param_dtype, ns_dtype=ns_dtype)
     var = var + var_o
     allow = stat.oracle_deviation_allowance(sigma_hat, (m, n), table) + bias + bias_o
-    kept = np.sqrt(var.max(axis=0)) <= stat.STATISTIC_FIRST_ORDER_LIMIT
-    if not kept.any():
-        return measured(check, input_name, detail, 0.0, math.inf,
-                        f"no claim: no direction in the first-order regime (one-matrix sqrt(v) > "
-                        f"{stat.STATISTIC_FIRST_ORDER_LIMIT})", informative=False, extra={"supplementary": True})
-    thresholds = stat.ns_mean_deviation_tolerances(var[:, kept], allow[:, kept], probability)
-    means = d[:, kept].mean(axis=0)
-    ratios = np.abs(means) / thresholds
-    i = int(np.argmax(ratios))
-    index = int(np.flatnonzero(kept)[i])
-    lam = stat.hoeffding_lambda(probability, int(kept.sum()))
-    sig = float(np.mean(sigma_hat[:, index]))
-    row = measured(check, input_name, f"{detail} (mean over {J} matrices, worst direction)", abs(float(means[i])),
-                   float(thresholds[i]),
-                   f"direction {index + 1} of {k} (sigma_hat {sig:.3g}): mean deviation {float(means[i]):+.3g}, "
-                   f"std {float(d[:, index].std()):.3g} per matrix; {int(kept.sum())} directions tested, lambda "
-                   f"{lam:.2f} (false alarm <= {probability:g})",
-                   extra={"mean_deviation": d.mean(axis=0).tolist(), "sigma_hat": sigma_hat.mean(axis=0).tolist(),
-                          "kept": kept.tolist()})
+    worst = worst_direction(check, input_name, detail, d, sigma_hat, var, allow, probability, supplementary=True,
+                            record_directions=True)
+    row, kept, thresholds = worst.row, worst.kept, worst.thresholds
     if row.passed:
         return row
     cause = _statistical_cause(conv, d_mean=d.mean(axis=0), kept=kept, thresholds=thresholds, weights=weights,

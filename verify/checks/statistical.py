@@ -79,6 +79,55 @@ def statistical_batches(dtype: str, seed: int = 0) -> list[StatisticalBatch]:
             for i, (lc, shape, norm, count) in enumerate(STATISTICAL_SPECS)]
 
 
+@dataclass(frozen=True)
+class WorstDirection:
+    """The verdict of a per-direction mean-deviation test (``worst_direction``): its ``row``;
+    ``kept`` (k,) bool, the directions in the first-order regime; their ``thresholds`` and
+    ``means`` (None when none is kept: the row then makes no claim); ``index`` the direction
+    (0-based, of k) with the largest |mean| / threshold and ``mean`` its mean deviation, None when
+    none is kept."""
+
+    row: CheckResult
+    kept: np.ndarray
+    thresholds: np.ndarray | None = None
+    means: np.ndarray | None = None
+    index: int | None = None
+    mean: float | None = None
+
+
+def worst_direction(check: str, input_name: str, detail: str, d: np.ndarray, sigmas: np.ndarray, var: np.ndarray,
+                    allow: np.ndarray, probability: float, *, supplementary: bool = False,
+                    record_directions: bool = False) -> WorstDirection:
+    """The row of a per-direction mean deviation over J matrices: d (J, k) the deviations
+    uᵢᵀ·X·vᵢ − f(σ̂ᵢ), sigmas (J, k) the σ̂ᵢ, var (J, k) / allow (J, k) the rounding variance proxies
+    and the allowances (bias bounds, the oracle's). Directions with one-matrix √v above
+    ``STATISTIC_FIRST_ORDER_LIMIT`` are left out (none left: a no-claim row); the others get
+    ``ns_mean_deviation_tolerances`` at false-alarm ``probability``, and the row's error / tolerance
+    are |mean| and the threshold of the direction with the largest ratio. ``supplementary``: the
+    no-claim row says so in its extra; ``record_directions``: the row's extra holds the mean
+    deviation and σ̂ per direction and ``kept``. Used by ``compare_ns_statistics`` and
+    ``ortho_verify.checks.optimizer_statistics``."""
+    kept = np.sqrt(var.max(axis=0)) <= stat.STATISTIC_FIRST_ORDER_LIMIT
+    if not kept.any():
+        return WorstDirection(measured(check, input_name, detail, 0.0, math.inf,
+                                       "no claim: no direction in the first-order regime (one-matrix sqrt(v) > "
+                                       f"{stat.STATISTIC_FIRST_ORDER_LIMIT})", informative=False,
+                                       extra={"supplementary": True} if supplementary else None), kept)
+    thresholds = stat.ns_mean_deviation_tolerances(var[:, kept], allow[:, kept], probability)
+    means = d[:, kept].mean(axis=0)
+    i = int(np.argmax(np.abs(means) / thresholds))
+    index = int(np.flatnonzero(kept)[i])
+    lam = stat.hoeffding_lambda(probability, int(kept.sum()))
+    extra = {"mean_deviation": d.mean(axis=0).tolist(), "sigma_hat": sigmas.mean(axis=0).tolist(),
+             "kept": kept.tolist()} if record_directions else None
+    row = measured(check, input_name, f"{detail} (mean over {len(d)} matrices, worst direction)",
+                   abs(float(means[i])), float(thresholds[i]),
+                   f"direction {index + 1} of {d.shape[1]} (sigma_hat {float(np.mean(sigmas[:, index])):.3g}): "
+                   f"mean deviation {float(means[i]):+.3g}, std {float(d[:, index].std()):.3g} per matrix; "
+                   f"{int(kept.sum())} directions tested, lambda {lam:.2f} (false alarm <= {probability:g})", extra=extra)
+    return WorstDirection(row, kept, thresholds, means, index, float(means[i]))
+
+
 def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety: float, eps: float, dtype: str,
                           input_name: str, detail: str, eps_mode: str = "add",
                           probability: float = stat.FALSE_ALARM_PROBABILITY) -> CheckResult:
@@ -119,28 +168,14 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
     d, sigmas = np.array(deviations), np.array(sigmas)
     var, bias = stat.ns_rounding_moments(sigmas, np.array(lefts), np.array(rights), table, dtype)
     allow = stat.oracle_deviation_allowance(sigmas, (m, n), table) + bias
-    kept = np.sqrt(var.max(axis=0)) <= stat.STATISTIC_FIRST_ORDER_LIMIT
-    if not kept.any():
-        return measured(check, input_name, detail, 0.0, math.inf,
-                        "no claim: no direction in the first-order regime (one-matrix sqrt(v) > "
-                        f"{stat.STATISTIC_FIRST_ORDER_LIMIT})", informative=False)
-    thresholds = stat.ns_mean_deviation_tolerances(var[:, kept], allow[:, kept], probability)
-    means = d[:, kept].mean(axis=0)
-    ratios = np.abs(means) / thresholds
-    i = int(np.argmax(ratios))
-    index = int(np.flatnonzero(kept)[i])
-    lam = stat.hoeffding_lambda(probability, int(kept.sum()))
-    row = measured(check, input_name, f"{detail} (mean over {len(d)} matrices, worst direction)",
-                    abs(float(means[i])), float(thresholds[i]),
-                    f"direction {index + 1} of {k} (sigma_hat {float(np.mean(sigmas[:, index])):.3g}): "
-                    f"mean deviation {float(means[i]):+.3g}, std {float(d[:, index].std()):.3g} per matrix; "
-                    f"{int(kept.sum())} directions tested, lambda {lam:.2f} (false alarm <= {probability:g})")
+    worst = worst_direction(check, input_name, detail, d, sigmas, var, allow, probability)
+    row, index = worst.row, worst.index
     if row.passed:
         return row
     # one cause, fitted on the per-direction means (output scale, normalization, a coefficient)
-    fitted = map_fit_cause(means, sigmas[:, kept].mean(axis=0), table)
+    fitted = map_fit_cause(worst.means, sigmas[:, worst.kept].mean(axis=0), table)
     return with_cause(row, fitted or f"a systematic deviation of direction {index + 1} (sigma_hat "
-                           f"{float(np.mean(sigmas[:, index])):.3g}) by {float(means[i]):+.3g} on average over {len(d)} "
+                           f"{float(np.mean(sigmas[:, index])):.3g}) by {worst.mean:+.3g} on average over {len(d)} "
                            "matrices, beyond what rounding explains; no single known form (output scale, normalization, "
                            "one coefficient) explains the deviations")
 
