@@ -426,9 +426,10 @@ def real_gradients(
     global _last_info
     config = GPTConfig() if config is None else config
     step = quick_step(config)
-    if quick and not cache_path(config, cache_dir, seed)[0].exists():
-        config = quick_config(config)  # the full run is not cached: train only what the quick set needs
     path, key = cache_path(config, cache_dir, seed)
+    if quick and not path.exists():  # the full run is not cached: train only what the quick set needs
+        config = quick_config(config)
+        path, key = cache_path(config, cache_dir, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     from_cache = False
     try:
