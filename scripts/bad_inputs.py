@@ -1,7 +1,7 @@
 """Bad inputs against the optimizers, the functional core, the oracle and the judge: a few
 hundred cases, each (family, the names a clear message must give, setup, action), classified as
 silent (no error), confusing (an error naming none of them, or not a ValueError / TypeError), clear,
-and state_changed (an optimizer's parameters, state or groups differ after an error).
+(for the few valid inputs in the list, names None: clear when accepted as documented), and state_changed (an optimizer's parameters, state or groups differ after an error).
 
     python scripts/bad_inputs.py
 """
@@ -75,6 +75,23 @@ def load_case(name, seed, corrupt):
         return (opt, ps), (lambda: opt.load_state_dict(sd))
     return fn
 def first_entry(sd): return next(iter(sd["state"].values()))
+def emptied_case(name, seed):
+    """An entry emptied to {} (what reading ``opt.state[p]`` of a torch optimizer leaves behind)
+    means no state, as an absent entry: the load must succeed and give what dropping the entry
+    gives (docs/compatibility.md, "Never silently reset")."""
+    def fn():
+        ps, opt = stepped(name, seed)
+        sd = copy.deepcopy(opt.state_dict())
+        key = next(iter(sd["state"]))
+        absent = copy.deepcopy(sd); del absent["state"][key]
+        sd["state"][key] = {}
+        def action():
+            opt.load_state_dict(absent); want = everything(opt, ps)
+            opt.load_state_dict(sd)
+            if not same(want, everything(opt, ps)):
+                raise AssertionError("an emptied entry loaded differently from an absent one")
+        return None, action
+    return fn
 for name in OPTS:
     for seed in range(3):
         k = rng.randint(50, 10**6)
@@ -96,9 +113,11 @@ for name in OPTS:
         def intdt(sd, ps, o):
             e = first_entry(sd); kk = [k for k, v in e.items() if v.numel() > 1][0]; e[kk] = e[kk].long()
         case("load: integer state", ["momentum", "exp_avg", "Q", "variance_neuron"], load_case(name, seed, intdt))
-        def missing(sd, ps, o):
-            e = first_entry(sd); kk = [k for k in e if k != "step"][0]; del e[kk]
-        case("load: missing state key", ["momentum", "exp_avg", "Q", "variance_neuron"], load_case(name, seed, missing))
+        def missing(sd, ps, o):  # a partial entry: one key gone, others left
+            e = next(e for e in sd["state"].values() if len(e) > 1); kk = [k for k in e if k != "step"][0]; del e[kk]
+        if name not in ("Muon", "Dion2", "Lion"):  # one-key states cannot be partial: "emptied entry" below
+            case("load: missing state key", ["momentum", "exp_avg", "Q", "variance_neuron"], load_case(name, seed, missing))
+        case("load: emptied entry", None, emptied_case(name, seed))
         case("load: fewer groups", ["param_groups", "parameter group", "groups"], load_case(name, seed, lambda sd, ps, o: sd.__setitem__("param_groups", sd["param_groups"] + [copy.deepcopy(sd["param_groups"][0])])))
         case("load: lr negative", ["lr"], load_case(name, seed, lambda sd, ps, o: sd["param_groups"][0].__setitem__("lr", -0.5)))
         case("load: weight_decay NaN", ["weight_decay"], load_case(name, seed, lambda sd, ps, o: sd["param_groups"][0].__setitem__("weight_decay", float("nan"))))
@@ -207,8 +226,10 @@ def run():
             target, action = None, (lambda e=e: (_ for _ in ()).throw(e))
         before = everything(*target) if target else None
         try:
-            action(); outcome = "silent"; msg = ""
+            action(); outcome = "silent" if names is not None else "clear"; msg = ""
         except (ValueError, TypeError) as e:
+            if names is None:  # a valid input rejected
+                counts["confusing"] += 1; bad[("confusing", family)].append(str(e)[:150]); continue
             msg = str(e)
             outcome = "clear" if any(msg.startswith(n) or f"{n}:" in msg or f"'{n}'" in msg or f"{n} (" in msg
                                      for n in names) else "confusing"

@@ -254,7 +254,7 @@ def check_saved_state(entry, spec: StateSpec, p: torch.Tensor, group: dict, wher
     """
     if not isinstance(entry, Mapping):
         raise ValueError(f"state: expected a dict of tensors for {where}, got {type(entry).__name__}")
-    if not entry:
+    if not entry:  # {}: no state, as an absent entry (what reading ``opt.state[p]`` leaves behind)
         return
     for key in entry:
         if key not in spec.keys:

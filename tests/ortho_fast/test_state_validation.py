@@ -131,3 +131,27 @@ def test_not_a_state_dict():
     with pytest.raises(ValueError, match="^state_dict: expected a dict with 'state' and 'param_groups'"):
         opt.load_state_dict({"state": {}})
     _assert_same_state_dict(before, _snapshot(opt))
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_emptied_entry_loads_as_absent(name):
+    """An entry emptied to {} (what reading ``opt.state[p]`` of a torch optimizer leaves, and what
+    its ``state_dict`` then saves) means no state, as an absent entry does: the load succeeds and
+    the next step starts that parameter from zeros, exactly as dropping the entry would."""
+    saved = _snapshot(_stepped(OPTIMIZERS[name]))
+    first = next(iter(saved["state"]))
+    absent, emptied = copy.deepcopy(saved), copy.deepcopy(saved)
+    del absent["state"][first]
+    emptied["state"][first] = {}
+    results = []
+    for checkpoint in (absent, emptied):
+        opt = _stepped(OPTIMIZERS[name])
+        opt.load_state_dict(checkpoint)
+        params = [p for group in opt.param_groups for p in group["params"]]
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt.step()
+        results.append(([p.detach().clone() for p in params], _snapshot(opt)))
+    (params_a, state_a), (params_e, state_e) = results
+    assert all(torch.equal(a, e) for a, e in zip(params_a, params_e))
+    _assert_same_state_dict(state_a, state_e)
