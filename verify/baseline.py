@@ -77,6 +77,15 @@ def baseline_path_for_test(test_file, test_id: str, *, folder=None, rootpath=Non
     return Path(folder) / relative / name
 
 
+def legacy_baseline_path(test_name: str, *, folder=None, rootpath=None) -> Path:
+    """Where the ``ortho_baseline`` fixture kept a baseline before it was keyed by the full test id:
+    ``<folder or <rootpath>/ortho-baselines>/<test name>.json`` (``test_name``: pytest's
+    ``request.node.name``, or the name a test gave; characters outside [A-Za-z0-9_.-] become "_").
+    Only read, to name the file to move when the current path (``baseline_path_for_test``) has none."""
+    base = Path(folder) if folder is not None else Path(rootpath if rootpath is not None else ".") / BASELINE_FOLDER
+    return base / f"{_safe_name(test_name)}.json"
+
+
 def _key(r: CheckResult) -> str:
     return f"{r.check} | {r.input} | {r.detail}"
 

@@ -25,8 +25,10 @@ Fixtures: ``verify_orthogonalizer`` and ``verify_optimizer`` — ``ortho_verify.
 ``--ortho-report DIR`` each report is also saved under DIR/<test name>/. ``ortho_baseline`` —
 ``ortho_baseline(report, name=None)`` compares a report with its stored baseline
 (``ortho_verify.baseline.compare_with_baseline``) and fails the test on a regression, or with
-``--ortho-update-baseline`` writes it (``save_baseline``); baselines live in ``--ortho-baseline-dir``
-(default ``<rootdir>/ortho-baselines``), one JSON file per name (default: the test's name).
+``--ortho-update-baseline`` writes it (``save_baseline``); one JSON file per full test id, beside the
+test file (``ortho-baselines/<module>/<class::test[params]>.json``) or under ``--ortho-baseline-dir``
+(``ortho_verify.baseline.baseline_path_for_test``); a baseline found only at the former path
+(``<rootdir>/ortho-baselines/<test name>.json``) fails the test naming the file to move.
 """
 
 from __future__ import annotations
@@ -171,7 +173,8 @@ def ortho_baseline(request):
     ``<test file's folder>/ortho-baselines/<module>/<class::test[params] or name>.json``, the
     same from any working directory; ``--ortho-baseline-dir DIR``:
     ``DIR/<test file relative to the rootdir>/<test id>.json``."""
-    from ortho_verify.baseline import compare_with_baseline, save_baseline, baseline_path_for_test
+    from ortho_verify.baseline import (baseline_path_for_test, compare_with_baseline, legacy_baseline_path,
+                                       save_baseline)
 
     option = request.config.getoption("--ortho-baseline-dir")
     update = request.config.getoption("--ortho-update-baseline")
@@ -187,6 +190,11 @@ def ortho_baseline(request):
                 pytest.fail(f"baseline {path} not written: {err}", pytrace=False)
             return report
         if not path.is_file():
+            legacy = legacy_baseline_path(name or node.name, folder=option, rootpath=request.config.rootpath)
+            if legacy.is_file():
+                pytest.fail(f"no baseline {path} for {node.nodeid}, but {legacy} is one at the path used before "
+                            f"baselines were keyed by the full test id: move it there (git mv {legacy} {path}) "
+                            "if it belongs to this test, or run pytest --ortho-update-baseline once", pytrace=False)
             pytest.fail(f"no baseline {path} for {node.nodeid}: run pytest --ortho-update-baseline once and "
                         f"commit the file", pytrace=False)
         try:

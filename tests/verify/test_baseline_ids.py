@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ortho_verify.baseline import BASELINE_FOLDER, baseline_path_for_test
+from ortho_verify.baseline import BASELINE_FOLDER, baseline_path_for_test, legacy_baseline_path
 from tests.verify.test_docs_example import _pytest
 
 #: A user's test: its report's one ratio comes from the environment (RATIO_<folder>), so a run can
@@ -71,3 +71,24 @@ def test_same_named_tests_in_two_folders_and_any_working_directory(tmp_path):
     assert again.returncode == 1 and "1 failed, 3 passed" in again.stdout, again.stdout + again.stderr
     assert "bfloat16/test_kernel.py::test_kernel: run pytest --ortho-update-baseline" in again.stdout  # the deleted one
     assert len(list(root.rglob("*.json"))) == 3
+
+
+def test_a_baseline_at_the_former_path_is_named_to_move(tmp_path):
+    """A baseline written before baselines were keyed by the full test id
+    (``<rootdir>/ortho-baselines/<test name>.json``) is not read: the test fails naming it and
+    where it belongs, and after the move it is compared as before."""
+    root = _project(tmp_path / "project")
+    (root / "tests" / "bfloat16" / "test_kernel.py").unlink()
+    (root / "pytest.ini").write_text("[pytest]\n")  # the rootdir: the project
+    ratios = {"RATIO_float32": "0.2"}
+    assert _pytest(root, IMPORTLIB, "--ortho-update-baseline", env=ratios).returncode == 0
+    current = root / "tests" / "float32" / BASELINE_FOLDER / "test_kernel" / "test_kernel.json"
+    legacy = legacy_baseline_path("test_kernel", rootpath=root)
+    assert legacy == root / BASELINE_FOLDER / "test_kernel.json"
+    legacy.parent.mkdir(exist_ok=True)
+    current.rename(legacy)
+    moved = _pytest(root, IMPORTLIB, env=ratios)
+    assert moved.returncode == 1 and "1 failed, 1 passed" in moved.stdout, moved.stdout + moved.stderr
+    assert f"move it there (git mv {legacy} {current})" in moved.stdout.replace("\n", ""), moved.stdout
+    legacy.rename(current)
+    assert _pytest(root, IMPORTLIB, env=ratios).returncode == 0
