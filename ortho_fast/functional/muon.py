@@ -134,6 +134,20 @@ def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bu
         torch._foreach_add_(out, list(bufs), alpha=mu)
 
 
+def cautious_decay_factor(o: torch.Tensor, w: torch.Tensor, decay: float) -> torch.Tensor:
+    """Cautious weight decay's factor: 1 − ``decay`` where sign(O)·sign(W) >= 0, else 1, in
+    ``w``'s computation dtype (float32 for bfloat16 / float16 ``w``, else ``w``'s): ``w.mul_`` of it
+    gives the bits of ``torch.where(sign(O)·sign(W) >= 0, W·(1 − decay), W)``. The mask is built
+    from four boolean comparisons (O and W of opposite signs), so its peak temporaries are about
+    5 bytes per entry, not the 12 of float32 signs and their product.
+    Shapes: o, w the same (m, n) (or broadcastable), finite -> w's shape.
+    Source: Chen et al. 2025, arXiv 2510.12402 (cautious weight decay)."""
+    opposite = o.gt(0).logical_and_(w.lt(0)).logical_or_(o.lt(0).logical_and_(w.gt(0)))
+    dtype = torch.promote_types(w.dtype, torch.float32)
+    return torch.where(opposite, torch.ones((), dtype=dtype, device=w.device),
+                       torch.full((), 1 - decay, dtype=dtype, device=w.device))
+
+
 def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: float) -> None:
     """Decoupled weight decay W ← W·(1 − lr·wd) on every tensor of ``params`` in place, with one
     ``_foreach_mul_`` (the same bits as ``W.mul_(1 - lr * wd)``; nothing when lr·wd = 0).
@@ -238,8 +252,7 @@ def muon_update(p: torch.Tensor, layout: MuonLayout, outs: Sequence[torch.Tensor
     for view, o, shape in zip(layout.views(w), outs, shapes or layout.matrix_shapes()):
         o = o.reshape(view.shape)
         if cautious_weight_decay:
-            decayed = torch.where(o.sign() * view.sign() >= 0, view * (1 - lr * wd), view)
-            view.copy_(decayed)
+            view.mul_(cautious_decay_factor(o, view, lr * wd))
         scale = adjusted_lr_scale(adjust_lr, shape[-2], shape[-1]) * extra_scale_factor
         add_scaled_(view, o, -lr * scale)
     if w is not p:

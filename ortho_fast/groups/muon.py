@@ -29,7 +29,7 @@ from ..functional.graph_scalars import foreach_add_scaled_
 from ..functional import stacked as stacked_math
 from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
 from .driver import GroupRunner
-from .muon_budget import stage_nbytes_per_entry, state_bytes, writes_compute_dtype
+from .muon_budget import cautious_nbytes, rest_batches, stage_nbytes_per_entry, state_bytes, writes_compute_dtype
 from .muon_stages import STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options, variance_shape
 from .options import MuonOptions, OptionsCache
 
@@ -294,13 +294,17 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
     for _, p in live:
         if "momentum_buffer" not in state[p]:
             state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-    chunks, rest = plan_stacks(live, layout, options, state_bytes(live, layout, options))
+    budget_from = state_bytes(live, layout, options)
+    chunks, rest = plan_stacks(live, layout, options, budget_from)
     update = options.update_kwargs()
     if not options.cautious_weight_decay:
         muon_math.decay_weights([p for _, p in live], lr=options.lr, weight_decay=options.weight_decay)
         update["weight_decay"] = 0.0
-    if rest:  # before the stacks: at a first step their temporaries come and go before the workspace
-        _rest_step(group, state, options, layout, rest, update)
+    # before the stacks (at a first step their temporaries come and go before the workspace), in
+    # batches within the stacks' workspace budget
+    rest_budget = stacked_math.workspace_budget(*budget_from) - cautious_nbytes(rest, layout, options)
+    for batch in rest_batches(rest, layout, options, rest_budget):
+        _rest_step(group, state, options, layout, batch, update)
     if chunks:
         stacked = [p for chunk in chunks for p, _, _ in chunk.members]
         bufs = [state[p]["momentum_buffer"] for p in stacked]

@@ -50,3 +50,48 @@ def state_bytes(live, layout, options: MuonOptions) -> tuple[int, int, int]:
         if options.normuon_beta2 is not None:
             extra += math.prod(variance_shape(lay, options.normuon_dim)) * p.element_size()
     return momentum, temporaries, extra
+
+
+def rest_nbytes(p: torch.Tensor, lay, options: MuonOptions) -> int:
+    """An upper bound on the bytes the step of the parameters left out of the stacks
+    (``ortho_fast.groups.muon._rest_step``) allocates for parameter ``p`` of layout ``lay`` at
+    once: its U (``p``'s dtype), the stages' temporaries (``stage_nbytes_per_entry``), and per
+    matrix (m, n) of its layout the Newton–Schulz iterate, its successor and U's cast (three (m, n)
+    of the compute dtype) with the (s, s) Gram matrix and polynomial, s = min(m, n)."""
+    compute = (options.compute_dtype or p.dtype).itemsize
+    total = p.numel() * (p.element_size() + stage_nbytes_per_entry(options, p.dtype))
+    for shape in lay.matrix_shapes():
+        *batch, m, n = shape
+        s = min(m, n)
+        total += math.prod(batch) * (3 * m * n + 2 * s * s) * compute
+    return total
+
+
+def cautious_nbytes(live, layout, options: MuonOptions) -> int:
+    """Peak bytes of cautious weight decay's mask for the largest matrix of the group's live
+    (index, parameter) pairs (``functional.muon.cautious_decay_factor``: four boolean comparisons,
+    then the mask and the factor, one matrix at a time: at most 8 bytes per entry); 0 without
+    cautious weight decay. The rest step's batches leave room for it (``rest_batches``' budget)."""
+    if not options.cautious_weight_decay:
+        return 0
+    largest = max((math.prod(shape[-2:]) for i, p in live for shape in layout(i, p).matrix_shapes()), default=0)
+    return 8 * largest
+
+
+def rest_batches(rest, layout, options: MuonOptions, budget: int) -> list[list]:
+    """The parameters left out of the stacks (``rest``: (index, parameter) pairs in order) cut, in
+    order, into batches whose ``rest_nbytes`` sum to at most ``budget`` bytes (a parameter larger
+    than that is a batch of its own): the rest step runs batch after batch, so its temporaries stay
+    within the stacked step's workspace budget (``stacked.workspace_budget``) as the chunks do.
+    Without ``options.batched`` every parameter is its own batch (one parameter's temporaries at
+    a time, as torch.optim.Muon)."""
+    batches: list[list] = []
+    used = 0
+    for i, p in rest:
+        cost = rest_nbytes(p, layout(i, p), options)
+        if not options.batched or not batches or used + cost > budget:
+            batches.append([])
+            used = 0
+        batches[-1].append((i, p))
+        used += cost
+    return batches
