@@ -110,7 +110,7 @@ def sharded_dion2_step(p: torch.Tensor, st: dict, lay: MatrixLayout, options: Di
     bt.index_copy_(0, here, part * options.ef_decay)
     ortho = dion2_math.orthogonalize_selected(sub if rows else sub.mT, options.table, safety=options.safety,
                                               eps=options.epsilon, compute_dtype=options.compute_dtype,
-                                              precision=options.precision)
+                                              precision=options.precision, gram=options.gram)
     ortho = ortho if rows else ortho.mT
     scale = dion2_math.dion2_lr_scale(options.adjust_lr, m, n)
     wt.mul_(1 - options.lr * options.weight_decay)
