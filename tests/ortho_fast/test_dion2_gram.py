@@ -237,3 +237,19 @@ def test_hybrid_and_param_groups_take_gram_per_group():
     with pytest.raises(ValueError, match=r"^param group 0 \(dion\): gram: an option of .*dion2.*not of dion"):
         ortho_fast.HybridOptimizer([{"params": [torch.nn.Parameter(torch.randn(8, 8))], "algorithm": "dion",
                                      "gram": True}])
+
+
+def test_a_checkpoint_without_gram_loads_with_the_current_groups_gram():
+    """A Dion2 state dict written before the option existed (no "gram" key) loads: the group keeps the
+    current group's gram (None for a default-built optimizer), as a Muon state dict does."""
+    p = torch.nn.Parameter(torch.randn(8, 32))
+    opt = ortho_fast.Dion2([p])
+    p.grad = torch.randn(8, 32)
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    del saved["param_groups"][0]["gram"]
+    q = torch.nn.Parameter(p.detach().clone())
+    again = ortho_fast.Dion2([q])
+    again.load_state_dict(saved)
+    assert again.param_groups[0]["gram"] is None
+    assert torch.equal(again.state[q]["momentum"], opt.state[p]["momentum"])
