@@ -97,8 +97,9 @@ def orthogonalize_selected(sub: torch.Tensor, table, *, safety: float, eps: floa
     casts the submatrix to bfloat16 and runs Polar Express on it). ``gram``: Gram Newton–Schulz on
     the k × k side (``newton_schulz``'s ``gram``, validated by the caller with ``check_gram``): None
     for float32 / float64 compute from aspect ratio 2 (Dion2's default fraction 0.25 selects about
-    a quarter of the short side: aspect ratio about 4 or more), True always (float16 is Dao AI Lab's gram-newton-schulz kernel, restarting
-    before steps ``gram_restarts(T)``), False never. A patch point (module docstring).
+    a quarter of the short side: aspect ratio about 4 or more), True always (float16 is Dao AI
+    Lab's gram-newton-schulz kernel, restarting before steps ``gram_restarts(T)``), False never.
+    A patch point (module docstring).
     Shapes: sub (..., k, n) or (..., m, k) -> the same shape, ``compute_dtype``."""
     dtype = sub.dtype if compute_dtype is None else compute_dtype
     return newton_schulz_resolved(sub, table, safety=safety, eps=eps, eps_mode="add", compute_dtype=dtype,

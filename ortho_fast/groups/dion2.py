@@ -26,8 +26,8 @@ from .driver import GroupRunner
 from .options import OptionsCache
 
 __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options", "check_dion2_step",
-           "check_gram_option", "dion2_group_step", "dion2_matrix_shape", "matrices", "normalize_dion2_group", "resolve_dion2_options",
-           "write_back"]
+           "check_gram_option", "dion2_group_step", "dion2_matrix_shape", "matrices", "normalize_dion2_group",
+           "resolve_dion2_options", "write_back"]
 
 #: Every key of a Dion2 param group with its default: microsoft/dion ``Dion2``'s defaults
 #: (lr 0.01, fraction 0.25, ef_decay 0.95, weight_decay 0.01, epsilon 1e-8, adjust_lr
