@@ -23,7 +23,8 @@ Sections (every ratio from timings taken in this one process, one after the othe
    matrix) at the measured GEMM peak.
 3. bf16 ``newton_schulz`` on 2048² / 4096² / (64, 1024, 4096) as a % of the GEMM peak.
 4. Gram against standard Newton–Schulz at aspect ratios 4–16: float32 against float32, and float16
-   Gram (``gram=True, dtype=torch.float16``) against the default bfloat16 standard steps.
+   Gram (``gram=True, dtype=torch.float16``) against the default bfloat16 standard steps; then a
+   Dion2 step (d = 1024, 24 layers) with each (its selected submatrices have aspect ratios 4–16).
 5. CUDA graph: Muon / NorMuon / Dion2 with ``check_finite=False`` captured with
    ``torch.cuda.graph`` after warm-up, replayed, compared bit for bit with an eager twin.
 """
@@ -208,6 +209,32 @@ def gram_section(device, clock, args) -> None:
     note = "" if device.type == "cuda" else " (CPU: float16 products have no fast CPU kernel; not representative)"
     table("Gram against standard Newton–Schulz from aspect ratio 4 (goal: float16 Gram >= 1.5x bfloat16)" + note,
           ["input", "aspect", "kernels", "standard ms", "Gram ms", "speed-up"], rows)
+    dion2_gram_rows(device, clock, args, note)
+
+
+#: Dion2 steps with each kernel on its selected submatrices (fraction 0.25 of GPT blocks: aspect ratios 4–16):
+#: the default (bfloat16 standard steps) and the float16 Gram kernel (``gram=True, dtype=torch.float16``).
+DION2_GRAM_KERNELS = (("default (bfloat16)", {}), ("float16 Gram", dict(dtype=torch.float16, gram=True)))
+
+
+def dion2_gram_rows(device, clock, args, note: str) -> None:
+    d, layers = DRY_SIZES[0] if args.dry_run else SIZES[1]
+    shapes = gpt_shapes(d, layers)
+    gen = torch.Generator(device="cpu").manual_seed(2)
+    weights = [torch.randn(s, generator=gen).to(device) for s in shapes]
+    grads = [torch.randn(s, generator=gen).to(device) * 1e-2 for s in shapes]
+    rows, reference = [], None
+    for label, kw in DION2_GRAM_KERNELS:
+        params = [torch.nn.Parameter(w.clone()) for w in weights]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt = ortho_fast.Dion2(params, lr=0.02, **kw)
+        ms = clock.median(opt.step, args.warmup, args.repeats) * 1e3
+        reference = ms if reference is None else reference
+        rows.append([label, f"{ms:.2f}", f"{reference / ms:.2f}x"])
+        del opt, params
+    table(f"Dion2 step with Gram Newton–Schulz, d = {d}, {layers} layers ({len(shapes)} matrices)" + note,
+          ["kernel", "ms / step", "speed-up over the default"], rows)
 
 
 def graph_section(device, args) -> None:

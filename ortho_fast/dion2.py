@@ -49,7 +49,11 @@ class Dion2(Optimizer):
     ``use_gram_newton_schulz``, ``triton_post_ortho`` must be False and ``newton_schulz_func``
     None, ``verbose`` any bool (docs/compatibility.md). Ours: ``coefficients`` / ``ns_steps`` /
     ``safety`` (None: the schedule's, 1.02 for "polar_express") / ``dtype`` (Newton–Schulz compute
-    dtype, bfloat16 as microsoft/dion) and ``check_finite`` (as ``Muon``). ``flatten``: ≥ 3-D
+    dtype, bfloat16 as microsoft/dion), ``gram`` (Muon's: Gram Newton–Schulz on the selected
+    submatrix; None (default) for float32 / float64 compute from aspect ratio 2, so never in the
+    default bfloat16; True always, with ``dtype`` torch.float16 (Dao AI Lab's gram-newton-schulz
+    kernel, microsoft/dion's ``use_gram_newton_schulz``, restarting every second step),
+    torch.float32 or torch.float64 only; False never) and ``check_finite`` (as ``Muon``). ``flatten``: ≥ 3-D
     parameters as (shape[0], prod(rest)); False: batches of matrices.
     ``selection_scope``: "global" (one top-k per matrix: every layout equals one process) or
     "local" (a top-k per shard of the selected dimension, microsoft/dion's default: layout
@@ -94,6 +98,7 @@ class Dion2(Optimizer):
         safety: float | None = None,
         dtype: torch.dtype | str | None = torch.bfloat16,
         selection_scope: str = "local",
+        gram: bool | None = None,
         tp_mesh=None,
         replicate_mesh=None,
         check_finite: bool = True,
@@ -104,7 +109,7 @@ class Dion2(Optimizer):
                             f"(microsoft/dion's order), got {10 + len(dion_positional)}")
         options = dict(lr=lr, fraction=fraction, ef_decay=ef_decay, weight_decay=weight_decay, epsilon=epsilon,
                        adjust_lr=adjust_lr, flatten=flatten, coefficients=coefficients, ns_steps=ns_steps,
-                       safety=safety, dtype=dtype, selection_scope=selection_scope)
+                       safety=safety, dtype=dtype, selection_scope=selection_scope, gram=gram)
         for name, value in zip(DION2_POSITIONAL, dion_positional):
             if name == "selection_scope":
                 options[name] = value

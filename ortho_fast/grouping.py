@@ -169,7 +169,8 @@ def param_groups(
     and OLMo-core use one lr for every group); ``scalar_weight_decay`` None: the table's, or
     ``weight_decay`` where the table has none (Dion, Dion2).
     ``matrix_options`` / ``scalar_options``: further options of every matrix / scalar group, on
-    top of the table's (Dion's ``qr_method``; the AdamW / Lion betas and eps).
+    top of the table's (Dion's ``qr_method``; Muon's / Dion2's ``dtype`` and ``gram``, e.g.
+    ``{"dtype": torch.float16, "gram": True}`` for float16 Gram Newton–Schulz; the AdamW / Lion betas and eps).
     Parameters with ``requires_grad=False`` are left out.
 
     Returns: groups {"params", "param_names" (original names), "algorithm", options...},

@@ -19,7 +19,8 @@ Per sharded matrix W (m, n) (``ortho_fast.distributed.layout.matrix_layout``: th
    "local" scope with those shards;
 4. M[S] ← ef_decay·B[S] on the local block; this rank's part of B_S written into a zero
    (k, n) (or (m, k)) matrix and all-reduced over the same axes: every rank holds B_S bitwise as
-   one process assembles it, orthogonalizes it (``orthogonalize_selected``) and updates its own
+   one process assembles it, orthogonalizes it (``orthogonalize_selected`` with the group's
+   ``gram``, on the one-process orientation and batch shape: the same bits) and updates its own
    block, W ← W·(1 − lr·wd), W[S] −= lr·s·O_S, with s from the global shape.
 
 Plain tensors and parameters replicated on every mesh dim (DDP, with gradients already averaged)
@@ -108,9 +109,12 @@ def sharded_dion2_step(p: torch.Tensor, st: dict, lay: MatrixLayout, options: Di
     sub[at.unsqueeze(1), other.unsqueeze(0)] = part
     all_reduce_axes(sub, axes, tag="submatrix")
     bt.index_copy_(0, here, part * options.ef_decay)
-    ortho = dion2_math.orthogonalize_selected(sub if rows else sub.mT, options.table, safety=options.safety,
-                                              eps=options.epsilon, compute_dtype=options.compute_dtype,
-                                              precision=options.precision)
+    # B_S in the one-process orientation, a batch of one: the very call of ``dion2_group_step`` (the
+    # same kernel and bits for every ``gram`` / dtype), not the 2-D path of newton_schulz_resolved
+    ortho = dion2_math.orthogonalize_selected((sub if rows else sub.mT.contiguous()).unsqueeze(0), options.table,
+                                              safety=options.safety, eps=options.epsilon,
+                                              compute_dtype=options.compute_dtype, precision=options.precision,
+                                              gram=options.gram)[0]
     ortho = ortho if rows else ortho.mT
     scale = dion2_math.dion2_lr_scale(options.adjust_lr, m, n)
     wt.mul_(1 - options.lr * options.weight_decay)

@@ -91,13 +91,19 @@ def dion2_error_feedback(momentum: torch.Tensor, indices: torch.Tensor, selected
 
 
 def orthogonalize_selected(sub: torch.Tensor, table, *, safety: float, eps: float, compute_dtype: torch.dtype | None,
-                           precision: str | None = None) -> torch.Tensor:
+                           precision: str | None = None, gram: bool | None = None) -> torch.Tensor:
     """Newton–Schulz on the selected submatrices (..., k, n) or (..., m, k), X₀ = X / (safety·‖X‖_F
     + eps), computed and returned in ``compute_dtype`` (None: the submatrix's dtype; microsoft/dion
-    casts the submatrix to bfloat16 and runs Polar Express on it). A patch point (module docstring)."""
+    casts the submatrix to bfloat16 and runs Polar Express on it). ``gram``: Gram Newton–Schulz on
+    the k × k side (``newton_schulz``'s ``gram``, validated by the caller with ``check_gram``): None
+    for float32 / float64 compute from aspect ratio 2 (Dion2's default fraction 0.25 selects about
+    a quarter of the short side: aspect ratio about 4 or more), True always (float16 is Dao AI
+    Lab's gram-newton-schulz kernel, restarting before steps ``gram_restarts(T)``), False never.
+    A patch point (module docstring).
+    Shapes: sub (..., k, n) or (..., m, k) -> the same shape, ``compute_dtype``."""
     dtype = sub.dtype if compute_dtype is None else compute_dtype
     return newton_schulz_resolved(sub, table, safety=safety, eps=eps, eps_mode="add", compute_dtype=dtype,
-                                  precision=precision, out_dtype=dtype)
+                                  precision=precision, out_dtype=dtype, gram=gram)
 
 
 def dion2_update(weight: torch.Tensor, ortho: torch.Tensor, indices: torch.Tensor, rows: bool, *, lr: float,

@@ -19,26 +19,30 @@ from ..coefficients import resolve_coefficients, schedule_of
 from ..functional import dion2 as dion2_math
 from ..functional.dion2 import DION2_ADJUST_LR_MODES, SELECTION_SCOPES
 from ..functional.graph_scalars import foreach_scale_
-from ..functional.newton_schulz import resolve_compute_dtype
+from ..functional.newton_schulz import check_gram, resolve_compute_dtype
 from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper, local_tensor,
                           check_param_shaped_state)
 from .driver import GroupRunner
 from .options import OptionsCache
 
 __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options", "check_dion2_step",
-           "dion2_group_step", "dion2_matrix_shape", "matrices", "normalize_dion2_group", "resolve_dion2_options",
-           "write_back"]
+           "check_gram_option", "dion2_group_step", "dion2_matrix_shape", "matrices", "normalize_dion2_group",
+           "resolve_dion2_options", "write_back"]
 
 #: Every key of a Dion2 param group with its default: microsoft/dion ``Dion2``'s defaults
 #: (lr 0.01, fraction 0.25, ef_decay 0.95, weight_decay 0.01, epsilon 1e-8, adjust_lr
 #: "spectral_norm", flatten False, Polar Express with safety 1.02 in bfloat16, selection_scope
 #: "local"). ``coefficients`` / ``ns_steps`` / ``safety`` (None: the schedule's) / ``dtype`` (the
-#: Newton–Schulz compute dtype) are ours; microsoft/dion's ``use_polar_express=False`` is
-#: ``coefficients="cesista5"``.
+#: Newton–Schulz compute dtype) / ``gram`` are ours; microsoft/dion's ``use_polar_express=False`` is
+#: ``coefficients="cesista5"``. ``gram`` is Muon's option (``MUON_DEFAULTS["gram"]``) on the selected
+#: submatrix: None takes Gram Newton–Schulz for float32 / float64 compute (not "high") from aspect
+#: ratio 2 (``use_gram``; the bfloat16 default never), True always (float16 / float32 / float64
+#: ``dtype``: float16 is Dao AI Lab's gram-newton-schulz kernel, microsoft/dion's
+#: ``use_gram_newton_schulz``, restarting every second step), False never.
 DION2_DEFAULTS: dict[str, object] = dict(
     lr=0.01, fraction=0.25, ef_decay=0.95, weight_decay=0.01, epsilon=1e-8, adjust_lr="spectral_norm",
     flatten=False, coefficients="polar_express", ns_steps=None, safety=None, dtype=torch.bfloat16,
-    selection_scope="local",
+    selection_scope="local", gram=None,
 )
 #: The group keys a ``Dion2Options`` is resolved from.
 DION2_OPTION_KEYS = tuple(DION2_DEFAULTS)
@@ -47,7 +51,7 @@ DION2_OPTION_KEYS = tuple(DION2_DEFAULTS)
 @dataclass(frozen=True)
 class Dion2Options:
     """A Dion2 group's options, validated (``resolve_dion2_options``): floats, the coefficient
-    table, the resolved safety and compute dtype."""
+    table, the resolved safety and compute dtype, ``gram`` (None / True / False, ``check_gram``)."""
 
     lr: float
     fraction: float
@@ -61,6 +65,7 @@ class Dion2Options:
     compute_dtype: torch.dtype
     precision: str | None
     selection_scope: str
+    gram: bool | None = None
 
 
 def resolve_dion2_options(group: dict) -> Dion2Options:
@@ -82,10 +87,24 @@ def resolve_dion2_options(group: dict) -> Dion2Options:
     safety = group["safety"] if group["safety"] is not None else named.safety if named else 1.0
     check_hyper(safety, "safety", low_open=True)
     compute_dtype, precision = resolve_compute_dtype(group["dtype"])
+    check_gram_option(group["gram"], compute_dtype, precision)
     return Dion2Options(lr=float(group["lr"]), fraction=float(group["fraction"]), ef_decay=float(group["ef_decay"]),
                         weight_decay=float(group["weight_decay"]), epsilon=float(group["epsilon"]),
                         adjust_lr=group["adjust_lr"], flatten=group["flatten"], table=table, safety=float(safety),
-                        compute_dtype=compute_dtype, precision=precision, selection_scope=group["selection_scope"])
+                        compute_dtype=compute_dtype, precision=precision, selection_scope=group["selection_scope"],
+                        gram=group["gram"])
+
+
+def check_gram_option(gram, compute_dtype: torch.dtype | None, precision: str | None) -> None:
+    """A group's ``gram`` for its resolved compute dtype, as Muon checks it: ``check_gram`` (None /
+    True / False; True only in float16 / float32 / float64, not "high"), and True not with
+    ``dtype=None`` (each gradient's dtype, bfloat16 included).
+    Raises: TypeError / ValueError starting with "gram: "."""
+    check_gram(gram, compute_dtype, precision)
+    if gram and compute_dtype is None:
+        raise ValueError("gram: gram=True needs dtype=torch.float16, torch.float32 or torch.float64 (dtype=None "
+                         "follows each gradient's dtype, and Gram Newton–Schulz runs in float16 / float32 / float64 "
+                         "only)")
 
 
 def dion2_matrix_shape(shape, flatten: bool) -> tuple[int, int]:
@@ -147,7 +166,8 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None) ->
     """One Dion2 step for every parameter of ``group`` with a gradient (``check_dion2_step`` must
     have passed), batched over parameters of the same shape and dtype (microsoft/dion's
     "megabatch"): B = M + G; per matrix the k = ⌈fraction·N⌉ rows (m <= n) or columns of largest
-    L1 norm; M[S] ← ef_decay·B[S]; O_S = Newton–Schulz(B_S); W ← W·(1 − lr·wd), W[S] −= lr·s·O_S.
+    L1 norm; M[S] ← ef_decay·B[S]; O_S = Newton–Schulz(B_S) (Gram Newton–Schulz per ``gram``); W ←
+    W·(1 − lr·wd), W[S] −= lr·s·O_S.
     On one process "local" and "global" selection coincide. A DTensor replicated on every mesh dim
     is stepped on its local copy (the distributed runner sends only those here).
     State: ``state[p]["momentum"]`` (the parameter's shape and dtype; zeros when created), the
@@ -173,7 +193,8 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None) ->
         indices = dion2_math.dion2_select(dion2_math.dion2_slice_norms(b, rows), k)
         sub = dion2_math.dion2_gather(b, indices, rows)
         ortho = dion2_math.orthogonalize_selected(sub, options.table, safety=options.safety, eps=options.epsilon,
-                                                  compute_dtype=options.compute_dtype, precision=options.precision)
+                                                  compute_dtype=options.compute_dtype, precision=options.precision,
+                                                  gram=options.gram)
         scale = dion2_math.dion2_lr_scale(options.adjust_lr, m, n)
         # the error feedback on the whole stack, written back into every buffer with one copy
         dion2_math.dion2_error_feedback(b, indices, sub, rows, options.ef_decay)

@@ -62,6 +62,26 @@ def _fsdp(scope: str, mesh, full: torch.Tensor, grad: torch.Tensor):
     return p, opt
 
 
+def _gram_against_one_process(mesh, full: torch.Tensor, grad: torch.Tensor) -> list:
+    """FSDP (``Shard(0)``) of a wide 16 x 40 (rows selected and sharded) and of a tall 40 x 16 (columns
+    selected, B_S summed over the row shards) with gram=True in float16 / float32 stepped twice, each against one process: equal bit for
+    bit (B_S is assembled exactly and orthogonalized by the one-process call)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    out = []
+    for w0, g, dtype in ((full, grad, torch.float16), (full.T.contiguous(), grad.T.contiguous(), torch.float32)):
+        p = torch.nn.Parameter(distribute_tensor(w0.clone(), mesh, [Shard(0)], src_data_rank=None))
+        q = torch.nn.Parameter(w0.clone())
+        options = dict(lr=0.1, fraction=0.25, selection_scope="global", dtype=dtype, gram=True)
+        sharded, alone = ortho_fast.Dion2([p], distributed_mesh=mesh, **options), ortho_fast.Dion2([q], **options)
+        for step in range(2):
+            p.grad = distribute_tensor((g * (step + 1)).clone(), mesh, [Shard(0)], src_data_rank=None)
+            q.grad = g * (step + 1)
+            sharded.step(), alone.step()
+        out.append(bool(torch.equal(p.full_tensor(), q.detach())))
+    return out
+
+
 def _launch(rank: int, world: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -84,6 +104,7 @@ def _launch(rank: int, world: int) -> dict:
         opt.step()
         results[scope] = p.full_tensor()
     out["local_vs_global"] = float((results["local"] - results["global"]).norm() / results["global"].norm())
+    out["gram_bitwise"] = _gram_against_one_process(mesh, full.float(), grad.float())
     p, opt = _fsdp("global", mesh, full, grad)
     before = p.full_tensor().clone()
     if rank == 1:
@@ -131,6 +152,10 @@ def test_planted_skipped_all_reduce_fails(launched):
 
 def test_local_differs_from_global_when_rows_are_sharded(launched):
     assert launched[0]["local_vs_global"] > 1e-3
+
+
+def test_gram_steps_equal_one_process_bitwise(launched):
+    assert all(out["gram_bitwise"] == [True, True] for out in launched), [out["gram_bitwise"] for out in launched]
 
 
 def test_bad_gradient_on_one_rank_raises_everywhere(launched):
