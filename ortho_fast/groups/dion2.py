@@ -19,14 +19,14 @@ from ..coefficients import resolve_coefficients, schedule_of
 from ..functional import dion2 as dion2_math
 from ..functional.dion2 import DION2_ADJUST_LR_MODES, SELECTION_SCOPES
 from ..functional.graph_scalars import foreach_scale_
-from ..functional.newton_schulz import check_gram, resolve_compute_dtype
+from ..functional.newton_schulz import resolve_compute_dtype
+from .options import OptionsCache, check_gram_option
 from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper, local_tensor,
                           check_param_shaped_state)
 from .driver import GroupRunner
-from .options import OptionsCache
 
 __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options", "check_dion2_step",
-           "check_gram_option", "dion2_group_step", "dion2_matrix_shape", "matrices", "normalize_dion2_group",
+           "dion2_group_step", "dion2_matrix_shape", "matrices", "normalize_dion2_group",
            "resolve_dion2_options", "write_back"]
 
 #: Every key of a Dion2 param group with its default: microsoft/dion ``Dion2``'s defaults
@@ -93,18 +93,6 @@ def resolve_dion2_options(group: dict) -> Dion2Options:
                         adjust_lr=group["adjust_lr"], flatten=group["flatten"], table=table, safety=float(safety),
                         compute_dtype=compute_dtype, precision=precision, selection_scope=group["selection_scope"],
                         gram=group["gram"])
-
-
-def check_gram_option(gram, compute_dtype: torch.dtype | None, precision: str | None) -> None:
-    """A group's ``gram`` for its resolved compute dtype, as Muon checks it: ``check_gram`` (None /
-    True / False; True only in float16 / float32 / float64, not "high"), and True not with
-    ``dtype=None`` (each gradient's dtype, bfloat16 included).
-    Raises: TypeError / ValueError starting with "gram: "."""
-    check_gram(gram, compute_dtype, precision)
-    if gram and compute_dtype is None:
-        raise ValueError("gram: gram=True needs dtype=torch.float16, torch.float32 or torch.float64 (dtype=None "
-                         "follows each gradient's dtype, and Gram Newton–Schulz runs in float16 / float32 / float64 "
-                         "only)")
 
 
 def dion2_matrix_shape(shape, flatten: bool) -> tuple[int, int]:

@@ -24,14 +24,14 @@ from ..functional import layout as layout_math
 from ..functional.layout import MuonLayout, is_expert_name
 from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, muon_momentum
 from ..functional import muon_stages as stage_math
-from ..functional.newton_schulz import EPS_MODES, check_gram, resolve_compute_dtype
+from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
 from ..functional.graph_scalars import foreach_add_scaled_
 from ..functional import stacked as stacked_math
 from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
 from .driver import GroupRunner
 from .muon_budget import cautious_nbytes, rest_batches, stage_nbytes_per_entry, state_bytes, writes_compute_dtype
 from .muon_stages import STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options, variance_shape
-from .options import MuonOptions, OptionsCache
+from .options import MuonOptions, OptionsCache, check_gram_option
 
 #: Every Muon param-group key with its default (torch.optim.Muon's defaults where torch has the option).
 MUON_DEFAULTS: dict[str, object] = {
@@ -114,11 +114,7 @@ def resolve_muon_options(group: dict) -> MuonOptions:
     check_choice(group["momentum_style"], "momentum_style", MOMENTUM_STYLES)
     check_choice(group["adjust_lr"], "adjust_lr", ADJUST_LR_MODES)
     compute_dtype, precision = resolve_compute_dtype(group["dtype"])
-    check_gram(group["gram"], compute_dtype, precision)
-    if group["gram"] and compute_dtype is None:
-        raise ValueError("gram: gram=True needs dtype=torch.float16, torch.float32 or torch.float64 (dtype=None "
-                         "follows each gradient's dtype, and Gram Newton–Schulz runs in float16 / float32 / float64 "
-                         "only)")
+    check_gram_option(group["gram"], compute_dtype, precision)
     if group["gram"] and group["bitwise_torch"]:
         raise ValueError("gram: bitwise_torch=True runs torch.optim.Muon's plain steps; gram=True cannot be combined "
                          "with it")

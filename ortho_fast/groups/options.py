@@ -17,6 +17,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..functional.newton_schulz import check_gram
+
 
 class _Uncacheable(Exception):
     """A group value that cannot be compared by value (a tensor: it may change in place)."""
@@ -222,3 +224,15 @@ class LionOptions:
     lr: float
     betas: tuple[float, float]
     weight_decay: float
+
+
+def check_gram_option(gram, compute_dtype: torch.dtype | None, precision: str | None) -> None:
+    """A group's ``gram`` for its resolved compute dtype, as Muon and Dion2 check it: ``check_gram`` (None /
+    True / False; True only in float16 / float32 / float64, not "high"), and True not with
+    ``dtype=None`` (each gradient's dtype, bfloat16 included).
+    Raises: TypeError / ValueError starting with "gram: "."""
+    check_gram(gram, compute_dtype, precision)
+    if gram and compute_dtype is None:
+        raise ValueError("gram: gram=True needs dtype=torch.float16, torch.float32 or torch.float64 (dtype=None "
+                         "follows each gradient's dtype, and Gram Newton–Schulz runs in float16 / float32 / float64 "
+                         "only)")
