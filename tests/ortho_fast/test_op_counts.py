@@ -1,4 +1,6 @@
-"""The CPU proxies of the GPU step's launch count and memory: compute (non-view) aten operations,
+"""The CPU proxies of the GPU step's launch count and memory: compute (non-view) aten operations
+counted as the CUDA launches they make (a ``_foreach`` operation off torch's fast path, such as one
+mixing dtypes, one per tensor: ``CountOps``, tests/ortho_fast/test_launch_rule.py),
 the bytes of the tensors they allocate and the peak of the bytes those keep alive, counted under a
 ``TorchDispatchMode`` (``benchmarks/_op_count.py``) over the 48 matrices of 12 GPT blocks (fused
 QKV (3d, d), proj (d, d), MLP up (4d, d), MLP down (d, 4d)) at a small width d.
@@ -84,10 +86,10 @@ def test_a_step_over_48_matrices_stays_under_the_bound(name):
 
 @pytest.mark.parametrize("name", ["muon_no_check", "normuon_no_check"])
 def test_the_stacked_step_costs_at_most_one_op_per_added_matrix(name):
-    """The stacked step runs a fixed number of operations per chunk of a shape group (a small
-    model's group is one chunk, ``stacked.MIN_WORKSPACE_BYTES``) plus at most one per matrix (U
-    written into the bfloat16 stack with its cast): 24 blocks cost at most 48 operations more than
-    12 (without the finiteness check, which screens each gradient with one sum)."""
+    """The stacked step runs a fixed number of launches per chunk of a shape group (a small
+    model's group is one chunk, ``stacked.MIN_WORKSPACE_BYTES``; the update's cast in rounds)
+    plus at most one per matrix (U written into the bfloat16 stack with its cast): 24 blocks cost
+    at most 48 launches more than 12."""
     assert second_step(name, layers=24)[0].ops - second_step(name, layers=12)[0].ops <= 48
 
 
