@@ -72,7 +72,7 @@ def main() -> None:
                      "-" if m["workspace"] is None else mb("workspace"), f"{m['seconds'] * 1e3:.2f}", ratio("seconds")])
     print_table(f"One step over {4 * args.layers} GPT matrices, d = {args.d} (ours / torch: ÷ torch.optim.Muon; "
                 "peak: extra bytes kept alive at once, the first step with its state and workspace)",
-                ["optimizer", "launches", "ours / torch", "aten ops", "1st step peak MB", "ours / torch", "later peak MB",
+                ["optimizer", "launches", "ours / torch", "compute ops", "1st step peak MB", "ours / torch", "later peak MB",
                  "ours / torch", "later allocated MB", "ours / torch", "workspace MB", "ms / step", "ours / torch"],
                 rows)
 
