@@ -94,7 +94,7 @@ def finite_flag(x: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(lo) & torch.isfinite(hi)
 
 
-def _max_abs(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+def max_abs(xs: list[torch.Tensor]) -> list[torch.Tensor]:
     """max|x| of each non-empty floating tensor of ``xs`` (0-dim, its dtype; NaN if x holds a
     NaN, +Inf if it holds ±Inf, else finite: exact, no overflow), by one ``_foreach_norm(ord=inf)``
     per (device, dtype) group: on CUDA one fast-path call per group (3 launches), where a reduction
@@ -111,7 +111,7 @@ def _max_abs(xs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 class FiniteCheck:
     """The finiteness checks of one optimizer step, decided together: ``add(tensor, name)`` for
-    each gradient (no host sync), then ``error()`` takes max|x| of every tensor (``_max_abs``:
+    each gradient (no host sync), then ``error()`` takes max|x| of every tensor (``max_abs``:
     one ``_foreach_norm(ord=inf)`` per (device, dtype); NaN and ±Inf propagate into it, finite
     entries cannot overflow it, so it is finite iff every entry is), reduces them on the device
     into one flag (every maximum below +Inf: ``isfinite`` is four kernels) and reads it once — one host sync per step, however many parameters — and only
@@ -139,7 +139,7 @@ class FiniteCheck:
                 names.append(name)
         if not tensors:
             return None
-        maxima = _max_abs(tensors)
+        maxima = max_abs(tensors)
         device = maxima[0].device
         if bool((torch.stack([m.to(device) for m in maxima]) < math.inf).all()):  # NaN < inf is False
             return None

@@ -18,6 +18,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
+from ortho_fast.functional import dion as dion_math
 from ortho_fast.functional import stacked
 from ortho_fast.validation import FiniteCheck
 
@@ -99,3 +100,38 @@ def test_the_finite_check_launches_per_dtype_not_per_tensor(dtypes):
     with CountOps() as counter:
         assert check.error() is None
     assert counter.ops <= 3 * len(dtypes) + 4 + len(dtypes) - 1  # + the casts of the other dtype's maxima
+
+
+@given(st.lists(st.sampled_from(["zero", "negzero", "nan", "inf", "tiny", "normal"]), min_size=1, max_size=6),
+       st.sampled_from([torch.float64, torch.float32, torch.bfloat16]))
+def test_dion_prepare_flags_are_b_any_and_its_updates_are_the_elementwise_ones(kinds, dtype):
+    """Property: ``dion_prepare`` leaves M + G in M and (1 − lr·wd)·X in X, bit for bit, and flags
+    each B ≠ 0 exactly as ``B.any()`` (−0.0 is zero, NaN is nonzero)."""
+    fill = {"zero": 0.0, "negzero": -0.0, "nan": float("nan"), "inf": float("inf"), "tiny": 1e-30, "normal": 1.5}
+    xs = [torch.randn(4, 3).to(dtype) for _ in kinds]
+    gs = [torch.full((4, 3), fill[k]).to(dtype) for k in kinds]
+    ms = [torch.zeros(4, 3, dtype=dtype) for _ in kinds]
+    expected_x = [x.clone().mul_(1 - 0.1 * 0.3) for x in xs]
+    expected_m = [m.clone().add_(g) for m, g in zip(ms, gs)]
+    flags = dion_math.dion_prepare(xs, gs, ms, lr=0.1, weight_decay=0.3)
+    for x, ex, m, em, flag in zip(xs, expected_x, ms, expected_m, flags):
+        assert torch.equal(x, ex) and torch.equal(m.isnan(), em.isnan())
+        assert torch.equal(torch.nan_to_num(m), torch.nan_to_num(em)) and bool(flag) == bool(em.any())
+
+
+def test_a_dion_group_with_a_zero_gradient_only_decays_that_parameter():
+    """The batched start of a group's step (``dion_prepare``): a zero gradient beside nonzero ones
+    keeps that parameter's Q and momentum and only decays it, as a lone parameter does."""
+    import ortho_fast
+
+    gen = torch.Generator().manual_seed(3)
+    ps = [torch.nn.Parameter(torch.ones(12, 8, dtype=torch.float64)) for _ in range(3)]
+    opt = ortho_fast.Dion(ps, lr=0.1, weight_decay=0.5, rank_fraction=0.5, seed=2)
+    for i, p in enumerate(ps):
+        p.grad = torch.zeros(12, 8, dtype=torch.float64) if i == 1 else torch.randn(12, 8, generator=gen,
+                                                                                     dtype=torch.float64)
+    opt.step()
+    assert torch.equal(opt.state[ps[1]]["Q"], ortho_fast.initial_q((8, 4), 2, 1, torch.float64, "cpu"))
+    assert not opt.state[ps[1]]["momentum"].any()
+    assert torch.equal(ps[1].detach(), torch.full((12, 8), 0.95, dtype=torch.float64))
+    assert not torch.equal(ps[0].detach(), torch.full((12, 8), 0.95, dtype=torch.float64))
