@@ -140,9 +140,13 @@ def launches_and_route(func, args, kwargs) -> tuple[int, bool]:
 class CountOps(TorchDispatchMode):
     """Counts the CUDA kernel launches of the compute (non-view) aten operations run inside it
     (``ops``, by ``cuda_launches``: a ``_foreach`` operation off torch's fast path counts one per
-    tensor), the operations themselves (``aten_ops``: the count before this rule), the ``_foreach`` calls that are not (``slow_foreach``: (name, launches)), the
-    bytes of the tensors the allocating ones return (``allocated``; in-place and ``out=`` operations allocate
+    tensor), the operations themselves (``aten_ops``: one each, the count before that rule), the
+    ``_foreach`` calls off the fast path (``slow_foreach``: (name, launches)), the bytes of the
+    tensors the allocating ones return (``allocated``; in-place and ``out=`` operations allocate
     nothing), and the peak of the bytes those tensors keep alive (``peak``).
+
+    Every tensor here is on the CPU, so an operation on a CPU-only tensor of a GPU step (Dion's
+    int64 ``step`` counter) counts as a launch it would not be.
 
     ``peak`` is the CPU analogue of ``torch.cuda.max_memory_allocated()`` minus the memory
     allocated before the block (benchmarks/gpu.py's "peak extra memory"): every storage an
