@@ -1,5 +1,7 @@
 """CPU proxies of the GPU step, side by side with torch.optim.Muon: compute (non-view)
-aten operations per step (the kernel launches of the eager GPU step), the peak extra memory of the
+aten operations per step counted as the kernel launches of the eager GPU step (a ``_foreach``
+operation off torch's CUDA fast path, such as one mixing dtypes, counts one per tensor:
+``_op_count.cuda_launches``; the plain operation count beside it), the peak extra memory of the
 first step (state and workspace created then) and of a later one (the peak of the bytes the
 step's allocations keep alive: the analogue of ``torch.cuda.max_memory_allocated`` minus the memory
 before the step, benchmarks/gpu.py's column), bytes allocated per step (in-place and ``out=``
@@ -42,7 +44,7 @@ def measure(factory, d: int, layers: int, min_run_time: float) -> dict:
     with CountOps() as counter:
         opt.step()
     workspace = getattr(opt, "workspace_nbytes", None)  # Muon / NorMuon
-    return {"ops": counter.ops, "first peak": first.peak, "later peak": counter.peak,
+    return {"ops": counter.ops, "aten ops": counter.aten_ops, "first peak": first.peak, "later peak": counter.peak,
             "allocated": counter.allocated, "workspace": workspace,
             "seconds": median_seconds(opt.step, min_run_time)}
 
@@ -65,12 +67,12 @@ def main() -> None:
         ref = ref or m
         ratio = lambda key: f"{m[key] / ref[key]:.2f}" if ref[key] else "-"
         mb = lambda key: f"{m[key] / 2**20:.2f}"
-        rows.append([name, str(m["ops"]), ratio("ops"), mb("first peak"), ratio("first peak"), mb("later peak"),
+        rows.append([name, str(m["ops"]), ratio("ops"), str(m["aten ops"]), mb("first peak"), ratio("first peak"), mb("later peak"),
                      ratio("later peak"), mb("allocated"), ratio("allocated"),
                      "-" if m["workspace"] is None else mb("workspace"), f"{m['seconds'] * 1e3:.2f}", ratio("seconds")])
     print_table(f"One step over {4 * args.layers} GPT matrices, d = {args.d} (ours / torch: ÷ torch.optim.Muon; "
                 "peak: extra bytes kept alive at once, the first step with its state and workspace)",
-                ["optimizer", "compute ops", "ours / torch", "1st step peak MB", "ours / torch", "later peak MB",
+                ["optimizer", "launches", "ours / torch", "compute ops", "1st step peak MB", "ours / torch", "later peak MB",
                  "ours / torch", "later allocated MB", "ours / torch", "workspace MB", "ms / step", "ours / torch"],
                 rows)
 

@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..validation import check_choice, check_count, check_hyper
-from .graph_scalars import add_scaled_, addmm_scaled_
+from ..validation import check_choice, check_count, check_hyper, max_abs
+from .graph_scalars import add_scaled_, addmm_scaled_, foreach_scale_
 from .qr import (QR_METHODS, RCQR_OVERSAMPLE, WHOLE, factor_dtype, orthonormalize_block, seed_for)
 
 RIGHT_FACTORS = ("column_norm", "qr")
@@ -137,27 +137,62 @@ def _same(t: torch.Tensor, tag: str) -> torch.Tensor:
 
 
 @torch.no_grad()
+def dion_prepare(xs: list[torch.Tensor], gs: list[torch.Tensor], ms: list[torch.Tensor], *, lr: float,
+                 weight_decay: float) -> list[torch.Tensor]:
+    """The elementwise start of ``dion_apply`` for a group of parameters on one process, batched:
+    M ← M + G (one ``_foreach_add_``), X ← (1 − lr·wd)·X (one ``_foreach_mul_`` over the float32
+    / float64 X; ``mul_`` each for the others, whose factor torch's CPU ``_foreach_mul_`` rounds
+    to their dtype first, other bits), and whether
+    each B = M is nonzero, as 0-dim bool tensors on the device (max|B| ≠ 0: one
+    ``_foreach_norm(ord=inf)`` per (device, dtype) and one comparison per device, where
+    ``B.any()`` per matrix launched once per matrix; a NaN counts as nonzero, as in ``any``).
+    Then ``dion_apply(..., prepared=True, nonzero=flag)`` per parameter: the same bits as
+    ``dion_apply`` alone (the same elementwise kernels, run earlier). Shapes: xs[i], gs[i], ms[i]
+    of one shape each (non-empty); gs cast to ms' dtype. Changes xs and ms."""
+    torch._foreach_add_(list(ms), [g.to(m.dtype) for g, m in zip(gs, ms)])
+    wide = [x for x in xs if x.dtype in (torch.float32, torch.float64)]
+    if wide:
+        foreach_scale_(wide, 1 - lr * weight_decay)
+    for x in xs:  # torch's CPU _foreach_mul_ rounds the factor to a bfloat16 / float16 tensor's dtype first
+        if x.dtype not in (torch.float32, torch.float64):
+            x.mul_(1 - lr * weight_decay)
+    maxima = max_abs(list(ms))
+    flags: list = [None] * len(ms)
+    by_device: dict = {}
+    for i, mx in enumerate(maxima):
+        by_device.setdefault(mx.device, []).append(i)
+    for indices in by_device.values():
+        nonzero = torch.stack([maxima[i] for i in indices]) != 0
+        for j, i in enumerate(indices):
+            flags[i] = nonzero[j]
+    return flags
+
+
+@torch.no_grad()
 def dion_apply(x, g, m, q, *, shape, lr, mu, weight_decay, epsilon, power_iters, error_feedback, qr_method,
                oversample, right_factor, generator, rows=WHOLE, cols=WHOLE, replica_mean=_same,
-               nonzero: bool | None = None) -> DionUpdate:
+               nonzero: bool | torch.Tensor | None = None, prepared: bool = False) -> DionUpdate:
     """``dion_update`` on this rank's block of the matrix of global ``shape`` (m, n).
 
     x, g, m: the block W[I][:, J] (m's block in place holds B); q: Q's rows of this block's
     working columns. ``rows`` / ``cols`` (``WholeDim`` or a sharded dimension): how the working
     orientation's rows and columns are held; ``replica_mean`` the mean over data-parallel
     replicas (compressed sync); ``nonzero`` whether B != 0 anywhere (None: decided here, on the
-    device: the step runs and B = 0 masks its effect, no host sync). With the defaults this is
-    one process."""
+    device: the step runs and B = 0 masks its effect, no host sync; a 0-dim bool tensor: decided
+    on the device by the caller); ``prepared``: M already holds B and X is decayed
+    (``dion_prepare``, batched over a group). With the defaults this is one process."""
     rows_, cols_ = shape
     transposed = rows_ < cols_
-    m.add_(g.to(m.dtype))  # m now holds B
+    if not prepared:
+        m.add_(g.to(m.dtype))  # m now holds B
     b = m.mT if transposed else m
-    x.mul_(1 - lr * weight_decay)
+    if not prepared:
+        x.mul_(1 - lr * weight_decay)
     r_dim = q.shape[1]
     if nonzero is False:
         return DionUpdate(b.new_zeros(b.shape[0], r_dim), b.new_zeros(b.shape[1], r_dim))
     # B = 0 decided on the device (no host sync): the step runs and its effect is masked out
-    nz = b.any() if nonzero is None else None
+    nz = b.any() if nonzero is None else nonzero if isinstance(nonzero, torch.Tensor) else None
     qw = q.to(m.dtype)
     for _ in range(power_iters):
         p = orthonormalize_block(replica_mean(cols.sum(b @ qw, "P"), "P"), qr_method, oversample, generator, rows)

@@ -32,13 +32,26 @@ def addmm_scaled_(dst: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: fl
     return dst.addmm_(a, b, alpha=alpha)
 
 
-def foreach_add_scaled_(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor], alpha: float) -> None:
-    """dsts[i] ← dsts[i] + alpha·srcs[i] in place, for every i (one ``_foreach_add_`` in eager)."""
+def foreach_add_scaled_(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor], alpha: float,
+                        buffers: Sequence[torch.Tensor] | None = None) -> None:
+    """dsts[i] ← dsts[i] + alpha·srcs[i] in place, for every i (one ``_foreach_add_`` in eager).
+
+    ``buffers``: one tensor of the dsts' dtype per src with its number of entries (free
+    workspace), or None. Given, the srcs are first copied into them with one ``_foreach_copy_``
+    (a cast copy: one CUDA launch, where a ``_foreach_add_`` whose lists differ in dtype takes
+    torch's slow path, one launch per tensor), then added with one same-dtype ``_foreach_add_``.
+    The bits are those without them: the cast to a wider float is exact and the sum is computed in
+    the dsts' dtype either way. Changes ``buffers``."""
     if torch.compiler.is_compiling():
         for d, s in zip(dsts, srcs):
             d.add_(s.to(d.dtype) * alpha)
         return
-    torch._foreach_add_(list(dsts), list(srcs), alpha=alpha)
+    srcs = list(srcs)
+    if buffers is not None:
+        views = [b.view(s.shape) for b, s in zip(buffers, srcs)]
+        torch._foreach_copy_(views, srcs)
+        srcs = views
+    torch._foreach_add_(list(dsts), srcs, alpha=alpha)
 
 
 def foreach_scale_(ts: Sequence[torch.Tensor], factor: float) -> None:

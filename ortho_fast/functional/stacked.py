@@ -4,7 +4,8 @@ The fast default Muon step (``ortho_fast.groups.muon``, bfloat16 / float16 Newto
 ``bitwise_torch``) runs per chunk of same-shape matrices a fixed number of operations, however
 many matrices the chunk holds (plus one write of U per matrix): the Nesterov momentum written into
 one stack, the overflow-safe power-of-two scale, one Frobenius normalization, five steps of three
-batched products, the update as one ``_foreach_add_``. The stacks and the products' outputs live
+batched products, the update as one ``_foreach_add_`` (of a result cast in a free stack: a few
+launches, ``add_update_``). The stacks and the products' outputs live
 in a ``Workspace`` kept by the optimizer: allocated at the first step, reused by every chunk of
 every later step (no allocation in the step, the same addresses at every step: what a CUDA graph
 replays). A chunk's workspace stays within ``workspace_budget``: the peak extra memory of a step
@@ -19,6 +20,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from .graph_scalars import foreach_add_scaled_
 
 #: Most matrix entries one stack (one chunk) holds: 2^25 (128 MiB of float32 U where that stack is kept, 64 MiB per
 #: bfloat16 stack). Larger shape groups are cut into chunks of whole matrices (a chunk holds at
@@ -141,6 +144,62 @@ class Workspace:
 
     def __getstate__(self) -> dict:  # a copied optimizer allocates its own buffers
         return {"_pool": {}, "_frame": {}}
+
+
+def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bytes of contiguous ``t`` as a flat tensor of ``dtype`` (its whole entries)."""
+    raw = t.reshape(-1).view(torch.uint8)
+    return raw[:raw.numel() // dtype.itemsize * dtype.itemsize].view(dtype)
+
+
+def update_rounds(free: torch.Tensor, stack: torch.Tensor, sizes: list[int], dtype: torch.dtype
+                  ) -> list[tuple[int, int, list[torch.Tensor]]] | None:
+    """How ``add_update_`` casts a (k, m, n) result ``stack`` to ``dtype`` without new memory: in
+    rounds (lo, hi, views), each the matrices lo..hi-1 cast into ``views`` (flat ``dtype`` views,
+    ``sizes[i]`` entries each) packed into the free stack ``free`` and, from the second round, into
+    the bytes of the result's matrices already added (a prefix of ``stack``). None when ``free``
+    shares bytes with ``stack`` or when the rounds (two launches each) would not beat one launch
+    per matrix. ``sizes``: entries of each matrix, in the stack's order."""
+    lo_f, hi_f = free.data_ptr(), free.data_ptr() + free.numel() * free.element_size()
+    lo_s, hi_s = stack.data_ptr(), stack.data_ptr() + stack.numel() * stack.element_size()
+    if not (hi_f <= lo_s or hi_s <= lo_f) or not (free.is_contiguous() and stack.is_contiguous()):
+        return None
+    free_flat, stack_bytes, rounds, done = _as_dtype(free, dtype), stack.reshape(-1).view(torch.uint8), [], 0
+    while done < len(sizes) and 2 * (len(rounds) + 1) < len(sizes):
+        regions = [free_flat, _as_dtype(stack_bytes[:sum(sizes[:done]) * stack.element_size()], dtype)]
+        views, hi = [], done
+        for region in regions:
+            used = 0
+            while hi < len(sizes) and used + sizes[hi] <= region.numel():
+                views.append(region[used:used + sizes[hi]])
+                used, hi = used + sizes[hi], hi + 1
+        if hi == done:
+            return None
+        rounds.append((done, hi, views))
+        done = hi
+    return rounds if done == len(sizes) else None
+
+
+def add_update_(params: list[torch.Tensor], outs: list[torch.Tensor], alpha: float, free: torch.Tensor | None,
+                stack: torch.Tensor | None) -> None:
+    """params[i] ← params[i] + alpha·outs[i] (``graph_scalars.foreach_add_scaled_``), with the
+    result cast to the parameters' dtype in rounds packed into workspace bytes the step no longer
+    reads (``update_rounds``: the free stack ``free``, then the result's added matrices) where
+    the dtypes differ: a mixed-dtype ``_foreach_add_`` takes CUDA's slow path (one launch per
+    matrix), a round is two (a cast ``_foreach_copy_`` and a same-dtype ``_foreach_add_``). The
+    bits are the same: the cast to a wider float is exact and the sum is computed in the
+    parameters' dtype either way. ``outs``: views of ``stack`` (k, m, n) in order; ``free``: a
+    stack of the workspace not holding the result (None: the plain add). Changes the bytes of
+    ``free`` and ``stack``."""
+    dtype = params[0].dtype
+    rounds = None
+    if not torch.compiler.is_compiling() and free is not None and stack is not None and outs[0].dtype != dtype:
+        rounds = update_rounds(free, stack, [o.numel() for o in outs], dtype)
+    if rounds is None:
+        foreach_add_scaled_(params, outs, alpha)
+        return
+    for lo, hi, views in rounds:
+        foreach_add_scaled_(params[lo:hi], outs[lo:hi], alpha, buffers=views)
 
 
 def scale_and_cast(u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,8 @@ from typing import Mapping
 
 import torch
 
-from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper
+from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper,
+                          is_dtensor)
 from ..functional import dion as dion_math
 from ..functional.dion import RIGHT_FACTORS, dion_rank, initial_q
 from ..functional.qr import QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, sketch_generator
@@ -180,14 +181,20 @@ def dion_group_step(group: dict, state, *, seed: int, first_index: int, options:
     resolved options (resolved here when absent).
     """
     options = resolve_dion_options(group) if options is None else options
-    for i, p in enumerate(group["params"]):
-        if p.grad is None:
-            continue
+    live = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None]
+    for i, p in live:
+        init_dion_state(p, state[p], group, seed=seed, index=first_index + i)
+    batched = {}  # M ← M + G, the decay and B ≠ 0 for the whole group: a few launches, not three per matrix
+    if len(live) > 1 and not any(is_dtensor(p) or p.numel() == 0 for _, p in live):
+        flags = dion_math.dion_prepare([p for _, p in live], [p.grad for _, p in live],
+                                       [state[p]["momentum"] for _, p in live], lr=options.lr,
+                                       weight_decay=options.weight_decay)
+        batched = {i: dict(prepared=True, nonzero=flag) for (i, _), flag in zip(live, flags)}
+    for i, p in live:
         st = state[p]
-        init_dion_state(p, st, group, seed=seed, index=first_index + i)
         shape = matrix_shape(p)
         step_block(p, p.grad, st["momentum"], st["Q"], st, options, seed=seed, index=first_index + i, shape=shape,
-                   local_shape=shape)
+                   local_shape=shape, **batched.get(i, {}))
 
 
 #: The group keys a ``DionOptions`` is resolved from.

@@ -194,8 +194,14 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None) ->
         decay = 1 - options.lr * options.weight_decay
         foreach_scale_(weights, decay)  # dion2_update's decay, batched (the same bits)
         delta = ortho.to(weights[0].dtype) * (-options.lr * scale)
-        for j, (p, w) in enumerate(zip(params, weights)):
-            w.scatter_add_(-2 if rows else -1, dion2_math.expand_indices(indices[j], w, rows), delta[j])
+        if len(weights) > 1 and b.dtype == delta.dtype:  # W[S] -= lr·s·O_S for the batch: three launches, not k
+            b.fill_(-0.0)  # the stack is copied back already; w + (-0.0) is w, bit for bit
+            b.scatter_(-2 if rows else -1, dion2_math.expand_indices(indices, b, rows), delta)
+            torch._foreach_add_(weights, list(b.unbind(0)))
+        else:
+            weights[0].scatter_add_(-2 if rows else -1, dion2_math.expand_indices(indices[0], weights[0], rows),
+                                    delta[0])
+        for p, w in zip(params, weights):
             write_back(local_tensor(p), w)
 
 

@@ -25,7 +25,6 @@ from ..functional.layout import MuonLayout, is_expert_name
 from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, muon_momentum
 from ..functional import muon_stages as stage_math
 from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
-from ..functional.graph_scalars import foreach_add_scaled_
 from ..functional import stacked as stacked_math
 from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
 from .driver import GroupRunner
@@ -447,7 +446,7 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
                 torch._foreach_copy_(parts, muon_math.split_stack(variances[0], parts))
         outs = muon_math.split_stack(stack, params)
     scale = muon_math.adjusted_lr_scale(options.adjust_lr, chunk.m, chunk.n) * options.extra_scale_factor
-    foreach_add_scaled_(params, outs, -float(update["lr"]) * scale)
+    stacked_math.add_update_(params, outs, -float(update["lr"]) * scale, None if stages else u, stack)
 
 
 class MuonGroups(GroupRunner):

@@ -27,9 +27,10 @@ def test_any_non_finite_entry_is_caught(rows, cols, dtype, bad, transposed, wher
     [None, float("nan"), float("inf"), -float("inf")]), which=st.integers(0, 3), where=st.floats(0, 1, exclude_max=True),
     seed=st.integers(0, 2**16))
 def test_finite_check_verdict_is_exact(count, dtype, huge, bad, which, where, seed):
-    """``FiniteCheck`` screens with one sum per tensor, and a sum of finite entries can overflow
-    (``huge``: entries near the dtype's largest value, so the sum is ±Inf): its verdict is still
-    exactly "every entry finite", and an error names the first tensor that is not."""
+    """``FiniteCheck`` screens with max|x| per tensor (``_foreach_norm(ord=inf)``), which finite
+    entries cannot overflow (``huge``: entries near the dtype's largest value, whose sum would be
+    ±Inf): its verdict is exactly "every entry finite", and an error names the first tensor that
+    is not."""
     gen = torch.Generator().manual_seed(seed)
     xs = [torch.randn(5, 7, generator=gen).to(dtype) for _ in range(count)]
     if huge:
