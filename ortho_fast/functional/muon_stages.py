@@ -142,12 +142,13 @@ def normuon_factor(o: torch.Tensor, variance: torch.Tensor, *, beta2: float, eps
     if gain is not None:
         norms = norms.mul_(gain)
     v_dtype = stage_dtype(variance.dtype)
-    mean_square = lambda: norms.square().div_(o.shape[red]).to(v_dtype)  # freed once the EMA has read it
+    mean_square = norms.square().div_(o.shape[red]).to(v_dtype)
     if variance.dtype == v_dtype:
-        v = variance.lerp_(mean_square(), 1 - beta2)
+        v = variance.lerp_(mean_square, 1 - beta2)
     else:
-        v = variance.to(v_dtype).lerp(mean_square(), 1 - beta2)
+        v = variance.to(v_dtype).lerp(mean_square, 1 - beta2)
         variance.copy_(v)
+    del mean_square  # freed before the divisors are formed (the stage's peak: stage_nbytes)
     v = v.to(dtype)
     inverse = v.sqrt().add_(eps).reciprocal_() if eps_mode == "add" else v.clamp_min(eps).rsqrt_()
     norm_o = torch.linalg.vector_norm(norms, dim=(-2, -1), keepdim=True)

@@ -23,11 +23,13 @@ def stage_nbytes(options: MuonOptions, dtype: torch.dtype, m: int, n: int) -> in
     what ``benchmarks/_op_count.CountOps`` measures (tests/ortho_fast/test_normuon_stack.py).
 
     MuonEq: its ``stage_dtype`` copy of U and its scaled result (2 entries per matrix entry).
-    Muon+ / NorMuon (``stage_nbytes`` of the post stages: factors, no O-sized temporary): per
-    neuron (m rows or n columns, ``normuon_side``) the second moments concatenated (the
-    parameters' dtype), the neurons' norms and their mean squares or inverse divisors
-    (``stage_dtype`` of the result), and the EMA's copies when the second moment is stored in
-    another dtype than it is computed in; four per-matrix scalars (‖O‖_F, ‖Ô‖_F, Muon+'s factor).
+    Muon+ / NorMuon (``post_factors``: factors, no O-sized temporary): four per-matrix scalars
+    (‖O‖_F, ‖Ô‖_F, Muon+'s factor) and, with NorMuon, per neuron (m rows or n columns,
+    ``normuon_side``): the second moments concatenated (in the parameters' dtype), the neurons'
+    norms and their mean squares or inverse divisors (in ``stage_dtype`` of the result), and the
+    EMA's copies where the second moment is stored in another dtype than it is computed in
+    (12 bytes per neuron for float32 parameters, 18 for bfloat16).
+    Source: docs/performance.md, "The budget".
     """
     size = stage_math.stage_dtype(options.compute_dtype or dtype).itemsize
     total = 2 * stage_math.stage_dtype(dtype).itemsize * m * n if options.equilibration is not None else 0

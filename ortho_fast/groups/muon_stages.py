@@ -6,7 +6,8 @@ A Muon group switches the stages of ``ortho_fast.functional.muon_stages`` on by 
 ``normuon_dim`` (NorMuon). ``resolve_stage_options`` validates them, ``normuon_variances`` gives
 the per-matrix views of NorMuon's state ``state[p]["variance_neuron"]`` (microsoft/dion's key),
 ``check_stage_state`` checks a stored one before a step, ``NORMUON_STATE_SPEC`` is what
-``load_state_dict`` checks, and ``stacked_stage_update_`` is the stages' part of the stacked step. Source: docs/design.md, "Muon"; docs/math.md, "Muon pipeline stages".
+``load_state_dict`` checks, and ``stacked_stage_update_`` is the stages' part of the stacked step.
+Source: docs/design.md, "Muon"; docs/math.md, "Muon pipeline stages".
 """
 
 from __future__ import annotations
@@ -93,7 +94,6 @@ def check_stage_state(st: dict, p: torch.Tensor, layout: MuonLayout, options, na
     if not isinstance(value, torch.Tensor) or tuple(value.shape) != want or value.dtype != p.dtype:
         got = (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__
         raise ValueError(f"{VARIANCE_KEY}: expected a tensor of shape {want} and dtype {p.dtype}, got {got} ({name})")
-
 
 
 def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: float) -> None:
