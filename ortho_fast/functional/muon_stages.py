@@ -97,7 +97,7 @@ def renormalize(o: torch.Tensor, *, floor: float = NORM_FLOOR) -> torch.Tensor:
     Shapes: o (..., m, n) floating -> (..., m, n) in ``stage_dtype(o.dtype)``.
     Source: Muon+ (arXiv 2602.21545); nanochat ``muon_step_fused`` (floor 1e-6).
     """
-    return o.to(stage_dtype(o.dtype)) * renormalize_factor(o, floor=floor)
+    return o * renormalize_factor(o, floor=floor)  # the factor (stage_dtype, >= 2-D) promotes O: no copy
 
 
 def normuon_side(m: int, n: int, dim: str = "row") -> str:
@@ -167,8 +167,7 @@ def normuon_normalize(o: torch.Tensor, variance: torch.Tensor, *, beta2: float, 
     Source: Li et al. arXiv 2510.05491; microsoft/dion ``_normuon_normalization_core``; nanochat
     ``muon_step_fused``. Raises: nothing (the group layer validates the options and the state).
     """
-    factor = normuon_factor(o, variance, beta2=beta2, eps=eps, eps_mode=eps_mode, dim=dim)
-    return o.to(stage_dtype(o.dtype)) * factor
+    return o * normuon_factor(o, variance, beta2=beta2, eps=eps, eps_mode=eps_mode, dim=dim)  # promoted, no copy
 
 
 def pre_orthogonalize(mats: Sequence[torch.Tensor], *, equilibration: str | None) -> list[torch.Tensor]:
@@ -208,7 +207,7 @@ def post_orthogonalize(outs: Sequence[torch.Tensor], variances: Sequence[torch.T
                            eps_mode=eps_mode, dim=dim)
     if factors is None:
         return list(outs)
-    return [o.to(stage_dtype(o.dtype)) * f for o, f in zip(outs, factors)]
+    return [o * f for o, f in zip(outs, factors)]  # f (stage_dtype, >= 2-D) promotes O: one O-sized result
 
 
 def foreach_addcmul_scaled_(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor],
