@@ -202,3 +202,20 @@ def test_the_stacked_stages_compile_fullgraph_and_equal_eager():
         step()
     worst = max(float((a.detach() - b.detach()).norm() / b.detach().norm()) for a, b in zip(ps, eager_ps))
     assert 0 < worst <= compiled_tolerance("float32"), worst
+
+
+@pytest.mark.parametrize("eps_mode", ["add", "clamp"])
+@pytest.mark.parametrize("gain", [False, True])
+def test_a_zero_update_or_row_gives_finite_factors(eps_mode, gain):
+    """A zero O gives f = 0 (Ô = 0, no 0/0), a zero row a finite factor; the second moment decays
+    by β₂ where the row is zero (within 4u: lerp's three float32 roundings and the product's one)."""
+    o = torch.randn(2, 6, 5)
+    o[0] = 0.0
+    o[1, 2] = 0.0
+    v = torch.rand(2, 6, 1)
+    before = v.clone()
+    g = stage_math.renormalize_factor(o) if gain else None
+    f = stage_math.normuon_factor(o, v, beta2=0.9, eps=1e-8 if eps_mode == "add" else 1e-10, eps_mode=eps_mode, gain=g)
+    assert torch.isfinite(f).all() and torch.equal(f[0], torch.zeros_like(f[0])) and (f[1] > 0).all()
+    assert torch.allclose(v[0], 0.9 * before[0], rtol=unit_roundoff("float32") * 4, atol=0)
+    assert torch.allclose(v[1, 2], 0.9 * before[1, 2], rtol=unit_roundoff("float32") * 4, atol=0)
