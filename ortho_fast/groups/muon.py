@@ -280,8 +280,9 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
     the reused buffers (all optional; resolved / allocated here when absent).
     The pipeline stages the options switch on run per matrix (per stack on the stacked step), in
     nanochat's order: MuonEq before Newton–Schulz (``functional.muon_stages.pre_orthogonalize``),
-    Muon+ and NorMuon after it (``post_orthogonalize``), one call each (docs/math.md, "Muon
-    pipeline stages").
+    Muon+ and NorMuon after it (``post_orthogonalize``; on a stack their per-neuron factors,
+    ``post_factors``, applied inside the update), one call each (docs/math.md, "Muon pipeline
+    stages").
     State: ``state[p]["momentum_buffer"]`` of the parameter's shape and dtype (created as
     zeros), the key of torch.optim.Muon; with NorMuon ``state[p]["variance_neuron"]``
     (``ortho_fast.groups.muon_stages.variance_shape``).
