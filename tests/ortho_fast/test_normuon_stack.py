@@ -172,14 +172,16 @@ def test_normuon_is_cut_into_muons_chunks_at_the_gpu_sizes(d, layers):
 
 def test_the_floor_off_chunking_costs_normuon_a_fixed_number_of_ops_per_chunk(monkeypatch):
     """Floor off (the regime of d ≳ 600) at d = 64: NorMuon's plan has at most one chunk more than
-    Muon's, and its stages cost at most 16 operations per chunk."""
+    Muon's, and its stages and update cost at most 15 operations per chunk plus one per matrix
+    (the update's ``_foreach_addcmul_``: one operation on the CPU, one kernel per tensor on CUDA,
+    where its dtypes are mixed)."""
     monkeypatch.setattr(stacked, "MIN_WORKSPACE_BYTES", 0)
     (muon, _), (normuon, _) = _plan("muon", 64, 12), _plan("normuon", 64, 12)
     assert len(normuon) <= len(muon) + 1
     _, options, state, members, stack = _chunk(64, 64, 4, torch.float32, {})
     with CountOps() as counter, torch.no_grad():
         stacked_stage_update_(members, stack, state, options, 0.01)
-    assert counter.ops <= 16
+    assert counter.ops <= 15 + len(members)
 
 
 def test_the_stacked_stages_compile_fullgraph_and_equal_eager():
