@@ -12,11 +12,18 @@ Every stage computes in float32 or wider (``stage_dtype``): nanochat reads its b
 ``.float()`` for these norms; bf16 squares would lose the small rows. Equations and the
 differences between the papers and the implementations: docs/math.md, "Muon pipeline stages".
 
+The post stages are per-row (or per-matrix) factors: Muon+ and NorMuon multiply O by one factor
+per neuron (``post_factors``: ``renormalize_factor``, then ``normuon_factor`` with it folded in),
+so the stacked step applies Ô = O·f inside the update (``foreach_addcmul_scaled_``) and never
+holds a float32 copy of O; ``renormalize``, ``normuon_normalize`` and ``post_orthogonalize``
+return O·f itself, computed by the same factor functions.
+
 Patch points (documented seams for tests that plant bugs): ``pre_orthogonalize`` /
-``post_orthogonalize`` are looked up in this module at every group step (``ortho_fast.groups.muon``,
-``ortho_fast.distributed.muon``), and they look up ``equilibrate``, ``renormalize`` and
-``normuon_normalize`` here at every call, so ``monkeypatch.setattr(ortho_fast.functional.muon_stages,
-"normuon_normalize", ...)`` reaches every Muon step run afterwards.
+``post_factors`` / ``post_orthogonalize`` are looked up in this module at every group step
+(``ortho_fast.groups.muon``, ``ortho_fast.distributed.muon``), and they look up ``equilibrate``,
+``renormalize_factor`` and ``normuon_factor`` here at every call, so
+``monkeypatch.setattr(ortho_fast.functional.muon_stages, "normuon_factor", ...)`` reaches every
+Muon step run afterwards.
 """
 
 from __future__ import annotations
@@ -72,15 +79,25 @@ def equilibrate(x: torch.Tensor, side: str = "row", *, floor: float = NORM_FLOOR
     return w * (target / norms.clamp_min(floor))
 
 
+def renormalize_factor(o: torch.Tensor, *, floor: float = NORM_FLOOR) -> torch.Tensor:
+    """Muon+'s factor √min(m, n) / max(‖O‖_F, floor) per matrix (‖O‖_F accumulated in ``stage_dtype``:
+    no copy of O).
+
+    Shapes: o (..., m, n) floating -> (..., 1, 1) in ``stage_dtype(o.dtype)``.
+    Source: Muon+ (arXiv 2602.21545); nanochat ``muon_step_fused`` (floor 1e-6).
+    """
+    target = math.sqrt(min(o.shape[-2], o.shape[-1]))
+    norm = torch.linalg.vector_norm(o, dim=(-2, -1), keepdim=True, dtype=stage_dtype(o.dtype))
+    return target / norm.clamp_min(floor)
+
+
 def renormalize(o: torch.Tensor, *, floor: float = NORM_FLOOR) -> torch.Tensor:
-    """Muon+: O ← O · √min(m, n) / max(‖O‖_F, floor), per matrix.
+    """Muon+: O ← O · √min(m, n) / max(‖O‖_F, floor), per matrix (``renormalize_factor``).
 
     Shapes: o (..., m, n) floating -> (..., m, n) in ``stage_dtype(o.dtype)``.
     Source: Muon+ (arXiv 2602.21545); nanochat ``muon_step_fused`` (floor 1e-6).
     """
-    w = o.to(stage_dtype(o.dtype))
-    target = math.sqrt(min(w.shape[-2], w.shape[-1]))
-    return w * (target / torch.linalg.vector_norm(w, dim=(-2, -1), keepdim=True).clamp_min(floor))
+    return o * renormalize_factor(o, floor=floor)  # the factor (stage_dtype, >= 2-D) promotes O: no copy
 
 
 def normuon_side(m: int, n: int, dim: str = "row") -> str:
@@ -101,31 +118,56 @@ def normuon_variance_shape(shape: Sequence[int], dim: str = "row") -> tuple[int,
     return (*batch, m, 1) if normuon_side(m, n, dim) == "row" else (*batch, 1, n)
 
 
+def normuon_factor(o: torch.Tensor, variance: torch.Tensor, *, beta2: float, eps: float = 1e-8,
+                   eps_mode: str = "add", dim: str = "row", gain: torch.Tensor | None = None) -> torch.Tensor:
+    """NorMuon as one factor per neuron: v ← β₂v + (1 − β₂)·mean(O⊙O) per neuron (in place in
+    ``variance``) and f with O·f = Ô·‖O‖_F/‖Ô‖_F, Ô = O ⊘ d(v) (a zero O gives f = 0).
+
+    Everything comes from the neurons' norms r_i = ‖O_i‖₂ (one reduction of O, accumulated in
+    ``stage_dtype``; no copy and no squares of O): mean(O_i⊙O_i) = r_i²/ℓ (ℓ the reduced length),
+    ‖O‖_F = ‖r‖₂, ‖Ô‖_F = ‖r ⊘ d‖₂, so f = d⁻¹·‖r‖₂/‖r ⊘ d‖₂. d(v) = √v + eps ("add",
+    microsoft/dion) or √max(v, eps) ("clamp", nanochat's ``rsqrt(clamp_min(v, 1e-10))``); no bias
+    correction (neither implementation has one). The EMA runs in the variance's dtype's
+    ``stage_dtype`` (in place when that is its dtype), stored back in its own dtype.
+    ``gain``: a per-matrix factor g applied to O first (Muon+'s ``renormalize_factor``): the
+    statistics are those of g·O and the result includes g (f·O = NorMuon(g·O)).
+    Shapes: o (..., m, n); variance ``normuon_variance_shape(o.shape, dim)``; gain (..., 1, 1) or
+    None -> f of the variance's shape in ``stage_dtype(o.dtype)``.
+    Source: Li et al. arXiv 2510.05491 (Algorithm 1); microsoft/dion ``_normuon_normalization_core``;
+    nanochat ``muon_step_fused``. Raises: nothing (the group layer validates the options and the state).
+    """
+    dtype = stage_dtype(o.dtype)
+    red = -1 if normuon_side(o.shape[-2], o.shape[-1], dim) == "row" else -2
+    norms = torch.linalg.vector_norm(o, dim=red, keepdim=True, dtype=dtype)
+    if gain is not None:
+        norms = norms.mul_(gain)
+    v_dtype = stage_dtype(variance.dtype)
+    mean_square = norms.square().div_(o.shape[red]).to(v_dtype)
+    if variance.dtype == v_dtype:
+        v = variance.lerp_(mean_square, 1 - beta2)
+    else:
+        v = variance.to(v_dtype).lerp(mean_square, 1 - beta2)
+        variance.copy_(v)
+    del mean_square  # freed before the divisors are formed (the stage's peak: stage_nbytes)
+    v = v.to(dtype)
+    inverse = v.sqrt().add_(eps).reciprocal_() if eps_mode == "add" else v.clamp_min(eps).rsqrt_()
+    norm_o = torch.linalg.vector_norm(norms, dim=(-2, -1), keepdim=True)
+    norm_y = torch.linalg.vector_norm(norms.mul_(inverse), dim=(-2, -1), keepdim=True)
+    factor = inverse.mul_(norm_o.div_(norm_y.clamp_min_(torch.finfo(dtype).tiny)))
+    return factor if gain is None else factor.mul_(gain)
+
+
 def normuon_normalize(o: torch.Tensor, variance: torch.Tensor, *, beta2: float, eps: float = 1e-8,
                       eps_mode: str = "add", dim: str = "row") -> torch.Tensor:
     """NorMuon: v ← β₂v + (1 − β₂)·mean(O⊙O) per neuron (in place in ``variance``), Ô = O ⊘ d(v),
-    returned as Ô·‖O‖_F/‖Ô‖_F per matrix (a zero Ô stays zero).
-
-    d(v) = √v + eps ("add", microsoft/dion) or √max(v, eps) ("clamp", nanochat's
-    ``rsqrt(clamp_min(v, 1e-10))``); no bias correction (neither implementation has one). The
-    mean squares, the EMA (in the variance's dtype's ``stage_dtype``, stored back in its own
-    dtype) and the norms are computed in ``stage_dtype``.
+    returned as Ô·‖O‖_F/‖Ô‖_F per matrix (a zero Ô stays zero): O·``normuon_factor`` (see it for
+    d(v), the dtypes and the statistics).
     Shapes: o (..., m, n); variance ``normuon_variance_shape(o.shape, dim)`` -> (..., m, n) in
     ``stage_dtype(o.dtype)``.
     Source: Li et al. arXiv 2510.05491; microsoft/dion ``_normuon_normalization_core``; nanochat
     ``muon_step_fused``. Raises: nothing (the group layer validates the options and the state).
     """
-    w = o.to(stage_dtype(o.dtype), copy=True)  # scaled in place below (one O-sized buffer, not three)
-    red = -1 if normuon_side(w.shape[-2], w.shape[-1], dim) == "row" else -2
-    mean_square = w.square().mean(dim=red, keepdim=True)
-    v = variance.to(stage_dtype(variance.dtype)).lerp(mean_square.to(stage_dtype(variance.dtype)), 1 - beta2)
-    variance.copy_(v)
-    v = v.to(w.dtype)
-    scale = 1.0 / (v.sqrt() + eps) if eps_mode == "add" else v.clamp_min(eps).rsqrt()
-    norm_w = torch.linalg.vector_norm(w, dim=(-2, -1), keepdim=True)
-    y = w.mul_(scale)
-    norm_y = torch.linalg.vector_norm(y, dim=(-2, -1), keepdim=True)
-    return y.mul_(norm_w / norm_y.clamp_min(torch.finfo(w.dtype).tiny))
+    return o * normuon_factor(o, variance, beta2=beta2, eps=eps, eps_mode=eps_mode, dim=dim)  # promoted, no copy
 
 
 def pre_orthogonalize(mats: Sequence[torch.Tensor], *, equilibration: str | None) -> list[torch.Tensor]:
@@ -136,14 +178,50 @@ def pre_orthogonalize(mats: Sequence[torch.Tensor], *, equilibration: str | None
     return [equilibrate(x, equilibration) for x in mats]
 
 
+def post_factors(outs: Sequence[torch.Tensor], variances: Sequence[torch.Tensor] | None, *,
+                 renormalize_norm: bool, beta2: float | None, eps: float, eps_mode: str,
+                 dim: str) -> list[torch.Tensor] | None:
+    """The stages after Newton–Schulz on one parameter's matrices (or one stack) as factors, in
+    nanochat's order: Muon+ (``renormalize_norm``: ``renormalize_factor``, (..., 1, 1)), then
+    NorMuon (``beta2`` not None: ``normuon_factor`` with Muon+'s factor as its ``gain``;
+    ``variances[j]`` the second moment of matrix j, updated in place), so that outs[j]·f_j is
+    the stages' output. None: nothing switched on.
+    Shapes: outs[j] (..., m, n) -> f_j (..., 1, 1) or the variance's shape, in ``stage_dtype``."""
+    if not renormalize_norm and beta2 is None:
+        return None
+    gains = [renormalize_factor(o) for o in outs] if renormalize_norm else [None] * len(outs)
+    if beta2 is None:
+        return gains
+    return [normuon_factor(o, v, beta2=beta2, eps=eps, eps_mode=eps_mode, dim=dim, gain=g)
+            for o, v, g in zip(outs, variances, gains)]
+
+
 def post_orthogonalize(outs: Sequence[torch.Tensor], variances: Sequence[torch.Tensor] | None, *,
                        renormalize_norm: bool, beta2: float | None, eps: float, eps_mode: str,
                        dim: str) -> list[torch.Tensor]:
     """The stages after Newton–Schulz on one parameter's matrices, in nanochat's order: Muon+
     (``renormalize_norm``), then NorMuon (``beta2`` not None; ``variances[j]`` the second
-    moment of matrix j, updated in place). Nothing switched on: the outputs unchanged."""
-    result = [renormalize(o) for o in outs] if renormalize_norm else list(outs)
-    if beta2 is not None:
-        result = [normuon_normalize(o, v, beta2=beta2, eps=eps, eps_mode=eps_mode, dim=dim)
-                  for o, v in zip(result, variances)]
-    return result
+    moment of matrix j, updated in place): outs[j]·f_j in ``stage_dtype`` with f = ``post_factors``.
+    Nothing switched on: the outputs unchanged."""
+    factors = post_factors(outs, variances, renormalize_norm=renormalize_norm, beta2=beta2, eps=eps,
+                           eps_mode=eps_mode, dim=dim)
+    if factors is None:
+        return list(outs)
+    return [o * f for o, f in zip(outs, factors)]  # f (stage_dtype, >= 2-D) promotes O: one O-sized result
+
+
+def foreach_addcmul_scaled_(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor],
+                            factors: Sequence[torch.Tensor], alpha: float) -> None:
+    """dsts[i] ← dsts[i] + alpha·srcs[i]·factors[i] in place (factors broadcast: the stages'
+    ``post_factors``), computed in the promoted dtype (float32 for bfloat16 sources and float32
+    factors) and rounded once into dsts[i]: the update with Ô = O·f never materialized. Eager: one
+    ``_foreach_addcmul_`` (on CUDA, mixed dtypes or broadcast factors take torch's per-tensor
+    path: one kernel per tensor). Under ``torch.compile`` a product then a sum (the lr stays a
+    graph input, ``ortho_fast.functional.graph_scalars``).
+    Shapes: srcs[i] and factors[i] broadcastable to dsts[i]."""
+    if torch.compiler.is_compiling():
+        for d, s, f in zip(dsts, srcs, factors):
+            dtype = torch.promote_types(torch.promote_types(d.dtype, s.dtype), f.dtype)
+            d.add_(s.to(dtype) * f.to(dtype) * alpha)
+        return
+    torch._foreach_addcmul_(list(dsts), list(srcs), list(factors), value=alpha)

@@ -28,8 +28,9 @@ from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
 from ..functional import stacked as stacked_math
 from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
 from .driver import GroupRunner
-from .muon_budget import cautious_nbytes, rest_batches, stage_nbytes_per_entry, state_bytes, writes_compute_dtype
-from .muon_stages import STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options, variance_shape
+from .muon_budget import cautious_nbytes, rest_batches, stage_nbytes, state_bytes, writes_compute_dtype
+from .muon_stages import (STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options,
+                          stacked_stage_update_, variance_shape)
 from .options import MuonOptions, OptionsCache, check_gram_option
 
 #: Every Muon param-group key with its default (torch.optim.Muon's defaults where torch has the option).
@@ -274,8 +275,9 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
     the reused buffers (all optional; resolved / allocated here when absent).
     The pipeline stages the options switch on run per matrix (per stack on the stacked step), in
     nanochat's order: MuonEq before Newton–Schulz (``functional.muon_stages.pre_orthogonalize``),
-    Muon+ and NorMuon after it (``post_orthogonalize``), one call each (docs/math.md, "Muon
-    pipeline stages").
+    Muon+ and NorMuon after it (``post_orthogonalize``; on a stack their per-neuron factors,
+    ``post_factors``, applied inside the update), one call each (docs/math.md, "Muon pipeline
+    stages").
     State: ``state[p]["momentum_buffer"]`` of the parameter's shape and dtype (created as
     zeros), the key of torch.optim.Muon; with NorMuon ``state[p]["variance_neuron"]``
     (``ortho_fast.groups.muon_stages.variance_shape``).
@@ -360,7 +362,7 @@ def plan_stacks(live, layout, options: MuonOptions, budget_from: tuple[int, int,
     layout is ``_whole`` are grouped by (m, n, dtype, device) and cut, in order, into chunks of
     whole parameters of about equal size, each within ``MAX_STACK_ELEMENTS`` entries and a
     workspace (``stacked.chunk_nbytes``) within ``stacked.workspace_budget(*budget_from)``
-    (``state_bytes``; None: no budget) with the stages' temporaries (``stage_nbytes_per_entry``);
+    (``state_bytes``; None: no budget) with the stages' temporaries (``stage_nbytes``);
     a parameter larger than that is a chunk of its own. A shape group of one matrix goes to the
     rest (its 2-D call, the bits of ``banks=False``); a chunk of one matrix cut by the budget stays
     a stack (the rest's step batches all its same-shape matrices at once, and allocates as much)."""
@@ -381,7 +383,7 @@ def plan_stacks(live, layout, options: MuonOptions, budget_from: tuple[int, int,
         in_place = writes_compute_dtype(options, dtype) or (compute == dtype and options.equilibration is None)
         momentum = None if in_place else dtype
         size = lambda k, m=m, n=n, u=momentum, c=compute: stacked_math.chunk_nbytes(k, m, n, u, c)
-        transient = stage_nbytes_per_entry(options, dtype) * m * n  # per matrix, beside the workspace
+        transient = stage_nbytes(options, dtype, m, n)  # per matrix, beside the workspace
         total = sum(member[3] for member in members)
         most = max(1, MAX_STACK_ELEMENTS // (m * n))
         if budget is not None and size(most) + most * transient > budget:  # the largest k that fits (or 1)
@@ -410,9 +412,9 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
     ``functional.muon.update_momentum_buffers``): U (Nesterov or the buffer) written into one
     (k, m, n) workspace stack, of the compute dtype where ``writes_compute_dtype`` (rounded once
     on the write) else of the parameters' dtype, MuonEq on it, ``orthogonalize`` of it as a
-    scratch ``MatrixStack`` (the iteration starts in it when it has the compute dtype), Muon+ /
-    NorMuon on the result stack (the second moments concatenated and written back with one
-    ``_foreach_copy_``), the update as one ``_foreach_add_`` with the chunk's lr·s. A fixed
+    scratch ``MatrixStack`` (the iteration starts in it when it has the compute dtype), the update
+    as one ``_foreach_add_`` with the chunk's lr·s, or with Muon+ / NorMuon as one
+    ``_foreach_addcmul_`` of the stack and their per-neuron factor (``stacked_stage_update_``). A fixed
     number of operations whatever the chunk's size, plus one write of U per matrix when cast."""
     params = [p for p, _, _ in chunk.members]
     shape = (chunk.count, chunk.m, chunk.n)
@@ -436,14 +438,9 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
                     p, state, lay, options.normuon_dim), **options.post_orthogonalize_kwargs())[0] if stages else o)
                 .reshape(p.shape) for o, (p, lay, _) in zip(outs, chunk.members)]
     else:
-        if stages:
-            variances = None
-            if options.normuon_beta2 is not None:
-                parts = [normuon_variances(p, state, lay, options.normuon_dim)[0] for p, lay, _ in chunk.members]
-                variances = [torch.cat([v.view(-1, *v.shape[-2:]) for v in parts])]
-            stack = stage_math.post_orthogonalize([stack], variances, **options.post_orthogonalize_kwargs())[0]
-            if variances is not None:
-                torch._foreach_copy_(parts, muon_math.split_stack(variances[0], parts))
+        if stages:  # Muon+ / NorMuon: one factor per neuron, applied inside the update (no float32 stack)
+            stacked_stage_update_(chunk.members, stack, state, options, float(update["lr"]))
+            return
         outs = muon_math.split_stack(stack, params)
     scale = muon_math.adjusted_lr_scale(options.adjust_lr, chunk.m, chunk.n) * options.extra_scale_factor
     stacked_math.add_update_(params, outs, -float(update["lr"]) * scale, None if stages else u, stack)

@@ -17,14 +17,29 @@ from .muon_stages import variance_shape
 from .options import MuonOptions
 
 
-def stage_nbytes_per_entry(options: MuonOptions, dtype: torch.dtype) -> int:
-    """Peak bytes per stacked entry the pipeline stages allocate beside the workspace (their
-    ``stage_dtype`` copies, ``ortho_fast.functional.muon_stages``): MuonEq's copy of U and its
-    scaled result; Muon+'s copy and its scaled result; NorMuon's copy (scaled in place) and its
-    squares (8 bytes per entry each in float32; Muon+ then NorMuon 12)."""
-    size = stage_math.stage_dtype(dtype).itemsize
-    after = (2 if options.renormalize else 0) + (2 if options.normuon_beta2 is not None else 0)
-    return size * (2 * (options.equilibration is not None) + min(after, 3))
+def stage_nbytes(options: MuonOptions, dtype: torch.dtype, m: int, n: int) -> int:
+    """Peak bytes per (m, n) matrix of ``dtype`` parameters that the pipeline stages allocate beside
+    the workspace in the stacked step (``ortho_fast.functional.muon_stages``), an upper bound of
+    what ``benchmarks/_op_count.CountOps`` measures (tests/ortho_fast/test_normuon_stack.py).
+
+    MuonEq: its ``stage_dtype`` copy of U and its scaled result (2 entries per matrix entry).
+    Muon+ / NorMuon (``post_factors``: factors, no O-sized temporary): four per-matrix scalars
+    (‖O‖_F, ‖Ô‖_F, Muon+'s factor) and, with NorMuon, per neuron (m rows or n columns,
+    ``normuon_side``): the second moments concatenated (in the parameters' dtype), the neurons'
+    norms and their mean squares or inverse divisors (in ``stage_dtype`` of the result), and the
+    EMA's copies where the second moment is stored in another dtype than it is computed in
+    (12 bytes per neuron for float32 parameters, 18 for bfloat16).
+    Source: docs/performance.md, "The budget".
+    """
+    size = stage_math.stage_dtype(options.compute_dtype or dtype).itemsize
+    total = 2 * stage_math.stage_dtype(dtype).itemsize * m * n if options.equilibration is not None else 0
+    if options.renormalize or options.normuon_beta2 is not None:
+        total += 4 * size
+    if options.normuon_beta2 is not None:
+        stored, ema = dtype.itemsize, stage_math.stage_dtype(dtype).itemsize
+        per_neuron = stored + 2 * size + (ema + size if ema != size else 0) + (2 * ema if ema != stored else 0)
+        total += per_neuron * (m if stage_math.normuon_side(m, n, options.normuon_dim) == "row" else n)
+    return total
 
 
 def writes_compute_dtype(options: MuonOptions, dtype: torch.dtype) -> bool:
@@ -55,15 +70,18 @@ def state_bytes(live, layout, options: MuonOptions) -> tuple[int, int, int]:
 def rest_nbytes(p: torch.Tensor, lay, options: MuonOptions) -> int:
     """An upper bound on the bytes the step of the parameters left out of the stacks
     (``ortho_fast.groups.muon._rest_step``) allocates for parameter ``p`` of layout ``lay`` at
-    once: its U (``p``'s dtype), the stages' temporaries (``stage_nbytes_per_entry``), and per
-    matrix (m, n) of its layout the Newton–Schulz iterate, its successor and U's cast (three (m, n)
-    of the compute dtype) with the (s, s) Gram matrix and polynomial, s = min(m, n)."""
+    once: its U (``p``'s dtype), and per matrix (m, n) of its layout the Newton–Schulz iterate,
+    its successor and U's cast (three (m, n) of the compute dtype) with the (s, s) Gram matrix and
+    polynomial, s = min(m, n), the stages' temporaries (``stage_nbytes``) and, with Muon+ or
+    NorMuon, their result Ô (``post_orthogonalize``: one (m, n) in ``stage_dtype``)."""
     compute = (options.compute_dtype or p.dtype).itemsize
-    total = p.numel() * (p.element_size() + stage_nbytes_per_entry(options, p.dtype))
+    post = stage_math.stage_dtype(p.dtype).itemsize if options.renormalize or options.normuon_beta2 is not None else 0
+    total = p.numel() * p.element_size()
     for shape in lay.matrix_shapes():
         *batch, m, n = shape
         s = min(m, n)
-        total += math.prod(batch) * (3 * m * n + 2 * s * s) * compute
+        total += math.prod(batch) * ((3 * compute + post) * m * n + 2 * s * s * compute
+                                     + stage_nbytes(options, p.dtype, m, n))
     return total
 
 

@@ -5,8 +5,9 @@ A Muon group switches the stages of ``ortho_fast.functional.muon_stages`` on by 
 ``renormalize`` (Muon+), ``normuon_beta2`` with ``normuon_eps`` / ``normuon_eps_mode`` /
 ``normuon_dim`` (NorMuon). ``resolve_stage_options`` validates them, ``normuon_variances`` gives
 the per-matrix views of NorMuon's state ``state[p]["variance_neuron"]`` (microsoft/dion's key),
-``check_stage_state`` checks a stored one before a step, and ``NORMUON_STATE_SPEC`` is what
-``load_state_dict`` checks. Source: docs/design.md, "Muon"; docs/math.md, "Muon pipeline stages".
+``check_stage_state`` checks a stored one before a step, ``NORMUON_STATE_SPEC`` is what
+``load_state_dict`` checks, and ``stacked_stage_update_`` is the stages' part of the stacked step.
+Source: docs/design.md, "Muon"; docs/math.md, "Muon pipeline stages".
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import math
 
 import torch
 
+from ..functional import muon_stages as stage_math
 from ..functional.layout import MuonLayout
+from ..functional.muon import adjusted_lr_scale, split_stack
 from ..functional.muon_stages import NORMUON_DIMS, NORMUON_EPS_MODES, equilibration_side, normuon_variance_shape
 from ..validation import check_choice, check_hyper
 
@@ -92,3 +95,34 @@ def check_stage_state(st: dict, p: torch.Tensor, layout: MuonLayout, options, na
         got = (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__
         raise ValueError(f"{VARIANCE_KEY}: expected a tensor of shape {want} and dtype {p.dtype}, got {got} ({name})")
 
+
+def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: float) -> None:
+    """Muon+ / NorMuon and the update of one chunk of the stacked step (``ortho_fast.groups.muon``):
+    ``members`` (parameter, layout, index) whose matrices are the consecutive slices of the
+    (k, m, n) Newton–Schulz result ``stack``. The stages' factors f (``post_factors`` on the whole
+    stack: (k, m, 1) / (k, 1, n) per neuron, (k, 1, 1) Muon+ alone; NorMuon's second moments
+    concatenated, updated, written back with one ``_foreach_copy_``), then
+    W ← W − lr·s·O·f per parameter with one ``_foreach_addcmul_`` (Ô = O·f computed in float32
+    inside it, never stored: no O-sized temporary), s = adjusted_lr_scale(m, n)·extra_scale_factor.
+    The decay is done before (``decay_weights``); the parameters are contiguous (``plan_stacks``)."""
+    m, n = stack.shape[-2:]
+    variances = parts = None
+    if options.normuon_beta2 is not None:
+        parts = [normuon_variances(p, state, lay, options.normuon_dim)[0] for p, lay, _ in members]
+        variances = [torch.cat([v.view(-1, *v.shape[-2:]) for v in parts])]
+    factor = stage_math.post_factors([stack], variances, **options.post_orthogonalize_kwargs())[0]
+    if parts is not None:
+        torch._foreach_copy_(parts, split_stack(variances[0], parts))
+    counts = [p.numel() // (m * n) for p, _, _ in members]
+    scale = adjusted_lr_scale(options.adjust_lr, m, n) * options.extra_scale_factor
+    stage_math.foreach_addcmul_scaled_([p.view(-1, m, n) for p, _, _ in members], _slices(stack, counts),
+                                       _slices(factor, counts), -lr * scale)
+
+
+def _slices(x: torch.Tensor, counts) -> list[torch.Tensor]:
+    """Consecutive slices of x along dim 0, of the lengths ``counts``."""
+    out, start = [], 0
+    for k in counts:
+        out.append(x[start:start + k])
+        start += k
+    return out

@@ -1,7 +1,8 @@
 """The stage checks of the judge (ortho_verify.checks.stages): planted bugs in each stage are caught,
 those sized from the check's own tolerance just beyond it, and stages written differently from
 ortho_fast's pass. Bugs are planted through the documented patch points of
-``ortho_fast.functional.muon_stages`` (``equilibrate``, ``renormalize``, ``normuon_normalize``)."""
+``ortho_fast.functional.muon_stages`` (``equilibrate``, ``renormalize_factor``, ``normuon_factor``:
+the post stages are factors that O is multiplied by)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import ortho_fast.functional.muon_stages as fast_stages  # patch points: equilibrate, renormalize, normuon_normalize
+import ortho_fast.functional.muon_stages as fast_stages  # patch points: equilibrate, renormalize_factor, normuon_factor
 from ortho_verify.checks import stages as stage_checks
 from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
 
@@ -22,7 +23,7 @@ def _case(m, n, cond=1e2, seed=0):
 
 
 CASES = [_case(24, 16), _case(12, 30, cond=1e3), _case(20, 20, cond=10)]
-_REAL = {name: getattr(fast_stages, name) for name in ("equilibrate", "renormalize", "normuon_normalize")}
+_REAL = {name: getattr(fast_stages, name) for name in ("equilibrate", "renormalize_factor", "normuon_factor")}
 
 
 def _rows(case, config, dtype):
@@ -53,16 +54,19 @@ def _equilibrate_other(x, side="row", *, floor=fast_stages.NORM_FLOOR):
 
 
 def _renormalize_other(o, *, floor=fast_stages.NORM_FLOOR):
+    """Muon+'s factor through a sum of squares and a division, in float64."""
     w = o.to(torch.float64)
     norm = (w * w).sum(dim=(-2, -1), keepdim=True).sqrt().clamp_min(floor)
-    return (w / norm * math.sqrt(min(w.shape[-2:]))).to(fast_stages.stage_dtype(o.dtype))
+    return (math.sqrt(min(w.shape[-2:])) / norm).to(fast_stages.stage_dtype(o.dtype))
 
 
-def _normuon_other(o, variance, *, beta2, eps=1e-8, eps_mode="add", dim="row", bug=None):
-    """NorMuon as a user writes it: statistics in float64 with an explicit EMA, the division as a
-    product with the reciprocal, the norm restored with a ratio of sums of squares. ``bug``
-    plants one mistake (see the tests)."""
-    w = o.to(torch.float64)
+def _normuon_other(o, variance, *, beta2, eps=1e-8, eps_mode="add", dim="row", gain=None, bug=None):
+    """NorMuon as a user writes it: the whole matrix formed in float64 (times ``gain``, Muon+'s
+    factor), statistics with an explicit EMA, the division as a product with the reciprocal, the
+    norm restored with a ratio of sums of squares of the matrices, returned as the factor the
+    input is multiplied by. ``bug`` plants one mistake (see the tests)."""
+    g = 1.0 if gain is None else gain.to(torch.float64)
+    w = o.to(torch.float64) * g
     rows = fast_stages.normuon_side(w.shape[-2], w.shape[-1], dim) == "row"
     if bug == "wrong_dim":
         rows = not rows
@@ -74,17 +78,17 @@ def _normuon_other(o, variance, *, beta2, eps=1e-8, eps_mode="add", dim="row", b
     d = v.sqrt() + eps if eps_mode == "add" else v.clamp_min(eps).sqrt()
     y = w * d.reciprocal()
     if bug == "no_renormalization":
-        return y.to(fast_stages.stage_dtype(o.dtype))
+        return (g * d.reciprocal()).to(fast_stages.stage_dtype(o.dtype))
     ratio = ((w * w).sum(dim=(-2, -1), keepdim=True) / (y * y).sum(dim=(-2, -1), keepdim=True)).sqrt()
-    return (y * ratio).to(fast_stages.stage_dtype(o.dtype))
+    return (g * d.reciprocal() * ratio).to(fast_stages.stage_dtype(o.dtype))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
 def test_stages_written_differently_pass(monkeypatch, case, dtype):
     monkeypatch.setattr(fast_stages, "equilibrate", _equilibrate_other)
-    monkeypatch.setattr(fast_stages, "renormalize", _renormalize_other)
-    monkeypatch.setattr(fast_stages, "normuon_normalize", _normuon_other)
+    monkeypatch.setattr(fast_stages, "renormalize_factor", _renormalize_other)
+    monkeypatch.setattr(fast_stages, "normuon_factor", _normuon_other)
     for config in stage_checks.STAGE_CONFIGS:
         rows = _rows(case, config, dtype)
         assert rows and all(r.passed for r in rows), [(r.detail, r.error / r.tolerance) for r in rows if not r.passed]
@@ -96,8 +100,8 @@ def test_stages_written_differently_pass(monkeypatch, case, dtype):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
 def test_missing_renormalization_caught(monkeypatch, dtype):
-    monkeypatch.setattr(fast_stages, "renormalize", lambda o, floor=fast_stages.NORM_FLOOR:
-                        o.to(fast_stages.stage_dtype(o.dtype)))
+    monkeypatch.setattr(fast_stages, "renormalize_factor", lambda o, floor=fast_stages.NORM_FLOOR:
+                        o.new_ones((*o.shape[:-2], 1, 1), dtype=fast_stages.stage_dtype(o.dtype)))
     assert all(_caught(_rows(case, "Muon+", dtype)) for case in CASES)
 
 
@@ -115,7 +119,7 @@ def test_missing_equilibration_and_wrong_side_caught(monkeypatch, dtype):
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
 def test_normuon_bugs_caught(monkeypatch, bug, dtype):
     """NorMuon without the norm restored, or an EMA weight 1.5·(1 − β₂) (β₂ 0.95 read as 0.925)."""
-    monkeypatch.setattr(fast_stages, "normuon_normalize", lambda *a, **k: _normuon_other(*a, **k, bug=bug))
+    monkeypatch.setattr(fast_stages, "normuon_factor", lambda *a, **k: _normuon_other(*a, **k, bug=bug))
     for config in ("microsoft/dion NorMuon", "nanochat"):
         rows = [r for case in CASES for r in _rows(case, config, dtype)]
         assert _caught(rows), config
@@ -124,7 +128,7 @@ def test_normuon_bugs_caught(monkeypatch, bug, dtype):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_wrong_reduction_dimension_caught(monkeypatch, dtype):
     """Per column where the declared statistic is per row (square case: the state has the same size)."""
-    monkeypatch.setattr(fast_stages, "normuon_normalize", lambda *a, **k: _normuon_other(*a, **k, bug="wrong_dim"))
+    monkeypatch.setattr(fast_stages, "normuon_factor", lambda *a, **k: _normuon_other(*a, **k, bug="wrong_dim"))
     assert _caught(_rows(CASES[2], "microsoft/dion NorMuon", dtype))
 
 
@@ -140,7 +144,7 @@ def test_bug_just_beyond_the_tolerance_caught_and_just_below_passes(monkeypatch,
     run = stage_checks.StageRun(case, opts, dtype)
     ref = stage_checks.stage_reference(run, opts, 0.95)
     step = opts["lr"] * ref.lr_scale * float(np.linalg.norm(ref.update))
-    name = "renormalize" if stage == "renormalize" else "normuon_normalize"
+    name = "renormalize_factor" if stage == "renormalize" else "normuon_factor"
     for factor, caught in ((2.0, True), (0.5, False)):
         eta = factor * row.tolerance / step
         real = _REAL[name]
@@ -159,7 +163,7 @@ def test_stage_map_bug_just_beyond_its_tolerance(monkeypatch, stage, dtype):
     row = next(r for r in _rows(case, config, dtype) if r.detail == detail)
     opts = stage_checks.STAGE_CONFIGS[config]
     ref = stage_checks.stage_reference(stage_checks.StageRun(case, opts, dtype), opts, 0.95)
-    name = "renormalize" if stage == "renormalize" else "normuon_normalize"
+    name = "renormalize_factor" if stage == "renormalize" else "normuon_factor"
     for factor, caught in ((2.0, True), (0.5, False)):
         eta = factor * row.tolerance / float(np.linalg.norm(ref.update))
         real = _REAL[name]

@@ -109,10 +109,15 @@ def stage_tolerances(ns_tol: float, *, shape: tuple[int, int], dtype, ns_gain: f
       division and a product (2u_s): c·(C_NS·√(mn) + 4)(u_s + u64).
     - NorMuon (``normuon_input`` O and ``variance`` v the reference's): ε ← 2·A·ε with A =
       ``normuon_amplification`` (first order; 2 for the second order as above), plus its own
-      rounding 2·(C_NS(√ℓ + √(mn)) + 12)(u_s + u64)·‖O‖_F: the mean squares (C_NS·√ℓ·u_s), the
-      EMA (3u_s), the square root, eps and reciprocal (3u_s) give each d_i a relative error ≤
-      (C_NS√ℓ + 6)u_s, the two norms C_NS·√(mn)·u_s each and the two products 2u_s; a relative
-      change ≤ η of every Y_i moves Z by ≤ 2η‖O‖_F (the renormalization removes the common part).
+      rounding 2·(C_NS(√ℓ + √(mn)) + 12)(u_s + u64)·‖O‖_F: a relative change ≤ η of every Y_i
+      moves Z by ≤ 2η‖O‖_F (the renormalization removes the common part), a common relative
+      change δ by δ‖O‖_F. ortho_fast forms Z = O·f from the neurons' norms r_i (a sum of ℓ
+      squares: (C_NS√ℓ/2 + 1)u_s after the square root): the mean squares r_i²/ℓ, the EMA (3u_s),
+      the square root, eps and reciprocal give each 1/d_i ≤ (C_NS√ℓ/2 + 6.5)u_s ≤ (C_NS√ℓ + 6)u_s,
+      with the products f_i = d_i⁻¹·ratio and O_i·f_i η ≤ (C_NS√ℓ + 8)u_s; the common part is the
+      ratio ‖r‖₂/‖r ⊘ d‖₂ (each a sum of m squares of rounded r_i: ≤ (C_NS√(mn)/2 + 4.5)u_s, as
+      √ℓ + √m ≤ √(mn) + 1) and its division: 2η + δ ≤ (2C_NS√ℓ + C_NS√(mn) + 26)u_s, within
+      the bound (C_NS√(mn) ≥ 2).
       The second moment: ‖Δv‖₂ ≤ (1 − β₂)(2·max_i ‖O_i‖·ε + ε²)/ℓ (its first and second order in
       the input error ε of NorMuon, exact since v is quadratic) + (C_NS√ℓ + 5)(u_s + u64)‖v‖₂ +
       u_state‖v‖₂ (stored in ``state_dtype``, the parameter's).
