@@ -140,9 +140,8 @@ def _same(t: torch.Tensor, tag: str) -> torch.Tensor:
 def dion_prepare(xs: list[torch.Tensor], gs: list[torch.Tensor], ms: list[torch.Tensor], *, lr: float,
                  weight_decay: float) -> list[torch.Tensor]:
     """The elementwise start of ``dion_apply`` for a group of parameters on one process, batched:
-    M ← M + G (one ``_foreach_add_``), X ← (1 − lr·wd)·X (one ``_foreach_mul_`` over the float32
-    / float64 X; ``mul_`` each for the others, whose factor torch's CPU ``_foreach_mul_`` rounds
-    to their dtype first, other bits), and whether
+    M ← M + G (one ``_foreach_add_``), X ← (1 − lr·wd)·X (``graph_scalars.foreach_scale_``: one
+    ``_foreach_mul_``, the bits of ``mul_``), and whether
     each B = M is nonzero, as 0-dim bool tensors on the device (max|B| ≠ 0: one
     ``_foreach_norm(ord=inf)`` per (device, dtype) and one comparison per device, where
     ``B.any()`` per matrix launched once per matrix; a NaN counts as nonzero, as in ``any``).
@@ -150,12 +149,7 @@ def dion_prepare(xs: list[torch.Tensor], gs: list[torch.Tensor], ms: list[torch.
     ``dion_apply`` alone (the same elementwise kernels, run earlier). Shapes: xs[i], gs[i], ms[i]
     of one shape each (non-empty); gs cast to ms' dtype. Changes xs and ms."""
     torch._foreach_add_(list(ms), [g.to(m.dtype) for g, m in zip(gs, ms)])
-    wide = [x for x in xs if x.dtype in (torch.float32, torch.float64)]
-    if wide:
-        foreach_scale_(wide, 1 - lr * weight_decay)
-    for x in xs:  # torch's CPU _foreach_mul_ rounds the factor to a bfloat16 / float16 tensor's dtype first
-        if x.dtype not in (torch.float32, torch.float64):
-            x.mul_(1 - lr * weight_decay)
+    foreach_scale_(xs, 1 - lr * weight_decay)  # the bits of mul_ on each (bfloat16 / float16 on the CPU too)
     maxima = max_abs(list(ms))
     flags: list = [None] * len(ms)
     by_device: dict = {}

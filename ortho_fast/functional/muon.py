@@ -150,7 +150,7 @@ def cautious_decay_factor(o: torch.Tensor, w: torch.Tensor, decay: float) -> tor
 
 def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: float) -> None:
     """Decoupled weight decay W ← W·(1 − lr·wd) on every tensor of ``params`` in place, with one
-    ``_foreach_mul_`` (the same bits as ``W.mul_(1 - lr * wd)``; nothing when lr·wd = 0).
+    ``_foreach_mul_`` (``graph_scalars.foreach_scale_``: the bits of ``W.mul_(1 - lr * wd)``; nothing when lr·wd = 0).
     Source: torch.optim.Muon / AdamW (decoupled decay with the unscaled lr)."""
     factor = 1 - float(lr) * float(weight_decay)
     if factor != 1.0 and params:

@@ -1,0 +1,33 @@
+"""``graph_scalars.foreach_scale_`` (the decoupled weight decay of Muon, Dion2 and Dion) gives the
+bits of ``mul_`` on every tensor, bfloat16 and float16 on the CPU included, where torch's
+``_foreach_mul_`` rounds the factor to the tensor's dtype first."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, strategies as st
+
+from ortho_fast.functional.graph_scalars import foreach_scale_
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+@given(st.lists(st.sampled_from(DTYPES), min_size=1, max_size=6), st.floats(0.5, 1.0, exclude_max=True),
+       st.integers(0, 2**16))
+def test_foreach_scale_has_the_bits_of_mul(dtypes, factor, seed):
+    """Property: any mix of dtypes, any decay factor in [0.5, 1): each tensor equals its own mul_."""
+    gen = torch.Generator().manual_seed(seed)
+    ts = [torch.randn(7, 5, generator=gen).to(dt) for dt in dtypes]
+    want = [t.clone().mul_(factor) for t in ts]
+    foreach_scale_(ts, factor)
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(ts, want))
+
+
+def test_torchs_cpu_foreach_mul_differs_for_float16():
+    """The reason the function exists: torch's CPU ``_foreach_mul_`` by a float is not ``mul_``
+    for float16 (if torch changes this, the special case can go)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, generator=gen).to(torch.float16)
+    out = [x.clone()]
+    torch._foreach_mul_(out, 1 - 0.0123 * 0.1)
+    assert not torch.equal(out[0], x.clone().mul_(1 - 0.0123 * 0.1))
