@@ -143,9 +143,8 @@ def cautious_decay_factor(o: torch.Tensor, w: torch.Tensor, decay: float) -> tor
     Shapes: o, w the same (m, n) (or broadcastable), finite -> w's shape.
     Source: Chen et al. 2025, arXiv 2510.12402 (cautious weight decay)."""
     opposite = o.gt(0).logical_and_(w.lt(0)).logical_or_(o.lt(0).logical_and_(w.gt(0)))
-    dtype = torch.promote_types(w.dtype, torch.float32)
-    return torch.where(opposite, torch.ones((), dtype=dtype, device=w.device),
-                       torch.full((), 1 - decay, dtype=dtype, device=w.device))
+    one = torch.ones((), dtype=torch.promote_types(w.dtype, torch.float32), device=w.device)
+    return torch.where(opposite, one, one * (1 - decay))  # a product: under compile an lr is a graph input
 
 
 def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: float) -> None:

@@ -92,8 +92,8 @@ def cautious_nbytes(live, layout, options: MuonOptions) -> int:
     cautious weight decay. The rest step's batches leave room for it (``rest_batches``' budget)."""
     if not options.cautious_weight_decay:
         return 0
-    largest = max((math.prod(shape[-2:]) for i, p in live for shape in layout(i, p).matrix_shapes()), default=0)
-    return 8 * largest
+    sizes = [math.prod(shape[-2:]) for i, p in live for shape in layout(i, p).matrix_shapes()]
+    return 8 * max(sizes) if sizes else 0  # (no max(..., default=): torch.compile does not take it)
 
 
 def rest_batches(rest, layout, options: MuonOptions, budget: int) -> list[list]:

@@ -72,7 +72,10 @@ def _builders(dtype):
     def dion2(ps, check_finite):
         return ortho_fast.Dion2(ps, lr=0.02, dtype=dtype, check_finite=check_finite)
 
-    return {"muon": (SHAPES, muon), "dion": (SHAPES, dion), "hybrid": (SHAPES + [(7,), (3, 5)], hybrid),
+    def muon_cautious(ps, check_finite):  # every parameter takes the rest step, in budgeted batches
+        return ortho_fast.Muon(ps, lr=0.02, dtype=dtype, check_finite=check_finite, cautious_weight_decay=True)
+
+    return {"muon": (SHAPES, muon), "muon_cautious": (SHAPES, muon_cautious), "dion": (SHAPES, dion), "hybrid": (SHAPES + [(7,), (3, 5)], hybrid),
             "normuon": (SHAPES, normuon), "dion2": (SHAPES, dion2)}
 
 
@@ -187,7 +190,7 @@ def _compiled_run(name, *, when, backend, steps=3, seed=0):
     return max(_relative(c, e) for c, e in zip(_state(compiled), _state(eager))), counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.parametrize("name", ["muon", "normuon", "dion2", "dion", "hybrid"])
+@pytest.mark.parametrize("name", ["muon", "muon_cautious", "normuon", "dion2", "dion", "hybrid"])
 def test_compiled_step_follows_a_scheduler_created_before_compiling(name):
     """fullgraph with an LR scheduler created first (it used to wrap ``opt.step`` in a function dynamo
     skips) and changing lr at every step: the AOT graph (aot_eager: inductor's input, without code

@@ -13,7 +13,8 @@ from hypothesis import example, given, settings, strategies as st
 
 import ortho_fast
 from ortho_fast.functional import stacked
-from ortho_fast.groups.muon import resolve_muon_options, MUON_DEFAULTS, param_layout
+from ortho_fast.functional.muon import cautious_decay_factor
+from ortho_fast.groups.muon import MUON_DEFAULTS, param_layout, resolve_muon_options
 from ortho_fast.groups.muon_budget import rest_batches, rest_nbytes
 from tests.ortho_fast.test_op_counts import BUILDERS, MEMORY_BOUND, CountOps, gpt_shapes
 
@@ -72,3 +73,18 @@ def test_rest_batches_keep_order_and_budget(shapes, budget, batched):
                                                            for i, p in batch) <= budget)
     if not options.batched:
         assert all(len(batch) == 1 for batch in batches)
+
+
+@given(st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]), st.integers(0, 2**16),
+       st.floats(1e-6, 0.5))
+def test_the_cautious_mask_keeps_the_bits_of_signs(dtype, seed, decay):
+    """Property: ``cautious_decay_factor`` (boolean comparisons, about 5 bytes per entry) gives
+    ``W.mul_(factor)`` the bits of ``torch.where(sign(O)·sign(W) >= 0, W·(1 − decay), W)``, zeros
+    and negative zeros included."""
+    gen = torch.Generator().manual_seed(seed)
+    o = torch.randn(9, 7, generator=gen).to(dtype)
+    w = torch.randn(9, 7, generator=gen).to(dtype)
+    o[0, :3], w[1, :3], o[2, 0], w[3, 0] = 0.0, 0.0, -0.0, -0.0
+    want = torch.where(o.sign() * w.sign() >= 0, w * (1 - decay), w)
+    got = w.clone().mul_(cautious_decay_factor(o, w, decay))
+    assert got.dtype == want.dtype and torch.equal(got, want)
