@@ -39,6 +39,9 @@ MEMORY_RATIO = 1.1
 #: 12 GPT blocks; d = 768 × 12 and larger follow ``MEMORY_RATIO``.
 MIN_WORKSPACE_BYTES = 32 << 20
 
+#: The fewest tensors a round of ``momentum_rounds`` holds: its three launches then beat one per tensor.
+MIN_MOMENTUM_ROUND = 4
+
 #: Byte alignment of every workspace buffer (the CUDA caching allocator's block size).
 ALIGN = 512
 
@@ -129,6 +132,16 @@ class Workspace:
         self._frame[device] = (names | {name}, _aligned(end))
         return self._pool[device][offset:end].view(dtype).view(shape)
 
+    def spare(self, device: torch.device) -> torch.Tensor | None:
+        """The pool's bytes after the buffers given out in the current frame (flat uint8; None
+        under ``torch.compile`` or without a pool): free until the frame's next request, which
+        may place its buffer there. The frame is unchanged (a ``get`` after it places its buffer
+        where it would have without it)."""
+        device = torch.device(device)
+        if torch.compiler.is_compiling() or device not in self._pool:
+            return None
+        return self._pool[device][self._frame.get(device, (frozenset(), 0))[1]:]
+
     @property
     def nbytes(self) -> int:
         """Bytes held between steps."""
@@ -178,6 +191,43 @@ def update_rounds(free: torch.Tensor, stack: torch.Tensor, sizes: list[int], dty
         rounds.append((done, hi, views))
         done = hi
     return rounds if done == len(sizes) else None
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes [start, end) a strided tensor reaches (its strides are not negative)."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def momentum_rounds(free: torch.Tensor, sizes: list[int], dtype: torch.dtype,
+                    keep: list[torch.Tensor]) -> list[tuple[int, int, list[torch.Tensor]]] | None:
+    """How ``functional.muon.momentum_into`` computes U of k tensors in ``dtype`` (the gradients')
+    before its one rounding into a narrower stack, in scratch packed into the free workspace bytes
+    ``free`` (flat uint8, ``Workspace.spare``) without new memory: rounds (lo, hi, views), each
+    the tensors lo..hi-1 computed in ``views`` (flat ``dtype`` views, ``sizes[i]`` entries each,
+    every one starting 16 bytes aligned) packed from the start of ``free``, which every round reuses
+    (a round's results are written out before the next starts). A round costs three launches (the
+    copy of G, the ``lerp_`` / ``add_``, the cast), so only rounds of at least
+    ``MIN_MOMENTUM_ROUND`` tensors are kept: they cover the tensors before the last ``hi``, the
+    others keep one launch each. None when there is no such round or when ``free`` shares bytes
+    with a tensor of ``keep`` (the gradients, the buffers and the destination)."""
+    lo_f, hi_f = _span(free)
+    if not free.is_contiguous() or any(not (hi <= lo_f or hi_f <= lo) for lo, hi in map(_span, keep)):
+        return None
+    flat, step = _as_dtype(free, dtype), max(1, 16 // dtype.itemsize)
+    rounds, lo = [], 0
+    while lo < len(sizes):
+        views, used, hi = [], 0, lo
+        while hi < len(sizes) and used + sizes[hi] <= flat.numel():
+            views.append(flat[used:used + sizes[hi]])
+            used, hi = -(-(used + sizes[hi]) // step) * step, hi + 1
+        if hi - lo < MIN_MOMENTUM_ROUND:
+            break
+        rounds.append((lo, hi, views))
+        lo = hi
+    return rounds or None
 
 
 def add_update_(params: list[torch.Tensor], outs: list[torch.Tensor], alpha: float, free: torch.Tensor | None,
