@@ -136,13 +136,12 @@ def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bu
     if out[0].dtype != grads[0].dtype:
         rounds = None
         if free is not None and not torch.compiler.is_compiling():
-            rounds = momentum_rounds(free, [g.numel() for g in grads], grads[0].dtype, out + grads + bufs)
+            rounds = momentum_rounds(free, grads, out + grads + bufs)
         if rounds is None:
             for o, g, b in zip(out, grads, bufs):
                 torch.lerp(g, b, mu, out=o) if style == "ema" else torch.add(g, b, alpha=mu, out=o)
             return
-        for lo, hi, views in rounds:
-            scratch = [v.view(g.shape) for v, g in zip(views, grads[lo:hi])]
+        for lo, hi, scratch in rounds:
             _nesterov_in_place(scratch, grads[lo:hi], bufs[lo:hi], mu=mu, style=style)
             torch._foreach_copy_(out[lo:hi], scratch)
         momentum_into(out[hi:], grads[hi:], bufs[hi:], mu=mu, nesterov=nesterov, style=style)

@@ -195,34 +195,43 @@ def update_rounds(free: torch.Tensor, stack: torch.Tensor, sizes: list[int], dty
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """The bytes [start, end) a strided tensor reaches (its strides are not negative)."""
+    start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + t.nbytes
     if t.numel() == 0:
-        return t.data_ptr(), t.data_ptr()
-    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+        return start, start
+    return start, start + (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
 
 
-def momentum_rounds(free: torch.Tensor, sizes: list[int], dtype: torch.dtype,
+def momentum_rounds(free: torch.Tensor, grads: list[torch.Tensor],
                     keep: list[torch.Tensor]) -> list[tuple[int, int, list[torch.Tensor]]] | None:
-    """How ``functional.muon.momentum_into`` computes U of k tensors in ``dtype`` (the gradients')
+    """How ``functional.muon.momentum_into`` computes U of k tensors in the dtype of ``grads``
     before its one rounding into a narrower stack, in scratch packed into the free workspace bytes
     ``free`` (flat uint8, ``Workspace.spare``) without new memory: rounds (lo, hi, views), each
-    the tensors lo..hi-1 computed in ``views`` (flat ``dtype`` views, ``sizes[i]`` entries each,
-    every one starting 16 bytes aligned) packed from the start of ``free``, which every round reuses
-    (a round's results are written out before the next starts). A round costs three launches (the
-    copy of G, the ``lerp_`` / ``add_``, the cast), so only rounds of at least
-    ``MIN_MOMENTUM_ROUND`` tensors are kept: they cover the tensors before the last ``hi``, the
-    others keep one launch each. None when there is no such round or when ``free`` shares bytes
-    with a tensor of ``keep`` (the gradients, the buffers and the destination)."""
+    the tensors lo..hi-1 computed in ``views`` (of the gradients' shapes and dtype, packed one
+    after the other from the start of ``free``, which every round reuses: a round's results are
+    written out before the next starts). A round costs three launches (the copy of G, the
+    ``lerp_`` / ``add_``, the cast), so only rounds of at least ``MIN_MOMENTUM_ROUND`` tensors are
+    kept: they cover the tensors before the last ``hi``, the others keep one launch each. None
+    when there is no such round or when ``free`` shares bytes with a tensor of ``keep`` (the
+    gradients, the buffers and the destination). Host work: a few calls per tensor (the step at
+    small d is bound by the host's launches, not by the device)."""
     lo_f, hi_f = _span(free)
     if not free.is_contiguous() or any(not (hi <= lo_f or hi_f <= lo) for lo, hi in map(_span, keep)):
         return None
-    flat, step = _as_dtype(free, dtype), max(1, 16 // dtype.itemsize)
+    flat, shape = _as_dtype(free, grads[0].dtype), grads[0].shape
+    sizes = None if all(g.shape == shape for g in grads) else [g.numel() for g in grads]
+    per = max(1, math.prod(shape))
     rounds, lo = [], 0
-    while lo < len(sizes):
-        views, used, hi = [], 0, lo
-        while hi < len(sizes) and used + sizes[hi] <= flat.numel():
-            views.append(flat[used:used + sizes[hi]])
-            used, hi = -(-(used + sizes[hi]) // step) * step, hi + 1
+    while lo < len(grads):
+        if sizes is None:  # one shape: as many as fit, one view of the block unbound
+            hi = min(len(grads), lo + flat.numel() // per)
+            views = list(flat[:(hi - lo) * per].view(hi - lo, *shape).unbind(0))
+        else:
+            hi, used = lo, 0
+            while hi < len(grads) and used + sizes[hi] <= flat.numel():
+                used, hi = used + sizes[hi], hi + 1
+            views = [v.view(g.shape) for v, g in zip(flat[:used].split(sizes[lo:hi]), grads[lo:hi])]
         if hi - lo < MIN_MOMENTUM_ROUND:
             break
         rounds.append((lo, hi, views))
