@@ -2,8 +2,9 @@
 
 The fast default Muon step (``ortho_fast.groups.muon``, bfloat16 / float16 Newton–Schulz, not
 ``bitwise_torch``) runs per chunk of same-shape matrices a fixed number of operations, however
-many matrices the chunk holds (plus one write of U per matrix): the Nesterov momentum written into
-one stack, the overflow-safe power-of-two scale, one Frobenius normalization, five steps of three
+many matrices the chunk holds: the Nesterov momentum written into one stack (computed in the
+workspace's spare bytes, as many matrices at a time as fit, and cast: ``momentum_rounds``; one
+write per matrix where that does not pay), the overflow-safe power-of-two scale, one Frobenius normalization, five steps of three
 batched products, the update as one ``_foreach_add_`` (of a result cast in a free stack: a few
 launches, ``add_update_``). The stacks and the products' outputs live
 in a ``Workspace`` kept by the optimizer: allocated at the first step, reused by every chunk of
