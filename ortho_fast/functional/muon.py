@@ -22,6 +22,7 @@ from ..validation import check_choice
 from .graph_scalars import add_scaled_, foreach_scale_
 from .layout import MuonLayout
 from .newton_schulz import newton_schulz_resolved, newton_schulz_stack, newton_schulz_stacked
+from .stacked import momentum_rounds
 
 MOMENTUM_STYLES = ("ema", "classic")
 #: lr adjustment modes; the last three are Megatron / Emerging-Optimizers ``scale_mode`` names.
@@ -109,29 +110,54 @@ def update_momentum_buffers(grads: Sequence[torch.Tensor], bufs: Sequence[torch.
 
 
 def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor], *,
-                  mu: float, nesterov: bool, style: str) -> None:
+                  mu: float, nesterov: bool, style: str, free: torch.Tensor | None = None) -> None:
     """The other half: writes U (the matrix to orthogonalize) into ``out[i]`` from the updated
     ``bufs[i]`` — G + μ(M − G) ("ema", ``lerp``) / G + μM ("classic") with ``nesterov``, else M —
     the same bits as ``muon_momentum_foreach``'s results (the same kernels, in place on a copy
     of G). ``out`` of another dtype than the gradients (the bfloat16 stack of the stacked step):
-    U is computed in the gradients' dtype and rounded once on the write, one ``out=`` call per
-    tensor (no temporary of U; the bits of ``muon_momentum_foreach``'s results cast to it).
+    U is computed in the gradients' dtype and rounded once on the write. With ``free`` (flat
+    uint8 bytes the step does not read now, ``stacked.Workspace.spare``) in rounds
+    (``stacked.momentum_rounds``): G copied into scratch views of ``free`` (one
+    ``_foreach_copy_``), the ``_foreach_lerp_`` / ``_foreach_add_`` there, the cast into ``out``
+    (one ``_foreach_copy_``): three launches a round in place of one per tensor. Else (no ``free``, under ``torch.compile``, no round paying; and for the tensors
+    after the last round) one ``out=`` call per tensor (no temporary of U). Either way the bits
+    of ``muon_momentum_foreach``'s results cast to ``out``'s dtype. Changes the bytes of ``free``.
     Shapes: ``out[i]``, ``grads[i]``, ``bufs[i]`` of one shape per i; ``grads[i]``, ``bufs[i]``
-    of one dtype."""
+    of one dtype.
+    Source: torch.optim's ``_multi_tensor_*`` steps (``_foreach`` ops); docs/performance.md (e)."""
     check_choice(style, "style", MOMENTUM_STYLES)
     out = list(out)
+    if not out:
+        return
     if not nesterov:
         torch._foreach_copy_(out, list(bufs))
         return
-    if out and out[0].dtype != grads[0].dtype:
-        for o, g, b in zip(out, grads, bufs):
-            torch.lerp(g, b, mu, out=o) if style == "ema" else torch.add(g, b, alpha=mu, out=o)
+    grads, bufs = list(grads), list(bufs)
+    if out[0].dtype != grads[0].dtype:
+        rounds = None
+        if free is not None and not torch.compiler.is_compiling():
+            rounds = momentum_rounds(free, grads, out + grads + bufs)
+        if rounds is None:
+            for o, g, b in zip(out, grads, bufs):
+                torch.lerp(g, b, mu, out=o) if style == "ema" else torch.add(g, b, alpha=mu, out=o)
+            return
+        for lo, hi, scratch in rounds:
+            _nesterov_in_place(scratch, grads[lo:hi], bufs[lo:hi], mu=mu, style=style)
+            torch._foreach_copy_(out[lo:hi], scratch)
+        momentum_into(out[hi:], grads[hi:], bufs[hi:], mu=mu, nesterov=nesterov, style=style)
         return
-    torch._foreach_copy_(out, list(grads))
+    _nesterov_in_place(out, grads, bufs, mu=mu, style=style)
+
+
+def _nesterov_in_place(out: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[torch.Tensor], *, mu: float,
+                       style: str) -> None:
+    """out[i] ← G + μ(M − G) ("ema") / G + μM ("classic"): G copied in, then one in-place
+    ``_foreach`` op (the kernels of ``lerp`` / ``add``: their bits); out of the gradients' dtype."""
+    torch._foreach_copy_(out, grads)
     if style == "ema":
-        torch._foreach_lerp_(out, list(bufs), mu)
+        torch._foreach_lerp_(out, bufs, mu)
     else:
-        torch._foreach_add_(out, list(bufs), alpha=mu)
+        torch._foreach_add_(out, bufs, alpha=mu)
 
 
 def cautious_decay_factor(o: torch.Tensor, w: torch.Tensor, decay: float) -> torch.Tensor:

@@ -2,8 +2,9 @@
 
 The fast default Muon step (``ortho_fast.groups.muon``, bfloat16 / float16 Newton–Schulz, not
 ``bitwise_torch``) runs per chunk of same-shape matrices a fixed number of operations, however
-many matrices the chunk holds (plus one write of U per matrix): the Nesterov momentum written into
-one stack, the overflow-safe power-of-two scale, one Frobenius normalization, five steps of three
+many matrices the chunk holds: the Nesterov momentum written into one stack (computed in the
+workspace's spare bytes, as many matrices at a time as fit, and cast: ``momentum_rounds``; one
+write per matrix where that does not pay), the overflow-safe power-of-two scale, one Frobenius normalization, five steps of three
 batched products, the update as one ``_foreach_add_`` (of a result cast in a free stack: a few
 launches, ``add_update_``). The stacks and the products' outputs live
 in a ``Workspace`` kept by the optimizer: allocated at the first step, reused by every chunk of
@@ -38,6 +39,9 @@ MEMORY_RATIO = 1.1
 #: model stays one chunk (tests/ortho_fast/test_op_counts.py). It binds below about d = 600 for
 #: 12 GPT blocks; d = 768 × 12 and larger follow ``MEMORY_RATIO``.
 MIN_WORKSPACE_BYTES = 32 << 20
+
+#: The fewest tensors a round of ``momentum_rounds`` holds: its three launches then beat one per tensor.
+MIN_MOMENTUM_ROUND = 4
 
 #: Byte alignment of every workspace buffer (the CUDA caching allocator's block size).
 ALIGN = 512
@@ -129,6 +133,16 @@ class Workspace:
         self._frame[device] = (names | {name}, _aligned(end))
         return self._pool[device][offset:end].view(dtype).view(shape)
 
+    def spare(self, device: torch.device) -> torch.Tensor | None:
+        """The pool's bytes after the buffers given out in the current frame (flat uint8; None
+        under ``torch.compile`` or without a pool): free until the frame's next request, which
+        may place its buffer there. The frame is unchanged (a ``get`` after it places its buffer
+        where it would have without it)."""
+        device = torch.device(device)
+        if torch.compiler.is_compiling() or device not in self._pool:
+            return None
+        return self._pool[device][self._frame.get(device, (frozenset(), 0))[1]:]
+
     @property
     def nbytes(self) -> int:
         """Bytes held between steps."""
@@ -178,6 +192,52 @@ def update_rounds(free: torch.Tensor, stack: torch.Tensor, sizes: list[int], dty
         rounds.append((done, hi, views))
         done = hi
     return rounds if done == len(sizes) else None
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes [start, end) a strided tensor reaches (its strides are not negative)."""
+    start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + t.nbytes
+    if t.numel() == 0:
+        return start, start
+    return start, start + (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def momentum_rounds(free: torch.Tensor, grads: list[torch.Tensor],
+                    keep: list[torch.Tensor]) -> list[tuple[int, int, list[torch.Tensor]]] | None:
+    """How ``functional.muon.momentum_into`` computes U of k tensors in the dtype of ``grads``
+    before its one rounding into a narrower stack, in scratch packed into the free workspace bytes
+    ``free`` (flat uint8, ``Workspace.spare``) without new memory: rounds (lo, hi, views), each
+    the tensors lo..hi-1 computed in ``views`` (of the gradients' shapes and dtype, packed one
+    after the other from the start of ``free``, which every round reuses: a round's results are
+    written out before the next starts). A round costs three launches (the copy of G, the
+    ``lerp_`` / ``add_``, the cast), so only rounds of at least ``MIN_MOMENTUM_ROUND`` tensors are
+    kept: they cover the tensors before the last ``hi``, the others keep one launch each. None
+    when there is no such round or when ``free`` shares bytes with a tensor of ``keep`` (the
+    gradients, the buffers and the destination). Host work: a few calls per tensor (the step at
+    small d is bound by the host's launches, not by the device)."""
+    lo_f, hi_f = _span(free)
+    if not free.is_contiguous() or any(not (hi <= lo_f or hi_f <= lo) for lo, hi in map(_span, keep)):
+        return None
+    flat, shape = _as_dtype(free, grads[0].dtype), grads[0].shape
+    sizes = None if all(g.shape == shape for g in grads) else [g.numel() for g in grads]
+    per = max(1, math.prod(shape))
+    rounds, lo = [], 0
+    while lo < len(grads):
+        if sizes is None:  # one shape: as many as fit, one view of the block unbound
+            hi = min(len(grads), lo + flat.numel() // per)
+            views = list(flat[:(hi - lo) * per].view(hi - lo, *shape).unbind(0))
+        else:
+            hi, used = lo, 0
+            while hi < len(grads) and used + sizes[hi] <= flat.numel():
+                used, hi = used + sizes[hi], hi + 1
+            views = [v.view(g.shape) for v, g in zip(flat[:used].split(sizes[lo:hi]), grads[lo:hi])]
+        if hi - lo < MIN_MOMENTUM_ROUND:
+            break
+        rounds.append((lo, hi, views))
+        lo = hi
+    return rounds or None
 
 
 def add_update_(params: list[torch.Tensor], outs: list[torch.Tensor], alpha: float, free: torch.Tensor | None,

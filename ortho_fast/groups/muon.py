@@ -423,7 +423,7 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
     views = muon_math.split_stack(u, params)
     bufs = [state[p]["momentum_buffer"] for p in params]
     muon_math.momentum_into(views, [p.grad for p in params], bufs, mu=options.momentum, nesterov=options.nesterov,
-                            style=options.momentum_style)
+                            style=options.momentum_style, free=workspace.spare(u.device))  # U in rounds
     mats = muon_math.MatrixStack([v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)], u,
                                  scratch=True)
     pre = stage_math.pre_orthogonalize([u], equilibration=options.equilibration)[0]
