@@ -89,7 +89,7 @@ def muon_momentum_foreach(grads: Sequence[torch.Tensor], bufs: Sequence[torch.Te
     if style == "ema":
         torch._foreach_lerp_(bufs, grads, 1 - mu)
         return list(torch._foreach_lerp(grads, bufs, mu)) if nesterov else bufs
-    torch._foreach_mul_(bufs, mu)
+    foreach_scale_(bufs, mu)  # the bits of mul_ (bfloat16 / float16 on the CPU too)
     torch._foreach_add_(bufs, grads)
     return list(torch._foreach_add(grads, bufs, alpha=mu)) if nesterov else bufs
 
@@ -105,7 +105,7 @@ def update_momentum_buffers(grads: Sequence[torch.Tensor], bufs: Sequence[torch.
     if style == "ema":
         torch._foreach_lerp_(bufs, grads, 1 - mu)
     else:
-        torch._foreach_mul_(bufs, mu)
+        foreach_scale_(bufs, mu)
         torch._foreach_add_(bufs, grads)
 
 

@@ -31,3 +31,19 @@ def test_torchs_cpu_foreach_mul_differs_for_float16():
     out = [x.clone()]
     torch._foreach_mul_(out, 1 - 0.0123 * 0.1)
     assert not torch.equal(out[0], x.clone().mul_(1 - 0.0123 * 0.1))
+
+
+@given(st.sampled_from([torch.bfloat16, torch.float16]), st.floats(0.5, 0.99), st.integers(0, 2**16))
+def test_classic_momentum_of_low_precision_buffers_has_the_bits_of_one_tensor(dtype, mu, seed):
+    """Property: Muon's classic momentum over a list of bfloat16 / float16 buffers (the
+    ``_foreach`` form) equals ``muon_momentum`` on each pair bit for bit, as its docstring says."""
+    from ortho_fast.functional.muon import muon_momentum, muon_momentum_foreach
+
+    gen = torch.Generator().manual_seed(seed)
+    grads = [torch.randn(6, 4, generator=gen).to(dtype) for _ in range(3)]
+    bufs = [torch.randn(6, 4, generator=gen).to(dtype) for _ in range(3)]
+    singles = [b.clone() for b in bufs]
+    outs = muon_momentum_foreach(grads, bufs, mu=mu, nesterov=True, style="classic")
+    for g, b, out, buf in zip(grads, singles, outs, bufs):
+        want = muon_momentum(g, b, mu=mu, nesterov=True, style="classic")
+        assert torch.equal(buf, b) and torch.equal(out, want)
