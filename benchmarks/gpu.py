@@ -1,4 +1,4 @@
-"""Issue 23's GPU tables in one command: every ortho optimizer against torch.optim.Muon on GPT
+"""The GPU tables in one command: every ortho optimizer against torch.optim.Muon on GPT
 blocks, the Newton–Schulz rate against the dense GEMM peak, Gram against standard Newton–Schulz,
 and a CUDA-graph capture of the step.
 
@@ -188,7 +188,7 @@ def ns_rate_section(device, clock, peak, args) -> None:
 #: Gram against standard Newton–Schulz: (label, standard kernel, Gram kernel) keyword sets of
 #: ``newton_schulz``. float32 against float32 (the automatic Gram path), and the fast pair: float16
 #: Gram (``gram=True, dtype=torch.float16``, restarts ``gram_restarts``) against the default bfloat16
-#: standard steps — the pair issue 23's goal is about (Gram >= 1.5x faster from aspect ratio 4).
+#: standard steps — the pair the speed goal is about (Gram >= 1.5x faster from aspect ratio 4).
 GRAM_PAIRS = (
     ("float32 vs float32", dict(dtype=torch.float32, gram=False), dict(dtype=torch.float32, gram=True)),
     ("float16 Gram vs bfloat16", dict(dtype=torch.bfloat16, gram=False), dict(dtype=torch.float16, gram=True)),
@@ -322,7 +322,7 @@ def main(argv=None) -> None:
         gram_section(device, clock, args)
     if "graph" not in args.skip:
         graph_section(device, args)
-    print("\nMust show (issue 23): Muon ≤ 0.30x / 0.40x / 0.70x torch at the three sizes; peak extra memory of a "
+    print("\nGoals: Muon ≤ 0.30x / 0.40x / 0.70x torch at the three sizes; peak extra memory of a "
           "Muon / NorMuon step ≤ 1.1x torch's; bf16 newton_schulz ≥ 85% of the GEMM peak from 2048-wide; Gram "
           "≥ 1.5x standard at aspect ratio 4; the captured step equal to eager.")
 
