@@ -134,6 +134,8 @@ class FiniteCheck:
         tensors, names = [], []
         for x, name in self.items:
             x = local_tensor(x)
+            if x.is_complex():
+                x = torch.view_as_real(x)  # finite iff its real and imaginary parts are
             if x.numel() and x.is_floating_point():  # empty: finite; integers: always finite
                 tensors.append(x)
                 names.append(name)

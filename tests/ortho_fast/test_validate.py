@@ -50,6 +50,25 @@ def test_finite_check_verdict_is_exact(count, dtype, huge, bad, which, where, se
         assert isinstance(error, ValueError) and str(error).startswith(f"x{expected}: contains NaN or Inf")
 
 
+@given(dtypes=st.lists(st.sampled_from([*DTYPES, torch.complex64, torch.int64]), min_size=1, max_size=5),
+       which=st.integers(0, 4), bad=st.booleans(), seed=st.integers(0, 2**16))
+def test_finite_check_mixes_dtypes_and_complex(dtypes, which, bad, seed):
+    """Property: one ``FiniteCheck`` over tensors of several dtypes (maxima of several dtypes are
+    reduced together; complex tensors by their real and imaginary parts; integers always finite)
+    names the first non-finite tensor, or none."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = [(torch.randn(4, 3, generator=gen) * 10).to(dt) for dt in dtypes]
+    target = which % len(xs)
+    if bad and (xs[target].is_floating_point() or xs[target].is_complex()):
+        xs[target].view(-1)[1] = complex(0, float("nan")) if xs[target].is_complex() else float("nan")
+    check = FiniteCheck()
+    for k, x in enumerate(xs):
+        check.add(x, f"x{k}")
+    error = check.error()
+    expected = next((k for k, x in enumerate(xs) if not bool(torch.isfinite(x).all())), None)
+    assert (error is None) if expected is None else str(error).startswith(f"x{expected}: contains NaN or Inf")
+
+
 def test_empty_and_scalar():
     check_finite(torch.empty(0, 3), "x")
     check_finite(torch.tensor(1.0), "x")
