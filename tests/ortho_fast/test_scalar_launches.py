@@ -1,0 +1,155 @@
+"""The AdamW and Lion groups of ``HybridOptimizer`` as multi-tensor steps: a fixed number of
+launches per (device, dtype) of a group whatever its number of parameters, and no read of the
+parameters' device, so that a step with ``check_finite=False`` waits for nothing.
+
+Launches are counted by the CPU proxy ``CountOps`` (benchmarks/_op_count.py: a ``_foreach``
+operation on CUDA's fast path counts 1, off it one per tensor); host reads by the aten operations
+that wait for the device (``HOST_SYNCS`` of tests/ortho_fast/test_graph_ready.py). AdamW's step
+counters are CPU tensors (torch.optim.AdamW's layout) on every device, read on the host without a
+device sync; on the meta device, whose tensors hold no data, any read of a parameter-device
+tensor raises, so a step that runs there reads none.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from ortho_fast import scalar
+from ortho_fast.functional.scalar import lion_foreach_update, lion_update
+from tests.ortho_fast.helpers import HYBRID_CONFIGS, fill_grads, gpt_model
+from tests.ortho_fast.test_graph_ready import HOST_SYNCS, RecordOps
+
+_SPEC = importlib.util.spec_from_file_location(
+    "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
+_OP_COUNT = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_OP_COUNT)
+CountOps = _OP_COUNT.CountOps
+
+#: Counted operations of an AdamW step per (device, dtype): 8 ``_foreach`` kernels (decay, lerp,
+#: β2 scale, addcmul, sqrt, bias correction, ε, addcdiv) and 2 on the CPU step counters (add, stack).
+ADAMW_OPS = 10
+#: Lion: lerp, sign, lerp, decay, add.
+LION_OPS = 5
+ALGORITHMS = {"adamw": (scalar.ADAMW_DEFAULTS, scalar.adamw_group_step, ADAMW_OPS),
+              "lion": (scalar.LION_DEFAULTS, scalar.lion_group_step, LION_OPS)}
+
+
+def _params(shapes, dtypes, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ps = [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64).to(dtype)) for s, dtype in
+          zip(shapes, dtypes)]
+    return [torch.nn.Parameter(torch.empty_like(p, device=device)) for p in ps] if device != "cpu" else ps
+
+
+def _later_step(algorithm, ps, **options):
+    """Ops counted in the second step of ``algorithm``'s group step over ``ps``."""
+    defaults, step, _ = ALGORITHMS[algorithm]
+    group, state = {"params": ps, **defaults, **options}, collections.defaultdict(dict)
+    for t in range(2):
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        if t == 0:
+            step(group, state)
+    with CountOps() as counter:
+        step(group, state)
+    return counter
+
+
+SHAPE = st.lists(st.integers(1, 6), min_size=0, max_size=3).map(tuple)
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@given(shapes=st.lists(SHAPE, min_size=1, max_size=24), data=st.data())
+def test_a_group_step_costs_a_fixed_number_of_launches_per_dtype(algorithm, shapes, data):
+    """Property: any number of parameters of any shapes in float32 / float64, weight decay on:
+    exactly the fixed count per (device, dtype), every ``_foreach`` operation on CUDA's fast path."""
+    dtypes = data.draw(st.lists(st.sampled_from([torch.float32, torch.float64]), min_size=len(shapes),
+                                max_size=len(shapes)))
+    counter = _later_step(algorithm, _params(shapes, dtypes), weight_decay=0.1)
+    assert counter.ops == ALGORITHMS[algorithm][2] * len(set(dtypes)) and not counter.slow_foreach
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_forty_parameters_cost_what_one_does(algorithm):
+    """40 parameters against 1 (a step per parameter would cost 40 times as much); without weight
+    decay one operation less."""
+    one = _later_step(algorithm, _params([(3, 2)], [torch.float32]), weight_decay=0.1).ops
+    many = _later_step(algorithm, _params([(3, 2), (5,), (), (2, 2, 2)] * 10, [torch.float32] * 40),
+                       weight_decay=0.1).ops
+    no_decay = _later_step(algorithm, _params([(5,)] * 40, [torch.float32] * 40), weight_decay=0.0).ops
+    assert one == many == ALGORITHMS[algorithm][2] and no_decay == many - 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@given(shapes=st.lists(SHAPE, min_size=1, max_size=6), seed=st.integers(0, 2**16), wd=st.sampled_from([0.0, 0.1]))
+def test_lion_group_step_equals_the_single_tensor_update_bitwise(dtype, shapes, seed, wd):
+    """Property: three group steps equal ``lion_update`` on each parameter, bit for bit (AdamW:
+    tests/ortho_fast/test_scalar.py against torch.optim.AdamW)."""
+    ps, ref = _params(shapes, [dtype] * len(shapes), seed=seed), _params(shapes, [dtype] * len(shapes), seed=seed)
+    group, state = {"params": ps, **scalar.LION_DEFAULTS, "weight_decay": wd}, collections.defaultdict(dict)
+    moments = [torch.zeros_like(p) for p in ref]
+    gen = torch.Generator().manual_seed(seed + 1)
+    for _ in range(3):
+        for p, q in zip(ps, ref):
+            p.grad = q.grad = torch.randn(p.shape, generator=gen).to(dtype)
+        scalar.lion_group_step(group, state)
+        for q, m in zip(ref, moments):
+            lion_update(q, q.grad, m, lr=group["lr"], beta1=0.9, beta2=0.99, weight_decay=wd)
+    assert all(torch.equal(p, q) and torch.equal(state[p]["exp_avg"], m) for p, q, m in zip(ps, ref, moments))
+
+
+def test_the_counter_sees_a_step_per_parameter():
+    """The bound can fail: the single-tensor updates over 40 parameters count 40 times a group's."""
+    ps = _params([(5,)] * 40, [torch.float32] * 40)
+    moments = [torch.zeros_like(p) for p in ps]
+    with CountOps() as counter:
+        for p, m in zip(ps, moments):
+            lion_update(p, torch.ones_like(p), m, lr=1e-4, beta1=0.9, beta2=0.99, weight_decay=0.1)
+    assert counter.ops == 40 * LION_OPS + 40  # and the 40 ``ones_like``
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_a_group_step_reads_nothing_from_the_parameters_device(algorithm):
+    """On the meta device (no data: a read of a parameter-device tensor raises) two group steps
+    run; AdamW's step counters are CPU tensors there, as torch.optim.AdamW's on a GPU."""
+    defaults, step, _ = ALGORITHMS[algorithm]
+    ps = _params([(4, 3), (5,), ()], [torch.float32] * 3, device="meta")
+    group, state = {"params": ps, **defaults}, collections.defaultdict(dict)
+    for _ in range(2):
+        for p in ps:
+            p.grad = torch.empty_like(p)
+        step(group, state)
+    assert all(state[p]["exp_avg"].device.type == "meta" for p in ps)
+    if algorithm == "adamw":
+        assert all(state[p]["step"].device.type == "cpu" and float(state[p]["step"]) == 2 for p in ps)
+
+
+def test_a_read_of_a_meta_tensor_raises():
+    """The meta check can fail: ``.item()`` and ``.tolist()`` of a meta tensor raise."""
+    t = torch.empty(3, device="meta")
+    with pytest.raises(RuntimeError):
+        t.sum().item()
+    with pytest.raises(NotImplementedError):
+        t.tolist()
+
+
+@pytest.mark.parametrize("config", ["muon_adamw", "muon_lion"])
+def test_a_later_hybrid_step_reads_nothing_back(config):
+    """``HybridOptimizer`` (``MuonConfig().build``, AdamW or Lion groups) with ``check_finite=False``:
+    a later step runs no operation that waits for the device, and changes the parameters."""
+    model = gpt_model()
+    opt = HYBRID_CONFIGS[config]().build(model)
+    opt.check_finite = False
+    for seed in range(2):
+        fill_grads(model, seed)
+        before = [p.detach().clone() for p in model.parameters()]
+        with RecordOps() as mode:
+            opt.step()
+    assert not sorted({str(op) for op in mode.ops if op in HOST_SYNCS})
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()) if p.grad is not None)
