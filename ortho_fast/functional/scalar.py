@@ -19,9 +19,12 @@ def adamw_update(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp
 
     The operations, their order and dtypes are those of torch.optim.AdamW's single-tensor path
     (``_single_tensor_adam``, decoupled weight decay, no amsgrad / maximize / capturable), so the
-    result is bitwise ``torch.optim.AdamW(foreach=False)``'s.
+    result is bitwise ``torch.optim.AdamW(foreach=False)``'s. Under ``torch.compile``: the bias
+    corrections from ``step_t`` as float64 tensors (no host read; an lr changed by a scheduler is
+    a graph input, not a constant: ``functional.graph_scalars``) and the step as a product, within
+    ``ortho_verify.tolerances.compiled_tolerance`` of eager.
     Shapes: p, grad, exp_avg, exp_avg_sq of one shape and dtype; ``step_t`` a CPU scalar tensor
-    (one host read per call, as torch's).
+    (one host read per call, as torch's; none under compile).
     Source: Loshchilov & Hutter, arXiv 1711.05101, Algorithm 2; torch.optim.AdamW.
     """
     step_t += 1
@@ -29,6 +32,13 @@ def adamw_update(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp
         p.mul_(1 - lr * weight_decay)
     exp_avg.lerp_(grad, 1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    if torch.compiler.is_compiling():
+        # no host read, and the lr where a graph can take it as an input (graph_scalars):
+        # the corrections as float64 0-dim tensors of the counter, the step as a product
+        count = step_t.reshape(()).to(torch.float64)
+        denom = (exp_avg_sq.sqrt() / (1 - beta2**count).sqrt()).add_(eps)
+        p.add_(exp_avg / denom * (-lr / (1 - beta1**count)))
+        return
     step = step_t.item()
     step_size = lr / (1 - beta1**step)
     denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
