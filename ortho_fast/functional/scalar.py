@@ -111,6 +111,45 @@ def adamw_foreach_update(params: list[torch.Tensor], grads: list[torch.Tensor], 
 
 
 @torch.no_grad()
+def adamw_capturable_foreach_update(params: list[torch.Tensor], grads: list[torch.Tensor],
+                                    exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
+                                    steps: list[torch.Tensor], *, lr: float, beta1: float, beta2: float, eps: float,
+                                    weight_decay: float) -> None:
+    """``adamw_foreach_update`` with the step counters on the parameters' device and the bias
+    corrections computed there (torch.optim.AdamW's ``capturable=True`` path): no host work and no
+    host read, so a CUDA graph that captures the step replays it (lr and weight decay as captured).
+
+    The operations, their order and dtypes are those of torch.optim.AdamW's multi-tensor path
+    with ``capturable=True``: the corrections in the counters' dtype (float32: β2^t rounded there,
+    other bits than the host's float64, which ``adamw_foreach_update`` keeps), the step size
+    folded into the denominator. 16 kernels on CUDA plus two per tensor: the denominators divided
+    by each tensor's own 0-dim correction take ``_foreach``'s slow path (sizes differ), as torch's.
+    Shapes: as ``adamw_foreach_update``; ``steps[i]`` a 0-dim floating tensor on the parameters'
+    device.
+    Source: Loshchilov & Hutter, arXiv 1711.05101, Algorithm 2; torch.optim.AdamW (capturable, foreach).
+    """
+    torch._foreach_add_(steps, 1.0)
+    if weight_decay != 0:
+        torch._foreach_mul_(params, 1 - lr * weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+    step_sizes = torch._foreach_pow(beta1, steps)  # -> (β1^t − 1) / lr, inverted: −lr / (1 − β1^t)
+    sqrt_bc2 = torch._foreach_pow(beta2, steps)  # -> √(1 − β2^t)
+    torch._foreach_sub_(step_sizes, 1)
+    torch._foreach_sub_(sqrt_bc2, 1)
+    torch._foreach_neg_(sqrt_bc2)
+    torch._foreach_div_(step_sizes, lr)
+    torch._foreach_reciprocal_(step_sizes)
+    torch._foreach_sqrt_(sqrt_bc2)
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denom, sqrt_bc2)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_div_(denom, step_sizes)
+    torch._foreach_addcdiv_(params, exp_avgs, denom)
+
+
+@torch.no_grad()
 def lion_foreach_update(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], *,
                         lr: float, beta1: float, beta2: float, weight_decay: float) -> None:
     """``lion_update`` for many tensors at once, in place: one ``_foreach`` operation per stage

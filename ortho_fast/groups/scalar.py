@@ -20,7 +20,8 @@ from typing import Callable, Mapping
 import torch
 
 from ..validation import FiniteCheck, check_filled, check_finite, check_hyper
-from ..functional.scalar import adamw_foreach_update, adamw_update, lion_foreach_update, lion_update
+from ..functional.scalar import (adamw_capturable_foreach_update, adamw_foreach_update, adamw_update,
+                                 lion_foreach_update, lion_update)
 from .driver import GroupRunner
 from .options import AdamWOptions, LionOptions
 
@@ -112,9 +113,12 @@ def check_adamw_step(group: dict, state: Mapping[torch.Tensor, dict], finite: Fi
     group was added (as ``normalize_adamw_group``); TypeError for a non-floating (integer,
     bool, complex) parameter; ValueError for a sparse, non-finite gradient or one whose
     shape, dtype or device differs from the parameter's, ``exp_avg`` / ``exp_avg_sq`` of the
-    wrong shape, or a ``step`` that is not a one-element tensor.
+    wrong shape, a ``step`` that is not a one-element tensor, or a ``capturable`` that is not a
+    bool (or None).
     """
     resolve_adamw_options(group)
+    if group.get("capturable") not in (None, False, True):
+        raise ValueError(f"capturable: expected a bool (torch.optim.AdamW's option), got {group['capturable']!r}")
     _check_grads(group, state, ("exp_avg", "exp_avg_sq"), "AdamW", finite)
     for i, p in enumerate(group["params"]):
         step = state.get(p, {}).get("step")
@@ -169,10 +173,14 @@ def adamw_group_step(group: dict, state) -> None:
     State layout torch's: ``step`` a CPU scalar tensor (float32, float64 under a float64 default
     dtype) also for a parameter on a GPU, so the bias corrections are computed on the host
     without a device sync; ``exp_avg`` and ``exp_avg_sq`` of the parameter's shape and dtype — a
-    torch AdamW state dict loads as is. A ``step`` loaded on a GPU (torch's ``capturable`` /
-    ``fused`` layout) stays there and is read with one sync per parameter, as torch's
+    torch AdamW state dict loads as is. A ``step`` loaded on a GPU in a group without
+    ``capturable`` stays there and is read with one sync per parameter, as torch's
     non-capturable step does. Host work (the counters, the corrections) is not captured by a
-    CUDA graph: a captured AdamW step would replay the bias corrections of the captured step.
+    CUDA graph: a captured step would replay the bias corrections of the captured step.
+    ``capturable=True`` in the group (torch.optim.AdamW's option; a torch checkpoint saved with it
+    carries it): ``step`` on the parameter's device (torch's capturable layout: a counter found
+    elsewhere is moved there) and ``adamw_capturable_foreach_update`` (the corrections computed
+    on the device: no host work, the step replays in a CUDA graph; torch's capturable bits).
     Shapes: any parameter shape; computed in the parameter's dtype.
     Source: Loshchilov & Hutter, arXiv 1711.05101, Algorithm 2; torch.optim.AdamW.
     Call ``check_adamw_step`` first: this function assumes valid input.
@@ -180,21 +188,25 @@ def adamw_group_step(group: dict, state) -> None:
     lr, (beta1, beta2) = group["lr"], group["betas"]
     eps, wd = group["eps"], group["weight_decay"]
     options = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd)
+    capturable = group.get("capturable") is True
     for params in _by_device_and_dtype(group["params"]).values():
         for p in params:
             st = state[p]
             if len(st) == 0:
                 scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-                st["step"] = torch.tensor(0.0, dtype=scalar)
+                st["step"] = torch.zeros((), dtype=scalar, device=p.device if capturable else "cpu")
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif capturable and st["step"].device != p.device:
+                st["step"] = st["step"].to(p.device)
         states = [state[p] for p in params]
         if _per_tensor(params):
             for p, st in zip(params, states):
                 adamw_update(p, p.grad, st["exp_avg"], st["exp_avg_sq"], st["step"], **options)
             continue
-        adamw_foreach_update(params, [p.grad for p in params], [st["exp_avg"] for st in states],
-                             [st["exp_avg_sq"] for st in states], [st["step"] for st in states], **options)
+        update = adamw_capturable_foreach_update if capturable else adamw_foreach_update
+        update(params, [p.grad for p in params], [st["exp_avg"] for st in states],
+               [st["exp_avg_sq"] for st in states], [st["step"] for st in states], **options)
 
 
 @torch.no_grad()

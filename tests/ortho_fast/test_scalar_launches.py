@@ -16,12 +16,17 @@ import collections
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import ortho_ref
 
 from ortho_fast import HybridOptimizer, scalar
 from ortho_fast.functional.scalar import lion_foreach_update, lion_update
+from ortho_verify import tolerances as tol
 from ortho_verify.tolerances import compiled_tolerance
 from tests.ortho_fast.helpers import HYBRID_CONFIGS, fill_grads, gpt_model
 from tests.ortho_fast.test_graph_ready import HOST_SYNCS, RecordOps
@@ -183,3 +188,71 @@ def test_a_compiled_group_step_follows_a_scheduler_and_equals_the_eager_one(algo
             schedule.step()
     worst = max(float((p - q).norm() / p.norm()) for p, q in zip(eager_ps, compiled_ps))
     assert worst <= compiled_tolerance("float32") and counters["stats"]["unique_graphs"] == 2, worst
+
+
+class Devices(TorchDispatchMode):
+    """The devices of every tensor an operation run inside it takes or returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.devices: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        flat = list(args) + list((kwargs or {}).values()) + [out]
+        for item in flat:
+            for t in (item if isinstance(item, (list, tuple)) else (item,)):
+                if isinstance(t, torch.Tensor):
+                    self.devices.add(t.device.type)
+        return out
+
+
+@pytest.mark.parametrize("capturable", [False, True])
+def test_a_capturable_adamw_step_runs_on_the_parameters_device_only(capturable):
+    """``capturable=True`` (torch's option): counters on the parameters' device and every
+    operation of a later step there (meta: no host read possible, no CPU tensor involved), so a
+    CUDA graph captures all of it; without it the CPU counters take part (the check can fail)."""
+    ps = _params([(4, 3), (5,), ()], [torch.float32] * 3, device="meta")
+    group, state = {"params": ps, **scalar.ADAMW_DEFAULTS, "capturable": capturable}, collections.defaultdict(dict)
+    for t in range(2):
+        for p in ps:
+            p.grad = torch.empty_like(p)
+        scalar.check_adamw_step(group, state, finite=False)
+        with Devices() as mode:
+            scalar.adamw_group_step(group, state)
+    assert mode.devices == ({"meta"} if capturable else {"meta", "cpu"})
+    assert all(state[p]["step"].device.type == ("meta" if capturable else "cpu") for p in ps)
+
+
+@given(seed=st.integers(0, 2**32 - 1), b1=st.floats(0.5, 0.99), b2=st.floats(0.9, 0.9999),
+       lr=st.floats(1e-5, 0.1), wd=st.floats(0.0, 0.5), eps=st.sampled_from([0.0, 1e-8, 1e-6]))
+def test_a_capturable_adamw_step_matches_the_oracle(seed, b1, b2, lr, wd, eps):
+    """Property: float64 parameters and counters, ``capturable=True``: three steps from a
+    nonzero state (t = 5) each within ``adamw_tolerances`` of ``ortho_ref.adamw_step`` (the
+    bias corrections on the device in the counter's float64)."""
+    gen = np.random.default_rng(seed)
+    p = torch.nn.Parameter(torch.tensor(gen.standard_normal((4, 3))))
+    options = dict(lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+    group = {"params": [p], **scalar.ADAMW_DEFAULTS, **options, "capturable": True}
+    scalar.normalize_adamw_group(group)
+    st_ = {"step": torch.tensor(5.0, dtype=torch.float64), "exp_avg": torch.tensor(gen.standard_normal((4, 3))),
+           "exp_avg_sq": torch.tensor(gen.standard_normal((4, 3)) ** 2)}
+    state = collections.defaultdict(dict, {p: st_})
+    for _ in range(3):
+        w, m, v = (x.detach().numpy().copy() for x in (p, st_["exp_avg"], st_["exp_avg_sq"]))
+        t = int(st_["step"])
+        p.grad = torch.tensor(gen.standard_normal((4, 3)) * 10.0 ** gen.uniform(-3, 3))
+        scalar.adamw_group_step(group, state)
+        ref = ortho_ref.adamw_step(w, p.grad.numpy(), m, v, t, **options)
+        bound = tol.adamw_tolerances(ref, w, p.grad.numpy(), m, lr=lr, betas=(b1, b2), eps=eps, dtype=torch.float64)
+        for key, fast, exact in (("weight", p, ref.weight), ("exp_avg", st_["exp_avg"], ref.exp_avg),
+                                 ("exp_avg_sq", st_["exp_avg_sq"], ref.exp_avg_sq)):
+            assert np.all(np.abs(fast.detach().numpy() - exact) <= bound[key]), key
+
+
+def test_a_capturable_that_is_not_a_bool_is_named():
+    ps = _params([(3,)], [torch.float32])
+    ps[0].grad = torch.ones(3)
+    group = {"params": ps, **scalar.ADAMW_DEFAULTS, "capturable": "yes"}
+    with pytest.raises(ValueError, match=r"^capturable: expected a bool"):
+        scalar.check_adamw_step(group, {})
