@@ -73,6 +73,18 @@ def host_step_values(steps: list[torch.Tensor]) -> list[float]:
     return [s.item() for s in steps]
 
 
+def _advance_moments(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr: float, beta1: float, beta2: float,
+                     weight_decay: float) -> None:
+    """The start of a multi-tensor AdamW step, in place: t ← t + 1, the decoupled decay
+    W ← W·(1 − lr·wd), m ← lerp(m, g, 1 − β1), v ← β2·v + (1 − β2)·g² (torch's order)."""
+    torch._foreach_add_(steps, 1.0)
+    if weight_decay != 0:
+        torch._foreach_mul_(params, 1 - lr * weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+
+
 @torch.no_grad()
 def adamw_foreach_update(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
                          exp_avg_sqs: list[torch.Tensor], steps: list[torch.Tensor], *, lr: float, beta1: float,
@@ -95,12 +107,8 @@ def adamw_foreach_update(params: list[torch.Tensor], grads: list[torch.Tensor], 
     sync for a CPU counter, torch's layout).
     Source: Loshchilov & Hutter, arXiv 1711.05101, Algorithm 2; torch.optim.AdamW (foreach).
     """
-    torch._foreach_add_(steps, 1.0)
-    if weight_decay != 0:
-        torch._foreach_mul_(params, 1 - lr * weight_decay)
-    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-    torch._foreach_mul_(exp_avg_sqs, beta2)
-    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+    _advance_moments(params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2,
+                     weight_decay=weight_decay)
     counts = host_step_values(steps)
     corrections = {step: (-(lr / (1 - beta1**step)), (1 - beta2**step) ** 0.5) for step in set(counts)}
     values = [corrections[step] for step in counts]
@@ -128,12 +136,8 @@ def adamw_capturable_foreach_update(params: list[torch.Tensor], grads: list[torc
     device.
     Source: Loshchilov & Hutter, arXiv 1711.05101, Algorithm 2; torch.optim.AdamW (capturable, foreach).
     """
-    torch._foreach_add_(steps, 1.0)
-    if weight_decay != 0:
-        torch._foreach_mul_(params, 1 - lr * weight_decay)
-    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-    torch._foreach_mul_(exp_avg_sqs, beta2)
-    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+    _advance_moments(params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2,
+                     weight_decay=weight_decay)
     step_sizes = torch._foreach_pow(beta1, steps)  # -> (β1^t − 1) / lr, inverted: −lr / (1 − β1^t)
     sqrt_bc2 = torch._foreach_pow(beta2, steps)  # -> √(1 − β2^t)
     torch._foreach_sub_(step_sizes, 1)
