@@ -22,14 +22,37 @@ from __future__ import annotations
 
 import torch
 
+import ortho_fast
 from ortho_fast.functional import stacked
 from _common import median_seconds, parser, print_table, setup
 from _op_count import CountOps
 from gpu import optimizers
 
 
-#: The optimizers benchmarks/gpu.py times, by the same factories (name -> factory(params)).
-OPTIMIZERS = optimizers([])
+def hybrid_gpt(params: list[torch.nn.Parameter]):
+    """``ortho_fast.MuonConfig().build`` over a GPT holding ``params`` (per block: fused QKV, proj,
+    MLP up, MLP down) and the parameters its AdamW groups step: token and position embeddings (256
+    and 64 rows), two LayerNorms per block and a final one, the head (256 rows); their gradients
+    drawn here (seed 0, scale 1e-2)."""
+    d, gen = params[1].shape[0], torch.Generator().manual_seed(0)
+    model = torch.nn.Module()
+    model.wte, model.wpe, model.h = torch.nn.Embedding(256, d), torch.nn.Embedding(64, d), torch.nn.ModuleList()
+    for i in range(0, len(params), 4):
+        block = torch.nn.Module()
+        block.ln_1, block.ln_2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        for name, p in zip(("qkv", "proj", "up", "down"), params[i:i + 4]):
+            block.register_parameter(name, p)
+        model.h.append(block)
+    model.ln_f, model.lm_head = torch.nn.LayerNorm(d), torch.nn.Linear(d, 256, bias=False)
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.randn(p.shape, generator=gen) * 1e-2
+    return ortho_fast.MuonConfig().build(model)
+
+
+#: The optimizers benchmarks/gpu.py times, by the same factories (name -> factory(params)), and
+#: HybridOptimizer over the same matrices with a GPT's other parameters (more tensors than the others).
+OPTIMIZERS = optimizers([]) | {"HybridOptimizer (MuonConfig, + AdamW)": hybrid_gpt}
 
 
 def measure(factory, d: int, layers: int, min_run_time: float) -> dict:

@@ -1,5 +1,6 @@
 """AdamW and Lion param groups (torch), for the parameters Muon and Dion leave: embeddings,
-norms, biases, scalars and the output head. The per-tensor math is in ``ortho_fast.functional.scalar``.
+norms, biases, scalars and the output head, stepped by multi-tensor (``_foreach``) operations per
+(device, dtype). The math is in ``ortho_fast.functional.scalar``.
 
 Each algorithm implements the contract that ``ortho_fast.hybrid.HybridOptimizer`` drives
 (the same as ``muon`` and ``dion``):
@@ -19,7 +20,8 @@ from typing import Callable, Mapping
 import torch
 
 from ..validation import FiniteCheck, check_filled, check_finite, check_hyper
-from ..functional.scalar import adamw_update, lion_update
+from ..functional.scalar import (adamw_capturable_foreach_update, adamw_foreach_update, adamw_update,
+                                 lion_foreach_update, lion_update)
 from .driver import GroupRunner
 from .options import AdamWOptions, LionOptions
 
@@ -111,9 +113,12 @@ def check_adamw_step(group: dict, state: Mapping[torch.Tensor, dict], finite: Fi
     group was added (as ``normalize_adamw_group``); TypeError for a non-floating (integer,
     bool, complex) parameter; ValueError for a sparse, non-finite gradient or one whose
     shape, dtype or device differs from the parameter's, ``exp_avg`` / ``exp_avg_sq`` of the
-    wrong shape, or a ``step`` that is not a one-element tensor.
+    wrong shape, a ``step`` that is not a one-element tensor, or a ``capturable`` that is not a
+    bool (or None).
     """
     resolve_adamw_options(group)
+    if group.get("capturable") not in (None, False, True):
+        raise ValueError(f"capturable: expected a bool (torch.optim.AdamW's option), got {group['capturable']!r}")
     _check_grads(group, state, ("exp_avg", "exp_avg_sq"), "AdamW", finite)
     for i, p in enumerate(group["params"]):
         step = state.get(p, {}).get("step")
@@ -133,34 +138,75 @@ def check_lion_step(group: dict, state: Mapping[torch.Tensor, dict], finite: Fin
     _check_grads(group, state, ("exp_avg",), "Lion", finite)
 
 
+def _by_device_and_dtype(params) -> dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]:
+    """The parameters with a gradient, in order, grouped by (device, dtype): the lists one
+    ``_foreach`` operation takes on CUDA's fast path."""
+    buckets: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            buckets.setdefault((p.device, p.dtype), []).append(p)
+    return buckets
+
+
+def _per_tensor(params: list[torch.Tensor]) -> bool:
+    """Whether these parameters (one device and dtype) step one at a time: under
+    ``torch.compile`` (inductor fuses the loop), and for bfloat16 / float16 on the CPU, where
+    torch's ``_foreach`` operations round their float scalars (β2, ε, the lr) to the tensors'
+    dtype first (other bits than the single-tensor operations, which compute in float32:
+    tests/ortho_fast/test_scalar.py); on the CPU each ``_foreach`` operation loops over the tensors
+    anyway."""
+    reduced = params[0].dtype in (torch.bfloat16, torch.float16) and params[0].device.type == "cpu"
+    return reduced or torch.compiler.is_compiling()
+
+
 @torch.no_grad()
 def adamw_group_step(group: dict, state) -> None:
     """One AdamW step, in place, for every parameter of ``group`` with a gradient.
 
-    The operations, their order and dtypes are those of torch.optim.AdamW's single-tensor
-    path (``_single_tensor_adam``, decoupled weight decay, no amsgrad/maximize/capturable),
-    so the parameters and state are bitwise equal to ``torch.optim.AdamW(foreach=False)``
-    with the same options (the default on CPU), including its state layout: ``step`` a
-    CPU scalar tensor (float32, float64 under a float64 default dtype), ``exp_avg`` and
-    ``exp_avg_sq`` of the parameter's shape and dtype — a torch AdamW state dict loads as is.
+    Eager: the parameters grouped by (device, dtype), each group stepped by
+    ``adamw_foreach_update`` (torch.optim.AdamW's multi-tensor path: 8 ``_foreach`` kernels per
+    group on CUDA, 7 without weight decay, whatever the number of parameters). Under
+    ``torch.compile``, and for bfloat16 / float16 parameters on the CPU: ``adamw_update`` per
+    parameter (torch's single-tensor path). The bits are torch.optim.AdamW's: on the CPU the
+    parameters and state are bitwise ``torch.optim.AdamW(foreach=False)`` (its CPU default; in
+    float32 / float64 its foreach path too); on CUDA those of its foreach path, its default there.
+    State layout torch's: ``step`` a CPU scalar tensor (float32, float64 under a float64 default
+    dtype) also for a parameter on a GPU, so the bias corrections are computed on the host
+    without a device sync; ``exp_avg`` and ``exp_avg_sq`` of the parameter's shape and dtype — a
+    torch AdamW state dict loads as is. A ``step`` loaded on a GPU in a group without
+    ``capturable`` stays there and is read with one sync per parameter, as torch's
+    non-capturable step does. Host work (the counters, the corrections) is not captured by a
+    CUDA graph: a captured step would replay the bias corrections of the captured step.
+    ``capturable=True`` in the group (torch.optim.AdamW's option; a torch checkpoint saved with it
+    carries it): ``step`` on the parameter's device (torch's capturable layout: a counter found
+    elsewhere is moved there) and ``adamw_capturable_foreach_update`` (the corrections computed
+    on the device: no host work, the step replays in a CUDA graph; torch's capturable bits).
     Shapes: any parameter shape; computed in the parameter's dtype.
     Source: Loshchilov & Hutter, arXiv 1711.05101, Algorithm 2; torch.optim.AdamW.
     Call ``check_adamw_step`` first: this function assumes valid input.
     """
     lr, (beta1, beta2) = group["lr"], group["betas"]
     eps, wd = group["eps"], group["weight_decay"]
-    for p in group["params"]:
-        grad = p.grad
-        if grad is None:
+    options = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd)
+    capturable = group.get("capturable") is True
+    for params in _by_device_and_dtype(group["params"]).values():
+        for p in params:
+            st = state[p]
+            if len(st) == 0:
+                scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+                st["step"] = torch.zeros((), dtype=scalar, device=p.device if capturable else "cpu")
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif capturable and st["step"].device != p.device:
+                st["step"] = st["step"].to(p.device)
+        states = [state[p] for p in params]
+        if _per_tensor(params):
+            for p, st in zip(params, states):
+                adamw_update(p, p.grad, st["exp_avg"], st["exp_avg_sq"], st["step"], **options)
             continue
-        st = state[p]
-        if len(st) == 0:
-            scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-            st["step"] = torch.tensor(0.0, dtype=scalar)
-            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        adamw_update(p, grad, st["exp_avg"], st["exp_avg_sq"], st["step"], lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                     weight_decay=wd)
+        update = adamw_capturable_foreach_update if capturable else adamw_foreach_update
+        update(params, [p.grad for p in params], [st["exp_avg"] for st in states],
+               [st["exp_avg_sq"] for st in states], [st["step"] for st in states], **options)
 
 
 @torch.no_grad()
@@ -170,19 +216,26 @@ def lion_group_step(group: dict, state) -> None:
 
     State: ``exp_avg`` (m) of the parameter's shape and dtype. The operations are those of
     microsoft/dion's single-tensor ``lion_update`` run eagerly (``lerp``, ``sign_``,
-    ``mul_``, ``add_``); sign(0) = 0.
+    ``mul_``, ``add_``); sign(0) = 0. Eager: the parameters grouped by (device, dtype), each
+    group stepped by ``lion_foreach_update`` (5 ``_foreach`` kernels per group on CUDA, 4 without
+    weight decay; on the CPU the same per-tensor operations, the same bits); under
+    ``torch.compile``, and for bfloat16 / float16 on the CPU: ``lion_update`` per parameter.
+    No host read.
     Source: Chen et al., arXiv 2302.06675 (Lion); microsoft/dion ``scalar_opts.py``.
     Call ``check_lion_step`` first: this function assumes valid input.
     """
     lr, (beta1, beta2), wd = group["lr"], group["betas"], group["weight_decay"]
-    for p in group["params"]:
-        grad = p.grad
-        if grad is None:
+    options = dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=wd)
+    for params in _by_device_and_dtype(group["params"]).values():
+        for p in params:
+            if "exp_avg" not in state[p]:
+                state[p]["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        exp_avgs = [state[p]["exp_avg"] for p in params]
+        if _per_tensor(params):
+            for p, m in zip(params, exp_avgs):
+                lion_update(p, p.grad, m, **options)
             continue
-        st = state[p]
-        if "exp_avg" not in st:
-            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        lion_update(p, grad, st["exp_avg"], lr=lr, beta1=beta1, beta2=beta2, weight_decay=wd)
+        lion_foreach_update(params, [p.grad for p in params], exp_avgs, **options)
 
 
 class ElementwiseGroups(GroupRunner):
