@@ -14,8 +14,9 @@ differences between the papers and the implementations: docs/math.md, "Muon pipe
 
 The post stages are per-row (or per-matrix) factors: Muon+ and NorMuon multiply O by one factor
 per neuron (``post_factors``: ``renormalize_factor``, then ``normuon_factor`` with it folded in),
-so the stacked step applies Ô = O·f inside the update (``foreach_addcmul_scaled_``) and never
-holds a float32 copy of O; ``renormalize``, ``normuon_normalize`` and ``post_orthogonalize``
+so the stacked step applies Ô = O·f in its update (``add_scaled_product_``: in rounds in free
+workspace bytes, or inside one ``foreach_addcmul_scaled_``) and never allocates a float32 copy
+of O; ``renormalize``, ``normuon_normalize`` and ``post_orthogonalize``
 return O·f itself, computed by the same factor functions.
 
 Patch points (documented seams for tests that plant bugs): ``pre_orthogonalize`` /
@@ -240,8 +241,8 @@ def add_scaled_product_(dsts: Sequence[torch.Tensor], stack: torch.Tensor, facto
     ``_foreach_addcmul_`` with broadcast factors takes one per tensor). Ô is then rounded once to
     the dsts' dtype before the sum (the ``_foreach_addcmul_`` fuses α·O·f into the sum: on the CPU
     fma(α·O, f, W), measured with torch 2.13): not the same bits, each entry within
-    u·|W| + 4u·|α·O·f| of W + α·O·f (u the dsts' unit roundoff: α's cast, O·f, α·Ô, the sum),
-    the fused form within u·|W| + 2u·|α·O·f|. Otherwise, and under ``torch.compile``,
+    u·|W| + 5u·|α·O·f| of W + α·O·f (u the dsts' unit roundoff; α's cast, O·f and α·Ô, then the
+    sum: u·|W| + 4u(1 + u)²·|α·O·f|), the fused form within u·|W| + 3u·|α·O·f|. Otherwise, and under ``torch.compile``,
     ``foreach_addcmul_scaled_``. Changes the bytes of ``free`` and of ``stack``.
     Shapes: stack (k, m, n); factor (k, m, 1), (k, 1, n) or (k, 1, 1); sum(counts) = k."""
     from .stacked import product_rounds

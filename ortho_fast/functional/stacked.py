@@ -6,7 +6,8 @@ many matrices the chunk holds: the Nesterov momentum written into one stack (com
 workspace's spare bytes, as many matrices at a time as fit, and cast: ``momentum_rounds``; one
 write per matrix where that does not pay), the overflow-safe power-of-two scale, one Frobenius normalization, five steps of three
 batched products, the update as one ``_foreach_add_`` (of a result cast in a free stack: a few
-launches, ``add_update_``). The stacks and the products' outputs live
+launches, ``add_update_``; with Muon+ / NorMuon, Ô = O·f formed in rounds in free bytes,
+``product_rounds``). The stacks and the products' outputs live
 in a ``Workspace`` kept by the optimizer: allocated at the first step, reused by every chunk of
 every later step (no allocation in the step, the same addresses at every step: what a CUDA graph
 replays). A chunk's workspace stays within ``workspace_budget``: the peak extra memory of a step
