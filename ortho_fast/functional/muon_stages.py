@@ -14,8 +14,9 @@ differences between the papers and the implementations: docs/math.md, "Muon pipe
 
 The post stages are per-row (or per-matrix) factors: Muon+ and NorMuon multiply O by one factor
 per neuron (``post_factors``: ``renormalize_factor``, then ``normuon_factor`` with it folded in),
-so the stacked step applies Ô = O·f inside the update (``foreach_addcmul_scaled_``) and never
-holds a float32 copy of O; ``renormalize``, ``normuon_normalize`` and ``post_orthogonalize``
+so the stacked step applies Ô = O·f in its update (``add_scaled_product_``: in rounds in free
+workspace bytes, or inside one ``foreach_addcmul_scaled_``) and never allocates a float32 copy
+of O; ``renormalize``, ``normuon_normalize`` and ``post_orthogonalize``
 return O·f itself, computed by the same factor functions.
 
 Patch points (documented seams for tests that plant bugs): ``pre_orthogonalize`` /
@@ -225,3 +226,57 @@ def foreach_addcmul_scaled_(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.T
             d.add_(s.to(dtype) * f.to(dtype) * alpha)
         return
     torch._foreach_addcmul_(list(dsts), list(srcs), list(factors), value=alpha)
+
+
+def add_scaled_product_(dsts: Sequence[torch.Tensor], stack: torch.Tensor, factor: torch.Tensor,
+                        counts: Sequence[int], alpha: float, free: Sequence[torch.Tensor | None] = ()) -> None:
+    """dsts[i] ← dsts[i] + alpha·Ô_i, Ô = stack·factor, dsts[i] the i-th ``counts[i]`` consecutive
+    matrices of the (k, m, n) ``stack`` (dsts[i] (counts[i], m, n) contiguous): the stacked step's
+    update with the stages' factors. Where the dsts have the promoted dtype of the three (float32
+    parameters, a bfloat16 stack, float32 factors) and ``stacked.product_rounds`` finds free bytes
+    in ``free`` (flat workspace bytes the step no longer reads, disjoint from ``stack``, the
+    factor and the dsts) or in the stack's added matrices: per round one batched ``torch.mul`` of
+    the stack's slice by the factor's into a free region per part and one same-dtype
+    ``_foreach_add_`` (CUDA's fast path: a few launches per chunk, where the mixed-dtype
+    ``_foreach_addcmul_`` with broadcast factors takes one per tensor). Ô is then rounded once to
+    the dsts' dtype before the sum (the ``_foreach_addcmul_`` fuses α·O·f into the sum: on the CPU
+    fma(α·O, f, W), measured with torch 2.13): not the same bits, each entry within
+    u·|W| + 5u·|α·O·f| of W + α·O·f (u the dsts' unit roundoff; α's cast, O·f and α·Ô, then the
+    sum: u·|W| + 4u(1 + u)²·|α·O·f|), the fused form within u·|W| + 3u·|α·O·f|. Otherwise, and under ``torch.compile``,
+    ``foreach_addcmul_scaled_``. Changes the bytes of ``free`` and of ``stack``.
+    Shapes: stack (k, m, n); factor (k, m, 1), (k, 1, n) or (k, 1, 1); sum(counts) = k."""
+    from .stacked import product_rounds
+    from .graph_scalars import foreach_add_scaled_
+
+    dsts, counts = list(dsts), list(counts)
+    dtype = dsts[0].dtype
+    rounds = None
+    if not torch.compiler.is_compiling() and all(d.dtype == dtype for d in dsts) and _widest(dtype, stack, factor):
+        rounds = product_rounds(list(free), stack, counts, dtype)
+    if rounds is None:
+        foreach_addcmul_scaled_(dsts, _split(stack, counts), _split(factor, counts), alpha)
+        return
+    for lo, hi, parts in rounds:
+        srcs = []
+        for a, b, out in parts:
+            torch.mul(stack[a:b], factor[a:b], out=out)
+            srcs += _split(out, counts[len(srcs) + lo:hi])
+        foreach_add_scaled_(dsts[lo:hi], srcs[:hi - lo], alpha)
+
+
+def _widest(dtype: torch.dtype, *ts: torch.Tensor) -> bool:
+    """Whether floating ``dtype`` is what it promotes to with the floating tensors ``ts`` (the same
+    dtype or a wider one; host-side: ``torch.promote_types`` is an operator a dispatch mode sees)."""
+    return dtype.is_floating_point and all(
+        t.dtype.is_floating_point and (t.dtype == dtype or t.dtype.itemsize < dtype.itemsize) for t in ts)
+
+
+def _split(x: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
+    """Consecutive slices of x along dim 0 of the lengths ``counts`` (as many as x holds)."""
+    out, start = [], 0
+    for k in counts:
+        if start + k > x.shape[0]:
+            break
+        out.append(x[start:start + k])
+        start += k
+    return out

@@ -6,7 +6,8 @@ many matrices the chunk holds: the Nesterov momentum written into one stack (com
 workspace's spare bytes, as many matrices at a time as fit, and cast: ``momentum_rounds``; one
 write per matrix where that does not pay), the overflow-safe power-of-two scale, one Frobenius normalization, five steps of three
 batched products, the update as one ``_foreach_add_`` (of a result cast in a free stack: a few
-launches, ``add_update_``). The stacks and the products' outputs live
+launches, ``add_update_``; with Muon+ / NorMuon, Ô = O·f formed in rounds in free bytes,
+``product_rounds``). The stacks and the products' outputs live
 in a ``Workspace`` kept by the optimizer: allocated at the first step, reused by every chunk of
 every later step (no allocation in the step, the same addresses at every step: what a CUDA graph
 replays). A chunk's workspace stays within ``workspace_budget``: the peak extra memory of a step
@@ -238,6 +239,49 @@ def momentum_rounds(free: torch.Tensor, grads: list[torch.Tensor],
         rounds.append((lo, hi, views))
         lo = hi
     return rounds or None
+
+
+def product_rounds(free, stack: torch.Tensor, counts: list[int], dtype: torch.dtype
+                   ) -> list[tuple[int, int, list[tuple[int, int, torch.Tensor]]]] | None:
+    """How ``muon_stages.add_scaled_product_`` forms Ô = O·f of a (k, m, n) result ``stack`` in
+    ``dtype`` without new memory: rounds (lo, hi, parts) over the stack's members (``counts[i]``
+    consecutive matrices each), each the members lo..hi-1 as parts (a, b, out): the matrices
+    a..b-1 (whole members) written into ``out``, a contiguous (b − a, m, n) ``dtype`` view of one
+    free region. The regions: the buffers of ``free`` (contiguous, each disjoint from ``stack`` and
+    from the others: the workspace's stack not holding the result, ``Workspace.spare``; a buffer
+    sharing bytes with ``stack`` is left out), which every round reuses (a round's products are
+    added before the next starts), and from the second round the bytes of the stack's matrices
+    already added (a prefix of ``stack``). A round costs one launch per part and one
+    ``_foreach_add_``: None when the rounds would not beat one launch per member (the per-tensor
+    ``_foreach_addcmul_``), or when a member fits in no region. Host work only."""
+    m, n = stack.shape[-2:]
+    per, size = m * n, dtype.itemsize
+    lo_s, hi_s = _span(stack)
+    if not stack.is_contiguous() or per == 0:
+        return None
+    fixed = [_as_dtype(f, dtype) for f in free if f is not None and f.is_contiguous() and f.data_ptr() % size == 0
+             and (_span(f)[1] <= lo_s or hi_s <= _span(f)[0])]
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+    stack_bytes = stack.reshape(-1).view(torch.uint8)
+    rounds, lo, launches = [], 0, 0
+    while lo < len(counts):
+        prefix = [_as_dtype(stack_bytes[:starts[lo] * per * stack.element_size()], dtype)] if lo and lo_s % size == 0 else []
+        parts, hi = [], lo
+        for region in fixed + prefix:
+            j = hi
+            while j < len(counts) and (starts[j + 1] - starts[hi]) * per <= region.numel():
+                j += 1
+            if j > hi:
+                parts.append((starts[hi], starts[j], region[:(starts[j] - starts[hi]) * per].view(-1, m, n)))
+                hi = j
+        launches += len(parts) + 1
+        if hi == lo or launches >= len(counts):
+            return None
+        rounds.append((lo, hi, parts))
+        lo = hi
+    return rounds
 
 
 def add_update_(params: list[torch.Tensor], outs: list[torch.Tensor], alpha: float, free: torch.Tensor | None,

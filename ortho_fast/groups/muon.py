@@ -413,8 +413,8 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
     (k, m, n) workspace stack, of the compute dtype where ``writes_compute_dtype`` (rounded once
     on the write) else of the parameters' dtype, MuonEq on it, ``orthogonalize`` of it as a
     scratch ``MatrixStack`` (the iteration starts in it when it has the compute dtype), the update
-    as one ``_foreach_add_`` with the chunk's lr·s, or with Muon+ / NorMuon as one
-    ``_foreach_addcmul_`` of the stack and their per-neuron factor (``stacked_stage_update_``). A fixed
+    as one ``_foreach_add_`` with the chunk's lr·s, or with Muon+ / NorMuon the stack times their
+    per-neuron factor added in rounds in the free workspace (``stacked_stage_update_``). A fixed
     number of operations whatever the chunk's size, plus one write of U per matrix when cast."""
     params = [p for p, _, _ in chunk.members]
     shape = (chunk.count, chunk.m, chunk.n)
@@ -439,7 +439,8 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
                 .reshape(p.shape) for o, (p, lay, _) in zip(outs, chunk.members)]
     else:
         if stages:  # Muon+ / NorMuon: one factor per neuron, applied inside the update (no float32 stack)
-            stacked_stage_update_(chunk.members, stack, state, options, float(update["lr"]))
+            stacked_stage_update_(chunk.members, stack, state, options, float(update["lr"]),
+                                  free=(u, workspace.spare(u.device)))  # Ô in rounds in free bytes
             return
         outs = muon_math.split_stack(stack, params)
     scale = muon_math.adjusted_lr_scale(options.adjust_lr, chunk.m, chunk.n) * options.extra_scale_factor

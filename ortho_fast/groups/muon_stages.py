@@ -96,14 +96,18 @@ def check_stage_state(st: dict, p: torch.Tensor, layout: MuonLayout, options, na
         raise ValueError(f"{VARIANCE_KEY}: expected a tensor of shape {want} and dtype {p.dtype}, got {got} ({name})")
 
 
-def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: float) -> None:
+def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: float, free=()) -> None:
     """Muon+ / NorMuon and the update of one chunk of the stacked step (``ortho_fast.groups.muon``):
     ``members`` (parameter, layout, index) whose matrices are the consecutive slices of the
     (k, m, n) Newton–Schulz result ``stack``. The stages' factors f (``post_factors`` on the whole
     stack: (k, m, 1) / (k, 1, n) per neuron, (k, 1, 1) Muon+ alone; NorMuon's second moments
     concatenated, updated, written back with one ``_foreach_copy_``), then
-    W ← W − lr·s·O·f per parameter with one ``_foreach_addcmul_`` (Ô = O·f computed in float32
-    inside it, never stored: no O-sized temporary), s = adjusted_lr_scale(m, n)·extra_scale_factor.
+    W ← W − lr·s·O·f per parameter, s = adjusted_lr_scale(m, n)·extra_scale_factor, with
+    ``add_scaled_product_``: Ô = O·f formed in rounds in ``free`` (flat workspace bytes the step
+    no longer reads: the stack not holding the result, ``Workspace.spare``) and in the stack's
+    added matrices, each round one batched product and one same-dtype ``_foreach_add_``; where
+    that does not fit or pay (or ``free`` is empty), one ``_foreach_addcmul_`` (Ô computed in
+    float32 inside it, never stored). No O-sized temporary either way.
     The decay is done before (``decay_weights``); the parameters are contiguous (``plan_stacks``)."""
     m, n = stack.shape[-2:]
     variances = parts = None
@@ -115,14 +119,5 @@ def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: floa
         torch._foreach_copy_(parts, split_stack(variances[0], parts))
     counts = [p.numel() // (m * n) for p, _, _ in members]
     scale = adjusted_lr_scale(options.adjust_lr, m, n) * options.extra_scale_factor
-    stage_math.foreach_addcmul_scaled_([p.view(-1, m, n) for p, _, _ in members], _slices(stack, counts),
-                                       _slices(factor, counts), -lr * scale)
-
-
-def _slices(x: torch.Tensor, counts) -> list[torch.Tensor]:
-    """Consecutive slices of x along dim 0, of the lengths ``counts``."""
-    out, start = [], 0
-    for k in counts:
-        out.append(x[start:start + k])
-        start += k
-    return out
+    stage_math.add_scaled_product_([p.view(-1, m, n) for p, _, _ in members], stack, factor, counts,
+                                   -lr * scale, free)

@@ -132,17 +132,21 @@ def test_a_stacks_factors_are_its_matrices_factors(m, n, k, extra):
         assert not torch.equal(stacked_v[0], torch.stack(parts))  # the second moments did move
 
 
-def test_the_update_applies_the_factor_without_rounding_o_hat():
-    """W − α·O·f with one ``_foreach_addcmul_`` (α = lr·s): per entry within 5u·(|W| + |α·Ô|) of
-    W − α·Ô computed exactly from ``post_orthogonalize``'s float32 Ô (u = float32's
-    ``unit_roundoff``: α cast to float32, α·O, then ·f, the sum, and Ô's own rounding, each one
-    relative rounding of what it forms). Ô rounded to bfloat16 first (u = 2⁻⁹) would be far
-    outside."""
+@pytest.mark.parametrize("free", [False, True])
+def test_the_update_applies_the_factor_without_rounding_o_hat(free):
+    """W − α·O·f (α = lr·s) per entry within 5u·(|W| + |α·Ô|) of W − α·Ô computed exactly from
+    ``post_orthogonalize``'s float32 Ô (u = float32's ``unit_roundoff``). The fused
+    ``_foreach_addcmul_`` (no free bytes): α cast to float32, α·O, then ·f, the sum, and Ô's own
+    rounding, each one relative rounding of what it forms. In rounds (free bytes given, ``add_scaled_product_``):
+    Ô = O·f rounded as ``post_orthogonalize`` rounds it (the same product), then α's cast, α·Ô
+    and the sum: three. Ô rounded to bfloat16 first (u = 2⁻⁹) would be far outside."""
     ps, options, state, members, stack = _chunk(32, 16, 3, torch.float32, {})
     before = [p.detach().clone() for p in ps]
     saved = {p: {k: v.clone() for k, v in st_.items()} for p, st_ in state.items()}
+    pool = torch.empty(3 * 32 * 16 * 4, dtype=torch.uint8) if free else None
+    assert (stacked.product_rounds([pool], stack, [1] * 3, torch.float32) is not None) == free  # rounds when free
     with torch.no_grad():
-        stacked_stage_update_(members, stack, state, options, 0.01)
+        stacked_stage_update_(members, stack, state, options, 0.01, free=(pool,))
     variances = [normuon_variances(p, saved, lay, options.normuon_dim)[0] for p, lay, _ in members]
     o_hat = stage_math.post_orthogonalize(list(stack), variances, **options.post_orthogonalize_kwargs())
     alpha = 0.01 * adjusted_lr_scale(options.adjust_lr, 32, 16) * options.extra_scale_factor
