@@ -31,6 +31,7 @@ from ortho_verify.checks.stages import STAGE_CONFIGS, StageRun, stage_errors
 from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
 from ortho_verify.tolerances import compiled_tolerance
 from ortho_verify.tolerances.roundoff import unit_roundoff
+from ortho_verify.tolerances.stages import scaled_product_update_bound
 
 _SPEC = importlib.util.spec_from_file_location(
     "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
@@ -134,8 +135,9 @@ def test_a_stacks_factors_are_its_matrices_factors(m, n, k, extra):
 
 @pytest.mark.parametrize("free", [False, True])
 def test_the_update_applies_the_factor_without_rounding_o_hat(free):
-    """W − α·O·f (α = lr·s) per entry within 5u·(|W| + |α·Ô|) of W − α·Ô computed exactly from
-    ``post_orthogonalize``'s float32 Ô (u = float32's ``unit_roundoff``). The fused
+    """W − α·O·f (α = lr·s) per entry within u·|W| + 5u·|α·Ô| (``ortho_verify.tolerances.stages.
+    scaled_product_update_bound``) of W − α·Ô computed exactly from ``post_orthogonalize``'s float32
+    Ô (u = float32's ``unit_roundoff``). The fused
     ``_foreach_addcmul_`` (no free bytes): α cast to float32, α·O, then ·f, the sum, and Ô's own
     rounding, each one relative rounding of what it forms. In rounds (free bytes given, ``add_scaled_product_``):
     Ô = O·f rounded as ``post_orthogonalize`` rounds it (the same product), then α's cast, α·Ô
@@ -150,10 +152,9 @@ def test_the_update_applies_the_factor_without_rounding_o_hat(free):
     variances = [normuon_variances(p, saved, lay, options.normuon_dim)[0] for p, lay, _ in members]
     o_hat = stage_math.post_orthogonalize(list(stack), variances, **options.post_orthogonalize_kwargs())
     alpha = 0.01 * adjusted_lr_scale(options.adjust_lr, 32, 16) * options.extra_scale_factor
-    u = unit_roundoff("float32")
     for p, w, o in zip(ps, before, o_hat):
         exact = w.double() - alpha * o.double()
-        bound = 5 * u * (w.double().abs() + alpha * o.double().abs())
+        bound = scaled_product_update_bound(w.double().abs(), alpha * o.double().abs(), "float32")
         assert ((p.detach().double() - exact).abs() <= bound).all()
 
 

@@ -22,7 +22,7 @@ from hypothesis import given, strategies as st
 
 from ortho_fast.functional import muon_stages as stage_math
 from ortho_fast.functional import stacked
-from ortho_verify.tolerances.roundoff import unit_roundoff
+from ortho_verify.tolerances.stages import scaled_product_update_bound
 
 _SPEC = importlib.util.spec_from_file_location(
     "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
@@ -34,13 +34,8 @@ ALPHA = -0.0123
 
 
 def _bound(w: torch.Tensor, product: torch.Tensor) -> torch.Tensor:
-    """Per entry, the distance from W + α·O·f allowed to a float32 update: u·|W| + 5u·|α·O·f|
-    (u = float32's ``unit_roundoff``). The rounds: α cast to float32, Ô = O·f, α·Ô (three
-    relative roundings of the product: (1 + u)³ − 1 ≤ 3u(1 + u)), then the sum's rounding, at
-    most u·(|W| + |α·Ô|(1 + 3u(1 + u))): u·|W| + 4u(1 + u)²·|α·O·f| < u·|W| + 5u·|α·O·f|. The
-    fused ``_foreach_addcmul_`` rounds fewer times (α, α·O, the fma) and is inside it too."""
-    u = unit_roundoff("float32")
-    return u * w.abs() + 5 * u * product.abs()
+    """``ortho_verify.tolerances.stages.scaled_product_update_bound`` in float32 (its derivation)."""
+    return scaled_product_update_bound(w.abs(), product.abs(), "float32")
 
 
 def _case(counts, m, n, stack_dtype, side, seed):

@@ -17,14 +17,30 @@ import numpy as np
 
 from ortho_verify.tolerances.roundoff import C_NS, U64, UNIT_ROUNDOFF, unit_roundoff
 
-__all__ = ["StageTolerances", "equilibration_error", "normuon_amplification", "scaling_error", "stage_dtype_roundoff",
-           "stage_tolerances"]
+__all__ = ["StageTolerances", "equilibration_error", "normuon_amplification", "scaled_product_update_bound", "scaling_error",
+           "stage_dtype_roundoff", "stage_tolerances"]
 
 
 def stage_dtype_roundoff(dtype) -> float:
     """u_s + u64: the stages compute in float32 for bfloat16 / float16 / float32, float64 for float64
     (``ortho_fast.functional.muon_stages.stage_dtype``), plus the float64 oracle's own rounding."""
     return min(unit_roundoff(dtype), UNIT_ROUNDOFF["float32"]) + U64
+
+
+def scaled_product_update_bound(w_abs, product_abs, dtype="float32"):
+    """Per entry, the distance from the exact W + α·O·f allowed to an update computed in ``dtype``
+    (the stacked step's Muon+ / NorMuon update, ``ortho_fast.functional.muon_stages``):
+
+        u·|W| + 5u·|α·O·f|,   u = unit_roundoff(dtype)
+
+    Derivation: the update in rounds casts α to ``dtype``, forms Ô = O·f, then α·Ô (three relative
+    roundings of the product: (1 + u)³ − 1 ≤ 3u(1 + u)), and the sum rounds once more, at most
+    u·(|W| + |α·Ô|(1 + 3u(1 + u))): in all u·|W| + 4u(1 + u)²·|α·O·f| < u·|W| + 5u·|α·O·f| (u ≤ 2⁻¹¹).
+    The fused ``_foreach_addcmul_`` rounds fewer times (α, α·O, the fused multiply-add) and is within
+    it too. ``w_abs``, ``product_abs``: |W| and |α·O·f| (exact, float64), numpy arrays or tensors;
+    returns the same kind."""
+    u = unit_roundoff(dtype)
+    return u * w_abs + 5 * u * product_abs
 
 
 def scaling_error(count: int, dtype) -> float:
