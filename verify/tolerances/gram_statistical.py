@@ -147,66 +147,84 @@ def _roundings(node: dict) -> list[tuple]:
     return [(1.0, "mn", [node["x"]], None)]  # x0: the division
 
 
-def _pair_walk(xi, xl, table, restarts, node: int, perturbation) -> np.ndarray:
-    """The Gram recurrence on 2 × 3 matrices (rows: directions i, l; columns i, l and one off the row
-    space) in float64, diag(xi, xl) at the start, with ``perturbation`` (..., 2, 3) added to node
-    ``node`` (its 2 × 2 block for m × m nodes); returns the output's (i, i) entry. Same order of
-    products as the kernels: Q ← (aI + Z)Q, R_z ← R(aI + Z), R ← (aI + Z)R_z."""
-    shape = np.broadcast_shapes(np.shape(xi), perturbation.shape[:-2])
-    x = np.zeros(shape + (2, 3))
-    x[..., 0, 0], x[..., 1, 1] = xi, xl
-    eye = np.eye(2)
-    count = [0]
+def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b for a (2, 2, N) and b (2, K, N): matrices along the first two axes, a batch of N along the
+    last (contiguous rows of N, where numpy's matmul would loop over N tiny matrices)."""
+    return a[:, 0, None] * b[None, 0] + a[:, 1, None] * b[None, 1]
 
-    def point(value):
-        hit = count[0] == node
-        count[0] += 1
-        return value + perturbation[..., :value.shape[-2], :value.shape[-1]] if hit else value
 
-    def gram(y):
-        return y @ np.swapaxes(y, -1, -2)
+def _pair_ops(table, restarts) -> list:
+    """The Gram recurrence on 2 × 3 matrices ((2, 3, N) arrays) as one operation per node (state dict ->
+    (state, key of the node's value)); the same order of products as the kernels: Q ← (aI + Z)Q,
+    R_z ← R(aI + Z), R ← (aI + Z)R_z, X ← QX, R ← XXᵀ."""
+    eye = np.eye(2)[:, :, None]
 
-    x = point(x)
-    r, q = point(gram(x)), np.broadcast_to(eye, shape + (2, 2))
+    def gram(st):
+        x = st["x"]
+        return {**st, "r": np.einsum("ikn,jkn->ijn", x, x), "q": None}, "r"
+
+    def restart(st):
+        q = st["q"]
+        return {**st, "x": st["x"] if q is None else _mm(q, st["x"])}, "x"
+
+    def poly(b, c):
+        return lambda st: ({**st, "z": b * st["r"] + c * _mm(st["r"], st["r"])}, "z")
+
+    def update_q(a):
+        return lambda st: ({**st, "q": a * eye + st["z"] if st["q"] is None else _mm(a * eye + st["z"], st["q"])}, "q")
+
+    def update_rz(a):
+        return lambda st: ({**st, "rz": _mm(st["r"], a * eye + st["z"])}, "rz")
+
+    def update_r(a):
+        return lambda st: ({**st, "r": _mm(a * eye + st["z"], st["rz"])}, "r")
+
+    ops = [lambda st: (st, "x"), gram]
     last = len(table) - 1
     for i, (a, b, c) in enumerate(table):
         if i in restarts:
-            x = point(q @ x)
-            r, q = point(gram(x)), np.broadcast_to(eye, shape + (2, 2))
-        z = point(b * r + c * (r @ r))
-        w = a * eye + z
-        q = point(w @ q)
+            ops += [restart, gram]
+        ops += [poly(b, c), update_q(a)]
         if i < last and i + 1 not in restarts:
-            rz = point(r @ w)
-            r = point(w @ rz)
-    return point(q @ x)[..., 0, 0]
+            ops += [update_rz(a), update_r(a)]
+    return ops + [restart]
 
 
 def gram_pair_curvatures(xi, xl, table, restarts=()) -> np.ndarray:
     """Second derivatives of the output's (i, i) entry in one node's perturbation entries, per node:
-    (nodes, ..., 5) with columns H_ii, H_il,il, H_li,li, H_il,li, H_⊥ (the last 0 for m × m nodes),
-    by central differences of ``_pair_walk`` (step ``GRAM_SECOND_ORDER_STEP``). Shapes: xi, xl (...)."""
+    (nodes, ..., 5) with columns H_ii, H_il,il, H_li,li, H_il,li, H_⊥ (the last 0 for m × m nodes), by
+    central differences (step ``GRAM_SECOND_ORDER_STEP``) of the recurrence run in float64 on 2 × 3
+    matrices (rows: directions i, l; columns i, l and one off the row space) from diag(xi, xl).
+    Shapes: xi, xl (...)."""
     xi, xl = np.broadcast_arrays(np.asarray(xi, dtype=np.float64), np.asarray(xl, dtype=np.float64))
+    shape, n = xi.shape, xi.size
     h = GRAM_SECOND_ORDER_STEP
     entries = [(0, 0), (0, 1), (1, 0), (0, 2)]
-    signs = [(e, s) for e in entries for s in (1.0, -1.0)] + [("mixed", s) for s in ((1, 1), (1, -1), (-1, 1), (-1, -1))]
-    perts = np.zeros((len(signs) + 1,) + xi.shape + (2, 3))
-    for j, (e, s) in enumerate(signs):
-        if e == "mixed":
-            perts[j, ..., 0, 1], perts[j, ..., 1, 0] = s[0] * h, s[1] * h
-        else:
-            perts[j, ..., e[0], e[1]] = s * h
-    kinds = gram_node_kinds(table, restarts)
-    out = np.zeros((len(kinds),) + xi.shape + (5,))
-    for p, (kind, _) in enumerate(kinds):
-        f = _pair_walk(xi, xl, table, restarts, p, perts)
-        f0 = f[-1]
-        for col, e in enumerate(entries):
-            j = 2 * col
-            out[p, ..., col if col < 3 else 4] = (f[j] - 2 * f0 + f[j + 1]) / h**2
-        mixed = f[len(entries) * 2:len(entries) * 2 + 4]
-        out[p, ..., 3] = (mixed[0] - mixed[1] - mixed[2] + mixed[3]) / (4 * h**2)
-    return out
+    perts = np.zeros((2, 3, 13, n))  # ±h per entry, then (±h, ±h) on (i, l) and (l, i), then none
+    for j, (e, sign) in enumerate((e, sign) for e in entries for sign in (1.0, -1.0)):
+        perts[e[0], e[1], j] = sign * h
+    for j, (s1, s2) in enumerate(((1, 1), (1, -1), (-1, 1), (-1, -1))):
+        perts[0, 1, 8 + j], perts[1, 0, 8 + j] = s1 * h, s2 * h
+    perts = perts.reshape(2, 3, 13 * n)
+    x = np.zeros((2, 3, n))
+    x[0, 0], x[1, 1] = xi.reshape(-1), xl.reshape(-1)
+    ops = _pair_ops(table, restarts)
+    states, state = [], {"x": x}
+    for op in ops:  # the unperturbed states before each node
+        states.append(state)
+        state, _ = op(state)
+    out = np.zeros((len(ops), n, 5))
+    for p, op in enumerate(ops):
+        state, key = op({k: None if v is None else np.tile(v, 13) for k, v in states[p].items()})
+        value = state[key]
+        state = {**state, key: value + perts[:value.shape[0], :value.shape[1]]}
+        for later in ops[p + 1:]:
+            state, _ = later(state)
+        f = state["x"][0, 0].reshape(13, n)
+        for col, j in zip((0, 1, 2, 4), (0, 2, 4, 6)):
+            out[p, :, col] = (f[j] - 2 * f[12] + f[j + 1]) / h**2
+        out[p, :, 3] = (f[8] - f[9] - f[10] + f[11]) / (4 * h**2)
+    return out.reshape((len(ops),) + shape + (5,))
 
 
 def _curvature_envelope(sigma: np.ndarray, table, restarts) -> np.ndarray:
