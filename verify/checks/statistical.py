@@ -205,8 +205,11 @@ def check_ns_statistics(schedule: str, dtype: str, count: int, seed: int = 0,
     ``dtype``, ``gram`` its kernel setting) on ``statistical_batch(1.0, (40, 24), None, count, dtype,
     seed)``: the row ``ns_mean_deviation`` (``compare_ns_statistics``). For ``ortho-verify``;
     ``device``: where ``newton_schulz`` runs (None: the CPU; the batch moved there, the result back).
+    ``gram=True`` in float16 is judged as what it is, a Gram kernel (``form="gram"``) with ortho_fast's
+    restarts (``gram_restarts``), as ``check_newton_schulz`` does; in float32 with the standard model,
+    which it meets (the float32 Gram kernel is held to the plain kernel's accuracy).
     Raises: ValueError for a dtype outside the statistical model's, an unknown schedule, or
-    ``gram=True`` in bfloat16 / float16."""
+    ``gram=True`` in bfloat16 (ortho_fast's)."""
     import torch
 
     import ortho_fast
@@ -216,8 +219,14 @@ def check_ns_statistics(schedule: str, dtype: str, count: int, seed: int = 0,
     fast = ortho_fast.newton_schulz(torch.from_numpy(batch.matrices).to(device or "cpu"), schedule,
                                     safety=sched.safety, eps=sched.eps, dtype=getattr(torch, dtype),
                                     gram=gram).cpu().to(torch.float64).numpy()
+    from ortho_fast.functional.newton_schulz import gram_restarts
+
     from .newton_schulz import kernel_suffix
 
-    return [compare_ns_statistics(fast, batch.matrices, ortho_ref.schedule(schedule), safety=sched.safety,
-                                  eps=sched.eps, dtype=dtype, input_name=batch.name,
-                                  detail=f"{schedule}/{dtype}{kernel_suffix(gram)}")]
+    table = ortho_ref.schedule(schedule)
+    gram_form = bool(gram) and dtype == "float16"
+    restarts = gram_restarts(len(table)) if gram_form else ()
+    return [compare_ns_statistics(fast, batch.matrices, table, safety=sched.safety, eps=sched.eps, dtype=dtype,
+                                  input_name=batch.name, detail=f"{schedule}/{dtype}{kernel_suffix(gram)}"
+                                  + (f" restarts {list(restarts)}" if gram_form else ""),
+                                  form="gram" if gram_form else "standard", restarts=restarts)]

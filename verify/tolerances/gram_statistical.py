@@ -292,6 +292,10 @@ def gram_rounding_moments(sigma_hat: np.ndarray, u: np.ndarray, v: np.ndarray, c
     eye = np.eye(k, dtype=bool)
     var, bias = np.zeros_like(s), np.zeros_like(s)
     bias += gains[0] * s * 2 * u32 + u32 * np.einsum("pjk,pjk->jk", gains, sizes)
+    for p, node in enumerate(nodes):  # constants stored in the dtype: aI, or α/a rounded as an argument
+        if node["kind"] == "q":
+            fresh = np.all(node["q"] == 1.0) and node["alpha"] == 1.0
+            bias += uu * gains[p] * (abs(node["a"]) if fresh else np.abs(node["alpha"] * node["z"]))
     for p, node in enumerate(nodes):
         pairs, perp = np.zeros(s.shape + (k,)), np.zeros_like(s)
         for factor, side, alternatives, acc in _roundings(node):
