@@ -52,7 +52,10 @@ the box [min, max] of σ̂ᵢ, σ̂ₗ over the batch (matrices of one spectrum 
 and at every matrix when that box is wider than ``BOX_SPREAD``. Third order is neglected; the
 directions kept are those with √vᵢ ≤ ``STATISTIC_FIRST_ORDER_LIMIT`` (the standard model's limit).
 Deterministic: the scalars a, b, c, α, α/a, safety, eps applied in float32 (torch's opmath) add
-Σ_p |gₚᵢ|·u32·Sₚᵢ + |g₀ᵢ|·σ̂ᵢ·2u32 (Sₚ the node's term magnitudes, ``gram_point_gains``).
+Σ_p |gₚᵢ|·u32·Sₚᵢ + |g₀ᵢ|·σ̂ᵢ·2u32 (Sₚ the node's term magnitudes, ``gram_point_gains``); two constants
+a kernel may hold in its own dtype, the same in every matrix, add u·|gₚᵢ|·|a| (the aI of Q = aI + Z
+after a (re)start, Dao AI Lab's kernel) and u·|gₚᵢ|·|α zᵢ| (α/a, which torch's CPU ``add`` rounds to
+float16 as its ``alpha`` argument: ortho_fast's M + (α/a)Z) at the Q nodes.
 No underflow or overflow (float16: the default statistical batch's entries are normal).
 """
 
