@@ -211,3 +211,20 @@ def test_check_orthogonalizer_adds_the_gram_row():
 def test_ortho_verify_has_the_float16_gram_row():
     labels = [label for label, _ in plan_jobs([], quick=True)]
     assert {f"NS statistics {s}/float16/gram" for s in ("jordan", "polar_express")} <= set(labels)
+
+
+def test_curvatures_per_matrix_agree_with_the_box(monkeypatch):
+    """A batch of one spectrum: the second-order bounds from the corners of the σ̂ box and from every
+    matrix (the path of batches wider than ``BOX_SPREAD``) agree within 1%."""
+    from ortho_verify.tolerances import gram_statistical
+
+    batch = statistical_batch(1.0, (12, 8), None, 5, "float16", 0)
+    svds = [ortho_ref.svd(a) for a in batch.matrices]
+    s = np.array([ortho_ref.normalized_singular_values(a) for a in batch.matrices])
+    u, v = np.array([x[0][:, :8] for x in svds]), np.array([x[2][:8].T for x in svds])
+    box = gram_rounding_moments(s, u, v, "polar_express", "float16", (2, 4))
+    monkeypatch.setattr(gram_statistical, "BOX_SPREAD", 0.0)
+    each = gram_rounding_moments(s, u, v, "polar_express", "float16", (2, 4))
+    np.testing.assert_array_equal(box[0], each[0])
+    np.testing.assert_allclose(box[1], each[1], rtol=1e-2)
+    assert np.all(box[1] >= each[1] * (1 - 1e-9))

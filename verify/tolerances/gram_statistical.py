@@ -235,8 +235,10 @@ def _curvature_envelope(sigma: np.ndarray, table, restarts) -> np.ndarray:
     of the box of σ̂ over the batch, or per matrix when the box is wider than ``BOX_SPREAD``."""
     lo, hi, mid = sigma.min(axis=0), sigma.max(axis=0), sigma.mean(axis=0)
     if np.any(hi - lo > BOX_SPREAD * np.maximum(np.abs(mid), 1e-3)):
-        xi, xl = sigma[:, :, None], sigma[:, None, :]
-        return np.moveaxis(np.abs(gram_pair_curvatures(xi, xl, table, restarts)), 0, 1)
+        chunk = max(1, 4096 // sigma.shape[-1] ** 2)  # matrices per call: about 4096 pairs, 13 evaluations each
+        return np.concatenate([np.moveaxis(np.abs(gram_pair_curvatures(
+            part[:, :, None], part[:, None, :], table, restarts)), 0, 1)
+            for part in np.split(sigma, range(chunk, len(sigma), chunk))])
     corners = [(lo, lo), (lo, hi), (hi, lo), (hi, hi), (mid, mid)]
     xi = np.stack([c[0][:, None] * np.ones_like(c[1])[None, :] for c in corners])
     xl = np.stack([np.ones_like(c[0])[:, None] * c[1][None, :] for c in corners])
