@@ -53,9 +53,11 @@ and at every matrix when that box is wider than ``BOX_SPREAD``. Third order is n
 directions kept are those with √vᵢ ≤ ``STATISTIC_FIRST_ORDER_LIMIT`` (the standard model's limit).
 Deterministic: the scalars a, b, c, α, α/a, safety, eps applied in float32 (torch's opmath) add
 Σ_p |gₚᵢ|·u32·Sₚᵢ + |g₀ᵢ|·σ̂ᵢ·2u32 (Sₚ the node's term magnitudes, ``gram_point_gains``); two constants
-a kernel may hold in its own dtype, the same in every matrix, add u·|gₚᵢ|·|a| (the aI of Q = aI + Z
-after a (re)start, Dao AI Lab's kernel) and u·|gₚᵢ|·|α zᵢ| (α/a, which torch's CPU ``add`` rounds to
-float16 as its ``alpha`` argument: ortho_fast's M + (α/a)Z) at the Q nodes.
+a kernel may hold in its own dtype, the same in every matrix, add their exact rounding errors at the
+Q nodes: |gₚᵢ|·|fl(a) − a| (the aI of Q = aI + Z after a (re)start, Dao AI Lab's kernel) and
+|gₚᵢ|·|a|·|fl(α/a) − α/a|·|zᵢ| (α/a, which torch's CPU ``add`` rounds to float16 as its ``alpha``
+argument: ortho_fast's M + (α/a)Z), fl the dtype's rounding (``round_to_dtype``; plus u32 of the
+constant for a float32 step before it: torch's opmath).
 No underflow or overflow (float16: the default statistical batch's entries are normal).
 """
 
@@ -68,7 +70,8 @@ from ortho_verify.tolerances.newton_schulz import gram_point_gains, validate_res
 from ortho_verify.tolerances.roundoff import UNIT_ROUNDOFF, unit_roundoff
 from ortho_verify.tolerances.statistical import STATISTICAL_DTYPES, accumulation_roundoff
 
-__all__ = ["BOX_SPREAD", "GRAM_SECOND_ORDER_STEP", "gram_node_kinds", "gram_pair_curvatures", "gram_rounding_moments"]
+__all__ = ["BOX_SPREAD", "GRAM_SECOND_ORDER_STEP", "SIGNIFICAND_BITS", "gram_node_kinds", "gram_pair_curvatures", "gram_rounding_moments",
+           "round_to_dtype"]
 
 #: The relative width of the box of σ̂ over a batch up to which the second-order coefficients are taken
 #: at its corners and centre (matrices of one spectrum differ by the input's rounding, ≤ 2⁻¹¹ relative
@@ -78,6 +81,21 @@ BOX_SPREAD = 1e-2
 #: Central-difference step of ``gram_pair_curvatures`` (absolute, on nodes of size ~1e-2 to 1e2): its
 #: truncation O(h²) and float64 rounding O(u64/h²) are both ~1e-8 relative.
 GRAM_SECOND_ORDER_STEP = 1e-4
+
+
+#: Significand bits (the implicit one included) of the dtypes a kernel may hold a scalar in.
+SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+
+
+def round_to_dtype(value: float, dtype: str) -> float:
+    """``value`` rounded to nearest (ties to even) in ``dtype``'s significand, as a cast of a normal
+    number does (float16: 11 bits, bfloat16: 8, float32: 24). The exact deterministic error of a
+    constant a kernel holds in that dtype."""
+    if value == 0.0 or not np.isfinite(value):
+        return float(value)
+    mantissa, exponent = np.frexp(value)
+    bits = SIGNIFICAND_BITS[dtype]
+    return float(np.ldexp(np.round(mantissa * 2.0**bits), int(exponent) - bits))
 
 
 def gram_node_kinds(table, restarts=()) -> list[tuple[str, int]]:
@@ -134,7 +152,7 @@ def _roundings(node: dict) -> list[tuple]:
     if kind == "q":
         z, q, alpha, a = node["z"], node["q"], node["alpha"], node["a"]
         new = (a + z) * q
-        out = [(1.0, "mm", [new, new - alpha * a], (("mm", z, 0.0), ("mm", q - alpha, abs(alpha)), "m+1"))]
+        out = [(1.0, "mm", [new, new - alpha * a], (("mm", z, abs(a)), ("mm", q - alpha, abs(alpha)), "m+1"))]
         if a != 0.0:
             out.append((a, "mm", [q - alpha + (alpha / a) * z], None))  # ortho_fast's M + (α/a)Z
         return out
@@ -297,10 +315,14 @@ def gram_rounding_moments(sigma_hat: np.ndarray, u: np.ndarray, v: np.ndarray, c
     eye = np.eye(k, dtype=bool)
     var, bias = np.zeros_like(s), np.zeros_like(s)
     bias += gains[0] * s * 2 * u32 + u32 * np.einsum("pjk,pjk->jk", gains, sizes)
-    for p, node in enumerate(nodes):  # constants stored in the dtype: aI, or α/a rounded as an argument
+    for p, node in enumerate(nodes):  # constants held in the dtype: aI, or α/a rounded as an argument
         if node["kind"] == "q":
-            fresh = np.all(node["q"] == 1.0) and node["alpha"] == 1.0
-            bias += uu * gains[p] * (abs(node["a"]) if fresh else np.abs(node["alpha"] * node["z"]))
+            a, alpha = node["a"], node["alpha"]
+            if np.all(node["q"] == 1.0) and alpha == 1.0:  # Q = aI + Z after a (re)start
+                bias += gains[p] * (abs(round_to_dtype(a, name) - a) + u32 * abs(a))
+            elif a != 0.0:  # M' = a(M + fl(α/a)Z) + ZM
+                held = abs(round_to_dtype(alpha / a, name) - alpha / a) + u32 * abs(alpha / a)
+                bias += gains[p] * abs(a) * held * np.abs(node["z"])
     for p, node in enumerate(nodes):
         pairs, perp = np.zeros(s.shape + (k,)), np.zeros_like(s)
         for factor, side, alternatives, acc in _roundings(node):
