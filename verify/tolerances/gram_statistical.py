@@ -70,8 +70,8 @@ from ortho_verify.tolerances.newton_schulz import gram_point_gains, validate_res
 from ortho_verify.tolerances.roundoff import UNIT_ROUNDOFF, unit_roundoff
 from ortho_verify.tolerances.statistical import STATISTICAL_DTYPES, accumulation_roundoff
 
-__all__ = ["BOX_SPREAD", "GRAM_SECOND_ORDER_STEP", "SIGNIFICAND_BITS", "gram_node_kinds", "gram_pair_curvatures", "gram_rounding_moments",
-           "round_to_dtype"]
+__all__ = ["BOX_SPREAD", "GRAM_SECOND_ORDER_STEP", "SIGNIFICAND_BITS", "gram_node_kinds", "gram_pair_curvatures",
+           "gram_rounding_moments", "round_to_dtype"]
 
 #: The relative width of the box of σ̂ over a batch up to which the second-order coefficients are taken
 #: at its corners and centre (matrices of one spectrum differ by the input's rounding, ≤ 2⁻¹¹ relative
