@@ -253,20 +253,23 @@ def check_orthogonalizer_statistics(fn: Callable, batch: StatisticalBatch, *, co
                                     steps: int | None = None, safety: float | None = None, eps: float | None = None,
                                     eps_mode: str = "add", batched: bool = True,
                                     timeout_s: float | None = DEFAULT_TIMEOUT_S, compute_dtype=None,
-                                    device=None) -> list[CheckResult]:
+                                    device=None, form: str = "standard", restarts=None) -> list[CheckResult]:
     """Run ``fn`` on a ``StatisticalBatch`` (one (J, m, n) call when ``batched``, else J calls of
     (m, n)) and return the row ``ns_mean_deviation`` (``ortho_verify.checks.compare_ns_statistics``;
     docs/verification.md, "Statistical power in low precision"), or ``orthogonalizer_runs`` failed
     when fn raised or timed out. ``dtype``: bfloat16, float16 or float32 (the batch's values must
     be representable in it: ``statistical_batch(..., dtype)``). ``compute_dtype``: the precision
     the kernel computes in when it differs from ``dtype`` (the input dtype; bfloat16, float16 or
-    float32). ``device``: where fn runs (the batch is moved there, the outputs back). Other
-    arguments as ``check_orthogonalizer``.
-    Raises: TypeError for a dtype outside the statistical model's (float64 and tf32 have none)."""
+    float32). ``device``: where fn runs (the batch is moved there, the outputs back). ``form="gram"``
+    with ``restarts``: a Gram kernel, judged with its own rounding model (``gram_rounding_moments``).
+    Other arguments as ``check_orthogonalizer``.
+    Raises: TypeError for a dtype outside the statistical model's (float64 and tf32 have none);
+    ValueError for a bad form or restarts."""
     name = dtype_name(dtype, ("bfloat16", "float16", "float32"))
     compute = name if compute_dtype is None else dtype_name(compute_dtype, ("bfloat16", "float16", "float32"),
                                                             "compute_dtype")
     table, safety, eps = table_and_normalization(coefficients, steps, safety, eps)
+    form, restarts = _form(form, restarts, len(table))
     dev = resolve_device(device)
     x = torch.from_numpy(batch.matrices).to(getattr(torch, name)).to(dev)
     calls = [x] if batched else list(x)
@@ -282,8 +285,9 @@ def check_orthogonalizer_statistics(fn: Callable, batch: StatisticalBatch, *, co
         outs.append(_as_f64(_to_host(out)))
     fast = outs[0] if batched else torch.stack([torch.from_numpy(o) for o in outs]).numpy()
     return [compare_ns_statistics(fast, batch.matrices, table, safety=safety, eps=eps, dtype=compute,
-                                  eps_mode=eps_mode, input_name=batch.name,
-                                  detail=f"{compute}, {len(table)} steps" + ("" if dev.type == "cpu" else f", {dev}"))]
+                                  eps_mode=eps_mode, input_name=batch.name, form=form, restarts=restarts,
+                                  detail=f"{compute}{'' if form == 'standard' else f' gram restarts {list(restarts)}'}, "
+                                         f"{len(table)} steps" + ("" if dev.type == "cpu" else f", {dev}"))]
 
 
 def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.float32, steps: int | None = None,
@@ -326,12 +330,13 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     ``timeout_s``: seconds one call of ``fn`` may take (default ``DEFAULT_TIMEOUT_S``; None: no
     limit): a call past it fails its example (``orthogonalizer_runs``, "did not return within ...")
     and the check goes on.
-    ``statistical`` (computing in bfloat16, float16 or float32, standard form; default: True unless
+    ``statistical`` (computing in bfloat16, float16 or float32, either form; default: True unless
     ``examples`` are given, which are then the only inputs, or ``batched=False`` / ``max_batch_dims=0``):
     also the row ``ns_mean_deviation`` on each batch of ``ortho_verify.checks.statistical.STATISTICAL_SPECS``
     (256 matrices of one spectrum: the mean signed deviation per direction at a false-alarm probability
     of 1e-6; ``check_orthogonalizer_statistics``; in float16 without the ‖G‖_F = 1.6e-5 batch, whose
-    entries are subnormal); its batches are given as (J, m, n) when ``max_batch_dims`` allows one
+    entries are subnormal; a Gram kernel's row uses its own rounding model, ``gram_rounding_moments``
+    with the declared ``restarts``); its batches are given as (J, m, n) when ``max_batch_dims`` allows one
     batch dim, else one matrix per call; with ``shapes`` they take the first shape's (m, n).
     Failed rows carry a ``cause`` in words (``CheckResult.cause``, also at the head of the note).
     ``allow_side_effects``: e.g. {"input_mutated"} accepts a kernel that writes into its input
@@ -375,11 +380,12 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
         for case in ex.cases():  # the matrices fn received (rounded to the input dtype)
             inputs[case.name] = ({"input": case.matrix}, ex.provenance + REPLAY_HINT)
         inputs.setdefault(ex.name, ({"input": _as_f64(ex.tensor())}, ex.provenance + REPLAY_HINT))  # a whole batch
-    if statistical and form == "standard" and name in STATISTICAL_INPUTS and compute in STATISTICAL_INPUTS:
+    if statistical and name in STATISTICAL_INPUTS and compute in STATISTICAL_INPUTS:
         stat_shape = None if wanted is None else wanted[0][-2:]
         for batch in _statistical_batches(name, compute, seed, stat_shape):
             results += check_orthogonalizer_statistics(fn, batch, dtype=name, compute_dtype=compute, device=dev,
-                                                       batched=limit is None or limit >= 1, **options)
+                                                       batched=limit is None or limit >= 1, form=form,
+                                                       restarts=restarts, **options)
             inputs[batch.name] = ({"input": batch.matrices}, batch.provenance + REPLAY_HINT)
     kernel = f"{compute}" + ("" if compute == name else f" on {name} inputs") + \
         ("" if form == "standard" else f", gram restarts {list(restarts)}")
@@ -467,7 +473,7 @@ def replay_example(fn, failure, *, check: str | None = None, input_name: str | N
         rows = check_optimizer(fn, conventions, shapes=shapes, steps=steps_run, cond=cond, seed=seed,
                                **optimizer_arguments).results
     elif isinstance(built, StatisticalBatch):
-        rows = check_orthogonalizer_statistics(fn, built, dtype=args[4], device=device,
+        rows = check_orthogonalizer_statistics(fn, built, dtype=args[4], device=device, form=form, restarts=restarts,
                                                compute_dtype=compute_name(args[4] if dtype is None else dtype,
                                                                           compute_dtype), **options)
     else:

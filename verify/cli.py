@@ -233,6 +233,8 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None, device=None) ->
                      lambda s=sched: check_ns_statistics(s, "bfloat16", count, device=dev)))
         jobs.append((f"NS statistics {sched}/float32/gram",  # where a Gram kernel's restarts show (docs/math.md §2.2a)
                      lambda s=sched: check_ns_statistics(s, "float32", count, gram=True, device=dev)))
+        jobs.append((f"NS statistics {sched}/float16/gram",  # judged with the Gram rounding model and our restarts
+                     lambda s=sched: check_ns_statistics(s, "float16", count, gram=True, device=dev)))
     for case in cases:
         for cfg in checks.MUON_CONFIGS:
             for dtype in ("float64", "float32"):

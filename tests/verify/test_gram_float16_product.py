@@ -77,7 +77,8 @@ def test_float16_gram_on_drawn_spectra(example):
     ("c off by 1% in every step", "jordan", _planted("jordan", c_factor=1.01), 1.0, 3.0),
 ])
 def test_planted_errors_in_our_float16_gram_kernel_fail(label, name, kernel, low, high):
-    report = check_orthogonalizer(kernel, **_declared(name))
+    """The per-matrix rows (the statistical row ``ns_mean_deviation``: tests/verify/test_gram_statistical.py)."""
+    report = check_orthogonalizer(kernel, **_declared(name), statistical=False)
     assert not report.passed, label
     worst = max(f.result.ratio for f in report.failures)
     assert low < worst <= high, (label, worst)

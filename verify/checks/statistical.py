@@ -22,7 +22,9 @@ import ortho_ref
 from ortho_verify.checks.diagnoses import map_fit_cause, ns_output_cause, with_cause
 from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.tolerances import NS_FORMS
 from ortho_verify.tolerances import statistical as stat
+from ortho_verify.tolerances.gram_statistical import gram_rounding_moments
 
 __all__ = ["CLI_QUICK_STATISTICAL_SCHEDULES", "CLI_STATISTICAL_MATRICES", "STATISTICAL_SPECS", "StatisticalBatch", "check_ns_statistics",
            "compare_ns_statistics", "statistical_batch", "statistical_batches"]
@@ -130,7 +132,8 @@ def worst_direction(check: str, input_name: str, detail: str, d: np.ndarray, sig
 
 def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety: float, eps: float, dtype: str,
                           input_name: str, detail: str, eps_mode: str = "add",
-                          probability: float = stat.FALSE_ALARM_PROBABILITY) -> CheckResult:
+                          probability: float = stat.FALSE_ALARM_PROBABILITY, form: str = "standard",
+                          restarts=()) -> CheckResult:
     """The row ``ns_mean_deviation``: per direction i the mean over the J matrices of
     dᵢⱼ = uᵢᵀ X_j vᵢ − f(σ̂ᵢⱼ) (exact singular vectors of input j, f the declared schedule's scalar
     map) against ``ns_mean_deviation_tolerances``: the variance proxies of ``ns_rounding_moments``
@@ -138,13 +141,19 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
     allowance. Directions whose one-matrix proxy standard deviation √vᵢⱼ exceeds
     ``STATISTIC_FIRST_ORDER_LIMIT`` in any matrix are left out (outside the first-order model); a
     row with none left makes no claim. Error: |mean dᵢ| of the direction with the largest ratio.
+    ``form="gram"`` with ``restarts`` (0-based steps before which X ← QX, R ← XXᵀ): the kernel is Gram
+    Newton–Schulz, whose rounding moments are ``gram_rounding_moments``'s (docs/tolerances.md,
+    "Statistical checks of Gram kernels").
 
     Shapes: fast, inputs (J, m, n) float64 (the kernel's outputs and its inputs as it received
     them); table (T, 3). ``dtype`` in ``STATISTICAL_DTYPES``. A non-finite or mis-shaped ``fast``
     fails with error inf.
-    Raises: ValueError for a dtype outside ``STATISTICAL_DTYPES``.
+    Raises: ValueError for a dtype outside ``STATISTICAL_DTYPES``, a form outside ``NS_FORMS`` or bad
+    restarts.
     """
     check = "ns_mean_deviation"
+    if form not in NS_FORMS:
+        raise ValueError(f"form: expected one of {NS_FORMS}, got {form!r}")
     if dtype not in stat.STATISTICAL_DTYPES:
         raise ValueError(f"dtype: the statistical check covers {stat.STATISTICAL_DTYPES}, got {dtype!r}")
     if fast.shape != inputs.shape:
@@ -166,7 +175,10 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
         rights.append(v)
         deviations.append(np.einsum("pi,pq,qi->i", u, x, v) - ortho_ref.ns_polynomial(sigma_hat, table))
     d, sigmas = np.array(deviations), np.array(sigmas)
-    var, bias = stat.ns_rounding_moments(sigmas, np.array(lefts), np.array(rights), table, dtype)
+    if form == "gram":
+        var, bias = gram_rounding_moments(sigmas, np.array(lefts), np.array(rights), table, dtype, restarts)
+    else:
+        var, bias = stat.ns_rounding_moments(sigmas, np.array(lefts), np.array(rights), table, dtype)
     allow = stat.oracle_deviation_allowance(sigmas, (m, n), table) + bias
     worst = worst_direction(check, input_name, detail, d, sigmas, var, allow, probability)
     row, index = worst.row, worst.index
@@ -193,8 +205,11 @@ def check_ns_statistics(schedule: str, dtype: str, count: int, seed: int = 0,
     ``dtype``, ``gram`` its kernel setting) on ``statistical_batch(1.0, (40, 24), None, count, dtype,
     seed)``: the row ``ns_mean_deviation`` (``compare_ns_statistics``). For ``ortho-verify``;
     ``device``: where ``newton_schulz`` runs (None: the CPU; the batch moved there, the result back).
+    ``gram=True`` in float16 is judged as what it is, a Gram kernel (``form="gram"``) with ortho_fast's
+    restarts (``gram_restarts``), as ``check_newton_schulz`` does; in float32 with the standard model,
+    which it meets (the float32 Gram kernel is held to the plain kernel's accuracy).
     Raises: ValueError for a dtype outside the statistical model's, an unknown schedule, or
-    ``gram=True`` in bfloat16 / float16."""
+    ``gram=True`` in bfloat16 (ortho_fast's)."""
     import torch
 
     import ortho_fast
@@ -204,8 +219,14 @@ def check_ns_statistics(schedule: str, dtype: str, count: int, seed: int = 0,
     fast = ortho_fast.newton_schulz(torch.from_numpy(batch.matrices).to(device or "cpu"), schedule,
                                     safety=sched.safety, eps=sched.eps, dtype=getattr(torch, dtype),
                                     gram=gram).cpu().to(torch.float64).numpy()
+    from ortho_fast.functional.newton_schulz import gram_restarts
+
     from .newton_schulz import kernel_suffix
 
-    return [compare_ns_statistics(fast, batch.matrices, ortho_ref.schedule(schedule), safety=sched.safety,
-                                  eps=sched.eps, dtype=dtype, input_name=batch.name,
-                                  detail=f"{schedule}/{dtype}{kernel_suffix(gram)}")]
+    table = ortho_ref.schedule(schedule)
+    gram_form = bool(gram) and dtype == "float16"
+    restarts = gram_restarts(len(table)) if gram_form else ()
+    return [compare_ns_statistics(fast, batch.matrices, table, safety=sched.safety, eps=sched.eps, dtype=dtype,
+                                  input_name=batch.name, detail=f"{schedule}/{dtype}{kernel_suffix(gram)}"
+                                  + (f" restarts {list(restarts)}" if gram_form else ""),
+                                  form="gram" if gram_form else "standard", restarts=restarts)]

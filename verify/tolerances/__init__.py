@@ -13,6 +13,7 @@ By subject (every name stays importable from ``ortho_verify.tolerances``):
   Gram Newton–Schulz ones (``ns_gram_singular_value_tolerances``, ``ns_gram_tolerance``);
 - ``statistical``: the mean deviation over many matrices of a low-precision kernel
   (``ns_rounding_moments``, ``ns_mean_deviation_tolerances``, false-alarm probability 1e-6);
+  ``gram_statistical``: its rounding moments for Gram Newton–Schulz (``gram_rounding_moments``);
 - ``polar``: the oracle's SVD, polar factor, ``ns_map`` and mpmath agreement;
 - ``muon``: a Muon step, momentum, cautious weight decay, parity with torch.optim.Muon;
 - ``dion``: a Dion step with any QR method / right factor / precision, the error-feedback identity;
@@ -59,13 +60,14 @@ from ortho_verify.tolerances.stages import equilibration_error, normuon_amplific
 from ortho_verify.tolerances.scalar import adamw_tolerances, lion_tolerances
 from ortho_verify.tolerances.statistical import (FALSE_ALARM_PROBABILITY, hoeffding_lambda,
                                                  ns_mean_deviation_tolerances, ns_rounding_moments)
+from ortho_verify.tolerances.gram_statistical import gram_rounding_moments
 from ortho_verify.tolerances.compiled import compiled_tolerance
 from ortho_verify.tolerances.sharded import SHARDED_RTOL, sharded_tolerance
 from ortho_verify.tolerances.baselines import BASELINE_FLOOR, BASELINE_GROWTH
 
 __all__ = [
     "COMPUTE_PRECISIONS", "NS_FORMS", "PER_DIRECTION_PRECISIONS", "TF32_UNIT_ROUNDOFF", "compute_precision",
-    "gram_point_gains", "gram_rounding_points", "ns_gram_singular_value_tolerances", "ns_gram_tolerance",
+    "gram_point_gains", "gram_rounding_moments", "gram_rounding_points", "ns_gram_singular_value_tolerances", "ns_gram_tolerance",
     "operand_roundings", "per_product_roundoff", "validate_restarts",
     "equilibration_error", "normuon_amplification", "scaling_error", "stage_tolerances",
     "POW_ULPS", "QK_CLIP_FIRST_ORDER", "qk_clip_tolerance",
