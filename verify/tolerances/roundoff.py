@@ -12,7 +12,7 @@ import numpy as np
 
 __all__ = ["C_NS", "COMPUTE_PRECISIONS", "PER_DIRECTION_PRECISIONS", "TF32_UNIT_ROUNDOFF", "U64", "UNIT_ROUNDOFF",
            "compute_precision", "condition_number", "factor_roundoff", "matmul_roundoff", "operand_roundings",
-           "unit_roundoff"]
+           "scaled_sum_bound", "unit_roundoff"]
 
 
 U64 = 2.0**-53
@@ -78,6 +78,22 @@ def unit_roundoff(dtype) -> float:
 def factor_roundoff(dtype) -> float:
     """u_f + u64: QR and Cholesky run in float32 for bfloat16 / float16, else in the dtype."""
     return min(unit_roundoff(dtype), UNIT_ROUNDOFF["float32"]) + U64
+
+
+def scaled_sum_bound(exact_abs, m_abs, kz_abs, dtype):
+    """Entrywise bound on |fl(M + k·Z) − (M + k·Z)| for a sum formed with k and the arithmetic in
+    float32 (or wider, for float64) and rounded once to ``dtype``:
+
+        u·|M + k·Z| + 3u_c·(|M| + |k·Z|),   u = unit_roundoff(dtype), u_c its compute precision's
+
+    Derivation: k rounded to the compute precision, k·Z and the sum each add one relative rounding
+    u_c of what they form ((1 + u_c)³ − 1 < 3u_c(1 + u_c) of |M| + |k·Z|, the (1 + u_c) absorbed
+    for u_c ≤ 2⁻²⁴ since the bound then holds with (1 + u)(1 + u_c) rounded up), then the cast to
+    ``dtype`` one rounding u of the result. torch's CPU ``add(M, Z, alpha=k)`` on float16 /
+    bfloat16 tensors rounds k to the tensor's dtype instead: a relative error up to u in k, the
+    same in every entry, outside this bound. Arguments: numpy arrays or tensors (float64)."""
+    u, uc = unit_roundoff(dtype), min(unit_roundoff(dtype), UNIT_ROUNDOFF["float32"])
+    return (u + 2 * U64) * exact_abs + 3 * uc * (1 + u) * (m_abs + kz_abs)
 
 
 def matmul_roundoff(dtype, inner: int) -> float:
