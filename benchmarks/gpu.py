@@ -251,6 +251,10 @@ def graph_section(device, args) -> None:
         "Muon": lambda ps: ortho_fast.Muon(ps, lr=0.02, check_finite=False),
         "NorMuon": lambda ps: ortho_fast.NorMuon(ps, lr=0.02, check_finite=False),
         "Dion2": lambda ps: ortho_fast.Dion2(ps, lr=0.02, check_finite=False),
+        # AdamW's bias corrections read host-side step counters unless its group is capturable
+        "HybridOptimizer (Muon + capturable AdamW + Lion)": lambda ps: ortho_fast.HybridOptimizer(
+            [{"params": ps[:-4], "algorithm": "muon"}, {"params": ps[-4:-2], "algorithm": "adamw", "capturable": True},
+             {"params": ps[-2:], "algorithm": "lion"}], check_finite=False),
     }
     rows = []
     for name, build in builders.items():
