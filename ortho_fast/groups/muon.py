@@ -415,7 +415,8 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
     scratch ``MatrixStack`` (the iteration starts in it when it has the compute dtype), the update
     as one ``_foreach_add_`` with the chunk's lr·s, or with Muon+ / NorMuon the stack times their
     per-neuron factor added in rounds in the free workspace (``stacked_stage_update_``). A fixed
-    number of operations whatever the chunk's size, plus one write of U per matrix when cast."""
+    number of operations whatever the chunk's size, but for the matrices the rounds of the U write
+    and of the update leave to one operation each (chunks of fewer than 4 or 5 matrices)."""
     params = [p for p, _, _ in chunk.members]
     shape = (chunk.count, chunk.m, chunk.n)
     direct = writes_compute_dtype(options, params[0].dtype)
