@@ -198,9 +198,9 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None) ->
             b.fill_(-0.0)  # the stack is copied back already; w + (-0.0) is w, bit for bit
             b.scatter_(-2 if rows else -1, dion2_math.expand_indices(indices, b, rows), delta)
             torch._foreach_add_(weights, list(b.unbind(0)))
-        else:
-            weights[0].scatter_add_(-2 if rows else -1, dion2_math.expand_indices(indices[0], weights[0], rows),
-                                    delta[0])
+        else:  # one matrix, or a stack of another dtype than the update: one scatter_add_ per matrix
+            for j, w in enumerate(weights):
+                w.scatter_add_(-2 if rows else -1, dion2_math.expand_indices(indices[j], w, rows), delta[j])
         for p, w in zip(params, weights):
             write_back(local_tensor(p), w)
 
