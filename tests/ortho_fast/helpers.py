@@ -43,6 +43,16 @@ def spectral_matrix(shape, rng, cond=1e2, scale=1.0):
     return matrix_with_spectrum(scale * np.geomspace(1.0, 1.0 / cond, min(m, n)), m, n, rng)
 
 
+def stage_case(name: str, m: int, n: int, seed: int = 0, cond: float = 1e2):
+    """A ``MatrixCase`` for the stage checks: singular values geomspace(1, 1/cond), Haar vectors
+    from ``seed``; ``name`` prefixes its identifier."""
+    from ortho_verify.spectra import MatrixCase
+
+    s = np.geomspace(1.0, 1.0 / cond, min(m, n))
+    return MatrixCase(f"{name}/{m}x{n}/{seed}", matrix_with_spectrum(s, m, n, np.random.default_rng(seed)),
+                      "synthetic", "test")
+
+
 def gradient_matrix(shape, rng, cond: float = 1e3, scale: float = 1.0) -> np.ndarray:
     """``spectral_matrix`` with κ = 1e3 by default: the gradients and momenta of the
     optimizer tests (test_muon_parity.py, test_dion_invariants.py, test_optimizers.py)."""

@@ -15,14 +15,12 @@ from ortho_fast import Muon, NorMuon
 from ortho_fast.normuon import NORMUON_DEFAULTS
 from ortho_verify.checks.stages import check_muon_stages
 from ortho_verify.registry import STAGE_CONFIGS
-from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
+from tests.ortho_fast.helpers import stage_case
 from tests.round_trip import assert_bitwise_same, round_trip
 
 
 def _case(m, n, cond=1e2, seed=0):
-    s = np.geomspace(1.0, 1.0 / cond, min(m, n))
-    return MatrixCase(f"normuon/{m}x{n}/{seed}", matrix_with_spectrum(s, m, n, np.random.default_rng(seed)),
-                      "synthetic", "test")
+    return stage_case("normuon", m, n, seed, cond)
 
 
 @pytest.mark.parametrize("config", list(STAGE_CONFIGS))

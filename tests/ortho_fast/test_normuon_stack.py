@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -28,7 +27,7 @@ from ortho_fast.groups.muon_stages import normuon_variances, stacked_stage_updat
 from ortho_fast.normuon import NORMUON_DEFAULTS
 from ortho_verify.arrays import TORCH_DTYPES, as_float64
 from ortho_verify.checks.stages import STAGE_CONFIGS, StageRun, stage_errors
-from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
+from tests.ortho_fast.helpers import stage_case
 from ortho_verify.tolerances import compiled_tolerance
 from ortho_verify.tolerances.roundoff import unit_roundoff
 from ortho_verify.tolerances.stages import scaled_product_update_bound
@@ -40,10 +39,8 @@ _SPEC.loader.exec_module(_OP_COUNT)
 CountOps = _OP_COUNT.CountOps
 
 
-def _case(m, n, seed, cond=1e2):
-    s = np.geomspace(1.0, 1.0 / cond, min(m, n))
-    return MatrixCase(f"stack/{m}x{n}/{seed}", matrix_with_spectrum(s, m, n, np.random.default_rng(seed)),
-                      "synthetic", "test")
+def _case(m, n, seed):
+    return stage_case("stack", m, n, seed)
 
 
 @pytest.mark.parametrize("config", list(STAGE_CONFIGS))

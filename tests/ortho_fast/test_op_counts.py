@@ -111,19 +111,19 @@ def test_the_workspace_is_reused_and_the_step_allocates_less_than_torch():
     assert counter.allocated < second_step("torch")[0].allocated
 
 
-def step_peaks(build, shapes, seed: int = 0) -> tuple[int, int]:
-    """Peak extra bytes (``CountOps.peak``) of the first and of the second step of ``build(params)``."""
+def step_peaks(build, shapes, seed: int = 0, steps: int = 2) -> tuple[int, ...]:
+    """Peak extra bytes (``CountOps.peak``) of each of the first ``steps`` steps of ``build(params)``."""
     gen = torch.Generator().manual_seed(seed)
     ps = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
     opt = build(ps)
     peaks = []
-    for _ in range(2):
+    for _ in range(steps):
         for p in ps:
             p.grad = torch.randn(p.shape, generator=gen)
         with CountOps() as counter:
             opt.step()
         peaks.append(counter.peak)
-    return peaks[0], peaks[1]
+    return tuple(peaks)
 
 
 def gpt_shapes(d: int, layers: int) -> list[tuple[int, int]]:

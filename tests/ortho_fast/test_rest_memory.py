@@ -16,7 +16,7 @@ from ortho_fast.functional import stacked
 from ortho_fast.functional.muon import cautious_decay_factor
 from ortho_fast.groups.muon import MUON_DEFAULTS, param_layout, resolve_muon_options
 from ortho_fast.groups.muon_budget import rest_batches, rest_nbytes
-from tests.ortho_fast.test_op_counts import BUILDERS, MEMORY_BOUND, CountOps, gpt_shapes
+from tests.ortho_fast.test_op_counts import BUILDERS, MEMORY_BOUND, gpt_shapes, step_peaks
 
 #: Optimizers whose parameters all go to the rest step (or most of them: heads split the rows).
 REST_BUILDERS = {
@@ -26,20 +26,8 @@ REST_BUILDERS = {
 }
 
 
-def first_peak(build, shapes) -> int:
-    """Peak extra bytes (``CountOps.peak``) of the first step of ``build(params)``."""
-    gen = torch.Generator().manual_seed(0)
-    ps = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
-    opt = build(ps)
-    for p in ps:
-        p.grad = torch.randn(p.shape, generator=gen)
-    with CountOps() as counter:
-        opt.step()
-    return counter.peak
-
-
 def _ratio(name: str, shapes) -> float:
-    return first_peak(REST_BUILDERS[name], shapes) / first_peak(BUILDERS["torch"], shapes)
+    return step_peaks(REST_BUILDERS[name], shapes, steps=1)[0] / step_peaks(BUILDERS["torch"], shapes, steps=1)[0]
 
 
 @settings(max_examples=8)  # fixed: each example is two counted first steps (about 1 s)
