@@ -316,13 +316,10 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
 
 
 def _rest_step(group: dict, state, options: MuonOptions, layout, rest, update: dict) -> None:
-    """The parameters ``plan_stacks`` leaves out of the stacks: ``orthogonalize`` on their
-    matrices, batched over the rest (``options.batched``), else one parameter after the other
-    (one parameter's temporaries at a time, as torch.optim.Muon; the same bits)."""
-    if not options.batched and len(rest) > 1:
-        for item in rest:
-            _rest_step(group, state, options, layout, [item], update)
-        return
+    """One batch (``muon_budget.rest_batches``) of the parameters ``plan_stacks`` leaves out of the
+    stacks: ``orthogonalize`` on their matrices, batched over the batch (``options.batched``;
+    without it every batch is one parameter: its temporaries alone, as torch.optim.Muon, the
+    same bits)."""
     us = muon_math.muon_momentum_foreach([p.grad for _, p in rest], [state[p]["momentum_buffer"] for _, p in rest],
                                          mu=options.momentum, nesterov=options.nesterov, style=options.momentum_style)
     items = []
