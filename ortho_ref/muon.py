@@ -14,6 +14,16 @@ from . import muon_stages as stages
 from .polar import polar
 
 MOMENTUM_STYLES = ("ema", "classic")
+#: Nesterov forms: "mix" (ema: U = (1−μ)G + μM_new, the lerp of torch.optim.Muon, Keller Jordan,
+#: nanochat, optax; classic: U = G + μM_new, microsoft/dion, Moonlight) or "full_grad"
+#: (U = G + μM_new whatever the momentum style: the gradient at full weight beside an EMA momentum).
+NESTEROV_FORMS = ("mix", "full_grad")
+#: Weight-decay styles: "decoupled" W(1 − lr·wd) with the unscaled lr (torch.optim.Muon,
+#: microsoft/dion, Moonlight); "adjusted_lr" W(1 − lr·s·wd) with the update's lr multiplier s
+#: (nanochat: lr·√max(1, m/n)·wd); "independent" W(1 − wd) (Emerging-Optimizers'
+#: ``weight_decay_method="independent"``); "l2" G ← G + wd·W before the momentum (coupled L2 as
+#: in optax / MLX / Emerging-Optimizers' "l2"; no decay of W after the step).
+WEIGHT_DECAY_STYLES = ("decoupled", "adjusted_lr", "independent", "l2")
 #: The last three are the Megatron / NVIDIA Emerging-Optimizers ``scale_mode`` names.
 ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral_norm", None, "shape_scaling", "spectral", "unit_rms_norm")
 
@@ -43,22 +53,51 @@ def lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
 
 
 def momentum_update(grad: np.ndarray, momentum: np.ndarray, *, mu: float, nesterov: bool,
-                    momentum_style: str) -> tuple[np.ndarray, np.ndarray]:
+                    momentum_style: str, nesterov_form: str = "mix") -> tuple[np.ndarray, np.ndarray]:
     """The momentum of a Muon step: (M_new, U), U the matrix to orthogonalize.
 
     "ema": M ← μM + (1−μ)G, U = (1−μ)G + μM_new if nesterov else M_new (torch.optim.Muon, Keller
     Jordan, nanochat); "classic": M ← μM + G, U = G + μM_new if nesterov else M_new
-    (microsoft/dion, Moonlight).
+    (microsoft/dion, Moonlight). ``nesterov_form="full_grad"``: U = G + μM_new for either style
+    (the gradient at full weight beside an EMA momentum).
     Shapes: grad, momentum (m, n) float64 (validated by the caller) -> two (m, n) float64.
-    Raises: ValueError naming ``momentum_style`` for an unknown style.
+    Raises: ValueError naming ``momentum_style`` or ``nesterov_form`` for an unknown value.
     """
+    if nesterov_form not in NESTEROV_FORMS:
+        raise ValueError(f"nesterov_form: expected one of {NESTEROV_FORMS}, got {nesterov_form!r}")
     if momentum_style == "ema":
         m_new = mu * momentum + (1.0 - mu) * grad
-        return m_new, ((1.0 - mu) * grad + mu * m_new if nesterov else m_new)
-    if momentum_style == "classic":
+        grad_weight = 1.0 if nesterov_form == "full_grad" else 1.0 - mu
+    elif momentum_style == "classic":
         m_new = mu * momentum + grad
-        return m_new, (grad + mu * m_new if nesterov else m_new)
-    raise ValueError(f"momentum_style: expected one of {MOMENTUM_STYLES}, got {momentum_style!r}")
+        grad_weight = 1.0
+    else:
+        raise ValueError(f"momentum_style: expected one of {MOMENTUM_STYLES}, got {momentum_style!r}")
+    return m_new, (grad_weight * grad + mu * m_new if nesterov else m_new)
+
+
+def check_flag(value, name: str) -> bool:
+    """``value`` if it is a bool (numpy's included); TypeError naming ``name`` otherwise (a string
+    such as "False" is not taken as True)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {value!r}")
+    return bool(value)
+
+
+def decay_factor(style: str, *, lr: float, weight_decay: float, scale: float) -> float:
+    """The factor W is multiplied by after a step under a weight-decay ``style``
+    (``WEIGHT_DECAY_STYLES``): 1 − lr·wd ("decoupled"), 1 − lr·s·wd ("adjusted_lr", s the update's
+    lr multiplier), 1 − wd ("independent"), 1 ("l2": the decay went into the gradient).
+    Raises: ValueError naming ``weight_decay_style`` for an unknown style."""
+    if style == "decoupled":
+        return 1.0 - lr * weight_decay
+    if style == "adjusted_lr":
+        return 1.0 - lr * scale * weight_decay
+    if style == "independent":
+        return 1.0 - weight_decay
+    if style == "l2":
+        return 1.0
+    raise ValueError(f"weight_decay_style: expected one of {WEIGHT_DECAY_STYLES}, got {style!r}")
 
 
 class MuonStep(NamedTuple):
@@ -74,9 +113,23 @@ class MuonStep(NamedTuple):
     ns_input: np.ndarray
 
 
-def _checked_step_inputs(weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor):
+def _checked_step_inputs(weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor,
+                         *, nesterov=True, cautious=False, nesterov_form="mix", weight_decay_style="decoupled"):
     """The validated float64 inputs of one Muon step (``muon_step`` / ``muon_pipeline_step``):
-    (W, G, M, lr, μ, weight_decay, the (T, 3) table, s = lr_scale·extra_scale_factor)."""
+    (W, G, M, lr, μ, weight_decay, the (T, 3) table, s = lr_scale·extra_scale_factor); with
+    ``weight_decay_style="l2"`` G is G + wd·W (the decay coupled into the gradient).
+    Raises: TypeError naming ``nesterov`` / ``cautious_weight_decay`` for a non-bool; ValueError
+    naming ``nesterov_form`` / ``weight_decay_style`` for an unknown value, or cautious weight
+    decay with the "l2" style (it has no decay step to mask)."""
+    check_flag(nesterov, "nesterov")
+    check_flag(cautious, "cautious_weight_decay")
+    if nesterov_form not in NESTEROV_FORMS:
+        raise ValueError(f"nesterov_form: expected one of {NESTEROV_FORMS}, got {nesterov_form!r}")
+    if weight_decay_style not in WEIGHT_DECAY_STYLES:
+        raise ValueError(f"weight_decay_style: expected one of {WEIGHT_DECAY_STYLES}, got {weight_decay_style!r}")
+    if cautious and weight_decay_style == "l2":
+        raise ValueError("weight_decay_style: 'l2' couples the decay into the gradient; cautious_weight_decay "
+                         "masks a decoupled decay step and cannot be combined with it")
     w = as_matrix(weight, "weight")
     g = as_like(grad, "grad", w.shape)
     m_old = as_like(momentum, "momentum", w.shape)
@@ -86,13 +139,16 @@ def _checked_step_inputs(weight, grad, momentum, lr, mu, weight_decay, coefficie
     table = schedule("jordan") if coefficients is None else as_coefficients(coefficients)
     scale = lr_scale(adjust_lr, *w.shape) * check_scalar(extra_scale_factor, "extra_scale_factor", low=0.0,
                                                          low_open=True)
+    if weight_decay_style == "l2" and weight_decay:
+        g = g + weight_decay * w
     return w, g, m_old, lr, mu, weight_decay, table, scale
 
 
 def _updated_weight(w: np.ndarray, o: np.ndarray, *, lr: float, weight_decay: float, scale: float,
-                    cautious: bool) -> np.ndarray:
-    """W·(1 − lr·wd) − lr·s·O, the decay masked to I(O⊙W ≥ 0) with ``cautious`` (Chen et al. 2025)."""
-    decayed = w * (1.0 - lr * weight_decay)
+                    cautious: bool, style: str = "decoupled") -> np.ndarray:
+    """W·d − lr·s·O with d = ``decay_factor(style)`` (1 − lr·wd for "decoupled"), the decay masked
+    to I(O⊙W ≥ 0) with ``cautious`` (Chen et al. 2025)."""
+    decayed = w * decay_factor(style, lr=lr, weight_decay=weight_decay, scale=scale)
     if cautious:
         decayed = np.where(np.sign(o) * np.sign(w) >= 0, decayed, w)
     return decayed - (lr * scale) * o
@@ -116,6 +172,8 @@ def muon_step(
     orthogonalizer: str = "newton_schulz",
     extra_scale_factor: float = 1.0,
     cautious_weight_decay: bool = False,
+    nesterov_form: str = "mix",
+    weight_decay_style: str = "decoupled",
 ) -> MuonStep:
     """One reference Muon step on an (m, n) weight.
 
@@ -132,6 +190,11 @@ def muon_step(
     x ← x − η(u + λ·I(u⊙x ≥ 0)⊙x); u = s·O has the sign of O since s > 0; zero entries decay,
     as the ≥; nanochat uses the same mask, (g·p) ≥ 0).
 
+    ``nesterov_form`` ("mix" | "full_grad", ``NESTEROV_FORMS``) picks the Nesterov mix;
+    ``weight_decay_style`` (``WEIGHT_DECAY_STYLES``, ``decay_factor``) the decay: "decoupled" as
+    above, "adjusted_lr" W(1 − lr·s·wd) (nanochat), "independent" W(1 − wd), "l2" G ← G + wd·W
+    before the momentum and no decay step.
+
     Shapes: weight, grad, momentum (m, n) float -> MuonStep of float64 arrays.
     ``coefficients``: (T, 3) table; default the ``jordan`` schedule, 5 steps.
     Source: Jordan et al. (Muon blog, 2024); Liu et al. arXiv 2502.16982; torch.optim.Muon.
@@ -140,16 +203,20 @@ def muon_step(
     unknown option strings.
     """
     w, g, m_old, lr, mu, weight_decay, table, scale = _checked_step_inputs(
-        weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor)
+        weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor,
+        nesterov=nesterov, cautious=cautious_weight_decay, nesterov_form=nesterov_form,
+        weight_decay_style=weight_decay_style)
     if orthogonalizer not in ("newton_schulz", "polar"):
         raise ValueError(f"orthogonalizer: expected 'newton_schulz' or 'polar', got {orthogonalizer!r}")
 
-    m_new, u = momentum_update(g, m_old, mu=mu, nesterov=nesterov, momentum_style=momentum_style)
+    m_new, u = momentum_update(g, m_old, mu=mu, nesterov=nesterov, momentum_style=momentum_style,
+                               nesterov_form=nesterov_form)
     if orthogonalizer == "polar":
         o = polar(u) if np.any(u) else np.zeros_like(u)
     else:
         o = ns_map(u, table, safety=safety, eps=eps, eps_mode=eps_mode)
-    w_new = _updated_weight(w, o, lr=lr, weight_decay=weight_decay, scale=scale, cautious=cautious_weight_decay)
+    w_new = _updated_weight(w, o, lr=lr, weight_decay=weight_decay, scale=scale, cautious=cautious_weight_decay,
+                           style=weight_decay_style)
     return MuonStep(w_new, m_new, o, scale, u)
 
 
@@ -185,6 +252,8 @@ def muon_pipeline_step(
     weight_decay: float = 0.0,
     extra_scale_factor: float = 1.0,
     cautious_weight_decay: bool = False,
+    nesterov_form: str = "mix",
+    weight_decay_style: str = "decoupled",
     row_equilibration: bool | str = False,
     renormalize: bool = False,
     normuon_beta2: float | None = None,
@@ -209,7 +278,9 @@ def muon_pipeline_step(
     ``normuon_variance`` of the wrong shape; TypeError for a non-bool ``renormalize``.
     """
     w, g, m_old, lr, mu, weight_decay, table, scale = _checked_step_inputs(
-        weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor)
+        weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor,
+        nesterov=nesterov, cautious=cautious_weight_decay, nesterov_form=nesterov_form,
+        weight_decay_style=weight_decay_style)
     side = stages.equilibration_side(row_equilibration)
     if not isinstance(renormalize, bool):
         raise TypeError(f"renormalize: expected a bool, got {renormalize!r}")
@@ -225,7 +296,8 @@ def muon_pipeline_step(
         variance = np.zeros(shape) if normuon_variance is None else as_like(normuon_variance, "normuon_variance",
                                                                              shape)
 
-    m_new, u = momentum_update(g, m_old, mu=mu, nesterov=nesterov, momentum_style=momentum_style)
+    m_new, u = momentum_update(g, m_old, mu=mu, nesterov=nesterov, momentum_style=momentum_style,
+                               nesterov_form=nesterov_form)
     if side is not None:
         u = stages.equilibrate(u, side)
     o_ns = ns_map(u, table, safety=safety, eps=eps, eps_mode=eps_mode)
@@ -233,5 +305,6 @@ def muon_pipeline_step(
     if variance is not None:
         o, variance = stages.normuon_normalize(o, variance, beta2=normuon_beta2, eps=normuon_eps,
                                                eps_mode=normuon_eps_mode, dim=normuon_dim)
-    w_new = _updated_weight(w, o, lr=lr, weight_decay=weight_decay, scale=scale, cautious=cautious_weight_decay)
+    w_new = _updated_weight(w, o, lr=lr, weight_decay=weight_decay, scale=scale, cautious=cautious_weight_decay,
+                           style=weight_decay_style)
     return MuonPipelineStep(w_new, m_new, o, scale, u, o_ns, variance)

@@ -91,7 +91,12 @@ class MuonConventions:
     momentum_state_key: the ``optimizer.state[p]`` key of the momentum buffer (None if it has
     none: the reference then tracks its own); hyperparameter_names: constructor keyword for each
     of lr, momentum, weight_decay; extra_kwargs: further constructor keywords.
-    Weight decay is decoupled, W ← W(1 − lr·wd) with the unscaled lr (torch, dion, Moonlight).
+    nesterov_form: "mix" (the default: the lerp of each momentum style) or "full_grad"
+    (U = G + μM_new beside an EMA momentum; ``ortho_ref.muon.NESTEROV_FORMS``);
+    weight_decay_style: "decoupled" W ← W(1 − lr·wd) with the unscaled lr (torch, dion,
+    Moonlight; the default), "adjusted_lr" W(1 − lr·s·wd) with the update's lr multiplier s
+    (nanochat), "independent" W(1 − wd), "l2" G ← G + wd·W before the momentum
+    (``ortho_ref.muon.WEIGHT_DECAY_STYLES``).
     The names other libraries use for these options are tabled in docs/verification.md,
     "Conventions: names in other libraries".
     Raises: ValueError naming the field for an unknown momentum_style, eps_mode or adjust_lr, or
@@ -123,9 +128,15 @@ class MuonConventions:
     normuon_eps_mode: str = "add"
     normuon_dim: str = "row"
     normuon_state_key: str | None = "variance_neuron"
+    nesterov_form: str = "mix"
+    weight_decay_style: str = "decoupled"
 
     def __post_init__(self) -> None:
         _choice(self.momentum_style, "momentum_style", ("ema", "classic"))
+        _choice(self.nesterov_form, "nesterov_form", ortho_ref.muon.NESTEROV_FORMS)
+        _choice(self.weight_decay_style, "weight_decay_style", ortho_ref.muon.WEIGHT_DECAY_STYLES)
+        if self.cautious_weight_decay and self.weight_decay_style == "l2":
+            raise ValueError("weight_decay_style: 'l2' has no decay step for cautious_weight_decay to mask")
         if self.qk_clip_threshold is not None and not (0 < self.qk_clip_threshold < float("inf")):
             raise ValueError(f"qk_clip_threshold: expected None or a finite number > 0, got {self.qk_clip_threshold!r}")
         if not 0.0 <= self.qk_clip_alpha <= 1.0:

@@ -362,18 +362,20 @@ def _muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, 
                               momentum_style=conv.momentum_style, coefficients=table, safety=safety, eps=eps,
                               eps_mode=conv.eps_mode, adjust_lr=conv.adjust_lr, weight_decay=wd,
                               extra_scale_factor=conv.extra_scale_factor,
-                              cautious_weight_decay=conv.cautious_weight_decay)
+                              cautious_weight_decay=conv.cautious_weight_decay, nesterov_form=conv.nesterov_form,
+                              weight_decay_style=conv.weight_decay_style)
     w_new = _as_f64(p)
+    factor = ortho_ref.muon.decay_factor(conv.weight_decay_style, lr=lr, weight_decay=wd, scale=ref.lr_scale)
     step = lr * ref.lr_scale
     u = tol.unit_roundoff(pdt) + tol.U64
     ns_dt = coarser_dtype(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt)
     if conv.cautious_weight_decay:  # the reference's mask; entries where O_ref is within the NS tolerance of 0 may differ
-        decayed = w_prev - lr * wd * np.where(ref.update * w_prev >= 0, w_prev, 0.0)
+        decayed = w_prev - (1 - factor) * np.where(ref.update * w_prev >= 0, w_prev, 0.0)
         sigma_hat = ortho_ref.normalized_singular_values(ref.ns_input, safety=safety, eps=eps, eps_mode=conv.eps_mode)
         ns_tol = tol.ns_tolerance(sigma_hat, table, w_prev.shape, ns_dt)
         ambiguous = tol.cautious_weight_decay_tolerance(w_prev, ref.update, ns_tol, lr, wd) / step
     else:
-        decayed, ambiguous = w_prev * (1 - lr * wd), 0.0
+        decayed, ambiguous = w_prev * factor, 0.0
     measured_update = (decayed - w_new) / step
     extra = 4 * u * (float(np.linalg.norm(w_prev)) + step * float(np.linalg.norm(ref.update))) / step + ambiguous
     rows = compare_ns_output(measured_update, ref.ns_input, table, safety=safety, eps=eps, eps_mode=conv.eps_mode,

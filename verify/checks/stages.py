@@ -70,6 +70,8 @@ def stage_reference(run: StageRun, options: dict, mu: float) -> ortho_ref.muon.M
         safety=safety, eps=eps, eps_mode=options.get("eps_mode", "add"), adjust_lr=options["adjust_lr"],
         weight_decay=options["weight_decay"], extra_scale_factor=options.get("extra_scale_factor", 1.0),
         cautious_weight_decay=options.get("cautious_weight_decay", False), normuon_variance=run.variance,
+        nesterov_form=options.get("nesterov_form", "mix"),
+        weight_decay_style=options.get("weight_decay_style", "decoupled"),
         **{k: options[k] for k in STAGE_KEYS if k in options})
 
 
@@ -222,7 +224,8 @@ def stage_step_rows(conv, inputs: StepInputs, after: tuple, *, lr: float, mu: fl
     options = dict(lr=lr, weight_decay=wd, nesterov=conv.nesterov, momentum_style=conv.momentum_style,
                    coefficients=conv.coefficients, ns_steps=conv.ns_steps, safety=conv.safety, eps=conv.eps,
                    eps_mode=conv.eps_mode, adjust_lr=conv.adjust_lr, extra_scale_factor=conv.extra_scale_factor,
-                   cautious_weight_decay=conv.cautious_weight_decay, **conv.stage_kwargs())
+                   cautious_weight_decay=conv.cautious_weight_decay, nesterov_form=conv.nesterov_form,
+                   weight_decay_style=conv.weight_decay_style, **conv.stage_kwargs())
     ref = stage_reference(inputs, options, mu)
     weight, momentum, variance = after
     errors = stage_errors(inputs, options, dtype, mu, weight, ref.momentum if momentum is None else momentum,
