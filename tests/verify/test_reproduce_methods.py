@@ -105,8 +105,8 @@ def test_claim_rules_are_the_claims_rules_in_order():
     assert [c.key for c in claims] == list(rp.CLAIM_RULES)
     for c in claims:
         kind = rp.CLAIM_RULES[c.key]
-        assert ("|mean(d)| + spread(d) ≤ δ" in c.rule) == (kind == "within"), c.key
-        assert ("mean(d) − spread(d) > 0" in c.rule) == (kind == "lower"), c.key
+        assert ("|mean(d)| + h ≤ δ" in c.rule) == (kind == "within"), c.key
+        assert ("mean(d) − h > 0" in c.rule) == (kind == "lower"), c.key
     assert "claim 7 " in rp.trend_rule_text() and list(rp.CLAIM_RULES).index("polar_express") == 6
 
 
