@@ -315,7 +315,7 @@ def test_quick_run_writes_report_plots_and_results(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
     # no gradient captured (every Muon run diverged at once): the report says so, claim 5 is inconclusive
     results["spectral"] = None
-    results["claims"] = [asdict(c) for c in rp.evaluate_claims(results)]
+    results["claims"] = [asdict(c) for c in rp.evaluate_claims({**results, "mode": "study"})]
     assert results["claims"][-1]["verdict"] == "inconclusive"
     assert "No gradient was captured" in rp.render_markdown(results)
     # a method that diverged on every seed (and at every lr of its sweep) still gets its plots drawn

@@ -150,7 +150,8 @@ def estimate_plan(sweep: SizeSweep = GPU_SWEEP) -> dict:
     time), "sweep_runs", "evaluation_runs", "flops", "seconds", "memory_bytes"}], "seconds" (all sizes),
     "largest_seconds", "budget_seconds", "within_budget", "methods", "seeds", "assumptions" (text)}.
     Sweep runs count each method's initial lr grid once per size that sweeps it (``lr_sweep``) plus
-    ``lr_extensions`` extra points, the worst case; evaluation runs are methods × seeds.
+    ``lr_extensions`` extra points, the worst case; evaluation runs are methods × seeds; the serial cost
+    timing of each method (``cost.time_steps``: 2 + 3 × min(8, steps // 3) steps) is included.
     """
     methods = [m.key for m in study_methods(sweep.methods)]
     rows, total = [], 0.0
@@ -165,9 +166,12 @@ def estimate_plan(sweep: SizeSweep = GPU_SWEEP) -> dict:
             n = len(config.grid(METHODS_BY_KEY[key].family)) + config.lr_extensions
             s, f = _run_seconds(config, key, evaluations=1, matmul=matmul)
             seconds, flops, runs = seconds + n * s, flops + n * f, runs + n
+        timed = replace(config, steps=2 + 3 * max(1, min(8, config.steps // 3)))  # scaling.run_size_sweep's cost
         for key in methods:
             s, f = _run_seconds(config, key, evaluations=config.curve_points + 1, matmul=matmul)
             seconds, flops = seconds + len(config.seeds) * s, flops + len(config.seeds) * f
+            s, f = _run_seconds(timed, key, evaluations=0, matmul=matmul)
+            seconds, flops = seconds + s, flops + f
         tokens = config.steps * config.batch_size * config.context
         rows.append({"d_model": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads,
                      "steps": config.steps, "parameters": counts["total"], "matrix_parameters": counts["matrices"],

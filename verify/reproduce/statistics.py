@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from functools import lru_cache
 
 import numpy as np
 from scipy import stats
@@ -44,6 +45,7 @@ ALPHA = 0.05
 POWER = 0.8
 
 
+@lru_cache(maxsize=256)
 def t_quantile(p: float, n: int) -> float:
     """The ``p`` quantile of Student's t with n − 1 degrees of freedom (``scipy.stats.t.ppf``).
     Raises: ValueError for n < 2 or p outside (0, 1)."""
