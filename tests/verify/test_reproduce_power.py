@@ -5,6 +5,7 @@ decide nothing."""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from scipy import stats
 from ortho_verify import reproduce as rp
 from ortho_verify.reproduce import pool, statistics
 
+ROOT = Path(__file__).resolve().parents[2]
 SEEDS = (1, 2, 3)
 #: Per-seed noise the seeds share (same batches): it cancels in every paired difference.
 SHARED = (0.03, -0.02, -0.01)
@@ -61,7 +63,8 @@ def _cli_run(tmp_path, monkeypatch, capsys, gaps, noise):
     out = tmp_path / "out"
     assert rp.main(["--single-size", "--jobs", "1", "--out", str(out)]) == 0
     results = json.loads((out / "reproduction" / "results.json").read_text())
-    return results, {c["key"]: c for c in results["claims"]}, capsys.readouterr().out, (out / "reproduction.md").read_text()
+    report = (out / "reproduction.md").read_text()
+    return results, {c["key"]: c for c in results["claims"]}, capsys.readouterr().out, report
 
 
 def test_equal_methods_plus_noise_are_inconclusive_through_the_command_line(tmp_path, monkeypatch, capsys):
@@ -208,3 +211,37 @@ def test_every_claim_names_its_published_evidence():
     for key, scale in (("muon_vs_adamw", "124 M"), ("dion_quarter_rank", "3 B"), ("normuon_vs_muon", "1.1 B"),
                        ("dion2_quarter", "1 B")):
         assert scale in rp.PUBLISHED[key], key
+
+
+def test_rejudge_applies_the_current_rules_to_a_stored_run(tmp_path, monkeypatch, capsys):
+    """A stored run whose claims were decided by another rule: ``--rejudge`` judges them again from its
+    losses, keeps its plots, and says so in the report."""
+    results, _, _, _ = _cli_run(tmp_path, monkeypatch, capsys, {}, EQUAL_NOISE)
+    folder = tmp_path / "out" / "reproduction"
+    stored = json.loads((folder / "results.json").read_text())
+    for claim in stored["claims"]:
+        claim["verdict"] = "reproduced"  # as a mean ± one-spread rule decided claims 1, 3, 5 and 6
+    (folder / "results.json").write_text(json.dumps(stored))
+    before = {p.name: p.stat().st_mtime_ns for p in folder.glob("*.png")}
+    assert before and rp.main(["--rejudge", str(folder / "results.json"), "--out", str(tmp_path / "out")]) == 0
+    again = json.loads((folder / "results.json").read_text())
+    assert [c["verdict"] for c in again["claims"]] == ["inconclusive"] * len(rp.CLAIM_RULES)
+    assert {p.name: p.stat().st_mtime_ns for p in folder.glob("*.png")} == before
+    report = (tmp_path / "out" / "reproduction.md").read_text()
+    assert "re-judged by `ortho-verify reproduce --rejudge" in report and "(reproduction/loss_curves.png)" in report
+    with pytest.raises(SystemExit) as exit_:
+        rp.main(["--rejudge", str(tmp_path / "missing.json")])
+    assert exit_.value.code == 2 and "--rejudge" in capsys.readouterr().err
+
+
+def test_the_committed_report_is_judged_with_the_current_rules():
+    """docs/reproduction.md's verdicts and resolutions are what the current rules make of its stored run."""
+    stored = rp.load_results(ROOT / "docs" / "reproduction" / "results.json")
+    again = rp.rejudge(stored)
+    for old, new in zip([stored, *stored.get("sizes", [])], [again, *again.get("sizes", [])]):
+        pairs = [[(c["verdict"], c["power"]) for c in r["claims"]] for r in (old, new)]
+        assert pairs[0] == pairs[1]
+    assert [t["verdict"] for t in stored["trends"]] == [t["verdict"] for t in again["trends"]]
+    report = (ROOT / "docs" / "reproduction.md").read_text()
+    assert all(c["power"] in report and c["published"] in report for c in again["claims"])
+    assert "## Running at scale on one GPU" in report and "Student's t" in report

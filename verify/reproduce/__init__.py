@@ -31,7 +31,8 @@ Modules: ``config`` (methods, ``ReproConfig``, lr schedule, trend series), ``tra
 ``pool`` (parallel runs), ``cache`` (run cache), ``sweep`` (lr sweep), ``spectral`` (singular-value
 map), ``study`` (``run_study``), ``scaling`` (the size sweep), ``trend`` (the trend rule),
 ``statistics`` (paired differences, verdicts), ``claims``, ``plots`` / ``sweep_plots``, ``markdown`` /
-``sweep_markdown`` (``docs/reproduction.md``, ``results.json``), ``cli`` / ``sweep_cli``. Every public name is importable from
+``sweep_markdown`` (``docs/reproduction.md``, ``results.json``), ``cli`` / ``sweep_cli``, ``device_plan`` (the
+GPU plan and its estimate), ``rejudge`` (a stored run judged again). Every public name is importable from
 ``ortho_verify.reproduce``; the methods' optimizer options come from ``ortho_verify.registry``.
 
 Sources: Jordan et al., "Muon" (2024 blog); Liu et al., arXiv 2502.16982 (Moonlight); Ahn et
@@ -54,6 +55,7 @@ from ortho_verify.reproduce.cache import (CACHE_FORMAT, CachedRunner, RunCache, 
 from ortho_verify.reproduce.config import (FAMILIES, FLAT_REFERENCE, TREND_SERIES, UNAVAILABLE_METHODS, TrendSeries,
                                            missing_options)
 from ortho_verify.reproduce.markdown import render_markdown, write_report
+from ortho_verify.reproduce.rejudge import load_results, rejudge
 from ortho_verify.reproduce.scaling import (DEFAULT_SWEEP, LR_SWEEP_MODES, QUICK_SWEEP, ModelSize, SizeSweep,
                                             cost_table, parameter_counts, run_size_sweep, series_differences,
                                             size_trends)
@@ -93,5 +95,5 @@ __all__ = [
     # verdicts with their power, measurement runs, the GPU plan
     "ALPHA", "DRY_RUN_SWEEP", "GPU_METHODS", "GPU_SWEEP", "MEASURED", "MODES", "POWER", "PUBLISHED", "decide_lower",
     "decide_within", "dry_run_sweep", "estimate_plan", "plan_lines", "plan_parameter_counts", "resolution",
-    "rule_derivation_lines", "study_methods", "verdict_lines",
+    "rule_derivation_lines", "study_methods", "verdict_lines", "load_results", "rejudge",
 ]

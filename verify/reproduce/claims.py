@@ -15,9 +15,9 @@ from ortho_verify.reproduce.config import CLOSE_MARGIN, MATCH_MARGIN, METHODS_BY
 from ortho_verify.reproduce.statistics import (decide_lower, decide_within, difference_text, mean_std_text,
                                                paired_difference, test_losses)
 
-__all__ = ["CLAIMS", "CLAIM_RULES", "MEASURED", "PUBLISHED", "Claim", "claim_dion2_quarter_close", "claim_dion_full_rank_matches_muon",
-           "claim_dion_quarter_rank_close", "claim_error_feedback_needed", "claim_muon_beats_adamw",
-           "claim_normuon_beats_muon", "claim_polar_express_more_accurate", "evaluate_claims"]
+__all__ = ["CLAIMS", "CLAIM_RULES", "MEASURED", "PUBLISHED", "Claim", "claim_dion2_quarter_close",
+           "claim_dion_full_rank_matches_muon", "claim_dion_quarter_rank_close", "claim_error_feedback_needed",
+           "claim_muon_beats_adamw", "claim_normuon_beats_muon", "claim_polar_express_more_accurate", "evaluate_claims"]
 
 
 @dataclass(frozen=True)
@@ -246,7 +246,8 @@ def claim_normuon_beats_muon(results: Mapping) -> Claim:
     numbers["decision"] = decision
     normuon = (_summary(results, "normuon") if "normuon" in METHODS_BY_KEY else
                "NorMuon was not run (this ortho_fast's Muon has no normuon_beta2)")
-    sentence = (f"{_OUTCOME[verdict]}{_why(decision)}: held-out loss {normuon} vs {_summary(results, 'muon-polar_express')} "
+    sentence = (f"{_OUTCOME[verdict]}{_why(decision)}: held-out loss {normuon} vs "
+                f"{_summary(results, 'muon-polar_express')} "
                 f"nats/byte; Muon (Polar Express) − NorMuon = {difference_text(diff)}.")
     return Claim("normuon_vs_muon", "NorMuon reaches a lower held-out loss than Muon (Polar Express) at equal steps",
                  "Li et al., arXiv 2510.05491 (NorMuon); microsoft/dion dion/normuon.py",

@@ -20,6 +20,7 @@ from ortho_verify.reproduce.claims import MEASURED
 from ortho_verify.reproduce.config import QUICK, ReproConfig
 from ortho_verify.reproduce.device_plan import DRY_RUN_SWEEP, GPU_SWEEP, estimate_plan, plan_lines
 from ortho_verify.reproduce.markdown import write_report
+from ortho_verify.reproduce.rejudge import load_results, rejudge
 from ortho_verify.reproduce.scaling import run_size_sweep
 from ortho_verify.reproduce.study import run_study
 from ortho_verify.reproduce.sweep_cli import add_sweep_arguments, cache_folder, sweep_from_arguments
@@ -70,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=None,
                         help="runs in parallel, each in its own process (default: 2 on a CPU with >= 2 cores, "
                              "else 1; results do not depend on it)")
+    parser.add_argument("--rejudge", type=Path, default=None, metavar="RESULTS_JSON",
+                        help="run nothing: judge the claims and trends of a stored results.json again with the "
+                             "current decision rules and rewrite its report (under --out, or the docs with "
+                             "--write-docs), keeping its plots")
     add_sweep_arguments(parser)
     return parser
 
@@ -144,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.rejudge is not None:
+        return _rejudge(args, parser, argv)
     config = _config(args, parser)
     sweep = sweep_from_arguments(args, parser)
     device = args.device
@@ -178,6 +185,25 @@ def main(argv: list[str] | None = None) -> int:
     path = write_report(results, points, DOCS_DIR if args.write_docs else args.out)
     print(f"\nwrote {path} (plots and results.json in {path.parent / 'reproduction'}), "
           f"{results['wall_seconds']:.0f} s")
+    print("\n".join(verdict_lines(results)))
+    return 0
+
+
+def _rejudge(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """``--rejudge``: the stored results judged again, the report rewritten next to its plots."""
+    if args.quick or args.dry_run or args.scale != 1 or args.steps is not None or args.seeds is not None:
+        parser.error("--rejudge: runs nothing; drop --quick, --dry-run, --scale, --steps and --seeds")
+    out = DOCS_DIR if args.write_docs else args.out
+    check_folder(parser, "--write-docs: the docs folder" if args.write_docs else "--out", out)
+    try:
+        stored = load_results(args.rejudge)
+    except (OSError, ValueError) as err:
+        parser.error(f"--rejudge {args.rejudge}: {err}")
+    results = rejudge(stored, " ".join(["ortho-verify reproduce", *argv]))
+    if Path(args.rejudge).resolve().parent != (Path(out) / "reproduction").resolve():
+        print(f"note: {out / 'reproduction'} has no plots of this run unless they were copied there")
+    path = write_report(results, {}, out, plots=False)
+    print(f"wrote {path} (results.json in {path.parent / 'reproduction'})")
     print("\n".join(verdict_lines(results)))
     return 0
 

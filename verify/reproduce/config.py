@@ -265,7 +265,8 @@ class ReproConfig:
         return tuple(sorted({int(round(s)) for s in np.linspace(0, self.steps, self.curve_points + 1)}))
 
 
-#: The --quick configuration: a seconds-long smoke run with every method and every code path.
+#: The --quick configuration: tiny models and few steps with every method and every code path, a measurement run
+#: (it decides no claim; its time is in the README, written by scripts/timings.py).
 QUICK = ReproConfig(d_model=32, n_layers=1, n_heads=2, context=32, batch_size=8, steps=24, curve_points=4,
                     eval_windows=32, seeds=(1, 2), capture_points=2)
 

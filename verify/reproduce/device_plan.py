@@ -38,8 +38,8 @@ from ortho_verify.reproduce.config import METHODS_BY_KEY, ReproConfig
 from ortho_verify.reproduce.scaling import ModelSize, SizeSweep
 from ortho_verify.reproduce.study import study_methods
 
-__all__ = ["BF16_FLOPS", "BUDGET_SECONDS", "DRY_RUN_SWEEP", "FP32_FLOPS", "GPU_METHODS", "GPU_SWEEP", "LAYER_OVERHEAD_S", "STEP_OVERHEAD_S",
-           "UTILIZATION", "dry_run_sweep", "estimate_plan", "model_shapes", "plan_lines",
+__all__ = ["BF16_FLOPS", "BUDGET_SECONDS", "DRY_RUN_SWEEP", "FP32_FLOPS", "GPU_METHODS", "GPU_SWEEP",
+           "LAYER_OVERHEAD_S", "STEP_OVERHEAD_S", "UTILIZATION", "dry_run_sweep", "estimate_plan", "model_shapes", "plan_lines",
            "plan_parameter_counts"]
 
 #: Dense bf16 GEMM rate of one H100 (8192³, measured 2026-11-26, DESIGN.md "On the GPU"), FLOP/s.

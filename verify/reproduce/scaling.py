@@ -94,7 +94,7 @@ class SizeSweep:
 #: two lower Dion grid points add about half as many runs again (the report records the wall time).
 DEFAULT_SWEEP = SizeSweep(replace(ReproConfig(), steps=150, curve_points=4, lr_extensions=2),
                           (ModelSize(32, 2, 2), ModelSize(64, 2, 4), ModelSize(128, 2, 8)))
-#: ``--quick``: three tiny widths of ``QUICK``, the lr sweep shared (run at the smallest), seconds.
+#: ``--quick``: three tiny widths of ``QUICK``, the lr sweep shared (run at the smallest); a measurement run.
 QUICK_SWEEP = SizeSweep(QUICK, (ModelSize(8, 1, 2), ModelSize(16, 1, 2), ModelSize(QUICK.d_model, 1, 2)),
                         lr_sweep="shared")
 
@@ -215,7 +215,7 @@ def run_size_sweep(sweep: SizeSweep, *, device: str = "cpu", jobs: int = 1, thre
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            # rounds of a third of a run's steps, at most 8 (a short run is a smoke run: its cost too)
+            # rounds of a third of a run's steps, at most 8 (a short measurement run times a short cost too)
             results["step_cost"] = time_steps(config, results["best_lr"], results["scalar_lr"], device=device,
                                               steps=max(1, min(8, config.steps // 3)))
         finally:

@@ -151,8 +151,9 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
             log(f"lr sweep of d_model {shared_sweep['config']['d_model']} reused for {', '.join(reused)}")
         best = {m.key: best_learning_rate(sweep[m.key]) for m in chosen}
         log(f"evaluation at each method's best lr on seeds {list(config.seeds)} (test split)")
+        capture = config.capture_points > 0
         jobs_ = [dict(method_key=m.key, lr=best[m.key][0], seed=s, scalar_lr=scalar_lr, split="test",
-                      capture=m.key == "muon-jordan" and config.capture_points > 0) for m in chosen for s in config.seeds]
+                      capture=capture and m.key == "muon-jordan") for m in chosen for s in config.seeds]
         runs = runner.map("evaluation", jobs_)
         if own_runner:
             runner.close()
@@ -193,7 +194,8 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
         "best_at_edge": {k: v[1] for k, v in best.items()},
         "scalar_lr": scalar_lr,
         "lr_source": None if shared_sweep is None else shared_sweep["config"]["d_model"],
-        "lr_reused": [] if shared_sweep is None else [m.key for m in chosen if not (sweep_adamw and m.family == "adamw")],
+        "lr_reused": [] if shared_sweep is None else [m.key for m in chosen
+                                                      if not (sweep_adamw and m.family == "adamw")],
         "evaluation": evaluation,
         "spectral": spectral,
         "run_seconds": runner.seconds - seconds_before,
