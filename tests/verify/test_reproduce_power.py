@@ -245,3 +245,28 @@ def test_the_committed_report_is_judged_with_the_current_rules():
     report = (ROOT / "docs" / "reproduction.md").read_text()
     assert all(c["power"] in report and c["published"] in report for c in again["claims"])
     assert "## Running at scale on one GPU" in report and "Student's t" in report
+
+
+@pytest.mark.parametrize("claim, method, reference", [
+    (rp.claim_dion_full_rank_matches_muon, "dion-1-ef", "muon-jordan"),
+    (rp.claim_dion_quarter_rank_close, "dion-1/4-ef", "muon-jordan"),
+    (rp.claim_dion2_quarter_close, "dion2-1/4", "muon-polar_express"),
+])
+def test_equivalence_needs_a_run_that_separates_adamw(claim, method, reference):
+    """A run too short to separate anything: every method near its start, small noise, so the pair looks
+    equivalent well within δ. Without AdamW separated from the reference by more than δ (assay
+    sensitivity) that is inconclusive; with it, reproduced."""
+    def results(adamw_gap):
+        base = {reference: ZERO, method: tuple(v / 50 for v in B), "adamw": tuple(adamw_gap + v / 50 for v in A)}
+        return {"evaluation": {k: {"seeds": list(SEEDS), "test_loss": [5.5 + s + n for s, n in zip(SHARED, v)]}
+                               for k, v in base.items()}, "spectral": None, "config": {}}
+    flat = claim(results(0.0))
+    assert flat.verdict == "inconclusive" and "no assay sensitivity" in flat.reason
+    assert flat.numbers["decision"]["resolution"] < flat.numbers["margin"]  # the pair alone would be decided
+    delta = flat.numbers["margin"]
+    assert claim(results(0.9 * delta)).verdict == "inconclusive"  # separated, but not beyond δ
+    separated = claim(results(2 * delta))
+    assert separated.verdict == "reproduced" and separated.numbers["sensitive"] and separated.reason == ""
+    far = {"evaluation": {**results(0.0)["evaluation"], method: {"seeds": list(SEEDS), "test_loss": [
+        5.5 + 3 * delta + s for s in SHARED]}}, "spectral": None, "config": {}}
+    assert claim(far).verdict == "not reproduced"  # a gap beyond δ needs no control

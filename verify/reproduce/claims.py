@@ -13,7 +13,7 @@ import numpy as np
 
 from ortho_verify.reproduce.config import CLOSE_MARGIN, MATCH_MARGIN, METHODS_BY_KEY, SV_SCHEDULES
 from ortho_verify.reproduce.statistics import (decide_lower, decide_within, difference_text, mean_std_text,
-                                               paired_difference, test_losses)
+                                               paired_difference, sensitivity, test_losses)
 
 __all__ = ["CLAIMS", "CLAIM_RULES", "MEASURED", "PUBLISHED", "Claim", "claim_dion2_quarter_close",
            "claim_dion_full_rank_matches_muon", "claim_dion_quarter_rank_close", "claim_error_feedback_needed",
@@ -132,8 +132,13 @@ def _within_claim(results: Mapping, key: str, margin: float, statement: str, cla
     decision = (decide_within(diff, delta) if muon else
                 {"verdict": "inconclusive", "reason": "the reference was not run or diverged", "half_width": None,
                  "resolution": None})
+    control = paired_difference(test_losses(results, "adamw"), test_losses(results, reference))
+    separated, why_not = sensitivity(control, delta) if muon else (False, "")
+    if decision["verdict"] == "reproduced" and not separated:
+        decision = {**decision, "verdict": "inconclusive", "reason": why_not}
     verdict = decision["verdict"]
-    numbers.update(margin_relative=margin, margin=delta, decision=decision)
+    numbers.update(margin_relative=margin, margin=delta, decision=decision, control=control,
+                   sensitive=separated)
     ref_label = _label(reference, reference)
     method, ref = names
     summaries = (f"{_summary(results, key)} vs {_summary(results, reference)} nats/byte"
@@ -141,8 +146,9 @@ def _within_claim(results: Mapping, key: str, margin: float, statement: str, cla
     sentence = (f"{_OUTCOME[verdict]}{_why(decision)}: {summaries}; "
                 f"{method} − {ref} = {difference_text(diff)}, margin ±{delta:.3f} ({margin:.1%} of {ref}'s loss).")
     rule = (f"d = test loss of {_label(key, label or key)} − {ref_label} per seed, δ = {margin:.1%} of {ref}'s mean "
-            "loss, h = t_α·spread(d)/√n; decided only if the resolution is ≤ δ, then reproduced if |mean(d)| + h ≤ δ, "
-            "not reproduced if |mean(d)| − h > δ, else inconclusive")
+            "loss, h = t_α·spread(d)/√n; decided only if the resolution is ≤ δ, then reproduced if |mean(d)| + h ≤ δ "
+            f"and the run separates AdamW from {ref_label} by more than δ (assay sensitivity), not reproduced if "
+            "|mean(d)| − h > δ, else inconclusive")
     return Claim(claim_key, statement, source, rule, verdict, numbers, sentence,
                  f"{method} − {ref} = {difference_text(diff)}; δ = {delta:.3f}",
                  _power_text(decision, delta if math.isfinite(delta) else None), decision["reason"],
@@ -290,7 +296,11 @@ def evaluate_claims(results: Mapping) -> list[Claim]:
     verdict is ``MEASURED`` and the sentence gives the numbers only."""
     claims = [claim(results) for claim in CLAIMS]
     if results.get("mode") == "measurement":
-        claims = [_as_measured(c) for c in claims]
+        return [_as_measured(c) for c in claims]
+    steps = results.get("config", {}).get("steps")
+    if steps:  # the run's length belongs to the reason: more steps or seeds is what would decide it
+        claims = [replace(c, reason=f"{c.reason}; run of {steps} steps") if c.verdict == "inconclusive" and c.reason
+                  else c for c in claims]
     return claims
 
 

@@ -23,6 +23,13 @@ with confidence 1 − α.
   resolution is at most δ: with a coarser resolution even equal methods would fail to show
   equivalence most of the time, and the verdict would say more about the seeds than about the claim.
 
+- *Assay sensitivity* (ICH E10, "Choice of control group", 2000, Sec. 1.5): an equivalence is claimed
+  only if the same run separates a pair known to differ by more than δ — AdamW against the reference
+  Muon, the gap every orthogonalized optimizer paper reports: its lower bound (AdamW − reference) − h
+  must exceed δ. A run too short or too noisy to tell those apart shows every pair "equivalent"; its
+  equivalence verdicts are inconclusive. A "not reproduced" needs no such control: the run separated
+  the pair itself by more than δ.
+
 With n = 1 there is no spread: every claim is inconclusive. ``ALPHA`` and ``POWER`` are fixed before
 any run; the numbers are reported so that a reader can apply other levels.
 """
@@ -37,7 +44,8 @@ import numpy as np
 from scipy import stats
 
 __all__ = ["ALPHA", "POWER", "decide_lower", "decide_within", "difference_text", "lower_verdict", "mean_std_text",
-           "paired_difference", "resolution", "rule_derivation_lines", "t_quantile", "test_losses", "within_verdict"]
+           "paired_difference", "resolution", "rule_derivation_lines", "sensitivity", "t_quantile", "test_losses",
+           "within_verdict"]
 
 #: One-sided error level of each bound: at most 5 % of claims with Δ = 0 are decided "lower" by chance.
 ALPHA = 0.05
@@ -132,6 +140,20 @@ def decide_within(diff: Mapping, margin: float) -> dict:
     return {**out, "reason": f"the interval |mean| ± h = {abs(diff['mean']):.4f} ± {h:.4f} straddles δ {margin:.4f}"}
 
 
+def sensitivity(control: Mapping, margin: float) -> tuple[bool, str]:
+    """Assay sensitivity (module docstring): whether the run separates a pair known to differ,
+    ``control`` = ``paired_difference(worse, better)``, by more than ``margin``: mean − h > margin.
+    Returns (separated, the reason when not)."""
+    if not control["finite"] or control["spread"] is None:
+        return False, "no sensitivity control: AdamW or the reference " + (
+            "not run or diverged" if not control["finite"] else "measured on one seed")
+    low = control["mean"] - _half(control)
+    if low > margin:
+        return True, ""
+    return False, (f"no assay sensitivity: AdamW − reference ≥ {low:.4f} (mean − h), not beyond δ {margin:.4f}: "
+                   "this run does not separate methods known to differ")
+
+
 def lower_verdict(diff: Mapping) -> str:
     """The verdict of ``decide_lower``: "reproduced" if mean − h > 0, "not reproduced" if
     mean + h < 0, else (or with fewer than 2 seeds or a diverged run) "inconclusive"."""
@@ -171,6 +193,10 @@ def rule_derivation_lines() -> list[str]:
         f"for the equivalence at Δ = 0, t_β/2 the {(1 + POWER) / 2:g} quantile. It is printed with every verdict; "
         "a within-δ claim whose resolution exceeds δ is inconclusive (\"the run cannot resolve δ\"): with that "
         "spread even equal methods would fail to show equivalence most of the time. " + "; ".join(rows) + ".",
+        "- *Assay sensitivity* (ICH E10, 2000): an equivalence (within δ) is claimed only if the same run separates "
+        "AdamW from the reference Muon by more than δ (mean − h of AdamW − reference > δ); a run too short or too "
+        "noisy to tell apart methods known to differ shows every pair equivalent, so its equivalence verdicts are "
+        "inconclusive. \"Not reproduced\" needs no control: the run separated the pair itself by more than δ.",
         "- With one evaluation seed every claim is inconclusive (no spread); a diverged or missing evaluation run "
         "makes the claims on its method inconclusive. A measurement run (`--quick`, `--dry-run`) decides no claim "
         "at all: it prints the differences and their resolution only.",
