@@ -37,6 +37,7 @@ import ortho_fast
 from ortho_verify.reproduce.config import METHODS_BY_KEY, ReproConfig
 from ortho_verify.reproduce.scaling import ModelSize, SizeSweep
 from ortho_verify.reproduce.study import study_methods
+from ortho_verify.reproduce.training import corpus
 
 __all__ = ["BF16_FLOPS", "BUDGET_SECONDS", "DRY_RUN_SWEEP", "FP32_FLOPS", "GPU_METHODS", "GPU_SWEEP",
            "LAYER_OVERHEAD_S", "STEP_OVERHEAD_S", "UTILIZATION", "dry_run_sweep", "estimate_plan", "model_shapes", "plan_lines",
@@ -146,14 +147,16 @@ def estimate_plan(sweep: SizeSweep = GPU_SWEEP) -> dict:
     """The cost of ``sweep`` on one H100 / H200, per size and in all, before any run.
 
     Returns: {"sizes": [{"d_model", "n_layers", "n_heads", "steps", "parameters", "matrix_parameters",
-    "tokens_per_run", "tokens_per_parameter", "corpus_passes" (None here: the corpus is read at run
-    time), "sweep_runs", "evaluation_runs", "flops", "seconds", "memory_bytes"}], "seconds" (all sizes),
+    "tokens_per_run", "tokens_per_parameter", "corpus_passes" (tokens per run / bytes of this Python's
+    standard-library train split, ``training.corpus``), "sweep_runs", "evaluation_runs", "flops",
+    "seconds", "memory_bytes"}], "seconds" (all sizes),
     "largest_seconds", "budget_seconds", "within_budget", "methods", "seeds", "assumptions" (text)}.
     Sweep runs count each method's initial lr grid once per size that sweeps it (``lr_sweep``) plus
     ``lr_extensions`` extra points, the worst case; evaluation runs are methods × seeds; the serial cost
     timing of each method (``cost.time_steps``: 2 + 3 × min(8, steps // 3) steps) is included.
     """
     methods = [m.key for m in study_methods(sweep.methods)]
+    train_bytes = len(corpus(sweep.base.heldout_every)["tensors"]["train"])
     rows, total = [], 0.0
     for index, config in enumerate(sweep.configs()):
         counts = plan_parameter_counts(config)
@@ -176,6 +179,7 @@ def estimate_plan(sweep: SizeSweep = GPU_SWEEP) -> dict:
         rows.append({"d_model": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads,
                      "steps": config.steps, "parameters": counts["total"], "matrix_parameters": counts["matrices"],
                      "tokens_per_run": tokens, "tokens_per_parameter": tokens / counts["total"],
+                     "corpus_passes": tokens / train_bytes,
                      "sweep_runs": runs, "evaluation_runs": len(methods) * len(config.seeds), "flops": flops,
                      "seconds": seconds, "memory_bytes": _memory_bytes(config, counts)})
         total += seconds
@@ -191,12 +195,14 @@ def plan_lines(estimate: dict) -> list[str]:
     """The estimate as markdown lines (a table per size, then the totals), printed by ``--dry-run``
     and written into the report."""
     lines = ["| d_model | layers | heads | parameters (in matrices) | steps | tokens per run | tokens per parameter | "
-             "runs (lr sweep + evaluation) | FLOPs | estimated time | estimated peak memory per run |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "passes over the train split | runs (lr sweep + evaluation) | FLOPs | estimated time | "
+             "estimated peak memory per run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in estimate["sizes"]:
         lines.append(f"| {r['d_model']} | {r['n_layers']} | {r['n_heads']} | {r['parameters'] / 1e6:.1f} M "
                      f"({r['matrix_parameters'] / 1e6:.1f} M) | {r['steps']} | {r['tokens_per_run'] / 1e6:.1f} M | "
-                     f"{r['tokens_per_parameter']:.2f} | {r['sweep_runs']} + {r['evaluation_runs']} | "
+                     f"{r['tokens_per_parameter']:.2f} | {r['corpus_passes']:.2f} | "
+                     f"{r['sweep_runs']} + {r['evaluation_runs']} | "
                      f"{r['flops']:.2e} | {r['seconds'] / 60:.1f} min | {r['memory_bytes'] / 2**30:.1f} GiB |")
     verdict = "within" if estimate["within_budget"] else "over"
     lines += ["", f"Methods {', '.join(estimate['methods'])}; seeds {estimate['seeds']}; lr sweep "
