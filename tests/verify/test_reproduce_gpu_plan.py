@@ -104,3 +104,28 @@ def test_dry_run_arguments_exit_2_naming_the_option(argv, option, capsys):
 def test_sizes_keep_their_head_size_in_the_plan():
     assert {c.d_model // c.n_heads for c in rp.GPU_SWEEP.configs()} == {64}
     assert all(isinstance(s, ModelSize) for s in rp.GPU_SWEEP.sizes)
+
+
+def test_device_cuda_runs_the_gpu_plan(tmp_path, capsys, monkeypatch):
+    """``--device cuda`` (CUDA faked) hands the GPU plan's sweep to run_size_sweep on that device as a study,
+    after printing the estimate; ``--steps`` / ``--seeds`` override it; ``--sizes`` leaves the plan."""
+    from ortho_verify.reproduce import cli
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    seen = []
+
+    def fake_sweep(sweep, **kwargs):
+        seen.append((sweep, kwargs))
+        raise KeyboardInterrupt  # stop before any training
+
+    monkeypatch.setattr(cli, "run_size_sweep", fake_sweep)
+    for argv in (["--device", "cuda"], ["--device", "cuda", "--steps", "50", "--seeds", "3"],
+                 ["--device", "cuda", "--sizes", "64,128"]):
+        with pytest.raises(KeyboardInterrupt):
+            rp.main([*argv, "--out", str(tmp_path)])
+    (plan, kwargs), (short, _), (custom, _) = seen
+    assert plan == rp.GPU_SWEEP and kwargs["device"] == "cuda" and kwargs["mode"] == "study"
+    assert [c.steps for c in short.configs()] == [50] * 3 and short.base.seeds == (1, 2, 3)
+    assert short.methods == rp.GPU_METHODS
+    assert custom.methods == () and [c.d_model for c in custom.configs()] == [64, 128]
+    assert "GPU plan" in capsys.readouterr().out
