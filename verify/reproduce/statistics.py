@@ -23,7 +23,7 @@ with confidence 1 − α.
   resolution is at most δ: with a coarser resolution even equal methods would fail to show
   equivalence most of the time, and the verdict would say more about the seeds than about the claim.
 
-- *Assay sensitivity* (ICH E10, "Choice of control group", 2000, Sec. 1.5): an equivalence is claimed
+- *Assay sensitivity* (ICH E10, 2000, on equivalence trials): an equivalence is claimed
   only if the same run separates a pair known to differ by more than δ — AdamW against the reference
   Muon, the gap every orthogonalized optimizer paper reports: its lower bound (AdamW − reference) − h
   must exceed δ. A run too short or too noisy to tell those apart shows every pair "equivalent"; its
