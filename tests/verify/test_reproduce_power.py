@@ -178,8 +178,10 @@ finite = st.floats(-1.0, 1.0, allow_nan=False)
 def test_within_is_never_decided_when_the_run_cannot_resolve_the_margin(d, margin):
     diff = rp.paired_difference(dict(enumerate(d)), dict.fromkeys(range(len(d)), 0.0))
     decision = rp.decide_within(diff, margin)
-    if decision["resolution"] > margin:
-        assert decision["verdict"] == "inconclusive" and "cannot resolve δ" in decision["reason"]
+    if decision["resolution"] > margin:  # never an equivalence; a difference separated from δ outright stands
+        outside = abs(diff["mean"]) - diff["half_width"] > margin
+        assert decision["verdict"] == ("not reproduced" if outside else "inconclusive")
+        assert outside or "cannot resolve δ" in decision["reason"]
     else:
         assert decision["resolution"] == pytest.approx(rp.resolution(diff["spread"], len(d), "within"))
 
@@ -270,3 +272,15 @@ def test_equivalence_needs_a_run_that_separates_adamw(claim, method, reference):
     far = {"evaluation": {**results(0.0)["evaluation"], method: {"seeds": list(SEEDS), "test_loss": [
         5.5 + 3 * delta + s for s in SHARED]}}, "spectral": None, "config": {}}
     assert claim(far).verdict == "not reproduced"  # a gap beyond δ needs no control
+
+
+def test_a_gap_separated_from_the_margin_stands_at_any_resolution():
+    """|d̄| − h > δ is decided "not reproduced" even when the spread is too wide for an equivalence; the same
+    spread with a smaller gap is inconclusive, not an equivalence."""
+    d = [0.30, 0.35, 0.40]  # mean 0.35, spread 0.05: h 0.084, resolution 0.139
+    diff = rp.paired_difference(dict(enumerate(d)), dict.fromkeys(range(3), 0.0))
+    assert diff["mean"] - diff["half_width"] > 0.1 and rp.resolution(diff["spread"], 3, "within") > 0.1
+    assert rp.decide_within(diff, 0.1)["verdict"] == "not reproduced"
+    near = rp.paired_difference(dict(enumerate([x - 0.3 for x in d])), dict.fromkeys(range(3), 0.0))
+    decision = rp.decide_within(near, 0.1)
+    assert decision["verdict"] == "inconclusive" and "cannot resolve δ" in decision["reason"]

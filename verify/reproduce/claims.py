@@ -146,9 +146,9 @@ def _within_claim(results: Mapping, key: str, margin: float, statement: str, cla
     sentence = (f"{_OUTCOME[verdict]}{_why(decision)}: {summaries}; "
                 f"{method} − {ref} = {difference_text(diff)}, margin ±{delta:.3f} ({margin:.1%} of {ref}'s loss).")
     rule = (f"d = test loss of {_label(key, label or key)} − {ref_label} per seed, δ = {margin:.1%} of {ref}'s mean "
-            "loss, h = t_α·spread(d)/√n; decided only if the resolution is ≤ δ, then reproduced if |mean(d)| + h ≤ δ "
-            f"and the run separates AdamW from {ref_label} by more than δ (assay sensitivity), not reproduced if "
-            "|mean(d)| − h > δ, else inconclusive")
+            "loss, h = t_α·spread(d)/√n; not reproduced if |mean(d)| − h > δ; reproduced if |mean(d)| + h ≤ δ, the "
+            f"resolution is ≤ δ and the run separates AdamW from {ref_label} by more than δ (assay sensitivity); "
+            "else inconclusive")
     return Claim(claim_key, statement, source, rule, verdict, numbers, sentence,
                  f"{method} − {ref} = {difference_text(diff)}; δ = {delta:.3f}",
                  _power_text(decision, delta if math.isfinite(delta) else None), decision["reason"],

@@ -137,7 +137,7 @@ def verdict_lines(results: dict) -> list[str]:
     lines = []
     for claim in results["claims"]:
         why = f" — {claim['reason']}" if claim["verdict"] == "inconclusive" and claim.get("reason") else ""
-        lines.append(f"  {claim['verdict']:>15}: {claim['statement']} [{claim.get('power', '')}]{why}")
+        lines.append(f"  {claim['verdict']:>15}: {claim['statement']} [resolution {claim.get('power', '')}]{why}")
     return lines
 
 

@@ -19,9 +19,10 @@ with confidence 1 − α.
   (entirely outside), else inconclusive.
 - *Resolution* (power 1 − β, the smallest true difference the run decides with that probability, σ
   estimated by s): (t_α + t_β)·se for the sign (t_β = t_{1−β, ν}), (t_α + t_{β/2})·se for the
-  equivalence at Δ = 0 (both one-sided tests must pass). A within-δ claim is decided only when its
-  resolution is at most δ: with a coarser resolution even equal methods would fail to show
+  equivalence at Δ = 0 (both one-sided tests must pass). A within-δ claim is judged equivalent only
+  when its resolution is at most δ: with a coarser resolution even equal methods would fail to show
   equivalence most of the time, and the verdict would say more about the seeds than about the claim.
+  "Not reproduced" (|d̄| − h > δ) stands at any resolution: the run separated the pair from δ itself.
 
 - *Assay sensitivity* (ICH E10, 2000, on equivalence trials): an equivalence is claimed
   only if the same run separates a pair known to differ by more than δ — AdamW against the reference
@@ -118,8 +119,9 @@ def decide_lower(diff: Mapping) -> dict:
 
 def decide_within(diff: Mapping, margin: float) -> dict:
     """The *within δ* rule (TOST with the run's resolution as gate) on a ``paired_difference``,
-    δ = ``margin``: {"verdict", "reason", "half_width", "resolution"}. Decided only when the
-    resolution is at most δ. Raises: ValueError if margin <= 0 or is not finite."""
+    δ = ``margin``: {"verdict", "reason", "half_width", "resolution"}. "not reproduced" if
+    |mean| − h > δ; otherwise inconclusive unless the resolution is at most δ, then "reproduced" if
+    |mean| + h <= δ. Raises: ValueError if margin <= 0 or is not finite."""
     if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
         raise ValueError(f"margin: expected a finite value > 0, got {margin!r}")
     out = {"verdict": "inconclusive", "reason": "", "half_width": None, "resolution": None}
@@ -130,13 +132,13 @@ def decide_within(diff: Mapping, margin: float) -> dict:
     h = _half(diff)
     res = resolution(diff["spread"], diff["n"], "within")
     out.update(half_width=h, resolution=res)
+    if abs(diff["mean"]) - h > margin:  # the run separated the pair itself by more than δ
+        return {**out, "verdict": "not reproduced"}
     if res > margin:
         return {**out, "reason": f"the run cannot resolve δ: resolution {res:.4f} > δ {margin:.4f} with "
                                  f"{diff['n']} seeds (spread {diff['spread']:.4f})"}
     if abs(diff["mean"]) + h <= margin:
         return {**out, "verdict": "reproduced"}
-    if abs(diff["mean"]) - h > margin:
-        return {**out, "verdict": "not reproduced"}
     return {**out, "reason": f"the interval |mean| ± h = {abs(diff['mean']):.4f} ± {h:.4f} straddles δ {margin:.4f}"}
 
 
@@ -162,8 +164,8 @@ def lower_verdict(diff: Mapping) -> str:
 
 def within_verdict(diff: Mapping, margin: float) -> str:
     """The verdict of ``decide_within``: "reproduced" if |mean| + h <= margin and the resolution
-    is at most margin, "not reproduced" if |mean| − h > margin (resolution likewise), else
-    "inconclusive". Raises: ValueError if margin <= 0."""
+    is at most margin, "not reproduced" if |mean| − h > margin, else "inconclusive".
+    Raises: ValueError if margin <= 0."""
     return decide_within(diff, margin)["verdict"]
 
 
@@ -186,13 +188,14 @@ def rule_derivation_lines() -> list[str]:
         "inconclusive: a one-sided paired t test each way, so equal methods are decided either way in at most "
         f"{ALPHA:.0%} of runs.",
         "- *Within δ* (matches / stays close): two one-sided tests (Schuirmann 1987): reproduced if |d̄| + h ≤ δ, "
-        "not reproduced if |d̄| − h > δ, else inconclusive, and decided only when the run's resolution is at most "
-        "δ.",
+        "not reproduced if |d̄| − h > δ, else inconclusive; an equivalence (reproduced) only when the run's "
+        "resolution is at most δ.",
         f"- *Resolution* (power {POWER:.0%}, σ estimated by s): the smallest true difference the rule decides "
         f"with probability {POWER:g}: (t_α + t_β)·se for the sign, t_β the {POWER:g} quantile; (t_α + t_β/2)·se "
         f"for the equivalence at Δ = 0, t_β/2 the {(1 + POWER) / 2:g} quantile. It is printed with every verdict; "
-        "a within-δ claim whose resolution exceeds δ is inconclusive (\"the run cannot resolve δ\"): with that "
-        "spread even equal methods would fail to show equivalence most of the time. " + "; ".join(rows) + ".",
+        "a within-δ claim whose resolution exceeds δ is inconclusive (\"the run cannot resolve δ\") unless the "
+        "pair is separated from δ outright (|d̄| − h > δ): with that spread even equal methods would fail to show "
+        "equivalence most of the time. " + "; ".join(rows) + ".",
         "- *Assay sensitivity* (ICH E10, 2000): an equivalence (within δ) is claimed only if the same run separates "
         "AdamW from the reference Muon by more than δ (mean − h of AdamW − reference > δ); a run too short or too "
         "noisy to tell apart methods known to differ shows every pair equivalent, so its equivalence verdicts are "
