@@ -23,7 +23,6 @@ with confidence 1 − α.
   when its resolution is at most δ: with a coarser resolution even equal methods would fail to show
   equivalence most of the time, and the verdict would say more about the seeds than about the claim.
   "Not reproduced" (|d̄| − h > δ) stands at any resolution: the run separated the pair from δ itself.
-
 - *Assay sensitivity* (ICH E10, 2000, on equivalence trials): an equivalence is claimed
   only if the same run separates a pair known to differ by more than δ — AdamW against the reference
   Muon, the gap every orthogonalized optimizer paper reports: its lower bound (AdamW − reference) − h
