@@ -10,6 +10,7 @@ machine) per command, the phases and seconds per check from each run's report.js
 
     python scripts/timings.py                  # measure and print the JSON
     python scripts/timings.py --write-docs     # and rewrite the marked regions and verify/measured.py
+    python scripts/timings.py --only reproduce_quick --write-docs   # one command; the others kept
 
 ``--write-docs`` replaces the text between ``<!-- timings:NAME:start -->`` and
 ``<!-- timings:NAME:end -->`` in README.md and docs/*.md with ``render(timings)[NAME]``, and writes
@@ -52,6 +53,8 @@ VERIFY_RUNS = (
 PYTEST_LABEL = "`pytest` (the test suite, default markers)"
 #: (key, factory) of ``ortho-verify sharding --optimizer ortho_verify.sharding:<factory> --world-size 4``, timed.
 SHARDING_RUNS = (("sharding_muon", "muon_factory"), ("sharding_dion", "dion_factory"))
+#: (key, label, ``ortho-verify`` arguments) of the reproduction's commands, timed with a fresh run cache.
+REPRODUCE_RUNS = (("reproduce_quick", "`ortho-verify reproduce --quick`", ["reproduce", "--quick"]),)
 
 
 def timed(argv: list[str], env: dict | None = None) -> dict:
@@ -79,9 +82,34 @@ def measure_pytest() -> dict:
     return {k: v for k, v in run.items() if k != "tail" or run["rc"]}
 
 
+def measure_reproduce(work: Path) -> dict:
+    """Every command of ``REPRODUCE_RUNS``, timed in ``work`` with a fresh run cache (``ORTHO_CACHE_DIR``):
+    key -> its ``timed`` entry with ``label``."""
+    out = {}
+    for key, label, args in REPRODUCE_RUNS:
+        env = dict(os.environ, ORTHO_CACHE_DIR=str(work / f"cache-{key}"))
+        load = [round(x, 2) for x in os.getloadavg()]
+        run = timed([sys.executable, "-m", "ortho_verify", *args, "--out", str(work / key)], env=env)
+        run.update(label=label, date=datetime.date.today().isoformat(), cores=os.cpu_count(), load_at_start=load)
+        out[key] = {k: v for k, v in run.items() if k != "tail" or run["rc"]}
+    return out
+
+
+def measure_only(keys: list[str], previous: dict) -> dict:
+    """The commands ``keys`` (of ``REPRODUCE_RUNS``) timed now, every other measurement kept from
+    ``previous``. Raises: ValueError naming a key that cannot be measured alone."""
+    alone = {k for k, *_ in REPRODUCE_RUNS}
+    unknown = [k for k in keys if k not in alone]
+    if unknown:
+        raise ValueError(f"--only: {unknown} cannot be measured alone; expected some of {sorted(alone)}")
+    work = Path(tempfile.mkdtemp(prefix="ortho-timings-"))
+    fresh = {k: v for k, v in measure_reproduce(work).items() if k in keys}
+    return {**previous, "commands": {**previous.get("commands", {}), **fresh}}
+
+
 def measure(skip_pytest: bool = False, previous: dict | None = None) -> dict:
-    """Every command of ``VERIFY_RUNS`` and the test suite, timed (see the module docstring);
-    ``skip_pytest`` keeps the test suite's entry of ``previous`` (if any)."""
+    """Every command of ``VERIFY_RUNS``, ``SHARDING_RUNS``, ``REPRODUCE_RUNS`` and the test suite, timed
+    (see the module docstring); ``skip_pytest`` keeps the test suite's entry of ``previous`` (if any)."""
     out: dict = {"date": datetime.date.today().isoformat(), "cores": os.cpu_count(),
                  "load_at_start": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
                  "commands": {}}
@@ -111,6 +139,7 @@ def measure(skip_pytest: bool = False, previous: dict | None = None) -> dict:
         run = timed([sys.executable, "-m", "ortho_verify", "sharding", "--optimizer", f"ortho_verify.sharding:{factory}",
                      "--world-size", "4", "--out", str(work / key)])
         out["commands"][key] = {k: v for k, v in run.items() if k != "tail" or run["rc"]}
+    out["commands"].update(measure_reproduce(work))
     if skip_pytest and previous and "pytest" in previous.get("commands", {}):
         out["commands"]["pytest"] = previous["commands"]["pytest"]
     elif not skip_pytest:
@@ -184,11 +213,23 @@ def render(t: dict) -> dict[str, str]:
                             f"({where})",
         "stage-rows": f"{_seconds(stages)} of the default run on {t['cores']} CPU cores ({t['date']})",
         "default-checks": checks_table(t),
+        "reproduce-quick": _reproduce_text(c.get("reproduce_quick"), t),
         "sharding": (f"{_seconds(c['sharding_muon']['wall_s'])} for ortho_fast's Muon and "
                      f"{_seconds(c['sharding_dion']['wall_s'])} for its Dion ({where}: `ortho-verify sharding "
                      "--optimizer ortho_verify.sharding:muon_factory --world-size 4`, and `dion_factory`)"
                      if "sharding_muon" in c and "sharding_dion" in c else "(not measured)"),
     }
+
+
+def _reproduce_text(run: dict | None, t: dict) -> str:
+    """The ``reproduce-quick`` region: wall and CPU time, with the date, cores and load of its own run
+    (``--only`` measures it apart from the others)."""
+    if not run:
+        return "(not measured)"
+    load = run.get("load_at_start") or t["load_at_start"]
+    return (f"{_seconds(run['wall_s'])} wall, {_seconds(run['cpu_s'])} CPU on {run.get('cores', t['cores'])} CPU "
+            f"cores with a fresh run cache, load average {load[0]:g} at its start, {run.get('date', t['date'])}, "
+            "measured by `python scripts/timings.py`")
 
 
 def rewrite(text: str, regions: dict[str, str]) -> str:
@@ -243,12 +284,20 @@ def main(argv: list[str] | None = None) -> int:
                        help="do not run the test suite (keep its previous measurement from verify/measured.py)")
     which.add_argument("--pytest-only", action="store_true",
                        help="run only the test suite; keep the other measurements from verify/measured.py")
+    which.add_argument("--only", metavar="KEYS",
+                       help="measure only these commands (comma-separated; of "
+                            f"{', '.join(k for k, *_ in REPRODUCE_RUNS)}) and keep the others from verify/measured.py")
     which.add_argument("--from-json", type=Path, metavar="FILE",
                        help="measure nothing: take the measurement this script printed to FILE (the test suite's "
                             "from verify/measured.py when FILE has none)")
     args = parser.parse_args(argv)
     from ortho_verify.measured import TIMINGS as previous
-    if args.from_json:
+    if args.only:
+        try:
+            t = measure_only(args.only.split(","), previous)
+        except ValueError as err:
+            parser.error(str(err))
+    elif args.from_json:
         t = json.loads(args.from_json.read_text())
         if "pytest" not in t["commands"] and "pytest" in previous.get("commands", {}):
             t["commands"]["pytest"] = previous["commands"]["pytest"]

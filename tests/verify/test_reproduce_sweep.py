@@ -137,11 +137,18 @@ def test_bad_sweep_arguments_exit_2_naming_the_option(argv, option, capsys):
 def test_quick_sweep_resumes_from_its_cache(tmp_path, capsys):
     argv = ["--quick", "--steps", "8", "--seeds", "1", "--jobs", "1", "--sizes", "8,16", "--cache", str(tmp_path / "cache")]
     assert rp.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    printed = capsys.readouterr().out
     first = json.loads((tmp_path / "a" / "reproduction" / "results.json").read_text())
     assert [r["config"]["d_model"] for r in first["sizes"]] == [8, 16] and first["config"]["d_model"] == 16
     assert first["cache"]["misses"] > 0 and first["cache"]["hits"] == 0
     assert [t["key"] for t in first["trends"]] == [s.key for s in rp.TREND_SERIES]
-    assert all(t["verdict"] in ("shrinks", "grows", "flat", "inconclusive") for t in first["trends"])
+    # --quick is a measurement: no claim and no trend is decided, in the terminal, results.json and the report
+    assert first["mode"] == "measurement" and all(r["mode"] == "measurement" for r in first["sizes"])
+    assert all(t["verdict"] == "measured" for t in first["trends"])
+    assert all(c["verdict"] == rp.MEASURED for r in [first, *first["sizes"]] for c in r["claims"])
+    assert "no claim is decided" in printed and "reproduced" not in printed and "inconclusive" not in printed
+    report = (tmp_path / "a" / "reproduction.md").read_text()
+    assert "**Measurement run**" in report and "**reproduced**" not in report and "**not reproduced**" not in report
     assert all(first["sizes"][1]["best_lr"][k] == first["sizes"][0]["best_lr"][k] for k in rp.METHODS_BY_KEY)
     md = (tmp_path / "a" / "reproduction.md").read_text()
     assert "## Model-size sweep" in md and "(reproduction/sizes/trends.png)" in md and "| d 16 " in md

@@ -21,11 +21,18 @@ feedback, and Dion2 at fraction 1/4. Protocol:
    cost per step of each method; every run cached per (method and its code, size, seed, lr)
    (``cache``), so that ``--resume`` reruns only what changed.
 
+6. every verdict carries its power: a claim is decided only when the run's paired spread over seeds can
+   resolve it (``statistics``: one-sided paired t bounds, the resolution at power 0.8), else it is
+   inconclusive with the reason; ``--quick`` and ``--dry-run`` are measurement runs that decide nothing;
+   ``--device cuda`` runs the GPU plan (``device_plan``: a ladder up to the GPT-2-small shape, its time
+   and memory estimated from FLOPs; ``--dry-run`` prints it and runs it at tiny sizes on the CPU).
+
 Modules: ``config`` (methods, ``ReproConfig``, lr schedule, trend series), ``training`` (one run),
 ``pool`` (parallel runs), ``cache`` (run cache), ``sweep`` (lr sweep), ``spectral`` (singular-value
 map), ``study`` (``run_study``), ``scaling`` (the size sweep), ``trend`` (the trend rule),
 ``statistics`` (paired differences, verdicts), ``claims``, ``plots`` / ``sweep_plots``, ``markdown`` /
-``sweep_markdown`` (``docs/reproduction.md``, ``results.json``), ``cli`` / ``sweep_cli``. Every public name is importable from
+``sweep_markdown`` (``docs/reproduction.md``, ``results.json``), ``cli`` / ``sweep_cli``, ``device_plan`` (the
+GPU plan and its estimate), ``rejudge`` (a stored run judged again). Every public name is importable from
 ``ortho_verify.reproduce``; the methods' optimizer options come from ``ortho_verify.registry``.
 
 Sources: Jordan et al., "Muon" (2024 blog); Liu et al., arXiv 2502.16982 (Moonlight); Ahn et
@@ -33,11 +40,13 @@ al., arXiv 2504.05295 (Dion); Amsel et al., arXiv 2505.16932 (Polar Express); Li
 2510.05491 (NorMuon); Ahn, Amsel, Langford, arXiv 2512.16928 (Dion2).
 """
 
-from ortho_verify.reproduce.claims import (CLAIM_RULES, CLAIMS, Claim, claim_dion2_quarter_close,
+from ortho_verify.reproduce.claims import (CLAIM_RULES, CLAIMS, MEASURED, PUBLISHED, Claim, claim_dion2_quarter_close,
                                            claim_dion_full_rank_matches_muon, claim_dion_quarter_rank_close,
                                            claim_error_feedback_needed, claim_muon_beats_adamw,
                                            claim_normuon_beats_muon, claim_polar_express_more_accurate, evaluate_claims)
-from ortho_verify.reproduce.cli import build_parser, main
+from ortho_verify.reproduce.cli import build_parser, main, verdict_lines
+from ortho_verify.reproduce.device_plan import (DRY_RUN_SWEEP, GPU_METHODS, GPU_SWEEP, dry_run_sweep, estimate_plan,
+                                                plan_lines, plan_parameter_counts)
 from ortho_verify.reproduce.config import (CLOSE_MARGIN, MATCH_MARGIN, METHODS, METHODS_BY_KEY, MUON_LR_CONVENTIONS,
                                            NS_DTYPES, QUICK, RANK_FRACTIONS, RESULTS_FORMAT, SV_DTYPES, SV_SCHEDULES,
                                            VERDICTS, Method, ReproConfig, gpt_config, lr_multiplier, method_options)
@@ -46,6 +55,7 @@ from ortho_verify.reproduce.cache import (CACHE_FORMAT, CachedRunner, RunCache, 
 from ortho_verify.reproduce.config import (FAMILIES, FLAT_REFERENCE, TREND_SERIES, UNAVAILABLE_METHODS, TrendSeries,
                                            missing_options)
 from ortho_verify.reproduce.markdown import render_markdown, write_report
+from ortho_verify.reproduce.rejudge import load_results, rejudge
 from ortho_verify.reproduce.scaling import (DEFAULT_SWEEP, LR_SWEEP_MODES, QUICK_SWEEP, ModelSize, SizeSweep,
                                             cost_table, parameter_counts, run_size_sweep, series_differences,
                                             size_trends)
@@ -55,9 +65,10 @@ from ortho_verify.reproduce.trend import FLAT_MARGIN, TRENDS, seed_slopes, trend
 from ortho_verify.reproduce.plots import write_plots
 from ortho_verify.reproduce.pool import Runner, init_worker
 from ortho_verify.reproduce.spectral import singular_value_study
-from ortho_verify.reproduce.statistics import (difference_text, lower_verdict, mean_std_text, paired_difference,
-                                               test_losses, within_verdict)
-from ortho_verify.reproduce.study import cpu_model, environment, run_study
+from ortho_verify.reproduce.statistics import (ALPHA, POWER, decide_lower, decide_within, difference_text,
+                                               lower_verdict, mean_std_text, paired_difference, resolution,
+                                               rule_derivation_lines, test_losses, within_verdict)
+from ortho_verify.reproduce.study import MODES, cpu_model, environment, run_study, study_methods
 from ortho_verify.reproduce.sweep import best_learning_rate, sweep_learning_rates
 from ortho_verify.reproduce.training import build_optimizer, corpus, heldout_loss, train_run
 
@@ -81,4 +92,8 @@ __all__ = [
     # NorMuon and Dion2
     "CLAIM_RULES", "FAMILIES", "UNAVAILABLE_METHODS", "claim_dion2_quarter_close", "claim_normuon_beats_muon",
     "missing_options",
+    # verdicts with their power, measurement runs, the GPU plan
+    "ALPHA", "DRY_RUN_SWEEP", "GPU_METHODS", "GPU_SWEEP", "MEASURED", "MODES", "POWER", "PUBLISHED", "decide_lower",
+    "decide_within", "dry_run_sweep", "estimate_plan", "plan_lines", "plan_parameter_counts", "resolution",
+    "rule_derivation_lines", "study_methods", "verdict_lines", "load_results", "rejudge",
 ]

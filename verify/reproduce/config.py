@@ -166,7 +166,9 @@ class ReproConfig:
     won. AdamW: ``betas``, ``adamw_eps``; Muon / Dion momentum ``momentum`` (Dion2 has none: its
     momentum buffer accumulates gradients and decays by ``ef_decay`` where selected); Newton–Schulz
     compute dtype ``ns_dtype``; weight decay 0 everywhere.
-    ``capture_points`` steps (1, ..., steps) at which the Muon (Keller) runs record gradients.
+    ``capture_points`` steps (1, ..., steps) at which the Muon (Keller) runs record gradients (0: none,
+    and no singular-value map: its float64 SVDs of every matrix would cost more than the training at the
+    GPU plan's widths).
 
     Raises: ValueError naming the field for a non-positive size, d_model not divisible by
     n_heads, an empty / unsorted / non-positive grid, no evaluation seed, the sweep seed among
@@ -203,8 +205,9 @@ class ReproConfig:
         for name in ("d_model", "n_layers", "n_heads", "context", "batch_size", "steps", "curve_points",
                      "eval_windows", "capture_points"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+            low = 0 if name == "capture_points" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads: {self.n_heads} does not divide d_model {self.d_model}")
         if isinstance(self.lr_extensions, bool) or not isinstance(self.lr_extensions, int) or self.lr_extensions < 0:
@@ -248,6 +251,8 @@ class ReproConfig:
     def capture_steps(self) -> tuple[int, ...]:
         """Steps at which the Muon (Keller) evaluation runs record gradients: 1 to ``steps``,
         ``capture_points`` of them evenly spaced."""
+        if not self.capture_points:
+            return ()
         return tuple(sorted({int(round(s)) for s in np.linspace(1, self.steps, self.capture_points)}))
 
     def warmup_steps(self) -> int:
@@ -260,7 +265,8 @@ class ReproConfig:
         return tuple(sorted({int(round(s)) for s in np.linspace(0, self.steps, self.curve_points + 1)}))
 
 
-#: The --quick configuration: a seconds-long smoke run with every method and every code path.
+#: The --quick configuration: tiny models and few steps with every method and every code path, a measurement run
+#: (it decides no claim; its time is in the README, written by scripts/timings.py).
 QUICK = ReproConfig(d_model=32, n_layers=1, n_heads=2, context=32, batch_size=8, steps=24, curve_points=4,
                     eval_windows=32, seeds=(1, 2), capture_points=2)
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ortho_verify.data import VOCAB_SIZE, build_model
 from ortho_verify.reproduce.config import METHODS_BY_KEY, ReproConfig, gpt_config
-from ortho_verify.reproduce.training import build_optimizer, corpus
+from ortho_verify.reproduce.training import autocast, build_optimizer, corpus
 
 __all__ = ["time_steps"]
 
@@ -42,7 +42,9 @@ def time_steps(config: ReproConfig, lrs: Mapping[str, float], scalar_lr: float, 
         model, optimizer, generator = states[key]
         starts = torch.randint(0, len(train) - config.context, (config.batch_size, 1), generator=generator)
         chunk = train[starts + window].long().to(dev)
-        loss = F.cross_entropy(model(chunk[:, :-1]).reshape(-1, VOCAB_SIZE), chunk[:, 1:].reshape(-1))
+        with autocast(dev):
+            logits = model(chunk[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), chunk[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

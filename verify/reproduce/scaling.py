@@ -23,7 +23,7 @@ from ortho_verify.reproduce.config import FLAT_REFERENCE, QUICK, TREND_SERIES, R
 from ortho_verify.reproduce.cost import time_steps
 from ortho_verify.reproduce.pool import Runner
 from ortho_verify.reproduce.statistics import test_losses
-from ortho_verify.reproduce.study import environment, run_study
+from ortho_verify.reproduce.study import MODES, environment, run_study, study_methods
 from ortho_verify.reproduce.trend import FLAT_MARGIN, trend_verdict
 
 __all__ = ["DEFAULT_SWEEP", "LR_SWEEP_MODES", "ModelSize", "QUICK_SWEEP", "SizeSweep", "cost_table",
@@ -54,12 +54,14 @@ class ModelSize:
 @dataclass(frozen=True)
 class SizeSweep:
     """The sweep: ``base`` (everything but the model size: batch, schedule, seeds, grids) at each of
-    ``sizes`` (at least 2, strictly increasing d_model), ``lr_sweep`` one of ``LR_SWEEP_MODES``.
+    ``sizes`` (at least 2, strictly increasing d_model), ``lr_sweep`` one of ``LR_SWEEP_MODES``,
+    ``methods`` the keys of the methods run (``study.study_methods``; () every method).
     Raises: ValueError naming the field."""
 
     base: ReproConfig
     sizes: tuple[ModelSize, ...]
     lr_sweep: str = "each"
+    methods: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.sizes) < 2:
@@ -69,6 +71,7 @@ class SizeSweep:
             raise ValueError(f"sizes: expected strictly increasing d_model, got {widths}")
         if self.lr_sweep not in LR_SWEEP_MODES:
             raise ValueError(f"lr_sweep: expected one of {LR_SWEEP_MODES}, got {self.lr_sweep!r}")
+        study_methods(self.methods)
         self.configs()  # each size is a valid ReproConfig
 
     def configs(self) -> list[ReproConfig]:
@@ -91,7 +94,7 @@ class SizeSweep:
 #: two lower Dion grid points add about half as many runs again (the report records the wall time).
 DEFAULT_SWEEP = SizeSweep(replace(ReproConfig(), steps=150, curve_points=4, lr_extensions=2),
                           (ModelSize(32, 2, 2), ModelSize(64, 2, 4), ModelSize(128, 2, 8)))
-#: ``--quick``: three tiny widths of ``QUICK``, the lr sweep shared (run at the smallest), seconds.
+#: ``--quick``: three tiny widths of ``QUICK``, the lr sweep shared (run at the smallest); a measurement run.
 QUICK_SWEEP = SizeSweep(QUICK, (ModelSize(8, 1, 2), ModelSize(16, 1, 2), ModelSize(QUICK.d_model, 1, 2)),
                         lr_sweep="shared")
 
@@ -172,8 +175,8 @@ def cost_table(sizes: list[Mapping]) -> list[dict]:
 
 
 def run_size_sweep(sweep: SizeSweep, *, device: str = "cpu", jobs: int = 1, threads: int = 1,
-                   log: Callable[[str], None] = print, cache: Path | None = None, resume: bool = False
-                   ) -> tuple[dict, dict]:
+                   log: Callable[[str], None] = print, cache: Path | None = None, resume: bool = False,
+                   mode: str = "study") -> tuple[dict, dict]:
     """Run ``run_study`` at each size of ``sweep`` (smallest first) and judge the trends.
 
     ``cache``: a folder for ``RunCache`` (None: no cache); ``resume``: reuse the cached runs whose
@@ -183,9 +186,12 @@ def run_size_sweep(sweep: SizeSweep, *, device: str = "cpu", jobs: int = 1, thre
     size's results with ``parameters``), ``trends`` (``size_trends``), ``cost``
     (``cost_table``), ``size_sweep`` (the sweep's configuration), ``cache`` {"folder", "hits",
     "misses", "cached_seconds"}, and ``wall_seconds`` / ``run_seconds`` of the whole sweep.
-    Raises: ValueError for jobs or threads < 1."""
+    ``mode``: as ``run_study``'s; a "measurement" sweep judges no trend either (verdict "measured").
+    Raises: ValueError for jobs or threads < 1 or an unknown mode."""
     if jobs < 1 or threads < 1:
         raise ValueError(f"jobs, threads: expected >= 1, got {jobs}, {threads}")
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     start = time.perf_counter()
     env = environment(device, threads, jobs)
     per_size, points, shared = [], {}, None
@@ -198,7 +204,8 @@ def run_size_sweep(sweep: SizeSweep, *, device: str = "cpu", jobs: int = 1, thre
             runner = CachedRunner(runner, RunCache(cache), reuse=resume)
         try:
             results, points = run_study(config, device=device, jobs=jobs, threads=threads, log=log, runner=runner,
-                                        shared_sweep=shared, sweep_adamw=sweep.lr_sweep == "matrix-shared")
+                                        shared_sweep=shared, sweep_adamw=sweep.lr_sweep == "matrix-shared",
+                                        methods=sweep.methods, mode=mode)
         finally:
             runner.close()
         if cache is not None:
@@ -208,7 +215,7 @@ def run_size_sweep(sweep: SizeSweep, *, device: str = "cpu", jobs: int = 1, thre
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            # rounds of a third of a run's steps, at most 8 (a short run is a smoke run: its cost too)
+            # rounds of a third of a run's steps, at most 8 (a short measurement run times a short cost too)
             results["step_cost"] = time_steps(config, results["best_lr"], results["scalar_lr"], device=device,
                                               steps=max(1, min(8, config.steps // 3)))
         finally:
@@ -222,9 +229,12 @@ def run_size_sweep(sweep: SizeSweep, *, device: str = "cpu", jobs: int = 1, thre
     out["environment"] = env
     out["sizes"] = per_size
     out["trends"] = size_trends(per_size)
+    if mode == "measurement":
+        for t in out["trends"]:
+            t["verdict"] = "measured"
     out["cost"] = cost_table(per_size)
     out["size_sweep"] = {"base": asdict(sweep.base), "sizes": [asdict(s) for s in sweep.sizes],
-                         "lr_sweep": sweep.lr_sweep}
+                         "lr_sweep": sweep.lr_sweep, "methods": list(sweep.methods)}
     out["cache"] = {"folder": None if cache is None else str(cache), "resume": resume, "hits": hits,
                     "misses": misses, "cached_seconds": cached_seconds}
     out["run_seconds"] = run_seconds

@@ -9,7 +9,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,13 +19,16 @@ from threadpoolctl import threadpool_limits
 
 from ortho_verify.optional import require
 from ortho_verify.reproduce.claims import evaluate_claims
-from ortho_verify.reproduce.config import METHODS, RESULTS_FORMAT, SV_DTYPES, ReproConfig
+from ortho_verify.reproduce.config import METHODS, RESULTS_FORMAT, SV_DTYPES, Method, ReproConfig
 from ortho_verify.reproduce.pool import Runner, init_worker
 from ortho_verify.reproduce.spectral import singular_value_study
 from ortho_verify.reproduce.sweep import best_learning_rate, sweep_learning_rates
 from ortho_verify.reproduce.training import corpus
 
-__all__ = ["cpu_model", "environment", "run_study"]
+__all__ = ["MODES", "cpu_model", "environment", "run_study", "study_methods"]
+
+#: "study": the claims are decided; "measurement" (``--quick``, ``--dry-run``): differences are measured, none decided.
+MODES = ("study", "measurement")
 
 
 def cpu_model() -> str:
@@ -75,9 +78,24 @@ def environment(device: str, threads: int, jobs: int) -> dict:
     }
 
 
+def study_methods(keys: Sequence[str] = ()) -> tuple[Method, ...]:
+    """The methods a study runs, in ``METHODS`` order: all of them for empty ``keys``, else those of
+    ``keys`` (AdamW must be among them: its best lr trains the non-matrix parameters of the others).
+    Raises: ValueError naming an unknown key, or without "adamw"."""
+    if not keys:
+        return METHODS
+    known = {m.key for m in METHODS}
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise ValueError(f"methods: unknown or unavailable {unknown}; expected keys of {sorted(known)}")
+    if "adamw" not in keys:
+        raise ValueError("methods: expected 'adamw' among them (its best lr trains the non-matrix parameters)")
+    return tuple(m for m in METHODS if m.key in keys)
+
+
 def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, threads: int = 1,
               log: Callable[[str], None] = print, runner=None, shared_sweep: Mapping | None = None,
-              sweep_adamw: bool = False) -> tuple[dict, dict]:
+              sweep_adamw: bool = False, methods: Sequence[str] = (), mode: str = "study") -> tuple[dict, dict]:
     """Run the whole protocol (module docstring) and return (results, singular-value points).
 
     ``results`` is JSON-serializable: ``config``, ``methods``, ``corpus``, ``environment``,
@@ -95,10 +113,16 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
     it). ``shared_sweep``: the results of another study (another model size) whose lr sweep,
     best lrs and AdamW lr this one reuses instead of sweeping; with ``sweep_adamw`` only Muon's and
     Dion's are reused, AdamW's (which also trains the non-matrix parameters) is swept here.
-    Raises: ValueError for jobs or threads < 1.
+    ``methods``: the keys of the methods to run (``study_methods``; default every method of ``METHODS``).
+    ``mode``: "study" (claims decided) or "measurement" (``--quick``, ``--dry-run``: no claim is
+    decided, every verdict ``claims.MEASURED``); recorded as ``results["mode"]``.
+    Raises: ValueError for jobs or threads < 1, an unknown mode, or as ``study_methods``.
     """
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     if jobs < 1 or threads < 1:
         raise ValueError(f"jobs, threads: expected >= 1, got {jobs}, {threads}")
+    chosen = study_methods(methods)
     start = time.perf_counter()
     if torch.device(device).type == "cuda":  # deterministic cuBLAS (read when CUDA initializes; jobs inherit it)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -115,20 +139,21 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
         sweep: dict = {}
         if shared_sweep is None or sweep_adamw:
             log(f"AdamW lr sweep on the validation split (seed {config.sweep_seed})")
-            sweep_learning_rates(runner, METHODS[:1], None, sweep)
+            sweep_learning_rates(runner, chosen[:1], None, sweep)
             scalar_lr, _ = best_learning_rate(sweep["adamw"])
         if shared_sweep is None:
             log(f"Muon / Dion lr sweeps (non-matrix parameters on AdamW at its best lr {scalar_lr:g})")
-            sweep_learning_rates(runner, METHODS[1:], scalar_lr, sweep)
+            sweep_learning_rates(runner, chosen[1:], scalar_lr, sweep)
         else:
-            reused = [m.key for m in METHODS if m.key not in sweep]
+            reused = [m.key for m in chosen if m.key not in sweep]
             sweep.update({k: shared_sweep["sweep"][k] for k in reused})
             scalar_lr = scalar_lr if sweep_adamw else shared_sweep["scalar_lr"]
             log(f"lr sweep of d_model {shared_sweep['config']['d_model']} reused for {', '.join(reused)}")
-        best = {m.key: best_learning_rate(sweep[m.key]) for m in METHODS}
+        best = {m.key: best_learning_rate(sweep[m.key]) for m in chosen}
         log(f"evaluation at each method's best lr on seeds {list(config.seeds)} (test split)")
+        capture = config.capture_points > 0
         jobs_ = [dict(method_key=m.key, lr=best[m.key][0], seed=s, scalar_lr=scalar_lr, split="test",
-                      capture=m.key == "muon-jordan") for m in METHODS for s in config.seeds]
+                      capture=capture and m.key == "muon-jordan") for m in chosen for s in config.seeds]
         runs = runner.map("evaluation", jobs_)
         if own_runner:
             runner.close()
@@ -144,7 +169,8 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
                 e[key].append(value)
             if r.get("gradients"):  # none from a run that diverged at step 1
                 gradients[r["seed"]] = r["gradients"]
-        log("singular-value map of Newton–Schulz on the captured gradients")
+        if gradients:
+            log("singular-value map of Newton–Schulz on the captured gradients")
         sv_dtypes = tuple(dict.fromkeys((*SV_DTYPES, config.ns_dtype)))  # claim 5 reads the training's dtype
         spectral, points = singular_value_study(gradients, sv_dtypes, device) if gradients else (None, {})
     finally:
@@ -157,7 +183,7 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
     results = {
         "format": RESULTS_FORMAT,
         "config": asdict(config),
-        "methods": [asdict(m) for m in METHODS],
+        "methods": [asdict(m) for m in chosen],
         "corpus": {"source": "standard-library .py files of the running Python (ortho_verify.data.stdlib_split)",
                    "heldout_every": config.heldout_every, "files": split["files"],
                    "bytes": {k: len(v) for k, v in split["tensors"].items()}},
@@ -168,11 +194,13 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
         "best_at_edge": {k: v[1] for k, v in best.items()},
         "scalar_lr": scalar_lr,
         "lr_source": None if shared_sweep is None else shared_sweep["config"]["d_model"],
-        "lr_reused": [] if shared_sweep is None else [m.key for m in METHODS if not (sweep_adamw and m.family == "adamw")],
+        "lr_reused": [] if shared_sweep is None else [m.key for m in chosen
+                                                      if not (sweep_adamw and m.family == "adamw")],
         "evaluation": evaluation,
         "spectral": spectral,
         "run_seconds": runner.seconds - seconds_before,
     }
+    results["mode"] = mode
     results["claims"] = [asdict(c) for c in evaluate_claims(results)]
     results["wall_seconds"] = time.perf_counter() - start
     return results, points

@@ -149,8 +149,8 @@ def render_sweep_sections(results: Mapping, plots: Sequence[str] = ()) -> list[s
         "",
         f"Every method at {len(sizes)} sizes ({shapes}); batch, context, schedule and seeds as in *Setup*; "
         f"{lr_text}. Each claim is judged at each size with the rules of *Decision rules* (paired over seeds: "
-        "*lower* is reproduced if mean(d) − spread(d) > 0; *matches* / *stays close* if |mean(d)| + spread(d) ≤ δ), "
-        "then its paired difference is followed across sizes.",
+        "*lower* is reproduced if mean(d) − h > 0; *matches* / *stays close* if the run resolves δ and "
+        "|mean(d)| + h ≤ δ, h = t_α·spread(d)/√n), then its paired difference is followed across sizes.",
         "",
         f"*Trend rule* (stated before any run, `ortho_verify.reproduce.trend`): {trend_rule_text()}",
         "",

@@ -3,6 +3,7 @@ the held-out loss and ``train_run``."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from functools import lru_cache
@@ -15,7 +16,15 @@ import ortho_fast
 from ortho_verify.data import VOCAB_SIZE, build_model, stdlib_split
 from ortho_verify.reproduce.config import METHODS_BY_KEY, Method, ReproConfig, gpt_config, lr_multiplier, method_options
 
-__all__ = ["build_optimizer", "corpus", "heldout_loss", "train_run"]
+__all__ = ["autocast", "build_optimizer", "corpus", "heldout_loss", "train_run"]
+
+
+def autocast(device: torch.device):
+    """The forward pass's precision: bfloat16 autocast on CUDA (weights, gradients and optimizer state
+    stay float32; the matrix products run on the tensor cores), nothing on other devices (float32)."""
+    if device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def build_optimizer(method: Method, model: torch.nn.Module, lr: float, scalar_lr: float, config: ReproConfig,
@@ -77,8 +86,10 @@ def heldout_loss(model: torch.nn.Module, data: torch.Tensor, config: ReproConfig
     total = 0.0
     for chunk_starts in starts.split(4 * config.batch_size):
         chunk = data[chunk_starts[:, None] + window].long().to(device)
-        logits = model(chunk[:, :-1])
-        total += F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), chunk[:, 1:].reshape(-1), reduction="sum").item()
+        with autocast(device):
+            logits = model(chunk[:, :-1])
+        total += F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), chunk[:, 1:].reshape(-1),
+                                 reduction="sum").item()
     return total / (config.eval_windows * config.context)
 
 
@@ -135,7 +146,9 @@ def train_run(config: ReproConfig, method_key: str, lr: float, seed: int, *, sca
     for step in range(1, config.steps + 1):
         starts = torch.randint(0, len(train) - config.context, (config.batch_size, 1), generator=generator)
         chunk = train[starts + window].long().to(dev)
-        loss = F.cross_entropy(model(chunk[:, :-1]).reshape(-1, VOCAB_SIZE), chunk[:, 1:].reshape(-1))
+        with autocast(dev):
+            logits = model(chunk[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), chunk[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         value = loss.item()

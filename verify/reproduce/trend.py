@@ -15,7 +15,9 @@ units):
 - else **inconclusive** — also with fewer than 2 sizes, fewer than 2 seeds finite at every size,
   or δ not positive and finite.
 
-The same one-spread rule as the per-size verdicts (``ortho_verify.reproduce.statistics``).
+A one-spread rule (b̄ ± one sample standard deviation of the per-seed slopes): looser than the per-size
+verdicts' one-sided t bound (``ortho_verify.reproduce.statistics``; with n seeds a threshold of √n on the
+slopes' t statistic instead of t_{1−α, n−1}), kept as it was stated before the sweeps were run.
 """
 
 from __future__ import annotations
