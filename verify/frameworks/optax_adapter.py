@@ -136,6 +136,23 @@ def optax_optimizer(transform_factory: Callable, *, layout: str = "in_out", jit:
     return type(name, (OptaxOptimizer,), attrs)
 
 
+#: Transforms and their jit-compiled init / update by (factory, hyperparameters, jit), for hashable
+#: hyperparameters: a second optimizer with the same ones reuses the compiled code (JAX compiles once
+#: per pytree structure, shapes and dtypes); the oldest entry goes first past ``_COMPILED_SIZE``.
+_COMPILED: dict = {}
+_COMPILED_SIZE = 16
+
+
+def _cache_key(factory, hp: dict, jit: bool):
+    """A hashable key of a transform, or None when a hyperparameter is not hashable."""
+    key = (factory, tuple(sorted((k, type(v).__name__, v) for k, v in hp.items())), jit)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def _same(a, b) -> bool:
     """Whether two hyperparameter values are the same (identity, or equal plain values)."""
     if a is b:
@@ -187,15 +204,23 @@ class OptaxOptimizer(torch.optim.Optimizer):
         built = self._built.get(i)
         if built is not None and built[0].keys() == hp.keys() and all(_same(built[0][k], hp[k]) for k in hp):
             return built[1]
-        tx = self.transform_factory(**hp)
-        missing = [n for n in ("init", "update") if not callable(getattr(tx, n, None))]
-        if missing:
-            raise TypeError(f"transform_factory: returned {type(tx).__name__} without a callable "
-                            f"{' or '.join(missing)}; expected an optax.GradientTransformation "
-                            "(init(params) -> state, update(updates, state, params) -> (updates, state))")
-        jax = require("jax", _WHAT)
-        self._built[i] = (hp, (tx, jax.jit(tx.init), jax.jit(tx.update)) if self.jit else (tx, tx.init, tx.update))
-        return self._built[i][1]
+        key = _cache_key(self.transform_factory, hp, self.jit)
+        compiled = _COMPILED.get(key) if key is not None else None
+        if compiled is None:
+            tx = self.transform_factory(**hp)
+            missing = [n for n in ("init", "update") if not callable(getattr(tx, n, None))]
+            if missing:
+                raise TypeError(f"transform_factory: returned {type(tx).__name__} without a callable "
+                                f"{' or '.join(missing)}; expected an optax.GradientTransformation "
+                                "(init(params) -> state, update(updates, state, params) -> (updates, state))")
+            jax = require("jax", _WHAT)
+            compiled = (tx, jax.jit(tx.init), jax.jit(tx.update)) if self.jit else (tx, tx.init, tx.update)
+            if key is not None:
+                while len(_COMPILED) >= _COMPILED_SIZE:
+                    _COMPILED.pop(next(iter(_COMPILED)))
+                _COMPILED[key] = compiled
+        self._built[i] = (hp, compiled)
+        return compiled
 
     def _jax_leaf(self, t: torch.Tensor, argument: str):
         return to_jax(t.mT if self.layout == "in_out" and t.ndim == 2 else t, argument, _WHAT)
