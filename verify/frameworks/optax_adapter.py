@@ -249,7 +249,10 @@ class OptaxOptimizer(torch.optim.Optimizer):
                                                       f"params[{n!r}].grad") for n, p in zip(names, params)])
         state = self._jax_state.get(i)
         try:
-            state = init(tree) if state is None else state
+            if state is None:  # committed to the params' device, as update's outputs are: one compilation
+                leaves = jax.tree_util.tree_leaves(tree)
+                state = init(tree)
+                state = jax.device_put(state, next(iter(leaves[0].devices()))) if leaves else state
             updates, new_state = update(grads, state, tree)
         except Exception as err:
             if hasattr(err, "add_note"):
