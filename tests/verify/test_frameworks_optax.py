@@ -29,6 +29,8 @@ OPTAX_MUON = MuonConventions(nesterov=False, coefficients="jordan", eps=1e-8, ep
                              ns_dtype=torch.float32, momentum_state_key="momentum", hyperparameter_names=NAMES)
 OptaxMuon = optax_optimizer(functools.partial(optax.contrib.muon, nesterov=False))
 FAST = dict(steps=2, statistical_matrices=0)
+#: A tall and a wide matrix: the two orientations, one compilation of fewer leaves than the default three.
+TWO = dict(FAST, shapes=[(37, 16), (12, 29)])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -51,7 +53,7 @@ def test_optax_default_nesterov_is_bias_corrected_from_step_2():
     """optax's Nesterov input U = β·M_t/(1 − β^(t+1)) + (1 − β)·G_t/(1 − β^t) is ∝ G at step 1 (passes as
     torch's mix) and leaves it from step 2; the momentum buffer itself is the declared EMA at every step."""
     declared = dataclasses.replace(OPTAX_MUON, nesterov=True)
-    report = check_optimizer(optax_optimizer(optax.contrib.muon), declared, param_dtype=torch.float32, **FAST)
+    report = check_optimizer(optax_optimizer(optax.contrib.muon), declared, param_dtype=torch.float32, **TWO)
     updates = [r for r in report.results if r.check.startswith("muon_update/")]
     assert all(r.passed for r in updates if r.input.endswith("step 1"))
     assert all(not r.passed for r in updates if r.input.endswith("step 2") and r.check.endswith("ns_vs_ns_map"))
@@ -94,14 +96,28 @@ USER_MUON = MuonConventions(eps=1e-7, eps_mode="add", ns_dtype=torch.float32, mo
 
 
 def test_user_optax_muon_passes_and_its_momentum_decayed_twice_fails():
-    good = check_optimizer(optax_optimizer(user_muon), USER_MUON, param_dtype=torch.float32, **FAST)
+    good = check_optimizer(optax_optimizer(user_muon), USER_MUON, param_dtype=torch.float32, **TWO)
     assert good.passed, good.summary()
     bad = check_optimizer(optax_optimizer(functools.partial(user_muon, decay_twice=True)), USER_MUON,
-                          param_dtype=torch.float32, **FAST)
+                          param_dtype=torch.float32, **TWO)
     assert bad.status == "failed"
     failed = {r.check for r in bad.results if not r.passed}
     assert "muon_momentum" in failed and "muon_update/ns_vs_ns_map" in failed, failed
     assert all(r.passed for r in bad.results if r.check == "muon_momentum" and r.input.endswith("step 1"))
+
+
+def l2_muon(learning_rate, beta, weight_decay):
+    """L2 weight decay in optax: the decay added to the gradient before optax.contrib.muon's momentum."""
+    return optax.chain(optax.add_decayed_weights(weight_decay),
+                       optax.contrib.muon(learning_rate, beta=beta, nesterov=False))
+
+
+def test_weight_decay_added_to_the_gradient_is_the_l2_style():
+    l2 = optax_optimizer(l2_muon)
+    assert check_optimizer(l2, dataclasses.replace(OPTAX_MUON, weight_decay_style="l2"), param_dtype=torch.float32,
+                           **TWO).passed
+    report = check_optimizer(l2, OPTAX_MUON, param_dtype=torch.float32, **TWO)  # declared decoupled
+    assert report.status == "failed" and not all(r.passed for r in report.results if r.check == "muon_momentum")
 
 
 def test_state_is_named_by_path_with_momentum_and_step():
