@@ -131,4 +131,5 @@ def test_bad_input_names_the_argument():
             jax_kernel(jnp.tanh)(torch.ones(2, 2, dtype=torch.float64))
     report = check_orthogonalizer(listy, shapes=[(6, 4)], statistical=False)
     assert report.status == "failed"
-    assert all(f.result.check == "orthogonalizer_runs" and "fn: returned list" in f.result.note for f in report.failures)
+    assert all(f.result.check == "orthogonalizer_runs" and "fn: returned list" in f.result.note
+               for f in report.failures)

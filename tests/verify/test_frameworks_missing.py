@@ -40,7 +40,8 @@ def test_torch_checks_run_without_jax():
             "from ortho_verify.planted import newton_schulz_kernel\n"
             "r = ortho_verify.check_orthogonalizer(newton_schulz_kernel, shapes=[(9, 5)], statistical=False)\n"
             "assert r.passed, r.summary()\n"
-            "r = ortho_verify.check_optimizer(torch.optim.Muon, steps=1, param_dtype=torch.float32, shapes=[(9, 5)], statistical_matrices=0)\n"
+            "r = ortho_verify.check_optimizer(torch.optim.Muon, steps=1, param_dtype=torch.float32, shapes=[(9, 5)],\n"
+            "                                 statistical_matrices=0)\n"
             "assert r.passed, r.summary()\n"
             "try:\n    ortho_verify.frameworks.jax_kernel(abs)\nexcept ImportError as e:\n    print(e)\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)

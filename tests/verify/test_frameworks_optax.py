@@ -141,7 +141,8 @@ def test_state_is_named_by_path_with_momentum_and_step():
 @pytest.mark.parametrize("layout", ["in_out", "out_in"])
 def test_sgd_mirrors_torch_sgd_and_skips_params_without_grad(layout):
     shapes = [(5, 3), (4,), (2, 3, 2)]
-    ours = [torch.nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(i))) for i, s in enumerate(shapes)]
+    ours = [torch.nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(i)))
+            for i, s in enumerate(shapes)]
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     opt = optax_optimizer(lambda lr, momentum: optax.sgd(lr, momentum=momentum), layout=layout)(ours, lr=0.1,
                                                                                               momentum=0.9)
@@ -170,7 +171,7 @@ def test_bad_input_names_the_argument_and_changes_nothing():
     with pytest.raises(ValueError, match="^layout: expected one of"):
         optax_optimizer(optax.sgd, layout="rows")
     w = torch.nn.Parameter(torch.ones(3, 2))
-    with pytest.raises(TypeError, match="^transform_factory: returned GradientTransformation without a callable update"):
+    with pytest.raises(TypeError, match="^transform_factory: returned GradientTransformation without a callable up"):
         optax_optimizer(_no_update)([w], lr=0.1)
     report = check_optimizer(optax_optimizer(_no_update), dataclasses.replace(USER_MUON, hyperparameter_names={
         "lr": "lr", "momentum": "lr", "weight_decay": "lr"}), param_dtype=torch.float32, steps=1)

@@ -127,7 +127,8 @@ def optax_optimizer(transform_factory: Callable, *, layout: str = "in_out", jit:
     name = f"optax_optimizer({qualname})"
     if not isinstance(jit, bool):
         raise TypeError(f"jit: expected a bool, got {jit!r}")
-    attrs = {"transform_factory": staticmethod(transform_factory), "layout": layout, "jit": jit, "accepts_any": any_name,
+    attrs = {"transform_factory": staticmethod(transform_factory), "layout": layout, "jit": jit,
+             "accepts_any": any_name,
              "hyperparameters": MappingProxyType({k: v for k, v in defaults.items() if k not in required}),
              "required": tuple(required), "__module__": getattr(transform_factory, "__module__", None) or __name__,
              "__qualname__": name,
@@ -186,8 +187,8 @@ class OptaxOptimizer(torch.optim.Optimizer):
                             f"factory's signature takes {sorted(known)}")
         missing = [k for k in self.required if k not in hyperparameters]
         if missing:
-            raise TypeError(f"{type(self).__qualname__}: missing hyperparameter(s) {missing}, required by the transform "
-                            "factory's signature")
+            raise TypeError(f"{type(self).__qualname__}: missing hyperparameter(s) {missing}, required by the "
+                            "transform factory's signature")
         super().__init__(params, {**self.hyperparameters, **hyperparameters})
         self._jax_state: dict[int, object] = {}
         self._built: dict[int, tuple] = {}
