@@ -23,9 +23,9 @@ RESHAPED_CAUSE = ("the result of the transposed input is reshaped, not transpose
                   "(n, m) iteration result and transposed, the output matches ns_map (the orientation of a "
                   "{side} input is not undone)")
 #: The output's entries are all values of a coarser dtype, and judged in it the output passes.
-STORED_PRECISION_CAUSE = ("the kernel computes in {coarser} where {declared} is declared: every entry of the output is "
-                          "a {coarser} value, judged as {coarser} the output passes, and no single coefficient, scale or "
-                          "normalization change explains it")
+STORED_PRECISION_CAUSE = ("the kernel computes in {coarser} where {declared} is declared: every entry of the output "
+                          "is a {coarser} value, judged as {coarser} the output passes, and no single coefficient, "
+                          "scale or normalization change explains it")
 #: Storage dtypes whose values ``precision_cause`` recognizes in an output, coarsest first.
 STORED_PRECISIONS = ("bfloat16", "float16", "float32")
 #: The precisions coarser than each declared one, finest first.
