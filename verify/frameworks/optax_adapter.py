@@ -73,7 +73,9 @@ def optax_optimizer(transform_factory: Callable, *, layout: str = "in_out", jit:
         A ``torch.optim.Optimizer`` subclass (``OptaxOptimizer``) called as ``cls(params,
         **hyperparameters)``, for ``check_optimizer(cls, conventions)`` with
         ``conventions.hyperparameter_names`` naming the factory's keywords, e.g.
-        ``{"lr": "learning_rate", "momentum": "beta", "weight_decay": "weight_decay"}``.
+        ``{"lr": "learning_rate", "momentum": "beta", "weight_decay": "weight_decay"}``. Its class
+        attributes ``required`` (names without a default) and ``hyperparameters`` (the others, with
+        their defaults) list the keywords it takes; ``transform_factory`` and ``layout`` are kept too.
 
     Raises
     ------
@@ -101,7 +103,8 @@ def optax_optimizer(transform_factory: Callable, *, layout: str = "in_out", jit:
     >>> w.grad = torch.randn(8, 4)
     >>> opt.step()
     >>> sorted(opt.state[w])
-    ['inner_states/muon/inner_state/0/count', 'inner_states/muon/inner_state/0/mu', 'momentum', 'step']
+    ['inner_states/muon/inner_state/0/count', 'inner_states/muon/inner_state/0/mu',
+     'inner_states/muon/inner_state/0/ns_coeffs', 'momentum', 'step']
     """
     require("jax", _WHAT)
     require("optax", _WHAT)
