@@ -87,6 +87,18 @@ def test_round_trip_keeps_dtype_shape_and_bits(shape, dtype, seed):
     assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_round_trip_through_numpy_where_dlpack_is_refused(monkeypatch, dtype):
+    def refuse(*args, **kwargs):
+        raise BufferError("no DLPack here")
+
+    monkeypatch.setattr(jax.dlpack, "from_dlpack", refuse)
+    monkeypatch.setattr(torch, "from_dlpack", refuse)
+    x = torch.randn(3, 5).to(dtype)
+    out = jax_kernel(lambda a: a * 2)(x)
+    assert out.dtype == dtype and torch.equal(out, x * 2)
+
+
 def test_kernel_is_pure_both_ways():
     """fn never sees a later write to the torch input, and writing into the output changes nothing in JAX."""
     kept = {}
