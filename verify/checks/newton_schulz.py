@@ -18,6 +18,7 @@ import ortho_ref
 from ortho_verify import tolerances as tol
 from ortho_verify.arrays import TORCH_DTYPES
 from ortho_verify.checks.diagnoses import ns_output_cause, with_cause
+from ortho_verify.checks.replay_causes import replay_cause
 from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import MatrixCase
 
@@ -97,7 +98,9 @@ def compare_ns_output(fast: np.ndarray, a: np.ndarray, table, *, safety: float, 
     (the points of the singular-value map); ``prefix`` is prepended to the check names.
     Returns: CheckResult rows ``ns_vs_ns_map``, ``ns_projected_singular_values`` (bfloat16)
     and ``spread_in_band``; a non-finite or mis-shaped ``fast`` fails both with error inf.
-    Failed rows carry a ``cause`` (``ortho_verify.checks.diagnoses.ns_output_cause``; ``lr_shape``
+    Failed rows carry a ``cause`` (``ortho_verify.checks.replay_causes.replay_cause``: a result reshaped
+    instead of transposed back, or a coarser precision than declared; else
+    ``ortho_verify.checks.diagnoses.ns_output_cause``; ``lr_shape``
     (m, n) when ``fast`` is an update recovered by dividing by an lr scale, to name a scale mix-up).
     ``dtype`` may also be "float16" and "tf32" (judged per direction, as bfloat16: ``PER_DIRECTION``).
     ``form="gram"`` with ``restarts`` (0-based steps before which R is recomputed): the kernel is
@@ -109,8 +112,18 @@ def compare_ns_output(fast: np.ndarray, a: np.ndarray, table, *, safety: float, 
                          restarts=restarts)
     if all(r.passed for r in rows) or fast.shape != a.shape:
         return rows
-    cause = ns_output_cause(fast, a, table, safety=safety, eps=eps, eps_mode=eps_mode,
-                            tolerance=rows[0].tolerance if math.isfinite(rows[0].tolerance) else 0.0, lr_shape=lr_shape)
+    tolerance = rows[0].tolerance if math.isfinite(rows[0].tolerance) else 0.0
+
+    def passes_as(coarser: str) -> bool:  # the same rows judged in a coarser precision (replay_cause)
+        return all(r.passed for r in _compare_rows(fast, a, table, safety=safety, eps=eps, dtype=coarser,
+                                                   input_name=input_name, detail=detail, eps_mode=eps_mode,
+                                                   extra=extra, svd=svd, record=None, prefix=prefix, form=form,
+                                                   restarts=restarts))
+
+    cause = replay_cause(fast, a, table, safety=safety, eps=eps, eps_mode=eps_mode, declared=dtype,
+                         tolerance=tolerance, passes_as=passes_as) or \
+        ns_output_cause(fast, a, table, safety=safety, eps=eps, eps_mode=eps_mode, tolerance=tolerance,
+                        lr_shape=lr_shape)
     return [with_cause(r, cause) for r in rows]
 
 
