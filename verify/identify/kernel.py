@@ -1,0 +1,327 @@
+"""``identify_orthogonalizer``: recover what a Newton–Schulz kernel computes from designed inputs alone,
+as the keyword arguments of ``check_orthogonalizer``, then judge it under them.
+docs/identification.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+import ortho_ref
+from ortho_verify.identify.kernel_fit import closest_variant, fit_normalizers, fit_schedules, normalization_spread
+from ortho_verify.identify.kernel_probe import (choose_precision, eps_evidence, form_evidence, precision_candidates,
+                                                probe_ratio, safety_candidates, schedule_is_registered)
+from ortho_verify.identify.probes import MAIN_SHAPE, Probe, call_probe, main_probes, read_map, tiny_probes
+from ortho_verify.identify.result import Evidence, Identification
+from ortho_verify.identify.snippet import declaration_snippet
+from ortho_verify.kernel_calls import DEFAULT_TIMEOUT_S
+
+__all__ = ["DECLARABLE", "identify_orthogonalizer"]
+
+#: Keyword arguments of ``check_orthogonalizer`` a caller may pin (``identify_orthogonalizer(**declared)``).
+DECLARABLE = ("coefficients", "steps", "safety", "eps", "eps_mode", "dtype", "compute_dtype", "form", "restarts",
+              "batched", "max_batch_dims")
+_TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                 "float16": torch.float16}
+
+
+def _input_dtype(declared: dict) -> str:
+    from ortho_verify.api import _ns_dtype_name
+
+    return _ns_dtype_name(declared.get("dtype", torch.float32))
+
+
+def _pinned_compute(declared: dict) -> str | None:
+    from ortho_verify.api import compute_name
+
+    if "compute_dtype" in declared or "dtype" in declared:
+        return compute_name(declared.get("dtype", torch.float32), declared.get("compute_dtype"))
+    return None
+
+
+def _not_a_kernel(fn, probe: Probe, run) -> ValueError:
+    name = getattr(fn, "__name__", type(fn).__name__)
+    return ValueError(f"fn: {name} is not a Newton–Schulz kernel: probed with a {probe.dtype} tensor of shape "
+                      f"{probe.matrix.shape} (a (..., m, n) input), it {run.what}; expected a tensor of the same shape")
+
+
+def _schedule_evidence(fits, best, fit_ratio) -> Evidence:
+    runner = next((f for f in fits if f.name != best.name), None)
+    note = "rms of y - f(sigma / nu) over the probes' directions, nu fitted per probe"
+    return Evidence("coefficients", best.name if best.name else "table", best.rms,
+                    None if runner is None else runner.label, math.inf if runner is None else runner.rms,
+                    note=note + f"; {best.label}: worst error/tolerance {fit_ratio:.3g}")
+
+
+def _orientation_and_batches(fn, probes, outputs, decl, compute, timeout_s, device):
+    """(rows of evidence, differences, batched, max_batch_dims): the tall transpose and a square crop of the
+    first probe, the probes stacked (3, m, n) and (2, 2, m, n)."""
+    evidence, diffs = [], []
+    p0 = probes[0]
+    tall = p0.transposed(f"tall {MAIN_SHAPE[1]}x{MAIN_SHAPE[0]}")
+    square = Probe(f"square {MAIN_SHAPE[0]}x{MAIN_SHAPE[0]}", p0.matrix[:, :MAIN_SHAPE[0]].copy(), p0.dtype)
+    wide_ratio = probe_ratio(probes, outputs, decl, compute)[0]
+    ratios = {}
+    for p in (tall, square):
+        run = call_probe(fn, p.tensor(), timeout_s, device)
+        if run.status != "ok":
+            diffs.append(f"{p.name} input: {run.what} (wide inputs run)")
+            ratios[p.name] = math.inf
+            continue
+        ratios[p.name] = probe_ratio([p], [run.output], decl, compute)[0]
+        _, off = read_map(p, run.output)
+        if not ratios[p.name] <= 1 and wide_ratio <= 1:
+            what = "tall (m > n)" if p is tall else "square"
+            diffs.append(f"{what} inputs fail ({ratios[p.name]:.3g}x tolerance) where wide inputs fit "
+                         f"({wide_ratio:.3g}x)" + (f": the output is not a function of the singular values "
+                                                   f"(off-diagonal part {off:.2g}; e.g. transposed for the iteration "
+                                                   "and reshaped back)" if off > 0.5 or off != off else ""))
+    evidence.append(Evidence("orientation", "tall, wide and square", max(ratios.values()), None, math.inf, 1.0,
+                             "worst error/tolerance on the tall transpose and a square crop of a probe"))
+    batched, max_batch_dims = True, None
+    stack = np.stack([p.matrix for p in probes])
+    for shape in ((3,), (2, 2)):
+        mats = stack if shape == (3,) else np.stack([stack[0], stack[1], stack[2], stack[0]]).reshape(2, 2, *MAIN_SHAPE)
+        x = torch.from_numpy(mats).to(_TORCH_DTYPES[p0.dtype])
+        run = call_probe(fn, x, timeout_s, device)
+        dims = len(shape)
+        if run.status != "ok":
+            if dims == 1:
+                batched = False
+            else:
+                max_batch_dims = 1
+            evidence.append(Evidence("batch", f"at most {dims - 1} batch dims", math.nan,
+                                     note=f"a {tuple(x.shape)} input {run.what}"))
+            break
+        flat_in = mats.reshape(-1, *MAIN_SHAPE)
+        flat_out = run.output.reshape(-1, *MAIN_SHAPE)
+        parts = [Probe(f"batch {tuple(x.shape)}[{j}]", a, p0.dtype) for j, a in enumerate(flat_in)]
+        ratio = probe_ratio(parts, list(flat_out), decl, compute)[0]
+        evidence.append(Evidence("batch", f"{dims} batch dim{'s' if dims > 1 else ''}", ratio, None, math.inf, 1.0,
+                                 f"each matrix of a {tuple(x.shape)} input against its own map"))
+        if not ratio <= 1 and wide_ratio <= 1:
+            diffs.append(f"batched {tuple(x.shape)} inputs fail ({ratio:.3g}x tolerance) where single matrices fit: "
+                         "the matrices of a batch are not independent (e.g. one norm over the whole batch)")
+            break
+    return evidence, diffs, batched, max_batch_dims
+
+
+def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=None,
+                            timeout_s: float | None = DEFAULT_TIMEOUT_S, **declared) -> Identification:
+    """Identify what a Newton–Schulz kernel computes from designed inputs, then judge it.
+
+    The kernel is called on probes with prescribed spectra (``ortho_verify.identify.probes``): three wide
+    23 x 40 matrices at ‖G‖_F = 64, six at ‖G‖_F from 1e-5 to 1e-8, a tall and a square one, batches of
+    them, and the judge's first statistical batch. From the singular values of its outputs it recovers the
+    scalar map (which registered schedule, how many steps), the normalization (Frobenius, spectral or max;
+    safety; eps and whether it is added or clamped), the compute precision (float64, float32, TF32, float16,
+    bfloat16), the form (standard or Gram, with restarts), and how tall, square and batched inputs are
+    handled; then runs ``check_orthogonalizer`` under that declaration. docs/identification.md.
+
+    Parameters
+    ----------
+    fn : callable
+        Maps a (..., m, n) tensor to its Newton–Schulz result of the same shape.
+    judge : bool, default True
+        Run ``check_orthogonalizer`` under the declaration found (``Identification.report``).
+    seed : int, default 0
+        Seed of the probes' singular vectors (and of the judge's inputs).
+    device : str or torch.device, optional
+        Where ``fn`` runs (inputs are made on the CPU and moved there).
+    timeout_s : float or None, default ``DEFAULT_TIMEOUT_S``
+        Seconds one call of ``fn`` may take.
+    **declared
+        Fields of the declaration the caller knows (any of ``DECLARABLE``, as ``check_orthogonalizer``
+        takes them, e.g. ``dtype=torch.float32``, which also fixes the compute precision unless
+        ``compute_dtype`` is given). They are used as given; where the measurement disagrees, the
+        disagreement is a difference and the verdict fails.
+
+    Returns
+    -------
+    Identification
+        ``declaration`` (a dict of ``check_orthogonalizer`` keyword arguments), ``snippet``, ``evidence``
+        (one entry per field with its runner-up), ``differences`` (non-empty when the kernel departs from
+        every registered schedule or from ``declared``: never a pass), ``fits`` and ``report``.
+
+    Raises
+    ------
+    TypeError
+        If ``fn`` is not callable, or a declared dtype is not one the judge takes.
+    ValueError
+        If ``declared`` names an argument outside ``DECLARABLE``, or ``fn`` is not a kernel: it raised,
+        hung, or returned something other than a floating tensor of its input's shape on a 2-D probe (the
+        message names the probe and what came back).
+
+    Examples
+    --------
+    >>> import functools, torch, ortho_fast
+    >>> found = identify_orthogonalizer(functools.partial(ortho_fast.newton_schulz, dtype=torch.float32))
+    >>> found.declaration["coefficients"], found.passed
+    ('jordan', True)
+    """
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable mapping a (..., m, n) tensor to its Newton–Schulz result, got "
+                        f"{type(fn).__name__}")
+    unknown = sorted(set(declared) - set(DECLARABLE))
+    if unknown:
+        raise ValueError(f"declared: unknown {unknown}; expected keyword arguments of check_orthogonalizer among "
+                         f"{list(DECLARABLE)}")
+    in_dtype = _input_dtype(declared)
+    pinned_compute = _pinned_compute(declared)
+    probes = main_probes(in_dtype, seed)
+    runs = [call_probe(fn, p.tensor(), timeout_s, device) for p in probes]
+    if runs[0].status != "ok":
+        raise _not_a_kernel(fn, probes[0], runs[0])
+    kept = [(p, r.output) for p, r in zip(probes, runs) if r.status == "ok"]
+    probes, outputs = [p for p, _ in kept], [y for _, y in kept]
+    evidence, diffs = [], []
+    maps = [(p.sigma, read_map(p, y)[0], p.frobenius) for p, y in kept]
+    finite = [(p, m) for p, m in zip(probes, maps) if np.all(np.isfinite(m[1]))]
+    off = max(read_map(p, y)[1] for p, y in kept)
+    fits = fit_schedules(maps)
+    best = fits[0]
+    sched = ortho_ref.SCHEDULES[best.name]
+    # a one-coefficient change that explains the map 4x better is systematic (rounding is not): the normalizer,
+    # precision, eps and form are then measured under the changed table, so that none of them absorbs the change
+    # (looked for only when the registered schedule does not fit under the most precise candidate precision)
+    candidates, why = precision_candidates(runs, in_dtype)
+    variant = None
+    for attempt in range(2):
+        table = best.table if variant is None else variant.table
+        nus = fit_normalizers([m for _, m in finite], table)[0] if finite else ()
+        trial_evidence, trial_diffs = [], []
+        norm, measured_safety = _normalization(trial_evidence, trial_diffs, nus, [p for p, _ in finite])
+        decl = {"coefficients": best.name} if variant is None else \
+            {"coefficients": [list(map(float, r)) for r in table]}
+        if variant is None and best.steps != sched.default_steps:
+            decl["steps"] = best.steps
+        near = abs(measured_safety / sched.safety - 1) < 2e-3
+        decl.update(safety=sched.safety if near else round(measured_safety, 3), eps=sched.eps, eps_mode="add")
+        decl.update({k: declared[k] for k in ("coefficients", "steps", "safety", "eps", "eps_mode") if k in declared})
+        # compute precision: the most precise rounding model that reproduces the probes
+        precision = choose_precision(probes, outputs, decl, candidates)
+        if attempt or "coefficients" in declared or precision.value == candidates[0] and precision.fits:
+            break
+        variant = closest_variant(maps, best)
+        if variant is None:
+            break
+    evidence += trial_evidence
+    diffs += trial_diffs
+    compute = pinned_compute or precision.value
+    evidence.append(Evidence("compute_dtype", precision.value, precision.measured, precision.runner_up,
+                             precision.runner_up_measured, 1.0, f"{why}; {precision.note}"))
+    if pinned_compute and pinned_compute != precision.value:
+        diffs.append(f"compute precision: declared {pinned_compute}, measured {precision.value} (worst error/"
+                     f"tolerance {precision.measured:.3g} under {precision.value})")
+    if "safety" not in declared and norm == "frobenius":
+        decl["safety"] = _safety(evidence, probes, outputs, decl, compute, measured_safety, sched.safety)
+    fit_ratio = probe_ratio(probes, outputs, decl, compute)[0]
+    evidence.insert(0, _schedule_evidence(fits, best, fit_ratio))
+    _schedule_differences(diffs, declared, best, sched, variant, fit_ratio, off)
+    # eps and its mode, from the tiny probes (float16 only down to ‖G‖_F = 1e-5: below, its entries are subnormal)
+    tiny = tiny_probes(in_dtype, seed, 1e-5 if "float16" in (in_dtype, compute) else 0.0)
+    tiny_out = [r.output if r.status == "ok" else None for r in (call_probe(fn, p.tensor(), timeout_s, device)
+                                                                  for p in tiny)]
+    for ev in eps_evidence(tiny, tiny_out, decl, compute, table, decl["safety"], sched.eps):
+        evidence.append(ev)
+        if ev.field in declared:
+            if ev.value != declared[ev.field] and ev.measured == ev.measured:
+                diffs.append(f"{ev.field}: declared {declared[ev.field]!r}, measured {ev.value!r}")
+        else:
+            decl[ev.field] = ev.value
+    for key in ("eps", "safety"):
+        if decl[key] != getattr(sched, key) and key not in declared and (key == "eps" or norm == "frobenius"):
+            diffs.append(f"{key} {decl[key]:g} where {best.name} registers {getattr(sched, key):g} (declare "
+                         f"{key}={decl[key]:g} if meant)")
+    decl["dtype"] = declared.get("dtype", _TORCH_DTYPES[in_dtype])
+    if compute != in_dtype and "compute_dtype" not in declared:
+        decl["compute_dtype"] = "high" if compute == "tf32" else _TORCH_DTYPES[compute]
+    elif "compute_dtype" in declared:
+        decl["compute_dtype"] = declared["compute_dtype"]
+    batch_ev, batch_diffs, batched, max_batch_dims = _orientation_and_batches(fn, probes, outputs, decl, compute,
+                                                                               timeout_s, device)
+    _form(evidence, diffs, decl, declared, form_evidence(fn, decl, compute, in_dtype, seed, timeout_s, device,
+                                                          batched if "batched" not in declared else declared["batched"]))
+    evidence += batch_ev
+    diffs += batch_diffs
+    if "batched" in declared or not batched:
+        decl["batched"] = declared.get("batched", batched)
+    if "max_batch_dims" in declared or max_batch_dims is not None:
+        decl["max_batch_dims"] = declared.get("max_batch_dims", max_batch_dims)
+    fitted = fit_ratio <= 1 and norm == "frobenius"
+    if variant is not None:  # judged under the closest registered schedule: the changed table is not a pass
+        decl["coefficients"] = best.name
+        if best.steps != sched.default_steps:
+            decl["steps"] = best.steps
+    report = None
+    if judge:
+        from ortho_verify.api import check_orthogonalizer
+
+        report = check_orthogonalizer(fn, seed=seed, device=device, timeout_s=timeout_s, **decl)
+    return Identification("orthogonalizer", fitted, decl, declaration_snippet(fn, decl), evidence, report, diffs)
+
+
+def _normalization(evidence, diffs, nus, probes) -> tuple[str, float]:
+    """(the norm the fitted normalizers follow, the measured safety νⱼ / ‖Aⱼ‖_F), with its evidence."""
+    if not nus:
+        evidence.append(Evidence("normalization", "frobenius", math.nan, note="no finite output: not measurable"))
+        return "frobenius", 1.0
+    spread = normalization_spread(nus, probes)
+    ranked = sorted(spread, key=lambda k: spread[k][0])
+    norm, runner = ranked[0], ranked[1]
+    evidence.append(Evidence("normalization", norm, spread[norm][0], runner, spread[runner][0],
+                             note="spread (max/min - 1) over the probes of the fitted normalizer / the norm"))
+    if norm != "frobenius":
+        diffs.append(f"normalized by the {norm} norm ({'sigma_max' if norm == 'spectral' else 'max |G_ij|'}), not "
+                     f"the Frobenius norm: no declaration of the judge divides by it (spread {spread[norm][0]:.2g} vs "
+                     f"{spread['frobenius'][0]:.2g} for Frobenius)")
+    return norm, spread["frobenius"][1]
+
+
+def _safety(evidence, probes, outputs, decl, compute, measured: float, registered: float) -> float:
+    """The first of ``safety_candidates`` that reproduces the main probes, with its evidence."""
+    options = safety_candidates(measured, registered)
+    ratios = {s: probe_ratio(probes, outputs, {**decl, "safety": s}, compute)[0] for s in options}
+    chosen = next((s for s in options if ratios[s] <= 1), decl["safety"])
+    others = sorted((s for s in options if abs(s - chosen) >= 5e-3), key=lambda s: ratios[s])
+    evidence.append(Evidence("safety", chosen, ratios.get(chosen, math.nan), others[0] if others else None,
+                             ratios[others[0]] if others else math.inf, 1.0,
+                             f"measured {measured:.6g} (fitted normalizer / ‖G‖_F)"))
+    return chosen
+
+
+def _schedule_differences(diffs, declared, best, sched, variant, fit_ratio, off) -> None:
+    if variant is not None:
+        diffs.append(f"no registered schedule reproduces the map; closest {best.label}, changed: {variant.what} "
+                     f"(rms {variant.rms:.2g} vs {best.rms:.2g}; declare coefficients=<your table> if meant)")
+    elif not fit_ratio <= 1:
+        diffs.append(f"no registered schedule reproduces the map: closest {best.label} at {fit_ratio:.3g}x tolerance; "
+                     f"the part of the output off the input's singular directions is {off:.2g} of ‖Y‖_F"
+                     + (" (NaN or Inf in the output)" if off != off else ""))
+    elif best.steps != sched.default_steps and "steps" not in declared:
+        diffs.append(f"{best.steps} steps of {best.name}, registered with {sched.default_steps} (declare "
+                     f"steps={best.steps} if meant)")
+    if isinstance(declared.get("coefficients"), str) and declared["coefficients"] != best.name:
+        diffs.append(f"coefficients: declared {declared['coefficients']!r}, measured {best.label}")
+
+
+def _form(evidence, diffs, decl, declared, form) -> None:
+    """Record the form evidence and set ``decl``'s form / restarts (declared ones win)."""
+    if "form" in declared:
+        decl["form"] = declared["form"]
+        if declared.get("restarts") is not None:
+            decl["restarts"] = tuple(declared["restarts"])
+    if form is None:
+        return
+    evidence.append(form)
+    if form.value == "standard":
+        if declared.get("form") == "gram" and form.runner_up is not None and form.measured <= 1:
+            diffs.append(f"form: declared 'gram', measured the standard form ({form.measured:.3g}x tolerance)")
+        return
+    if "form" not in declared:
+        decl["form"], decl["restarts"] = "gram", tuple(form.value[1])
+    elif declared["form"] != "gram":
+        diffs.append(f"form: declared {declared['form']!r}, measured Gram restarts {list(form.value[1])}")
