@@ -203,29 +203,30 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
         decl.update({k: declared[k] for k in ("coefficients", "steps", "safety", "eps", "eps_mode") if k in declared})
         # compute precision: the most precise rounding model that reproduces the probes
         precision = choose_precision(probes, outputs, decl, candidates)
-        if attempt or "coefficients" in declared or precision.value == candidates[0] and precision.fits:
+        if attempt or "coefficients" in declared or precision.fits and precision.value in (candidates[0], in_dtype):
             break
         variant = closest_variant(maps, best)
         if variant is None:
             break
     evidence += trial_evidence
     diffs += trial_diffs
-    compute = pinned_compute or precision.value
+    compute = pinned_compute or precision.value  # declared; every measurement below uses the measured one
+    seen = precision.value
     evidence.append(Evidence("compute_dtype", precision.value, precision.measured, precision.runner_up,
                              precision.runner_up_measured, 1.0, f"{why}; {precision.note}"))
     if pinned_compute and pinned_compute != precision.value:
         diffs.append(f"compute precision: declared {pinned_compute}, measured {precision.value} (worst error/"
                      f"tolerance {precision.measured:.3g} under {precision.value})")
     if "safety" not in declared and norm == "frobenius":
-        decl["safety"] = _safety(evidence, probes, outputs, decl, compute, measured_safety, sched.safety)
-    fit_ratio = probe_ratio(probes, outputs, decl, compute)[0]
+        decl["safety"] = _safety(evidence, probes, outputs, decl, seen, measured_safety, sched.safety)
+    fit_ratio = probe_ratio(probes, outputs, decl, seen)[0]
     evidence.insert(0, _schedule_evidence(fits, best, fit_ratio))
     _schedule_differences(diffs, declared, best, sched, variant, fit_ratio, off)
     # eps and its mode, from the tiny probes (float16 only down to ‖G‖_F = 1e-5: below, its entries are subnormal)
-    tiny = tiny_probes(in_dtype, seed, 1e-5 if "float16" in (in_dtype, compute) else 0.0)
+    tiny = tiny_probes(in_dtype, seed, 1e-5 if "float16" in (in_dtype, seen) else 0.0)
     tiny_out = [r.output if r.status == "ok" else None for r in (call_probe(fn, p.tensor(), timeout_s, device)
                                                                   for p in tiny)]
-    for ev in eps_evidence(tiny, tiny_out, decl, compute, table, decl["safety"], sched.eps):
+    for ev in eps_evidence(tiny, tiny_out, decl, seen, table, decl["safety"], sched.eps):
         evidence.append(ev)
         if ev.field in declared:
             if ev.value != declared[ev.field] and ev.measured == ev.measured:
@@ -241,9 +242,9 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
         decl["compute_dtype"] = "high" if compute == "tf32" else _TORCH_DTYPES[compute]
     elif "compute_dtype" in declared:
         decl["compute_dtype"] = declared["compute_dtype"]
-    batch_ev, batch_diffs, batched, max_batch_dims = _orientation_and_batches(fn, probes, outputs, decl, compute,
+    batch_ev, batch_diffs, batched, max_batch_dims = _orientation_and_batches(fn, probes, outputs, decl, seen,
                                                                                timeout_s, device)
-    _form(evidence, diffs, decl, declared, form_evidence(fn, decl, compute, in_dtype, seed, timeout_s, device,
+    _form(evidence, diffs, decl, declared, form_evidence(fn, decl, seen, in_dtype, seed, timeout_s, device,
                                                           batched if "batched" not in declared else declared["batched"]))
     evidence += batch_ev
     diffs += batch_diffs

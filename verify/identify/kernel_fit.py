@@ -31,12 +31,13 @@ def _table(name: str, steps: int) -> np.ndarray:
     return ortho_ref.schedule(name, steps)
 
 
-def _fit_one(sigma: np.ndarray, y: np.ndarray, table: np.ndarray, scale: float) -> tuple[float, float]:
-    """(ν, rss) minimizing Σᵢ (yᵢ − f(σᵢ/ν))² over ν ∈ scale·[1/GRID_RANGE, GRID_RANGE]: a log grid of 241
+def _fit_one(sigma: np.ndarray, y: np.ndarray, table: np.ndarray, scale: float, span: float = GRID_RANGE,
+             points: int = 241) -> tuple[float, float]:
+    """(ν, rss) minimizing Σᵢ (yᵢ − f(σᵢ/ν))² over ν ∈ scale·[1/span, span]: a log grid of ``points``
     points, then a bounded refinement between the best point's neighbours."""
     from scipy.optimize import minimize_scalar
 
-    logs = np.linspace(-np.log(GRID_RANGE), np.log(GRID_RANGE), 241)
+    logs = np.linspace(-np.log(span), np.log(span), points)
     nus = scale * np.exp(logs)
     with np.errstate(over="ignore", invalid="ignore"):
         pred = ortho_ref.ns_polynomial(sigma[None, :] / nus[:, None], table)
@@ -74,11 +75,18 @@ class MapFit:
         return f"{self.name} x{self.steps}"
 
 
-def fit_normalizers(maps, table) -> tuple[tuple[float, ...], float]:
-    """(νⱼ per probe, rms) of ``table`` over ``maps`` (a list of (σ (k,), y (k,), ‖A‖_F))."""
+def fit_normalizers(maps, table, near=None, wide: bool = False) -> tuple[tuple[float, ...], float]:
+    """(νⱼ per probe, rms) of ``table`` over ``maps`` (a list of (σ (k,), y (k,), ‖A‖_F)); with ``near``
+    (νⱼ per probe) only within a factor 1.2 of those; ``wide``: νⱼ up to 10⁸‖Aⱼ‖_F (an eps far above a tiny
+    input's norm)."""
     nus, rss, count = [], 0.0, 0
-    for sigma, y, fro in maps:
-        nu, r = _fit_one(sigma, y, table, fro)
+    for j, (sigma, y, fro) in enumerate(maps):
+        if near is not None:
+            nu, r = _fit_one(sigma, y, table, near[j], 1.2, 9)
+        elif wide:
+            nu, r = _fit_one(sigma, y, table, fro * 1e3, 1e5, 801)
+        else:
+            nu, r = _fit_one(sigma, y, table, fro)
         nus.append(nu)
         rss += r
         count += len(y)
@@ -145,8 +153,8 @@ def closest_variant(maps, fit: MapFit) -> Variant | None:
                 t[step, j] *= 1 + e
             return t
 
-        res = minimize_scalar(lambda e: fit_normalizers(usable, changed(e))[1], bounds=(-0.3, 0.3), method="bounded",
-                              options={"xatol": 1e-6})
+        res = minimize_scalar(lambda e: fit_normalizers(usable, changed(e), fit.nus)[1], bounds=(-0.3, 0.3),
+                              method="bounded", options={"xatol": 1e-6})
         rms = float(res.fun)
         if best is None or rms < best.rms:
             best = Variant(f"{label} x{1 + float(res.x):.4g} of {fit.name}"

@@ -125,7 +125,7 @@ def eps_evidence(probes, outputs, decl, compute, table, safety, registered_eps) 
         from ortho_verify.identify.probes import read_map
 
         proj, _ = read_map(p, y)
-        (nu,), _ = fit_normalizers([(p.sigma, proj, p.frobenius)], table)
+        (nu,), _ = fit_normalizers([(p.sigma, proj, p.frobenius)], table, wide=True)
         excess = nu - safety * p.frobenius
         if excess > 0.02 * nu:  # the eps is a visible part of this probe's normalizer
             measured["add"].append(excess)
