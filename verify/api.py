@@ -29,6 +29,7 @@ import torch
 from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.diagnoses import with_cause
 from ortho_verify.checks.newton_schulz import compare_ns_output
+from ortho_verify.checks.orientation import confined_cause
 from ortho_verify.checks.statistical import (STATISTICAL_SPECS, StatisticalBatch, compare_ns_statistics,
                                              statistical_batch, statistical_batches)
 from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, dtype_name,
@@ -131,6 +132,20 @@ DEFAULT_SPECS = (
 )
 
 
+def _check_examples(examples) -> None:
+    """``examples=`` is None or a list / tuple of ``SpectralExample``. Raises: TypeError naming examples and the
+    expected type (a bare tensor or array is the common mistake: wrap it with ``build_example``)."""
+    if examples is None:
+        return
+    if not isinstance(examples, (list, tuple)):
+        raise TypeError(f"examples: expected a list of ortho_verify.examples.SpectralExample (from default_examples "
+                        f"or build_example), got {type(examples).__name__}")
+    bad = [type(ex).__name__ for ex in examples if not isinstance(ex, SpectralExample)]
+    if bad:
+        raise TypeError(f"examples: expected a list of ortho_verify.examples.SpectralExample (from default_examples "
+                        f"or build_example; a tensor of your own is not one), got an element of type {bad[0]}")
+
+
 def _batch_limit(batched: bool, max_batch_dims: int | None) -> int | None:
     """The largest number of leading batch dims to feed: None (any), from ``max_batch_dims``
     or ``batched`` (False: 0). Raises: ValueError naming max_batch_dims for a negative value."""
@@ -180,9 +195,10 @@ def _raised_row(err, x: torch.Tensor, input_name: str, what: str) -> CheckResult
     if is_recompile_limit(err):
         return with_cause(measured("recompile_limit", input_name, what, math.inf, 0.0,
                                    f"raised {type(err).__name__} on shape {tuple(x.shape)}"), RECOMPILE_LIMIT_FIX)
-    frame = user_frame(err)  # the user's frame that raised
-    return measured("orthogonalizer_runs", input_name, what, math.inf, 0.0,
-                    f"raised {err!r}{' at ' + frame if frame else ''}{_batched_hint(x)}")
+    frame = user_frame(err)  # the user's frame that raised; never a frame of torch or an installed library
+    where = f" at {frame}" if frame else (" (every frame of its traceback is in torch or an installed library)"
+                                          if getattr(err, "__traceback__", None) is not None else "")
+    return measured("orthogonalizer_runs", input_name, what, math.inf, 0.0, f"raised {err!r}{where}{_batched_hint(x)}")
 
 
 def _to_host(out: torch.Tensor) -> torch.Tensor:
@@ -366,19 +382,22 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     # default: on with the default inputs, for kernels that take a batch (a (J, m, n) batch is one
     # input of the report; a 2-D-only kernel's report holds matrices only unless it asks for them)
     statistical = (examples is None and limit != 0) if statistical is None else statistical
+    _check_examples(examples)
     examples = default_examples(name, seed, batched, max_batch_dims, compute_dtype=compute_dtype, shapes=wanted) \
         if examples is None else [ex for ex in examples if limit is None or ex.matrix.ndim - 2 <= limit]
     if not examples:
         raise ValueError("examples: expected at least one SpectralExample (2-D when batched=False)")
     options = dict(coefficients=coefficients, steps=steps, safety=safety, eps=eps, eps_mode=eps_mode,
                    timeout_s=timeout_s)
-    results, inputs = [], {}
+    results, inputs, shapes = [], {}, {}
     for ex in examples:
         rows = check_orthogonalizer_example(fn, ex, dtype=name, compute_dtype=compute, form=form, restarts=restarts,
                                             device=dev, **options)
         results += rows
+        shapes[ex.name] = (*ex.matrix.shape[-2:], ex.matrix.ndim - 2)
         for case in ex.cases():  # the matrices fn received (rounded to the input dtype)
             inputs[case.name] = ({"input": case.matrix}, ex.provenance + REPLAY_HINT)
+            shapes[case.name] = (*ex.matrix.shape[-2:], ex.matrix.ndim - 2)
         inputs.setdefault(ex.name, ({"input": _as_f64(ex.tensor())}, ex.provenance + REPLAY_HINT))  # a whole batch
     if statistical and name in STATISTICAL_INPUTS and compute in STATISTICAL_INPUTS:
         stat_shape = None if wanted is None else wanted[0][-2:]
@@ -391,6 +410,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
         ("" if form == "standard" else f", gram restarts {list(restarts)}")
     subject = f"{getattr(fn, '__name__', type(fn).__name__)} ({coefficients if isinstance(coefficients, str) else 'table'}, " \
               f"{kernel})"
+    results = confined_cause(results, shapes)  # one orientation / one number of batch dims: said in the cause
     return VerificationReport(subject, accept_side_effects(results, allow_side_effects), inputs,
                               device_label(describe_device(dev)))
 

@@ -17,13 +17,14 @@ DEFAULT_TIMEOUT_S = 120.0
 
 def call_with_timeout(fn: Callable, x, timeout_s: float | None):
     """``fn(x)`` in a daemon thread, waiting at most ``timeout_s`` seconds (None: no limit, in
-    this thread). Returns ("ok", value), ("raised", exception) or ("timeout", None); a call that
+    this thread). Returns ("ok", value), ("raised", exception) or ("timeout", None) — a kernel that calls
+    ``sys.exit`` is "raised" with its SystemExit, it does not end the judge; a call that
     times out is abandoned (a thread cannot be killed; it ends with the process).
     Raises: ValueError naming timeout_s when it is not positive."""
     if timeout_s is None:
         try:
             return "ok", fn(x)
-        except Exception as err:  # reported as a failed check
+        except (Exception, SystemExit) as err:  # reported as a failed check (sys.exit in a kernel included)
             return "raised", err
     if not timeout_s > 0:
         raise ValueError(f"timeout_s: expected > 0 or None, got {timeout_s!r}")
@@ -34,7 +35,7 @@ def call_with_timeout(fn: Callable, x, timeout_s: float | None):
         try:
             with _with_dynamo_settings(carried):
                 box["ok"] = fn(x)
-        except Exception as err:  # reported as a failed check
+        except BaseException as err:  # reported as a failed check; SystemExit (sys.exit in fn) included
             box["raised"] = err
 
     worker = threading.Thread(target=run, daemon=True, name="ortho-verify-example")
@@ -42,7 +43,9 @@ def call_with_timeout(fn: Callable, x, timeout_s: float | None):
     worker.join(timeout_s)
     if worker.is_alive():
         return "timeout", None
-    return ("ok", box["ok"]) if "ok" in box else ("raised", box.get("raised"))
+    if "ok" in box:
+        return "ok", box["ok"]
+    return "raised", box.get("raised") or RuntimeError("the call ended without a result or an exception")
 
 
 def _dynamo_settings() -> dict | None:
