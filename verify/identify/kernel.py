@@ -13,7 +13,8 @@ import torch
 import ortho_ref
 from ortho_verify.identify.kernel_fit import closest_variant, fit_normalizers, fit_schedules, normalization_spread
 from ortho_verify.identify.kernel_probe import (choose_precision, eps_evidence, form_evidence, precision_candidates,
-                                                probe_ratio, safety_candidates, schedule_is_registered)
+                                                probe_ratio, safety_candidates)
+from ortho_verify.identify.known import KNOWN_NORMALIZATIONS, known_normalization, known_schedule
 from ortho_verify.identify.probes import MAIN_SHAPE, Probe, call_probe, main_probes, read_map, tiny_probes
 from ortho_verify.identify.result import Evidence, Identification
 from ortho_verify.identify.snippet import declaration_snippet
@@ -183,7 +184,7 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
     off = max(read_map(p, y)[1] for p, y in kept)
     fits = fit_schedules(maps)
     best = fits[0]
-    sched = ortho_ref.SCHEDULES[best.name]
+    sched = known_schedule(best.name)
     # a one-coefficient change that explains the map 4x better is systematic (rounding is not): the normalizer,
     # precision, eps and form are then measured under the changed table, so that none of them absorbs the change
     # (looked for only when the registered schedule does not fit under the most precise candidate precision)
@@ -194,9 +195,8 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
         nus = fit_normalizers([m for _, m in finite], table)[0] if finite else ()
         trial_evidence, trial_diffs = [], []
         norm, measured_safety = _normalization(trial_evidence, trial_diffs, nus, [p for p, _ in finite])
-        decl = {"coefficients": best.name} if variant is None else \
-            {"coefficients": [list(map(float, r)) for r in table]}
-        if variant is None and best.steps != sched.default_steps:
+        decl = {"coefficients": _coefficients(sched, table, variant)}
+        if variant is None and sched.registered and best.steps != sched.default_steps:
             decl["steps"] = best.steps
         near = abs(measured_safety / sched.safety - 1) < 2e-3
         decl.update(safety=sched.safety if near else round(measured_safety, 3), eps=sched.eps, eps_mode="add")
@@ -218,7 +218,7 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
         diffs.append(f"compute precision: declared {pinned_compute}, measured {precision.value} (worst error/"
                      f"tolerance {precision.measured:.3g} under {precision.value})")
     if "safety" not in declared and norm == "frobenius":
-        decl["safety"] = _safety(evidence, probes, outputs, decl, seen, measured_safety, sched.safety)
+        decl["safety"] = _safety(evidence, probes, outputs, decl, seen, measured_safety, sched)
     fit_ratio = probe_ratio(probes, outputs, decl, seen)[0]
     evidence.insert(0, _schedule_evidence(fits, best, fit_ratio))
     _schedule_differences(diffs, declared, best, sched, variant, fit_ratio, off)
@@ -226,17 +226,19 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
     tiny = tiny_probes(in_dtype, seed, 1e-5 if "float16" in (in_dtype, seen) else 0.0)
     tiny_out = [r.output if r.status == "ok" else None for r in (call_probe(fn, p.tensor(), timeout_s, device)
                                                                   for p in tiny)]
-    for ev in eps_evidence(tiny, tiny_out, decl, seen, table, decl["safety"], sched.eps):
+    for ev in eps_evidence(tiny, tiny_out, decl, seen, table, decl["safety"], _known_eps(sched)):
         evidence.append(ev)
         if ev.field in declared:
             if ev.value != declared[ev.field] and ev.measured == ev.measured:
                 diffs.append(f"{ev.field}: declared {declared[ev.field]!r}, measured {ev.value!r}")
         else:
             decl[ev.field] = ev.value
-    for key in ("eps", "safety"):
-        if decl[key] != getattr(sched, key) and key not in declared and (key == "eps" or norm == "frobenius"):
-            diffs.append(f"{key} {decl[key]:g} where {best.name} registers {getattr(sched, key):g} (declare "
-                         f"{key}={decl[key]:g} if meant)")
+    if not ({"safety", "eps", "eps_mode"} & set(declared)) and norm == "frobenius" and \
+            not known_normalization(best.name, decl["safety"], decl["eps"], decl["eps_mode"]):
+        known = [(sched.safety, sched.eps, "add")] + list(KNOWN_NORMALIZATIONS.get(best.name, {}))
+        diffs.append(f"normalization: safety {decl['safety']:g}, eps {decl['eps']:g} ({decl['eps_mode']}) is not one in "
+                     f"use with {best.name} (known: " + "; ".join(f"safety {a:g}, eps {b:g} ({c})" for a, b, c in known)
+                     + "); declare safety= / eps= / eps_mode= if meant")
     decl["dtype"] = declared.get("dtype", _TORCH_DTYPES[in_dtype])
     if compute != in_dtype and "compute_dtype" not in declared:
         decl["compute_dtype"] = "high" if compute == "tf32" else _TORCH_DTYPES[compute]
@@ -253,9 +255,9 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
     if "max_batch_dims" in declared or max_batch_dims is not None:
         decl["max_batch_dims"] = declared.get("max_batch_dims", max_batch_dims)
     fitted = fit_ratio <= 1 and norm == "frobenius"
-    if variant is not None:  # judged under the closest registered schedule: the changed table is not a pass
-        decl["coefficients"] = best.name
-        if best.steps != sched.default_steps:
+    if variant is not None:  # judged under the closest known schedule: the changed table is not a pass
+        decl["coefficients"] = _coefficients(sched, best.table, None)
+        if sched.registered and best.steps != sched.default_steps:
             decl["steps"] = best.steps
     report = None
     if judge:
@@ -282,9 +284,31 @@ def _normalization(evidence, diffs, nus, probes) -> tuple[str, float]:
     return norm, spread["frobenius"][1]
 
 
-def _safety(evidence, probes, outputs, decl, compute, measured: float, registered: float) -> float:
-    """The first of ``safety_candidates`` that reproduces the main probes, with its evidence."""
-    options = safety_candidates(measured, registered)
+def _coefficients(sched, table, variant):
+    """The declaration's ``coefficients``: a registered schedule's name, else the rows (a known table, or the
+    changed table of ``variant``)."""
+    if sched.registered and variant is None:
+        return sched.name
+    return [tuple(float(v) for v in row) for row in table]
+
+
+def _known_eps(sched) -> list[float]:
+    """The schedule's own eps, then the others in use with it (``KNOWN_NORMALIZATIONS``)."""
+    out = [sched.eps]
+    for _, eps, _ in KNOWN_NORMALIZATIONS.get(sched.name, {}):
+        if eps not in out:
+            out.append(eps)
+    return out
+
+
+def _safety(evidence, probes, outputs, decl, compute, measured: float, sched) -> float:
+    """The first of ``safety_candidates`` that reproduces the main probes, with its evidence: the schedule's
+    own, those in use with it (``KNOWN_NORMALIZATIONS``), then the measured one rounded."""
+    options = []
+    for s in [sched.safety] + [k[0] for k in KNOWN_NORMALIZATIONS.get(sched.name, {})]:
+        if abs(measured / s - 1) < 5e-3 and s not in options:
+            options.append(s)
+    options += [s for s in safety_candidates(measured, sched.safety) if s not in options]
     ratios = {s: probe_ratio(probes, outputs, {**decl, "safety": s}, compute)[0] for s in options}
     chosen = next((s for s in options if ratios[s] <= 1), decl["safety"])
     others = sorted((s for s in options if abs(s - chosen) >= 5e-3), key=lambda s: ratios[s])
@@ -295,6 +319,7 @@ def _safety(evidence, probes, outputs, decl, compute, measured: float, registere
 
 
 def _schedule_differences(diffs, declared, best, sched, variant, fit_ratio, off) -> None:
+    """The schedule's differences: a changed table, no fit, or a step count other than the known one."""
     if variant is not None:
         diffs.append(f"no registered schedule reproduces the map; closest {best.label}, changed: {variant.what} "
                      f"(rms {variant.rms:.2g} vs {best.rms:.2g}; declare coefficients=<your table> if meant)")
@@ -302,7 +327,7 @@ def _schedule_differences(diffs, declared, best, sched, variant, fit_ratio, off)
         diffs.append(f"no registered schedule reproduces the map: closest {best.label} at {fit_ratio:.3g}x tolerance; "
                      f"the part of the output off the input's singular directions is {off:.2g} of ‖Y‖_F"
                      + (" (NaN or Inf in the output)" if off != off else ""))
-    elif best.steps != sched.default_steps and "steps" not in declared:
+    elif best.steps != sched.default_steps and "steps" not in declared and "coefficients" not in declared:
         diffs.append(f"{best.steps} steps of {best.name}, registered with {sched.default_steps} (declare "
                      f"steps={best.steps} if meant)")
     if isinstance(declared.get("coefficients"), str) and declared["coefficients"] != best.name:

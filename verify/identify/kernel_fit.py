@@ -28,7 +28,9 @@ GRID_RANGE = 100.0
 
 
 def _table(name: str, steps: int) -> np.ndarray:
-    return ortho_ref.schedule(name, steps)
+    from ortho_verify.identify.known import known_schedule
+
+    return known_schedule(name).table(steps)
 
 
 def _fit_one(sigma: np.ndarray, y: np.ndarray, table: np.ndarray, scale: float, span: float = GRID_RANGE,
@@ -77,14 +79,14 @@ class MapFit:
 
 def fit_normalizers(maps, table, near=None, wide: bool = False) -> tuple[tuple[float, ...], float]:
     """(νⱼ per probe, rms) of ``table`` over ``maps`` (a list of (σ (k,), y (k,), ‖A‖_F)); with ``near``
-    (νⱼ per probe) only within a factor 1.2 of those; ``wide``: νⱼ up to 10⁸‖Aⱼ‖_F (an eps far above a tiny
-    input's norm)."""
+    (νⱼ per probe) only within a factor 1.2 of those; ``wide``: νⱼ from 10⁻²‖Aⱼ‖_F up to 10³⁰‖Aⱼ‖_F (an eps far
+    above a tiny input's norm)."""
     nus, rss, count = [], 0.0, 0
     for j, (sigma, y, fro) in enumerate(maps):
         if near is not None:
             nu, r = _fit_one(sigma, y, table, near[j], 1.2, 9)
         elif wide:
-            nu, r = _fit_one(sigma, y, table, fro * 1e3, 1e5, 801)
+            nu, r = _fit_one(sigma, y, table, fro * 1e14, 1e16, 1601)
         else:
             nu, r = _fit_one(sigma, y, table, fro)
         nus.append(nu)
@@ -94,12 +96,14 @@ def fit_normalizers(maps, table, near=None, wide: bool = False) -> tuple[tuple[f
 
 
 def fit_schedules(maps, names=None, max_steps: int = MAX_STEPS) -> list[MapFit]:
-    """Every registered schedule (``ortho_ref.SCHEDULES``, or ``names``) at 1 … ``max_steps`` steps fitted
-    to ``maps`` (list of (σ, y, ‖A‖_F)), best (smallest rms) first. Maps with NaN are left out; with none
+    """Every known schedule (``ortho_verify.identify.known.schedule_names``, or ``names``) at 1 … ``max_steps``
+    steps fitted to ``maps`` (list of (σ, y, ‖A‖_F)), best (smallest rms) first. Maps with NaN are left out; with none
     left every fit has rms inf."""
     usable = [m for m in maps if np.all(np.isfinite(m[1]))]
     out = []
-    for name in names or ortho_ref.SCHEDULES:
+    from ortho_verify.identify.known import schedule_names
+
+    for name in names or schedule_names():
         for steps in range(1, max_steps + 1):
             table = _table(name, steps)
             if not usable:
@@ -157,7 +161,6 @@ def closest_variant(maps, fit: MapFit) -> Variant | None:
                               method="bounded", options={"xatol": 1e-6})
         rms = float(res.fun)
         if best is None or rms < best.rms:
-            best = Variant(f"{label} x{1 + float(res.x):.4g} of {fit.name}"
-                           + ("" if fit.steps == ortho_ref.SCHEDULES[fit.name].default_steps else f" x{fit.steps}"),
+            best = Variant(f"{label} x{1 + float(res.x):.4g} of {fit.label}",
                            changed(float(res.x)), rms)
     return best if best is not None and best.rms * 4 <= fit.rms else None

@@ -112,9 +112,9 @@ def _nice(x: float) -> float:
     return one if abs(one / x - 1) <= 0.05 else float(f"{x:.1e}")
 
 
-def eps_evidence(probes, outputs, decl, compute, table, safety, registered_eps) -> tuple[Evidence, Evidence]:
-    """(eps, eps_mode) from the tiny probes: for every (eps, mode) candidate — the registered eps and the
-    one measured from the fitted normalizers (νⱼ − s‖Aⱼ‖_F for "add", νⱼ for "clamp"), each in both modes —
+def eps_evidence(probes, outputs, decl, compute, table, safety, known_eps) -> tuple[Evidence, Evidence]:
+    """(eps, eps_mode) from the tiny probes: for every (eps, mode) candidate — the eps values in use with the
+    schedule (``known_eps``, its own first) and the one measured from the fitted normalizers (νⱼ − s‖Aⱼ‖_F for "add", νⱼ for "clamp"), each in both modes —
     the worst error / tolerance over the tiny probes; the first candidate that fits wins, the best other
     mode is the runner-up."""
     from ortho_verify.identify.kernel_fit import fit_normalizers
@@ -132,12 +132,14 @@ def eps_evidence(probes, outputs, decl, compute, table, safety, registered_eps) 
             measured["clamp"].append(nu)
     cands = []
     for mode in ("add", "clamp"):
-        for e in [registered_eps] + ([_nice(float(np.median(measured[mode])))] if measured[mode] else []):
+        for e in list(known_eps) + ([_nice(float(np.median(measured[mode])))] if measured[mode] else []):
             if (e, mode) not in cands:
                 cands.append((e, mode))
+    for e, mode in list(cands[:1]):  # a decade either side of the first: the runner-up of the eps itself
+        cands += [(e * 10, mode), (e / 10, mode)]
     if not usable:
         note = "no tiny probe gave a finite output: eps not measurable, the registered one kept"
-        return (Evidence("eps", registered_eps, math.nan, note=note), Evidence("eps_mode", "add", math.nan, note=note))
+        return (Evidence("eps", known_eps[0], math.nan, note=note), Evidence("eps_mode", "add", math.nan, note=note))
     pr = [p for p, _ in usable]
     ys = [y for _, y in usable]
     ratios = {c: probe_ratio(pr, ys, {**decl, "eps": c[0], "eps_mode": c[1]}, compute)[0] for c in cands}
@@ -196,6 +198,3 @@ def form_evidence(fn, decl, compute, in_dtype, seed, timeout_s, device, batched:
     return Evidence("form", "standard", standard, ("gram", grams[0][0]), grams[0][1], 1.0,
                     f"statistical row over {count} matrices: no form's rounding model fits")
 
-
-def schedule_is_registered(name: str, steps: int) -> bool:
-    return name in ortho_ref.SCHEDULES and steps == ortho_ref.SCHEDULES[name].default_steps

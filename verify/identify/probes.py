@@ -25,8 +25,9 @@ MAIN_SHAPE = (24, 40)
 #: Frobenius norm of the main probes: a power of two (exact scaling in every dtype), large enough that
 #: an eps ≤ 1e-3 changes the normalizer by < 2e-5 relative, small enough for float16's range.
 MAIN_NORM = 64.0
-#: Frobenius norms of the tiny probes, where an eps of 1e-9 … 1e-5 is a visible part of the normalizer.
-TINY_NORMS = (1e-5, 1e-6, 3e-7, 1e-7, 3e-8, 1e-8)
+#: Frobenius norms of the tiny probes, where an eps of 1e-30 … 1e-5 is a visible part of the normalizer (the
+#: judge's own inputs reach ‖G‖_F = 1e-30; float32 and bfloat16 hold these entries as normal numbers).
+TINY_NORMS = (1e-5, 1e-6, 3e-7, 1e-7, 3e-8, 1e-8, 1e-10, 1e-12, 1e-15, 1e-18, 1e-24, 1e-30)
 
 
 def _dtype(name: str) -> torch.dtype:
