@@ -13,7 +13,7 @@ import torch
 import ortho_ref
 from ortho_verify.identify.kernel_fit import closest_variant, fit_normalizers, fit_schedules, normalization_spread
 from ortho_verify.identify.kernel_probe import (choose_precision, eps_evidence, form_evidence, precision_candidates,
-                                                probe_ratio, safety_candidates)
+                                                probe_ratio, safety_candidates, statistical_outputs, statistical_ratio)
 from ortho_verify.identify.known import KNOWN_NORMALIZATIONS, known_normalization, known_schedule
 from ortho_verify.identify.probes import MAIN_SHAPE, Probe, call_probe, main_probes, read_map, tiny_probes
 from ortho_verify.identify.result import Evidence, Identification
@@ -24,7 +24,7 @@ __all__ = ["DECLARABLE", "identify_orthogonalizer"]
 
 #: Keyword arguments of ``check_orthogonalizer`` a caller may pin (``identify_orthogonalizer(**declared)``).
 DECLARABLE = ("coefficients", "steps", "safety", "eps", "eps_mode", "dtype", "compute_dtype", "form", "restarts",
-              "batched", "max_batch_dims")
+              "batched", "max_batch_dims", "allow_side_effects")
 _TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
                  "float16": torch.float16}
 
@@ -246,14 +246,25 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
         decl["compute_dtype"] = declared["compute_dtype"]
     batch_ev, batch_diffs, batched, max_batch_dims = _orientation_and_batches(fn, probes, outputs, decl, seen,
                                                                                timeout_s, device)
-    _form(evidence, diffs, decl, declared, form_evidence(fn, decl, seen, in_dtype, seed, timeout_s, device,
-                                                          batched if "batched" not in declared else declared["batched"]))
+    stat = statistical_outputs(fn, seen, in_dtype, seed, timeout_s, device,
+                               batched if "batched" not in declared else declared["batched"])
+    if stat is not None and "safety" not in declared and norm == "frobenius":
+        _refine_safety(evidence, stat, decl, seen, sched)
+    _form(evidence, diffs, decl, declared, form_evidence(stat, decl, seen))
     evidence += batch_ev
     diffs += batch_diffs
     if "batched" in declared or not batched:
         decl["batched"] = declared.get("batched", batched)
     if "max_batch_dims" in declared or max_batch_dims is not None:
         decl["max_batch_dims"] = declared.get("max_batch_dims", max_batch_dims)
+    mutated = [r for r in runs if r.mutated]
+    evidence.append(Evidence("allow_side_effects", ("input_mutated",) if mutated else (), math.nan,
+                             note=f"writes into its input on {len(mutated)} of {len(runs)} probes" if mutated else
+                             "leaves its input unchanged"))
+    if "allow_side_effects" in declared:
+        decl["allow_side_effects"] = tuple(declared["allow_side_effects"])
+    elif mutated:  # a side effect, found and declared (accepted in the report, shown in the evidence)
+        decl["allow_side_effects"] = ("input_mutated",)
     fitted = fit_ratio <= 1 and norm == "frobenius"
     if variant is not None:  # judged under the closest known schedule: the changed table is not a pass
         decl["coefficients"] = _coefficients(sched, best.table, None)
@@ -308,14 +319,36 @@ def _safety(evidence, probes, outputs, decl, compute, measured: float, sched) ->
     for s in [sched.safety] + [k[0] for k in KNOWN_NORMALIZATIONS.get(sched.name, {})]:
         if abs(measured / s - 1) < 5e-3 and s not in options:
             options.append(s)
+    n_known = len(options)
     options += [s for s in safety_candidates(measured, sched.safety) if s not in options]
     ratios = {s: probe_ratio(probes, outputs, {**decl, "safety": s}, compute)[0] for s in options}
-    chosen = next((s for s in options if ratios[s] <= 1), decl["safety"])
+    known = [s for s in options[:n_known] if ratios[s] <= 1]  # the known ones that fit: the nearest to measured
+    rest = [s for s in options[n_known:] if ratios[s] <= 1]  # else the measured one, rounded as little as fits
+    chosen = min(known, key=lambda s: abs(math.log(s / measured))) if known else rest[0] if rest else decl["safety"]
     others = sorted((s for s in options if abs(s - chosen) >= 5e-3), key=lambda s: ratios[s])
     evidence.append(Evidence("safety", chosen, ratios.get(chosen, math.nan), others[0] if others else None,
                              ratios[others[0]] if others else math.inf, 1.0,
                              f"measured {measured:.6g} (fitted normalizer / ‖G‖_F)"))
     return chosen
+
+
+def _refine_safety(evidence, stat, decl, compute, sched) -> None:
+    """Low precision blurs the probes' safety (bfloat16 rounding biases a map by a percent): among the known
+    safeties of the schedule and the one chosen, the statistical row (the judge's mean deviation over many
+    matrices) decides — the smallest error / tolerance, when it fits."""
+    options = [decl["safety"]] + [s for s in [sched.safety] + [k[0] for k in KNOWN_NORMALIZATIONS.get(sched.name, {})]
+                                  if s != decl["safety"]]
+    options = list(dict.fromkeys(options))
+    if len(options) < 2:
+        return
+    ratios = {s: statistical_ratio(stat, {**decl, "safety": s}, compute) for s in options}
+    best = min(options, key=lambda s: ratios[s])
+    if ratios[best] <= 1 and best != decl["safety"]:
+        decl["safety"] = best
+    chosen = decl["safety"]
+    runner = min((s for s in options if s != chosen), key=lambda s: ratios[s])
+    evidence.append(Evidence("safety", chosen, ratios[chosen], runner, ratios[runner], 1.0,
+                             "statistical row (mean deviation over many matrices) under each known safety"))
 
 
 def _schedule_differences(diffs, declared, best, sched, variant, fit_ratio, off) -> None:

@@ -19,7 +19,7 @@ from ortho_verify.identify.probes import Probe, call_probe
 from ortho_verify.identify.result import Evidence
 
 __all__ = ["PRECISION_ORDER", "declared_table", "eps_evidence", "form_evidence", "precision_candidates",
-           "probe_ratio", "safety_candidates"]
+           "probe_ratio", "safety_candidates", "statistical_outputs", "statistical_ratio"]
 
 #: Compute precisions, most precise first (``ortho_verify.tolerances.COMPUTE_PRECISIONS``).
 PRECISION_ORDER = ("float64", "float32", "tf32", "float16", "bfloat16")
@@ -112,58 +112,63 @@ def _nice(x: float) -> float:
     return one if abs(one / x - 1) <= 0.05 else float(f"{x:.1e}")
 
 
+def _nu_prediction(norm: float, safety: float, eps: float, mode: str) -> float:
+    return safety * norm + eps if mode == "add" else max(safety * norm, eps)
+
+
 def eps_evidence(probes, outputs, decl, compute, table, safety, known_eps) -> tuple[Evidence, Evidence]:
-    """(eps, eps_mode) from the tiny probes: for every (eps, mode) candidate — the eps values in use with the
-    schedule (``known_eps``, its own first) and the one measured from the fitted normalizers (νⱼ − s‖Aⱼ‖_F for "add", νⱼ for "clamp"), each in both modes —
-    the worst error / tolerance over the tiny probes; the first candidate that fits wins, the best other
-    mode is the runner-up."""
+    """(eps, eps_mode) from the tiny probes. Each probe's normalizer νⱼ is fitted (``fit_normalizers``, all
+    directions); the candidates are the eps values in use with the schedule (``known_eps``, its own first),
+    the one measured (νⱼ − s‖Aⱼ‖_F where it is visible, for "add"; νⱼ there, for "clamp") and a decade either
+    side, each in both modes. A candidate's discrepancy is maxⱼ |log(ν_pred,j / νⱼ)|; the chosen one has the
+    smallest among those whose rows reproduce the probes (``probe_ratio`` ≤ 1: the judge's own tolerance,
+    which in bfloat16 cannot tell a 10× eps apart in the directions it moves), the runner-up the next."""
     from ortho_verify.identify.kernel_fit import fit_normalizers
+    from ortho_verify.identify.probes import read_map
 
     usable = [(p, y) for p, y in zip(probes, outputs) if y is not None and np.all(np.isfinite(y))]
-    measured = {"add": [], "clamp": []}
+    if not usable:
+        note = "no tiny probe gave a finite output: eps not measurable, the known one kept"
+        return (Evidence("eps", known_eps[0], math.nan, note=note), Evidence("eps_mode", "add", math.nan, note=note))
+    nus, measured = [], {"add": [], "clamp": []}
     for p, y in usable:
-        from ortho_verify.identify.probes import read_map
-
-        proj, _ = read_map(p, y)
-        (nu,), _ = fit_normalizers([(p.sigma, proj, p.frobenius)], table, wide=True)
+        (nu,), _ = fit_normalizers([(p.sigma, read_map(p, y)[0], p.frobenius)], table, wide=True)
+        nus.append(nu)
         excess = nu - safety * p.frobenius
         if excess > 0.02 * nu:  # the eps is a visible part of this probe's normalizer
             measured["add"].append(excess)
             measured["clamp"].append(nu)
+    values = list(known_eps) + [_nice(float(np.median(v))) for v in measured.values() if v]
     cands = []
-    for mode in ("add", "clamp"):
-        for e in list(known_eps) + ([_nice(float(np.median(measured[mode])))] if measured[mode] else []):
+    for e in values + [v * f for v in values[:1] for f in (10.0, 0.1)]:
+        for mode in ("add", "clamp"):
             if (e, mode) not in cands:
                 cands.append((e, mode))
-    for e, mode in list(cands[:1]):  # a decade either side of the first: the runner-up of the eps itself
-        cands += [(e * 10, mode), (e / 10, mode)]
-    if not usable:
-        note = "no tiny probe gave a finite output: eps not measurable, the registered one kept"
-        return (Evidence("eps", known_eps[0], math.nan, note=note), Evidence("eps_mode", "add", math.nan, note=note))
-    pr = [p for p, _ in usable]
-    ys = [y for _, y in usable]
+    norms = [p.frobenius for p, _ in usable]
+    score = {c: max(abs(math.log(_nu_prediction(n, safety, *c) / nu)) for n, nu in zip(norms, nus)) for c in cands}
+    pr, ys = [p for p, _ in usable], [y for _, y in usable]
     ratios = {c: probe_ratio(pr, ys, {**decl, "eps": c[0], "eps_mode": c[1]}, compute)[0] for c in cands}
-    fitting = [c for c in cands if ratios[c] <= 1]
-    best = fitting[0] if fitting else min(cands, key=lambda c: ratios[c])
+    fitting = [c for c in cands if ratios[c] <= 1] or cands
+    best = min(fitting, key=lambda c: score[c])
     other_eps = [c for c in cands if c[0] != best[0]]
-    other_mode = [c for c in cands if c[1] != best[1]]
-    r_eps = min(other_eps, key=lambda c: ratios[c]) if other_eps else None
-    r_mode = min(other_mode, key=lambda c: ratios[c]) if other_mode else None
-    sizes = ", ".join(f"{p.frobenius:.0e}" for p in pr)
-    eps_ev = Evidence("eps", best[0], ratios[best], None if r_eps is None else r_eps[0],
-                      math.inf if r_eps is None else ratios[r_eps], 1.0,
-                      f"worst error/tolerance on inputs of norm {sizes}")
-    mode_ev = Evidence("eps_mode", best[1], ratios[best], None if r_mode is None else r_mode[1],
-                       math.inf if r_mode is None else ratios[r_mode], 1.0,
-                       "divide by s‖G‖_F + eps (add) or max(s‖G‖_F, eps) (clamp)")
+    other_mode = [c for c in cands if c[1] != best[1] and c[0] == best[0]]
+    r_eps = min(other_eps, key=lambda c: score[c]) if other_eps else None
+    r_mode = min(other_mode, key=lambda c: score[c]) if other_mode else None
+    sizes = ", ".join(f"{n:.0e}" for n in norms)
+    how = (f"max |log(predicted / fitted normalizer)| over inputs of norm {sizes}; the probes' worst "
+           f"error/tolerance under it {ratios[best]:.3g}")
+    eps_ev = Evidence("eps", best[0], score[best], None if r_eps is None else r_eps[0],
+                      math.inf if r_eps is None else score[r_eps], note=how)
+    mode_ev = Evidence("eps_mode", best[1], score[best], None if r_mode is None else r_mode[1],
+                       math.inf if r_mode is None else score[r_mode],
+                       note="divide by s‖G‖_F + eps (add) or max(s‖G‖_F, eps) (clamp); " + how.split(";")[0])
     return eps_ev, mode_ev
 
 
-def form_evidence(fn, decl, compute, in_dtype, seed, timeout_s, device, batched: bool) -> Evidence | None:
-    """Standard or Gram form (and the restarts) from the judge's statistical row (``compare_ns_statistics``,
-    the first batch of ``STATISTICAL_SPECS``): the standard form unless its row fails and a Gram model's
-    (restarts ``GRAM_RESTARTS`` in order) holds and is ``GRAM_MARGIN`` times smaller. None when the compute
-    precision has no statistical model (float64, TF32) or the batch could not be run."""
+def statistical_outputs(fn, compute, in_dtype, seed, timeout_s, device, batched: bool):
+    """(batch, outputs (J, m, n) float64) of the judge's first statistical batch (``STATISTICAL_SPECS``, the
+    seed ``check_orthogonalizer`` gives it), or None when the compute precision has no statistical model
+    (float64, TF32) or the kernel did not run on it."""
     if compute not in ("bfloat16", "float16", "float32") or in_dtype not in ("bfloat16", "float16", "float32"):
         return None
     lc, shape, norm, count = STATISTICAL_SPECS[0]
@@ -176,20 +181,31 @@ def form_evidence(fn, decl, compute, in_dtype, seed, timeout_s, device, batched:
     else:
         runs = [call_probe(fn, xi, timeout_s, device) for xi in x]
         outs = np.stack([r.output for r in runs]) if all(r.status == "ok" for r in runs) else None
-    if outs is None:
-        return None
+    return None if outs is None else (batch, outs)
+
+
+def statistical_ratio(stat, decl, compute, form: str = "standard", restarts=()) -> float:
+    """The statistical row's error / tolerance (``compare_ns_statistics``) of ``statistical_outputs`` under
+    ``decl``."""
+    batch, outs = stat
     table, safety, eps = declared_table(decl)
+    return compare_ns_statistics(outs, batch.matrices, table, safety=safety, eps=eps, dtype=compute,
+                                 eps_mode=decl.get("eps_mode", "add"), input_name=batch.name, detail="", form=form,
+                                 restarts=restarts).ratio
 
-    def row(form, restarts=()):
-        return compare_ns_statistics(outs, batch.matrices, table, safety=safety, eps=eps, dtype=compute,
-                                     eps_mode=decl.get("eps_mode", "add"), input_name=batch.name, detail="",
-                                     form=form, restarts=restarts).ratio
 
-    standard = row("standard")
+def form_evidence(stat, decl, compute) -> Evidence | None:
+    """Standard or Gram form (and the restarts) from the judge's statistical row on ``stat``
+    (``statistical_outputs``): the standard form unless its row fails and a Gram model's (restarts
+    ``GRAM_RESTARTS`` in order) holds and is ``GRAM_MARGIN`` times smaller. None without ``stat``."""
+    if stat is None:
+        return None
+    count, (m, n) = len(stat[1]), stat[1].shape[-2:]
+    standard = statistical_ratio(stat, decl, compute)
     if standard <= 1:
         return Evidence("form", "standard", standard, None, math.inf, 1.0,
-                        f"statistical row (mean deviation over {count} matrices {shape[0]}x{shape[1]})")
-    grams = [(r, row("gram", r)) for r in GRAM_RESTARTS]
+                        f"statistical row (mean deviation over {count} matrices {m}x{n})")
+    grams = [(r, statistical_ratio(stat, decl, compute, "gram", r)) for r in GRAM_RESTARTS]
     for restarts, ratio in grams:
         if ratio <= 1 and ratio * GRAM_MARGIN <= standard:
             return Evidence("form", ("gram", restarts), ratio, "standard", standard, 1.0,
@@ -197,4 +213,3 @@ def form_evidence(fn, decl, compute, in_dtype, seed, timeout_s, device, batched:
                             "does not")
     return Evidence("form", "standard", standard, ("gram", grams[0][0]), grams[0][1], 1.0,
                     f"statistical row over {count} matrices: no form's rounding model fits")
-

@@ -115,12 +115,15 @@ class ProbeRun:
     out_dtype: torch.dtype | None = None
     error: BaseException | None = None
     what: str = ""
+    mutated: bool = False
 
 
 def call_probe(fn, x: torch.Tensor, timeout_s, device=None) -> ProbeRun:
     """``fn(x)`` (on ``device`` when given) with ``call_with_timeout``; the result read back to float64."""
     xin = x if device is None else x.to(device)
+    pristine = xin.clone()
     status, out = call_with_timeout(fn, xin, timeout_s)
+    mutated = status != "timeout" and not torch.equal(xin, pristine)
     if status == "timeout":
         return ProbeRun("timeout", what=f"did not return within {timeout_s:g} s")
     if status == "raised":
@@ -132,7 +135,8 @@ def call_probe(fn, x: torch.Tensor, timeout_s, device=None) -> ProbeRun:
                                     f"{tuple(x.shape)}")
     if not (out.is_floating_point()):
         return ProbeRun("bad", what=f"returned a {out.dtype} tensor")
-    return ProbeRun("ok", out.detach().cpu().double().numpy(), out.dtype, what=f"{out.dtype} {tuple(out.shape)}")
+    return ProbeRun("ok", out.detach().cpu().double().numpy(), out.dtype, what=f"{out.dtype} {tuple(out.shape)}",
+                    mutated=mutated)
 
 
 def read_map(probe: Probe, y: np.ndarray) -> tuple[np.ndarray, float]:
