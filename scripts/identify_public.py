@@ -8,6 +8,8 @@ by default (the command column says how), on the CPU, with torch.compile disable
     python scripts/identify_public.py --kernels keller=PATH dion=PATH emerging=PATH moonlight=PATH \\
         nanochat=PATH gram=PATH [--write-docs]
 
+A PATH without its .git (an exported archive) may carry its commit: ``keller=PATH@857d1ad``.
+
 Sources: KellerJordan/Muon ``muon.py`` ``zeropower_via_newtonschulz5``; torch ``torch/optim/_muon.py``
 ``_zeropower_via_newtonschulz``; microsoft/dion ``dion/polar_express.py`` ``polar_express`` (its Muon's default,
 ``use_polar_express=True``) and ``dion/muon.py`` ``zeropower_via_newtonschulz5`` (``use_polar_express=False``);
@@ -47,9 +49,15 @@ START, END = "<!-- identify:kernels:start -->", "<!-- identify:kernels:end -->"
 SYSTEMS = ("torch", "keller", "dion", "emerging", "moonlight", "nanochat", "gram")
 
 
+#: Commit labels given on the command line (PATH@COMMIT) for checkouts without their .git (an archive).
+COMMITS: dict[str, str] = {}
+
+
 def _commit(root: str | None) -> str:
     if root is None:
         return f"torch {torch.__version__}"
+    if os.path.abspath(root) in COMMITS:
+        return COMMITS[os.path.abspath(root)]
     try:
         out = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              check=True).stdout.strip()
@@ -213,16 +221,20 @@ def write_docs(lines: list[str], command: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernels", nargs="*", default=[], metavar="SYSTEM=PATH",
+    ap.add_argument("--kernels", nargs="*", default=[], metavar="SYSTEM=PATH[@COMMIT]",
                     help=f"checkouts, SYSTEM one of {', '.join(s for s in SYSTEMS if s != 'torch')}")
     ap.add_argument("--write-docs", action="store_true", help=f"write the table between the markers of {DOC}")
     args = ap.parse_args(argv)
     paths = {}
     for item in args.kernels:
         name, sep, path = item.partition("=")
+        path, _, commit = path.partition("@")
         if not sep or name not in SYSTEMS or not os.path.isdir(path):
-            ap.error(f"--kernels {item!r}: expected SYSTEM=PATH with SYSTEM in {SYSTEMS[1:]} and PATH a folder")
+            ap.error(f"--kernels {item!r}: expected SYSTEM=PATH[@COMMIT] with SYSTEM in {SYSTEMS[1:]} and PATH a "
+                     "folder")
         paths[name] = path
+        if commit:
+            COMMITS[os.path.abspath(path)] = commit
     torch.set_num_threads(1)
     rows = []
     for system, commit, command, kernel in kernels(paths):
@@ -233,7 +245,7 @@ def main(argv=None) -> int:
     lines = table(rows)
     print("\n".join(lines))
     if args.write_docs:
-        shown = " ".join(f"{k}=<{k} checkout>" for k in paths)
+        shown = " ".join(f"{k}=<{k} checkout>" for k in paths)  # the commits are in the table
         write_docs(lines, f"python scripts/identify_public.py --kernels {shown} --write-docs")
     return 0
 

@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, default=None, metavar="FILE",
                         help="write the identification (declaration, evidence, differences, verdict) to FILE")
     parser.add_argument("--seed", type=int, default=0, help="seed of the probes and the judge's inputs (default 0)")
-    parser.add_argument("--no-judge", action="store_true", help="identify only; do not run the judge")
+    parser.add_argument("--no-judge", action="store_true",
+                        help="identify only, without the judge (exit 0 when a known declaration fits every probe)")
     parser.add_argument("--device", default=None, metavar="DEVICE", help="where the kernel runs (default: cpu)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     return parser
@@ -161,4 +162,5 @@ def main(argv: list[str] | None = None) -> int:
     print(wrap(found.summary(), terminal_width()))
     if args.json is not None:
         args.json.write_text(json.dumps(identification_json(found, args.target), indent=1))
-    return EXIT_PASSED if found.passed else EXIT_FAILED
+    ok = found.passed if found.report is not None else found.fits and not found.differences  # --no-judge
+    return EXIT_PASSED if ok else EXIT_FAILED
