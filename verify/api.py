@@ -36,11 +36,11 @@ from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventi
                                       table_and_normalization)
 from ortho_verify.devices import describe_device, device_label, resolve_device
 from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
-from ortho_verify.kernel_calls import DEFAULT_TIMEOUT_S, RECOMPILE_LIMIT_FIX, call_with_timeout, is_recompile_limit
+from ortho_verify.kernel_calls import (DEFAULT_TIMEOUT_S, RECOMPILE_LIMIT_FIX, call_with_timeout, check_examples,
+                                      is_recompile_limit, raised_row)
 from ortho_verify.tolerances import NS_FORMS, validate_restarts
 from ortho_verify.optimizer_checks import DEFAULT_SHAPES, check_optimizer, optimizer_inputs
-from ortho_verify.results import (CheckResult, Failure, VerificationReport, accept_side_effects, measured,
-                                  user_frame)
+from ortho_verify.results import CheckResult, Failure, VerificationReport, accept_side_effects, measured
 
 __all__ = [
     "DEFAULT_SHAPES", "DEFAULT_SPECS", "DEFAULT_TIMEOUT_S", "DION", "DionConventions", "Failure", "MuonConventions",
@@ -132,20 +132,6 @@ DEFAULT_SPECS = (
 )
 
 
-def _check_examples(examples) -> None:
-    """``examples=`` is None or a list / tuple of ``SpectralExample``. Raises: TypeError naming examples and the
-    expected type (a bare tensor or array is the common mistake: wrap it with ``build_example``)."""
-    if examples is None:
-        return
-    if not isinstance(examples, (list, tuple)):
-        raise TypeError(f"examples: expected a list of ortho_verify.examples.SpectralExample (from default_examples "
-                        f"or build_example), got {type(examples).__name__}")
-    bad = [type(ex).__name__ for ex in examples if not isinstance(ex, SpectralExample)]
-    if bad:
-        raise TypeError(f"examples: expected a list of ortho_verify.examples.SpectralExample (from default_examples "
-                        f"or build_example; a tensor of your own is not one), got an element of type {bad[0]}")
-
-
 def _batch_limit(batched: bool, max_batch_dims: int | None) -> int | None:
     """The largest number of leading batch dims to feed: None (any), from ``max_batch_dims``
     or ``batched`` (False: 0). Raises: ValueError naming max_batch_dims for a negative value."""
@@ -181,24 +167,6 @@ def default_examples(dtype="float32", seed: int = 0, batched: bool = True,
                 out.append(build_example(kind, params, shape=sh, scale=input_scale(scale, name, compute), dtype=name,
                                          seed=seed + i))
     return sorted(out, key=lambda ex: _shape_key(ex.matrix.shape))  # stable: spec order within a shape
-
-
-def _batched_hint(x: torch.Tensor) -> str:
-    """The note's advice when fn raised on an input with batch dims ("" for a matrix)."""
-    return (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
-            "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most") if x.ndim > 2 else ""
-
-
-def _raised_row(err, x: torch.Tensor, input_name: str, what: str) -> CheckResult:
-    """The failed row for an fn that raised: ``recompile_limit`` (named, with the fix) or
-    ``orthogonalizer_runs``."""
-    if is_recompile_limit(err):
-        return with_cause(measured("recompile_limit", input_name, what, math.inf, 0.0,
-                                   f"raised {type(err).__name__} on shape {tuple(x.shape)}"), RECOMPILE_LIMIT_FIX)
-    frame = user_frame(err)  # the user's frame that raised; never a frame of torch or an installed library
-    where = f" at {frame}" if frame else (" (every frame of its traceback is in torch or an installed library)"
-                                          if getattr(err, "__traceback__", None) is not None else "")
-    return measured("orthogonalizer_runs", input_name, what, math.inf, 0.0, f"raised {err!r}{where}{_batched_hint(x)}")
 
 
 def _to_host(out: torch.Tensor) -> torch.Tensor:
@@ -239,7 +207,7 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
                                     f"did not return within {timeout_s:g} s"),
                            f"the kernel did not return within timeout_s = {timeout_s:g} s (a hang or an endless loop)")]
     if status == "raised":  # a crash is a failed check, reported with its input
-        return [_raised_row(out, x, example.name, "fn(input)")]
+        return [raised_row(out, x, example.name, "fn(input)")]
     rows = [measured("input_unchanged", example.name, "fn must not modify its input",
                      float((_to_host(x).double() - _to_host(pristine).double()).abs().max()), 0.0)]
     if not isinstance(out, torch.Tensor) or out.shape != x.shape:
@@ -293,7 +261,7 @@ def check_orthogonalizer_statistics(fn: Callable, batch: StatisticalBatch, *, co
     for one in calls:
         status, out = call_with_timeout(fn, one, timeout_s)
         if status == "raised":
-            return [_raised_row(out, one, batch.name, "fn(statistical batch)")]
+            return [raised_row(out, one, batch.name, "fn(statistical batch)")]
         if status != "ok" or not isinstance(out, torch.Tensor) or out.shape != one.shape:
             why = f"did not return within {timeout_s:g} s" if status == "timeout" else \
                 f"returned {type(out).__name__} of the wrong shape"
@@ -382,7 +350,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     # default: on with the default inputs, for kernels that take a batch (a (J, m, n) batch is one
     # input of the report; a 2-D-only kernel's report holds matrices only unless it asks for them)
     statistical = (examples is None and limit != 0) if statistical is None else statistical
-    _check_examples(examples)
+    check_examples(examples)
     examples = default_examples(name, seed, batched, max_batch_dims, compute_dtype=compute_dtype, shapes=wanted) \
         if examples is None else [ex for ex in examples if limit is None or ex.matrix.ndim - 2 <= limit]
     if not examples:

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from ortho_verify import check_orthogonalizer
-from ortho_verify.api import _raised_row
 from ortho_verify.examples import build_example
+from ortho_verify.kernel_calls import raised_row
 from ortho_verify.kinds import FAILURE_KINDS, failure_kind, user_frame
 from ortho_verify.planted import newton_schulz_kernel
 
@@ -25,7 +25,7 @@ def test_recompile_limit_is_its_own_kind_not_wrong_math():
     class FailOnRecompileLimitHit(RuntimeError):
         pass
 
-    row = _raised_row(FailOnRecompileLimitHit("hit config.recompile_limit (8)"), torch.zeros(3, 4), "x", "fn(input)")
+    row = raised_row(FailOnRecompileLimitHit("hit config.recompile_limit (8)"), torch.zeros(3, 4), "x", "fn(input)")
     assert row.check == "recompile_limit" and not row.passed
     assert "recompile limit" in FAILURE_KINDS and failure_kind(row) == "recompile limit"
 
@@ -56,7 +56,7 @@ def test_a_frame_inside_an_installed_library_is_never_the_users(tmp_path):
     assert "site-packages" not in frame and frame.endswith("in users_kernel")
     only_library = lib.caught()  # raised and caught inside the library: no frame of the user's
     assert user_frame(only_library) == ""
-    row = _raised_row(only_library, torch.zeros(3, 4), "x", "fn(input)")
+    row = raised_row(only_library, torch.zeros(3, 4), "x", "fn(input)")
     assert "site-packages" not in row.note and "installed library" in row.note
 
 

@@ -10,7 +10,6 @@ import math
 import numpy as np
 import torch
 
-import ortho_ref
 from ortho_verify.identify.kernel_fit import closest_variant, fit_normalizers, fit_schedules, normalization_spread
 from ortho_verify.identify.kernel_probe import (choose_precision, eps_evidence, form_evidence, precision_candidates,
                                                 probe_ratio, safety_candidates, statistical_outputs, statistical_ratio)
@@ -30,9 +29,12 @@ _TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16":
 
 
 def _input_dtype(declared: dict) -> str:
-    from ortho_verify.api import _ns_dtype_name
+    """The probes' dtype: the declared ``dtype`` (float32 by default; "high" / "tf32" take float32)."""
+    from ortho_verify.conventions import dtype_name
+    from ortho_verify.examples import DTYPES
 
-    return _ns_dtype_name(declared.get("dtype", torch.float32))
+    dtype = declared.get("dtype", torch.float32)
+    return "float32" if isinstance(dtype, str) and dtype in ("high", "tf32") else dtype_name(dtype, DTYPES)
 
 
 def _pinned_compute(declared: dict) -> str | None:

@@ -11,7 +11,6 @@ import math
 import numpy as np
 import torch
 
-import ortho_ref
 from ortho_verify.checks.newton_schulz import compare_ns_output
 from ortho_verify.checks.statistical import STATISTICAL_SPECS, compare_ns_statistics, statistical_batch
 from ortho_verify.conventions import table_and_normalization
