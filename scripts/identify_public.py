@@ -105,7 +105,8 @@ def _nanochat_kernel(root: str):
     tree = ast.parse(open(path).read())
     fused = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "muon_step_fused")
     loop = next(i for i, n in enumerate(fused.body) if "polar_express_coeffs" in ast.unparse(n))
-    coeffs = next(n for n in tree.body if isinstance(n, ast.Assign) and "polar_express_coeffs" in ast.unparse(n.targets))
+    coeffs = next(n for n in tree.body
+                  if isinstance(n, ast.Assign) and "polar_express_coeffs" in ast.unparse(n.targets))
     source = "\n".join([ast.unparse(coeffs), "def kernel(g, ns_steps=5):", "    X = g.bfloat16()",
                         textwrap.indent(ast.unparse(fused.body[loop - 1]), "    "),
                         textwrap.indent(ast.unparse(fused.body[loop]), "    "), "    return X"])
@@ -135,7 +136,8 @@ def kernels(paths: dict) -> list[tuple[str, str, str, object]]:
     out.append(("torch.optim.Muon", _commit(None),
                 f"partial(torch.optim._muon._zeropower_via_newtonschulz, ns_coefficients={coefficients}, "
                 f"ns_steps=5, eps={eps:g})",
-                functools.partial(_muon._zeropower_via_newtonschulz, ns_coefficients=coefficients, ns_steps=5, eps=eps)))
+                functools.partial(_muon._zeropower_via_newtonschulz, ns_coefficients=coefficients, ns_steps=5,
+                                  eps=eps)))
     if "keller" in paths:
         muon = _import(paths["keller"], "muon")
         out.append(("KellerJordan/Muon", _commit(paths["keller"]), "partial(muon.zeropower_via_newtonschulz5, steps=5)",

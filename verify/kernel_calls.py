@@ -103,8 +103,10 @@ def is_recompile_limit(err: BaseException) -> bool:
 
 def _batched_hint(x) -> str:
     """The note's advice when fn raised on an input with batch dims ("" for a matrix)."""
+    if x.ndim <= 2:
+        return ""
     return (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
-            "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most") if x.ndim > 2 else ""
+            "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most")
 
 
 def raised_row(err: BaseException, x, input_name: str, what: str):

@@ -11,7 +11,8 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["FAILURE_KINDS", "INSTALLED_MARKERS", "OWN_KIND_CHECKS", "SIDE_EFFECTS", "UNSUPPORTED_CHECKS", "accept_side_effects", "failure_kind", "failure_kinds",
+__all__ = ["FAILURE_KINDS", "INSTALLED_MARKERS", "OWN_KIND_CHECKS", "SIDE_EFFECTS", "UNSUPPORTED_CHECKS",
+           "accept_side_effects", "failure_kind", "failure_kinds",
            "headline_cause", "user_frame"]
 
 #: The kinds of failure a report counts apart (docs/verification.md, "Kinds of failure"):

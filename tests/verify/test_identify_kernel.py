@@ -64,7 +64,8 @@ def test_gram_float16_kernel_is_identified_as_gram():
 
 
 @pytest.mark.parametrize("name", ["jordan", "polar_express"] + [
-    pytest.param(n, marks=pytest.mark.slow) for n in sorted(ortho_ref.SCHEDULES) if n not in ("jordan", "polar_express")])
+    pytest.param(n, marks=pytest.mark.slow) for n in sorted(ortho_ref.SCHEDULES)
+    if n not in ("jordan", "polar_express")])
 def test_ortho_fast_newton_schulz_with_each_registered_schedule(name):
     sched = ortho_ref.SCHEDULES[name]
     kernel = functools.partial(ortho_fast.newton_schulz, coefficients=name, safety=sched.safety, eps=sched.eps,

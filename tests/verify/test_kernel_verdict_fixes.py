@@ -114,7 +114,8 @@ def test_a_kernel_calling_sys_exit_fails_a_row_instead_of_crashing_the_judge():
     report = check_orthogonalizer(exits, examples=[build_example("geometric", {"log_cond": 1.0}, shape=(6, 9))])
     (row,) = [r for r in report.results if not r.passed]
     assert row.check == "orthogonalizer_runs" and "SystemExit" in row.note
-    report = check_orthogonalizer(exits, timeout_s=None, examples=[build_example("geometric", {"log_cond": 1.0}, shape=(6, 9))])
+    one = [build_example("geometric", {"log_cond": 1.0}, shape=(6, 9))]
+    report = check_orthogonalizer(exits, timeout_s=None, examples=one)
     assert any("SystemExit" in r.note for r in report.results)
 
 

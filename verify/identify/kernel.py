@@ -238,8 +238,9 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
     if not ({"safety", "eps", "eps_mode"} & set(declared)) and norm == "frobenius" and \
             not known_normalization(best.name, decl["safety"], decl["eps"], decl["eps_mode"]):
         known = [(sched.safety, sched.eps, "add")] + list(KNOWN_NORMALIZATIONS.get(best.name, {}))
-        diffs.append(f"normalization: safety {decl['safety']:g}, eps {decl['eps']:g} ({decl['eps_mode']}) is not one in "
-                     f"use with {best.name} (known: " + "; ".join(f"safety {a:g}, eps {b:g} ({c})" for a, b, c in known)
+        found = f"safety {decl['safety']:g}, eps {decl['eps']:g} ({decl['eps_mode']})"
+        diffs.append(f"normalization: {found} is not one in use with {best.name} (known: "
+                     + "; ".join(f"safety {a:g}, eps {b:g} ({c})" for a, b, c in known)
                      + "); declare safety= / eps= / eps_mode= if meant")
     decl["dtype"] = declared.get("dtype", _TORCH_DTYPES[in_dtype])
     if compute != in_dtype and "compute_dtype" not in declared:
