@@ -251,7 +251,7 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
                                                                                timeout_s, device)
     stat = statistical_outputs(fn, seen, in_dtype, seed, timeout_s, device,
                                batched if "batched" not in declared else declared["batched"])
-    if stat is not None and "safety" not in declared and norm == "frobenius":
+    if stat is not None and seen in ("bfloat16", "float16") and "safety" not in declared and norm == "frobenius":
         _refine_safety(evidence, stat, decl, seen, sched)
     _form(evidence, diffs, decl, declared, form_evidence(stat, decl, seen))
     evidence += batch_ev
@@ -336,7 +336,7 @@ def _safety(evidence, probes, outputs, decl, compute, measured: float, sched) ->
 
 
 def _refine_safety(evidence, stat, decl, compute, sched) -> None:
-    """Low precision blurs the probes' safety (bfloat16 rounding biases a map by a percent): among the known
+    """16-bit precision blurs the probes' safety (bfloat16 rounding biases a map by a percent): among the known
     safeties of the schedule and the one chosen, the statistical row (the judge's mean deviation over many
     matrices) decides — the smallest error / tolerance, when it fits."""
     options = [decl["safety"]] + [s for s in [sched.safety] + [k[0] for k in KNOWN_NORMALIZATIONS.get(sched.name, {})]
