@@ -271,8 +271,8 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
     fitted = fit_ratio <= 1 and norm == "frobenius"
     if variant is not None:  # judged under the closest known schedule: the changed table is not a pass
         decl["coefficients"] = _coefficients(sched, best.table, None)
-        if sched.registered and best.steps != sched.default_steps:
-            decl["steps"] = best.steps
+    if "steps" not in declared:  # judged at the known step count: another one is a difference, named above
+        decl.pop("steps", None)
     report = None
     if judge:
         from ortho_verify.api import check_orthogonalizer

@@ -41,6 +41,9 @@ def probe_ratio(probes: list[Probe], outputs: list[np.ndarray], decl: dict, comp
     """(worst error / tolerance, the worst row) of ``compare_ns_output`` over the probes under the
     declaration ``decl`` and compute precision ``compute`` (inf for a failed exact row)."""
     table, safety, eps = declared_table(decl)
+    restarts = tuple(decl.get("restarts") or ())
+    if any(not 0 < i < len(table) for i in restarts):  # declared restarts past a measured step count: no fit
+        return math.inf, None
     worst, where = 0.0, None
     for probe, y in zip(probes, outputs):
         if y is None:
@@ -204,7 +207,8 @@ def form_evidence(stat, decl, compute) -> Evidence | None:
     if standard <= 1:
         return Evidence("form", "standard", standard, None, math.inf, 1.0,
                         f"statistical row (mean deviation over {count} matrices {m}x{n})")
-    grams = [(r, statistical_ratio(stat, decl, compute, "gram", r)) for r in GRAM_RESTARTS]
+    steps = len(declared_table(decl)[0])
+    grams = [(r, statistical_ratio(stat, decl, compute, "gram", r)) for r in GRAM_RESTARTS if all(i < steps for i in r)]
     for restarts, ratio in grams:
         if ratio <= 1 and ratio * GRAM_MARGIN <= standard:
             return Evidence("form", ("gram", restarts), ratio, "standard", standard, 1.0,
