@@ -85,6 +85,7 @@ def _orientation_and_batches(fn, probes, outputs, decl, compute, timeout_s, devi
     evidence.append(Evidence("orientation", "tall, wide and square", max(ratios.values()), None, math.inf, 1.0,
                              "worst error/tolerance on the tall transpose and a square crop of a probe"))
     batched, max_batch_dims = True, None
+    batch_ev = []
     stack = np.stack([p.matrix for p in probes])
     for shape in ((3,), (2, 2)):
         mats = stack if shape == (3,) else np.stack([stack[0], stack[1], stack[2], stack[0]]).reshape(2, 2, *MAIN_SHAPE)
@@ -96,19 +97,22 @@ def _orientation_and_batches(fn, probes, outputs, decl, compute, timeout_s, devi
                 batched = False
             else:
                 max_batch_dims = 1
-            evidence.append(Evidence("batch", f"at most {dims - 1} batch dims", math.nan,
+            batch_ev.append(Evidence("batch", f"at most {dims - 1} batch dim{'s' if dims != 2 else ''}", math.nan,
                                      note=f"a {tuple(x.shape)} input {run.what}"))
             break
         flat_in = mats.reshape(-1, *MAIN_SHAPE)
         flat_out = run.output.reshape(-1, *MAIN_SHAPE)
         parts = [Probe(f"batch {tuple(x.shape)}[{j}]", a, p0.dtype) for j, a in enumerate(flat_in)]
         ratio = probe_ratio(parts, list(flat_out), decl, compute)[0]
-        evidence.append(Evidence("batch", f"{dims} batch dim{'s' if dims > 1 else ''}", ratio, None, math.inf, 1.0,
+        batch_ev.append(Evidence("batch", f"{dims} batch dim{'s' if dims > 1 else ''}", ratio, None, math.inf, 1.0,
                                  f"each matrix of a {tuple(x.shape)} input against its own map"))
         if not ratio <= 1 and wide_ratio <= 1:
             diffs.append(f"batched {tuple(x.shape)} inputs fail ({ratio:.3g}x tolerance) where single matrices fit: "
                          "the matrices of a batch are not independent (e.g. one norm over the whole batch)")
             break
+    if batch_ev:  # one line: the deepest batch that ran, or the first that did not
+        evidence.append(batch_ev[-1] if batch_ev[-1].measured == batch_ev[-1].measured or len(batch_ev) == 1
+                        else Evidence("batch", batch_ev[-1].value, batch_ev[0].measured, note=batch_ev[-1].note))
     return evidence, diffs, batched, max_batch_dims
 
 
@@ -350,8 +354,14 @@ def _refine_safety(evidence, stat, decl, compute, sched) -> None:
         decl["safety"] = best
     chosen = decl["safety"]
     runner = min((s for s in options if s != chosen), key=lambda s: ratios[s])
-    evidence.append(Evidence("safety", chosen, ratios[chosen], runner, ratios[runner], 1.0,
-                             "statistical row (mean deviation over many matrices) under each known safety"))
+    probe_line = next((i for i, e in enumerate(evidence) if e.field == "safety"), None)
+    refined = Evidence("safety", chosen, ratios[chosen], runner, ratios[runner], 1.0,
+                       "statistical row (mean deviation over many matrices) under each known safety"
+                       + (f"; {evidence[probe_line].note}" if probe_line is not None else ""))
+    if probe_line is None:
+        evidence.append(refined)
+    else:
+        evidence[probe_line] = refined
 
 
 def _schedule_differences(diffs, declared, best, sched, variant, fit_ratio, off) -> None:
