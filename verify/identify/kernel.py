@@ -121,7 +121,7 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
     """Identify what a Newton–Schulz kernel computes from designed inputs, then judge it.
 
     The kernel is called on probes with prescribed spectra (``ortho_verify.identify.probes``): three wide
-    23 x 40 matrices at ‖G‖_F = 64, six at ‖G‖_F from 1e-5 to 1e-8, a tall and a square one, batches of
+    24 x 40 matrices at ‖G‖_F = 64, twelve at ‖G‖_F from 1e-5 to 1e-30, a tall and a square one, batches of
     them, and the judge's first statistical batch. From the singular values of its outputs it recovers the
     scalar map (which registered schedule, how many steps), the normalization (Frobenius, spectral or max;
     safety; eps and whether it is added or clamped), the compute precision (float64, float32, TF32, float16,
