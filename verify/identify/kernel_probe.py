@@ -48,9 +48,10 @@ def probe_ratio(probes: list[Probe], outputs: list[np.ndarray], decl: dict, comp
     for probe, y in zip(probes, outputs):
         if y is None:
             continue
-        rows = compare_ns_output(y, probe.matrix, table, safety=safety, eps=eps, eps_mode=decl.get("eps_mode", "add"),
-                                 dtype=compute, input_name=probe.name, detail="", form=decl.get("form", "standard"),
-                                 restarts=tuple(decl.get("restarts") or ()))
+        with np.errstate(all="ignore"):  # a candidate far off the kernel overflows its own model: a large ratio
+            rows = compare_ns_output(y, probe.matrix, table, safety=safety, eps=eps,
+                                     eps_mode=decl.get("eps_mode", "add"), dtype=compute, input_name=probe.name,
+                                     detail="", form=decl.get("form", "standard"), restarts=restarts)
         for r in rows:
             ratio = r.ratio if (r.claimed or not r.passed) else 0.0
             if ratio > worst or where is None:
@@ -191,9 +192,10 @@ def statistical_ratio(stat, decl, compute, form: str = "standard", restarts=()) 
     ``decl``."""
     batch, outs = stat
     table, safety, eps = declared_table(decl)
-    return compare_ns_statistics(outs, batch.matrices, table, safety=safety, eps=eps, dtype=compute,
-                                 eps_mode=decl.get("eps_mode", "add"), input_name=batch.name, detail="", form=form,
-                                 restarts=restarts).ratio
+    with np.errstate(all="ignore"):  # a candidate far off the kernel overflows its own model: a large ratio
+        return compare_ns_statistics(outs, batch.matrices, table, safety=safety, eps=eps, dtype=compute,
+                                     eps_mode=decl.get("eps_mode", "add"), input_name=batch.name, detail="",
+                                     form=form, restarts=restarts).ratio
 
 
 def form_evidence(stat, decl, compute) -> Evidence | None:
