@@ -5,19 +5,21 @@ Public API (imported lazily, so ``import ortho_verify.tolerances`` stays light):
 ``TORCH_MUON``, ``ORTHO_MUON``, ``DION``, ``VerificationReport``, ``replay_example`` (from
 ``ortho_verify.api``);
 ``check_sharded_optimizer``, ``ShardedReport`` (from ``ortho_verify.sharded_check``);
-``Dion2Conventions``, ``DION2`` (from ``ortho_verify.conventions``) and ``check_dion2_optimizer``
-(from ``ortho_verify.checks.dion2``).
+``Dion2Conventions``, ``DION2`` (from ``ortho_verify.conventions``), ``check_dion2_optimizer``
+(from ``ortho_verify.checks.dion2``), ``identify_orthogonalizer`` and ``identify_optimizer`` (from
+``ortho_verify.identify``).
 """
 
 _API = ("check_orthogonalizer", "check_orthogonalizer_example", "check_optimizer", "MuonConventions",
         "DionConventions", "TORCH_MUON", "ORTHO_MUON", "DION", "VerificationReport", "default_examples",
         "check_sharded_optimizer", "ShardedReport", "Dion2Conventions", "DION2", "check_dion2_optimizer",
-        "replay_example")
+        "replay_example", "identify_orthogonalizer", "identify_optimizer")
 #: Names of ``_API`` that live in ``ortho_verify.sharded_check`` (the distributed check).
 _SHARDED = ("check_sharded_optimizer", "ShardedReport")
 #: Names of ``_API`` that live elsewhere: name -> module.
 _ELSEWHERE = {"Dion2Conventions": "ortho_verify.conventions", "DION2": "ortho_verify.conventions",
-              "check_dion2_optimizer": "ortho_verify.checks.dion2"}
+              "check_dion2_optimizer": "ortho_verify.checks.dion2",
+              "identify_orthogonalizer": "ortho_verify.identify", "identify_optimizer": "ortho_verify.identify"}
 
 __all__ = list(_API)
 

@@ -29,17 +29,18 @@ import torch
 from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.diagnoses import with_cause
 from ortho_verify.checks.newton_schulz import compare_ns_output
+from ortho_verify.checks.orientation import confined_cause
 from ortho_verify.checks.statistical import (STATISTICAL_SPECS, StatisticalBatch, compare_ns_statistics,
                                              statistical_batch, statistical_batches)
 from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, dtype_name,
                                       table_and_normalization)
 from ortho_verify.devices import describe_device, device_label, resolve_device
 from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
-from ortho_verify.kernel_calls import DEFAULT_TIMEOUT_S, RECOMPILE_LIMIT_FIX, call_with_timeout, is_recompile_limit
+from ortho_verify.kernel_calls import (DEFAULT_TIMEOUT_S, RECOMPILE_LIMIT_FIX, call_with_timeout, check_examples,
+                                      is_recompile_limit, raised_row)
 from ortho_verify.tolerances import NS_FORMS, validate_restarts
 from ortho_verify.optimizer_checks import DEFAULT_SHAPES, check_optimizer, optimizer_inputs
-from ortho_verify.results import (CheckResult, Failure, VerificationReport, accept_side_effects, measured,
-                                  user_frame)
+from ortho_verify.results import CheckResult, Failure, VerificationReport, accept_side_effects, measured
 
 __all__ = [
     "DEFAULT_SHAPES", "DEFAULT_SPECS", "DEFAULT_TIMEOUT_S", "DION", "DionConventions", "Failure", "MuonConventions",
@@ -168,23 +169,6 @@ def default_examples(dtype="float32", seed: int = 0, batched: bool = True,
     return sorted(out, key=lambda ex: _shape_key(ex.matrix.shape))  # stable: spec order within a shape
 
 
-def _batched_hint(x: torch.Tensor) -> str:
-    """The note's advice when fn raised on an input with batch dims ("" for a matrix)."""
-    return (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
-            "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most") if x.ndim > 2 else ""
-
-
-def _raised_row(err, x: torch.Tensor, input_name: str, what: str) -> CheckResult:
-    """The failed row for an fn that raised: ``recompile_limit`` (named, with the fix) or
-    ``orthogonalizer_runs``."""
-    if is_recompile_limit(err):
-        return with_cause(measured("recompile_limit", input_name, what, math.inf, 0.0,
-                                   f"raised {type(err).__name__} on shape {tuple(x.shape)}"), RECOMPILE_LIMIT_FIX)
-    frame = user_frame(err)  # the user's frame that raised
-    return measured("orthogonalizer_runs", input_name, what, math.inf, 0.0,
-                    f"raised {err!r}{' at ' + frame if frame else ''}{_batched_hint(x)}")
-
-
 def _to_host(out: torch.Tensor) -> torch.Tensor:
     """A kernel's output on the CPU (the oracle's side), synchronizing the device."""
     return out.detach().cpu() if out.device.type != "cpu" else out
@@ -223,7 +207,7 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
                                     f"did not return within {timeout_s:g} s"),
                            f"the kernel did not return within timeout_s = {timeout_s:g} s (a hang or an endless loop)")]
     if status == "raised":  # a crash is a failed check, reported with its input
-        return [_raised_row(out, x, example.name, "fn(input)")]
+        return [raised_row(out, x, example.name, "fn(input)")]
     rows = [measured("input_unchanged", example.name, "fn must not modify its input",
                      float((_to_host(x).double() - _to_host(pristine).double()).abs().max()), 0.0)]
     if not isinstance(out, torch.Tensor) or out.shape != x.shape:
@@ -277,7 +261,7 @@ def check_orthogonalizer_statistics(fn: Callable, batch: StatisticalBatch, *, co
     for one in calls:
         status, out = call_with_timeout(fn, one, timeout_s)
         if status == "raised":
-            return [_raised_row(out, one, batch.name, "fn(statistical batch)")]
+            return [raised_row(out, one, batch.name, "fn(statistical batch)")]
         if status != "ok" or not isinstance(out, torch.Tensor) or out.shape != one.shape:
             why = f"did not return within {timeout_s:g} s" if status == "timeout" else \
                 f"returned {type(out).__name__} of the wrong shape"
@@ -366,19 +350,22 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     # default: on with the default inputs, for kernels that take a batch (a (J, m, n) batch is one
     # input of the report; a 2-D-only kernel's report holds matrices only unless it asks for them)
     statistical = (examples is None and limit != 0) if statistical is None else statistical
+    check_examples(examples)
     examples = default_examples(name, seed, batched, max_batch_dims, compute_dtype=compute_dtype, shapes=wanted) \
         if examples is None else [ex for ex in examples if limit is None or ex.matrix.ndim - 2 <= limit]
     if not examples:
         raise ValueError("examples: expected at least one SpectralExample (2-D when batched=False)")
     options = dict(coefficients=coefficients, steps=steps, safety=safety, eps=eps, eps_mode=eps_mode,
                    timeout_s=timeout_s)
-    results, inputs = [], {}
+    results, inputs, shapes = [], {}, {}
     for ex in examples:
         rows = check_orthogonalizer_example(fn, ex, dtype=name, compute_dtype=compute, form=form, restarts=restarts,
                                             device=dev, **options)
         results += rows
+        shapes[ex.name] = (*ex.matrix.shape[-2:], ex.matrix.ndim - 2)
         for case in ex.cases():  # the matrices fn received (rounded to the input dtype)
             inputs[case.name] = ({"input": case.matrix}, ex.provenance + REPLAY_HINT)
+            shapes[case.name] = (*ex.matrix.shape[-2:], ex.matrix.ndim - 2)
         inputs.setdefault(ex.name, ({"input": _as_f64(ex.tensor())}, ex.provenance + REPLAY_HINT))  # a whole batch
     if statistical and name in STATISTICAL_INPUTS and compute in STATISTICAL_INPUTS:
         stat_shape = None if wanted is None else wanted[0][-2:]
@@ -391,6 +378,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
         ("" if form == "standard" else f", gram restarts {list(restarts)}")
     subject = f"{getattr(fn, '__name__', type(fn).__name__)} ({coefficients if isinstance(coefficients, str) else 'table'}, " \
               f"{kernel})"
+    results = confined_cause(results, shapes)  # one orientation / one number of batch dims: said in the cause
     return VerificationReport(subject, accept_side_effects(results, allow_side_effects), inputs,
                               device_label(describe_device(dev)))
 

@@ -9,7 +9,7 @@ the failing rows; ``--verbose``: every check and input), writes ``report.json`` 
 prints GitHub Actions annotations when ``GITHUB_ACTIONS=true``, optionally compares with a
 baseline, and exits 0 when every check passed, 1 when a check failed or the run was inconclusive
 (a check made no claim on any of its inputs; rows that made no claim are counted apart), 2 on a
-usage error (``ortho_verify.arguments``). Subcommands: ``sharding``, ``reproduce``.
+usage error (``ortho_verify.arguments``). Subcommands: ``sharding``, ``reproduce``, ``identify``.
 """
 
 from __future__ import annotations
@@ -61,10 +61,13 @@ MAX_SEED = 2**63 - 1
 
 
 #: ``ortho-verify NAME ...`` runs ``main(argv)`` of the module (its own --help).
-SUBCOMMANDS = {"sharding": "ortho_verify.sharding", "reproduce": "ortho_verify.reproduce"}
+SUBCOMMANDS = {"sharding": "ortho_verify.sharding", "reproduce": "ortho_verify.reproduce",
+               "identify": "ortho_verify.identify.cli"}
 SUBCOMMAND_HELP = {"sharding": "distributed layouts of Dion and Muon equal to one process ('ortho-verify sharding "
                                "--help')",
-                   "reproduce": "the papers' claims re-measured on real text ('ortho-verify reproduce --help')"}
+                   "reproduce": "the papers' claims re-measured on real text ('ortho-verify reproduce --help')",
+                   "identify": "what a kernel or optimizer computes, with no declaration, then judged "
+                               "('ortho-verify identify --help')"}
 
 
 def measured_text(what: str) -> str:
@@ -123,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--update-baseline", action="store_true",
                         help="write the run's ratios to the --baseline FILE instead of comparing (only if every "
                              "check passed)")
-    commands = parser.add_subparsers(dest="command", title="subcommands", metavar="{sharding,reproduce}")
+    commands = parser.add_subparsers(dest="command", title="subcommands", metavar="{sharding,reproduce,identify}")
     for name, text in SUBCOMMAND_HELP.items():
         commands.add_parser(name, help=text, add_help=False)
     return parser

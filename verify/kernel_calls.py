@@ -1,6 +1,7 @@
 """Calling the checked kernel: in a worker thread with a time limit (``call_with_timeout``), with the
-caller's dynamo settings carried into that thread, and telling torch.compile's recompile-limit
-failure (not a wrong result) from the kernel's own exceptions (``is_recompile_limit``).
+caller's dynamo settings carried into that thread, telling torch.compile's recompile-limit
+failure (not a wrong result) from the kernel's own exceptions (``is_recompile_limit``), the row of a
+kernel that raised (``raised_row``) and the check of ``examples=`` (``check_examples``).
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-__all__ = ["DEFAULT_TIMEOUT_S", "RECOMPILE_LIMIT_FIX", "call_with_timeout", "is_recompile_limit"]
+__all__ = ["DEFAULT_TIMEOUT_S", "RECOMPILE_LIMIT_FIX", "call_with_timeout", "check_examples", "is_recompile_limit",
+           "raised_row"]
 
 #: Default seconds one call of the checked kernel may take before ``check_orthogonalizer``
 #: fails the example (generous: a 37 × 16 float32 call takes well under a second on one core).
@@ -17,13 +19,14 @@ DEFAULT_TIMEOUT_S = 120.0
 
 def call_with_timeout(fn: Callable, x, timeout_s: float | None):
     """``fn(x)`` in a daemon thread, waiting at most ``timeout_s`` seconds (None: no limit, in
-    this thread). Returns ("ok", value), ("raised", exception) or ("timeout", None); a call that
+    this thread). Returns ("ok", value), ("raised", exception) or ("timeout", None) — a kernel that calls
+    ``sys.exit`` is "raised" with its SystemExit, it does not end the judge; a call that
     times out is abandoned (a thread cannot be killed; it ends with the process).
     Raises: ValueError naming timeout_s when it is not positive."""
     if timeout_s is None:
         try:
             return "ok", fn(x)
-        except Exception as err:  # reported as a failed check
+        except (Exception, SystemExit) as err:  # reported as a failed check (sys.exit in a kernel included)
             return "raised", err
     if not timeout_s > 0:
         raise ValueError(f"timeout_s: expected > 0 or None, got {timeout_s!r}")
@@ -34,7 +37,7 @@ def call_with_timeout(fn: Callable, x, timeout_s: float | None):
         try:
             with _with_dynamo_settings(carried):
                 box["ok"] = fn(x)
-        except Exception as err:  # reported as a failed check
+        except BaseException as err:  # reported as a failed check; SystemExit (sys.exit in fn) included
             box["raised"] = err
 
     worker = threading.Thread(target=run, daemon=True, name="ortho-verify-example")
@@ -42,7 +45,9 @@ def call_with_timeout(fn: Callable, x, timeout_s: float | None):
     worker.join(timeout_s)
     if worker.is_alive():
         return "timeout", None
-    return ("ok", box["ok"]) if "ok" in box else ("raised", box.get("raised"))
+    if "ok" in box:
+        return "ok", box["ok"]
+    return "raised", box.get("raised") or RuntimeError("the call ended without a result or an exception")
 
 
 def _dynamo_settings() -> dict | None:
@@ -94,3 +99,45 @@ def is_recompile_limit(err: BaseException) -> bool:
             return True
         err = err.__cause__ or err.__context__
     return False
+
+
+def _batched_hint(x) -> str:
+    """The note's advice when fn raised on an input with batch dims ("" for a matrix)."""
+    if x.ndim <= 2:
+        return ""
+    return (f"; raised on a batched {tuple(x.shape)} input (leading dims are independent matrices): pass "
+            "batched=False if your kernel is 2-D only, max_batch_dims=1 if it takes (b, m, n) at most")
+
+
+def raised_row(err: BaseException, x, input_name: str, what: str):
+    """The failed ``CheckResult`` for an fn that raised ``err`` on the tensor ``x``: ``recompile_limit`` (its own
+    kind, with the fix) or ``orthogonalizer_runs``, whose note names the exception and the user's frame that
+    raised it (``ortho_verify.kinds.user_frame``: never a frame of torch or an installed library)."""
+    import math
+
+    from ortho_verify.checks.diagnoses import with_cause
+    from ortho_verify.results import measured, user_frame
+
+    if is_recompile_limit(err):
+        return with_cause(measured("recompile_limit", input_name, what, math.inf, 0.0,
+                                   f"raised {type(err).__name__} on shape {tuple(x.shape)}"), RECOMPILE_LIMIT_FIX)
+    frame = user_frame(err)
+    where = f" at {frame}" if frame else (" (every frame of its traceback is in torch or an installed library)"
+                                          if getattr(err, "__traceback__", None) is not None else "")
+    return measured("orthogonalizer_runs", input_name, what, math.inf, 0.0, f"raised {err!r}{where}{_batched_hint(x)}")
+
+
+def check_examples(examples) -> None:
+    """``examples=`` is None or a list / tuple of ``SpectralExample``. Raises: TypeError naming examples and the
+    expected type (a bare tensor or array is the common mistake: wrap it with ``build_example``)."""
+    from ortho_verify.examples import SpectralExample
+
+    if examples is None:
+        return
+    if not isinstance(examples, (list, tuple)):
+        raise TypeError(f"examples: expected a list of ortho_verify.examples.SpectralExample (from default_examples "
+                        f"or build_example), got {type(examples).__name__}")
+    bad = [type(ex).__name__ for ex in examples if not isinstance(ex, SpectralExample)]
+    if bad:
+        raise TypeError(f"examples: expected a list of ortho_verify.examples.SpectralExample (from default_examples "
+                        f"or build_example; a tensor of your own is not one), got an element of type {bad[0]}")

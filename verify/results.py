@@ -22,7 +22,7 @@ from ortho_verify.kinds import (FAILURE_KINDS, SIDE_EFFECTS, UNSUPPORTED_CHECKS,
 __all__ = [
     "FAILURE_KINDS", "REPORT_SCHEMA_VERSION", "SIDE_EFFECTS", "UNSUPPORTED_CHECKS", "CheckResult", "headline_cause", "Failure", "VerificationReport",
     "accept_side_effects", "error_feedback_table", "failure_kind", "failure_kinds", "format_number", "format_worst_ratio",
-    "measured", "no_claim", "user_frame", "verdict_text", "no_claim_summary", "report_body", "summary", "verdict", "worst_per_group", "write_reports",
+    "measured", "no_claim", "ratio_text", "user_frame", "verdict_text", "no_claim_summary", "report_body", "summary", "verdict", "worst_per_group", "write_reports",
 ]
 
 
@@ -115,6 +115,21 @@ def verdict_text(results) -> str:
         return status
     kinds = [f"{k} ({n} row{'s' if n != 1 else ''})" for k, n in failure_kinds(results).items() if n]
     return "failed: " + ", ".join(kinds)
+
+
+def ratio_text(r: CheckResult) -> str:
+    """A row's error/tolerance as the report's lines show it: "accepted" for a side effect accepted by
+    ``allow_side_effects``, "failed (exact check)" / "failed (raised)" for a failed row without a finite
+    ratio (tolerance 0, or an infinite error: it raised, hung or returned the wrong shape), "no claim" for
+    an infinite ratio that passed, else 3 significant digits."""
+    if "accepted_side_effect" in r.extra:
+        return "accepted"
+    if math.isfinite(r.ratio):
+        return f"{r.ratio:.3g}"
+    if r.passed:
+        return "no claim"
+    return "failed (raised)" if r.note.startswith(("raised", "did not return")) or "raised" in r.note[:40] else \
+        "failed (exact check)"
 
 
 def format_number(x: float) -> str:
@@ -399,10 +414,13 @@ class VerificationReport:
         status, reasons = verdict(self.results)
         counts = {k: sum(r.status == k for r in self.results) for k in ("pass", "fail", "no claim")}
         kinds = ", ".join(f"{k}: {n}" for k, n in failure_kinds(self.results).items() if n)
+        finite = [r.ratio for r in self.results if r.claimed and math.isfinite(r.ratio)]
+        unmeasured = sorted({r.check for r in self.results if not r.passed and not math.isfinite(r.ratio)})
         head = (f"{self.subject}: {status.upper()}{f' ({kinds})' if kinds else ''} — {counts['pass']} of "
                 f"{len(self.results)} checks passed, "
                 f"{counts['fail']} failed, {counts['no claim']} made no claim; worst error/tolerance "
-                f"{self.worst_ratio:.3g}")
+                f"{max(finite, default=0.0):.3g}" + (f" (failed without a ratio: {', '.join(unmeasured)})"
+                                                     if unmeasured else ""))
         lines = [head] + ([f"  ran on {self.device}"] if self.device else []) + \
             [f"  nothing compared — {why}" for why in reasons]
         if self.cause:
@@ -414,7 +432,7 @@ class VerificationReport:
             if old is None or key > (not old.passed, old.claimed, old.ratio):
                 by_check[worst.check] = worst
         lines.append("worst case per check:")
-        lines += [f"  {r.check}: {r.ratio:.3g} ({r.input}; {r.detail}){'  FAIL' if not r.passed else ''}"
+        lines += [f"  {r.check}: {ratio_text(r)} ({r.input}; {r.detail}){'  FAIL' if not r.passed else ''}"
                   f"{'' if r.claimed else '  no claim'}{' — ' + r.note if r.note else ''}" for r in by_check.values()]
         fails = self.failures
         if fails:

@@ -45,7 +45,7 @@ def test_usage_lists_the_subcommands_and_exit_codes(capsys):
     with pytest.raises(SystemExit) as err:
         cli.main(["--help"])
     out = capsys.readouterr().out
-    assert err.value.code == 0 and "{sharding,reproduce}" in out.splitlines()[0] + out
+    assert err.value.code == 0 and "{sharding,reproduce,identify}" in out.splitlines()[0] + out
     assert "2 usage error" in " ".join(out.split())
 
 

@@ -59,7 +59,7 @@ class _RejectsBf16(TorchStyleMuon):
 def test_exception_from_the_optimizer_is_an_unsupported_row_naming_the_users_frame():
     report = check_optimizer(_RejectsBf16, TORCH_STYLE_CONVENTIONS, **FAST)  # float32 and bfloat16
     assert report.status == "failed"
-    assert report.kinds == {"wrong math": 0, "side effect": 0, "unsupported": 1}
+    assert report.kinds == {"wrong math": 0, "side effect": 0, "unsupported": 1, "recompile limit": 0}
     [row] = [f.result for f in report.failures]
     assert row.check == "optimizer_runs" and "bfloat16" in row.detail and "TypeError" in row.note
     assert __file__ in row.note and "_reject" in row.note  # the raising frame, in this file
@@ -97,7 +97,7 @@ def test_kinds_are_derived_from_the_check_and_counted_apart():
             CheckResult("orthogonalizer_runs", "a", "", float("inf"), 0.0, False),
             CheckResult("ns_vs_ns_map", "a", "", 2.0, 1.0, False),
             CheckResult("ns_vs_ns_map", "b", "", 0.5, 1.0, True)]
-    assert set(FAILURE_KINDS) == {"wrong math", "side effect", "unsupported"}
+    assert set(FAILURE_KINDS) == {"wrong math", "side effect", "unsupported", "recompile limit"}
     assert failure_kind(rows[0]) == "side effect" and failure_kind(rows[1]) == "unsupported"
     assert failure_kind(rows[2]) == "wrong math"
     assert verdict_text(rows) == "failed: wrong math (1 row), side effect (1 row), unsupported (1 row)"
