@@ -7,7 +7,11 @@ Used by ``check_orthogonalizer`` after its rows are made. docs/verification.md, 
 from __future__ import annotations
 
 from ortho_verify.checks.diagnoses import with_cause
+from ortho_verify.checks.replay_causes import RESHAPED_CAUSE, STORED_PRECISION_CAUSE
 from ortho_verify.kinds import failure_kind
+
+#: Row causes from a replay (``ortho_verify.checks.replay_causes``): kept after the confined cause.
+REPLAY_CAUSES = (RESHAPED_CAUSE, STORED_PRECISION_CAUSE)
 
 __all__ = ["confined_cause", "orientation"]
 
@@ -66,5 +70,13 @@ def confined_cause(rows: list, shapes: dict) -> list:
                      + (f" (pass max_batch_dims={max(pass_b)} if the kernel takes no more)" if b > max(pass_b) else ""))
     if not cause:
         return rows
-    return [with_cause(r, cause) if (not r.passed and r.input in shapes
-                                     and failure_kind(r) in ("wrong math", "unsupported")) else r for r in rows]
+    return [with_cause(r, _combined(cause, r.cause)) if (not r.passed and r.input in shapes
+                                                         and failure_kind(r) in ("wrong math", "unsupported"))
+            else r for r in rows]
+
+
+def _combined(confined: str, row_cause: str) -> str:
+    """The confined cause, followed by the row's own cause when a replay found it (a replay's answer —
+    e.g. "reshaped, not transposed, back" — is more specific than the orientation advice; a fit's is not)."""
+    replayed = row_cause and any(row_cause.startswith(c.split("{")[0]) for c in REPLAY_CAUSES)
+    return f"{confined}; replay: {row_cause}" if replayed else confined
