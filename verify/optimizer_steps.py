@@ -90,7 +90,7 @@ def buffer_rows(opt, p, grad: np.ndarray, name: str) -> list:
     after = p.grad
     if after is None:
         rows = [no_claim("gradient_unchanged", name, "p.grad after the step equals the gradient given",
-                         "not compared: p.grad was removed (row gradient_kept)"),
+                         "not compared: p.grad was removed (row gradient_kept)", extra={"supplementary": True}),
                 with_cause(measured("gradient_kept", name, "p.grad is not None after the step", 1.0, 0.0,
                                     "p.grad is None after the step"),
                            "the optimizer consumed the gradient (p.grad set to None in its step); accept it with "
@@ -223,10 +223,11 @@ def muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, l
     elif not np.all(np.isfinite(w_new)):
         rows = [with_cause(r, f"diverged at step {t + 1}: the weight has NaN or Inf") for r in rows]
     if key:
-        m_tol = tol.momentum_tolerance(float(np.linalg.norm(grad)), float(np.linalg.norm(m_prev)), pdt)
+        g_seen = grad + wd * w_prev if conv.weight_decay_style == "l2" else grad  # the gradient the momentum takes
+        m_tol = tol.momentum_tolerance(float(np.linalg.norm(g_seen)), float(np.linalg.norm(m_prev)), pdt)
         row = measured("muon_momentum", name, f"state[{key!r}]", np.linalg.norm(m_after - ref.momentum), m_tol)
         if not row.passed:
-            row = with_cause(row, momentum_cause(m_after, grad, m_prev, mu=mu, declared=conv.momentum_style,
+            row = with_cause(row, momentum_cause(m_after, g_seen, m_prev, mu=mu, declared=conv.momentum_style,
                                                  tolerance=m_tol))
         rows.append(row)
     return rows, ref.momentum
