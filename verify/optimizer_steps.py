@@ -126,7 +126,8 @@ def decay_probe_rows(opt, p, conv: MuonConventions, before, *, lr: float, wd: fl
     if power > tol.WEIGHT_DECAY_POWER_LIMIT:
         return [no_claim("muon_weight_decay", name, detail,
                          f"not compared: in {pdt} the row detects only decay errors of {power:.2g} x lr*wd "
-                         f"(limit {tol.WEIGHT_DECAY_POWER_LIMIT}); the float32 run judges the decay")]
+                         f"(limit {tol.WEIGHT_DECAY_POWER_LIMIT}); the float32 run judges the decay",
+                         extra={"supplementary": True})]
     scale = ortho_ref.muon.lr_scale(conv.adjust_lr, *w_prev.shape) * conv.extra_scale_factor
     factor = ortho_ref.muon.decay_factor(conv.weight_decay_style, lr=lr, weight_decay=wd, scale=scale)
     w_new = _as_f64(p)
