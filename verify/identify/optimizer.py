@@ -55,9 +55,16 @@ def _evidence(field, ranked, note, *, tolerance=1.0, value=None) -> Evidence:
                     tolerance, note)
 
 
-def _schedule_probe(prober, rng, evidence, differences):
-    grads = [spectrum_matrix(s, np.geomspace(1.0, 1e-2, min(s)), rng) for s in PROBE_SHAPES]
-    run = prober.run([np.zeros(s) for s in PROBE_SHAPES], [grads], lr=PROBE_LR, mu=PROBE_MOMENTUM, wd=0.0)
+#: Matrices per probe shape in the schedule probe: the per-direction mean over J = 8 has 1/√8 of one
+#: matrix's rounding, enough to rank the registered schedules (their maps differ by ≥ 0.05 in f(σ̂)
+#: on the probe's spectrum, one bfloat16 matrix's rounding is ≈ 0.02 per direction).
+SCHEDULE_PROBE_MATRICES = 8
+
+
+def _schedule_probe(prober, rng, evidence, differences, scale_default):
+    shapes = [s for s in PROBE_SHAPES for _ in range(SCHEDULE_PROBE_MATRICES)]
+    grads = [spectrum_matrix(s, np.geomspace(1.0, 1e-2, min(s)), rng) for s in shapes]
+    run = prober.run([np.zeros(s) for s in shapes], [grads], lr=PROBE_LR, mu=PROBE_MOMENTUM, wd=0.0)
     if run.error is not None:
         raise _probe_error(run.error, f"one step on zero weights {list(PROBE_SHAPES)} in float32")
     outputs = [-w / PROBE_LR for w in run.weights[1]]
@@ -65,30 +72,42 @@ def _schedule_probe(prober, rng, evidence, differences):
         raise ValueError("optimizer: probed one step on zero weights; the weights came back with NaN or Inf")
     if all(float(np.linalg.norm(o)) == 0 for o in outputs):
         raise ValueError("optimizer: probed one step with a gradient; the weights did not move (not an optimizer "
-                         "of its parameters, or lr is not the keyword "
-                         f"{prober.names['lr']!r})")
-    ranked = fit.fit_schedule(grads, outputs)
+                         f"of its parameters, or lr is not the keyword {prober.names['lr']!r})")
+    groups = [list(zip(grads[i * SCHEDULE_PROBE_MATRICES:(i + 1) * SCHEDULE_PROBE_MATRICES],
+                       outputs[i * SCHEDULE_PROBE_MATRICES:(i + 1) * SCHEDULE_PROBE_MATRICES]))
+              for i in range(len(PROBE_SHAPES))]
+    ranked = fit.fit_schedule_directions(groups, PROBE_SHAPES, declared_factor=scale_default)
     best = ranked[0]
-    evidence.append(_evidence("coefficients", ranked, "update / (lr s) of one step from zero state vs ns_map of G "
-                              "(cond 100), s fitted per shape; error / ns_tolerance (bfloat16)"))
+    scales, per_shape = best[2]["scale_ranking"], best[2]["scales"]
+    evidence.append(_evidence("adjust_lr", scales, f"lr multiplier s per shape {list(PROBE_SHAPES)} = "
+                              f"{[round(float(s), 4) for s in per_shape]} (under {best[1]!r}); deviation / "
+                              f"{fit.SCALE_TOLERANCE}"))
+    if scales[0][0] > 1:
+        differences.append(f"the update's scale {[round(float(s), 4) for s in per_shape]} on {list(PROBE_SHAPES)} "
+                           f"matches no adjust_lr mode (closest {scales[0][1]!r} x {scales[0][2]['fitted']:.3g})")
+    evidence.append(Evidence("coefficients", best[1], best[2]["rms"], ranked[1][1], ranked[1][2]["rms"], math.nan,
+                             f"RMS over directions of the mean over {SCHEDULE_PROBE_MATRICES} matrices of "
+                             "u_i^T (O/s) v_i - f(sigma_i); worst direction / bfloat16 tolerance "
+                             f"{best[0]:.3g}"))
     if best[0] > 1:
         differences.append(f"the Newton-Schulz output matches no registered schedule: closest {best[1]!r} leaves "
-                           f"{best[0]:.3g} of its bfloat16 tolerance")
-    extra = best[2]
-    dtypes = fit.ns_dtype_of(grads, extra["errors"], extra["table"], extra["safety"], extra["eps"])
-    evidence.append(_evidence("ns_dtype", dtypes, "the finest dtype whose ns_tolerance covers the schedule's error"))
-    scales = fit.fit_scale(PROBE_SHAPES, extra["scales"])
-    evidence.append(_evidence("adjust_lr", scales, f"lr multiplier s per shape {list(PROBE_SHAPES)} = "
-                              f"{[round(s, 4) for s in extra['scales']]}; deviation / {fit.SCALE_TOLERANCE}"))
-    if scales[0][0] > 1:
-        differences.append(f"the update's scale {[round(s, 4) for s in extra['scales']]} on {list(PROBE_SHAPES)} "
-                           f"matches no adjust_lr mode (closest {scales[0][1]!r} x {scales[0][2]['factor']})")
+                           f"{best[0]:.3g} of its bfloat16 per-direction tolerance")
+    elif "@safety=" in best[1]:
+        name, safety = best[1].split("@safety=")
+        differences.append(f"coefficients: the map is {name!r} with safety {safety} where {name!r} is registered "
+                           f"with safety {ortho_ref.SCHEDULES[name].safety} (a table of its own is declared with "
+                           "coefficients= and safety=)")
+    worst = best[2]["worst"]
+    dtype = "float32" if worst["float32"] <= 1 else "bfloat16"
+    evidence.append(Evidence("ns_dtype", dtype, worst[dtype], "bfloat16" if dtype == "float32" else "float32",
+                             worst["bfloat16" if dtype == "float32" else "float32"], 1.0,
+                             "the finest dtype whose per-direction tolerance covers every matrix's deviation"))
     side = {"grad_consumed": any(g is None for g, _ in run.grads_after[0]),
             "grad_mutated": any(g is not None and not np.array_equal(g.detach().double().numpy(), given)
                                 for g, given in run.grads_after[0]),
             "state_aliased": any(run.aliased[0])}
-    schedule = (best[1], extra["table"], extra["safety"], extra["eps"])
-    return schedule, dtypes[0][1], scales[0], side
+    schedule = (best[1].split("@")[0], best[2]["table"], best[2]["safety"], best[2]["eps"])
+    return schedule, dtype, scales[0], side
 
 
 def _momentum_probe(prober, rng, schedule, scale_fn, dtype, evidence, differences):
@@ -253,13 +272,15 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     >>> found.declaration.eps_mode, found.passed  # doctest: +SKIP
     ('clamp', True)
     """
-    names, _ = hyperparameter_names(optimizer)
+    names, defaults = hyperparameter_names(optimizer)
     prober = Prober(optimizer, names, kwargs)
     _check_is_optimizer(prober)
     rng = np.random.default_rng(seed)
     evidence: list[Evidence] = [Evidence("hyperparameter_names", names, 0.0, note="from the signature")]
     differences: list[str] = []
-    schedule, dtype, scale, side = _schedule_probe(prober, rng, evidence, differences)
+    scale_default = defaults.get("extra_scale_factor")
+    schedule, dtype, scale, side = _schedule_probe(prober, rng, evidence, differences,
+                                                   scale_default if isinstance(scale_default, (int, float)) else None)
     mode, factor = scale[1], scale[2]["factor"]
 
     def scale_fn(m, n):
@@ -276,6 +297,7 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     evidence.append(Evidence("side_effects", tuple(allowed), 0.0, note="p.grad and state after a step"))
     conv = MuonConventions(momentum_style=style, nesterov=form["nesterov"], nesterov_form=form["nesterov_form"],
                            coefficients=schedule[0], eps=eps, eps_mode=eps_mode, adjust_lr=mode,
+                           safety=None if schedule[2] == ortho_ref.SCHEDULES[schedule[0]].safety else schedule[2],
                            extra_scale_factor=factor, ns_dtype=getattr(torch, dtype), momentum_state_key=key,
                            hyperparameter_names=names, extra_kwargs=dict(kwargs), weight_decay_style=decay,
                            cautious_weight_decay=cautious)
@@ -284,6 +306,10 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
         check_kwargs["param_dtype"] = torch.float32
     if allowed:
         check_kwargs["allow_side_effects"] = set(allowed)
+    for e in evidence:
+        if not e.fits and not any(d.startswith(e.field) or e.field in d for d in differences):
+            differences.append(f"{e.field}: the closest value {e.value!r} leaves {e.measured:.3g} of its tolerance "
+                               f"{e.tolerance:.3g} ({e.note})")
     fits = all(e.fits for e in evidence) and not differences
     report = None
     if judge:

@@ -17,7 +17,7 @@ import ortho_ref
 from ortho_verify import tolerances as tol
 from ortho_verify.conventions import table_and_normalization
 
-__all__ = ["SCALE_MODES", "fit_decay", "fit_eps", "fit_momentum_form", "fit_scale", "fit_schedule", "ns_prediction",
+__all__ = ["SCALE_MODES", "fit_decay", "fit_eps", "fit_momentum_form", "fit_scale", "fit_schedule", "fit_schedule_directions", "ns_prediction",
            "ns_tolerance_of",
            "schedule_candidates"]
 
@@ -32,13 +32,21 @@ SCALE_MODES = ("original", "spectral_norm", "match_rms_adamw", None, "spectral")
 SCALE_TOLERANCE = 0.02
 
 
+#: Safety factors tried beside each schedule's own: the values in use (none, the Polar Express paper's
+#: 1.01, its reference code's 1.02). A schedule found with another safety than its registered one is
+#: reported as a difference, never as a pass.
+SAFETY_CANDIDATES = (1.0, 1.01, 1.02)
+
+
 def schedule_candidates() -> list[tuple[str, np.ndarray, float, float]]:
-    """(name, (T, 3) table, safety, eps) of every registered schedule with its own defaults."""
-    out = []
+    """(name, (T, 3) table, safety, eps) of every registered schedule with its own defaults, then with
+    each other safety of ``SAFETY_CANDIDATES`` (name "NAME@safety=S")."""
+    out, variants = [], []
     for name in ortho_ref.SCHEDULES:
         table, safety, eps = table_and_normalization(name, None, None, None)
         out.append((name, table, safety, eps))
-    return out
+        variants += [(f"{name}@safety={s}", table, s, eps) for s in SAFETY_CANDIDATES if s != safety]
+    return out + variants
 
 
 def ns_prediction(u: np.ndarray, table, safety: float, eps: float, eps_mode: str = "add") -> np.ndarray:
@@ -70,32 +78,69 @@ def fit_schedule(inputs, outputs, dtype: str = "bfloat16") -> list:
     return sorted(ranked, key=lambda r: r[0])
 
 
-def ns_dtype_of(inputs, errors, table, safety, eps) -> list:
-    """Compute dtypes ranked finest first among those whose ``ns_tolerance`` covers every error
-    (residual: max error / tolerance); float32 then bfloat16."""
-    out = []
-    for dtype in ("float32", "bfloat16"):
-        ratio = max(e / _ns_tol(u, table, safety, eps, "add", dtype) for u, e in zip(inputs, errors))
-        out.append((ratio, dtype, {}))
-    fits = [r for r in out if r[0] <= 1]
-    return fits + [r for r in out if r[0] > 1] if fits else sorted(out, key=lambda r: r[0])
+def _directions(u, table, safety, eps):
+    """(left vectors (m, k), right (n, k), f(σ̂) (k,), σ̂ (k,)) of one input under a schedule."""
+    left, _, right_t = np.linalg.svd(u, full_matrices=False)
+    sigma = ortho_ref.normalized_singular_values(u, safety=safety, eps=eps)
+    return left, right_t.T, ortho_ref.ns_polynomial(sigma, table), sigma
 
 
-def fit_scale(shapes, scales) -> list:
-    """adjust_lr modes ranked by the residual of s(shape) = c·mode(shape), c fitted (geometric mean):
-    max relative deviation / ``SCALE_TOLERANCE``; ties (equal residuals) go to c nearest 1.
-    Extra: {"factor": c}."""
+def fit_schedule_directions(groups, shapes, declared_factor: float | None = None, dtype: str = "bfloat16") -> list:
+    """Schedules ranked by the systematic part of the per-direction deviation, each with its own
+    adjust_lr mode. For each shape, J inputs Uⱼ with the same spectrum: pⱼᵢ = uᵢⱼᵀOⱼvᵢⱼ (Uⱼ's exact
+    triplets); the lr multiplier s per shape is fitted (least squares of p against f(σ̂)) only to pick
+    the mode (``fit_scale``), and the deviations dᵢⱼ = pᵢⱼ/s − f(σ̂ᵢ) use the mode's s (c = 1 or the
+    declared factor: a wrong table cannot hide in a free factor). Ranked by the RMS over directions of
+    the mean over j (rounding averages out as 1/√J, a wrong map does not). Residual: max over
+    directions of |mean_j dᵢⱼ| / τᵢ, τᵢ the per-direction tolerance of one matrix in ``dtype``
+    (``tolerances.ns_singular_value_tolerances``). ``groups``: per shape a list of (U, O) pairs.
+    Extra: {"rms", "worst": max_ij |dᵢⱼ| / τᵢ in float32 and bfloat16, "scales": fitted s per shape,
+    "scale_ranking": ``fit_scale``'s list, "table", "safety", "eps"}."""
+    ranked = []
+    for name, table, safety, eps in schedule_candidates():
+        projected, fitted = [], []
+        for pairs in groups:
+            rows = []
+            for u, o in pairs:
+                left, right, f, sigma = _directions(u, table, safety, eps)
+                rows.append((np.einsum("pi,pq,qi->i", left, o, right), f, sigma, u.shape))
+            projected.append(rows)
+            fitted.append(sum(float(np.dot(p, f)) for p, f, _, _ in rows) / max(sum(float(np.dot(f, f))
+                                                                                   for _, f, _, _ in rows), 1e-300))
+        scale_ranking = fit_scale(shapes, fitted, declared=declared_factor)
+        mode, c = scale_ranking[0][1], scale_ranking[0][2]["factor"]
+        squares, count, ratio, worst = 0.0, 0, 0.0, {"float32": 0.0, "bfloat16": 0.0}
+        for rows, shape in zip(projected, shapes):
+            s = ortho_ref.muon.lr_scale(mode, *shape) * c
+            devs = np.array([p / s - f for p, f, _, _ in rows])
+            taus = {d: tol.ns_singular_value_tolerances(rows[0][2], table, rows[0][3], d) for d in worst}
+            mean = devs.mean(axis=0)
+            squares += float(np.sum(mean ** 2))
+            count += mean.size
+            ratio = max(ratio, float(np.max(np.abs(mean) / taus[dtype])))
+            for d in worst:
+                worst[d] = max(worst[d], float(np.max(np.abs(devs) / taus[d])))
+        ranked.append((ratio, name, {"rms": math.sqrt(squares / count), "worst": worst, "scales": fitted,
+                                     "scale_ranking": scale_ranking, "table": table, "safety": safety, "eps": eps}))
+    return sorted(ranked, key=lambda r: r[2]["rms"])
+
+
+def fit_scale(shapes, scales, declared: float | None = None) -> list:
+    """adjust_lr modes ranked by the residual of s(shape) = c·mode(shape): c is 1, or ``declared``
+    (the signature's ``extra_scale_factor`` default) — never a free fit, so a wrong table cannot hide
+    in it; residual max relative deviation / ``SCALE_TOLERANCE``. Extra: {"factor": c, "fitted": the
+    geometric-mean c that would fit best}."""
+    c = 1.0 if declared is None else float(declared)
     ranked = []
     for rank, mode in enumerate(SCALE_MODES):
         ratios = np.array([s / ortho_ref.muon.lr_scale(mode, m, n) for (m, n), s in zip(shapes, scales)])
         if np.any(ratios <= 0):
-            ranked.append((math.inf, mode, {"factor": math.nan}))
+            ranked.append((math.inf, mode, {"factor": c, "fitted": math.nan, "rank": (math.inf, rank)}))
             continue
-        c = float(np.exp(np.mean(np.log(ratios))))
-        snapped = 1.0 if abs(c - 1) <= SCALE_TOLERANCE else float(f"{c:.3g}")
-        resid = float(np.max(np.abs(ratios / snapped - 1))) / SCALE_TOLERANCE
-        ranked.append((resid, mode, {"factor": snapped, "rank": (round(resid, 1), abs(math.log(snapped)), rank)}))
-    return sorted(ranked, key=lambda r: r[2].get("rank", (math.inf,)))
+        resid = float(np.max(np.abs(ratios / c - 1))) / SCALE_TOLERANCE
+        ranked.append((resid, mode, {"factor": c, "fitted": float(np.exp(np.mean(np.log(ratios)))),
+                                     "rank": (round(resid, 1), rank)}))
+    return sorted(ranked, key=lambda r: r[2]["rank"])
 
 
 def momentum_candidates(styles) -> list[tuple[str, dict]]:
