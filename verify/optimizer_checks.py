@@ -346,9 +346,10 @@ def _statistical_row(opt, params, conv, before, batch, t, *, lr, mu, wd, pdt, su
 
     J, (m, n) = len(params), batch.weights.shape[-2:]
     name = f"statistical {J}x({m}x{n}){suffix} step {t + 1}"
-    if conv.has_stages or conv.cautious_weight_decay:
+    if conv.has_stages or conv.cautious_weight_decay or conv.form != "standard":
         return no_claim("optimizer_mean_deviation", name, "update", "not compared: the statistical row models plain "
-                        "Muon (no pipeline stages, no cautious weight decay)", extra={"supplementary": True})
+                        "Muon (standard Newton-Schulz form, no pipeline stages, no cautious weight decay)",
+                        extra={"supplementary": True})
     table, safety, eps = table_and_normalization(conv.coefficients, conv.ns_steps, conv.safety, conv.eps)
     ns_dt = coarser_dtype(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt)
     key = conv.momentum_state_key

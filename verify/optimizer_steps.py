@@ -217,7 +217,8 @@ def muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, l
     rows = compare_ns_output(measured_update, ref.ns_input, table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
                              dtype=ns_dt, input_name=name,
                              detail=f"update (W(1-lr wd) - W_new)/(lr s), s = {ref.lr_scale:.4g}", extra=extra,
-                             prefix="muon_update/", lr_shape=w_prev.shape)
+                             prefix="muon_update/", lr_shape=w_prev.shape, form=conv.form,
+                             restarts=tuple(conv.restarts))
     if not all(r.passed for r in rows) and np.all(np.isfinite(measured_update)):
         rows = [with_cause(r, _update_cause(conv, r, measured_update, ref.update, w_prev, grad, m_prev, lr=lr, mu=mu,
                                             wd=wd, table=table, safety=safety, eps=eps)) for r in rows]

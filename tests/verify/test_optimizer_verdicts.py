@@ -146,3 +146,18 @@ def test_nested_state_key_and_tuple_hyperparameter():
     assert report.passed and any(r.check == "muon_momentum" and r.claimed for r in report.results)
     wrong = check_optimizer(factory, conv, momentum=0.5, **F32)  # the tuple entry carries μ: 0.5 is seen
     assert wrong.passed
+
+
+def test_gram_newton_schulz_declared_in_muon_conventions():
+    """ortho_fast.Muon(gram=True) is Gram Newton–Schulz with restarts (2, 4): declared with form / restarts."""
+    import ortho_fast
+    from ortho_fast.functional.newton_schulz import gram_restarts
+
+    conv = MuonConventions(eps_mode="clamp", form="gram", restarts=gram_restarts(5), ns_dtype=torch.float16)
+    report = check_optimizer(functools.partial(ortho_fast.Muon, gram=True, dtype=torch.float16), conv, steps=2)
+    assert report.passed, report.summary()
+    assert any("gram" in str(r.extra) or r.check.startswith("muon_update/") for r in report.results)
+    with pytest.raises(ValueError, match="restarts"):
+        MuonConventions(restarts=(2,))
+    with pytest.raises(ValueError, match="form"):
+        MuonConventions(form="polar")
