@@ -144,7 +144,27 @@ def _momentum_probe(prober, rng, schedule, scale_fn, dtype, evidence, difference
     if style is None:
         evidence.append(Evidence("momentum_style", "ema", 0.0, note="no momentum buffer of the parameter's shape in "
                                  "the state: EMA and classic give the same update (U differs by the factor 1 - mu)"))
-    return key, style or "ema", ranked[0][2]
+    stages = _normuon_stage(run.states[0][0], g1, shape, schedule, ranked[0][2], evidence)
+    return key, style or "ema", ranked[0][2], stages
+
+
+def _normuon_stage(state: dict, g1, shape, schedule, form, evidence) -> dict:
+    """NorMuon's second moment, if the state has one: a nonzero tensor of shape (m, 1) ("row") or
+    (1, n) ("column") after step 1, whose value is (1 − β₂)·mean(O²) along the other side (O the
+    Newton–Schulz output of U₁): β₂ read from it. {} when there is none."""
+    m, n = shape
+    for key, v in state.items():
+        dims = {(m, 1): "row", (1, n): "column", (m,): "row"}.get(tuple(v.shape))
+        if dims is None or not np.any(v):
+            continue
+        u1 = fit.ns_inputs(form, [g1], PROBE_MOMENTUM)[0]
+        o = fit.ns_prediction(u1, *schedule[1:])
+        mean = np.mean(o ** 2, axis=1 if dims == "row" else 0).reshape(v.shape)
+        beta2 = float(1 - np.median(v / mean))
+        evidence.append(Evidence("normuon_beta2", round(beta2, 3), 0.0, note=f"state[{key!r}] {tuple(v.shape)} = "
+                                 f"(1 - beta2) mean(O^2) per {dims} after step 1"))
+        return dict(normuon_beta2=round(beta2, 3), normuon_state_key=key, normuon_dim=dims)
+    return {}
 
 
 def _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence):
@@ -286,7 +306,7 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     def scale_fn(m, n):
         return ortho_ref.muon.lr_scale(mode, m, n) * factor
 
-    key, style, form = _momentum_probe(prober, rng, schedule, scale_fn, dtype, evidence, differences)
+    key, style, form, stages = _momentum_probe(prober, rng, schedule, scale_fn, dtype, evidence, differences)
     eps, eps_mode = _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence)
     decay = _decay_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, differences)
     cautious = decay != "l2" and _cautious_probe(prober, rng, schedule, scale_fn, decay, evidence)
@@ -300,7 +320,7 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
                            safety=None if schedule[2] == ortho_ref.SCHEDULES[schedule[0]].safety else schedule[2],
                            extra_scale_factor=factor, ns_dtype=getattr(torch, dtype), momentum_state_key=key,
                            hyperparameter_names=names, extra_kwargs=dict(kwargs), weight_decay_style=decay,
-                           cautious_weight_decay=cautious)
+                           cautious_weight_decay=cautious, **stages)
     check_kwargs = {}
     if dtypes == ("float32",):
         check_kwargs["param_dtype"] = torch.float32

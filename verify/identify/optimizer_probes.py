@@ -127,11 +127,11 @@ class Prober:
                 given = []
                 for p, g in zip(params, step_grads):
                     p.grad = torch.tensor(g, dtype=torch.float64).to(dtype)
-                    given.append(p.grad)
+                    given.append(as_float64(p.grad))  # a copy: the step may write into p.grad
                 opt.step()
                 out.weights.append([as_float64(p) for p in params])
                 out.states.append([flat_state(opt.state.get(p)) for p in params])
-                out.grads_after.append([(p.grad, as_float64(g)) for p, g in zip(params, given)])
+                out.grads_after.append([(p.grad, g) for p, g in zip(params, given)])
                 out.aliased.append([_aliased(opt.state.get(p), p) for p in params])
         except Exception as err:  # noqa: BLE001 - the user's code; the caller decides what it means
             out.error = err
