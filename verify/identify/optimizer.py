@@ -243,6 +243,45 @@ def _dtypes(prober, rng) -> tuple:
     return ("float32",) if run.error is not None else ("float32", "bfloat16")
 
 
+def _dion_family(optimizer, prober, defaults, kwargs, rng, evidence, differences, *, judge, seed):
+    """The Identification of a Dion2 (its signature) or Dion (a right factor Q in its state after a step)
+    optimizer; None for anything else."""
+    from ortho_verify.identify import optimizer_dion as dion
+
+    if dion.is_dion2(defaults):
+        from ortho_verify.devices import describe_device, device_label
+        from ortho_verify.results import VerificationReport
+
+        conv, rows = dion.identify_dion2(optimizer, defaults, kwargs, evidence, differences, seed=seed)
+        report = VerificationReport(f"{_name(optimizer)} (Dion2Conventions)", rows, {},
+                                    device_label(describe_device(torch.device("cpu")))) if judge else None
+        snippet = ("import torch\nfrom ortho_verify import check_dion2_optimizer\nfrom ortho_verify.conventions import "
+                   f"Dion2Conventions\n# optimizer = {_name(optimizer)}\nconventions = {conv!r}\n"
+                   "rows = check_dion2_optimizer(optimizer, conventions)")
+        return Identification("dion2", all(e.fits for e in evidence) and not differences, conv, snippet, evidence,
+                               report, differences)
+    shape = (24, 16)
+    run = prober.run([np.zeros(shape)], [[spectrum_matrix(shape, np.geomspace(1.0, 1e-1, 16), rng)]], lr=PROBE_LR,
+                     mu=PROBE_MOMENTUM, wd=0.0)
+    if run.error is not None or dion.dion_q_key(run.states[0][0], shape) is None:
+        return None
+    conv = dion.identify_dion(prober, defaults, rng, evidence, differences)
+    report = None
+    if judge:
+        from ortho_verify.optimizer_checks import check_optimizer
+        report = check_optimizer(optimizer, conv, seed=seed)
+    snippet = ("import torch\nfrom ortho_verify import check_optimizer\nfrom ortho_verify.conventions import "
+               f"DionConventions\n# optimizer = {_name(optimizer)}\nconventions = {conv!r}\n"
+               "report = check_optimizer(optimizer, conventions)\nprint(report.summary())")
+    return Identification("dion", all(e.fits for e in evidence) and not differences, conv, snippet, evidence, report,
+                          differences)
+
+
+def _name(optimizer) -> str:
+    target = getattr(optimizer, "func", optimizer)
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"
+
+
 def snippet_for(optimizer, conv: MuonConventions, check_kwargs: dict) -> str:
     """Python a user can paste: the declaration and the ``check_optimizer`` call."""
     target = getattr(optimizer, "func", optimizer)
@@ -298,6 +337,9 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     rng = np.random.default_rng(seed)
     evidence: list[Evidence] = [Evidence("hyperparameter_names", names, 0.0, note="from the signature")]
     differences: list[str] = []
+    other = _dion_family(optimizer, prober, defaults, kwargs, rng, evidence, differences, judge=judge, seed=seed)
+    if other is not None:
+        return other
     scale_default = defaults.get("extra_scale_factor")
     schedule, dtype, scale, side = _schedule_probe(prober, rng, evidence, differences,
                                                    scale_default if isinstance(scale_default, (int, float)) else None)
