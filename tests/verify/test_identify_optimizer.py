@@ -12,6 +12,7 @@ import torch
 import ortho_fast
 from ortho_verify.conventions import MuonConventions
 from ortho_verify.identify.optimizer import identify_optimizer
+from ortho_verify.planted import PLANTED_BUGS
 from ortho_verify.planted_muon import PLANTS, JordanStyleMuon, TorchStyleMuon, planted
 
 
@@ -64,6 +65,7 @@ def test_ortho_fast_option_sets_pass_the_judge(options):
 #: Plants that are another convention of the space (a correct optimizer of that convention): the
 #: identification must name that field with the planted value.
 CONVENTION_PLANTS = {
+    "NorMuon as Muon": ("normuon_beta2", 0.95),
     "eps added, clamp declared": ("eps_mode", "add"),
     "lr scale match_rms_adamw for original": ("adjust_lr", "match_rms_adamw"),
     "Nesterov as g + mu*buf": ("nesterov_form", "full_grad"),
@@ -99,8 +101,10 @@ def test_tuple_hyperparameter_and_consumed_gradient():
 
     found = identify_optimizer(BetasMuon)
     assert found.declaration.hyperparameter_names["momentum"] == "betas[0]"
-    assert found.fits and found.passed, found.summary()
-    assert "grad_consumed" in found.snippet
+    assert found.fits and not found.passed, found.summary()  # the side effect is named, never accepted for the user
+    assert set(found.report.kinds) >= {"side effect"} and found.report.kinds["wrong math"] == 0
+    assert {r.check for r in found.report.results if not r.passed} == {"gradient_kept"}
+    assert "allow_side_effects={'grad_consumed'}" in found.snippet
 
 
 def test_wrong_decay_is_not_fitted():
@@ -117,3 +121,12 @@ def test_not_an_optimizer_raises_naming_what_was_probed(thing, words):
     with pytest.raises(ValueError, match="optimizer: probed") as info:
         identify_optimizer(thing, judge=False)
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize("bug", [b for b in PLANTED_BUGS if b.kind == "optimizer"], ids=lambda b: b.name)
+def test_planted_optimizer_bugs_are_not_passed_from_identification_alone(bug):
+    found = identify_optimizer(bug.make())
+    if bug.name == "lr scale of the wrong mode":  # a correct optimizer of another convention: named
+        assert found.declaration.adjust_lr == "spectral_norm" != bug.conventions.adjust_lr
+        return
+    assert not found.passed, found.summary()

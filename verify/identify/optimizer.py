@@ -282,16 +282,19 @@ def _name(optimizer) -> str:
     return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"
 
 
-def snippet_for(optimizer, conv: MuonConventions, check_kwargs: dict) -> str:
-    """Python a user can paste: the declaration and the ``check_optimizer`` call."""
+def snippet_for(optimizer, conv: MuonConventions, check_kwargs: dict, side_effects=()) -> str:
+    """Python a user can paste: the declaration and the ``check_optimizer`` call; the side effects seen
+    as a comment with the ``allow_side_effects`` that accepts them (never accepted for the user)."""
     target = getattr(optimizer, "func", optimizer)
     name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"
     default = MuonConventions()
     fields = {f: getattr(conv, f) for f in conv.__dataclass_fields__ if getattr(conv, f) != getattr(default, f)}
     body = ", ".join(f"{k}={v!r}" for k, v in fields.items()).replace("torch.", "torch.")
     extra = "".join(f", {k}={v!r}" for k, v in check_kwargs.items())
+    note = (f"# side effects seen: {sorted(side_effects)}; to accept them add "
+            f"allow_side_effects={set(side_effects)!r}\n") if side_effects else ""
     return ("import torch\nfrom ortho_verify import check_optimizer\nfrom ortho_verify.conventions import "
-            f"MuonConventions\n# optimizer = {name}\nconventions = MuonConventions({body})\n"
+            f"MuonConventions\n# optimizer = {name}\nconventions = MuonConventions({body})\n{note}"
             f"report = check_optimizer(optimizer, conventions{extra})\nprint(report.summary())")
 
 
@@ -356,7 +359,8 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     evidence.append(Evidence("param_dtypes", dtypes, 0.0, note="a bfloat16 step " +
                              ("ran" if "bfloat16" in dtypes else "raised")))
     allowed = sorted(k for k, v in side.items() if v)
-    evidence.append(Evidence("side_effects", tuple(allowed), 0.0, note="p.grad and state after a step"))
+    evidence.append(Evidence("side_effects", tuple(allowed), 0.0, note="p.grad and state after a step (not accepted: "
+                             "the judge's verdict names them; the snippet says how to accept them)"))
     conv = MuonConventions(momentum_style=style, nesterov=form["nesterov"], nesterov_form=form["nesterov_form"],
                            coefficients=schedule[0], eps=eps, eps_mode=eps_mode, adjust_lr=mode,
                            safety=None if schedule[2] == ortho_ref.SCHEDULES[schedule[0]].safety else schedule[2],
@@ -366,8 +370,6 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     check_kwargs = {}
     if dtypes == ("float32",):
         check_kwargs["param_dtype"] = torch.float32
-    if allowed:
-        check_kwargs["allow_side_effects"] = set(allowed)
     for e in evidence:
         if not e.fits and not any(d.startswith(e.field) or e.field in d for d in differences):
             differences.append(f"{e.field}: the closest value {e.value!r} leaves {e.measured:.3g} of its tolerance "
@@ -377,5 +379,5 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     if judge:
         from ortho_verify.optimizer_checks import check_optimizer
         report = check_optimizer(optimizer, conv, seed=seed, **check_kwargs)
-    return Identification("muon", fits, conv, snippet_for(optimizer, conv, check_kwargs), evidence, report,
+    return Identification("muon", fits, conv, snippet_for(optimizer, conv, check_kwargs, allowed), evidence, report,
                           differences)
