@@ -130,3 +130,21 @@ def test_planted_optimizer_bugs_are_not_passed_from_identification_alone(bug):
         assert found.declaration.adjust_lr == "spectral_norm" != bug.conventions.adjust_lr
         return
     assert not found.passed, found.summary()
+
+
+def test_dion_written_differently_passes_and_a_planted_dion_does_not():
+    from ortho_verify.planted_dion import FreeSignDion
+
+    found = identify_optimizer(FreeSignDion)
+    assert found.kind == "dion" and found.passed, found.summary()
+    assert found.declaration.error_feedback and found.declaration.orientation == "min_side"
+    never = identify_optimizer(functools.partial(FreeSignDion, transpose=False), judge=False)
+    assert never.declaration.orientation == "never_transpose", never.summary()
+    assert not identify_optimizer(functools.partial(FreeSignDion, roll_q=True)).passed
+
+
+def test_dion_and_dion2_of_ortho_fast():
+    dion = identify_optimizer(ortho_fast.Dion)
+    assert dion.kind == "dion" and dion.passed and dion.declaration.q_state_key == "Q", dion.summary()
+    dion2 = identify_optimizer(ortho_fast.Dion2)
+    assert dion2.kind == "dion2" and dion2.passed, dion2.summary()
