@@ -29,6 +29,7 @@ import torch  # noqa: E402
 import preset_compare as pc  # noqa: E402  (the systems' loaders)
 from ortho_verify.conventions import MuonConventions  # noqa: E402
 from ortho_verify.identify.optimizer import identify_optimizer  # noqa: E402
+from ortho_verify.results import verdict_text  # noqa: E402
 
 START, END = "<!-- identify:optimizers:start -->", "<!-- identify:optimizers:end -->"
 
@@ -96,10 +97,10 @@ def row(label: str, call: str, factory) -> tuple[str, float]:
     seconds = time.perf_counter() - start
     if found.passed:
         verdict = "PASSED"
+    elif found.differences:
+        verdict = "FAILED: " + found.differences[0][:200].replace("|", "/")
     else:
-        why = found.differences[:1] or [getattr(found.report, "cause", "") or (found.report.status if found.report
-                                                                               else "")]
-        verdict = "FAILED: " + why[0][:200].replace("|", "/")
+        verdict = verdict_text(found.report.results) + ": " + (getattr(found.report, "cause", "") or "")[:200]
     return f"| {label} | `{call}` | `{declaration_text(found.declaration)}` | {verdict} |", seconds
 
 

@@ -185,19 +185,23 @@ def fit_momentum_form(grads, measured_last, styles, mu: float, schedule, dtype: 
 
 
 def fit_eps(us, outputs, schedule, dtype: str) -> list:
-    """(eps, eps_mode) ranked by how well ns_map reproduces outputs of inputs whose norm is near eps:
-    residual max over probes of ‖O − P‖_F / ns_tolerance. Extra: {"eps", "eps_mode"}."""
+    """(eps, eps_mode) ranked by how well ns_map reproduces outputs of inputs whose norm is near eps,
+    by the Frobenius error summed over the probes; residual: max over probes of ‖O − P‖_F /
+    ns_tolerance. eps 0 (an exact normalization, or an eps far below the probes' norms) is one
+    candidate, labelled "clamp". Extra: {"eps", "eps_mode", "default", "error"}."""
     _, table, safety, default_eps = schedule
     ranked = []
-    for eps in sorted({default_eps, 1e-6, 1e-7, 1e-8}, reverse=True):
-        for mode in ("add", "clamp"):
-            ratio = 0.0
+    for eps in sorted({default_eps, 1e-6, 1e-7, 1e-8, 0.0}, reverse=True):
+        for mode in ("add", "clamp") if eps else ("clamp",):
+            ratio, err = 0.0, 0.0
             for u, o in zip(us, outputs):
                 p = ns_prediction(u, table, safety, eps, mode)
-                ratio = max(ratio, float(np.linalg.norm(o - p)) / max(_ns_tol(u, table, safety, eps, mode, dtype),
-                                                                      1e-300))
-            ranked.append((ratio, (eps, mode), {"eps": eps, "eps_mode": mode, "default": eps == default_eps}))
-    return sorted(ranked, key=lambda r: (round(r[0], 2), not r[2]["default"]))
+                e = float(np.linalg.norm(o - p))
+                err += e
+                ratio = max(ratio, e / max(_ns_tol(u, table, safety, max(eps, 1e-30), mode, dtype), 1e-300))
+            ranked.append((ratio, (eps, mode), {"eps": eps, "eps_mode": mode, "default": eps == default_eps,
+                                                "error": err}))
+    return sorted(ranked, key=lambda r: r[2]["error"])
 
 
 def fit_decay(w0, w1, *, lr: float, wd: float, scale: float, l2, dtype: str) -> list:
