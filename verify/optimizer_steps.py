@@ -31,15 +31,25 @@ __all__ = ["DECAY_PROBE_SHAPE", "buffer_rows", "decay_probe_rows", "dion_step_ro
 DECAY_PROBE_SHAPE = (48, 12)
 
 
+def _state_array(v: torch.Tensor) -> np.ndarray:
+    """A state tensor as float64, leading singleton dimensions of a stack of one matrix dropped
+    ((1, m, n) -> (m, n): nanochat keeps its buffers stacked per shape group)."""
+    a = _as_f64(v)
+    while a.ndim > 2 and a.shape[0] == 1:
+        a = a[0]
+    return a
+
+
 def flat_state(state) -> dict:
-    """The tensors of ``optimizer.state[p]`` as float64 arrays, by key: a top-level key as itself, a
-    key inside nested dicts as the tuple of keys on its path (e.g. ``("muon", "momentum_buffer")``)."""
+    """The tensors of ``optimizer.state[p]`` as float64 arrays (``_state_array``), by key: a top-level
+    key as itself, a key inside nested dicts as the tuple of keys on its path (e.g.
+    ``("muon", "momentum_buffer")``)."""
     out = {}
 
     def walk(d, path):
         for k, v in d.items():
             if isinstance(v, torch.Tensor):
-                out[path + (k,) if path else k] = _as_f64(v)
+                out[path + (k,) if path else k] = _state_array(v)
             elif isinstance(v, dict):
                 walk(v, path + (k,))
     walk(state or {}, ())
@@ -68,7 +78,7 @@ def state_value(opt, p, key) -> np.ndarray:
     if value is None:
         keys = sorted(map(str, flat_state(opt.state.get(p, {}))))
         raise ValueError(f"conventions: optimizer.state[p] has no {key!r} (keys: {keys}); set the conventions' state key")
-    return _as_f64(value)
+    return _state_array(value)
 
 
 def _tensors(state, path=()):

@@ -92,11 +92,6 @@ def _schedule_probe(prober, rng, evidence, differences, scale_default):
     if best[0] > 1:
         differences.append(f"the Newton-Schulz output matches no registered schedule: closest {best[1]!r} leaves "
                            f"{best[0]:.3g} of its bfloat16 per-direction tolerance")
-    elif "@safety=" in best[1]:
-        name, safety = best[1].split("@safety=")
-        differences.append(f"coefficients: the map is {name!r} with safety {safety} where {name!r} is registered "
-                           f"with safety {ortho_ref.SCHEDULES[name].safety} (a table of its own is declared with "
-                           "coefficients= and safety=)")
     worst = best[2]["worst"]
     dtype = "float32" if worst["float32"] <= 1 else "bfloat16"
     evidence.append(Evidence("ns_dtype", dtype, worst[dtype], "bfloat16" if dtype == "float32" else "float32",
@@ -107,7 +102,7 @@ def _schedule_probe(prober, rng, evidence, differences, scale_default):
                                 for g, given in run.grads_after[0]),
             "state_aliased": any(run.aliased[0])}
     schedule = (best[1].split("@")[0], best[2]["table"], best[2]["safety"], best[2]["eps"])
-    return schedule, dtype, scales[0], side
+    return schedule, dtype, scales[0], side, (grads, outputs, shapes)
 
 
 def _momentum_probe(prober, rng, schedule, scale_fn, dtype, evidence, differences):
@@ -146,6 +141,38 @@ def _momentum_probe(prober, rng, schedule, scale_fn, dtype, evidence, difference
                                  "the state: EMA and classic give the same update (U differs by the factor 1 - mu)"))
     stages = _normuon_stage(run.states[0][0], g1, shape, schedule, ranked[0][2], evidence)
     return key, style or "ema", ranked[0][2], stages
+
+
+def _stage_fallback(first_step, schedule, eps_mode, form, evidence, differences, declared_factor):
+    """When plain Muon leaves the first step unexplained (a difference from the schedule probe), the
+    pipeline stages (``optimizer_stages.fit_stages``): adopted when their relative error is below half
+    of plain Muon's; the schedule probe's differences are then replaced by the stages' evidence.
+    Returns (schedule, mode, factor, stage fields) or None."""
+    from ortho_verify.identify import optimizer_stages as st
+
+    probe_diffs = [d for d in differences if d.startswith(("the update's scale", "the Newton-Schulz output",
+                                                           "ns_dtype", "coefficients"))]
+    if not probe_diffs:
+        return None
+    grads, outputs, shapes_of = first_step
+    candidates = [schedule] + [c for c in fit.schedule_candidates() if c[0] != schedule[0] or c[2] != schedule[2]]
+    err, combo, best, scales, plain = st.fit_stages(grads, outputs, shapes_of, list(PROBE_SHAPES), candidates,
+                                                    eps_mode, form, PROBE_MOMENTUM, declared_factor)
+    if combo == (False, False, None) or not err < 0.5 * plain:
+        return None
+    for d in probe_diffs:
+        differences.remove(d)
+    evidence[:] = [e for e in evidence if e.field not in ("coefficients", "adjust_lr", "ns_dtype")]  # plain Muon's
+    name = best[0].split("@")[0]
+    evidence.append(Evidence("stages", st.stage_fields(combo), err, "plain Muon", plain, math.nan,
+                             "first step replayed through muon_pipeline_step per combination (scale per shape "
+                             "fitted); relative Frobenius error"))
+    evidence.append(Evidence("coefficients", name, err, note=f"under the stages, safety {best[2]}, the mode's scale"))
+    evidence.append(_evidence("adjust_lr", scales, "lr multiplier per shape under the stages"))
+    if scales[0][0] > 1:
+        differences.append(f"the update's scale under the stages matches no adjust_lr mode (closest "
+                           f"{scales[0][1]!r} x {scales[0][2]['fitted']:.3g})")
+    return (name, best[1], best[2], best[3]), scales[0][1], scales[0][2]["factor"], st.stage_fields(combo)
 
 
 def _normuon_stage(state: dict, g1, shape, schedule, form, evidence) -> dict:
@@ -344,7 +371,7 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     if other is not None:
         return other
     scale_default = defaults.get("extra_scale_factor")
-    schedule, dtype, scale, side = _schedule_probe(prober, rng, evidence, differences,
+    schedule, dtype, scale, side, first_step = _schedule_probe(prober, rng, evidence, differences,
                                                    scale_default if isinstance(scale_default, (int, float)) else None)
     mode, factor = scale[1], scale[2]["factor"]
 
@@ -353,6 +380,11 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
 
     key, style, form, stages = _momentum_probe(prober, rng, schedule, scale_fn, dtype, evidence, differences)
     eps, eps_mode = _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence)
+    staged = _stage_fallback(first_step, schedule, eps_mode, form, evidence, differences,
+                             scale_default if isinstance(scale_default, (int, float)) else None)
+    if staged is not None:
+        schedule, mode, factor, stage_fields = staged
+        stages = {**stages, **stage_fields}  # the side from the replay (by_shape), beta2 and key from the state
     decay = _decay_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, differences)
     cautious = decay != "l2" and _cautious_probe(prober, rng, schedule, scale_fn, decay, evidence)
     dtypes = _dtypes(prober, rng)
