@@ -33,6 +33,14 @@ from ortho_verify.results import verdict_text  # noqa: E402
 
 START, END = "<!-- identify:optimizers:start -->", "<!-- identify:optimizers:end -->"
 
+#: The hand-written declaration of each system (``ortho_verify.presets.JUDGE_PRESETS``), where there is one.
+PRESETS = {"torch.optim.Muon": "torch", "microsoft/dion Muon": "microsoft-dion-muon",
+           "microsoft/dion NorMuon": "microsoft-dion-normuon", "microsoft/dion Dion2": "microsoft-dion-dion2",
+           "NVIDIA Emerging-Optimizers Muon": "megatron", "MoonshotAI/Moonlight Muon": "moonlight",
+           "karpathy/nanochat MuonAdamW": "nanochat"}
+#: Fields that name things rather than say what is computed (taken from the identification).
+_NAMING = ("hyperparameter_names", "extra_kwargs", "momentum_state_key", "normuon_state_key")
+
 
 def factories(args, tmp: str) -> dict:
     """{label: (call shown in the table, factory)}; each factory takes params and keyword hyperparameters."""
@@ -88,12 +96,51 @@ def declaration_text(decl) -> str:
     return "MuonConventions(" + ", ".join(fields).replace("torch.", "torch.") + ")"
 
 
+def hand_written(label: str, factory, found) -> str:
+    """The hand-written declaration against the one found: "equal", or the fields that differ and
+    the verdict of ``check_optimizer`` under the hand-written one (its names and parameter dtypes taken
+    from the identification)."""
+    import dataclasses
+
+    from ortho_verify.optimizer_checks import check_optimizer
+    from ortho_verify.presets import preset_conventions
+
+    if label not in PRESETS:
+        return "—"
+    preset = preset_conventions(PRESETS[label])
+    if type(preset) is not type(found.declaration) or not isinstance(preset, MuonConventions):
+        same = type(preset) is type(found.declaration) and all(
+            getattr(preset, f) == getattr(found.declaration, f) for f in preset.__dataclass_fields__
+            if f not in _NAMING)
+        return f"`{PRESETS[label]}`: " + ("equal" if same else "differs")
+    preset = dataclasses.replace(preset, **{f: getattr(found.declaration, f) for f in _NAMING})
+    diff = [f for f in preset.__dataclass_fields__ if f not in _NAMING and _resolved(preset, f) !=
+            _resolved(found.declaration, f)]
+    if not diff:
+        return f"`{PRESETS[label]}`: equal"
+    dtypes = next((e.value for e in found.evidence if e.field == "param_dtypes"), ())
+    status = check_optimizer(factory, preset, **({} if "bfloat16" in dtypes else {"param_dtype": torch.float32})).status
+    return (f"`{PRESETS[label]}`: differs in " + ", ".join(f"{f} ({getattr(preset, f)!r})" for f in diff) +
+            f"; {status} under it")
+
+
+def _resolved(conv, field: str):
+    """A field's value, None eps / ns_steps / safety written out as the schedule's own."""
+    import ortho_ref
+
+    value = getattr(conv, field)
+    if value is None and field in ("eps", "safety", "ns_steps") and isinstance(conv.coefficients, str):
+        sched = ortho_ref.SCHEDULES[conv.coefficients]
+        return {"eps": sched.eps, "safety": sched.safety, "ns_steps": len(ortho_ref.schedule(conv.coefficients))}[field]
+    return value
+
+
 def row(label: str, call: str, factory) -> tuple[str, float]:
     start = time.perf_counter()
     try:
         found = identify_optimizer(factory)
     except ValueError as err:
-        return f"| {label} | `{call}` | — | not identified: {str(err)[:160]} |", time.perf_counter() - start
+        return f"| {label} | `{call}` | — | not identified: {str(err)[:160]} | — |", time.perf_counter() - start
     seconds = time.perf_counter() - start
     if found.passed:
         verdict = "PASSED"
@@ -101,7 +148,8 @@ def row(label: str, call: str, factory) -> tuple[str, float]:
         verdict = "FAILED: " + found.differences[0][:200].replace("|", "/")
     else:
         verdict = verdict_text(found.report.results) + ": " + (getattr(found.report, "cause", "") or "")[:200]
-    return f"| {label} | `{call}` | `{declaration_text(found.declaration)}` | {verdict} |", seconds
+    return (f"| {label} | `{call}` | `{declaration_text(found.declaration)}` | {verdict} | "
+            f"{hand_written(label, factory, found)} |"), seconds
 
 
 def main(argv=None) -> int:
@@ -111,7 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time", action="store_true", help="print the seconds of identification + judging per row")
     ap.add_argument("--write", help="the Markdown file whose identify:optimizers block is rewritten")
     args = ap.parse_args(argv)
-    lines = ["| implementation | command | declaration found | verdict |", "|---|---|---|---|"]
+    lines = ["| implementation | command | declaration found | verdict | hand-written (ortho_verify.presets) |",
+             "|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         for label, (call, factory) in factories(args, tmp).items():
             text, seconds = row(label, call, factory)

@@ -234,7 +234,7 @@ def _run(optimizer, conventions, *, lr, momentum, weight_decay, steps, param_dty
          statistical=(0, None), device=torch.device("cpu")):
     """(rows, report inputs) of ``check_optimizer`` for one parameter dtype; ``suffix`` is added
     to the shape label of every input name. ``statistical``: (J, shape) of the statistical rows.
-    Muon (without pipeline stages) also steps the decay probe, a ``DECAY_PROBE_SHAPE`` parameter
+    Muon also steps the decay probe, a ``DECAY_PROBE_SHAPE`` parameter
     with N(0, 1) entries and a zero gradient (``optimizer_steps.decay_probe_rows``). Every parameter
     has a gradient at every step (the statistical ones keep their last one after their step)."""
     pdt = dtype_name(param_dtype, argument="param_dtype")
@@ -249,7 +249,7 @@ def _run(optimizer, conventions, *, lr, momentum, weight_decay, steps, param_dty
     params = [torch.nn.Parameter(placed(w0)) for w0, _ in inputs]
     extra_params = [] if batch is None else [torch.nn.Parameter(placed(w0)) for w0 in batch.weights]
     probe_w0 = np.random.default_rng(seed + 1).standard_normal(DECAY_PROBE_SHAPE)
-    probe = [torch.nn.Parameter(placed(probe_w0))] if muon and not conventions.has_stages else []
+    probe = [torch.nn.Parameter(placed(probe_w0))] if muon else []
     labels = [f"{m}x{n}{suffix}" for m, n in shapes]
     probe_label = "decay probe {}x{}{}".format(*DECAY_PROBE_SHAPE, suffix)
     labelled = {id(p): label for p, label in zip(params, labels)}
