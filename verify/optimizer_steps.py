@@ -19,7 +19,8 @@ from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.diagnoses import momentum_cause, momentum_form_candidates, with_cause
 from ortho_verify.checks.dion import dion_reference_rows, never_transposed_dion_step
 from ortho_verify.checks.newton_schulz import compare_ns_output
-from ortho_verify.conventions import DionConventions, MuonConventions, coarser_dtype, dtype_name, table_and_normalization
+from ortho_verify.conventions import (DionConventions, MuonConventions, coarser_dtype, dtype_name,
+                                      table_and_normalization)
 from ortho_verify.results import measured, no_claim
 
 __all__ = ["DECAY_PROBE_SHAPE", "buffer_rows", "decay_probe_rows", "dion_step_rows", "flat_state", "has_state",
@@ -77,7 +78,8 @@ def state_value(opt, p, key) -> np.ndarray:
     value = _lookup(opt.state.get(p, {}), key)
     if value is None:
         keys = sorted(map(str, flat_state(opt.state.get(p, {}))))
-        raise ValueError(f"conventions: optimizer.state[p] has no {key!r} (keys: {keys}); set the conventions' state key")
+        raise ValueError(f"conventions: optimizer.state[p] has no {key!r} (keys: {keys}); set the conventions' "
+                         "state key")
     return _state_array(value)
 
 

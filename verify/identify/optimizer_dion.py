@@ -45,7 +45,8 @@ def _momentum_key(state: dict, shape) -> str | None:
 
 def identify_dion(prober: Prober, defaults: dict, rng, evidence: list, differences: list) -> DionConventions:
     """DionConventions from a 2-step probe on a 16×24 parameter (at rank_fraction 0.5 when the signature
-    has that keyword and it is not given: at full rank error feedback leaves no trace): the keys of the momentum and Q, then each
+    has that keyword and it is not given: at full rank error feedback leaves no trace): the keys of the
+    momentum and Q, then each
     candidate (error feedback, right factor, orientation, power iterations) replayed from the observed
     state before step 2 (``ortho_ref.dion_step``) against the weight after it; the qr method and
     epsilon are the signature's (every QR method gives the same P up to column signs: not observable)."""

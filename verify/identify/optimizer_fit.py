@@ -17,7 +17,8 @@ import ortho_ref
 from ortho_verify import tolerances as tol
 from ortho_verify.conventions import table_and_normalization
 
-__all__ = ["SCALE_MODES", "fit_decay", "fit_eps", "fit_momentum_form", "fit_scale", "fit_schedule", "fit_schedule_directions", "ns_prediction",
+__all__ = ["SCALE_MODES", "fit_decay", "fit_eps", "fit_momentum_form", "fit_scale", "fit_schedule",
+           "fit_schedule_directions", "ns_prediction",
            "ns_tolerance_of",
            "schedule_candidates"]
 

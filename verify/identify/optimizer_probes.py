@@ -19,7 +19,7 @@ from ortho_verify.identify.optimizer_kwargs import constructor_kwargs, signature
 from ortho_verify.optimizer_steps import flat_state
 from ortho_verify.spectra import matrix_with_spectrum
 
-__all__ = ["HYPERPARAMETER_CANDIDATES", "ProbeRun", "Prober", "hyperparameter_names", "low_rank", "spectrum_matrix"]
+__all__ = ["HYPERPARAMETER_CANDIDATES", "ProbeRun", "Prober", "hyperparameter_names", "spectrum_matrix"]
 
 #: Constructor keywords tried for each hyperparameter, in order (the names in use in public Muon /
 #: Dion implementations: torch, microsoft/dion, Keller Jordan, Emerging-Optimizers, Moonlight, nanochat).
@@ -62,23 +62,6 @@ def spectrum_matrix(shape, values, rng) -> np.ndarray:
     k = min(shape)
     s = np.resize(np.asarray(values, dtype=np.float64), k) if len(values) < k else np.asarray(values[:k], float)
     return matrix_with_spectrum(s, *shape, rng)
-
-
-def low_rank(shape, values, rng, avoid=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(A, U, V): A = U diag(values) Vᵀ of rank len(values) with orthonormal U (m, r), V (n, r) drawn
-    orthogonal to the columns of ``avoid`` = (U0, V0) when given (disjoint row and column spaces)."""
-    m, n = shape
-    r = len(values)
-
-    def basis(rows, other):
-        x = rng.standard_normal((rows, r))
-        if other is not None:
-            x -= other @ (other.T @ x)
-        q, _ = np.linalg.qr(x)
-        return q
-    u = basis(m, None if avoid is None else avoid[0])
-    v = basis(n, None if avoid is None else avoid[1])
-    return (u * np.asarray(values, float)) @ v.T, u, v
 
 
 @dataclass
