@@ -149,3 +149,21 @@ def test_dion_and_dion2_of_ortho_fast():
     assert dion.kind == "dion" and dion.passed and dion.declaration.q_state_key == "Q", dion.summary()
     dion2 = identify_optimizer(ortho_fast.Dion2)
     assert dion2.kind == "dion2" and dion2.passed, dion2.summary()
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(judge="yes"), "judge"), (dict(seed=-1), "seed"),
+                                          (dict(seed=1.5), "seed")])
+def test_bad_arguments_raise_naming_them(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        identify_optimizer(TorchStyleMuon, **kwargs)
+    with pytest.raises(ValueError, match="optimizer"):
+        identify_optimizer(42)
+
+
+def test_signature_without_a_momentum_keyword_raises_naming_it():
+    class NoMomentum(TorchStyleMuon):
+        def __init__(self, params, lr=0.02, weight_decay=0.1):
+            super().__init__(params, lr=lr, weight_decay=weight_decay)
+
+    with pytest.raises(ValueError, match="momentum"):
+        identify_optimizer(NoMomentum)

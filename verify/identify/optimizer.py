@@ -350,7 +350,8 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     Raises
     ------
     ValueError
-        Naming ``optimizer``, what was probed and what came back, for a callable that is not an
+        Naming ``judge`` (not a bool) or ``seed`` (not a non-negative int); naming ``optimizer``, what was
+        probed and what came back, for something not callable or a callable that is not an
         optimizer (its constructor or first step raises, no ``step()``, weights that do not move) or
         whose signature has no keyword for lr, momentum or weight_decay.
 
@@ -361,6 +362,13 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     >>> found.declaration.eps_mode, found.passed  # doctest: +SKIP
     ('clamp', True)
     """
+    if not isinstance(judge, bool):
+        raise ValueError(f"judge: expected a bool, got {judge!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
+    if not callable(optimizer):
+        raise ValueError(f"optimizer: expected a class or a factory (a callable taking params and keyword "
+                         f"hyperparameters), got {type(optimizer).__name__}")
     names, defaults = hyperparameter_names(optimizer)
     prober = Prober(optimizer, names, kwargs)
     _check_is_optimizer(prober)
