@@ -137,14 +137,22 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     out and said so in the notes — and at every step the invariants that need no P
     (``ortho_verify.error_feedback.observed_step_rows``: ``dion_update_structure``,
     ``dion_momentum_split``).
+    Muon also steps a decay probe (``optimizer_steps.DECAY_PROBE_SHAPE``, N(0, 1) entries, a zero
+    gradient at every step): row ``muon_weight_decay``, W_new against d·W of the declared
+    ``weight_decay_style`` (``tolerances.weight_decay_tolerance``; a claim where its power
+    ``tolerances.weight_decay_power`` ≤ ``WEIGHT_DECAY_POWER_LIMIT``, i.e. not in bfloat16; docs/verification.md,
+    "Optimizers"). Every parameter has a gradient at every step; a gradient the step sets to None is
+    the row ``gradient_kept`` (a side effect of its own).
     Kinds of failure (``ortho_verify.results.FAILURE_KINDS``, counted apart in ``report.kinds``
     and named in the verdict): "wrong math" (update, state), "side effect" (``gradient_unchanged``,
-    ``state_not_aliased``), "unsupported": an exception from the optimizer (its constructor or a
-    step) is not raised out of the check but becomes a failing ``optimizer_runs`` row naming the
-    exception and the last traceback frame in the user's code (``ortho_verify.results.user_frame``);
+    ``gradient_kept``, ``state_not_aliased``), "unsupported": an exception from the optimizer (its
+    constructor or a step) is not raised out of the check but becomes a failing ``optimizer_runs`` row
+    named after the parameter being stepped, naming the exception and the last traceback frame in the
+    user's code (``ortho_verify.results.user_frame``);
     that dtype's run stops there and the other dtypes still run.
     ``allow_side_effects``: names of ``ortho_verify.results.SIDE_EFFECTS`` ("grad_mutated",
-    "input_mutated", "state_aliased") accepted explicitly: their rows make no claim and say so.
+    "input_mutated", "state_aliased") and "grad_consumed" (``gradient_kept``) accepted explicitly: their
+    rows make no claim and say so.
     ``statistical_matrices``: J >= 8, or None (default: ``STATISTICAL_MATRICES`` where the coarser of
     the parameters' and the declared Newton–Schulz dtype is bfloat16 / float16 — with both default
     parameter dtypes in the bfloat16 run only — else none), adds J parameters of ``statistical_shape`` (default
@@ -157,7 +165,9 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive); each failure
     carries the initial weight and gradients.
     Raises: TypeError without conventions for an unknown class or for a dtype outside float64 /
-    float32 / bfloat16 / float16; ValueError for steps < 1 (Dion: < 2), lr <= 0, ``shapes`` not a
+    float32 / bfloat16 / float16; ValueError naming the argument for steps < 1 (Dion: < 2), lr, momentum
+    or weight_decay not finite or out of range (lr > 0, 0 <= momentum < 1, weight_decay >= 0), a
+    hyperparameter name neither a keyword nor a tuple entry ("betas[0]"), ``shapes`` not a
     non-empty sequence of (m, n) pairs of positive integers, ``cond`` not a finite number >= 1, an
     unknown name in ``allow_side_effects``, statistical_matrices outside {0} ∪ [8, ∞), a CUDA
     ``device`` without CUDA, or when the state lacks a declared key (after the first step).

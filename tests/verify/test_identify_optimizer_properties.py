@@ -20,7 +20,7 @@ OPTIONS = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(OPTIONS)
 def test_ortho_fast_options_are_recovered(options):
     found = identify_optimizer(functools.partial(ortho_fast.Muon, **options), judge=False)
