@@ -194,7 +194,7 @@ def _normuon_stage(state: dict, g1, shape, schedule, form, evidence) -> dict:
     return {}
 
 
-def _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence):
+def _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, stage_fields=None):
     shape = (16, 24)
     g = spectrum_matrix(shape, np.ones(16), rng)  # σ̂ = 1/4 each: eps moves every direction of f(σ̂) alike
     unit = fit.ns_inputs(form, [g], PROBE_MOMENTUM)[0]
@@ -209,7 +209,20 @@ def _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence):
             return None, "clamp"
         us.append(fit.ns_inputs(form, [grad], PROBE_MOMENTUM)[0])
         outs.append(-run.weights[1][0] / (PROBE_LR * scale_fn(*shape)))
-    ranked = fit.fit_eps(us, outs, schedule, dtype)
+    predict = None
+    if stage_fields:  # the pipeline's own normalizations (MuonEq's row floor, Muon+) at these norms
+        grads = [u / (k * 1.0) for u in us]  # the gradient of each probe (U = k G from a zero state)
+
+        def predict(i, eps, mode):
+            fields = {key: v for key, v in stage_fields.items() if key in ("row_equilibration", "renormalize",
+                                                                         "normuon_dim")}
+            dim = fields.pop("normuon_dim", None)
+            return ortho_ref.muon.muon_pipeline_step(
+                np.zeros(shape), grads[i], np.zeros(shape), lr=1.0, mu=PROBE_MOMENTUM, nesterov=form["nesterov"],
+                momentum_style=form.get("momentum_style", "ema"), nesterov_form=form["nesterov_form"],
+                coefficients=schedule[1], safety=schedule[2], eps=eps, eps_mode=mode, adjust_lr=None,
+                normuon_beta2=None if dim is None else 0.9, normuon_dim=dim or "row", **fields).update
+    ranked = fit.fit_eps(us, outs, schedule, dtype, predict=predict)
     evidence.append(_evidence("eps_mode", ranked, "one step with ‖U‖_F = 1e-7 and 1e-8: ns_map with each (eps, "
                               "mode) vs the update; error / ns_tolerance"))
     eps, mode = ranked[0][1]
@@ -387,12 +400,13 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
         return ortho_ref.muon.lr_scale(mode, m, n) * factor
 
     key, style, form, stages = _momentum_probe(prober, rng, schedule, scale_fn, dtype, evidence, differences)
-    eps, eps_mode = _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence)
-    staged = _stage_fallback(first_step, schedule, eps_mode, form, evidence, differences,
+    staged = _stage_fallback(first_step, schedule, "add", form, evidence, differences,
                              scale_default if isinstance(scale_default, (int, float)) else None)
+    stage_fields = None
     if staged is not None:
         schedule, mode, factor, stage_fields = staged
         stages = {**stages, **stage_fields}  # the side from the replay (by_shape), beta2 and key from the state
+    eps, eps_mode = _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, stage_fields)
     decay = _decay_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, differences)
     cautious = decay != "l2" and _cautious_probe(prober, rng, schedule, scale_fn, decay, evidence)
     dtypes = _dtypes(prober, rng)

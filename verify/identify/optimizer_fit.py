@@ -185,18 +185,19 @@ def fit_momentum_form(grads, measured_last, styles, mu: float, schedule, dtype: 
     return sorted(ranked, key=lambda r: r[2]["error"])
 
 
-def fit_eps(us, outputs, schedule, dtype: str) -> list:
+def fit_eps(us, outputs, schedule, dtype: str, predict=None) -> list:
     """(eps, eps_mode) ranked by how well ns_map reproduces outputs of inputs whose norm is near eps,
     by the Frobenius error summed over the probes; residual: max over probes of ‖O − P‖_F /
     ns_tolerance. eps 0 (an exact normalization, or an eps far below the probes' norms) is one
-    candidate, labelled "clamp". Extra: {"eps", "eps_mode", "default", "error"}."""
+    candidate, labelled "clamp". ``predict(i, eps, mode)``: the prediction of probe i when the step is
+    more than ns_map (pipeline stages). Extra: {"eps", "eps_mode", "default", "error"}."""
     _, table, safety, default_eps = schedule
     ranked = []
     for eps in sorted({default_eps, 1e-6, 1e-7, 1e-8, 0.0}, reverse=True):
         for mode in ("add", "clamp") if eps else ("clamp",):
             ratio, err = 0.0, 0.0
-            for u, o in zip(us, outputs):
-                p = ns_prediction(u, table, safety, eps, mode)
+            for i, (u, o) in enumerate(zip(us, outputs)):
+                p = ns_prediction(u, table, safety, eps, mode) if predict is None else predict(i, eps, mode)
                 e = float(np.linalg.norm(o - p))
                 err += e
                 ratio = max(ratio, e / max(_ns_tol(u, table, safety, max(eps, 1e-30), mode, dtype), 1e-300))
