@@ -167,3 +167,20 @@ def test_signature_without_a_momentum_keyword_raises_naming_it():
 
     with pytest.raises(ValueError, match="momentum"):
         identify_optimizer(NoMomentum)
+
+
+def test_identify_optimizers_script_writes_its_table(tmp_path):
+    """scripts/identify_optimizers.py without checkouts: torch.optim.Muon's row between the markers."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "identify_optimizers.py"
+    spec = importlib.util.spec_from_file_location("identify_optimizers", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"before\n{script.START}\nold\n{script.END}\nafter\n")
+    assert script.main(["--write", str(doc)]) == 0
+    text = doc.read_text()
+    assert "old" not in text and text.startswith("before") and text.rstrip().endswith("after")
+    assert "| torch.optim.Muon |" in text and "| PASSED |" in text and "`torch`: equal" in text
