@@ -184,3 +184,9 @@ def test_identify_optimizers_script_writes_its_table(tmp_path):
     text = doc.read_text()
     assert "old" not in text and text.startswith("before") and text.rstrip().endswith("after")
     assert "| torch.optim.Muon |" in text and "| PASSED |" in text and "`torch`: equal" in text
+
+
+@pytest.mark.parametrize("mode", ["rms_norm", None])
+def test_dion2_scale_is_read_from_the_weights(mode):
+    found = identify_optimizer(functools.partial(ortho_fast.Dion2, adjust_lr=mode), judge=False)
+    assert found.declaration.adjust_lr == mode, found.summary()
