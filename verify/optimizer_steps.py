@@ -217,7 +217,8 @@ def muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, l
     step = lr * ref.lr_scale
     u = tol.unit_roundoff(pdt) + tol.U64
     ns_dt = coarser_dtype(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt)
-    if conv.cautious_weight_decay:  # the reference's mask; entries where O_ref is within the NS tolerance of 0 may differ
+    # cautious: the reference's mask; entries where O_ref is within the NS tolerance of 0 may differ
+    if conv.cautious_weight_decay:
         decayed = w_prev - (1 - factor) * np.where(ref.update * w_prev >= 0, w_prev, 0.0)
         sigma_hat = ortho_ref.normalized_singular_values(ref.ns_input, safety=safety, eps=eps, eps_mode=conv.eps_mode)
         ns_tol = tol.ns_tolerance(sigma_hat, table, w_prev.shape, ns_dt)
@@ -280,7 +281,8 @@ def _dion_reference(conv: DionConventions, w_prev, grad, m_prev, q_prev, *, lr, 
     if rng is not None:  # the reference's own sketch, redrawn for the tolerance's κ(Y R_s⁻¹)
         k = ortho_ref.sketch_rows(q_prev.shape[1])
         rows = max(m, n)
-        sketches = [ortho_ref.gaussian_sketch(np.random.default_rng(0), k, rows)] * conv.power_iters if k < rows else None
+        sketches = ([ortho_ref.gaussian_sketch(np.random.default_rng(0), k, rows)] * conv.power_iters if k < rows
+                    else None)
     return ortho_ref.dion_step(w_prev, grad, m_prev, q_prev, rng=rng, **opts), sketches
 
 
@@ -288,7 +290,8 @@ def dion_step_rows(opt, p, conv: DionConventions, before, grad, tracked, t, *, l
     w_prev, state_prev = before
     m, n = w_prev.shape
     q_rows = n if conv.orientation == "never_transpose" else min(m, n)
-    after = {key: state_value(opt, p, key) for key in (conv.momentum_state_key, conv.q_state_key)}  # ValueError if absent
+    # ValueError if a key is absent
+    after = {key: state_value(opt, p, key) for key in (conv.momentum_state_key, conv.q_state_key)}
     bad = _shape_row(name, conv.momentum_state_key, after[conv.momentum_state_key], (m, n))
     bad += _shape_row(name, conv.q_state_key, after[conv.q_state_key], (q_rows, after[conv.q_state_key].shape[-1]))
     if bad or t == 0:  # Q_0 is the optimizer's own random draw: observable only after the first step
@@ -316,5 +319,6 @@ def dion_step_rows(opt, p, conv: DionConventions, before, grad, tracked, t, *, l
         return [r for r in rows if r.claimed], None
     invariants = error_feedback.observed_step_rows(
         name, detail, weight=w_prev, weight_new=w_new, momentum=m_prev, grad=grad, momentum_new=m_new, q_new=q_new,
-        lr=lr, mu=mu, weight_decay=wd, dtype=coarser_dtype(pdt, m_dt, q_dt), error_feedback=conv.error_feedback, note=note)
+        lr=lr, mu=mu, weight_decay=wd, dtype=coarser_dtype(pdt, m_dt, q_dt), error_feedback=conv.error_feedback,
+        note=note)
     return [r for r in rows if r.claimed] + invariants, None
