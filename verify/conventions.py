@@ -96,7 +96,11 @@ class MuonConventions:
     weight_decay_style: "decoupled" W ← W(1 − lr·wd) with the unscaled lr (torch, dion,
     Moonlight; the default), "adjusted_lr" W(1 − lr·s·wd) with the update's lr multiplier s
     (nanochat), "independent" W(1 − wd), "l2" G ← G + wd·W before the momentum
-    (``ortho_ref.muon.WEIGHT_DECAY_STYLES``).
+    (``ortho_ref.muon.WEIGHT_DECAY_STYLES``); form / restarts: "standard" or Gram Newton–Schulz
+    ("gram", with the steps before which R is recomputed), the same map with its own rounding model.
+    momentum_state_key may be a tuple path into nested state dicts (``("muon", "momentum_buffer")``);
+    a hyperparameter name may be a tuple entry (``{"momentum": "betas[0]"}``: the first entry of the
+    ``betas`` keyword, the others from extra_kwargs or the signature's default).
     The names other libraries use for these options are tabled in docs/verification.md,
     "Conventions: names in other libraries".
     Raises: ValueError naming the field for an unknown momentum_style, eps_mode or adjust_lr, or
@@ -130,8 +134,20 @@ class MuonConventions:
     normuon_state_key: str | None = "variance_neuron"
     nesterov_form: str = "mix"
     weight_decay_style: str = "decoupled"
+    #: The Newton–Schulz form: "standard" (X ← aX + (bA + cA²)X) or "gram" (Gram Newton–Schulz: the
+    #: iteration on R = XXᵀ, Q accumulated, X = QX₀ at the end; Dao AI Lab's gram-newton-schulz) and,
+    #: for "gram", the 0-based steps before which R is recomputed from X (``restarts``). Both compute
+    #: the same map; the form sets the rounding model of the tolerances (docs/tolerances.md, "Gram
+    #: Newton–Schulz").
+    form: str = "standard"
+    restarts: tuple = ()
 
     def __post_init__(self) -> None:
+        _choice(self.form, "form", tol.NS_FORMS)
+        if self.form == "standard" and tuple(self.restarts):
+            raise ValueError(f"restarts: only Gram Newton-Schulz (form='gram') restarts, got {self.restarts!r}")
+        if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in tuple(self.restarts)):
+            raise ValueError(f"restarts: expected 0-based step indices (non-negative ints), got {self.restarts!r}")
         _choice(self.momentum_style, "momentum_style", ("ema", "classic"))
         _choice(self.nesterov_form, "nesterov_form", ortho_ref.muon.NESTEROV_FORMS)
         _choice(self.weight_decay_style, "weight_decay_style", ortho_ref.muon.WEIGHT_DECAY_STYLES)

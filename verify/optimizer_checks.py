@@ -14,17 +14,16 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from ortho_verify import error_feedback
-from ortho_verify import tolerances as tol
 from ortho_verify.arrays import as_float64 as _as_f64
-from ortho_verify.checks.dion import dion_reference_rows, never_transposed_dion_step
-from ortho_verify.checks.diagnoses import momentum_cause, momentum_form_candidates, with_cause
-from ortho_verify.checks.newton_schulz import compare_ns_output
+from ortho_verify.checks.diagnoses import with_cause
 from ortho_verify.checks.optimizer_statistics import (MIN_STATISTICAL_MATRICES, STATISTICAL_MATRICES,
                                                       STATISTICAL_SHAPE, optimizer_mean_deviation, statistical_inputs)
 from ortho_verify.devices import describe_device, device_label, resolve_device
 from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, coarser_dtype,
                                       dtype_name, table_and_normalization)
+from ortho_verify.identify.optimizer_kwargs import constructor_kwargs, split_name
+from ortho_verify.optimizer_steps import (DECAY_PROBE_SHAPE, buffer_rows, decay_probe_rows, dion_step_rows, flat_state,
+                                          has_state, muon_step_rows, state_value)
 from ortho_verify.results import VerificationReport, accept_side_effects, measured, user_frame
 from ortho_verify.spectra import matrix_with_spectrum
 
@@ -60,6 +59,37 @@ def optimizer_inputs(shapes, steps: int, cond: float, seed: int) -> list[tuple[n
         s = np.geomspace(1.0, 1.0 / cond, min(m, n))
         out.append((0.02 * rng.standard_normal((m, n)), [matrix_with_spectrum(s, m, n, rng) for _ in range(steps)]))
     return out
+
+
+def _check_hyperparameters(lr, momentum, weight_decay, conventions) -> None:
+    """``check_optimizer``'s lr, momentum and weight_decay, before any work: finite numbers with lr > 0,
+    0 <= momentum < 1, weight_decay >= 0; and the conventions' hyperparameter names (a keyword or a
+    tuple entry such as "betas[0]"). Raises: ValueError naming the argument."""
+    for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not math.isfinite(value):
+            raise ValueError(f"{name}: expected a finite number, got {value!r}")
+    if not lr > 0:
+        raise ValueError(f"lr: expected > 0 (the update is recovered by dividing by lr), got {lr!r}")
+    if not 0 <= momentum < 1:
+        raise ValueError(f"momentum: expected a number in [0, 1) (the momentum coefficient mu), got {momentum!r}")
+    if not weight_decay >= 0:
+        raise ValueError(f"weight_decay: expected a number >= 0, got {weight_decay!r}")
+    names = conventions.hyperparameter_names
+    for key in ("lr", "momentum", "weight_decay"):
+        if key not in names:
+            raise ValueError(f"hyperparameter_names: expected a constructor keyword for {key!r}, got {names!r}")
+        split_name(names[key])
+
+
+def _accept_consumed(rows, accepted: bool) -> list:
+    """``rows`` with the failing ``gradient_kept`` rows made no-claim rows when the gradient consumed
+    by the step (``p.grad = None``) is accepted (``allow_side_effects={"grad_consumed"}``)."""
+    if not accepted:
+        return rows
+    return [dataclasses.replace(r, passed=True, claimed=False, cause="", kind="",
+                                note="accepted (grad_consumed in allow_side_effects): p.grad is None after the step",
+                                extra={**r.extra, "accepted_side_effect": "grad_consumed"})
+            if r.check == "gradient_kept" and not r.passed else r for r in rows]
 
 
 def _check_problem_arguments(shapes, cond) -> None:
@@ -107,14 +137,22 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     out and said so in the notes — and at every step the invariants that need no P
     (``ortho_verify.error_feedback.observed_step_rows``: ``dion_update_structure``,
     ``dion_momentum_split``).
+    Muon also steps a decay probe (``optimizer_steps.DECAY_PROBE_SHAPE``, N(0, 1) entries, a zero
+    gradient at every step): row ``muon_weight_decay``, W_new against d·W of the declared
+    ``weight_decay_style`` (``tolerances.weight_decay_tolerance``; a claim where its power
+    ``tolerances.weight_decay_power`` ≤ ``WEIGHT_DECAY_POWER_LIMIT``, i.e. not in bfloat16; docs/verification.md,
+    "Optimizers"). Every parameter has a gradient at every step; a gradient the step sets to None is
+    the row ``gradient_kept`` (a side effect of its own).
     Kinds of failure (``ortho_verify.results.FAILURE_KINDS``, counted apart in ``report.kinds``
     and named in the verdict): "wrong math" (update, state), "side effect" (``gradient_unchanged``,
-    ``state_not_aliased``), "unsupported": an exception from the optimizer (its constructor or a
-    step) is not raised out of the check but becomes a failing ``optimizer_runs`` row naming the
-    exception and the last traceback frame in the user's code (``ortho_verify.results.user_frame``);
+    ``gradient_kept``, ``state_not_aliased``), "unsupported": an exception from the optimizer (its
+    constructor or a step) is not raised out of the check but becomes a failing ``optimizer_runs`` row
+    named after the parameter being stepped, naming the exception and the last traceback frame in the
+    user's code (``ortho_verify.results.user_frame``);
     that dtype's run stops there and the other dtypes still run.
     ``allow_side_effects``: names of ``ortho_verify.results.SIDE_EFFECTS`` ("grad_mutated",
-    "input_mutated", "state_aliased") accepted explicitly: their rows make no claim and say so.
+    "input_mutated", "state_aliased") and "grad_consumed" (``gradient_kept``) accepted explicitly: their
+    rows make no claim and say so.
     ``statistical_matrices``: J >= 8, or None (default: ``STATISTICAL_MATRICES`` where the coarser of
     the parameters' and the declared Newton–Schulz dtype is bfloat16 / float16 — with both default
     parameter dtypes in the bfloat16 run only — else none), adds J parameters of ``statistical_shape`` (default
@@ -127,7 +165,9 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive); each failure
     carries the initial weight and gradients.
     Raises: TypeError without conventions for an unknown class or for a dtype outside float64 /
-    float32 / bfloat16 / float16; ValueError for steps < 1 (Dion: < 2), lr <= 0, ``shapes`` not a
+    float32 / bfloat16 / float16; ValueError naming the argument for steps < 1 (Dion: < 2), lr, momentum
+    or weight_decay not finite or out of range (lr > 0, 0 <= momentum < 1, weight_decay >= 0), a
+    hyperparameter name neither a keyword nor a tuple entry ("betas[0]"), ``shapes`` not a
     non-empty sequence of (m, n) pairs of positive integers, ``cond`` not a finite number >= 1, an
     unknown name in ``allow_side_effects``, statistical_matrices outside {0} ∪ [8, ∞), a CUDA
     ``device`` without CUDA, or when the state lacks a declared key (after the first step).
@@ -139,12 +179,14 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     first = 2 if isinstance(conventions, DionConventions) else 1  # Dion: Q_0 is observed after step 1
     if not isinstance(steps, int) or steps < first:
         raise ValueError(f"steps: expected an integer >= {first}, got {steps!r}")
-    if not lr > 0:
-        raise ValueError(f"lr: expected > 0 (the update is recovered by dividing by lr), got {lr!r}")
+    _check_hyperparameters(lr, momentum, weight_decay, conventions)
     dtypes = DEFAULT_PARAM_DTYPES if param_dtype is None else (param_dtype,)
     for dt in dtypes:
         dtype_name(dt, argument="param_dtype")  # TypeError before any work
-    accept_side_effects([], allow_side_effects)  # ValueError naming allow_side_effects
+    allowed = set(allow_side_effects or ())
+    consumed_ok = "grad_consumed" in allowed
+    allowed.discard("grad_consumed")
+    accept_side_effects([], allowed)  # ValueError naming allow_side_effects
     if statistical_matrices is not None and (isinstance(statistical_matrices, bool) or not isinstance(
             statistical_matrices, int) or (statistical_matrices != 0 and statistical_matrices < MIN_STATISTICAL_MATRICES)):
         raise ValueError(f"statistical_matrices: expected None, 0 or an integer >= {MIN_STATISTICAL_MATRICES}, "
@@ -169,7 +211,7 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
         results, inputs = _run(optimizer, conventions, lr=lr, momentum=momentum, weight_decay=weight_decay,
                                steps=steps, param_dtype=dt, shapes=shapes, cond=cond, seed=seed, suffix=suffix,
                                statistical=(count, stat_shape), device=device)
-        report.results += accept_side_effects(results, allow_side_effects)
+        report.results += _accept_consumed(accept_side_effects(results, allowed), consumed_ok)
         report.inputs.update(inputs)
     return report
 
@@ -184,27 +226,49 @@ def _raised_row(err: BaseException, name: str, what: str):
     return dataclasses.replace(row, kind="unsupported", extra={"exception": type(err).__name__, "frame": frame})
 
 
+def _raising_parameter(err: BaseException, labelled: dict) -> str | None:
+    """The label of the parameter being stepped when ``err`` was raised: the innermost traceback frame
+    with a local variable that is one of the parameters (``labelled``: id -> label); None if no frame
+    has one (e.g. a step that works on all parameters at once)."""
+    found, tb = None, err.__traceback__
+    while tb is not None:
+        for value in tb.tb_frame.f_locals.values():
+            if isinstance(value, torch.Tensor) and id(value) in labelled:
+                found = labelled[id(value)]
+                break
+        tb = tb.tb_next
+    return found
+
+
 def _run(optimizer, conventions, *, lr, momentum, weight_decay, steps, param_dtype, shapes, cond, seed, suffix,
          statistical=(0, None), device=torch.device("cpu")):
     """(rows, report inputs) of ``check_optimizer`` for one parameter dtype; ``suffix`` is added
-    to the shape label of every input name. ``statistical``: (J, shape) of the statistical rows."""
+    to the shape label of every input name. ``statistical``: (J, shape) of the statistical rows.
+    Muon also steps the decay probe, a ``DECAY_PROBE_SHAPE`` parameter
+    with N(0, 1) entries and a zero gradient (``optimizer_steps.decay_probe_rows``). Every parameter
+    has a gradient at every step (the statistical ones keep their last one after their step)."""
     pdt = dtype_name(param_dtype, argument="param_dtype")
     inputs = optimizer_inputs(shapes, steps, cond, seed)
     count, stat_shape = statistical
-    batch = statistical_inputs(stat_shape, count, cond, seed, pdt) if count and isinstance(
-        conventions, MuonConventions) else None
+    muon = isinstance(conventions, MuonConventions)
+    batch = statistical_inputs(stat_shape, count, cond, seed, pdt) if count and muon else None
 
     def placed(a):  # built on the CPU in float64, rounded to the dtype, then moved
         return torch.tensor(a, dtype=torch.float64).to(dtype=param_dtype).to(device)
 
     params = [torch.nn.Parameter(placed(w0)) for w0, _ in inputs]
     extra_params = [] if batch is None else [torch.nn.Parameter(placed(w0)) for w0 in batch.weights]
-    names = conventions.hyperparameter_names
+    probe_w0 = np.random.default_rng(seed + 1).standard_normal(DECAY_PROBE_SHAPE)
+    probe = [torch.nn.Parameter(placed(probe_w0))] if muon else []
     labels = [f"{m}x{n}{suffix}" for m, n in shapes]
+    probe_label = "decay probe {}x{}{}".format(*DECAY_PROBE_SHAPE, suffix)
+    labelled = {id(p): label for p, label in zip(params, labels)}
+    labelled.update({id(p): f"statistical[{j}] {p.shape[0]}x{p.shape[1]}{suffix}" for j, p in enumerate(extra_params)})
+    labelled.update({id(p): probe_label for p in probe})
     try:
-        opt = optimizer(params + extra_params,
-                        **{names["lr"]: lr, names["momentum"]: momentum, names["weight_decay"]: weight_decay},
-                        **conventions.extra_kwargs)
+        opt = optimizer(params + extra_params + probe, **constructor_kwargs(
+            optimizer, conventions.hyperparameter_names, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay},
+            conventions.extra_kwargs))
     except Exception as err:  # noqa: BLE001 - the user's code: reported as a row, not raised out of the check
         return [_raised_row(err, f"{labels[0]} step 1" if labels else f"constructor{suffix}",
                             f"optimizer(params, ...) in {pdt}")], {}
@@ -213,28 +277,32 @@ def _run(optimizer, conventions, *, lr, momentum, weight_decay, steps, param_dty
                                                "  # replay: ortho_verify.replay_example(optimizer, failure, "
                                                "conventions=...)")
                      for label, (w0, gs) in zip(labels, inputs) for t in range(steps)}
-    step = _muon_step_rows if isinstance(conventions, MuonConventions) else _dion_step_rows
+    step = muon_step_rows if muon else dion_step_rows
     stat_momenta = None if batch is None else np.zeros_like(batch.weights)
-    tracked = [None] * len(params)
+    tracked = [None] * (len(params) + len(probe))
     results = []
     for t in range(steps):
-        before = [(_as_f64(p), {k: _as_f64(v) for k, v in opt.state.get(p, {}).items() if isinstance(v, torch.Tensor)})
-                  for p in params]
+        before = [(_as_f64(p), flat_state(opt.state.get(p))) for p in params + probe]
         grads = []
         for p, (_, gs) in zip(params, inputs):
             p.grad = placed(gs[t])
             grads.append(_as_f64(p.grad))
+        for p in probe:
+            p.grad = torch.zeros_like(p)
+            grads.append(np.zeros(DECAY_PROBE_SHAPE))
         stat_t = min(steps, len(batch.grads)) - 1 if batch is not None else -1
         if extra_params and t <= stat_t:
             stat_before = (np.stack([_as_f64(p) for p in extra_params]), _momenta(opt, extra_params, conventions,
                                                                                    stat_momenta))
-        for j, p in enumerate(extra_params):
-            p.grad = placed(batch.grads[t, j]) if t <= stat_t else None
+        for j, p in enumerate(extra_params):  # after their step, the statistical parameters keep a gradient
+            p.grad = placed(batch.grads[min(t, stat_t), j])
         try:
             opt.step()
         except Exception as err:  # noqa: BLE001 - the user's code: reported as a row; this dtype's run stops
-            results.append(_raised_row(err, f"{labels[0]} step {t + 1}" if labels else f"step {t + 1}{suffix}",
-                                       f"optimizer.step() {t + 1} in {pdt}"))
+            who = _raising_parameter(err, labelled)
+            results.append(_raised_row(err, f"{who} step {t + 1}" if who else f"step {t + 1}{suffix}",
+                                       f"optimizer.step() {t + 1} in {pdt}" +
+                                       ("" if who else " (the parameter being stepped was not identified)")))
             return results, report_inputs
         if extra_params and t < stat_t:  # the reference's momentum, for optimizers without a readable buffer
             stat_momenta = _reference_momenta(conventions, stat_before, batch.grads[t], lr=lr, mu=momentum,
@@ -244,11 +312,19 @@ def _run(optimizer, conventions, *, lr, momentum, weight_decay, steps, param_dty
                                             wd=weight_decay, pdt=pdt, suffix=suffix))
             report_inputs[results[-1].input] = ({"weight0": batch.weights[0], "grad1": batch.grads[0, 0]},
                                                 batch.provenance + "  # every matrix: [j] of its arrays")
-        for i, p in enumerate(params):
-            results += _buffer_rows(opt, p, grads[i], f"{labels[i]} step {t + 1}")
-            rows, tracked[i] = step(opt, p, conventions, before[i], grads[i], tracked[i], t, lr=lr, mu=momentum,
-                                    wd=weight_decay, pdt=pdt, name=f"{labels[i]} step {t + 1}")
+        for i, p in enumerate(params + probe):
+            name = f"{labels[i]} step {t + 1}" if i < len(params) else f"{probe_label} step {t + 1}"
+            results += buffer_rows(opt, p, grads[i], name)
+            if i < len(params) or conventions.weight_decay_style == "l2":
+                rows, tracked[i] = step(opt, p, conventions, before[i], grads[i], tracked[i], t, lr=lr, mu=momentum,
+                                        wd=weight_decay, pdt=pdt, name=name)
+            else:
+                rows = decay_probe_rows(opt, p, conventions, before[i], lr=lr, wd=weight_decay, pdt=pdt, name=name)
             results += rows
+        if probe and t == 0:
+            report_inputs[f"{probe_label} step 1"] = ({"weight0": probe_w0, "grad1": np.zeros(DECAY_PROBE_SHAPE)},
+                                                      f"np.random.default_rng({seed + 1}).standard_normal"
+                                                      f"({DECAY_PROBE_SHAPE}); zero gradient at every step")
     return results, report_inputs
 
 
@@ -256,16 +332,19 @@ def _momenta(opt, params, conv, tracked: np.ndarray) -> np.ndarray:
     """The momentum buffers of ``params`` before a step: the optimizer's own (float64) when the
     conventions name a key it keeps, else ``tracked`` (the reference's)."""
     key = conv.momentum_state_key
-    if key and all(key in opt.state.get(p, {}) for p in params):
-        return np.stack([_as_f64(opt.state[p][key]) for p in params])
+    if key and all(has_state(opt, p, key) for p in params):
+        return np.stack([state_value(opt, p, key) for p in params])
     return tracked
 
 
 def _reference_momenta(conv, before, grads, *, lr, mu, wd) -> np.ndarray:
-    """The reference's momentum after a step of every statistical matrix."""
+    """The reference's momentum after a step of every statistical matrix (the declared momentum
+    style, Nesterov form and weight-decay style: "l2" puts wd·W into the gradient)."""
     weights, momenta = before
     return np.stack([ortho_ref.muon_step(w, g, m, lr=lr, mu=mu, nesterov=conv.nesterov,
-                                         momentum_style=conv.momentum_style, weight_decay=wd).momentum
+                                         momentum_style=conv.momentum_style, weight_decay=wd,
+                                         nesterov_form=conv.nesterov_form,
+                                         weight_decay_style=conv.weight_decay_style).momentum
                      for w, g, m in zip(weights, grads, momenta)])
 
 
@@ -277,194 +356,18 @@ def _statistical_row(opt, params, conv, before, batch, t, *, lr, mu, wd, pdt, su
 
     J, (m, n) = len(params), batch.weights.shape[-2:]
     name = f"statistical {J}x({m}x{n}){suffix} step {t + 1}"
-    if conv.has_stages or conv.cautious_weight_decay:
+    if conv.has_stages or conv.cautious_weight_decay or conv.form != "standard":
         return no_claim("optimizer_mean_deviation", name, "update", "not compared: the statistical row models plain "
-                        "Muon (no pipeline stages, no cautious weight decay)", extra={"supplementary": True})
+                        "Muon (standard Newton-Schulz form, no pipeline stages, no cautious weight decay)",
+                        extra={"supplementary": True})
     table, safety, eps = table_and_normalization(conv.coefficients, conv.ns_steps, conv.safety, conv.eps)
     ns_dt = coarser_dtype(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt)
     key = conv.momentum_state_key
-    new_momenta = np.stack([_as_f64(opt.state[p][key]) for p in params]) if key and all(
-        key in opt.state.get(p, {}) for p in params) else None
+    new_momenta = np.stack([state_value(opt, p, key) for p in params]) if key and all(
+        has_state(opt, p, key) for p in params) else None
     if new_momenta is not None and new_momenta.shape != batch.weights.shape:
         new_momenta = None
     return optimizer_mean_deviation(conv, weights=before[0], momenta=before[1], grads=batch.grads[t],
                                     new_weights=np.stack([_as_f64(p) for p in params]), new_momenta=new_momenta,
                                     lr=lr, mu=mu, wd=wd, table=table, safety=safety, eps=eps, param_dtype=pdt,
                                     ns_dtype=ns_dt, input_name=name)
-
-
-def _buffer_rows(opt, p, grad: np.ndarray, name: str) -> list:
-    """``gradient_unchanged``: max |p.grad − G| after the step, G the gradient given (float64
-    copy; tolerance 0: an optimizer that writes into the gradient, e.g. a Nesterov mix done with
-    ``grad.lerp_``, corrupts what gradient accumulation and clipping see next). ``state_not_aliased``:
-    the number of state tensors sharing storage with the parameter or its gradient (tolerance 0)."""
-    after = p.grad
-    err = math.inf if after is None or tuple(after.shape) != grad.shape else float(np.max(np.abs(_as_f64(after) - grad)))
-    rows = [measured("gradient_unchanged", name, "p.grad after the step equals the gradient given", err, 0.0,
-                     "p.grad was removed or reshaped" if math.isinf(err) else "")]
-    ptrs = {p.untyped_storage().data_ptr()} | ({after.untyped_storage().data_ptr()} if after is not None else set())
-    shared = sorted(k for k, v in opt.state.get(p, {}).items()
-                    if isinstance(v, torch.Tensor) and v.numel() and v.untyped_storage().data_ptr() in ptrs)
-    rows.append(measured("state_not_aliased", name, "no state tensor shares storage with p or p.grad",
-                         float(len(shared)), 0.0, f"aliased: {shared}" if shared else ""))
-    if not rows[0].passed:
-        rows[0] = with_cause(rows[0], "the optimizer modified the gradient in place (not part of the algorithm)")
-    return rows
-
-
-def _state(opt, p, key: str) -> np.ndarray:
-    state = opt.state.get(p, {})
-    if key not in state:
-        raise ValueError(f"conventions: optimizer.state[p] has no {key!r} (keys: {sorted(state)}); "
-                         "set the conventions' state key")
-    return _as_f64(state[key])
-
-
-def _shape_row(name: str, key: str, value: np.ndarray, expected: tuple) -> list:
-    """A failing ``optimizer_state`` row when a state buffer has an unexpected shape (empty if it
-    has the expected one): the step is then not compared, and the check goes on."""
-    if tuple(np.shape(value)) == tuple(expected):
-        return []
-    return [with_cause(measured("optimizer_state", name, f"state[{key!r}] shape", math.inf, 0.0,
-                                f"state of an unexpected shape: {tuple(np.shape(value))}, expected {tuple(expected)}"),
-                       f"state of an unexpected shape: state[{key!r}] is {tuple(np.shape(value))} where the declared "
-                       f"conventions give {tuple(expected)} (another layout or orientation than declared)")]
-
-
-def _muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, lr, mu, wd, pdt, name):
-    w_prev, state_prev = before
-    key = conv.momentum_state_key
-    m_prev = state_prev.get(key) if key else None
-    if m_prev is None:
-        m_prev = np.zeros_like(w_prev) if tracked is None else tracked
-    if key:
-        m_after = _state(opt, p, key)
-        bad = _shape_row(name, key, m_after, w_prev.shape) + _shape_row(name, key, m_prev, w_prev.shape)
-        if bad:
-            return bad, None
-    if conv.has_stages:  # MuonEq / Muon+ / NorMuon: the pipeline oracle (ortho_verify.checks.stages)
-        from ortho_verify.checks.stages import StepInputs, stage_step_rows
-
-        vkey = conv.normuon_state_key if conv.normuon_beta2 is not None else None
-        v_prev = state_prev.get(vkey) if vkey else None
-        if vkey and vkey not in opt.state.get(p, {}):
-            return [with_cause(measured("optimizer_state", name, f"state[{vkey!r}]", math.inf, 0.0,
-                                        "NorMuon's second moment is missing"),
-                               f"no state[{vkey!r}]: NorMuon is declared (normuon_beta2 = {conv.normuon_beta2}) "
-                               "but the optimizer keeps no second moment under that key (NorMuon not run, or "
-                               "another state key)")], None
-        after = (_as_f64(p), m_after if key else None, _state(opt, p, vkey) if vkey else None)
-        return stage_step_rows(conv, StepInputs(w_prev, grad, m_prev, v_prev), after, lr=lr, mu=mu, wd=wd,
-                               dtype=coarser_dtype(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt),
-                               name=name)
-    table, safety, eps = table_and_normalization(conv.coefficients, conv.ns_steps, conv.safety, conv.eps)
-    ref = ortho_ref.muon_step(w_prev, grad, m_prev, lr=lr, mu=mu, nesterov=conv.nesterov,
-                              momentum_style=conv.momentum_style, coefficients=table, safety=safety, eps=eps,
-                              eps_mode=conv.eps_mode, adjust_lr=conv.adjust_lr, weight_decay=wd,
-                              extra_scale_factor=conv.extra_scale_factor,
-                              cautious_weight_decay=conv.cautious_weight_decay, nesterov_form=conv.nesterov_form,
-                              weight_decay_style=conv.weight_decay_style)
-    w_new = _as_f64(p)
-    factor = ortho_ref.muon.decay_factor(conv.weight_decay_style, lr=lr, weight_decay=wd, scale=ref.lr_scale)
-    step = lr * ref.lr_scale
-    u = tol.unit_roundoff(pdt) + tol.U64
-    ns_dt = coarser_dtype(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt)
-    if conv.cautious_weight_decay:  # the reference's mask; entries where O_ref is within the NS tolerance of 0 may differ
-        decayed = w_prev - (1 - factor) * np.where(ref.update * w_prev >= 0, w_prev, 0.0)
-        sigma_hat = ortho_ref.normalized_singular_values(ref.ns_input, safety=safety, eps=eps, eps_mode=conv.eps_mode)
-        ns_tol = tol.ns_tolerance(sigma_hat, table, w_prev.shape, ns_dt)
-        ambiguous = tol.cautious_weight_decay_tolerance(w_prev, ref.update, ns_tol, lr, wd) / step
-    else:
-        decayed, ambiguous = w_prev * factor, 0.0
-    measured_update = (decayed - w_new) / step
-    extra = 4 * u * (float(np.linalg.norm(w_prev)) + step * float(np.linalg.norm(ref.update))) / step + ambiguous
-    rows = compare_ns_output(measured_update, ref.ns_input, table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
-                             dtype=ns_dt, input_name=name,
-                             detail=f"update (W(1-lr wd) - W_new)/(lr s), s = {ref.lr_scale:.4g}", extra=extra,
-                             prefix="muon_update/", lr_shape=w_prev.shape)
-    if not all(r.passed for r in rows) and np.all(np.isfinite(measured_update)):
-        rows = [with_cause(r, _update_cause(conv, r, measured_update, ref.update, w_prev, grad, m_prev, lr=lr, mu=mu,
-                                            wd=wd, table=table, safety=safety, eps=eps)) for r in rows]
-    elif not np.all(np.isfinite(w_new)):
-        rows = [with_cause(r, f"diverged at step {t + 1}: the weight has NaN or Inf") for r in rows]
-    if key:
-        m_tol = tol.momentum_tolerance(float(np.linalg.norm(grad)), float(np.linalg.norm(m_prev)), pdt)
-        row = measured("muon_momentum", name, f"state[{key!r}]", np.linalg.norm(m_after - ref.momentum), m_tol)
-        if not row.passed:
-            row = with_cause(row, momentum_cause(m_after, grad, m_prev, mu=mu, declared=conv.momentum_style,
-                                                 tolerance=m_tol))
-        rows.append(row)
-    return rows, ref.momentum
-
-
-def _update_cause(conv: MuonConventions, row, measured_update, ref_update, w_prev, grad, m_prev, *, lr, mu, wd, table,
-                  safety, eps) -> str:
-    """One cause for a failing update, from a replay: each momentum form of
-    ``momentum_form_candidates`` is run through the declared Newton–Schulz map and compared with
-    the measured update; the form with the smallest residual is named when it explains the update
-    (residual at most a tenth of the declared form's), else the row's own cause. Every row of a
-    step gets the same answer (the replay does not depend on the row)."""
-    base = float(np.linalg.norm(measured_update - ref_update))
-    best = None
-    for label, u in momentum_form_candidates(conv, grad, m_prev, mu=mu, table=table, safety=safety, eps=eps):
-        alt = ortho_ref.ns_map(u, table, safety=safety, eps=eps, eps_mode=conv.eps_mode)
-        resid = float(np.linalg.norm(measured_update - alt))
-        if best is None or resid < best[0]:
-            best = (resid, label)
-    if best is not None and best[0] <= 0.1 * base:
-        return (f"the update matches {best[1]} where nesterov={conv.nesterov}, momentum_style="
-                f"{conv.momentum_style!r} is declared (replay residual {best[0] / max(base, 1e-300):.2g} of the "
-                "declared form's)")
-    return row.cause
-
-
-def _dion_reference(conv: DionConventions, w_prev, grad, m_prev, q_prev, *, lr, mu, wd):
-    """The oracle's step for the declared conventions (orientation, QR method, right factor)."""
-    opts = dict(lr=lr, mu=mu, weight_decay=wd, epsilon=conv.epsilon, power_iters=conv.power_iters,
-                error_feedback=conv.error_feedback, qr_method=conv.qr_method, right_factor=conv.right_factor)
-    m, n = w_prev.shape
-    if conv.orientation == "never_transpose" and m < n:
-        return never_transposed_dion_step(w_prev, grad, m_prev, q_prev, **opts), None
-    rng = np.random.default_rng(0) if conv.qr_method == "randomized_cholesky_qr" else None
-    sketches = None
-    if rng is not None:  # the reference's own sketch, redrawn for the tolerance's κ(Y R_s⁻¹)
-        k = ortho_ref.sketch_rows(q_prev.shape[1])
-        rows = max(m, n)
-        sketches = [ortho_ref.gaussian_sketch(np.random.default_rng(0), k, rows)] * conv.power_iters if k < rows else None
-    return ortho_ref.dion_step(w_prev, grad, m_prev, q_prev, rng=rng, **opts), sketches
-
-
-def _dion_step_rows(opt, p, conv: DionConventions, before, grad, tracked, t, *, lr, mu, wd, pdt, name):
-    w_prev, state_prev = before
-    m, n = w_prev.shape
-    q_rows = n if conv.orientation == "never_transpose" else min(m, n)
-    after = {key: _state(opt, p, key) for key in (conv.momentum_state_key, conv.q_state_key)}  # ValueError if absent
-    bad = _shape_row(name, conv.momentum_state_key, after[conv.momentum_state_key], (m, n))
-    bad += _shape_row(name, conv.q_state_key, after[conv.q_state_key], (q_rows, after[conv.q_state_key].shape[-1]))
-    if bad or t == 0:  # Q_0 is the optimizer's own random draw: observable only after the first step
-        return bad, None
-    m_prev, q_prev = state_prev[conv.momentum_state_key], state_prev[conv.q_state_key]
-    m_dt, q_dt = (dtype_name(opt.state[p][k].dtype, argument=f"optimizer.state[p][{k!r}]")
-                  for k in (conv.momentum_state_key, conv.q_state_key))
-    if conv.orthonormalize_dtype is not None:  # Y, its QR and P in that dtype: the coarser of it and the state's
-        m_dt = coarser_dtype(m_dt, dtype_name(conv.orthonormalize_dtype, argument="conventions.orthonormalize_dtype"))
-    ref, sketches = _dion_reference(conv, w_prev, grad, m_prev, q_prev, lr=lr, mu=mu, wd=wd)
-    # B, P, R in the momentum's dtype (microsoft/dion's mixed precision): float32 state with
-    # bfloat16 parameters keeps P determined; bfloat16 state does not (δ_P ≈ 0.9).
-    bounds = tol.dion_variant_tolerances(ref, q_prev, lr=lr, mu=mu, weight=w_prev, dtype=m_dt, param_dtype=pdt,
-                                         q_dtype=q_dt, error_feedback=conv.error_feedback, epsilon=conv.epsilon,
-                                         power_iters=conv.power_iters, grad_norm=float(np.linalg.norm(grad)),
-                                         qr_method=conv.qr_method, right_factor=conv.right_factor, sketches=sketches)
-    w_new, m_new, q_new = _as_f64(p), after[conv.momentum_state_key], after[conv.q_state_key]
-    detail = f"rank {q_prev.shape[1]}/{min(w_prev.shape)}/{pdt}" + (f" state {m_dt}" if m_dt != pdt else "")
-    rows = dion_reference_rows(name, detail, ref, q_prev, w_prev, lr=lr, mu=mu, dtype=m_dt, bounds=bounds,
-                               error_feedback=conv.error_feedback, weight=w_new, momentum=m_new, Q=q_new)
-    # A comparison that was not made is said in the invariant rows' notes, not as a row of its own:
-    # the invariants below are the evidence for such a step.
-    note = "" if rows[0].claimed else f"reference not compared: {rows[0].note}"
-    if conv.orientation == "never_transpose" and m < n:  # the invariants assume the min-side orientation
-        return [r for r in rows if r.claimed], None
-    invariants = error_feedback.observed_step_rows(
-        name, detail, weight=w_prev, weight_new=w_new, momentum=m_prev, grad=grad, momentum_new=m_new, q_new=q_new,
-        lr=lr, mu=mu, weight_decay=wd, dtype=coarser_dtype(pdt, m_dt, q_dt), error_feedback=conv.error_feedback, note=note)
-    return [r for r in rows if r.claimed] + invariants, None

@@ -81,6 +81,11 @@ PLANTS = {
     "Nesterov as g + mu*buf": ({"nesterov_form": "add"}, "U = G + μ·M where U = lerp(G, M, μ) is declared"),
     "coefficient b off by 1%": ({"coefficients": ((3.4445, -4.7750 * 1.01, 2.0315),) * 5},
                                 "b = −4.82 instead of −4.775 in every step"),
+    "weight decay applied twice": ({"decay_plant": "twice"}, "W(1 − lr·wd)² where W(1 − lr·wd) is declared"),
+    "weight decay with the adjusted lr": ({"decay_plant": "adjusted_lr"},
+                                          "W(1 − lr·s·wd), s = √max(1, m/n), where W(1 − lr·wd) is declared"),
+    "weight decay coupled into the gradient": ({"decay_plant": "l2"},
+                                               "G + wd·W before the momentum where W(1 − lr·wd) is declared"),
 }
 
 
@@ -91,13 +96,15 @@ class TorchStyleMuon(torch.optim.Optimizer):
 
     Planted-error switches (``PLANTS``): ``normuon`` (NorMuon's per-row rescale of O, norm restored),
     ``nesterov_form="add"`` (U = G + μM), ``grad_in_place`` (the mix written into p.grad with
-    ``lerp_``). State: ``momentum_buffer`` (and ``variance_neuron`` with ``normuon``).
+    ``lerp_``), ``decay_plant`` ("twice": W(1 − lr·wd)²; "adjusted_lr": W(1 − lr·s·wd); "l2":
+    G + wd·W before the momentum, no decoupled decay). State: ``momentum_buffer`` (and
+    ``variance_neuron`` with ``normuon``).
     Raises: ValueError for parameters that are not 2-D."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.1, *,
                  coefficients="jordan", safety: float | None = None, eps: float | None = None, eps_mode: str = "clamp",
                  adjust_lr: str = "original", ns_dtype: torch.dtype = torch.bfloat16, normuon: bool = False,
-                 nesterov_form: str = "lerp", grad_in_place: bool = False) -> None:
+                 nesterov_form: str = "lerp", grad_in_place: bool = False, decay_plant: str | None = None) -> None:
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
         if any(p.ndim != 2 for group in self.param_groups for p in group["params"]):
             raise ValueError("params: expected 2-D (m, n) parameters")
@@ -112,6 +119,9 @@ class TorchStyleMuon(torch.optim.Optimizer):
         self.safety, self.eps, self.eps_mode = 1.0 if safety is None else safety, 1e-7 if eps is None else eps, eps_mode
         self.adjust_lr, self.ns_dtype, self.normuon = adjust_lr, ns_dtype, normuon
         self.nesterov_form, self.grad_in_place = nesterov_form, grad_in_place
+        if decay_plant not in (None, "twice", "adjusted_lr", "l2"):
+            raise ValueError(f"decay_plant: expected None, 'twice', 'adjusted_lr' or 'l2', got {decay_plant!r}")
+        self.decay_plant = decay_plant
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -122,12 +132,13 @@ class TorchStyleMuon(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 state = self.state[p]
+                grad = p.grad + wd * p if self.decay_plant == "l2" else p.grad
                 buf = state.setdefault("momentum_buffer", torch.zeros_like(p))
-                buf.lerp_(p.grad, 1 - mu)
+                buf.lerp_(grad, 1 - mu)
                 if self.nesterov_form == "add":
-                    u = p.grad + mu * buf
+                    u = grad + mu * buf
                 else:
-                    u = p.grad.lerp_(buf, mu) if self.grad_in_place else p.grad.lerp(buf, mu)
+                    u = p.grad.lerp_(buf, mu) if self.grad_in_place else grad.lerp(buf, mu)
                 o = _newton_schulz(u, self.table, safety=self.safety, eps=self.eps, eps_mode=self.eps_mode,
                                    dtype=self.ns_dtype).to(p.dtype)
                 if self.normuon:  # NorMuon's per-row second moment (β₂ = 0.95, √v + 1e-8), norm restored
@@ -136,8 +147,12 @@ class TorchStyleMuon(torch.optim.Optimizer):
                     v.mul_(0.95).add_(of.square().mean(dim=1, keepdim=True), alpha=0.05)
                     scaled = of / (v.sqrt() + 1e-8)
                     o = (scaled * (of.norm() / scaled.norm().clamp(min=1e-30))).to(p.dtype)
-                p.mul_(1 - lr * wd)
-                p.add_(o, alpha=-lr * _scale(self.adjust_lr, *p.shape))
+                scale = _scale(self.adjust_lr, *p.shape)
+                if self.decay_plant != "l2":
+                    p.mul_(1 - lr * (scale if self.decay_plant == "adjusted_lr" else 1.0) * wd)
+                if self.decay_plant == "twice":
+                    p.mul_(1 - lr * wd)
+                p.add_(o, alpha=-lr * scale)
 
 
 class JordanStyleMuon(torch.optim.Optimizer):

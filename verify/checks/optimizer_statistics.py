@@ -120,10 +120,14 @@ def optimizer_mean_deviation(conv, *, weights: np.ndarray, momenta: np.ndarray, 
     k = min(m, n)
     refs = [ortho_ref.muon_step(w, g, mp, lr=lr, mu=mu, nesterov=conv.nesterov, momentum_style=conv.momentum_style,
                                 coefficients=table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
-                                adjust_lr=conv.adjust_lr, weight_decay=wd, extra_scale_factor=conv.extra_scale_factor)
+                                adjust_lr=conv.adjust_lr, weight_decay=wd, extra_scale_factor=conv.extra_scale_factor,
+                                nesterov_form=conv.nesterov_form, weight_decay_style=conv.weight_decay_style)
             for w, g, mp in zip(weights, grads, momenta)]
     step = lr * refs[0].lr_scale
-    measured_update = (weights * (1 - lr * wd) - new_weights) / step
+    factor = ortho_ref.muon.decay_factor(conv.weight_decay_style, lr=lr, weight_decay=wd, scale=refs[0].lr_scale)
+    measured_update = (weights * factor - new_weights) / step
+    if conv.weight_decay_style == "l2":  # the gradient the momentum sees
+        grads = grads + wd * weights
     if not np.all(np.isfinite(measured_update)):
         return measured(check, input_name, detail, math.inf, 0.0, "the update has NaN or Inf")
     ns_in = np.stack([r.ns_input for r in refs])
@@ -237,5 +241,6 @@ def _statistical_cause(conv, *, d_mean, kept, thresholds, weights, momenta, grad
 def _ns_inputs(conv, weights, momenta, grads, mu) -> np.ndarray:
     """The declared Newton–Schulz inputs U of every matrix (J, m, n)."""
     return np.stack([ortho_ref.muon.momentum_update(g, mp, mu=mu, nesterov=conv.nesterov,
-                                                    momentum_style=conv.momentum_style)[1]
+                                                    momentum_style=conv.momentum_style,
+                                                    nesterov_form=conv.nesterov_form)[1]
                      for g, mp in zip(grads, momenta)])

@@ -43,8 +43,9 @@ from ortho_verify.tolerances.polar import (LAPACK_SVD_TOLMUL, POLAR_VALIDITY, SC
                                            mp_agreement_tolerance, ns_map_tolerance, polar_condition_tolerance,
                                            polar_hermitian_tolerance, polar_tolerance, prescribed_spectrum_tolerance,
                                            svd_residual_tolerance)
-from ortho_verify.tolerances.muon import (TORCH_MUON_TOLERANCE, cautious_weight_decay_tolerance, momentum_tolerance,
-                                          muon_tolerance)
+from ortho_verify.tolerances.muon import (TORCH_MUON_TOLERANCE, WEIGHT_DECAY_POWER_LIMIT,
+                                          cautious_weight_decay_tolerance, momentum_tolerance, muon_tolerance,
+                                          weight_decay_power, weight_decay_tolerance)
 from ortho_verify.tolerances.dion import (FIRST_ORDER_LIMIT, dion_ideal_step_tolerances, dion_tolerances,
                                           dion_variant_tolerances, error_feedback_projection_tolerance,
                                           error_feedback_tolerance, orthonormality_tolerance, qr_factor_tolerance,
@@ -80,6 +81,7 @@ __all__ = [
     "ef_bookkeeping_tolerance", "ef_subspace_tolerances", "error_feedback_projection_tolerance",
     "error_feedback_tolerance", "factor_roundoff", "full_rank_polar_bounds", "gains_and_sizes", "lion_tolerances",
     "matmul_roundoff", "momentum_tolerance", "mp_accuracy", "mp_agreement_tolerance", "muon_tolerance",
+    "weight_decay_power", "weight_decay_tolerance", "WEIGHT_DECAY_POWER_LIMIT",
     "ns_map_tolerance", "ns_singular_value_tolerance", "ns_singular_value_tolerances", "ns_tolerance",
     "orthonormality_tolerance", "polar_condition_tolerance", "polar_fixed_point_tolerance",
     "polar_hermitian_tolerance", "polar_tolerance", "prescribed_spectrum_tolerance", "qr_factor_tolerance",

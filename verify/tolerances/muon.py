@@ -8,7 +8,8 @@ import numpy as np
 
 from ortho_verify.tolerances.roundoff import U64, unit_roundoff
 
-__all__ = ["TORCH_MUON_TOLERANCE", "cautious_weight_decay_tolerance", "momentum_tolerance", "muon_tolerance"]
+__all__ = ["TORCH_MUON_TOLERANCE", "WEIGHT_DECAY_POWER_LIMIT", "cautious_weight_decay_tolerance", "momentum_tolerance",
+           "muon_tolerance", "weight_decay_power", "weight_decay_tolerance"]
 
 
 def muon_tolerance(ns_tol: float, lr_scale: float, lr: float, weight_norm: float, update_norm: float, dtype) -> float:
@@ -59,3 +60,42 @@ def cautious_weight_decay_tolerance(weight: np.ndarray, update_ref: np.ndarray, 
     w = np.asarray(weight, dtype=np.float64)
     ambiguous = np.abs(np.asarray(update_ref, dtype=np.float64)) <= ns_tol
     return lr * weight_decay * float(np.linalg.norm(np.where(ambiguous, w, 0.0)))
+
+
+#: The weight-decay row makes a claim only where it detects a decay error of at most this fraction of
+#: the declared lr·wd: a quarter tells the decay applied twice (1), not at all (1), with the update's
+#: lr multiplier s instead of 1 (s − 1 >= 0.39 on the probe's 48×12 shape for every adjust_lr mode
+#: but None) and the l2 coupling (1) apart from the declared one.
+WEIGHT_DECAY_POWER_LIMIT = 0.25
+
+
+def weight_decay_tolerance(weight_norm: float, dtype) -> float:
+    """Frobenius tolerance of ``muon_weight_decay``: W_new against d·W after a step with a zero
+    gradient from a zero momentum (d = ``ortho_ref.muon.decay_factor`` of the declared style).
+
+        4 (u + u64) ‖W‖_F
+
+    Derivation. With G = 0 and M = 0 the Newton–Schulz input is U = 0 and its output is exactly 0
+    (0 / (s‖0‖ + eps) and 0 / max(0, eps) are 0, a polynomial without constant term keeps 0), so the
+    step is the decay alone. Whether written W·d or W − (lr·wd)·W, each entry is at most two
+    roundings away from d·W_ij (the product, the difference; |d| <= 1): 2u|W_ij|; the roundings of the
+    scalar d (or lr·wd) add u|W_ij| more, and the float64 reference u64. Doubled for margin as
+    ``muon_tolerance`` (one more rounding if the step adds a zero update).
+    """
+    return 4 * (unit_roundoff(dtype) + U64) * float(weight_norm)
+
+
+def weight_decay_power(lr: float, weight_decay: float, dtype) -> float:
+    """The smallest decay error the ``muon_weight_decay`` row detects, as a fraction of lr·wd.
+
+        δ_min = 4 (u + u64) / (lr·wd)
+
+    A decay factor d' is told from the declared d when |d' − d|·‖W‖_F exceeds
+    ``weight_decay_tolerance`` (4(u + u64)‖W‖_F), i.e. |d' − d| > 4(u + u64); errors of the decay
+    come as multiples of lr·wd (twice: lr·wd; with s·lr: (s − 1)·lr·wd; coupled L2: lr·wd), so
+    δ_min is the power in those units, independent of ‖W‖. float32, lr = 0.02, wd = 0.1: 1.2e-4;
+    bfloat16: 7.8 (a bfloat16 weight cannot hold a 0.2 % decay: the row makes no claim there).
+    Returns inf for lr·wd = 0 (nothing to detect).
+    """
+    scale = float(lr) * float(weight_decay)
+    return float("inf") if scale <= 0 else 4 * (unit_roundoff(dtype) + U64) / scale
