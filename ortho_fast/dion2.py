@@ -15,7 +15,8 @@ from .coefficients import CoefficientsLike
 from .compat import (DION2_ALIASES, FIXED, aliases_used, apply_aliases, canonical_group, check_fixed_in_group,
                      named_as_given)
 from .groups.dion2 import DION2_DEFAULTS, Dion2Groups, normalize_dion2_group
-from .groups.driver import check_then_step, tracks_scheduler_calls
+from .groups.driver import SchedulerCalls, check_then_step, init_groups_if_compiling, tracks_scheduler_calls
+from .groups.first_state import init_first_state
 from .validation import is_dtensor
 from .groups.state import (STATE_SPECS, add_param_group_checked, check_group_algorithm, load_state_dict_checked,
                            state_dict_with_dtype_names)
@@ -31,7 +32,7 @@ DION2_POSITIONAL = ("use_triton", "use_polar_express", "use_gram_newton_schulz",
 DION2_STATE = STATE_SPECS["dion2"]
 
 
-class Dion2(Optimizer):
+class Dion2(SchedulerCalls, Optimizer):
     """Dion2 (microsoft/dion): Muon-style orthogonalized updates of a selected fraction of the
     rows or columns, with error feedback on the selected slices.
 
@@ -189,6 +190,13 @@ class Dion2(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        init_groups_if_compiling(self)
         check_then_step(self.param_groups, self.state, {"dion2": self._runner}, lambda group: "dion2",
                         check_finite=self.check_finite)
         return loss
+
+    def _init_group(self, group: dict) -> None:
+        """The ``momentum`` zeros the first step creates for the parameters with a gradient of every group
+        (``group``: the first), one process only; run by dynamo outside the graph (``init_groups_if_compiling``)."""
+        for each in self.param_groups if self._sharding is None else ():
+            init_first_state(each, self.state, "dion2")
