@@ -26,7 +26,8 @@ from .groups.dion import (
     DION_DEFAULTS, DionGroups, check_dion_step, dion_group_step, dion_state_dtype, init_dion_state,
     normalize_dion_group, resolve_dion_options,
 )
-from .groups.driver import GroupRunner, SchedulerCalls, check_then_step, init_groups_if_compiling, tracks_scheduler_calls
+from .groups.driver import (GroupRunner, SchedulerCalls, check_then_step, init_groups_if_compiling,
+                            tracks_scheduler_calls)
 from .groups.state import (
     add_param_group_checked, check_group_algorithm, load_state_dict_checked, state_dict_with_dtype_names,
 )

@@ -76,7 +76,8 @@ class Muon(SchedulerCalls, Optimizer):
     ``cautious_weight_decay`` decay only where sign(O) = sign(W) (Chen et al. 2025, arXiv
     2510.12402, I(u⊙x ≥ 0)); ``weight_decay_style`` (names of ``ortho_ref.muon.WEIGHT_DECAY_STYLES``)
     "decoupled" (default) W·(1 − lr·weight_decay), "adjusted_lr" W·(1 − lr·s·weight_decay) with the
-    matrix's lr multiplier s (nanochat), "independent" W·(1 − weight_decay); ``banks`` None (default): stack equal-shaped matrices of a group
+    matrix's lr multiplier s (nanochat), "independent" W·(1 − weight_decay); ``banks`` None (default): stack
+    equal-shaped matrices of a group
     into one batched call when ``dtype`` is bfloat16 / float16 and not ``bitwise_torch``
     (``MuonOptions.batched``), True / False: always / never;
     ``bitwise_torch`` (default False) torch.optim.Muon's bits (see above); ``gram`` Gram
@@ -198,7 +199,8 @@ class Muon(SchedulerCalls, Optimizer):
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, momentum_style=momentum_style,
             coefficients=coefficients, ns_steps=ns_steps, safety=safety, eps=eps, eps_mode=eps_mode,
             adjust_lr=adjust_lr, extra_scale_factor=extra_scale_factor, cautious_weight_decay=cautious_weight_decay,
-            weight_decay_style=weight_decay_style, dtype=dtype, banks=banks, bitwise_torch=bitwise_torch, gram=gram, expert_keys=expert_keys,
+            weight_decay_style=weight_decay_style, dtype=dtype, banks=banks, bitwise_torch=bitwise_torch, gram=gram,
+            expert_keys=expert_keys,
             split_sizes=split_sizes,
             split_groups=split_groups, num_heads=num_heads, flatten=flatten, row_equilibration=row_equilibration,
             renormalize=renormalize, normuon_beta2=normuon_beta2, normuon_eps=normuon_eps,

@@ -77,7 +77,8 @@ def check_bounded_schedule(coefficients, name: str = "coefficients") -> np.ndarr
     sups = ns_map_sups(table, NS_MAP_BOUND)
     if sups and not sups[-1] <= NS_MAP_BOUND:
         t = len(sups)
-        raise ValueError(f"{name}: a divergent schedule: after step {t} of {len(table)} (row {tuple(float(v) for v in table[t - 1])}) "
+        row = tuple(float(v) for v in table[t - 1])
+        raise ValueError(f"{name}: a divergent schedule: after step {t} of {len(table)} (row {row}) "
                          f"the map's sup over σ̂ ∈ [0, 1] is {sups[-1]:.3g} > {NS_MAP_BOUND:g} (NS_MAP_BOUND; the "
                          f"steps before: {[round(v, 3) for v in sups[:-1]]}): it grows without bound, so finite "
                          f"inputs give Inf / NaN; table {table.tolist()}")

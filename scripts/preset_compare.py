@@ -13,7 +13,8 @@ directory, have their bfloat16 casts replaced by float32; ours get ``dtype=torch
 separates conventions from bfloat16 rounding. ``--fp64``: float64 parameters and gradients, both
 sides computing in float64 (the copies' bfloat16 casts made float64; ours ``dtype=torch.float64``),
 which separates conventions from float32 rounding (a system that computes some quantities in
-float32 whatever its input, as nanochat's stage norms ``X.float()``, keeps that rounding). torch.optim.Muon is the installed torch's (native
+float32 whatever its input, as nanochat's stage norms ``X.float()``, keeps that rounding). torch.optim.Muon is
+the installed torch's (native
 run only: the preset is bitwise). Emerging-Optimizers needs Python 3.12 syntax in one line of
 ``registry.py`` and ``absl``; on 3.11 the copy's type-parameter line is rewritten and absl's
 logging replaced by no-ops (their runtime behaviour is unchanged). Sources: microsoft/dion

@@ -110,7 +110,7 @@ def _compiled_from_the_first_step(name, backend):
     return worst, moved, counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.parametrize("name", ["muon", "dion", "dion2", "hybrid"])
+@pytest.mark.parametrize("name", ["dion", *(pytest.param(n, marks=pytest.mark.slow) for n in ("muon", "dion2", "hybrid"))])
 def test_compiled_step_equals_eager_step(name):
     """fullgraph inductor on CPU from the first step (Dion's Q0 and every state created by
     ``_init_group`` outside the graph), float32 end to end, three steps, one graph. The state is

@@ -23,7 +23,8 @@ DYNAMO_PROFILER_LINE = "Profiler record function <class 'torch.autograd.profiler
 
 def _compile_blocks():
     return [(f"{path.relative_to(ROOT)}:{block.lineno}", block) for path in DOCS
-            for block in codeblocks.extract_from_file(path) if block.syntax == "python" and "torch.compile" in block.code]
+            for block in codeblocks.extract_from_file(path)
+            if block.syntax == "python" and "torch.compile" in block.code]
 
 
 def test_every_compile_block_is_run():
