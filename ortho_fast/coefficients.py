@@ -14,6 +14,8 @@ its rows as a user table to reproduce it exactly. It is not this registry's ``po
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Sequence, Union
 
@@ -158,7 +160,8 @@ def resolve_coefficients(coefficients: CoefficientsLike, steps: int | None = Non
     Shapes: coefficients (T, 3) or (3,) -> list of T' = steps (or T) tuples (a, b, c), float.
     Raises: UnknownScheduleError (a KeyError and a ValueError) for an unknown name, listing the
     registry; TypeError for something that is not a name, a schedule or numbers; ValueError for
-    a table that is not (T, 3) with finite entries, or steps < 1.
+    a table that is not (T, 3) with finite entries, a divergent table (``check_bounded_table``), or
+    steps < 1.
     """
     named = schedule_of(coefficients)
     if named is not None:
@@ -179,4 +182,48 @@ def resolve_coefficients(coefficients: CoefficientsLike, steps: int | None = Non
         raise ValueError("coefficients: contains NaN or Inf")
     table = [tuple(float(v) for v in row) for row in rows.tolist()]
     schedule = CoefficientSchedule("user", tuple(table[:-1]), table[-1], 5 if single_row else len(table), 1.0, 1e-7, "user")
-    return schedule.table(steps)
+    return check_bounded_table(schedule.table(steps))
+
+
+#: The largest sup over σ̂ ∈ [0, 1] of |f_t(σ̂)| (the map after step t) a table may reach: the
+#: registered schedules stay below 2 (Keller Jordan's overshoot 1.202, Polar Express's first step
+#: 1.992); past 16 the next step's A² = (XXᵀ)² has singular values past 16⁴ = 65536 > 65504, float16's
+#: largest finite number. A divergent table passes it within a few steps (docs/math.md, §2.2).
+MAP_BOUND = 16.0
+
+
+def _step_sup(a: float, b: float, c: float, h: float) -> float:
+    """sup over x ∈ [0, h] of |a x + b x³ + c x⁵|: at x = h and at the critical points inside,
+    x² = y with 5c y² + 3b y + a = 0 (closed form)."""
+    ys = []
+    if c != 0.0:
+        disc = 9 * b * b - 20 * a * c
+        if disc >= 0.0:  # q = −(3b + sign(b)√disc)/2: y = q / 5c and a / q, no cancellation
+            q = -(3 * b + math.copysign(math.sqrt(disc), 3 * b)) / 2
+            ys = [q / (5 * c)] + ([a / q] if q != 0.0 else [])
+    elif b != 0.0:
+        ys = [-a / (3 * b)]
+    xs = [h] + [math.sqrt(y) for y in ys if 0.0 <= y <= h * h]
+    try:
+        return max(abs(x * (a + x * x * (b + c * x * x))) for x in xs)
+    except OverflowError:
+        return math.inf
+
+
+def check_bounded_table(table: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+    """``table`` if the map of its first t rows stays within ``MAP_BOUND`` on [0, 1] for every t:
+    B_t = sup over [0, B_{t−1}] of |p_t| (B_0 = 1; exact, p_t being odd and f_{t−1}([0, 1]) an interval
+    holding 0 and ±B_{t−1}). Keller Jordan's overshoot (1.202) and every registered schedule pass.
+    Raises: ValueError naming ``coefficients``, the table and the first step past the bound (its map
+    grows without bound: finite inputs give Inf / NaN).
+    Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2 (the polynomial view of Newton–Schulz)."""
+    h, sups = 1.0, []
+    for t, (a, b, c) in enumerate(table, 1):
+        h = _step_sup(a, b, c, h)
+        sups.append(h)
+        if not h <= MAP_BOUND:
+            raise ValueError(f"coefficients: a divergent table: after step {t} of {len(table)} (row {(a, b, c)}) "
+                             f"the map's sup over σ̂ ∈ [0, 1] is {h:.3g} > {MAP_BOUND:g} (the steps before: "
+                             f"{[round(v, 3) for v in sups[:-1]]}): it grows without bound, so finite inputs "
+                             f"give Inf / NaN; table {[list(row) for row in table]}")
+    return table

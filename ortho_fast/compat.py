@@ -438,6 +438,7 @@ TORCH_MUON_GROUP_KEYS = ("ns_coefficients", "adjust_lr_fn")
 #: eps), bfloat16 Newton–Schulz, no extra scale, plain decoupled weight decay, no pipeline stage.
 TORCH_MUON_SEMANTICS: dict[str, Any] = dict(momentum_style="ema", safety=1.0, eps_mode="clamp", dtype=torch.bfloat16,
                                             extra_scale_factor=1.0, cautious_weight_decay=False,
+                                            weight_decay_style="decoupled",
                                             row_equilibration=False, renormalize=False, normuon_beta2=None)
 
 

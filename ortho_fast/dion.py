@@ -26,7 +26,8 @@ from .groups.dion import (
     DION_DEFAULTS, DionGroups, check_dion_step, dion_group_step, dion_state_dtype, init_dion_state,
     normalize_dion_group, resolve_dion_options,
 )
-from .groups.driver import GroupRunner, check_then_step, tracks_scheduler_calls
+from .groups.driver import (GroupRunner, SchedulerCalls, check_then_step, init_groups_if_compiling,
+                            tracks_scheduler_calls)
 from .groups.state import (
     add_param_group_checked, check_group_algorithm, load_state_dict_checked, state_dict_with_dtype_names,
 )
@@ -97,7 +98,7 @@ def init_dion_groups(groups, state, meshes, plans: dict, *, seed: int) -> None:
             index += 1
 
 
-class Dion(Optimizer):
+class Dion(SchedulerCalls, Optimizer):
     """Dion (DIstributed OrthoNormalization) for matrix parameters, in one process or over a
     DeviceMesh / DTensor / ProcessGroup.
 
@@ -313,6 +314,14 @@ class Dion(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        init_groups_if_compiling(self)
         check_then_step(self.param_groups, self.state, {"dion": self._runner}, lambda group: "dion",
                         check_finite=self.check_finite)
         return loss
+
+    def _init_group(self, group: dict) -> None:
+        """``init_state`` (every parameter's, as the first step would create it; existing entries kept),
+        one process only; run by dynamo outside the graph (``init_groups_if_compiling``), so Q0's
+        seeded generator runs eagerly."""
+        if self._meshes is None:
+            init_dion_groups(self.param_groups, self.state, None, self._plans, seed=self.seed)

@@ -12,11 +12,14 @@ import torch
 from torch.optim import Optimizer
 
 from .coefficients import CoefficientsLike
-from .compat import DION2_ALIASES, aliases_used, apply_aliases, canonical_group, check_fixed_in_group, named_as_given
+from .compat import (DION2_ALIASES, FIXED, aliases_used, apply_aliases, canonical_group, check_fixed_in_group,
+                     named_as_given)
 from .groups.dion2 import DION2_DEFAULTS, Dion2Groups, normalize_dion2_group
-from .groups.driver import check_then_step, tracks_scheduler_calls
+from .groups.driver import SchedulerCalls, check_then_step, init_groups_if_compiling, tracks_scheduler_calls
+from .groups.first_state import init_first_state
 from .validation import is_dtensor
-from .groups.state import STATE_SPECS, add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
+from .groups.state import (STATE_SPECS, add_param_group_checked, check_group_algorithm, load_state_dict_checked,
+                           state_dict_with_dtype_names)
 
 __all__ = ["DION2_DEFAULTS", "DION2_POSITIONAL", "DION2_STATE", "Dion2"]
 
@@ -29,7 +32,7 @@ DION2_POSITIONAL = ("use_triton", "use_polar_express", "use_gram_newton_schulz",
 DION2_STATE = STATE_SPECS["dion2"]
 
 
-class Dion2(Optimizer):
+class Dion2(SchedulerCalls, Optimizer):
     """Dion2 (microsoft/dion): Muon-style orthogonalized updates of a selected fraction of the
     rows or columns, with error feedback on the selected slices.
 
@@ -139,15 +142,16 @@ class Dion2(Optimizer):
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's add_param_group (microsoft/dion's names mapped), then ``normalize_dion2_group``;
-        a rejected group is not added. A group may say ``algorithm="dion2"`` (microsoft/dion's)."""
+        a rejected group is not added. A group may say ``algorithm="dion2"`` (microsoft/dion's); a group
+        naming another algorithm or holding another algorithm's option (Dion's ``rank_fraction``, Muon's
+        ``momentum``) raises ValueError naming it (``check_group_algorithm``)."""
         if isinstance(param_group, dict):
             param_group = canonical_group(dict(param_group), DION2_ALIASES)
 
         def normalize(group: dict) -> None:
-            if group.get("algorithm", "dion2") != "dion2":
-                raise ValueError(f"algorithm: Dion2 runs 'dion2' groups only, got {group['algorithm']!r}; use "
-                                 "ortho_fast.HybridOptimizer for groups of several algorithms")
             check_fixed_in_group(group, "dion2")  # microsoft/dion's betas, use_triton, ...: checked, unused
+            fixed = {f.name for f in FIXED["dion2"]}  # another algorithm's option (rank_fraction, momentum): rejected
+            check_group_algorithm({k: v for k, v in group.items() if k not in fixed}, "dion2", "Dion2")
             normalize_dion2_group(group)
             if self._sharding is not None:
                 self._sharding.add_group(group)
@@ -186,6 +190,13 @@ class Dion2(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        init_groups_if_compiling(self)
         check_then_step(self.param_groups, self.state, {"dion2": self._runner}, lambda group: "dion2",
                         check_finite=self.check_finite)
         return loss
+
+    def _init_group(self, group: dict) -> None:
+        """The ``momentum`` zeros the first step creates for the parameters with a gradient of every group
+        (``group``: the first), one process only; run by dynamo outside the graph (``init_groups_if_compiling``)."""
+        for each in self.param_groups if self._sharding is None else ():
+            init_first_state(each, self.state, "dion2")

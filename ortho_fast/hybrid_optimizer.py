@@ -21,7 +21,9 @@ from .compat import (DION2_ALIASES, DION_ALIASES, MUON_ALIASES, aliases_used, ca
 from .dion import dion_runner, init_dion_groups, plan_dion_group, resolve_meshes
 from .groups.algorithms import ALGORITHMS, SCALAR_ALGORITHMS, local_runners
 from .groups.dion import dion_state_dtype
-from .groups.driver import check_then_step, describe_groups, labelled, tracks_scheduler_calls
+from .groups.driver import (SchedulerCalls, check_then_step, describe_groups, init_groups_if_compiling, labelled,
+                            tracks_scheduler_calls)
+from .groups.first_state import init_first_state
 from .groups.muon import muon_state_algorithm
 from .groups.state import add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
 
@@ -83,7 +85,7 @@ def _check_foreign_keys(group: dict, algorithm: str) -> None:
             raise ValueError(f"{key}: an option of {'/'.join(owners)}, not of {algorithm} (its options: {sorted(own)})")
 
 
-class HybridOptimizer(Optimizer):
+class HybridOptimizer(SchedulerCalls, Optimizer):
     """One torch optimizer whose param groups each run their own ``algorithm``: "muon", "dion",
     "dion2", "adamw" or "lion" (``ALGORITHMS``).
 
@@ -247,9 +249,23 @@ class HybridOptimizer(Optimizer):
         axes = {a.ranks: a for a in (self._muon_sharding.dp, self._muon_sharding.tp,
                                      *(self._dion_meshes.check_axes if self._dion_meshes else ()))
                 if a is not None and a.size > 1}
+        init_groups_if_compiling(self)
         check_then_step(self.param_groups, self.state, self._runners, lambda group: group["algorithm"], label=True,
                         agree=self._agree(list(axes.values())) if axes else None, check_finite=self.check_finite)
         return loss
+
+    def _init_group(self, group: dict) -> None:
+        """The state the first step creates for every group (``group``: the first; ``init_first_state``;
+        the Dion groups: ``init_state``), one process only; run by dynamo outside the graph
+        (``init_groups_if_compiling``)."""
+        for group in self.param_groups:
+            algorithm = group.get("algorithm")
+            if algorithm == "dion":
+                if self._dion_meshes is None:
+                    init_dion_groups(self._groups("dion"), self.state, None, self._dion_plans, seed=self.seed)
+            elif self._runners.get(algorithm) is not None and not getattr(self._runners[algorithm], "communicates",
+                                                                          False):
+                init_first_state(group, self.state, algorithm, self._runners.get("muon"))
 
     def _agree(self, axes: list):
         """The cross-rank verdict on the groups that do not communicate here (AdamW, Lion, a Muon /

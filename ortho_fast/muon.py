@@ -19,11 +19,12 @@ from .compat import (MUON_ALIASES, aliases_used, apply_aliases, canonical_group,
                      from_torch_muon_group, named_as_given, to_torch_muon_group)
 from .functional.layout import DROPPED_NAME_COMPONENTS, MuonLayout, is_expert_name, muon_layout
 from .functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, adjusted_lr_scale, muon_momentum, muon_update, orthogonalize
-from .groups.driver import check_then_step, tracks_scheduler_calls
+from .groups.driver import SchedulerCalls, check_then_step, init_groups_if_compiling, tracks_scheduler_calls
 from .groups.muon import (
     MUON_DEFAULTS, MuonGroups, check_muon_step, default_eps_mode, muon_group_step, muon_state_algorithm,
     normalize_muon_group, resolve_muon_options,
 )
+from .groups.first_state import init_first_state
 from .groups.qk_clip import check_qk_clip_group, fill_qk_clip_keys, take_qk_clip_options
 from .groups.state import (add_param_group_checked, check_group_algorithm, load_state_dict_checked,
                            state_dict_with_dtype_names)
@@ -42,7 +43,7 @@ def is_mesh(value) -> bool:
     return any(c.__name__ in ("DeviceMesh", "ProcessGroup") for c in type(value).__mro__)
 
 
-class Muon(Optimizer):
+class Muon(SchedulerCalls, Optimizer):
     """Muon (MomentUm Orthogonalized by Newton–Schulz), one process.
 
     Per matrix W (m, n) of a parameter (``muon_layout``: 2-D as is, ≥ 4-D conv weights
@@ -73,7 +74,10 @@ class Muon(Optimizer):
     name or per-step rows; ``ns_steps``; ``safety``/``eps``/``eps_mode`` the normalization;
     ``dtype`` the Newton–Schulz compute dtype (``newton_schulz``); ``extra_scale_factor``;
     ``cautious_weight_decay`` decay only where sign(O) = sign(W) (Chen et al. 2025, arXiv
-    2510.12402, I(u⊙x ≥ 0)); ``banks`` None (default): stack equal-shaped matrices of a group
+    2510.12402, I(u⊙x ≥ 0)); ``weight_decay_style`` (names of ``ortho_ref.muon.WEIGHT_DECAY_STYLES``)
+    "decoupled" (default) W·(1 − lr·weight_decay), "adjusted_lr" W·(1 − lr·s·weight_decay) with the
+    matrix's lr multiplier s (nanochat), "independent" W·(1 − weight_decay); ``banks`` None (default): stack
+    equal-shaped matrices of a group
     into one batched call when ``dtype`` is bfloat16 / float16 and not ``bitwise_torch``
     (``MuonOptions.batched``), True / False: always / never;
     ``bitwise_torch`` (default False) torch.optim.Muon's bits (see above); ``gram`` Gram
@@ -160,6 +164,7 @@ class Muon(Optimizer):
         adjust_lr: str | None = "original",
         extra_scale_factor: float = 1.0,
         cautious_weight_decay: bool = False,
+        weight_decay_style: str = "decoupled",
         dtype: torch.dtype | str | None = torch.bfloat16,
         banks: bool | None = None,
         bitwise_torch: bool = False,
@@ -194,7 +199,8 @@ class Muon(Optimizer):
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, momentum_style=momentum_style,
             coefficients=coefficients, ns_steps=ns_steps, safety=safety, eps=eps, eps_mode=eps_mode,
             adjust_lr=adjust_lr, extra_scale_factor=extra_scale_factor, cautious_weight_decay=cautious_weight_decay,
-            dtype=dtype, banks=banks, bitwise_torch=bitwise_torch, gram=gram, expert_keys=expert_keys,
+            weight_decay_style=weight_decay_style, dtype=dtype, banks=banks, bitwise_torch=bitwise_torch, gram=gram,
+            expert_keys=expert_keys,
             split_sizes=split_sizes,
             split_groups=split_groups, num_heads=num_heads, flatten=flatten, row_equilibration=row_equilibration,
             renormalize=renormalize, normuon_beta2=normuon_beta2, normuon_eps=normuon_eps,
@@ -304,6 +310,13 @@ class Muon(Optimizer):
         Source: ``ortho_fast.groups.qk_clip.QKClipRunner.record``."""
         self._qk_clip.record(layer, max_logits)
 
+    def _init_group(self, group: dict) -> None:
+        """The state the first step creates for the parameters with a gradient of every group (``group``:
+        the first; ``ortho_fast.groups.first_state.init_first_state``: ``momentum_buffer`` zeros, NorMuon's
+        ``variance_neuron``), one process only; run by dynamo outside the graph (``init_groups_if_compiling``)."""
+        for each in self.param_groups if not self._sharding.active else ():
+            init_first_state(each, self.state, "muon", self._runner)
+
     @property
     def workspace_nbytes(self) -> int:
         """Bytes of the buffers the stacked step keeps between steps (``ortho_fast.functional.stacked.
@@ -327,6 +340,7 @@ class Muon(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        init_groups_if_compiling(self)
         with self._qk_clip.around_step(self.param_groups, qk_logits, self.check_finite):
             check_then_step(self.param_groups, self.state, {"muon": self._runner}, lambda group: "muon",
                             check_finite=self.check_finite)

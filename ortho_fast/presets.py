@@ -23,7 +23,6 @@ from typing import Iterable, Mapping
 import torch
 
 from .compat import MUON_ALIASES
-from .documents import doc_reference
 from .groups.muon import MUON_DEFAULTS
 from .groups.qk_clip import QK_CLIP_DEFAULTS
 from .muon import Muon
@@ -78,18 +77,16 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("nanochat", "Muon", dict(
         lr=0.02, weight_decay=0.28, momentum=0.95, nesterov=True, momentum_style="ema",
         coefficients="polar_express", ns_steps=5, safety=1.01, eps=1e-6, eps_mode="add", adjust_lr="original",
-        cautious_weight_decay=True, dtype=torch.bfloat16, row_equilibration=True, renormalize=True,
-        normuon_beta2=0.9, normuon_dim="by_shape", normuon_eps=1e-10, normuon_eps_mode="clamp"),
+        cautious_weight_decay=True, weight_decay_style="adjusted_lr", dtype=torch.bfloat16, row_equilibration=True,
+        renormalize=True, normuon_beta2=0.9, normuon_dim="by_shape", normuon_eps=1e-10, normuon_eps_mode="clamp"),
         "karpathy/nanochat nanochat/optim.py muon_step_fused at 92d63d4 (2026-07-03): nesterov lerp momentum "
         "0.95 -> MuonEq row equilibration -> Polar Express X/(1.01||X|| + 1e-6), 5 steps, bf16 -> Muon+ "
         "renormalization sqrt(min(m, n)) -> NorMuon variance reduction beta2 0.9 (v = mean of squares over the "
         "last dim when m >= n, else over rows: 'by_shape'; 1/sqrt(max(v, 1e-10)): 'clamp') -> cautious weight "
-        "decay; lr * sqrt(max(1, m/n)); nanochat/gpt.py setup_optimizer (matrix_lr 0.02, beta2 0.9), "
-        "scripts/base_train.py (--weight-decay 0.28, before its batch-size scaling). Not expressible: nanochat "
-        "decays with the shape-scaled lr (lr * sqrt(max(1, m/n)) * wd), ortho_fast with lr * wd, so tall "
-        "matrices differ: give each tall shape its own group with weight_decay * sqrt(m / n) ("
-        f"{doc_reference('compatibility.md', 'Presets measured against their systems')})",
-        requires=("row_equilibration", "renormalize", "normuon_beta2")),
+        "decay with the adjusted lr (p -= lr*g + lr*wd*p*mask, lr = matrix_lr * sqrt(max(1, m/n)): "
+        "weight_decay_style 'adjusted_lr'); nanochat/gpt.py setup_optimizer (matrix_lr 0.02, beta2 0.9), "
+        "scripts/base_train.py (--weight-decay 0.28, before its batch-size scaling)",
+        requires=("row_equilibration", "renormalize", "normuon_beta2", "weight_decay_style")),
     Preset("motif", "Muon", dict(
         lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, momentum_style="classic", coefficients="cesista5",
         ns_steps=5, eps=1e-7, eps_mode="add", adjust_lr="match_rms_adamw", dtype=torch.bfloat16,

@@ -37,7 +37,10 @@ from .linalg import svd
 from .mp import from_hi_lo, to_float64, to_hi_lo
 from .ns_map import normalized_singular_values, ns_map
 from .ns_polynomials import (
+    NS_MAP_BOUND,
+    check_bounded_schedule,
     ns_attracting_band,
+    ns_map_sups,
     ns_band,
     ns_derivative,
     ns_diagonal_gain,
@@ -60,5 +63,6 @@ __all__ = [
     "AdamWStep", "LionStep", "adamw_step", "lion_step",
     "Dion2Step", "dion2_local_select", "dion2_num_selected", "dion2_select", "dion2_select_rows", "dion2_slice_norms",
     "MuonPipelineStep", "muon_pipeline_step", "muon_stages",
-    "dion2_step", "qk_clip_factors", "qk_clip_fused", "qkv_row_heads",
+    "dion2_step", "qk_clip_factors", "qk_clip_fused", "qkv_row_heads", "NS_MAP_BOUND", "check_bounded_schedule",
+    "ns_map_sups",
 ]

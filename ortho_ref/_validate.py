@@ -86,6 +86,8 @@ def check_scalar(value, name: str, *, low: float | None = None, high: float | No
 
     Raises: ValueError naming the argument and the expected range.
     """
+    if isinstance(value, (str, bytes)):  # float("1.0") would take it
+        raise ValueError(f"{name}: expected a real number, got the string {value!r}")
     try:
         x = float(value)
     except (TypeError, ValueError):

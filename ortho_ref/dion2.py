@@ -166,7 +166,8 @@ def dion2_step(
     ``dion2_post_orthogonalize``, ``_make_select_and_orthogonalize``); Polar Express rows of
     Amsel et al. arXiv 2505.16932 as microsoft/dion ``polar_express``.
     Raises: TypeError / ValueError for non-float, non-2-D, empty or non-finite arrays, shape
-    mismatches, lr < 0, fraction outside (0, 1], ef_decay < 0, weight_decay < 0, unknown option
+    mismatches, lr < 0, fraction outside (0, 1], ef_decay outside [0, 1] (the share of B_S kept in M:
+    past 1 M grows without bound; microsoft/dion's and the product's range), weight_decay < 0, unknown option
     strings, a ``shards`` that is not a partition, ``selected`` indices out of range or repeated.
     """
     w = as_matrix(weight, "weight")
@@ -174,7 +175,7 @@ def dion2_step(
     m_old = as_like(momentum, "momentum", w.shape)
     lr = check_scalar(lr, "lr", low=0.0)
     fraction = check_scalar(fraction, "fraction", low=0.0, high=1.0, low_open=True)
-    ef_decay = check_scalar(ef_decay, "ef_decay", low=0.0)
+    ef_decay = check_scalar(ef_decay, "ef_decay", low=0.0, high=1.0)
     weight_decay = check_scalar(weight_decay, "weight_decay", low=0.0)
     if adjust_lr not in DION2_ADJUST_LR_MODES:
         raise ValueError(f"adjust_lr: expected one of {DION2_ADJUST_LR_MODES}, got {adjust_lr!r}")

@@ -17,6 +17,7 @@ from ._validate import as_matrix
 from .linalg import thin_svd
 from .ns_polynomials import (  # noqa: F401  (re-exported: their home before the split)
     EPS_MODES,
+    check_normalization,
     check_ns_options,
     normalizer,
     ns_attracting_band,
@@ -39,9 +40,10 @@ __all__ = [
 def normalized_singular_values(a, *, safety: float = 1.0, eps: float = 1e-7, eps_mode: str = "add") -> np.ndarray:
     """Σ̂ = σ(A) / normalizer(‖A‖_F), descending, float64, shape (min(m, n),).
 
-    Raises: as ``ns_map``.
+    Raises: as ``ns_map`` for ``a``, ``safety``, ``eps`` and ``eps_mode``.
     """
     arr = as_matrix(a, "a")
+    safety, eps = check_normalization(safety, eps, eps_mode)
     s = thin_svd(arr)[1]
     return s / normalizer(float(np.linalg.norm(arr)), safety, eps, eps_mode)
 

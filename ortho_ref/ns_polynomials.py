@@ -20,11 +20,69 @@ import numpy as np
 from ._validate import as_coefficients, check_scalar
 
 __all__ = [
-    "EPS_MODES", "check_ns_options", "normalizer", "ns_attracting_band", "ns_band", "ns_derivative",
+    "EPS_MODES", "NS_MAP_BOUND", "check_bounded_schedule", "check_normalization", "check_ns_options", "ns_map_sups",
+    "normalizer", "ns_attracting_band", "ns_band", "ns_derivative",
     "ns_diagonal_gain", "ns_lipschitz", "ns_polynomial", "ns_step_gains", "ns_step_magnitudes",
 ]
 
 EPS_MODES = ("add", "clamp")
+
+#: The largest sup over σ̂ ∈ [0, 1] of |f_t(σ̂)| (the map after step t) a schedule may reach. Newton–
+#: Schulz maps singular values towards 1: the registered schedules stay below 2 (Keller Jordan's
+#: overshoot 1.202, Polar Express's first step 1.992); a map past 16 orthogonalizes nothing, and the
+#: next step's A² = (XXᵀ)² then has singular values past 16⁴ = 65536, beyond float16's largest finite
+#: number (65504), the narrowest dtype the product computes in. A divergent table (its map grows
+#: without bound, e.g. a sign flipped) passes it within a few steps, where finite inputs give Inf / NaN.
+NS_MAP_BOUND = 16.0
+
+
+def _sup_on(row, h: float) -> float:
+    """sup over x ∈ [0, h] of |p(x)|, p(x) = a x + b x³ + c x⁵: at x = h and at the critical points
+    x² = y, 5c y² + 3b y + a = 0 (closed form), inside."""
+    a, b, c = (float(v) for v in row)
+    qa, qb, qc = 5 * c, 3 * b, a  # qa y² + qb y + qc = 0, solved without cancellation
+    if qa == 0.0:
+        ys = [-qc / qb] if qb != 0.0 else []
+    else:
+        disc = qb * qb - 4 * qa * qc
+        q = -(qb + math.copysign(math.sqrt(disc), qb)) / 2 if disc >= 0.0 else 0.0
+        ys = [] if disc < 0.0 else [q / qa] + ([qc / q] if q != 0.0 else [])
+    pts = [h] + [math.sqrt(y) for y in ys if 0.0 <= y <= h * h]
+    return max(abs(x * (a + x * x * (b + c * x * x))) for x in pts)
+
+
+def ns_map_sups(coefficients, bound: float = math.inf) -> list[float]:
+    """B_t = sup over σ̂ ∈ [0, 1] of |f_t(σ̂)|, f_t the composition of the first t steps, t = 1..T,
+    exactly: B_t = sup over [0, B_{t−1}] of |p_t| (f_{t−1}([0, 1]) is an interval holding 0 and
+    ±B_{t−1}, and p_t is odd), B_0 = 1. Stops after the first B_t past ``bound`` (or not a number).
+    Shapes: coefficients (T, 3) -> list of up to T floats.
+    Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2 (the polynomial view)."""
+    table = as_coefficients(coefficients)
+    sups, h = [], 1.0
+    for row in table:
+        with np.errstate(over="ignore", invalid="ignore"):
+            h = _sup_on(row, h)
+        sups.append(h)
+        if not h <= bound:
+            break
+    return sups
+
+
+def check_bounded_schedule(coefficients, name: str = "coefficients") -> np.ndarray:
+    """The (T, 3) float64 table of ``coefficients`` if its map stays within ``NS_MAP_BOUND`` on [0, 1]
+    at every step (``ns_map_sups``); Keller Jordan's overshoot (1.202) and every registered schedule do.
+    Raises: ValueError naming ``name``, the table and the first step t whose sup |f_t| on [0, 1]
+    passes the bound (a divergent schedule: finite inputs give Inf / NaN)."""
+    table = as_coefficients(coefficients, name)
+    sups = ns_map_sups(table, NS_MAP_BOUND)
+    if sups and not sups[-1] <= NS_MAP_BOUND:
+        t = len(sups)
+        row = tuple(float(v) for v in table[t - 1])
+        raise ValueError(f"{name}: a divergent schedule: after step {t} of {len(table)} (row {row}) "
+                         f"the map's sup over σ̂ ∈ [0, 1] is {sups[-1]:.3g} > {NS_MAP_BOUND:g} (NS_MAP_BOUND; the "
+                         f"steps before: {[round(v, 3) for v in sups[:-1]]}): it grows without bound, so finite "
+                         f"inputs give Inf / NaN; table {table.tolist()}")
+    return table
 
 
 def ns_polynomial(x, coefficients) -> np.ndarray:
@@ -98,15 +156,22 @@ def normalizer(norm: float, safety: float, eps: float, eps_mode: str) -> float:
 def check_ns_options(coefficients, safety, eps, eps_mode) -> tuple[np.ndarray, float, float]:
     """Validate ``ns_map``'s schedule and normalization: (float64 (T, 3) table, safety, eps).
 
-    Raises: ValueError naming the argument: a table not (T, 3) or not finite, safety <= 0,
-    eps < 0, eps_mode not in EPS_MODES.
+    Raises: ValueError naming the argument: a table not (T, 3) or not finite or divergent
+    (``check_bounded_schedule``), safety <= 0 or not a number (a string too), eps < 0, eps_mode
+    not in EPS_MODES.
     """
-    table = as_coefficients(coefficients)
+    table = check_bounded_schedule(coefficients)
+    return (table, *check_normalization(safety, eps, eps_mode))
+
+
+def check_normalization(safety, eps, eps_mode) -> tuple[float, float]:
+    """(safety, eps) as floats, validated: safety > 0, eps >= 0 (finite real numbers, not strings),
+    eps_mode in EPS_MODES. Raises: ValueError naming ``safety``, ``eps`` or ``eps_mode``."""
     safety = check_scalar(safety, "safety", low=0.0, low_open=True)
     eps = check_scalar(eps, "eps", low=0.0)
     if eps_mode not in EPS_MODES:
         raise ValueError(f"eps_mode: expected one of {EPS_MODES}, got {eps_mode!r}")
-    return table, safety, eps
+    return safety, eps
 
 
 @functools.lru_cache(maxsize=256)

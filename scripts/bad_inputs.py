@@ -151,6 +151,20 @@ for a, b in [("Muon", "Dion2"), ("Muon", "Dion"), ("Dion", "Muon"), ("Dion2", "M
         return (dst, ps2), (lambda: dst.load_state_dict(sd))
     case(f"load: {a} state dict into {b}", ["momentum", "mu", "fraction", "ef_decay", "rank_fraction", "momentum_buffer", "Q", "nesterov", "flatten", "coefficients", "momentum_style", "Muon", "Dion", "oversample", "epsilon", "error_feedback"], fn)
 
+def meta_state(sd, ps, o):  # a checkpoint materialized on the meta device: shapes, no data
+    e = first_entry(sd)
+    for k in [k for k, v in e.items() if isinstance(v, torch.Tensor)]:
+        e[k] = torch.empty(e[k].shape, dtype=e[k].dtype, device="meta")
+for name in OPTS:
+    case("load: meta-device state tensor", ["momentum_buffer", "momentum", "exp_avg", "exp_avg_sq", "step", "Q", "variance_neuron"], load_case(name, 0, meta_state))
+for other, make in [("SGD", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)), ("RMSprop", lambda ps: torch.optim.RMSprop(ps, lr=0.1)),
+                    ("AdamW", lambda ps: torch.optim.AdamW(ps, lr=0.1))]:
+    def fn(make=make):  # one torch group against Hybrid's two: the message must say what the checkpoint holds
+        ps, opt = stepped("Hybrid")
+        sd = copy.deepcopy(make(ps).state_dict())
+        return (opt, ps), (lambda: opt.load_state_dict(sd))
+    case(f"load: torch.optim.{other} state dict into Hybrid (group count)", {"SGD": ["dampening"], "RMSprop": ["centered"], "AdamW": ["amsgrad"]}[other], fn)
+
 # ---- construction
 for name in OPTS:
     for seed in range(2):
@@ -187,6 +201,11 @@ for cls, arg, values in HYPER:
             ps = params(); opt = cls(ps[:2])
             return (opt, ps[:2]), (lambda: opt.add_param_group({"params": [ps[2]], arg: v}))
         case(f"add_param_group: {cls.__name__} group {arg}=bad", [arg], grp)
+for key, v in [("rank_fraction", 0.5), ("momentum", 0.9), ("qr_method", "rcqr"), ("nesterov", True), ("betas", (0.9, 0.95))]:
+    def grp(key=key, v=v):  # another algorithm's option in a Dion2 group: it would do nothing there
+        ps = params(); opt = Dion2(ps[:2])  # microsoft/dion's betas: accepted (checked, unused), the group added
+        return ((opt, ps[:2]) if key != "betas" else None), (lambda: opt.add_param_group({"params": [ps[2]], key: v}))
+    case(f"add_param_group: Dion2 group with another algorithm's {key}", [key] if key != "betas" else None, grp)
 for algorithm, arg, v in [("adamw", "betas", (1.5, 0.9)), ("adamw", "eps", -1.0), ("lion", "betas", (0.9, 1.5)), ("adamw", "lr", -1.0), ("lion", "weight_decay", float("nan"))]:
     case(f"construct: Hybrid {algorithm} {arg}=bad", [arg, arg + "[0]", arg + "[1]"], lambda algorithm=algorithm, arg=arg, v=v: (None, lambda: HybridOptimizer([{"params": params(), "algorithm": algorithm, arg: v}])))
 
@@ -202,6 +221,16 @@ for kw, nm in [(dict(dtype=torch.int32), "dtype"), (dict(steps=0), "steps"), (di
 for bad, nm in [(torch.randn(5), "g"), (torch.ones(3, 3, dtype=torch.int32), "g"), ([[1.0, 2.0]], "g"), (torch.empty(0, 3), "g")]:
     case("newton_schulz g", [nm], lambda bad=bad: (None, lambda: ortho_fast.newton_schulz(bad)))
 
+DIVERGENT = [((3.4445, 4.775, 2.0315),) * 5, ((3.0, 3.0, 3.0),) * 5, ((1.5, -0.5, 0.0), (40.0, 0.0, 0.0))]
+for table in DIVERGENT:  # the map grows without bound on [0, 1]: finite inputs would give Inf / NaN
+    case("newton_schulz divergent table", ["coefficients"], lambda table=table: (None, lambda: ortho_fast.newton_schulz(g, coefficients=table, dtype=torch.float32)))
+    case("ortho_ref.ns_map divergent table", ["coefficients"], lambda table=table: (None, lambda: ortho_ref.ns_map(g.double().numpy(), table)))
+    case("Muon divergent table", ["coefficients"], lambda table=table: (None, lambda: Muon(params(), coefficients=table)))
+for table in [((3.4445, -4.775, 2.0315),) * 8, ((3.0, -3.2, 1.2), (2.0, -1.5, 0.5))]:  # overshoot to 1.2: valid
+    case("newton_schulz convergent user table", None, lambda table=table: (None, lambda: ortho_fast.newton_schulz(g, coefficients=table)))
+case("newton_schulz g requires grad", ["g"], lambda: (None, lambda: ortho_fast.newton_schulz(torch.randn(6, 4, requires_grad=True))))
+case("newton_schulz g requires grad under no_grad", None, lambda: (None, lambda: torch.no_grad()(ortho_fast.newton_schulz)(torch.randn(6, 4, requires_grad=True))))
+
 # ---- oracle
 for fn_name, call in [("ns_map", lambda a: ortho_ref.ns_map(a, [(3.4445, -4.775, 2.0315)])), ("polar", lambda a: ortho_ref.polar(a)),
                       ("singular_values", lambda a: ortho_ref.singular_values(a))]:
@@ -211,11 +240,23 @@ for fn_name, call in [("ns_map", lambda a: ortho_ref.ns_map(a, [(3.4445, -4.775,
 for bad, label in [([(1, 2, 3), (4, 5)], "ragged"), (torch.ones(2, 3, dtype=torch.bfloat16), "bfloat16"), ([["a", "b", "c"]], "strings")]:
     case(f"ortho_ref.ns_map coefficients {label}", ["coefficients"], lambda bad=bad: (None, lambda: ortho_ref.ns_map(np.eye(3), bad)))
 
+JORDAN = ortho_ref.schedule("jordan")
+for kw, nm in [(dict(safety="1.0"), "safety"), (dict(eps="1e-7"), "eps"), (dict(safety=-1.0), "safety")]:
+    case(f"ortho_ref.ns_map {nm}={kw[nm]!r}", [nm], lambda kw=kw: (None, lambda: ortho_ref.ns_map(np.eye(3), JORDAN, **kw)))
+    case(f"ortho_ref.normalized_singular_values {nm}={kw[nm]!r}", [nm], lambda kw=kw: (None, lambda: ortho_ref.normalized_singular_values(np.eye(3), **kw)))
+W3 = np.random.default_rng(0).standard_normal((6, 4))
+for v in [1.5, -0.1, "0.9"]:
+    case(f"ortho_ref.dion2_step ef_decay={v!r}", ["ef_decay"], lambda v=v: (None, lambda: ortho_ref.dion2_step(W3, W3, W3, lr=0.1, ef_decay=v)))
+
 # ---- judge
 case("check_orthogonalizer(fn=None)", ["fn"], lambda: (None, lambda: ortho_verify.check_orthogonalizer(None)))
 case("check_orthogonalizer(fn=3)", ["fn"], lambda: (None, lambda: ortho_verify.check_orthogonalizer(3)))
 for kw, nm in [(dict(shapes=[(3,)]), "shapes"), (dict(shapes=[]), "shapes"), (dict(shapes=[(0, 3)]), "shapes"), (dict(cond=0), "cond"), (dict(cond=float("nan")), "cond"), (dict(steps=0), "steps"), (dict(lr=0), "lr")]:
     case(f"check_optimizer {nm}", [nm], lambda kw=kw: (None, lambda: check_optimizer(ortho_fast.Muon, steps=kw.pop("steps", 1), param_dtype=torch.float32, **kw)))
+
+case("check_orthogonalizer safety=-1", ["safety"], lambda: (None, lambda: ortho_verify.check_orthogonalizer(ortho_fast.newton_schulz, safety=-1.0)))
+case("check_orthogonalizer seed=-1", ["seed"], lambda: (None, lambda: ortho_verify.check_orthogonalizer(ortho_fast.newton_schulz, seed=-1)))
+case("check_optimizer seed=-1", ["seed"], lambda: (None, lambda: check_optimizer(ortho_fast.Muon, steps=1, param_dtype=torch.float32, seed=-1)))
 
 def run():
     counts = collections.Counter(); bad = collections.defaultdict(list)

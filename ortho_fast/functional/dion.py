@@ -57,8 +57,26 @@ def initial_q(shape: tuple[int, int], seed: int, index: int, dtype: torch.dtype,
         check_count(size, "shape")
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
-    gen = torch.Generator(device="cpu").manual_seed(seed_for(seed, index))
-    return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+    rows, rank = (int(v) for v in shape)
+    draw = torch.ops.ortho_fast.initial_q_draw if torch.compiler.is_compiling() else _draw_q
+    return draw(rows, rank, seed_for(seed, index), dtype, torch.device(device))
+
+
+def _draw_q(rows: int, rank: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """N(0, 1) of (rows, rank) from a CPU generator seeded with ``seed``, drawn in float64, cast."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn((rows, rank), generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+
+
+# Under torch.compile Q0 is drawn by this opaque operator (dynamo cannot create a torch.Generator in a
+# graph): the graph calls it at run time, so a step compiled from the first one creates Q0 itself, the
+# same bits as eager (``_draw_q``).
+_draw_q_op = torch.library.custom_op("ortho_fast::initial_q_draw", mutates_args=())(_draw_q)
+
+
+@_draw_q_op.register_fake
+def _(rows: int, rank: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty((rows, rank), dtype=dtype, device=device)
 
 
 def dion_right_factor(r: torch.Tensor, right_factor: str = "column_norm", epsilon: float = 1e-8) -> torch.Tensor:

@@ -27,6 +27,11 @@ from .stacked import momentum_rounds
 MOMENTUM_STYLES = ("ema", "classic")
 #: lr adjustment modes; the last three are Megatron / Emerging-Optimizers ``scale_mode`` names.
 ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral_norm", None, "shape_scaling", "spectral", "unit_rms_norm")
+#: Weight-decay styles (``ortho_ref.muon.WEIGHT_DECAY_STYLES``' names): "decoupled" W(1 − lr·wd), the
+#: unscaled lr (torch.optim.Muon, microsoft/dion, Moonlight); "adjusted_lr" W(1 − lr·s·wd), s the
+#: update's lr multiplier of the matrix (nanochat); "independent" W(1 − wd) (Emerging-Optimizers'
+#: ``weight_decay_method="independent"``). The oracle's "l2" (wd·W added to the gradient) is not one.
+WEIGHT_DECAY_STYLES = ("decoupled", "adjusted_lr", "independent")
 
 
 def adjusted_lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
@@ -173,6 +178,23 @@ def cautious_decay_factor(o: torch.Tensor, w: torch.Tensor, decay: float) -> tor
     return torch.where(opposite, one, one * (1 - decay))  # a product: under compile an lr is a graph input
 
 
+def decay_amount(style: str, *, lr: float, weight_decay: float, scale: float = 1.0) -> float:
+    """d with W ← W·(1 − d) the weight decay of a step under ``style`` (``WEIGHT_DECAY_STYLES``):
+    lr·wd ("decoupled"), lr·s·wd ("adjusted_lr", ``scale`` s the matrix's lr multiplier
+    ``adjusted_lr_scale``·extra_scale_factor), wd ("independent"). Python floats (an lr that
+    ``torch.compile`` made symbolic stays one).
+    Source: ``ortho_ref.muon.decay_factor`` (1 − d); nanochat ``nanochat/optim.py`` (lr·√max(1, m/n)·wd).
+    Raises: ValueError naming ``weight_decay_style`` for an unknown style."""
+    if style == "decoupled":
+        return lr * weight_decay
+    if style == "adjusted_lr":
+        return lr * scale * weight_decay
+    if style == "independent":
+        return weight_decay
+    check_choice(style, "weight_decay_style", WEIGHT_DECAY_STYLES)
+    raise AssertionError("unreachable")
+
+
 def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: float) -> None:
     """Decoupled weight decay W ← W·(1 − lr·wd) on every tensor of ``params`` in place, with one
     ``_foreach_mul_`` (``graph_scalars.foreach_scale_``: the bits of ``W.mul_(1 - lr * wd)``; nothing when lr·wd = 0).
@@ -180,6 +202,31 @@ def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: fl
     factor = 1 - float(lr) * float(weight_decay)
     if factor != 1.0 and params:
         foreach_scale_(params, factor)
+
+
+def decay_by_style(items: Sequence[tuple[torch.Tensor, Sequence[tuple[int, ...]]]], *, style: str, lr: float,
+                   weight_decay: float, adjust_lr: str | None, extra_scale_factor: float = 1.0) -> set[int]:
+    """The weight decay of a step as ``_foreach`` ops (``decay_weights``) on the parameters of
+    ``items`` ((parameter, the matrix shapes of its layout) pairs), in place: one op for "decoupled"
+    / "independent"; for "adjusted_lr" one per lr multiplier s, over the parameters whose matrices
+    share one s (``decay_amount``). Returns the ids of the parameters it left undecayed ("adjusted_lr"
+    with blocks of different s: ``muon_update`` decays them per block)."""
+    if style != "adjusted_lr":
+        amount = decay_amount(style, lr=lr, weight_decay=weight_decay)
+        lr, wd = (lr, weight_decay) if style == "decoupled" else (1.0, amount)
+        decay_weights([p for p, _ in items], lr=lr, weight_decay=wd)  # 1 − lr·wd: the bits of mul_
+        return set()
+    by_scale: dict[float, list[torch.Tensor]] = {}
+    left = set()
+    for p, shapes in items:
+        scales = {adjusted_lr_scale(adjust_lr, *shape[-2:]) * extra_scale_factor for shape in shapes}
+        if len(scales) == 1:
+            by_scale.setdefault(scales.pop(), []).append(p)
+        else:
+            left.add(id(p))
+    for scale, params in by_scale.items():
+        decay_weights(params, lr=decay_amount(style, lr=lr, weight_decay=weight_decay, scale=scale), weight_decay=1.0)
+    return left
 
 
 class MatrixStack(list):
@@ -258,27 +305,34 @@ def split_stack(x: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Ten
 
 def muon_update(p: torch.Tensor, layout: MuonLayout, outs: Sequence[torch.Tensor], *, lr: float,
                 weight_decay: float, adjust_lr: str | None, extra_scale_factor: float = 1.0,
-                cautious_weight_decay: bool = False, shapes: Sequence[tuple[int, ...]] | None = None) -> None:
-    """W ← W·(1 − lr·wd) − lr·s_j·O_j per block j of ``layout``, in place, in W's dtype.
+                cautious_weight_decay: bool = False, shapes: Sequence[tuple[int, ...]] | None = None,
+                weight_decay_style: str = "decoupled") -> None:
+    """W ← W·(1 − d_j) − lr·s_j·O_j per block j of ``layout``, in place, in W's dtype.
 
     s_j = ``adjusted_lr_scale(adjust_lr, m_j, n_j)``·``extra_scale_factor`` from the block's matrix
-    shape, or from ``shapes[j]`` (a shard's update is scaled by the global shape). The decay uses
-    the unscaled lr (decoupled); ``cautious_weight_decay`` applies it only where
-    sign(O)·sign(W) >= 0 (Chen et al. 2025, arXiv 2510.12402). Works through views of W (a
-    non-contiguous W is updated through a contiguous copy, then copied back).
+    shape, or from ``shapes[j]`` (a shard's update is scaled by the global shape). The decay d_j is
+    ``decay_amount(weight_decay_style, lr, wd, s_j)``: lr·wd with the unscaled lr ("decoupled", the
+    default), lr·s_j·wd ("adjusted_lr", per block), wd ("independent"); ``cautious_weight_decay``
+    applies it only where sign(O)·sign(W) >= 0 (Chen et al. 2025, arXiv 2510.12402). Works through
+    views of W (a non-contiguous W is updated through a contiguous copy, then copied back).
     Shapes: ``p`` param-shaped; ``outs[j]`` reshapeable to block j's view.
     Source: torch.optim.Muon (decoupled decay, ``adjust_lr``); Moonlight (0.2·√max(m, n));
-    Megatron (``extra_scale_factor``).
+    Megatron (``extra_scale_factor``); nanochat (decay with the adjusted lr).
     """
     lr, wd = float(lr), float(weight_decay)
+    per_block = weight_decay_style == "adjusted_lr"
     w = p if p.is_contiguous() else p.contiguous()
-    if not cautious_weight_decay and lr * wd != 0.0:  # W·1 is W: skipped (``decay_weights`` did it)
-        w.mul_(1 - lr * wd)
+    whole = 0.0 if per_block else decay_amount(weight_decay_style, lr=lr, weight_decay=wd)
+    if not cautious_weight_decay and whole != 0.0:  # W·1 is W: skipped (``decay_weights`` did it)
+        w.mul_(1 - whole)
     for view, o, shape in zip(layout.views(w), outs, shapes or layout.matrix_shapes()):
         o = o.reshape(view.shape)
-        if cautious_weight_decay:
-            view.mul_(cautious_decay_factor(o, view, lr * wd))
         scale = adjusted_lr_scale(adjust_lr, shape[-2], shape[-1]) * extra_scale_factor
+        decay = decay_amount(weight_decay_style, lr=lr, weight_decay=wd, scale=scale) if per_block else whole
+        if cautious_weight_decay:
+            view.mul_(cautious_decay_factor(o, view, decay))
+        elif per_block and decay != 0.0:
+            view.mul_(1 - decay)
         add_scaled_(view, o, -lr * scale)
     if w is not p:
         p.copy_(w)

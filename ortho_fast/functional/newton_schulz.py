@@ -370,8 +370,8 @@ def newton_schulz(
     gram-newton-schulz (2025) for Gram Newton–Schulz in float16.
     Raises: TypeError for a non-tensor or non-float ``g``, an unsupported ``dtype``, an
     ``out_dtype`` that is not a real floating torch.dtype, or a non-bool ``gram``; ValueError for
-    ``gram=True`` with bfloat16 or TF32 ("high") compute, fewer than 2 dims, an empty matrix, a bad
-    table, steps < 1, safety <= 0,
+    ``gram=True`` with bfloat16 or TF32 ("high") compute, fewer than 2 dims, an empty matrix, a ``g``
+    that requires grad while grad mode is on, a bad or divergent table, steps < 1, safety <= 0,
     eps < 0, or an unknown ``eps_mode``; UnknownScheduleError (a KeyError and a ValueError) for
     an unknown schedule name. NaN / Inf in
     ``g`` propagate (the optimizers check gradients before calling this).
@@ -379,6 +379,9 @@ def newton_schulz(
     Gram: per direction within ``ns_gram_singular_value_tolerances`` with ``gram_restarts``).
     """
     check_matrix_tensor(g, "g")
+    if g.requires_grad and torch.is_grad_enabled():
+        raise ValueError("g: requires grad; newton_schulz iterates in place in its own buffers and is not "
+                         "differentiable: pass g.detach() (or call it under torch.no_grad())")
     compute_dtype, precision = resolve_compute_dtype(dtype, g.dtype)
     if eps_mode not in EPS_MODES:
         raise ValueError(f"eps_mode: expected one of {EPS_MODES}, got {eps_mode!r}")

@@ -64,11 +64,51 @@ def tracks_scheduler_calls(step: Callable) -> Callable:
 
     @functools.wraps(step)
     def wrapper(self, *args, **kwargs):
-        self._opt_called = True
+        calls = getattr(self, "_step_calls", None)
+        if calls is not None:
+            calls[0] = True  # a list item: dynamo replays it after a compiled step (an attribute store it drops)
+        else:
+            self._opt_called = True
         return step(self, *args, **kwargs)
 
     wrapper._wrapped_by_lr_sched = True
     return wrapper
+
+
+class SchedulerCalls:
+    """Mixin of the optimizers whose ``step`` is ``tracks_scheduler_calls``: ``_opt_called`` (what an LR
+    scheduler reads to warn when ``scheduler.step()`` comes first) is the item of a list made at
+    construction, which a compiled step sets too (dynamo drops a compiled step's attribute stores on
+    an optimizer, so the scheduler warned after every compiled step)."""
+
+    def _patch_step_function(self) -> None:  # torch.optim.Optimizer.__init__ / __setstate__ call it
+        self.__dict__.setdefault("_step_calls", [False])
+        super()._patch_step_function()
+
+    @property
+    def _opt_called(self) -> bool:
+        calls = self.__dict__.get("_step_calls")
+        return bool(calls and calls[0])
+
+    @_opt_called.setter
+    def _opt_called(self, value: bool) -> None:
+        self.__dict__.setdefault("_step_calls", [False])[0] = bool(value)
+
+
+def init_groups_if_compiling(optimizer) -> None:
+    """Under ``torch.compile``: ``optimizer._init_group(optimizer.param_groups[0])``, which creates the
+    state a first step would, for every group (for the parameters with a gradient; made at one call:
+    a state entry made at a later call of a step with several groups left a guard on a tensor that
+    dynamo had not kept, and the next step compiled again). Dynamo runs a
+    method of that name of a ``torch.optim.Optimizer`` eagerly, outside the graph, and marks the state
+    static (``torch/_dynamo/variables/optimizer.py``, ``OptimizerVariable``, as for torch.optim's own
+    optimizers): the graph of the first compiled step is the later steps' graph (one graph per
+    optimizer, not two: a sweep that builds a new optimizer per trial reaches dynamo's recompile limit
+    no sooner than torch.optim's), and state made from a seeded generator (Dion's Q0) is created eagerly.
+    Eager steps do nothing here (their state is created after the checks, so a rejected step changes
+    nothing)."""
+    if torch.compiler.is_compiling() and optimizer.param_groups:
+        optimizer._init_group(optimizer.param_groups[0])
 
 
 def compile_hint_error() -> RuntimeError:

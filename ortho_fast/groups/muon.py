@@ -22,7 +22,7 @@ from ..coefficients import CoefficientsLike, resolve_coefficients, schedule_of
 from ..functional import muon as muon_math
 from ..functional import layout as layout_math
 from ..functional.layout import MuonLayout, is_expert_name
-from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, muon_momentum
+from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, WEIGHT_DECAY_STYLES, muon_momentum
 from ..functional import muon_stages as stage_math
 from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
 from ..functional import stacked as stacked_math
@@ -48,6 +48,7 @@ MUON_DEFAULTS: dict[str, object] = {
     "adjust_lr": "original",
     "extra_scale_factor": 1.0,
     "cautious_weight_decay": False,
+    "weight_decay_style": "decoupled",  # "adjusted_lr": W(1 − lr·s·wd) (nanochat); "independent": W(1 − wd)
     "dtype": torch.bfloat16,
     "banks": None,  # None: batched in bf16 / fp16 unless bitwise_torch (MuonOptions.batched); True / False
     "bitwise_torch": False,  # True: torch.optim.Muon's bits (matrix by matrix, its 2-D calls)
@@ -113,6 +114,10 @@ def resolve_muon_options(group: dict) -> MuonOptions:
         raise TypeError(f"flatten: expected None, True or False, got {group['flatten']!r}")
     check_choice(group["momentum_style"], "momentum_style", MOMENTUM_STYLES)
     check_choice(group["adjust_lr"], "adjust_lr", ADJUST_LR_MODES)
+    if group["weight_decay_style"] == "l2":
+        raise ValueError("weight_decay_style: 'l2' (wd·W added to the gradient, the oracle's coupled L2) is not a "
+                         f"Muon option here; expected one of {WEIGHT_DECAY_STYLES}")
+    check_choice(group["weight_decay_style"], "weight_decay_style", WEIGHT_DECAY_STYLES)
     compute_dtype, precision = resolve_compute_dtype(group["dtype"])
     check_gram_option(group["gram"], compute_dtype, precision)
     if group["gram"] and group["bitwise_torch"]:
@@ -140,7 +145,8 @@ def resolve_muon_options(group: dict) -> MuonOptions:
         nesterov=group["nesterov"], momentum_style=group["momentum_style"], table=table, safety=float(out["safety"]),
         eps=float(out["eps"]), eps_mode=out["eps_mode"], compute_dtype=compute_dtype, precision=precision,
         adjust_lr=group["adjust_lr"], extra_scale_factor=float(group["extra_scale_factor"]),
-        cautious_weight_decay=group["cautious_weight_decay"], banks=group["banks"] is True, expert_keys=keys,
+        cautious_weight_decay=group["cautious_weight_decay"], weight_decay_style=group["weight_decay_style"],
+        banks=group["banks"] is True, expert_keys=keys,
         split_sizes=_int_tuple(group["split_sizes"], "split_sizes", allow_int=False),
         split_groups=group["split_groups"], num_heads=_int_tuple(group["num_heads"], "num_heads", allow_int=True),
         flatten=group["flatten"], bitwise_torch=group["bitwise_torch"], banks_setting=group["banks"],
@@ -294,14 +300,12 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
     budget_from = state_bytes(live, layout, options)
     chunks, rest = plan_stacks(live, layout, options, budget_from)
     update = options.update_kwargs()
-    if not options.cautious_weight_decay:
-        muon_math.decay_weights([p for _, p in live], lr=options.lr, weight_decay=options.weight_decay)
-        update["weight_decay"] = 0.0
+    left = _decay_up_front(live, layout, options)  # the others: in ``muon_update``
     # before the stacks (at a first step their temporaries come and go before the workspace), in
     # batches within the stacks' workspace budget
     rest_budget = stacked_math.workspace_budget(*budget_from) - cautious_nbytes(rest, layout, options)
     for batch in rest_batches(rest, layout, options, rest_budget):
-        _rest_step(group, state, options, layout, batch, update)
+        _rest_step(group, state, options, layout, batch, update, left)
     if chunks:
         stacked = [p for chunk in chunks for p, _, _ in chunk.members]
         bufs = [state[p]["momentum_buffer"] for p in stacked]
@@ -315,7 +319,17 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
             stacked_chunk_step(chunk, state, options, update, workspace)
 
 
-def _rest_step(group: dict, state, options: MuonOptions, layout, rest, update: dict) -> None:
+def _decay_up_front(live, layout, options: MuonOptions) -> set[int]:
+    """``decay_by_style`` of the live (index, parameter) pairs before the step, unless the decay is
+    cautious; the ids of the parameters left for ``muon_update`` to decay."""
+    if options.cautious_weight_decay:
+        return {id(p) for _, p in live}
+    return muon_math.decay_by_style([(p, layout(i, p).matrix_shapes()) for i, p in live],
+                                    style=options.weight_decay_style, lr=options.lr, weight_decay=options.weight_decay,
+                                    adjust_lr=options.adjust_lr, extra_scale_factor=options.extra_scale_factor)
+
+
+def _rest_step(group: dict, state, options: MuonOptions, layout, rest, update: dict, left: set[int]) -> None:
     """One batch (``muon_budget.rest_batches``) of the parameters ``plan_stacks`` leaves out of the
     stacks: ``orthogonalize`` on their matrices, batched over the batch (``options.batched``;
     without it every batch is one parameter: its temporaries alone, as torch.optim.Muon, the
@@ -331,7 +345,7 @@ def _rest_step(group: dict, state, options: MuonOptions, layout, rest, update: d
     for p, lay, mats in items:
         variances = None if options.normuon_beta2 is None else normuon_variances(p, state, lay, options.normuon_dim)
         post = stage_math.post_orthogonalize([next(outs) for _ in mats], variances, **options.post_orthogonalize_kwargs())
-        muon_math.muon_update(p, lay, post, **update)
+        muon_math.muon_update(p, lay, post, **(update if id(p) in left else {**update, "weight_decay": 0.0}))
 
 
 @dataclass

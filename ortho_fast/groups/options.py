@@ -123,6 +123,8 @@ class MuonOptions:
     adjust_lr: str | None
     extra_scale_factor: float
     cautious_weight_decay: bool
+    #: ``ortho_fast.functional.muon.WEIGHT_DECAY_STYLES``: "decoupled", "adjusted_lr", "independent".
+    weight_decay_style: str
     banks: bool
     expert_keys: tuple[str, ...]
     split_sizes: tuple[int, ...] | None
@@ -173,7 +175,8 @@ class MuonOptions:
     def update_kwargs(self) -> dict:
         """Keyword arguments of ``ortho_fast.functional.muon.muon_update``."""
         return dict(lr=self.lr, weight_decay=self.weight_decay, adjust_lr=self.adjust_lr,
-                    extra_scale_factor=self.extra_scale_factor, cautious_weight_decay=self.cautious_weight_decay)
+                    extra_scale_factor=self.extra_scale_factor, cautious_weight_decay=self.cautious_weight_decay,
+                    weight_decay_style=self.weight_decay_style)
 
 
 @dataclass(frozen=True)

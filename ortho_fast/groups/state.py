@@ -250,7 +250,7 @@ def check_saved_state(entry, spec: StateSpec, p: torch.Tensor, group: dict, wher
     (``where``): an entry that is not a dict, a key of another optimizer or a missing key, a
     tensor that is not real floating (an int64 Q), of the wrong shape or not finite, a second
     moment (``spec.nonnegative``) with a negative entry, a step count that is not a one-element
-    tensor holding a non-negative integer.
+    tensor holding a non-negative integer, any tensor on the meta device (no data to load).
     """
     if not isinstance(entry, Mapping):
         raise ValueError(f"state: expected a dict of tensors for {where}, got {type(entry).__name__}")
@@ -264,6 +264,10 @@ def check_saved_state(entry, spec: StateSpec, p: torch.Tensor, group: dict, wher
     if missing:
         raise ValueError(f"{missing[0]}: missing from the saved {spec.algorithm} state of {where} (it has "
                          f"{sorted(entry)}); a resumed run would re-create it and differ")
+    for key in [k for k in entry if isinstance(entry[k], torch.Tensor) and entry[k].device.type == "meta"]:
+        raise ValueError(f"{key}: a meta-device tensor (shape {tuple(entry[key].shape)}, no data) for {where}: the "
+                         "checkpoint was loaded or built on the meta device; load it with map_location='cpu' (or "
+                         "the parameters' device) and materialize its tensors first")
     for key, shape_of in spec.tensors.items():
         value, want = entry[key], shape_of(p, group)
         if not isinstance(value, torch.Tensor) or not value.is_floating_point():
@@ -349,6 +353,30 @@ def check_state_dict_ids(state_dict: Mapping) -> None:
                          f"({ids[:8]}{' ...' if len(ids) > 8 else ''}); its state would be dropped")
 
 
+def describe_saved_groups(saved: Sequence[Mapping]) -> str:
+    """What a state dict's groups hold, for an error: their option names, and the optimizer they
+    point to (torch.optim's by ``TORCH_ONLY_OPTIONS``, ours by ``algorithm`` or by options only one
+    of ``STATE_SPECS``' algorithms has)."""
+    keys = sorted({k for g in saved for k in g if isinstance(k, str)} - set(GROUP_BOOKKEEPING))
+    torch_owners = None
+    for key in keys:
+        if key in TORCH_ONLY_OPTIONS:
+            owners = set(TORCH_ONLY_OPTIONS[key])
+            torch_owners = owners if torch_owners is None else torch_owners & owners
+    named = sorted({str(g["algorithm"]) for g in saved if "algorithm" in g})
+    if torch_owners:
+        source = "those of " + " / ".join(f"torch.optim.{o}" for o in sorted(torch_owners))
+    elif named:
+        source = f"algorithm {', '.join(named)}"
+    else:
+        from .algorithms import ALGORITHMS
+
+        shared = {a: len(set(keys) & set(spec.defaults) - {"lr", "weight_decay"}) for a, spec in ALGORITHMS.items()}
+        most = max(shared.values())
+        source = "mostly " + " / ".join(a for a, n in shared.items() if n == most) + "'s" if most else "unknown"
+    return f"its groups hold the options {keys} ({source})"
+
+
 def _checked_groups(optimizer: Optimizer, state_dict, group_spec: GroupSpec, algorithm_of) -> list[dict]:
     """Steps 0 and 1 of ``load_state_dict_checked`` and its saved-state check: the completed
     saved groups, or the first error (nothing changed)."""
@@ -358,7 +386,8 @@ def _checked_groups(optimizer: Optimizer, state_dict, group_spec: GroupSpec, alg
     saved = [{k: _dtype_from_name(v) for k, v in g.items()} for g in state_dict["param_groups"]]
     if len(saved) != len(optimizer.param_groups):
         raise ValueError(f"param_groups: the state dict has {len(saved)} param group(s), this optimizer "
-                         f"{len(optimizer.param_groups)} (a checkpoint of another model or optimizer?)")
+                         f"{len(optimizer.param_groups)} (a checkpoint of another model or optimizer?); "
+                         f"{describe_saved_groups(saved)}")
     for i, (group, current) in enumerate(zip(saved, optimizer.param_groups)):
         if len(group["params"]) != len(current["params"]):
             raise ValueError(f"param_groups: param group {i} of the state dict has {len(group['params'])} "

@@ -102,6 +102,7 @@ def muon_reference(w, g, m, opts, dtype: str = "float64"):
         coefficients=table, safety=safety, eps=eps, eps_mode=eps_mode, adjust_lr=opts["adjust_lr"],
         weight_decay=opts["weight_decay"], extra_scale_factor=opts["extra_scale_factor"],
         cautious_weight_decay=opts["cautious_weight_decay"],
+        weight_decay_style=opts.get("weight_decay_style", "decoupled"),
     )
     sigma_hat = ortho_ref.normalized_singular_values(ref.ns_input, safety=safety, eps=eps, eps_mode=eps_mode)
     ns_tol = tol.ns_tolerance(sigma_hat, table, w.shape, dtype)
