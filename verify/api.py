@@ -37,7 +37,7 @@ from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventi
 from ortho_verify.devices import describe_device, device_label, resolve_device
 from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
 from ortho_verify.kernel_calls import (DEFAULT_TIMEOUT_S, RECOMPILE_LIMIT_FIX, call_with_timeout, check_examples,
-                                      is_recompile_limit, raised_row)
+                                      check_seed, is_recompile_limit, raised_row)
 from ortho_verify.tolerances import NS_FORMS, validate_restarts
 from ortho_verify.optimizer_checks import DEFAULT_SHAPES, check_optimizer, optimizer_inputs
 from ortho_verify.results import CheckResult, Failure, VerificationReport, accept_side_effects, measured
@@ -351,6 +351,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     # input of the report; a 2-D-only kernel's report holds matrices only unless it asks for them)
     statistical = (examples is None and limit != 0) if statistical is None else statistical
     check_examples(examples)
+    check_seed(seed)
     examples = default_examples(name, seed, batched, max_batch_dims, compute_dtype=compute_dtype, shapes=wanted) \
         if examples is None else [ex for ex in examples if limit is None or ex.matrix.ndim - 2 <= limit]
     if not examples:

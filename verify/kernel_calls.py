@@ -9,7 +9,9 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-__all__ = ["DEFAULT_TIMEOUT_S", "RECOMPILE_LIMIT_FIX", "call_with_timeout", "check_examples", "is_recompile_limit",
+import numpy as np
+
+__all__ = ["DEFAULT_TIMEOUT_S", "RECOMPILE_LIMIT_FIX", "call_with_timeout", "check_examples", "check_seed", "is_recompile_limit",
            "raised_row"]
 
 #: Default seconds one call of the checked kernel may take before ``check_orthogonalizer``
@@ -141,3 +143,11 @@ def check_examples(examples) -> None:
     if bad:
         raise TypeError(f"examples: expected a list of ortho_verify.examples.SpectralExample (from default_examples "
                         f"or build_example; a tensor of your own is not one), got an element of type {bad[0]}")
+
+
+def check_seed(seed) -> int:
+    """``seed`` if it is an integer >= 0 (numpy's generators take no negative seed); ValueError
+    naming ``seed`` otherwise, before any work."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected an integer >= 0, got {seed!r}")
+    return int(seed)

@@ -32,7 +32,7 @@ OWN_KIND_CHECKS = {"recompile_limit": "recompile limit"}
 #: (``input_unchanged``: a kernel wrote into its input), "state_aliased" (``state_not_aliased``:
 #: a state tensor shares storage with p or p.grad).
 SIDE_EFFECTS = {"grad_mutated": "gradient_unchanged", "input_mutated": "input_unchanged",
-                "state_aliased": "state_not_aliased"}
+                "state_aliased": "state_not_aliased", "grad_consumed": "gradient_kept"}
 
 #: Checks whose failures mean the code raised or hung on the input (kind "unsupported").
 UNSUPPORTED_CHECKS = ("orthogonalizer_runs", "optimizer_runs", "layout_runs")

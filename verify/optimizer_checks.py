@@ -16,6 +16,7 @@ import ortho_fast
 import ortho_ref
 from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.diagnoses import with_cause
+from ortho_verify.kernel_calls import check_seed
 from ortho_verify.checks.optimizer_statistics import (MIN_STATISTICAL_MATRICES, STATISTICAL_MATRICES,
                                                       STATISTICAL_SHAPE, optimizer_mean_deviation, statistical_inputs)
 from ortho_verify.devices import describe_device, device_label, resolve_device
@@ -173,6 +174,7 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     ``device`` without CUDA, or when the state lacks a declared key (after the first step).
     """
     _check_problem_arguments(shapes, cond)
+    check_seed(seed)
     conventions = _default_conventions(optimizer) if conventions is None else conventions
     if not isinstance(conventions, (MuonConventions, DionConventions)):
         raise TypeError(f"conventions: expected MuonConventions or DionConventions, got {type(conventions).__name__}")
