@@ -63,9 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compute-dtype", choices=("float64", "float32", "bfloat16", "float16"),
                         help="with --optimizer: the dtype its Newton–Schulz runs in (default: the conventions', "
                              "bfloat16 for torch.optim.Muon, else the parameter dtype)")
-    parser.add_argument("--hang-floor", type=_positive_seconds, default=6.0,
+    parser.add_argument("--hang-floor", type=_positive_seconds, default=5.0,
                         help="with --optimizer: the least seconds a layout's launch may take before it counts as "
-                             "hung (the limit is 5x the slowest layout so far, at most --timeout; default 6)")
+                             "hung (the limit is 5x the slowest layout so far, at most --timeout; default 5)")
     parser.add_argument("--timeout", type=_positive_seconds, default=TIMEOUT,
                         help=f"seconds per launch before the workers are killed (default {TIMEOUT:g})")
     return parser

@@ -33,7 +33,7 @@ def optimizer_main(args, dtypes) -> int:
                                                  shapes=getattr(args, "shapes", None),
                                                  state_placement=getattr(args, "state_placement", None),
                                                  compute_dtype=getattr(args, "compute_dtype", None),
-                                                 hang_floor=getattr(args, "hang_floor", 6.0))
+                                                 hang_floor=getattr(args, "hang_floor", 5.0))
             except ValueError as err:
                 print(f"ortho-verify sharding: error: {err}")
                 return 2
