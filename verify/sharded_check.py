@@ -58,9 +58,10 @@ __all__ = ["DEFAULT_SHARDED_SHAPES", "HANG_FACTOR", "ShardedReport", "check_shar
 #: both dims). A layout whose launch raises is rerun one shape at a time to localize the crash.
 DEFAULT_SHARDED_SHAPES = (("16x8#0", (16, 8)), ("16x8#1", (16, 8)), ("16x8#2", (16, 8)), ("8x16#0", (8, 16)),
                           ("8x16#1", (8, 16)), ("12x12", (12, 12)), ("13x7", (13, 7)), ("3x5", (3, 5)))
-#: A layout's launch is killed after HANG_FACTOR times the slowest layout run so far (until one
-#: completes: the warm one-process run's time times the world size), never sooner than
-#: ``hang_floor`` seconds nor later than ``timeout``.
+#: A layout's launch is killed once its ranks sit idle (blocked in a collective) after HANG_FACTOR
+#: times the slowest layout run so far (until one completes: the warm one-process run's time times
+#: the world size), never sooner than ``hang_floor`` seconds; ranks still computing (a first-call
+#: compilation) run on until ``timeout``.
 HANG_FACTOR = 5.0
 
 
@@ -257,7 +258,7 @@ def _by_shape(j: _Judge, lay, mesh_shape, shapes, limit: float) -> tuple[bool, i
         groups.setdefault(shape, []).append(i)
     for shape, idx in groups.items():
         sub = FactoryPlan(j.factory, lay, mesh_shape, tuple(shapes[i] for i in idx), j.name, j.steps, tuple(idx))
-        launch = run_layout(sub, j.world_size, limit, j.gpu)
+        launch = run_layout(sub, j.world_size, j.timeout, j.gpu, idle_timeout=limit)
         if launch.error is not None:
             raised += 1
             where = input_name(lay.name, shapes[idx[0]][0], shape) if len(idx) == 1 else \
@@ -309,9 +310,11 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
     placement the ranks do not hold fails ``state_gathers``.
     Each layout runs as its own launch of ``world_size`` forked gloo workers on CPU; under
     torchrun in-process on the launched ranks (NCCL on GPUs; no time limit there). A launch is
-    killed after ``HANG_FACTOR`` times the slowest layout so far (until one completes: a second,
-    warm one-process run's time times ``world_size``), at least ``hang_floor`` and at most
-    ``timeout`` seconds (``report.limits``); a hung layout is a failing row and the others run.
+    killed once every rank sits idle (blocked in a collective; ``ortho_verify.workers.run_workers``'s
+    ``idle_timeout``) after ``HANG_FACTOR`` times the slowest layout so far (until one completes:
+    a second, warm one-process run's time times ``world_size``), at least ``hang_floor`` seconds;
+    ranks still computing run on to ``timeout`` (``report.limits``); a hung layout is a failing
+    row and the others run.
     A launch that raises is a failing ``layout_runs`` row of kind "unsupported" with the error
     and the frame in the user's code (``ortho_verify.sharding.crashes.user_frame_in``); an
     error naming a feature the backend lacks ("Work::getFuture not implemented" on gloo) is
@@ -384,12 +387,13 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
         "map in that precision, differing in reduction order)" if compute.low else
         f"the full weights against one process's within the {name} layout contract ({tol:.0e})"))
     j = _Judge(factory, conventions, name, steps, world_size, gpu, device, tol, placement, compute, report.limits)
+    j.timeout = float(timeout)
     failing, passing, slowest, timed = [], [], world_size * one_time, False
     for lay, mesh_shape in chosen:
         limit = min(float(timeout), max(float(hang_floor), HANG_FACTOR * slowest))
         plan = FactoryPlan(factory, lay, mesh_shape, shapes, name, steps)
         started = time.perf_counter()
-        launch = run_layout(plan, world_size, limit, gpu)
+        launch = run_layout(plan, world_size, float(timeout), gpu, idle_timeout=limit)
         wall = time.perf_counter() - started
         report.limits[lay.name] = {"limit_s": round(limit, 1), "wall_s": round(wall, 1)}
         if launch.error is None:
@@ -401,8 +405,8 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
             continue
         if launch.hung:
             j.crash(lay.name, "factory and every step on every rank", "hung", lay, mesh_shape, None,
-                    f"{launch.error} (limit {limit:.1f} s: {HANG_FACTOR:g}x the slowest layout so far, at least "
-                    f"hang_floor {hang_floor:g} s, at most timeout {timeout:g} s)")
+                    f"{launch.error} (idle limit {limit:.1f} s: {HANG_FACTOR:g}x the slowest layout so far, at least "
+                    f"hang_floor {hang_floor:g} s; ranks still computing run on to timeout {timeout:g} s)")
             continue
         if launch.feature:
             j.crash(lay.name, "factory and every step on every rank", f"{BACKEND_KIND}", lay, mesh_shape, None,

@@ -41,10 +41,12 @@ def _raised(text: str, backend: str) -> LaunchResult:
     return LaunchResult(None, error, False, backend_feature(text, backend), backend, text)
 
 
-def run_layout(plan: FactoryPlan, world_size: int, timeout: float, gpu: bool = False) -> LaunchResult:
+def run_layout(plan: FactoryPlan, world_size: int, timeout: float, gpu: bool = False,
+               idle_timeout: float | None = None) -> LaunchResult:
     """Every rank's result of ``layout_rank_run`` (forked gloo workers killed after ``timeout``
-    seconds; spawned NCCL workers, one per GPU, with ``gpu``; or in-process under torchrun), or
-    the error of a raising or hanging rank."""
+    seconds, or from ``idle_timeout`` on as soon as every rank sits idle: ``run_workers``;
+    spawned NCCL workers, one per GPU, with ``gpu``; or in-process under torchrun), or the error
+    of a raising or hanging rank."""
     if under_torchrun():
         import torch.distributed as dist
 
@@ -63,7 +65,8 @@ def run_layout(plan: FactoryPlan, world_size: int, timeout: float, gpu: bool = F
             from ortho_verify.sharding.launch import run_gpu_workers
 
             return LaunchResult(run_gpu_workers(world_size, layout_rank_run, plan, timeout=timeout), backend=backend)
-        return LaunchResult(run_workers(world_size, layout_rank_run, plan, timeout=timeout), backend=backend)
+        return LaunchResult(run_workers(world_size, layout_rank_run, plan, timeout=timeout, idle_timeout=idle_timeout),
+                            backend=backend)
     except TimeoutError as err:
         return LaunchResult(None, f"hung: {err}", True, "", backend, str(err))
     except WorkerError as err:
