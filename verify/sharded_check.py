@@ -42,7 +42,7 @@ from ortho_verify.sharding.factory_run import FactoryPlan, one_process_run
 from ortho_verify.sharding.inputs import initial_weight
 from ortho_verify.sharding.launch import under_torchrun
 from ortho_verify.sharding.layouts import SHARDED_LAYOUTS, layouts_for
-from ortho_verify.sharding.placement import state_placement
+from ortho_verify.sharding.placement import state_placement as _checked_placement
 from ortho_verify.sharding.user_launch import LaunchResult, run_layout
 from ortho_verify.tolerances import sharded_tolerance
 
@@ -205,8 +205,9 @@ class _Judge:
     """One ``check_sharded_optimizer`` run: its settings, the rows so far, the crashes to classify
     once every layout has run (``crash_kind`` candidates are kept only where the runs confirm them)."""
 
-    def __init__(self, factory, conventions, name, steps, world_size, gpu, device, tol, placement, compute, limits):
-        self.factory, self.conventions, self.name, self.steps = factory, conventions, name, steps
+    def __init__(self, factory, conventions, name, steps, world_size, gpu, device, tol, placement, compute, limits,
+                 timeout):
+        self.factory, self.conventions, self.name, self.steps, self.timeout = factory, conventions, name, steps, timeout
         self.world_size, self.gpu, self.device, self.tol = world_size, gpu, device, tol
         self.placement, self.compute, self.limits = placement, compute, limits
         self.ran: list[tuple] = []  # (layout, mesh_shape, shape) of every run that completed
@@ -349,7 +350,7 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
     for arg, value in (("timeout", timeout), ("hang_floor", hang_floor)):
         if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"{arg}: expected seconds > 0, got {value!r}")
-    placement = globals()["state_placement"](state_placement)
+    placement = _checked_placement(state_placement)
     shapes = _shapes(shapes)
     if compute_dtype is not None:
         resolve_compute(compute_dtype, None, None, name)  # ValueError naming compute_dtype, before any launch
@@ -386,8 +387,8 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
         "each step's update against one process's within sharded_compute_tolerance (two evaluations of the same "
         "map in that precision, differing in reduction order)" if compute.low else
         f"the full weights against one process's within the {name} layout contract ({tol:.0e})"))
-    j = _Judge(factory, conventions, name, steps, world_size, gpu, device, tol, placement, compute, report.limits)
-    j.timeout = float(timeout)
+    j = _Judge(factory, conventions, name, steps, world_size, gpu, device, tol, placement, compute, report.limits,
+               float(timeout))
     failing, passing, slowest, timed = [], [], world_size * one_time, False
     for lay, mesh_shape in chosen:
         limit = min(float(timeout), max(float(hang_floor), HANG_FACTOR * slowest))
