@@ -406,7 +406,8 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
             continue
         if launch.hung:
             j.crash(lay.name, "factory and every step on every rank", "hung", lay, mesh_shape, None,
-                    f"{launch.error.removeprefix('hung: ')} (idle limit {limit:.1f} s: {HANG_FACTOR:g}x the slowest layout so far, at least "
+                    f"{launch.error.removeprefix('hung: ')} (idle limit {limit:.1f} s: {HANG_FACTOR:g}x the slowest "
+                    f"layout so far, at least "
                     f"hang_floor {hang_floor:g} s; ranks still computing run on to timeout {timeout:g} s)")
             continue
         if launch.feature:

@@ -35,7 +35,8 @@ def test_mixed_shape_all_gather_crash_is_recorded():
     assert report.crashes == {COMBINED_KIND: ["DDP"]}
     # each shape alone runs, and is judged (owner-kept momentum is no cause)
     judged = [r for r in report.results if r.check == "sharded_vs_one_process"]
-    assert {r.input for r in judged} == {"DDP / 16x8#0", "DDP / 16x8#1", "DDP / 12x12"} and all(r.passed for r in judged)
+    assert {r.input for r in judged} == {"DDP / 16x8#0", "DDP / 16x8#1", "DDP / 12x12"}
+    assert all(r.passed for r in judged)
 
 
 def test_owner_placement_is_recognized_and_passes():
@@ -100,3 +101,20 @@ def test_torch_muon_on_fsdp2_passes_in_its_bfloat16():
     strict = check_sharded_optimizer(factory, world_size=2, layouts=["FSDP Shard(0)"], shapes="16x8",
                                      dtype=torch.float32, steps=1, compute_dtype="float32")
     assert not strict.passed  # the float32 contract: bfloat16's own rounding exceeds it
+
+
+@pytest.mark.slow
+def test_every_layout_at_four_ranks():
+    """At 4 ranks on every layout with the default shapes: Newton–Schulz per local shard fails every
+    sharded (layout, shape, step) in bfloat16 and in float32; gather-then-orthogonalize passes."""
+    conv = planted_muon_conventions()
+    gather = check_sharded_optimizer(planted_muon_factory(None, torch.bfloat16), conv, world_size=4,
+                                     dtype=torch.float32)
+    assert gather.passed, gather.summary()
+    for ns_dtype in (torch.bfloat16, None):
+        report = check_sharded_optimizer(planted_muon_factory("local_shard", ns_dtype),
+                                         planted_muon_conventions(ns_dtype or torch.float32), world_size=4,
+                                         dtype=torch.float32)
+        rows = [r for r in report.results if r.check == "sharded_vs_one_process" and not r.input.startswith("DDP")]
+        assert {r.input.split(" / ")[0] for r in rows} == set(report.layouts) - {"DDP"}
+        assert rows and not any(r.passed for r in rows), [(r.input, r.detail, r.ratio) for r in rows if r.passed]

@@ -29,7 +29,8 @@ def recognize(i: int, runs: list[dict], want: dict) -> tuple[str | None, dict, s
     "replicated": every rank holds the same keys and shapes (plain tensors); "sharded": every
     rank holds every key, as DTensors (assembled) or as plain tensors of its local shard's shape;
     "owner": some ranks hold the same keys and shapes and the others nothing. Whether the union
-    has one process's shapes is checked apart (``analysis._state_note``). ``union``: key -> full shape, assembled over ranks (what a checkpoint would gather).
+    has one process's shapes is checked apart (``analysis._state_note``). ``union``: key -> full
+    shape, assembled over ranks (what a checkpoint would gather).
     None when the ranks fit none of them (``description`` says what each rank holds)."""
     full = {k: tuple(v.shape) for k, v in want.items()}
     held = [{k: tuple(v.shape) for k, v in r["state"][i].items()} for r in runs]

@@ -143,9 +143,9 @@ def sharded_compute_tolerance(u, coefficients, compute_dtype, world_size: int, p
     steps (``ns_tolerance``'s model); their difference is Σ_t J_t (E_t^sharded − E_t^one). The
     worst-case bounds of that sum (``ns_tolerance``: G_t, the sup of the divided differences over
     the spectrum's hull; ``ns_singular_value_tolerances``: the diagonal gain's sup over a
-    rounding neighbourhood) are 0.1–0.4 per direction and 3–18 in Frobenius norm for Keller
-    Jordan's schedule in bfloat16 on the checked 16×8 … 12×12 inputs: above the 0.4–0.75 by which
-    Newton–Schulz per local shard differs, so they cannot tell a correct sharded Muon from a
+    rounding neighbourhood) are 0.05–0.98 per direction (8 where σ̂ ≈ 0.004) and 3–18 in
+    Frobenius norm for Keller Jordan's schedule in bfloat16 on the checked 16×8 … 12×12 inputs:
+    at or above the 0.4–0.75 by which Newton–Schulz per local shard differs, so they cannot tell a correct sharded Muon from a
     wrong one. The same first-order sum is evaluated instead: NS_p realizes it with the
     sharded run's extra roundings (p partial sums, each rounded, summed in the compute
     precision) on the actual input, so the J_t are the actual Jacobians at the actual spectrum.
