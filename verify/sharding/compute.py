@@ -5,6 +5,7 @@ float16, the rows comparing each step's orthogonalized update of a layout with o
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -93,6 +94,18 @@ def _hyper(conv, hyper: dict) -> tuple[float, float, float] | None:
     return float(hyper[names["lr"]]), float(hyper[names["momentum"]]), float(hyper[names["weight_decay"]])
 
 
+@functools.lru_cache(maxsize=2048)
+def _bound(u_bytes: bytes, shape: tuple, table_bytes: bytes, rows: int, dtype: str, world: int, param: str, eps: float,
+           eps_mode: str, safety: float) -> tuple[float, float]:
+    """``sharded_compute_tolerance`` memoized on its exact inputs: every layout of a check asks it for
+    the same (matrix, step) inputs."""
+    from ortho_verify.tolerances import sharded_compute_tolerance
+
+    u = np.frombuffer(u_bytes, dtype=np.float64).reshape(shape).copy()
+    table = np.frombuffer(table_bytes, dtype=np.float64).reshape(rows, 3)
+    return sharded_compute_tolerance(u, table, dtype, world, param, eps=eps, eps_mode=eps_mode, safety=safety)
+
+
 def update_rows(plan, runs: list[dict], reference: dict, model: ComputeModel, world_size: int
                 ) -> tuple[list, list[dict], bool]:
     """Rows "sharded_vs_one_process" per (shape, step) comparing the orthogonalized update
@@ -103,7 +116,6 @@ def update_rows(plan, runs: list[dict], reference: dict, model: ComputeModel, wo
     from ortho_ref.muon import decay_factor, lr_scale, momentum_update
 
     from ortho_verify.sharding.analysis import input_name
-    from ortho_verify.tolerances import sharded_compute_tolerance
 
     conv = model.conventions
     table = _table(conv)
@@ -132,8 +144,9 @@ def update_rows(plan, runs: list[dict], reference: dict, model: ComputeModel, wo
             mom, u = momentum_update(g, mom, mu=mu, nesterov=conv.nesterov, momentum_style=conv.momentum_style,
                                      nesterov_form=conv.nesterov_form)
             eps = 1e-7 if conv.eps is None else conv.eps
-            tol, sim = sharded_compute_tolerance(u, table, model.dtype, world_size, plan.dtype, eps=eps,
-                                                 eps_mode=conv.eps_mode, safety=conv.safety or 1.0)
+            tab = np.ascontiguousarray(table, dtype=np.float64)
+            tol, sim = _bound(np.ascontiguousarray(u).tobytes(), tuple(u.shape), tab.tobytes(), tab.shape[0],
+                              model.dtype, world_size, plan.dtype, float(eps), conv.eps_mode, float(conv.safety or 1.0))
             w_s, w_1 = runs[0]["weights"][t][i], reference["weights"][t][i]
             o_s, o_1 = (c * prev[0] - w_s) / (lr * scale), (c * prev[1] - w_1) / (lr * scale)
             err = relative_difference(o_s, o_1)
