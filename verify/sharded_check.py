@@ -102,7 +102,7 @@ class ShardedReport(VerificationReport):
             lines.append(f"disagreements ({len(self.disagreements)}):")
             for d in self.disagreements[:max_rows * 2]:
                 what = d["layout"] + (f" / {d['shape']}" if d["shape"] else "")
-                size = "" if d["shape"] is None else (f": rel. diff {d['worst']:.2e} (bound {d['bound']:.0e}"
+                size = "" if d["shape"] is None else (f": rel. diff {d['worst']:.2e} (bound {d['bound']:.2g}"
                                                        + (f", from step {d['step']})" if d["step"] else ")"))
                 lines.append(f"  {what}{size} — {d['cause']}")
             if len(self.disagreements) > max_rows * 2:
