@@ -35,23 +35,34 @@ import torch
 from ortho_verify.conventions import DionConventions, MuonConventions, dtype_name
 from ortho_verify.results import VerificationReport, measured
 from ortho_verify.sharding.analysis import input_name, layout_rows
+from ortho_verify.sharding.compute import resolve_compute
+from ortho_verify.sharding.crashes import BACKEND_KIND, COMBINED_KIND, crash_kind, headline
 from ortho_verify.sharding.diagnosis import layout_pattern
-from ortho_verify.sharding.factory_run import FactoryPlan, layout_rank_run, one_process_run
+from ortho_verify.sharding.factory_run import FactoryPlan, one_process_run
 from ortho_verify.sharding.inputs import initial_weight
 from ortho_verify.sharding.launch import under_torchrun
 from ortho_verify.sharding.layouts import SHARDED_LAYOUTS, layouts_for
+from ortho_verify.sharding.placement import state_placement as _checked_placement
+from ortho_verify.sharding.user_launch import LaunchResult, run_layout
 from ortho_verify.tolerances import sharded_tolerance
-from ortho_verify.workers import WorkerError, run_workers
 
-__all__ = ["DEFAULT_SHARDED_SHAPES", "ShardedReport", "check_sharded_optimizer", "load_factory"]
+__all__ = ["DEFAULT_SHARDED_SHAPES", "HANG_FACTOR", "ShardedReport", "check_sharded_optimizer", "crash_kind",
+           "load_factory", "parse_shapes"]
 
-#: (label, (m, n)) of the default matrices, those every layout divides first: tall, wide and
-#: square (Dion's orientation differs between them), then uneven (13 rows, 7 columns over 2 or 4
-#: ranks) and with empty shards (3 rows and 5 columns over 4 ranks: torch.chunk leaves the last
-#: shard empty in both dims). A layout whose launch raises is judged shape by shape, so an
-#: optimizer that cannot take the last two is still judged on the first three.
-DEFAULT_SHARDED_SHAPES = (("tall", (16, 8)), ("wide", (8, 16)), ("square", (12, 12)), ("uneven", (13, 7)),
-                          ("empty shards", (3, 5)))
+#: (label, (m, n)) of the default matrices, the designs of distributed Muons exercised: shapes that
+#: repeat (same-shape batching across ranks: Keller Jordan's, nanochat's and microsoft/dion's Muon
+#: group the parameters of one shape), in counts that divide neither 2 nor 4 ranks (three 16x8)
+#: or fall short of them (two 8x16), and shapes seen once; tall, wide and square (Dion's
+#: orientation differs between them), then uneven (13 rows, 7 columns over 2 or 4 ranks) and with
+#: empty shards (3 rows and 5 columns over 4 ranks: torch.chunk leaves the last shard empty in
+#: both dims). A layout whose launch raises is rerun one shape at a time to localize the crash.
+DEFAULT_SHARDED_SHAPES = (("16x8#0", (16, 8)), ("16x8#1", (16, 8)), ("16x8#2", (16, 8)), ("8x16#0", (8, 16)),
+                          ("8x16#1", (8, 16)), ("12x12", (12, 12)), ("13x7", (13, 7)), ("3x5", (3, 5)))
+#: A layout's launch is killed once its ranks sit idle (blocked in a collective) after HANG_FACTOR
+#: times the slowest layout run so far (until one completes: the warm one-process run's time times
+#: the world size), never sooner than ``hang_floor`` seconds; ranks still computing (a first-call
+#: compilation) run on until ``timeout``.
+HANG_FACTOR = 5.0
 
 
 @dataclass
@@ -73,17 +84,25 @@ class ShardedReport(VerificationReport):
     disagreements: list = field(default_factory=list)
     patterns: list = field(default_factory=list)
     #: Per kind of crash ("raises on empty shards", "does not take TP placements", "raises on
-    #: uneven shards", "raises on this layout"): the "layout / shape" pairs that raised (``crash_kind``).
+    #: uneven shards", "raises on this layout", "raises on this mix of parameters", "unsupported on
+    #: this backend (gloo: FEATURE)", "hung"): the layouts or "layout / shape" pairs that raised
+    #: (``ortho_verify.sharding.crashes``).
     crashes: dict = field(default_factory=dict)
+    #: The compute dtype judged (``compute_dtype``) and why; the bound used for each layout's rows.
+    compute: str = ""
+    #: Per layout: the per-launch time limit it ran under (seconds) and its wall time.
+    limits: dict = field(default_factory=dict)
 
     def summary(self, max_rows: int = 12) -> str:
         """The layouts and shapes that disagree, by how much and why, then ``VerificationReport.summary``."""
         lines = [f"{len(self.layouts)} layouts at world size {self.world_size}: {', '.join(self.layouts)}"]
+        if self.compute:
+            lines.append(f"compute: {self.compute}")
         if self.disagreements:
             lines.append(f"disagreements ({len(self.disagreements)}):")
             for d in self.disagreements[:max_rows * 2]:
                 what = d["layout"] + (f" / {d['shape']}" if d["shape"] else "")
-                size = "" if d["shape"] is None else (f": rel. diff {d['worst']:.2e} (bound {d['bound']:.0e}"
+                size = "" if d["shape"] is None else (f": rel. diff {d['worst']:.2e} (bound {d['bound']:.2g}"
                                                        + (f", from step {d['step']})" if d["step"] else ")"))
                 lines.append(f"  {what}{size} — {d['cause']}")
             if len(self.disagreements) > max_rows * 2:
@@ -108,9 +127,25 @@ def load_factory(path: str) -> Callable:
     return obj
 
 
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """"16x8,16x8,32x16" -> ((16, 8), (16, 8), (32, 16)) (``--shapes``). Raises: ValueError naming
+    shapes for anything but comma-separated MxN with M, N >= 1."""
+    out = []
+    for part in str(text).split(","):
+        m, sep, n = part.strip().lower().partition("x")
+        if not sep or not m.isdigit() or not n.isdigit() or int(m) < 1 or int(n) < 1:
+            raise ValueError(f"shapes: expected comma-separated MxN (e.g. 16x8,16x8,32x16), got {text!r}")
+        out.append((int(m), int(n)))
+    return tuple(out)
+
+
 def _shapes(shapes) -> tuple[tuple[str, tuple[int, int]], ...]:
+    """(label, (m, n)) pairs with unique labels: "MxN" for a shape given once, "MxN#j" for the
+    j-th of a repeated one; a given label repeated gets "#j" too."""
     if shapes is None:
         return DEFAULT_SHARDED_SHAPES
+    if isinstance(shapes, str):
+        shapes = parse_shapes(shapes)
     out = []
     for s in shapes:
         label, shape = (s if len(s) == 2 and isinstance(s[0], str) else (None, s))
@@ -119,7 +154,16 @@ def _shapes(shapes) -> tuple[tuple[str, tuple[int, int]], ...]:
         out.append((label or f"{shape[0]}x{shape[1]}", tuple(shape)))
     if not out:
         raise ValueError("shapes: expected at least one (m, n)")
-    return tuple(out)
+    labels = [lab for lab, _ in out]
+    seen: dict[str, int] = {}
+    unique = []
+    for lab, shape in out:
+        if labels.count(lab) > 1:
+            unique.append((f"{lab}#{seen.get(lab, 0)}", shape))
+            seen[lab] = seen.get(lab, 0) + 1
+        else:
+            unique.append((lab, shape))
+    return tuple(unique)
 
 
 def _select(world_size: int, names) -> list:
@@ -137,115 +181,6 @@ def _select(world_size: int, names) -> list:
             if lay.name.lower() in exact or any(n in lay.name.lower() for n in loose)]
 
 
-def _last_line(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else type(err).__name__
-
-
-def _user_frame_in(text: str) -> str:
-    """"file:line in function" of the last traceback frame in ``text`` (a worker's formatted
-    traceback) outside ortho_verify, torch and Python's own library (else outside torch and the
-    library: the judge's own planted optimizers); "" when there is none."""
-    import re
-    import sysconfig
-
-    skip = [os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-            os.path.dirname(os.path.abspath(__file__)) + os.sep]
-    stdlib = sysconfig.get_paths().get("stdlib")
-    if stdlib:
-        skip.append(os.path.abspath(stdlib) + os.sep)
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', text)
-
-    def outside(roots):
-        return [f for f in frames if not f[0].startswith("<") and not any(
-            os.path.abspath(f[0]).startswith(r) and "site-packages" not in os.path.abspath(f[0])[len(r):] for r in roots)]
-
-    mine = outside(skip) or outside([r for r in skip if r != skip[1]])  # else the judge's own planted code
-    return f"{mine[-1][0]}:{mine[-1][1]} in {mine[-1][2]}" if mine else ""
-
-
-def _run_layout(plan: FactoryPlan, world_size: int, timeout: float, gpu: bool = False
-                ) -> tuple[list | None, str | None]:
-    """Every rank's result of ``layout_rank_run`` (forked gloo workers; spawned NCCL workers, one
-    per GPU, with ``gpu``; or in-process under torchrun), or None and the message of a raising or
-    hanging rank."""
-    if under_torchrun():
-        import torch.distributed as dist
-
-        try:
-            mine = layout_rank_run(dist.get_rank(), world_size, plan)
-        except Exception as err:  # noqa: BLE001 - every rank reports; a rank stuck in a collective cannot be freed
-            mine = {"error": f"rank {dist.get_rank()}: {type(err).__name__}: {err}"}
-        everyone = [None] * world_size
-        dist.all_gather_object(everyone, mine)
-        errors = [r["error"] for r in everyone if "error" in r]
-        return (None, errors[0]) if errors else (everyone, None)
-    try:
-        if gpu:
-            from ortho_verify.sharding.launch import run_gpu_workers
-
-            return run_gpu_workers(world_size, layout_rank_run, plan, timeout=timeout), None
-        return run_workers(world_size, layout_rank_run, plan, timeout=timeout), None
-    except TimeoutError as err:
-        return None, f"hung: {err}"
-    except WorkerError as err:
-        frame = _user_frame_in(str(err))
-        return None, f"raised: {str(err).splitlines()[0]} {_last_line(err)}" + (f" at {frame}" if frame else "")
-
-
-def _split(size: int, parts: int) -> tuple[bool, bool]:
-    """(some shard empty, shards uneven) of ``size`` split in ``parts`` as torch.chunk / DTensor do."""
-    if parts <= 1:
-        return False, False
-    chunk = -(-size // parts)
-    return -(-size // chunk) < parts, size % parts != 0
-
-
-def crash_kind(layout, mesh_shape, shape) -> str:
-    """What a crash of ``layout`` on a matrix of ``shape`` says about the optimizer, from the
-    layout and shape alone (never the message: a user's internal error names neither): "raises on
-    empty shards" when a sharded dim leaves a rank an empty shard (torch.chunk), else "does not take
-    TP placements" when the layout has a TP mesh dim, else "raises on uneven shards" when a sharded
-    dim does not divide, else "raises on this layout"."""
-    parts = {0: 1, 1: 1}
-    for code, size in zip(layout.placements or (), mesh_shape or ()):
-        if code != "R":
-            parts[int(code[-1])] *= size
-    empty = any(_split(shape[d], parts[d])[0] for d in (0, 1))
-    uneven = any(_split(shape[d], parts[d])[1] for d in (0, 1))
-    if empty:
-        return "raises on empty shards"
-    if "tp" in layout.dims:
-        return "does not take TP placements"
-    return "raises on uneven shards" if uneven else "raises on this layout"
-
-
-def _by_shape(factory, lay, mesh_shape, shapes, name, steps, world_size, timeout, conventions, tol, device, gpu):
-    """A layout whose launch raised, judged shape by shape (one launch each, the one-process
-    reference of that shape alone): rows, disagreements, whether any disagree, and the crashes
-    [(kind, "layout / shape")] of the shapes that raised (their ``layout_runs`` rows say which)."""
-    rows, found, numeric, crashes = [], [], False, []
-    for label, shape in shapes:
-        sub = FactoryPlan(factory, lay, mesh_shape, ((label, shape),), name, steps)
-        runs, error = _run_layout(sub, world_size, timeout, gpu)
-        if error is not None:
-            why = crash_kind(lay, mesh_shape, shape)
-            where = input_name(lay.name, label, shape)
-            rows.append(dataclasses.replace(
-                measured("layout_runs", where, "factory and every step on every rank", math.inf, 0.0, f"{why}: {error}"),
-                kind="unsupported", cause=why))
-            found.append({"layout": lay.name, "shape": f"{label} {shape[0]}x{shape[1]}", "worst": math.inf,
-                          "bound": tol, "step": None, "cause": f"{why}: {error}"})
-            crashes.append((why, where))
-            continue
-        reference = one_process_run(factory, ((label, shape),), name, steps, device)
-        r, f, num = layout_rows(sub, runs, None, reference, conventions, tol)
-        rows += r
-        found += f
-        numeric |= num
-    return rows, found, numeric, crashes
-
-
 def _oracle_rows(factory: Callable, conventions, reference: dict, shapes, dtype, steps: int) -> list:
     """``check_optimizer`` on the one-process run (its own inputs), the hyperparameters read from
     the factory's param group under the conventions' names."""
@@ -261,9 +196,87 @@ def _oracle_rows(factory: Callable, conventions, reference: dict, shapes, dtype,
                            param_dtype=dtype, shapes=[s for _, s in shapes], statistical_matrices=0).results
 
 
+def _crash_row(where: str, detail: str, kind: str, error: str):
+    return dataclasses.replace(measured("layout_runs", where, detail, math.inf, 0.0, f"{kind}: {error}"),
+                               kind="unsupported", cause=kind)
+
+
+class _Judge:
+    """One ``check_sharded_optimizer`` run: its settings, the rows so far, the crashes to classify
+    once every layout has run (``crash_kind`` candidates are kept only where the runs confirm them)."""
+
+    def __init__(self, factory, conventions, name, steps, world_size, gpu, device, tol, placement, compute, limits,
+                 timeout):
+        self.factory, self.conventions, self.name, self.steps, self.timeout = factory, conventions, name, steps, timeout
+        self.world_size, self.gpu, self.device, self.tol = world_size, gpu, device, tol
+        self.placement, self.compute, self.limits = placement, compute, limits
+        self.ran: list[tuple] = []  # (layout, mesh_shape, shape) of every run that completed
+        self.pending: list[tuple] = []  # (row index, candidate kind, layout, mesh_shape, shape, where, error)
+        self.rows: list = []
+        self.found: list = []
+
+    def judge(self, plan: FactoryPlan, launch: LaunchResult, reference: dict) -> bool | None:
+        """Rows of a completed launch; True when the weights disagree, None when no claim."""
+        rows, found, numeric = layout_rows(plan, launch.runs, None, reference, self.conventions, self.tol,
+                                           placement=self.placement, compute=self.compute,
+                                           world_size=self.world_size)
+        self.rows += rows
+        self.found += found
+        if launch.runs[0].get("unsupported"):
+            return None
+        self.ran += [(plan.layout, plan.mesh_shape, s) for _, s in plan.shapes]
+        return numeric
+
+    def crash(self, where: str, detail: str, candidate: str, lay, mesh_shape, shape, error: str) -> dict:
+        """A failing "unsupported" row (its kind classified later); returns its disagreement entry."""
+        self.pending.append((len(self.rows), candidate, lay, mesh_shape, shape, where, error))
+        self.rows.append(_crash_row(where, detail, candidate, error))
+        entry = {"layout": lay.name, "shape": where.split(" / ", 1)[1] if " / " in where else None,
+                 "worst": math.inf, "bound": self.tol, "step": None, "cause": f"{candidate}: {error}"}
+        self.found.append(entry)
+        return entry
+
+    def classify(self) -> dict:
+        """The crashes per headline; each pending row's kind made true for what it covers."""
+        crashes: dict = {}
+        for idx, candidate, lay, mesh_shape, shape, where, error in self.pending:
+            kind = candidate if shape is None else headline(candidate, lay, mesh_shape, shape, self.ran)
+            self.rows[idx] = _crash_row(where, self.rows[idx].detail, kind, error)
+            for d in self.found:
+                if d["cause"] == f"{candidate}: {error}" and d["layout"] == lay.name:
+                    d["cause"] = f"{kind}: {error}"
+            crashes.setdefault(kind, []).append(where)
+        return crashes
+
+
+def _by_shape(j: _Judge, lay, mesh_shape, shapes, limit: float) -> tuple[bool, int]:
+    """A layout whose combined launch raised, rerun one distinct shape at a time (every parameter
+    of that shape together, with the combined run's seeds; the one-process reference of those
+    parameters alone) to localize the crash. Returns (any numeric disagreement, shapes that raised)."""
+    numeric, raised = False, 0
+    groups: dict[tuple, list[int]] = {}
+    for i, (_, shape) in enumerate(shapes):
+        groups.setdefault(shape, []).append(i)
+    for shape, idx in groups.items():
+        sub = FactoryPlan(j.factory, lay, mesh_shape, tuple(shapes[i] for i in idx), j.name, j.steps, tuple(idx))
+        launch = run_layout(sub, j.world_size, j.timeout, j.gpu, idle_timeout=limit)
+        if launch.error is not None:
+            raised += 1
+            where = input_name(lay.name, shapes[idx[0]][0], shape) if len(idx) == 1 else \
+                f"{lay.name} / {shape[0]}x{shape[1]} (all {len(idx)})"
+            kind = BACKEND_KIND if launch.feature else ("hung" if launch.hung else crash_kind(lay, mesh_shape, shape))
+            j.crash(where, f"factory and every step on every rank, the {shape[0]}x{shape[1]} parameters alone", kind,
+                    lay, mesh_shape, None if launch.hung or launch.feature else shape, launch.error)
+            continue
+        reference = one_process_run(j.factory, sub.shapes, j.name, j.steps, j.device, seeds=sub.seeds)
+        numeric |= bool(j.judge(sub, launch, reference))
+    return numeric, raised
+
+
 def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: int = 4,
                             layouts: Sequence[str] | None = None, shapes=None, dtype=torch.float64, steps: int = 3,
-                            timeout: float = 120.0, device=None) -> ShardedReport:
+                            timeout: float = 120.0, device=None, state_placement: str | None = None,
+                            compute_dtype=None, hang_floor: float = 5.0) -> ShardedReport:
     """Check a distributed optimizer on every mesh layout against its own one-process run.
 
     ``factory(params, layout)`` builds the optimizer: ``layout`` None for the one-process run on
@@ -272,32 +285,59 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
     sub-meshes or None, microsoft/dion's names; ``process_group`` for DDP-style optimizers;
     ``shard_mesh``), with the parameters DTensors of those placements (plain replicated tensors
     for DDP). It may return None for a layout it does not support (a "no claim" row).
-    Each parameter (m, n) of ``shapes`` (default ``DEFAULT_SHARDED_SHAPES``) starts from the same
-    seeded full tensor in ``dtype`` (float64 or float32) and gets the same gradients on every rank
-    (``ortho_verify.sharding.initial_weight`` / ``gradient``) for ``steps`` steps.
+    Each parameter (m, n) of ``shapes`` (default ``DEFAULT_SHARDED_SHAPES``: repeated shapes in
+    counts that do not divide the world size, shapes seen once, uneven and empty shards; a
+    sequence of (m, n) or (label, (m, n)), or a string "16x8,16x8,32x16"; labels made unique,
+    "16x8#0", "16x8#1") starts from the same seeded full tensor in ``dtype`` (float64 or float32)
+    and gets the same gradients on every rank (``ortho_verify.sharding.initial_weight`` /
+    ``gradient``) for ``steps`` steps.
     ``layouts``: names of ``SHARDED_LAYOUTS`` entries that fit ``world_size`` (case-insensitive;
-    a full name selects that layout alone, a part of a name every layout containing it). ``conventions``: ``MuonConventions`` / ``DionConventions``: the one-process run is
-    also checked against the oracle (``check_optimizer``, hyperparameters from its param group),
-    and a Dion's disagreement is replayed in both orientations (``ortho_verify.sharding.diagnosis``).
-    Each layout runs as its own launch of ``world_size`` forked gloo workers on CPU (killed after
-    ``timeout`` seconds; a raising, hanging or placement-losing layout gives a failing row and the
-    others still run); under torchrun in-process on the launched ranks (NCCL on GPUs; no
-    ``timeout`` there: a rank that never joins a collective blocks the job).
-    A layout whose launch raises is run again shape by shape: the optimizer is judged on the shapes
-    it takes, and each shape that raises gets a failing ``layout_runs`` row of kind "unsupported"
-    classified by the layout and shape (``crash_kind``: "raises on empty shards", "does not take TP
-    placements", ...; summed up in ``report.crashes``).
+    a full name selects that layout alone, a part of a name every layout containing it).
+    ``conventions``: ``MuonConventions`` / ``DionConventions``: the one-process run is also
+    checked against the oracle (``check_optimizer``, hyperparameters from its param group), and a
+    Dion's disagreement is replayed in both orientations (``ortho_verify.sharding.diagnosis``).
+    ``compute_dtype``: the dtype the optimizer's Newton–Schulz runs in ("float64", "float32",
+    "bfloat16", "float16" or a torch dtype); None: the conventions' ``ns_dtype``, else bfloat16
+    for torch.optim.Muon, else the parameter dtype. Where it is bfloat16 / float16 below
+    ``dtype``, each step's update (read out of the weights with the conventions' lr scale and
+    weight decay; torch.optim.Muon's conventions for it, else ``MuonConventions()``) is compared
+    with one process's under ``ortho_verify.tolerances.sharded_compute_tolerance`` (two
+    evaluations of the same map in that precision that differ in reduction order); else the full
+    weights under the layout contract ``sharded_tolerance(dtype)`` (float32 / float64 agreement).
+    ``report.compute`` says which and why.
+    ``state_placement``: "replicated", "sharded", "owner" (ZeRO-1: the full state on the rank that
+    owns the parameter) or None (recognized per parameter from what the ranks hold); the state is
+    compared as the union over ranks (keys and full shapes of one process's); a declared
+    placement the ranks do not hold fails ``state_gathers``.
+    Each layout runs as its own launch of ``world_size`` forked gloo workers on CPU; under
+    torchrun in-process on the launched ranks (NCCL on GPUs; no time limit there). A launch is
+    killed once every rank sits idle (blocked in a collective; ``ortho_verify.workers.run_workers``'s
+    ``idle_timeout``) after ``HANG_FACTOR`` times the slowest layout so far (until one completes:
+    a second, warm one-process run's time times ``world_size``), at least ``hang_floor`` seconds;
+    ranks still computing run on to ``timeout`` (``report.limits``); a hung layout is a failing
+    row and the others run.
+    A launch that raises is a failing ``layout_runs`` row of kind "unsupported" with the error
+    and the frame in the user's code (``ortho_verify.sharding.crashes.user_frame_in``); an
+    error naming a feature the backend lacks ("Work::getFuture not implemented" on gloo) is
+    "unsupported on this backend" (run with NCCL on GPUs: ``device="cuda"`` or torchrun). Else
+    the layout is rerun one distinct shape at a time to localize the crash: the shapes that run
+    are judged, each that raises gets its own row, headlined "raises on empty shards" / "raises
+    on uneven shards" / "does not take TP placements" only where the runs that completed confirm
+    it (else "raises on this layout"), and a combined crash that no shape alone reproduces is
+    "raises on this mix of parameters" (``report.crashes``).
     ``device``: None or "cpu" (gloo workers on CPU, as above) or "cuda": one spawned rank per GPU
-    (rank r on cuda:r) with the NCCL backend, the parameters built on the CPU in float64, rounded
-    to ``dtype`` and moved (the factory must then be picklable: defined at module level); under
-    torchrun the launched ranks are used as they are.
-    Returns: ``ShardedReport`` (rows, ``disagreements`` with their causes, ``patterns``, ``crashes``;
-    ``summary()``).
+    (rank r on cuda:r) with the NCCL backend (the factory must then be picklable: defined at
+    module level); under torchrun the launched ranks are used as they are.
+    Returns: ``ShardedReport`` (rows, ``disagreements`` with their causes, ``patterns``,
+    ``crashes``, ``compute``, ``limits``; ``summary()``).
     Raises: TypeError for a non-callable factory, conventions of another type, or a dtype other
     than float64 / float32; ValueError for world_size < 1, steps < 1 (< 2 with DionConventions),
-    timeout <= 0, bad shapes or a ``layouts`` filter matching nothing. What the factory raises in
-    the one-process run is re-raised (there is nothing to compare with).
+    timeout <= 0, hang_floor <= 0, bad shapes, an unknown state_placement or compute_dtype, or a
+    ``layouts`` filter matching nothing. What the factory raises in the one-process run is
+    re-raised (there is nothing to compare with).
     """
+    import time
+
     if not callable(factory):
         raise TypeError(f"factory: expected a callable factory(params, layout), got {type(factory).__name__}")
     if conventions is not None and not isinstance(conventions, (MuonConventions, DionConventions)):
@@ -307,9 +347,13 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
     first = 2 if isinstance(conventions, DionConventions) else 1
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < first:
         raise ValueError(f"steps: expected an int >= {first}, got {steps!r}")
-    if not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
+    for arg, value in (("timeout", timeout), ("hang_floor", hang_floor)):
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0):
+            raise ValueError(f"{arg}: expected seconds > 0, got {value!r}")
+    placement = _checked_placement(state_placement)
     shapes = _shapes(shapes)
+    if compute_dtype is not None:
+        resolve_compute(compute_dtype, None, None, name)  # ValueError naming compute_dtype, before any launch
     from ortho_verify.devices import resolve_device
 
     dev = resolve_device(device)  # TypeError / ValueError naming device
@@ -332,40 +376,69 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
     tol = sharded_tolerance(name)
     device = "cuda" if (under_torchrun() and torch.cuda.is_available()) or gpu else "cpu"
     reference = one_process_run(factory, shapes, name, steps, device)
+    begun = time.perf_counter()  # timed again, warm: the first run pays for imports and lazy initialization
+    one_process_run(factory, shapes, name, steps, device)
+    one_time = time.perf_counter() - begun
+    compute = resolve_compute(compute_dtype, conventions, reference.get("type"), name)
     target = getattr(factory, "__qualname__", type(factory).__name__)
     report = ShardedReport(f"{getattr(factory, '__module__', '')}.{target} on {len(chosen)} layouts", [],
                            {}, world_size=world_size, layouts=[lay.name for lay, _ in chosen])
-    failing, passing, by_shape = [], [], set()
+    report.compute = (f"{compute.dtype}, {compute.why}: " + (
+        "each step's update against one process's within sharded_compute_tolerance (two evaluations of the same "
+        "map in that precision, differing in reduction order)" if compute.low else
+        f"the full weights against one process's within the {name} layout contract ({tol:.0e})"))
+    j = _Judge(factory, conventions, name, steps, world_size, gpu, device, tol, placement, compute, report.limits,
+               float(timeout))
+    failing, passing, slowest, timed = [], [], world_size * one_time, False
     for lay, mesh_shape in chosen:
+        limit = min(float(timeout), max(float(hang_floor), HANG_FACTOR * slowest))
         plan = FactoryPlan(factory, lay, mesh_shape, shapes, name, steps)
-        runs, error = _run_layout(plan, world_size, timeout, gpu)
-        if error is not None and len(shapes) > 1 and not error.startswith("hung"):
-            # judged on the shapes it runs; the ones that raise are classified by layout and shape
-            rows, found, numeric, crashes = _by_shape(factory, lay, mesh_shape, shapes, name, steps, world_size,
-                                                      timeout, conventions, tol, device, gpu)
-            by_shape.add(lay.name)
-            for why, where in crashes:
-                report.crashes.setdefault(why, []).append(where)
-            if len(crashes) < len(shapes):
+        started = time.perf_counter()
+        launch = run_layout(plan, world_size, float(timeout), gpu, idle_timeout=limit)
+        wall = time.perf_counter() - started
+        report.limits[lay.name] = {"limit_s": round(limit, 1), "wall_s": round(wall, 1)}
+        if launch.error is None:
+            slowest = max(slowest, wall) if timed else wall
+            timed = True
+            numeric = j.judge(plan, launch, reference)
+            if numeric is not None:
                 (failing if numeric else passing).append(lay)
-        else:
-            rows, found, numeric = layout_rows(plan, runs, error, reference, conventions, tol)
-            if error is not None and not error.startswith("hung"):
-                why = crash_kind(lay, mesh_shape, shapes[0][1]) if len(shapes) == 1 else "raises on this layout"
-                report.crashes.setdefault(why, []).append(lay.name)
-                rows = [dataclasses.replace(r, kind="unsupported") if r.check == "layout_runs" and not r.passed
-                        else r for r in rows]
-            if error is None and not (runs and runs[0].get("unsupported")):
-                (failing if numeric else passing).append(lay)
-        report.results += rows
-        report.disagreements += found
+            continue
+        if launch.hung:
+            j.crash(lay.name, "factory and every step on every rank", "hung", lay, mesh_shape, None,
+                    f"{launch.error.removeprefix('hung: ')} (idle limit {limit:.1f} s: {HANG_FACTOR:g}x the slowest "
+                    f"layout so far, at least "
+                    f"hang_floor {hang_floor:g} s; ranks still computing run on to timeout {timeout:g} s)")
+            continue
+        if launch.feature:
+            j.crash(lay.name, "factory and every step on every rank", f"{BACKEND_KIND}", lay, mesh_shape, None,
+                    f"the optimizer needs {launch.feature}, which the {launch.backend} backend lacks (run on GPUs "
+                    f"with NCCL: device='cuda' or torchrun); {launch.error}")
+            continue
+        distinct = {s for _, s in shapes}
+        if len(distinct) == 1:
+            j.crash(lay.name, "factory and every step on every rank", crash_kind(lay, mesh_shape, shapes[0][1]), lay,
+                    mesh_shape, shapes[0][1], launch.error)
+            continue
+        # the combined run's crash is the verdict; the reruns per shape only localize it
+        idx = len(j.rows)
+        entry = j.crash(lay.name, "factory and every step on every rank, all parameters together", COMBINED_KIND,
+                        lay, mesh_shape, None, launch.error)
+        numeric, raised = _by_shape(j, lay, mesh_shape, shapes, limit)
+        if raised:  # shapes that raise alone account for it: the row stays, its headline in their rows
+            j.pending = [p for p in j.pending if p[0] != idx]
+            j.rows[idx] = _crash_row(lay.name, j.rows[idx].detail, "raises (see the rows per shape)", launch.error)
+            entry["cause"] = f"raises (see the rows per shape): {launch.error}"
+        (failing if numeric else passing).append(lay)
+    report.crashes = j.classify()
+    report.results += j.rows
+    report.disagreements += j.found
     report.patterns = layout_pattern(failing, passing)
     for i, (label, shape) in enumerate(shapes):
         for lay, _ in chosen:
-            k = 0 if lay.name in by_shape else i  # a layout run shape by shape gave each shape index 0
-            arrays = {"weight0": initial_weight(k, shape, getattr(torch, name)).double().numpy()}
-            how = (f"ortho_verify.sharding.initial_weight({k}, {shape}, torch.{name}); gradients "
-                   f"ortho_verify.sharding.gradient({k}, step, 0, {shape}, torch.{name})")
+            arrays = {"weight0": initial_weight(i, shape, getattr(torch, name)).double().numpy()}
+            how = (f"ortho_verify.sharding.initial_weight({i}, {shape}, torch.{name}); gradients "
+                   f"ortho_verify.sharding.gradient({i}, step, 0, {shape}, torch.{name})")
             report.inputs[input_name(lay.name, label, shape)] = (arrays, how)
     if conventions is not None:
         report.results += _oracle_rows(factory, conventions, reference, shapes, getattr(torch, name), steps)

@@ -61,15 +61,58 @@ def _child(rank: int, world_size: int, store_path: str, fn: Callable, args: tupl
     os._exit(0)
 
 
+def _cpu_seconds(pids: list[int]) -> float | None:
+    """User + system CPU seconds of the processes ``pids`` and all their descendants (a rank's
+    compile workers: inductor compiles in a pool of subprocesses), with their reaped children's,
+    read from Linux /proc, together with every other descendant of this process (a compile pool
+    started here before the fork, which the ranks may wait on); None where /proc is unreadable."""
+    try:
+        stats = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue  # exited meanwhile
+                stats[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
+    except (OSError, ValueError, IndexError):
+        return None
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    todo = [p for p in pids if p in stats] + children.get(os.getpid(), [])
+    total, seen = 0, set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += stats[pid][1]
+        todo += children.get(pid, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+#: A launch counts as idle (hung) when its live ranks used less than this fraction of one core
+#: each over the last poll interval (a rank blocked in a collective sleeps in the kernel).
+IDLE_CPU_FRACTION = 0.05
+
+
 def run_workers(world_size: int, fn: Callable[..., Any], *args, timeout: float = DEFAULT_TIMEOUT,
-                backend: str = "gloo") -> list:
+                backend: str = "gloo", idle_timeout: float | None = None) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; returns the results in rank order.
 
     ``backend``: "gloo" forks CPU ranks; "nccl" spawns one rank per GPU (rank r on cuda:r; CUDA
     cannot be forked, so ``fn`` and ``args`` must pickle: a function defined at module level).
+    ``idle_timeout``: from this many seconds on, the children are killed as soon as every live rank
+    is idle (below ``IDLE_CPU_FRACTION`` of a core over the last poll, with its subprocesses, read
+    from /proc: blocked in a collective, sleeping), while ranks that compute (a first-call
+    compilation, in the rank or in its compile workers) run on until
+    ``timeout``; where /proc is unreadable, ``idle_timeout`` is the limit.
     Raises: ValueError naming ``world_size`` unless an int >= 1, or ``backend`` unless "gloo" /
-    "nccl"; TimeoutError after ``timeout`` seconds (the children are killed); WorkerError if a rank
-    raised (the first failing rank's traceback; the other ranks are killed, they may be waiting on it).
+    "nccl"; TimeoutError after ``timeout`` seconds, or after ``idle_timeout`` with every live rank
+    idle (the children are killed); WorkerError if a rank raised (the first failing rank's
+    traceback; the other ranks are killed, they may be waiting on it).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
@@ -87,9 +130,26 @@ def run_workers(world_size: int, fn: Callable[..., Any], *args, timeout: float =
             procs.append(proc)
             conns.append(parent)
         results: dict[int, tuple] = {}
-        deadline = time.monotonic() + timeout
+        begun = time.monotonic()
+        deadline = begun + timeout
+        sample = None  # (time, CPU seconds of the live ranks)
         try:
             while len(results) < world_size:
+                now = time.monotonic()
+                if idle_timeout is not None and now - begun >= idle_timeout - 1.0:
+                    live = [p.pid for r, p in enumerate(procs) if r not in results and p.is_alive()]
+                    total = _cpu_seconds(live)
+                    if live and total is None and now - begun >= idle_timeout:
+                        raise TimeoutError(f"run_workers: ranks {sorted(set(range(world_size)) - set(results))} of "
+                                           f"{world_size} did not finish within {idle_timeout:g} s")
+                    total = total or 0.0
+                    if sample is not None and now - begun >= idle_timeout and live and \
+                            total - sample[1] < IDLE_CPU_FRACTION * (now - sample[0]) * len(live):
+                        missing = sorted(set(range(world_size)) - set(results))
+                        raise TimeoutError(f"run_workers: ranks {missing} of {world_size} did not finish within "
+                                           f"{now - begun:.1f} s and sat idle, with their subprocesses (blocked: a "
+                                           f"collective not joined by every rank hangs)")
+                    sample = (now, total)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = sorted(set(range(world_size)) - set(results))

@@ -31,5 +31,5 @@ def test_examples_run_as_written(name, capsys):
     exec(compile(_example(name), name, "exec"), {"__name__": "__main__"})
     if name == "sharded_dion_example.py":
         out = capsys.readouterr().out
-        quoted = re.search(r"```\n(FSDP Shard\(0\) / tall 16x8: .*?)\n\.\.\.", DOC.read_text(), re.S).group(1)
+        quoted = re.search(r"```\n(FSDP Shard\(0\) / 16x8#0: .*?)\n\.\.\.", DOC.read_text(), re.S).group(1)
         assert " ".join(quoted.split()) in " ".join(out.split())

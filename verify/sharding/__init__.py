@@ -32,9 +32,12 @@ code runs in-process, with NCCL on CUDA when available. ``main(argv)`` is the co
 ``ortho_verify.check_sharded_optimizer`` runs anyone's distributed optimizer on the same
 catalogue (``SHARDED_LAYOUTS``), inputs and launcher: ``tensors`` (placing and assembling),
 ``mesh_layout`` (``ShardedLayout``, what a factory is told), ``factory_run`` (one process and one
-layout's ranks), ``analysis`` (rows), ``diagnosis`` (causes), ``factories`` (ortho_fast's Dion and
-Muon through it), ``planted_optimizers`` (distributed optimizers with planted bugs), ``user_cli``
-(``--optimizer``).
+layout's ranks), ``user_launch`` (one launch and what came back), ``analysis`` (rows),
+``compute`` (the compute dtype and the bfloat16 update rows), ``placement`` (state placement),
+``crashes`` (frames, backend features, headlines), ``diagnosis`` (causes), ``factories``
+(ortho_fast's Dion and Muon through it), ``planted_optimizers`` (distributed optimizers with
+planted bugs), ``planted_designs`` (ZeRO-1 batched and future-waiting distributed Muons),
+``user_cli`` (``--optimizer``).
 
 Modules: ``layouts`` (the catalogue), ``inputs`` (seeded matrices), ``planted`` (planted bugs),
 ``steps`` (one layout on a rank), ``launch`` (workers / torchrun), ``volumes`` (analytic
@@ -63,6 +66,10 @@ from ortho_verify.sharding.planted_optimizers import (CRASHES, MUON_BUGS, ORIENT
                                                       PlantedMuon, crashing_muon_factory, planted_muon_factory)
 from ortho_verify.sharding.planted_dion2 import DION2_BUGS, PlantedDion2, dion2_factory, planted_dion2_factory
 from ortho_verify.sharding.dion2_reference import dion2_local_reference, selected_dim_shards
+from ortho_verify.sharding.crashes import backend_feature, headline, user_frame_in
+from ortho_verify.sharding.placement import STATE_PLACEMENTS, recognize
+from ortho_verify.sharding.planted_designs import (FutureMuon, OwnerBatchMuon, future_muon_factory,
+                                                   owner_batch_muon_factory)
 
 __all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory", "dion2_local_reference",
            "selected_dim_shards", "Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS", "DOCS_PATH", "layouts_for",
@@ -77,4 +84,5 @@ __all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory
            "one_process_run", "FEATURES", "dion_replay", "layout_features", "layout_pattern", "moved_fraction",
            "dion_factory", "muon_factory", "MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon", "planted_muon_factory", "digest",
            "full_copy", "is_dtensor", "place", "relative_difference", "CRASHES", "CrashingMuon",
-           "crashing_muon_factory"]
+           "crashing_muon_factory", "backend_feature", "headline", "user_frame_in", "STATE_PLACEMENTS", "recognize",
+           "FutureMuon", "OwnerBatchMuon", "future_muon_factory", "owner_batch_muon_factory"]

@@ -17,18 +17,20 @@ __all__ = ["input_name", "layout_rows"]
 
 
 def input_name(layout_name: str, label: str, shape) -> str:
-    """The report's input name of one (layout, shape)."""
-    return f"{layout_name} / {label} {shape[0]}x{shape[1]}"
+    """The report's input name of one (layout, shape): "layout / label mxn", or "layout / label"
+    when the label starts with the shape ("16x8#1")."""
+    dims = f"{shape[0]}x{shape[1]}"
+    return f"{layout_name} / {label}" if label.split("#")[0] == dims else f"{layout_name} / {label} {dims}"
 
 
 def _state_note(got: dict, want: dict) -> str:
-    """'' when the assembled state has one process's keys and shapes, else what differs."""
+    """'' when the assembled state (key -> shape) has one process's keys and shapes, else what differs."""
     diffs = []
     for key in sorted(set(got) | set(want)):
         if key not in got or key not in want:
             diffs.append(f"{key}: {'only here' if key in got else 'missing here'}")
-        elif got[key].shape != want[key].shape:
-            diffs.append(f"{key}: {tuple(got[key].shape)} here, {tuple(want[key].shape)} in one process")
+        elif tuple(got[key]) != tuple(want[key]):
+            diffs.append(f"{key}: {tuple(got[key])} here, {tuple(want[key])} in one process")
     return "; ".join(diffs) + ("; a checkpoint cannot move between this layout and one process" if diffs else "")
 
 
@@ -126,15 +128,17 @@ def _basis(plan, i: int, run: dict, conventions, tol: float) -> str:
     return ""
 
 
-def _cause(plan, i: int, runs: list[dict], reference: dict, conventions, tol: float, first_bad: int | None) -> str:
-    """The most specific explanation of parameter i's disagreement (see ``ortho_verify.sharding.diagnosis``)."""
+def _cause(plan, i: int, runs: list[dict], reference: dict, conventions, tol: float, first_bad: int | None,
+           placement: str | None = None) -> str:
+    """The most specific explanation of parameter i's disagreement (see ``ortho_verify.sharding.diagnosis``);
+    ``placement``: the recognized state placement (state that differs across ranks by it is no cause)."""
     run, causes = runs[0], []
     spread = max(relative_difference(r["weights"][t][i], run["weights"][t][i]) for r in runs for t in range(plan.steps))
     if spread > 0:
         causes.append(f"the ranks hold different full weights (up to {spread:.1e} apart): a broadcast or reduction "
                       "that reaches only some ranks")
     shapes = {r["rank"]: {k: tuple(v.shape) for k, v in r["state"][i].items()} for r in runs}
-    if len({repr(s) for s in shapes.values()}) > 1:
+    if placement is None and len({repr(s) for s in shapes.values()}) > 1:
         per_rank = ", ".join(f"rank {k}: {v}" for k, v in shapes.items())
         causes.append(f"the ranks hold state of different shapes ({per_rank}): a choice made per rank from its own "
                       "shard (e.g. the orientation from the local shard's shape)")
@@ -165,10 +169,18 @@ def plan_initial(plan, i: int) -> torch.Tensor:
 
 
 def layout_rows(plan, runs: list[dict] | None, error: str | None, reference: dict, conventions,
-                tol: float) -> tuple[list, list[dict], bool]:
+                tol: float, *, placement: str | None = None, compute=None,
+                world_size: int = 1) -> tuple[list, list[dict], bool]:
     """(CheckResult rows, disagreements, whether the weights disagree with one process) of one
     layout. ``runs``: every rank's ``layout_rank_run`` result, or None with ``error`` (the factory
-    raised, a rank hung, a parameter lost its placement)."""
+    raised, a rank hung, a parameter lost its placement). ``placement``: the declared state
+    placement (``ortho_verify.sharding.placement``; None: recognized). ``compute``: a
+    ``ComputeModel``; where low (bfloat16 / float16) each step's update is compared under
+    ``sharded_compute_tolerance`` (``ortho_verify.sharding.compute.update_rows``) instead of the
+    weights under ``tol``."""
+    from ortho_verify.sharding.compute import update_rows
+    from ortho_verify.sharding.placement import recognize
+
     name = plan.layout.name
     if error is not None:
         return [measured("layout_runs", name, "factory and every step on every rank", math.inf, 0.0, error)], \
@@ -176,23 +188,41 @@ def layout_rows(plan, runs: list[dict] | None, error: str | None, reference: dic
     if runs[0].get("unsupported"):
         return [no_claim("layout_runs", name, "factory", "the factory returned None: layout not supported")], [], False
     rows, found, numeric = [measured("layout_runs", name, "factory and every step on every rank", 0.0, 0.0)], [], False
+    low = compute is not None and compute.low
+    if low:
+        upd, upd_found, numeric = update_rows(plan, runs, reference, compute, world_size)
+        rows += upd
+        bad_steps = {d["shape"]: (d["step"] - 1, d) for d in upd_found}
     for i, (label, shape) in enumerate(plan.shapes):
         inp = input_name(name, label, shape)
         errs = [relative_difference(runs[0]["weights"][t][i], reference["weights"][t][i]) for t in range(plan.steps)]
-        rows += [measured("sharded_vs_one_process", inp, f"full weights, step {t + 1}, {plan.dtype}", e, tol)
-                 for t, e in enumerate(errs)]
+        if not low:
+            rows += [measured("sharded_vs_one_process", inp, f"full weights, step {t + 1}, {plan.dtype}", e, tol)
+                     for t, e in enumerate(errs)]
         spread = max(relative_difference(r["weights"][t][i], runs[0]["weights"][t][i])
                      for r in runs for t in range(plan.steps))
         rows.append(measured("ranks_agree", inp, f"every rank's full weights equal rank 0's ({len(runs)} ranks)",
                              spread, 0.0))
-        note = _state_note(runs[0]["state"][i], reference["state"][i])
-        rows.append(measured("state_gathers", inp, "state after the run: keys and shapes of one process's",
+        held, union, how = recognize(i, runs, reference["state"][i])
+        note = _state_note(union, {k: tuple(v.shape) for k, v in reference["state"][i].items()})
+        if held is None:
+            note = "; ".join(x for x in (how, note) if x)
+        elif placement is not None and held != placement:
+            note = "; ".join(x for x in (f"state_placement {placement!r} declared, but {how}", note) if x)
+        rows.append(measured("state_gathers", inp, f"state after the run, union over ranks ({held or 'unrecognized'} "
+                                                   "placement): keys and shapes of one process's",
                              math.inf if note else 0.0, 0.0, note))
-        bad = [t for t, e in enumerate(errs) if not e <= tol]
+        if low:
+            first, entry = bad_steps.get(inp.split(" / ", 1)[1], (None, None))
+            bad = [] if first is None else [first]
+        else:
+            bad = [t for t, e in enumerate(errs) if not e <= tol]
+            entry = None
         numeric |= bool(bad)
         if bad or spread > 0 or note:
-            cause = _cause(plan, i, runs, reference, conventions, tol, bad[0] if bad else None)
-            found.append({"layout": name, "shape": f"{label} {shape[0]}x{shape[1]}", "worst": max(errs),
-                          "bound": tol, "step": bad[0] + 1 if bad else None,
+            cause = _cause(plan, i, runs, reference, conventions, tol, bad[0] if bad else None, held)
+            found.append({"layout": name, "shape": inp.split(" / ", 1)[1],
+                          "worst": entry["worst"] if entry else max(errs),
+                          "bound": entry["bound"] if entry else tol, "step": bad[0] + 1 if bad else None,
                           "cause": "; ".join(c for c in (cause, note) if c) or "no specific cause found"})
     return rows, found, numeric

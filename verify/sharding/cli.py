@@ -54,6 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu: forked gloo workers (default); cuda: one NCCL rank per GPU (needs --world-size "
                              "GPUs; under torchrun the launched ranks decide)")
+    parser.add_argument("--shapes", metavar="MxN,...",
+                        help="with --optimizer: the parameters' shapes, e.g. 16x8,16x8,32x16 (repeats allowed; "
+                             "default: ortho_verify.sharded_check.DEFAULT_SHARDED_SHAPES)")
+    parser.add_argument("--state-placement", choices=("replicated", "sharded", "owner"),
+                        help="with --optimizer: where the optimizer keeps its state (default: recognized from what "
+                             "the ranks hold)")
+    parser.add_argument("--compute-dtype", choices=("float64", "float32", "bfloat16", "float16"),
+                        help="with --optimizer: the dtype its Newton–Schulz runs in (default: the conventions', "
+                             "bfloat16 for torch.optim.Muon, else the parameter dtype)")
+    parser.add_argument("--hang-floor", type=_positive_seconds, default=5.0,
+                        help="with --optimizer: the least seconds a layout's launch may take before it counts as "
+                             "hung (the limit is 5x the slowest layout so far, at most --timeout; default 5)")
     parser.add_argument("--timeout", type=_positive_seconds, default=TIMEOUT,
                         help=f"seconds per launch before the workers are killed (default {TIMEOUT:g})")
     return parser
@@ -85,6 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().error(f"--device cuda runs one rank per GPU: --world-size {max(args.world_size)} needs "
                              f"{max(args.world_size)} GPUs, {gpus} available")
     check_folder(build_parser(), "--out", args.out)  # before any launch
+    if args.shapes is not None:
+        from ortho_verify.sharded_check import parse_shapes
+
+        try:
+            args.shapes = parse_shapes(args.shapes)
+        except ValueError as err:
+            build_parser().error(f"--shapes: {err}")
     dtypes = tuple(args.dtype or DTYPES)
     if args.optimizer:
         return optimizer_main(args, dtypes)

@@ -28,6 +28,13 @@ class FactoryPlan:
     shapes: tuple[tuple[str, tuple[int, int]], ...]
     dtype: str
     steps: int
+    #: the seed index of each parameter (None: its position): a rerun of some of the parameters
+    #: keeps the inputs of the combined run.
+    seeds: tuple[int, ...] | None = None
+
+    def seed(self, i: int) -> int:
+        """Parameter i's seed index of ``initial_weight`` / ``gradient``."""
+        return i if self.seeds is None else self.seeds[i]
 
 
 def _checked_optimizer(opt, where: str):
@@ -53,16 +60,29 @@ def _state(opt, params: list) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def one_process_run(factory: Callable, shapes, dtype: str, steps: int, device="cpu", inputs=None) -> dict:
+def _state_kinds(opt, params: list) -> list[dict[str, str]]:
+    """Per parameter, per state tensor: "dtensor" or "plain" (what this rank holds)."""
+    out = []
+    for p in params:
+        entry = opt.state.get(p, {}) if hasattr(opt.state, "get") else {}
+        out.append({str(k): "dtensor" if is_dtensor(v) else "plain" for k, v in entry.items()
+                    if isinstance(v, torch.Tensor)})
+    return out
+
+
+def one_process_run(factory: Callable, shapes, dtype: str, steps: int, device="cpu", inputs=None,
+                    seeds=None) -> dict:
     """``factory(params, None)`` on plain full tensors (``torch.nn.Parameter``), stepped ``steps``
     times. ``inputs``: (initial weights, per step gradients) replacing the seeded ones (the
-    local-shard reference). Returns "weights" (per step, per parameter, float64 CPU), "state"
-    (``opt.state`` tensors per parameter after step 1 and after the last step: "state_first",
-    "state") and "hyper" (``hyperparameters``). Raises what the factory or the step raises."""
+    local-shard reference); ``seeds``: the seed index of each parameter (default its position).
+    Returns "weights" (per step, per parameter, float64 CPU), "state" (``opt.state`` tensors per
+    parameter after step 1 and after the last step: "state_first", "state"), "hyper"
+    (``hyperparameters``) and "type" (the optimizer's class). Raises what the factory or the step raises."""
     dt = getattr(torch, dtype)
     if inputs is None:
-        inputs = ([initial_weight(i, s, dt) for i, (_, s) in enumerate(shapes)],
-                  [[gradient(i, t, 0, s, dt) for i, (_, s) in enumerate(shapes)] for t in range(steps)])
+        ids = list(range(len(shapes))) if seeds is None else list(seeds)
+        inputs = ([initial_weight(ids[i], s, dt) for i, (_, s) in enumerate(shapes)],
+                  [[gradient(ids[i], t, 0, s, dt) for i, (_, s) in enumerate(shapes)] for t in range(steps)])
     params = [torch.nn.Parameter(w.to(device).clone()) for w in inputs[0]]
     opt = _checked_optimizer(factory(params, None), "the one-process run (layout None)")
     weights, first = [], None
@@ -73,7 +93,8 @@ def one_process_run(factory: Callable, shapes, dtype: str, steps: int, device="c
         weights.append([p.detach().to("cpu", torch.float64, copy=True) for p in params])
         if t == 0:
             first = _state(opt, params)
-    return {"weights": weights, "state_first": first, "state": _state(opt, params), "hyper": hyperparameters(opt)}
+    return {"weights": weights, "state_first": first, "state": _state(opt, params), "hyper": hyperparameters(opt),
+            "type": type(opt)}
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -112,7 +133,9 @@ def layout_rank_run(rank: int, world_size: int, plan: FactoryPlan) -> dict:
     weights per step ("weights"), the assembled state after step 1 and at the end, the
     hyperparameters, and "local_shard": per parameter the relative difference between this rank's
     shard and the one-process run of the same factory on that shard alone (None if not
-    comparable). "unsupported" when the factory returned None. Raises what the factory or a
+    comparable), "state_kinds" (per parameter, per state key: "dtensor" or "plain") and
+    "local_shapes" (this rank's shard shape per parameter: state placement is recognized from
+    them). "unsupported" when the factory returned None. Raises what the factory or a
     step raises, and ValueError when a parameter stops being a DTensor of the layout's placements."""
     import logging
 
@@ -126,7 +149,7 @@ def layout_rank_run(rank: int, world_size: int, plan: FactoryPlan) -> dict:
     lay, dt = plan.layout, getattr(torch, plan.dtype)
     mesh = init_device_mesh(device.type, plan.mesh_shape, mesh_dim_names=lay.dims)
     view = sharded_layout(lay, mesh)
-    params = [torch.nn.Parameter(place(initial_weight(i, s, dt), lay, mesh, device))
+    params = [torch.nn.Parameter(place(initial_weight(plan.seed(i), s, dt), lay, mesh, device))
               for i, (_, s) in enumerate(plan.shapes)]
     local_start = [_local(p) for p in params]
     opt = plan.factory(params, view)
@@ -137,7 +160,7 @@ def layout_rank_run(rank: int, world_size: int, plan: FactoryPlan) -> dict:
     weights, local_grads, first = [], [], None
     for t in range(plan.steps):
         for i, (p, (_, s)) in enumerate(zip(params, plan.shapes)):
-            p.grad = place(gradient(i, t, 0, s, dt), lay, mesh, device)
+            p.grad = place(gradient(plan.seed(i), t, 0, s, dt), lay, mesh, device)
         local_grads.append([_local(p.grad) for p in params])
         opt.step()
         _check_placed(params, view.placements, t, plan.shapes)
@@ -157,4 +180,5 @@ def layout_rank_run(rank: int, world_size: int, plan: FactoryPlan) -> dict:
         except Exception:  # noqa: BLE001 - a diagnosis only: the factory may not take a shard alone
             pass
     return {"weights": weights, "state_first": first, "state": state, "hyper": hyperparameters(opt),
-            "local_shard": local_shard, "rank": rank}
+            "local_shard": local_shard, "rank": rank, "state_kinds": _state_kinds(opt, params),
+            "local_shapes": [tuple(_local(p).shape) for p in params]}

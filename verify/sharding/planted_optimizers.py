@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ortho_verify.sharding.tensors import full_value, is_dtensor, write_full
 
 __all__ = ["CRASHES", "MUON_BUGS", "ORIENTATIONS", "CrashingMuon", "PlantedDion", "PlantedMuon", "crashing_muon_factory",
-           "newton_schulz_jordan", "planted_muon_factory"]
+           "newton_schulz_jordan", "planted_muon_conventions", "planted_muon_factory"]
 
 #: PlantedMuon's bugs: what each gets wrong.
 MUON_BUGS = {
@@ -64,12 +64,17 @@ class PlantedMuon(torch.optim.Optimizer):
     ``process_group`` / ``distributed_mesh``: matrix i computed by rank i mod world and broadcast) or
     DTensors of any placement (‖U‖_F² from local sums all-reduced over the sharded mesh dims; the
     full U assembled and orthogonalized on every rank). ``tp_mesh``: the mesh dim that ``bug``
-    "no_inner_reduction" leaves out. ``bug``: a key of ``MUON_BUGS``. Shapes: 2-D parameters."""
+    "no_inner_reduction" leaves out. ``bug``: a key of ``MUON_BUGS``. ``ns_dtype``: the dtype
+    Newton–Schulz runs in (None: the parameter's; torch.bfloat16 as torch.optim.Muon). Shapes:
+    2-D parameters."""
 
     def __init__(self, params, lr: float = 0.02, momentum: float = 0.9, weight_decay: float = 0.1, *,
-                 distributed_mesh=None, tp_mesh=None, process_group=None, bug: str | None = None):
+                 distributed_mesh=None, tp_mesh=None, process_group=None, bug: str | None = None, ns_dtype=None):
         if bug not in MUON_BUGS:
             raise ValueError(f"bug: expected one of {list(MUON_BUGS)}, got {bug!r}")
+        if ns_dtype not in (None, torch.float64, torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"ns_dtype: expected None or a float torch dtype, got {ns_dtype!r}")
+        self.ns_dtype = ns_dtype
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
         group = process_group if process_group is not None else distributed_mesh
         self.dp_group = group.get_group() if hasattr(group, "get_group") else group
@@ -85,6 +90,12 @@ class PlantedMuon(torch.optim.Optimizer):
                 dist.all_reduce(sq, group=u.device_mesh.get_group(d))
         return sq.sqrt()
 
+    def _ns(self, x: torch.Tensor, norm=None) -> torch.Tensor:
+        if self.ns_dtype is None:
+            return newton_schulz_jordan(x, norm=norm)
+        low = x.to(self.ns_dtype)
+        return newton_schulz_jordan(low, norm=None if norm is None else norm.to(self.ns_dtype)).to(x.dtype)
+
     @torch.no_grad()
     def step(self):
         if _stuck(self.bug):
@@ -98,19 +109,19 @@ class PlantedMuon(torch.optim.Optimizer):
                 m, n = p.shape
                 if self.bug == "local_shard" and is_dtensor(p):
                     local = u.to_local()
-                    o = newton_schulz_jordan(local) if local.numel() else local
+                    o = self._ns(local) if local.numel() else local
                     rows, cols = local.shape  # the shard taken for the matrix, its scale too
                     scale = math.sqrt(max(1.0, rows / cols)) if local.numel() else 0.0
                     p.to_local().mul_(1 - lr * wd).add_(o, alpha=-lr * scale)
                     continue
                 if is_dtensor(u):
-                    o = newton_schulz_jordan(full_value(u), norm=self._norm(u))
+                    o = self._ns(full_value(u), norm=self._norm(u))
                 elif self.dp_group is None:
-                    o = newton_schulz_jordan(u)
+                    o = self._ns(u)
                 else:  # DDP: rank i mod world computes matrix i and broadcasts it
                     world, me = dist.get_world_size(self.dp_group), dist.get_rank(self.dp_group)
                     owner = i % world
-                    o = newton_schulz_jordan(u) if me == owner else torch.zeros_like(u)
+                    o = self._ns(u) if me == owner else torch.zeros_like(u)
                     src = 0 if self.bug == "broadcast_from_rank_0" else owner
                     dist.broadcast(o, group=self.dp_group, group_src=src)
                 write_full(p, full_value(p) * (1 - lr * wd) - lr * math.sqrt(max(1.0, m / n)) * o)
@@ -186,15 +197,25 @@ class PlantedDion(torch.optim.Optimizer):
                 write_full(p, w * (1 - lr * wd) - lr * math.sqrt(m / n) * (update.mT if tr else update))
 
 
-def planted_muon_factory(bug: str | None = None):
+def planted_muon_factory(bug: str | None = None, ns_dtype=None):
     """A ``check_sharded_optimizer`` factory of ``PlantedMuon`` with ``bug`` (one of ``MUON_BUGS`` or
-    None): one process without a layout, else FSDP / DDP over the layout's shard mesh and TP over its
-    inner shard mesh."""
+    None) and ``ns_dtype``: one process without a layout, else FSDP / DDP over the layout's shard
+    mesh and TP over its inner shard mesh."""
     def factory(params, layout):
         if layout is None:
-            return PlantedMuon(params, bug=bug)
-        return PlantedMuon(params, distributed_mesh=layout.shard_mesh, tp_mesh=layout.inner_shard_mesh, bug=bug)
+            return PlantedMuon(params, bug=bug, ns_dtype=ns_dtype)
+        return PlantedMuon(params, distributed_mesh=layout.shard_mesh, tp_mesh=layout.inner_shard_mesh, bug=bug,
+                           ns_dtype=ns_dtype)
     return factory
+
+
+#: The conventions ``PlantedMuon`` computes (classic momentum with Nesterov, Keller Jordan's
+#: schedule, U/(‖U‖_F + 1e-7), √max(1, m/n), decoupled weight decay) with Newton–Schulz in ``ns_dtype``.
+def planted_muon_conventions(ns_dtype=torch.bfloat16):
+    """``MuonConventions`` of ``PlantedMuon`` with its Newton–Schulz in ``ns_dtype``."""
+    from ortho_verify.conventions import MuonConventions
+
+    return MuonConventions(momentum_style="classic", nesterov=True, eps=1e-7, eps_mode="add", ns_dtype=ns_dtype)
 
 
 #: What ``CrashingMuon`` cannot take, and the internal-looking error it raises there (the check

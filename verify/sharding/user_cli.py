@@ -13,7 +13,8 @@ __all__ = ["optimizer_main"]
 
 def optimizer_main(args, dtypes) -> int:
     """Run ``check_sharded_optimizer(load_factory(args.optimizer), ...)`` for every world size and
-    dtype of ``args`` (``--layout`` filters, ``--timeout`` per layout); print each summary, write
+    dtype of ``args`` (``--layout`` filters, ``--timeout`` the most per layout, ``--hang-floor``,
+    ``--shapes``, ``--state-placement``, ``--compute-dtype``); print each summary, write
     ``args.out / "sharded_optimizer.json"``; returns 0 if every report passed, else 1 (2 when the
     factory cannot be imported, or ``--layout`` matches nothing)."""
     from ortho_verify.sharded_check import check_sharded_optimizer, load_factory
@@ -28,7 +29,11 @@ def optimizer_main(args, dtypes) -> int:
         for dtype in dtypes:
             try:
                 report = check_sharded_optimizer(factory, world_size=n, layouts=args.layout,
-                                                 dtype=getattr(torch, dtype), timeout=min(args.timeout, 1e9))
+                                                 dtype=getattr(torch, dtype), timeout=min(args.timeout, 1e9),
+                                                 shapes=getattr(args, "shapes", None),
+                                                 state_placement=getattr(args, "state_placement", None),
+                                                 compute_dtype=getattr(args, "compute_dtype", None),
+                                                 hang_floor=getattr(args, "hang_floor", 5.0))
             except ValueError as err:
                 print(f"ortho-verify sharding: error: {err}")
                 return 2
@@ -37,6 +42,7 @@ def optimizer_main(args, dtypes) -> int:
             ok &= report.passed
             reports.append({"world_size": n, "dtype": dtype, "status": report.status,
                             "verdict": report.verdict_text, "kinds": report.kinds, "crashes": report.crashes,
+                            "compute": report.compute, "limits": report.limits,
                             "disagreements": report.disagreements, "patterns": report.patterns,
                             "results": [r.as_dict() for r in report.results]})
     args.out.mkdir(parents=True, exist_ok=True)

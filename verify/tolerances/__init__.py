@@ -63,7 +63,7 @@ from ortho_verify.tolerances.statistical import (FALSE_ALARM_PROBABILITY, hoeffd
                                                  ns_mean_deviation_tolerances, ns_rounding_moments)
 from ortho_verify.tolerances.gram_statistical import gram_rounding_moments
 from ortho_verify.tolerances.compiled import compiled_tolerance
-from ortho_verify.tolerances.sharded import SHARDED_RTOL, sharded_tolerance
+from ortho_verify.tolerances.sharded import SHARDED_RTOL, newton_schulz_in, sharded_compute_tolerance, sharded_tolerance
 from ortho_verify.tolerances.baselines import BASELINE_FLOOR, BASELINE_GROWTH
 
 __all__ = [
@@ -85,6 +85,6 @@ __all__ = [
     "ns_map_tolerance", "ns_singular_value_tolerance", "ns_singular_value_tolerances", "ns_tolerance",
     "orthonormality_tolerance", "polar_condition_tolerance", "polar_fixed_point_tolerance",
     "polar_hermitian_tolerance", "polar_tolerance", "prescribed_spectrum_tolerance", "qr_factor_tolerance",
-    "qr_orthogonality_tolerance", "sharded_tolerance", "sketch_condition", "subspace_iteration_bounds",
+    "qr_orthogonality_tolerance", "newton_schulz_in", "sharded_compute_tolerance", "sharded_tolerance", "sketch_condition", "subspace_iteration_bounds",
     "subspace_perturbation", "svd_residual_tolerance", "unit_roundoff",
 ]

@@ -1,0 +1,72 @@
+"""The reduction-order bound of a bfloat16 Newton–Schulz (``sharded_compute_tolerance``) and state
+placement recognition (``ortho_verify.sharding.placement.recognize``), without launching."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ortho_ref
+from ortho_verify.sharding.placement import recognize, state_placement
+from ortho_verify.tolerances import newton_schulz_in, sharded_compute_tolerance
+
+JORDAN = ortho_ref.schedule("jordan")
+
+
+def _u(m, n, seed):
+    return np.random.default_rng(seed).standard_normal((m, n))
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(3, 16), n=st.integers(3, 16), seed=st.integers(0, 10**6), w=st.sampled_from([2, 4]))
+def test_reduction_orders_pass_and_a_step_beyond_fails(m, n, seed, w):
+    u = _u(m, n, seed)
+    tol, sim = sharded_compute_tolerance(u, JORDAN, "bfloat16", w, "float32")
+    one = newton_schulz_in(u, JORDAN, "bfloat16")
+    # the same map written differently: rows and columns permuted (every sum in another order), undone after
+    rng = np.random.default_rng(seed + 2)
+    rows, cols = rng.permutation(m), rng.permutation(n)
+    other = newton_schulz_in(u[rows][:, cols], JORDAN, "bfloat16")[np.argsort(rows)][:, np.argsort(cols)]
+    assert float((other - one).norm() / one.norm()) <= tol
+    # a difference just beyond the bound fails
+    noise = torch.from_numpy(np.random.default_rng(seed + 1).standard_normal((m, n)))
+    bad = one + 1.01 * tol * one.norm() * noise / noise.norm()
+    assert float((bad - one).norm() / one.norm()) > tol
+
+
+def test_newton_schulz_per_local_shard_exceeds_the_bound():
+    u = _u(16, 8, 3)
+    tol, _ = sharded_compute_tolerance(u, JORDAN, "bfloat16", 2, "float32")
+    one = newton_schulz_in(u, JORDAN, "bfloat16")
+    local = torch.cat([newton_schulz_in(u[:8], JORDAN, "bfloat16"), newton_schulz_in(u[8:], JORDAN, "bfloat16")])
+    assert float((local - one).norm() / one.norm()) > 3 * tol
+
+
+@pytest.mark.parametrize("bad", [dict(compute_dtype="float32"), dict(world_size=0)])
+def test_bad_arguments_name_themselves(bad):
+    kw = dict(compute_dtype="bfloat16", world_size=2)
+    kw.update(bad)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        sharded_compute_tolerance(_u(4, 3, 0), JORDAN, kw["compute_dtype"], kw["world_size"], "float32")
+
+
+def _run(rank, state, kinds=None, local=(8, 8)):
+    return {"rank": rank, "state": [state], "state_kinds": [kinds or {k: "plain" for k in state}],
+            "local_shapes": [local]}
+
+
+def test_placements_are_recognized():
+    full = {"momentum_buffer": torch.zeros(16, 8)}
+    half = {"momentum_buffer": torch.zeros(8, 8)}
+    rep = recognize(0, [_run(0, full), _run(1, full)], full)
+    assert rep[0] == "replicated" and rep[1] == {"momentum_buffer": (16, 8)}
+    assert recognize(0, [_run(0, full), _run(1, {})], full)[0] == "owner"
+    assert recognize(0, [_run(0, half), _run(1, half)], full)[0] == "sharded"
+    assert recognize(0, [_run(0, full, {"momentum_buffer": "dtensor"}), _run(1, full)], full)[0] == "sharded"
+    odd = recognize(0, [_run(0, {"momentum_buffer": torch.zeros(8, 16)}), _run(1, half)], full)
+    assert odd[0] is None and "rank 0" in odd[2]
+    with pytest.raises(ValueError, match="state_placement"):
+        state_placement("zero1")
