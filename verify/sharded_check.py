@@ -47,7 +47,7 @@ from ortho_verify.sharding.user_launch import LaunchResult, run_layout
 from ortho_verify.tolerances import sharded_tolerance
 
 __all__ = ["DEFAULT_SHARDED_SHAPES", "HANG_FACTOR", "ShardedReport", "check_sharded_optimizer", "crash_kind",
-           "load_factory", "parse_shapes"]
+           "labelled_shapes", "load_factory", "parse_shapes"]
 
 #: (label, (m, n)) of the default matrices, the designs of distributed Muons exercised: shapes that
 #: repeat (same-shape batching across ranks: Keller Jordan's, nanochat's and microsoft/dion's Muon
@@ -139,7 +139,7 @@ def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def _shapes(shapes) -> tuple[tuple[str, tuple[int, int]], ...]:
+def labelled_shapes(shapes) -> tuple[tuple[str, tuple[int, int]], ...]:
     """(label, (m, n)) pairs with unique labels: "MxN" for a shape given once, "MxN#j" for the
     j-th of a repeated one; a given label repeated gets "#j" too."""
     if shapes is None:
@@ -351,7 +351,7 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
         if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"{arg}: expected seconds > 0, got {value!r}")
     placement = _checked_placement(state_placement)
-    shapes = _shapes(shapes)
+    shapes = labelled_shapes(shapes)
     if compute_dtype is not None:
         resolve_compute(compute_dtype, None, None, name)  # ValueError naming compute_dtype, before any launch
     from ortho_verify.devices import resolve_device

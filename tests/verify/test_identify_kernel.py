@@ -17,6 +17,7 @@ from ortho_verify import identify_orthogonalizer
 from ortho_verify.identify.kernel import DECLARABLE
 from ortho_verify.identify.known import known_normalization
 from ortho_verify.planted import JORDAN, PLANTED_BUGS, gram_newton_schulz_kernel, newton_schulz_kernel
+from tests.strategies import profile_examples
 
 KERNEL_BUGS = [b for b in PLANTED_BUGS if b.kind == "orthogonalizer"]
 #: Planted kernels checked in the default run (the rest under -m slow): none — the default run names the fields
@@ -122,7 +123,7 @@ def test_bad_arguments():
     assert "coefficients" in DECLARABLE
 
 
-@settings(max_examples=2, deadline=None, derandomize=True)
+@settings(deadline=None, derandomize=True, **profile_examples(15))
 @given(safety=st.sampled_from([1.0, 1.01, 1.02, 1.05]), eps=st.sampled_from([1e-8, 1e-7, 1e-6, 1e-5]),
        eps_mode=st.sampled_from(["add", "clamp"]), name=st.sampled_from(["jordan", "polar_express", "cesista5"]))
 def test_normalization_is_recovered_in_float32(safety, eps, eps_mode, name):

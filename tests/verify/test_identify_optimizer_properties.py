@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import ortho_fast
 from ortho_verify.identify.optimizer import identify_optimizer
+from tests.strategies import profile_examples
 
 OPTIONS = st.fixed_dictionaries({
     "momentum_style": st.sampled_from(["ema", "classic"]),
@@ -20,7 +21,7 @@ OPTIONS = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, derandomize=True, **profile_examples(7), suppress_health_check=[HealthCheck.too_slow])
 @given(OPTIONS)
 def test_ortho_fast_options_are_recovered(options):
     found = identify_optimizer(functools.partial(ortho_fast.Muon, **options), judge=False)

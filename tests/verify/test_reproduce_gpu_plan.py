@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ortho_verify import reproduce as rp
 from ortho_verify.reproduce import device_plan as dp
 from ortho_verify.reproduce.scaling import ModelSize, parameter_counts
+from tests.strategies import profile_examples
 
 
 @pytest.fixture(autouse=True)
@@ -38,20 +39,20 @@ def test_the_estimate_follows_the_flops():
     """Doubling the steps doubles the time; the optimizer's products are Newton–Schulz's 5·(4m²n + 2m³) per
     matrix; a planted 10× utilization shrinks the compute part tenfold."""
     config = rp.GPU_SWEEP.configs()[-1]
-    bf16, fp32 = dp._optimizer_flops("muon-jordan", [(3 * 768, 768)])
+    bf16, fp32 = dp.optimizer_flops("muon-jordan", [(3 * 768, 768)])
     assert (bf16, fp32) == (5 * (4 * 768 ** 2 * 2304 + 2 * 768 ** 3), 0.0)
-    bf16, fp32 = dp._optimizer_flops("dion-1/4-ef", [(768, 3072)])
+    bf16, fp32 = dp.optimizer_flops("dion-1/4-ef", [(768, 3072)])
     assert bf16 == 0 and fp32 == 8 * 768 * 3072 * 192 + 2 * 768 * 192 ** 2
-    bf16, _ = dp._optimizer_flops("dion2-1/4", [(768, 3072)])
+    bf16, _ = dp.optimizer_flops("dion2-1/4", [(768, 3072)])
     assert bf16 == 5 * (4 * 192 ** 2 * 3072 + 2 * 192 ** 3)
-    one, flops = dp._run_seconds(config, "muon-jordan", evaluations=1, matmul=85_000_000)
-    two, flops2 = dp._run_seconds(replace(config, steps=2 * config.steps), "muon-jordan", evaluations=1,
+    one, flops = dp.run_seconds(config, "muon-jordan", evaluations=1, matmul=85_000_000)
+    two, flops2 = dp.run_seconds(replace(config, steps=2 * config.steps), "muon-jordan", evaluations=1,
                                   matmul=85_000_000)
     assert flops2 > 1.99 * flops and two > 1.99 * one
     assert flops > 6 * 85_000_000 * config.steps * config.batch_size * config.context
 
 
-@settings(max_examples=20, deadline=None)
+@settings(deadline=None, **profile_examples(2))
 @given(st.integers(1, 6), st.integers(1, 3), st.integers(1, 4), st.sampled_from([8, 16, 32]))
 def test_plan_parameter_counts_equal_the_built_model(width, layers, heads, context):
     config = replace(rp.ReproConfig(), d_model=8 * width * heads, n_heads=heads, n_layers=layers, context=context)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import ortho_ref
 from ortho_verify.sharding.placement import recognize, state_placement
 from ortho_verify.tolerances import newton_schulz_in, sharded_compute_tolerance
+from tests.strategies import profile_examples
 
 JORDAN = ortho_ref.schedule("jordan")
 
@@ -20,7 +21,7 @@ def _u(m, n, seed):
     return np.random.default_rng(seed).standard_normal((m, n))
 
 
-@settings(max_examples=12, deadline=None)
+@settings(deadline=None, **profile_examples(3))
 @given(m=st.integers(3, 16), n=st.integers(3, 16), seed=st.integers(0, 10**6), w=st.sampled_from([2, 4]))
 def test_reduction_orders_pass_and_a_step_beyond_fails(m, n, seed, w):
     u = _u(m, n, seed)

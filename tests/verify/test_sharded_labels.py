@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ortho_verify.sharded_check import DEFAULT_SHARDED_SHAPES, _shapes, parse_shapes
+from ortho_verify.sharded_check import DEFAULT_SHARDED_SHAPES, labelled_shapes, parse_shapes
 from ortho_verify.sharding.crashes import backend_feature, headline, user_frame_in
 from ortho_verify.sharding.layouts import SHARDED_LAYOUTS
 
@@ -13,7 +13,7 @@ LAYOUTS = {lay.name: lay for lay in SHARDED_LAYOUTS}
 
 
 def test_labels_are_unique_and_shapes_repeat():
-    assert [lab for lab, _ in _shapes("16x8,16x8,32x16")] == ["16x8#0", "16x8#1", "32x16"]
+    assert [lab for lab, _ in labelled_shapes("16x8,16x8,32x16")] == ["16x8#0", "16x8#1", "32x16"]
     labels = [lab for lab, _ in DEFAULT_SHARDED_SHAPES]
     assert len(set(labels)) == len(labels)
     counts = {}

@@ -39,8 +39,8 @@ from ortho_verify.reproduce.study import study_methods
 from ortho_verify.reproduce.training import corpus
 
 __all__ = ["BF16_FLOPS", "BUDGET_SECONDS", "DRY_RUN_SWEEP", "FP32_FLOPS", "GPU_METHODS", "GPU_SWEEP",
-           "LAYER_OVERHEAD_S", "STEP_OVERHEAD_S", "UTILIZATION", "dry_run_sweep", "estimate_plan", "model_shapes", "plan_lines",
-           "plan_parameter_counts"]
+           "LAYER_OVERHEAD_S", "STEP_OVERHEAD_S", "UTILIZATION", "dry_run_sweep", "estimate_plan", "model_shapes",
+           "optimizer_flops", "plan_lines", "plan_parameter_counts", "run_seconds"]
 
 #: Dense bf16 GEMM rate of one H100 (8192³, measured 2026-11-26 with torch 2.11+cu130), FLOP/s.
 BF16_FLOPS = 801e12
@@ -104,7 +104,7 @@ def plan_parameter_counts(config: ReproConfig) -> dict:
     return {"total": 256 * d + config.context * d + matrices + 4 * d * layers + 2 * d + 256 * d, "matrices": matrices}
 
 
-def _optimizer_flops(key: str, shapes: list[tuple[int, int]]) -> tuple[float, float]:
+def optimizer_flops(key: str, shapes: list[tuple[int, int]]) -> tuple[float, float]:
     """(bf16 FLOPs, float32 FLOPs) of one optimizer step of method ``key`` (module docstring)."""
     method = METHODS_BY_KEY[key]
     bf16 = fp32 = 0.0
@@ -121,13 +121,13 @@ def _optimizer_flops(key: str, shapes: list[tuple[int, int]]) -> tuple[float, fl
     return bf16, fp32
 
 
-def _run_seconds(config: ReproConfig, key: str, *, evaluations: int, matmul: int) -> tuple[float, float]:
+def run_seconds(config: ReproConfig, key: str, *, evaluations: int, matmul: int) -> tuple[float, float]:
     """(seconds, FLOPs) of one run of method ``key`` at ``config``'s size (module docstring)."""
     tokens = config.batch_size * config.context
     attention = 6 * config.n_layers * config.context * config.d_model
     train = (6 * matmul + attention) * tokens * config.steps
     evaluate = (2 * matmul + attention / 3) * config.eval_windows * config.context * evaluations
-    bf16, fp32 = _optimizer_flops(key, model_shapes(config))
+    bf16, fp32 = optimizer_flops(key, model_shapes(config))
     seconds = ((train + evaluate + bf16 * config.steps) / (UTILIZATION * BF16_FLOPS)
                + fp32 * config.steps / (UTILIZATION * FP32_FLOPS)
                + (STEP_OVERHEAD_S + LAYER_OVERHEAD_S * config.n_layers) * config.steps)
@@ -166,13 +166,13 @@ def estimate_plan(sweep: SizeSweep = GPU_SWEEP) -> dict:
         runs = 0
         for key in sweeps_here:
             n = len(config.grid(METHODS_BY_KEY[key].family)) + config.lr_extensions
-            s, f = _run_seconds(config, key, evaluations=1, matmul=matmul)
+            s, f = run_seconds(config, key, evaluations=1, matmul=matmul)
             seconds, flops, runs = seconds + n * s, flops + n * f, runs + n
         timed = replace(config, steps=2 + 3 * max(1, min(8, config.steps // 3)))  # scaling.run_size_sweep's cost
         for key in methods:
-            s, f = _run_seconds(config, key, evaluations=config.curve_points + 1, matmul=matmul)
+            s, f = run_seconds(config, key, evaluations=config.curve_points + 1, matmul=matmul)
             seconds, flops = seconds + len(config.seeds) * s, flops + len(config.seeds) * f
-            s, f = _run_seconds(timed, key, evaluations=0, matmul=matmul)
+            s, f = run_seconds(timed, key, evaluations=0, matmul=matmul)
             seconds, flops = seconds + s, flops + f
         tokens = config.steps * config.batch_size * config.context
         rows.append({"d_model": config.d_model, "n_layers": config.n_layers, "n_heads": config.n_heads,

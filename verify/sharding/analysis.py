@@ -10,17 +10,10 @@ import torch
 from ortho_verify.conventions import DionConventions
 from ortho_verify.results import measured, no_claim
 from ortho_verify.sharding.diagnosis import dion_replay, moved_fraction
-from ortho_verify.sharding.inputs import gradient
+from ortho_verify.sharding.inputs import gradient, input_name
 from ortho_verify.sharding.tensors import relative_difference
 
 __all__ = ["input_name", "layout_rows"]
-
-
-def input_name(layout_name: str, label: str, shape) -> str:
-    """The report's input name of one (layout, shape): "layout / label mxn", or "layout / label"
-    when the label starts with the shape ("16x8#1")."""
-    dims = f"{shape[0]}x{shape[1]}"
-    return f"{layout_name} / {label}" if label.split("#")[0] == dims else f"{layout_name} / {label} {dims}"
 
 
 def _state_note(got: dict, want: dict) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ortho_verify.results import measured
-from ortho_verify.sharding.inputs import gradient, initial_weight
+from ortho_verify.sharding.inputs import gradient, initial_weight, input_name
 from ortho_verify.sharding.tensors import relative_difference
 
 __all__ = ["COMPUTE_DTYPES", "ComputeModel", "resolve_compute", "update_rows"]
@@ -114,8 +114,6 @@ def update_rows(plan, runs: list[dict], reference: dict, model: ComputeModel, wo
     ``sharded_compute_tolerance`` on the step's Newton–Schulz input U_t, rebuilt from the seeded
     gradients with the conventions' momentum. Returns (rows, disagreements, any failing)."""
     from ortho_ref.muon import decay_factor, lr_scale, momentum_update
-
-    from ortho_verify.sharding.analysis import input_name
 
     conv = model.conventions
     table = _table(conv)

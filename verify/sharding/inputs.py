@@ -9,7 +9,7 @@ import torch
 
 from ortho_verify.sharding.layouts import SEED
 
-__all__ = ["gradient", "initial_weight", "mean_gradient"]
+__all__ = ["gradient", "initial_weight", "input_name", "mean_gradient"]
 
 
 def _normal(shape: tuple[int, int], dtype: torch.dtype, *key) -> torch.Tensor:
@@ -32,3 +32,10 @@ def gradient(i: int, step: int, replica: int, shape: tuple[int, int], dtype: tor
 def mean_gradient(i: int, step: int, replicas: int, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
     """The mean over ``replicas`` of ``gradient`` (summed in float64, rounded once)."""
     return sum(gradient(i, step, j, shape, dtype).double() for j in range(replicas)).div(replicas).to(dtype)
+
+
+def input_name(layout_name: str, label: str, shape) -> str:
+    """The report's input name of one (layout, shape): "layout / label mxn", or "layout / label"
+    when the label starts with the shape ("16x8#1")."""
+    dims = f"{shape[0]}x{shape[1]}"
+    return f"{layout_name} / {label}" if label.split("#")[0] == dims else f"{layout_name} / {label} {dims}"
