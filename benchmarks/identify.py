@@ -15,7 +15,6 @@ import importlib
 import time
 
 import torch
-
 from _common import parser, setup
 
 import ortho_fast

@@ -15,7 +15,6 @@ its rows as a user table to reproduce it exactly. It is not this registry's ``po
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import Sequence, Union
 

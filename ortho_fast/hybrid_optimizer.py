@@ -16,13 +16,26 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch.optim import Optimizer
 
-from .compat import (DION2_ALIASES, DION_ALIASES, MUON_ALIASES, aliases_used, canonical_group, from_torch_muon_group,
-                     named_as_given)
+from .compat import (
+    DION2_ALIASES,
+    DION_ALIASES,
+    MUON_ALIASES,
+    aliases_used,
+    canonical_group,
+    from_torch_muon_group,
+    named_as_given,
+)
 from .dion import dion_runner, init_dion_groups, plan_dion_group, resolve_meshes
 from .groups.algorithms import ALGORITHMS, SCALAR_ALGORITHMS, local_runners
 from .groups.dion import dion_state_dtype
-from .groups.driver import (SchedulerCalls, check_then_step, describe_groups, init_groups_if_compiling, labelled,
-                            tracks_scheduler_calls)
+from .groups.driver import (
+    SchedulerCalls,
+    check_then_step,
+    describe_groups,
+    init_groups_if_compiling,
+    labelled,
+    tracks_scheduler_calls,
+)
 from .groups.first_state import init_first_state
 from .groups.muon import muon_state_algorithm
 from .groups.state import add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names

@@ -193,8 +193,13 @@ def precision_power():
     import functools
 
     from ortho_fast.functional.newton_schulz import gram_iterate
-    from ortho_verify.planted import (GRAM_POLAR_EXPRESS, JORDAN as JORDAN_ROWS, gram_newton_schulz_kernel,
-                                      newton_schulz_kernel, tf32_newton_schulz_kernel)
+    from ortho_verify.planted import (
+        GRAM_POLAR_EXPRESS,
+        JORDAN as JORDAN_ROWS,
+        gram_newton_schulz_kernel,
+        newton_schulz_kernel,
+        tf32_newton_schulz_kernel,
+    )
 
     def c_off(rows, pct):
         return tuple((a, b, c * (1 + pct / 100)) for a, b, c in rows)

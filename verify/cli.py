@@ -12,7 +12,7 @@ baseline, and exits 0 when every check passed, 1 when a check failed or the run 
 usage error (``ortho_verify.arguments``). Subcommands: ``sharding``, ``reproduce``, ``identify``.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (sorted as isort; its one-name-a-line wrapping: over 500 lines)
 
 import argparse
 import importlib
@@ -29,11 +29,11 @@ from threadpoolctl import threadpool_limits
 import ortho_fast
 from ortho_verify import (annotations, baseline, checks, data, error_feedback, junit, measured, plots, presets,
                           registry, report)
-from ortho_verify.checks.qk_clip import qk_clip_jobs
-from ortho_verify.checks.stages import stage_jobs
 from ortho_verify.arguments import (EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file,
                                     check_readable_file)
 from ortho_verify.checks.newton_schulz import kernel_suffix
+from ortho_verify.checks.qk_clip import qk_clip_jobs
+from ortho_verify.checks.stages import stage_jobs
 from ortho_verify.checks.statistical import (CLI_QUICK_STATISTICAL_SCHEDULES, CLI_STATISTICAL_MATRICES,
                                              check_ns_statistics)
 from ortho_verify.corpus import corpus_identity

@@ -32,8 +32,7 @@ import torch
 import ortho_fast
 import ortho_ref
 from ortho_verify import tolerances as tol
-from ortho_verify.arrays import TORCH_DTYPES
-from ortho_verify.arrays import as_float64 as _f64
+from ortho_verify.arrays import TORCH_DTYPES, as_float64 as _f64
 from ortho_verify.results import CheckResult, measured, no_claim
 from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
 

@@ -13,8 +13,16 @@ import functools
 import shutil
 
 from ortho_verify.optional import require
-from ortho_verify.results import (CheckResult, error_feedback_table, failure_kind, format_number, format_worst_ratio,
-                                  summary, worst_per_group, write_reports)
+from ortho_verify.results import (
+    CheckResult,
+    error_feedback_table,
+    failure_kind,
+    format_number,
+    format_worst_ratio,
+    summary,
+    worst_per_group,
+    write_reports,
+)
 from ortho_verify.tables import print_fitted
 
 __all__ = ["FAILURES_SHOWN", "error_feedback_table", "make_console", "print_failures", "print_summary", "print_table",

@@ -16,8 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ortho_verify.kinds import (FAILURE_KINDS, SIDE_EFFECTS, UNSUPPORTED_CHECKS, accept_side_effects, failure_kind,
-                                failure_kinds, headline_cause, user_frame)
+from ortho_verify.kinds import (
+    FAILURE_KINDS,
+    SIDE_EFFECTS,
+    UNSUPPORTED_CHECKS,
+    accept_side_effects,
+    failure_kind,
+    failure_kinds,
+    headline_cause,
+    user_frame,
+)
 
 __all__ = [
     "FAILURE_KINDS", "REPORT_SCHEMA_VERSION", "SIDE_EFFECTS", "UNSUPPORTED_CHECKS", "CheckResult", "headline_cause", "Failure", "VerificationReport",

@@ -45,20 +45,34 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ..validation import FiniteCheck
 from ..functional.dion import initial_q
 from ..functional.qr import WHOLE, WholeDim, householder
 from ..groups.dion import (
-    DION_OPTION_KEYS, check_dion_step, dion_state_dtype, init_dion_state, param_rank, resolve_dion_options, step_block,
+    DION_OPTION_KEYS,
+    check_dion_step,
+    dion_state_dtype,
+    init_dion_state,
+    param_rank,
+    resolve_dion_options,
+    step_block,
 )
 from ..groups.driver import GroupRunner, describe_groups
 from ..groups.options import OptionsCache
+from ..validation import FiniteCheck
 from .comm import all_gather_blocks, all_reduce, all_reduce_axes, broadcast, raise_together
-from .volumes import dion_check_volume, dion_comm_volume
 from .layout import (
-    LayoutError, MatrixLayout, MeshAxis, dim_indices, flat_indices, check_axes, is_dtensor, local_tensor,
-    matrix_layout, mesh_axis,
+    LayoutError,
+    MatrixLayout,
+    MeshAxis,
+    check_axes,
+    dim_indices,
+    flat_indices,
+    is_dtensor,
+    local_tensor,
+    matrix_layout,
+    mesh_axis,
 )
+from .volumes import dion_check_volume, dion_comm_volume
 
 __all__ = ["DionMeshes", "ShardedDim", "DionPlan", "ShardedDionGroups", "resolve_dion_meshes", "dion_plan",
            "init_sharded_state", "sharded_dion_step", "synchronize_replicas", "dion_comm_volume", "dion_check_volume"]

@@ -27,9 +27,9 @@ import math
 
 import torch
 
+from ..coefficients import CoefficientsLike, resolve_coefficients
 from ..documents import doc_reference
 from ..validation import check_hyper, check_matrix_tensor
-from ..coefficients import CoefficientsLike, resolve_coefficients
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 #: Megatron / Emerging-Optimizers ``fp32_matmul_prec`` -> (compute dtype, float32 matmul precision).

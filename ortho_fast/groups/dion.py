@@ -13,11 +13,10 @@ from typing import Mapping
 
 import torch
 
-from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper,
-                          is_dtensor)
 from ..functional import dion as dion_math
 from ..functional.dion import RIGHT_FACTORS, dion_rank, initial_q
 from ..functional.qr import QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, sketch_generator
+from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper, is_dtensor
 from .driver import GroupRunner
 from .options import DionOptions, OptionsCache
 

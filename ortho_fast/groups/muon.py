@@ -8,7 +8,7 @@ runs them with the options and layouts cached (``ortho_fast.groups.options``). T
 ``ortho_fast.functional.muon``.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (sorted as isort; its one-name-a-line wrapping: over 500 lines)
 
 import math
 from dataclasses import dataclass, field
@@ -16,17 +16,14 @@ from typing import Mapping
 
 import torch
 
-from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper,
-                          check_param_shaped_state)
 from ..coefficients import CoefficientsLike, resolve_coefficients, schedule_of
-from ..functional import muon as muon_math
-from ..functional import layout as layout_math
+from ..functional import layout as layout_math, muon as muon_math, muon_stages as stage_math, stacked as stacked_math
 from ..functional.layout import MuonLayout, is_expert_name
 from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, WEIGHT_DECAY_STYLES, muon_momentum
-from ..functional import muon_stages as stage_math
 from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
-from ..functional import stacked as stacked_math
 from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
+from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper,
+                          check_param_shaped_state)
 from .driver import GroupRunner
 from .muon_budget import cautious_nbytes, rest_batches, stage_nbytes, state_bytes, writes_compute_dtype
 from .muon_stages import (STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options,

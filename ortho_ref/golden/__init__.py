@@ -30,8 +30,8 @@ import mpmath
 import numpy as np
 
 from .. import mp
-from ..coefficients import SCHEDULES, schedule
 from .._validate import as_like, as_matrix, check_scalar
+from ..coefficients import SCHEDULES, schedule
 from ..dion import orthonormalize
 
 #: Decimal digits of the stored outputs.

@@ -24,7 +24,6 @@ import torch
 import ortho_fast
 from tests.distributed.placements import placement
 
-
 LR, MU, WD, SEED, STEPS = 0.05, 0.9, 0.1, 5, 3
 F64, F32 = torch.float64, torch.float32
 #: Mesh shapes (and dim names) per world size; a case names one by its key.

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from tests.distributed.placements import placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
-from tests.strategies import spectral_matrices
 from ortho_verify.tolerances import sharded_tolerance
 from ortho_verify.workers import run_workers
+from tests.distributed.placements import placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
+from tests.strategies import spectral_matrices
 
 STEPS = 3
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bf16": torch.float32}  # bf16: NS dtype, fp32 params

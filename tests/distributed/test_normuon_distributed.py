@@ -51,7 +51,6 @@ def _tp_dim(placements, index):
 
 
 def _run(case, meshes):
-    import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
     from ortho_fast import Muon

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed.placements import placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
 from ortho_verify.workers import run_workers
+from tests.distributed.placements import placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
 
 HEADS = dict(qk_clip_threshold=5.0, qk_clip_num_heads=4, qk_clip_num_kv_heads=2)
 LOGITS = torch.tensor([1.0, 4.0, 6.0, 30.0])  # key group 0 below τ, group 1 above

@@ -21,7 +21,6 @@ from ortho_verify.spectra import matrix_with_spectrum
 from tests.ortho_fast.helpers import DION_RANDOMIZED, DION_SEED, SHAPES, rng_for, spectral_matrix
 from tests.round_trip import round_trip
 
-
 # =======================================================================================
 # QR methods on the fast side
 # =======================================================================================

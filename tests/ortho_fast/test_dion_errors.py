@@ -17,7 +17,6 @@ import ortho_ref
 from ortho_fast import Dion
 from tests.ortho_fast.helpers import DION_RANDOMIZED, SHAPES, rng_for, spectral_matrix
 
-
 # =======================================================================================
 # Bad input: a clear error, nothing changed
 # =======================================================================================

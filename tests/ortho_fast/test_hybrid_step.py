@@ -19,7 +19,6 @@ import ortho_fast
 from ortho_fast import ADAMW_DEFAULTS, DionConfig, HybridOptimizer, MuonConfig, lion_group_step, normalize_lion_group
 from tests.ortho_fast.helpers import D_MODEL, HYBRID_CONFIGS, assert_same_model, fill_grads, gpt_model, groups_by_name
 
-
 # =======================================================================================
 # HybridOptimizer == each algorithm's own optimizer, applied separately
 # =======================================================================================

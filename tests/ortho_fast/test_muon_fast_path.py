@@ -14,11 +14,16 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import ortho_ref
-from ortho_fast.groups.muon import resolve_muon_options
 from ortho_fast import Muon
-from ortho_fast.functional.muon import (decay_weights, momentum_into, muon_momentum, muon_momentum_foreach,
-                                        update_momentum_buffers)
+from ortho_fast.functional.muon import (
+    decay_weights,
+    momentum_into,
+    muon_momentum,
+    muon_momentum_foreach,
+    update_momentum_buffers,
+)
 from ortho_fast.functional.newton_schulz import newton_schulz_resolved, newton_schulz_stacked
+from ortho_fast.groups.muon import resolve_muon_options
 from ortho_verify import tolerances as tol
 from ortho_verify.tolerances import compiled_tolerance
 from tests.ortho_fast.helpers import BASE, gradient_matrix, muon_reference, rng_for

@@ -17,10 +17,14 @@ import ortho_fast
 from ortho_fast import Muon, is_expert_name, muon_layout, muon_momentum, newton_schulz
 from ortho_fast.muon import ADJUST_LR_MODES
 from tests.ortho_fast.helpers import (
-    BASE, ROWS, check_against_muon_reference, muon_reference, rng_for, run_one_muon_step,
+    BASE,
+    ROWS,
+    check_against_muon_reference,
+    muon_reference,
+    rng_for,
+    run_one_muon_step,
 )
 from tests.round_trip import run_steps
-
 
 # =======================================================================================
 # Layouts: conv flattening, experts, fused projections

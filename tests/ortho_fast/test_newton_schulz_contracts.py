@@ -19,7 +19,6 @@ from ortho_verify import tolerances as tol
 from ortho_verify.spectra import matrix_with_spectrum
 from tests.ortho_fast.helpers import MAX_DIM, SCHEDULE_NAMES, matrix_shapes
 
-
 # ---------------------------------------------------------------------------------------
 # Bitwise contracts: transpose, user tables, tail rule, dtypes
 # ---------------------------------------------------------------------------------------

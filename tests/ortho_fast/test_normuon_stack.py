@@ -19,18 +19,17 @@ from hypothesis import given, strategies as st
 
 import ortho_fast
 import ortho_fast.groups.muon as group_muon
-from ortho_fast.functional import muon_stages as stage_math
-from ortho_fast.functional import stacked
+from ortho_fast.functional import muon_stages as stage_math, stacked
 from ortho_fast.functional.muon import adjusted_lr_scale
 from ortho_fast.groups.muon_budget import stage_nbytes, state_bytes
 from ortho_fast.groups.muon_stages import normuon_variances, stacked_stage_update_
 from ortho_fast.normuon import NORMUON_DEFAULTS
 from ortho_verify.arrays import TORCH_DTYPES, as_float64
 from ortho_verify.checks.stages import STAGE_CONFIGS, StageRun, stage_errors
-from tests.ortho_fast.helpers import stage_case
 from ortho_verify.tolerances import compiled_tolerance
 from ortho_verify.tolerances.roundoff import unit_roundoff
 from ortho_verify.tolerances.stages import scaled_product_update_bound
+from tests.ortho_fast.helpers import stage_case
 
 _SPEC = importlib.util.spec_from_file_location(
     "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")

@@ -9,14 +9,13 @@ import math
 import numpy as np
 import pytest
 import scipy.linalg
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_ref.dion import CQR2_GRAM_DEVIATION
-from tests.strategies import spectral_matrices
 from ortho_verify import tolerances as tol
 from ortho_verify.spectra import matrix_with_spectrum
+from tests.strategies import spectral_matrices
 
 METHODS = ortho_ref.QR_METHODS
 

@@ -5,13 +5,12 @@ import math
 import mpmath
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_ref import mp
-from tests.strategies import spectral_matrices
 from ortho_verify import tolerances as tol
+from tests.strategies import spectral_matrices
 
 DIGITS = 50
 SCHEDULES = sorted(ortho_ref.SCHEDULES)

@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from ortho_verify import baseline, checks, cli
-from ortho_verify import tolerances as tol
+from ortho_verify import baseline, checks, cli, tolerances as tol
 from ortho_verify.results import VerificationReport, measured
 from ortho_verify.spectra import MatrixCase
 

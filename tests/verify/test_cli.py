@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ortho_verify import checks, cli, tables
-from ortho_verify import tolerances as tol
+from ortho_verify import checks, cli, tables, tolerances as tol
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from hypothesis import given, strategies as st
 
-from ortho_verify import annotations, checks, cli, junit, report
+from ortho_verify import annotations, cli, junit, report
 from ortho_verify.results import REPORT_SCHEMA_VERSION, CheckResult, measured, no_claim, summary
 
 # Rows of three checks over two inputs: one failure, one check with a no-claim row beside a claim.

@@ -146,7 +146,7 @@ def test_local_definition_equals_the_oracle(name, world):
     in float64."""
     import torch
 
-    from ortho_verify.sharding import MATRICES, initial_weight, gradient, layouts_for
+    from ortho_verify.sharding import MATRICES, gradient, initial_weight, layouts_for
     from ortho_verify.sharding.dion2_reference import dion2_local_reference, selected_dim_shards
 
     lay, mesh_shape = next((lay, s) for lay, s in layouts_for(world, ["dion2/"]) if lay.name == name)

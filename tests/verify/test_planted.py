@@ -9,8 +9,15 @@ import torch
 from hypothesis import given, settings
 
 import ortho_fast
-from ortho_verify import (DION, ORTHO_MUON, TORCH_MUON, MuonConventions, check_optimizer, check_orthogonalizer,
-                    check_orthogonalizer_example)
+from ortho_verify import (
+    DION,
+    ORTHO_MUON,
+    TORCH_MUON,
+    MuonConventions,
+    check_optimizer,
+    check_orthogonalizer,
+    check_orthogonalizer_example,
+)
 from ortho_verify.planted import CORRECT_OPTIMIZERS, PLANTED_BUGS, newton_schulz_kernel
 from ortho_verify.strategies import build_example, spectral_examples, target_worst_ratio
 

@@ -13,8 +13,7 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from ortho_verify import error_feedback, registry
-from ortho_verify import tolerances as tol
+from ortho_verify import error_feedback, registry, tolerances as tol
 from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, rounded
 from ortho_verify.checks.gauge import align_column_signs
 from ortho_verify.results import CheckResult, measured, no_claim

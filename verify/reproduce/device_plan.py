@@ -30,7 +30,7 @@ plus the float32 logits and their gradient.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import ortho_fast
 from ortho_verify.reproduce.config import METHODS_BY_KEY, ReproConfig

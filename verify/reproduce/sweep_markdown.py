@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 import ortho_fast
-
 from ortho_verify.reproduce.claims import CLAIM_RULES
 from ortho_verify.reproduce.config import METHODS, METHODS_BY_KEY, RANK_FRACTIONS
 from ortho_verify.reproduce.statistics import mean_std_text, paired_difference, test_losses

@@ -17,8 +17,17 @@ import torch.distributed as dist
 from ortho_verify.arguments import SuggestingParser, check_folder
 from ortho_verify.optional import require
 from ortho_verify.sharding.launch import run, under_torchrun
-from ortho_verify.sharding.layouts import (DOCS_PATH, DOCS_WORLD_SIZES, DTYPES, MATRICES, QUICK_MATRICES, QUICK_STEPS,
-                                           STEPS, TIMEOUT, layouts_for)
+from ortho_verify.sharding.layouts import (
+    DOCS_PATH,
+    DOCS_WORLD_SIZES,
+    DTYPES,
+    MATRICES,
+    QUICK_MATRICES,
+    QUICK_STEPS,
+    STEPS,
+    TIMEOUT,
+    layouts_for,
+)
 from ortho_verify.sharding.markdown import layouts_doc, markdown_report, print_table
 from ortho_verify.sharding.user_cli import optimizer_main
 from ortho_verify.workers import WorkerError

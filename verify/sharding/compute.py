@@ -114,7 +114,6 @@ def update_rows(plan, runs: list[dict], reference: dict, model: ComputeModel, wo
     ``sharded_compute_tolerance`` on the step's Newton–Schulz input U_t, rebuilt from the seeded
     gradients with the conventions' momentum. Returns (rows, disagreements, any failing)."""
     from ortho_ref.muon import decay_factor, lr_scale, momentum_update
-
     from ortho_verify.sharding.analysis import input_name
 
     conv = model.conventions

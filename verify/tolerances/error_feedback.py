@@ -9,8 +9,12 @@ import math
 
 import numpy as np
 
-from ortho_verify.tolerances.dion import (FIRST_ORDER_LIMIT, error_feedback_tolerance, orthonormality_tolerance,
-                                          qr_orthogonality_tolerance)
+from ortho_verify.tolerances.dion import (
+    FIRST_ORDER_LIMIT,
+    error_feedback_tolerance,
+    orthonormality_tolerance,
+    qr_orthogonality_tolerance,
+)
 from ortho_verify.tolerances.roundoff import C_NS, U64, matmul_roundoff, unit_roundoff
 
 __all__ = [
