@@ -67,9 +67,9 @@ def main() -> None:
         for m, n in SHAPES[:1] if args.quick else SHAPES:
             for dtype in DTYPES:
                 g = torch.randn(m, n, dtype=dtype)
-                s, l = min(m, n), max(m, n)
-                a = torch.randn(s, l, dtype=dtype)
-                w = torch.randn(l, round(ns_flops(m, n, STEPS) / (2 * s * l)), dtype=dtype)
+                k, d = min(m, n), max(m, n)
+                a = torch.randn(k, d, dtype=dtype)
+                w = torch.randn(d, round(ns_flops(m, n, STEPS) / (2 * k * d)), dtype=dtype)
                 fns = {"plain": lambda: newton_schulz(g, "jordan", steps=STEPS, dtype=dtype, gram=False),
                        "default": lambda: newton_schulz(g, "jordan", steps=STEPS, dtype=dtype),
                        "gemm": lambda: a @ w}

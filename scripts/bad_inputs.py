@@ -35,25 +35,34 @@ OPTS = {
     "Hybrid": lambda ps: HybridOptimizer([{"params": ps[:2], "algorithm": "muon"}, {"params": ps[2:], "algorithm": "adamw"}]),
 }
 def stepped(name, seed=0, steps=2):
-    ps = params(seed); opt = OPTS[name](ps)
+    ps = params(seed)
+    opt = OPTS[name](ps)
     g = torch.Generator().manual_seed(seed + 1)
     for _ in range(steps):
-        for p in ps: p.grad = torch.randn(p.shape, generator=g)
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=g)
         opt.step()
     return ps, opt
 
 def snap(v):
-    if isinstance(v, torch.Tensor): return ("T", v.detach().clone())
-    if isinstance(v, dict): return {k: snap(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)): return [snap(x) for x in v]
+    if isinstance(v, torch.Tensor):
+        return ("T", v.detach().clone())
+    if isinstance(v, dict):
+        return {k: snap(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [snap(x) for x in v]
     return copy.deepcopy(v)
 def same(a, b):
     if isinstance(a, tuple) and a and a[0] == "T":
         return isinstance(b, tuple) and b[0] == "T" and a[1].shape == b[1].shape and a[1].dtype == b[1].dtype and torch.equal(a[1], b[1])
-    if isinstance(a, dict): return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list): return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    try: return a == b or (a != a and b != b)
-    except Exception: return True
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    try:
+        return a == b or (a != a and b != b)
+    except Exception:
+        return True
 def everything(opt, ps):
     idx = {id(p): i for i, p in enumerate(ps)}
     groups = [{k: ([idx.get(id(p), -1) for p in v] if k == "params" else v) for k, v in g.items()} for g in opt.param_groups]
@@ -83,10 +92,12 @@ def emptied_case(name, seed):
         ps, opt = stepped(name, seed)
         sd = copy.deepcopy(opt.state_dict())
         key = next(iter(sd["state"]))
-        absent = copy.deepcopy(sd); del absent["state"][key]
+        absent = copy.deepcopy(sd)
+        del absent["state"][key]
         sd["state"][key] = {}
         def action():
-            opt.load_state_dict(absent); want = everything(opt, ps)
+            opt.load_state_dict(absent)
+            want = everything(opt, ps)
             opt.load_state_dict(sd)
             if not same(want, everything(opt, ps)):
                 raise AssertionError("an emptied entry loaded differently from an absent one")
@@ -100,21 +111,31 @@ for name in OPTS:
         key = rng.choice(["foo", "momentum_buffer2", "exp_avg", "Q", "max_exp_avg_sq", "momentum"])
         def unk(sd, ps, o, key=key):
             e = first_entry(sd)
-            if key in e: e[key + "_x"] = torch.zeros(1)
-            else: e[key] = torch.zeros(1)
+            if key in e:
+                e[key + "_x"] = torch.zeros(1)
+            else:
+                e[key] = torch.zeros(1)
         case("load: unknown state key", [key], load_case(name, seed, unk))
         case("load: id listed twice", ["param_groups", "0"], load_case(name, seed, lambda sd, ps, o: sd["param_groups"][-1]["params"].append(sd["param_groups"][0]["params"][0])))
         def nan(sd, ps, o):
-            e = first_entry(sd); kk = [k for k, v in e.items() if v.is_floating_point() and v.numel() > 1][0]; e[kk].view(-1)[0] = float("nan")
+            e = first_entry(sd)
+            kk = [k for k, v in e.items() if v.is_floating_point() and v.numel() > 1][0]
+            e[kk].view(-1)[0] = float("nan")
         case("load: NaN in state", ["momentum", "exp_avg", "Q", "variance_neuron"], load_case(name, seed, nan))
         def shape(sd, ps, o):
-            e = first_entry(sd); kk = [k for k, v in e.items() if v.numel() > 1][0]; e[kk] = torch.zeros(7, 7)
+            e = first_entry(sd)
+            kk = [k for k, v in e.items() if v.numel() > 1][0]
+            e[kk] = torch.zeros(7, 7)
         case("load: wrong state shape", ["momentum", "exp_avg", "Q", "variance_neuron", "shape"], load_case(name, seed, shape))
         def intdt(sd, ps, o):
-            e = first_entry(sd); kk = [k for k, v in e.items() if v.numel() > 1][0]; e[kk] = e[kk].long()
+            e = first_entry(sd)
+            kk = [k for k, v in e.items() if v.numel() > 1][0]
+            e[kk] = e[kk].long()
         case("load: integer state", ["momentum", "exp_avg", "Q", "variance_neuron"], load_case(name, seed, intdt))
         def missing(sd, ps, o):  # a partial entry: one key gone, others left
-            e = next(e for e in sd["state"].values() if len(e) > 1); kk = [k for k in e if k != "step"][0]; del e[kk]
+            e = next(e for e in sd["state"].values() if len(e) > 1)
+            kk = [k for k in e if k != "step"][0]
+            del e[kk]
         if name not in ("Muon", "Dion2", "Lion"):  # one-key states cannot be partial: "emptied entry" below
             case("load: missing state key", ["momentum", "exp_avg", "Q", "variance_neuron"], load_case(name, seed, missing))
         case("load: emptied entry", None, emptied_case(name, seed))
@@ -126,7 +147,8 @@ for name in OPTS:
         for seed in range(4):
             v = -10 ** rng.uniform(-20, 5)
             def neg(sd, ps, o, v=v, key=SECOND[name]):
-                e = [e for e in sd["state"].values() if key in e][0]; e[key].view(-1)[-1] = v
+                e = [e for e in sd["state"].values() if key in e][0]
+                e[key].view(-1)[-1] = v
             case("load: negative second moment", [SECOND[name]], load_case(name, seed, neg))
     for other, make in [("SGD", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
                         ("Adam", lambda ps: torch.optim.Adam(ps, lr=0.1)),
@@ -138,7 +160,8 @@ for name in OPTS:
                 ps, opt = stepped(name)
                 f = make(ps)
                 if stepped_foreign:
-                    for p in ps: p.grad = torch.ones_like(p)
+                    for p in ps:
+                        p.grad = torch.ones_like(p)
                     f.step()
                 sd = copy.deepcopy(f.state_dict())
                 return (opt, ps), (lambda: opt.load_state_dict(sd))
@@ -169,21 +192,26 @@ for other, make in [("SGD", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)
 for name in OPTS:
     for seed in range(2):
         def dup(name=name, seed=seed):
-            p = params(seed)[0]; return None, (lambda: OPTS[name]([p, p]))
+            p = params(seed)[0]
+            return None, (lambda: OPTS[name]([p, p]))
         case("construct: parameter twice", ["params", "parameter"], dup)
         def meta(name=name):
-            ps = [torch.nn.Parameter(torch.empty(s, device="meta")) for s in SHAPES]; return None, (lambda: OPTS[name](ps))
+            ps = [torch.nn.Parameter(torch.empty(s, device="meta")) for s in SHAPES]
+            return None, (lambda: OPTS[name](ps))
         case("construct: meta parameter", ["params", "meta"], meta)
         def dup_add(name=name, seed=seed):
-            ps, opt = stepped(name, seed); extra = torch.nn.Parameter(torch.randn(3, 3))
+            ps, opt = stepped(name, seed)
+            extra = torch.nn.Parameter(torch.randn(3, 3))
             g = {"params": [extra, extra]}
-            if isinstance(opt, HybridOptimizer): g["algorithm"] = opt.param_groups[0]["algorithm"]
+            if isinstance(opt, HybridOptimizer):
+                g["algorithm"] = opt.param_groups[0]["algorithm"]
             return (opt, ps), (lambda: opt.add_param_group(g))
         case("add_param_group: parameter twice", ["params", "parameter"], dup_add)
         def cross(name=name, seed=seed):
             ps, opt = stepped(name, seed)
             g = {"params": [torch.nn.Parameter(torch.randn(3, 3)), ps[0]]}
-            if isinstance(opt, HybridOptimizer): g["algorithm"] = opt.param_groups[0]["algorithm"]
+            if isinstance(opt, HybridOptimizer):
+                g["algorithm"] = opt.param_groups[0]["algorithm"]
             return (opt, ps), (lambda: opt.add_param_group(g))
         case("add_param_group: parameter of another group", ["params"], cross)
 HYPER = [
@@ -198,12 +226,14 @@ for cls, arg, values in HYPER:
     for v in values:
         case(f"construct: {cls.__name__}({arg}=bad)", [arg], lambda cls=cls, arg=arg, v=v: (None, lambda: cls(params(), **{arg: v})))
         def grp(cls=cls, arg=arg, v=v):
-            ps = params(); opt = cls(ps[:2])
+            ps = params()
+            opt = cls(ps[:2])
             return (opt, ps[:2]), (lambda: opt.add_param_group({"params": [ps[2]], arg: v}))
         case(f"add_param_group: {cls.__name__} group {arg}=bad", [arg], grp)
 for key, v in [("rank_fraction", 0.5), ("momentum", 0.9), ("qr_method", "rcqr"), ("nesterov", True), ("betas", (0.9, 0.95))]:
     def grp(key=key, v=v):  # another algorithm's option in a Dion2 group: it would do nothing there
-        ps = params(); opt = Dion2(ps[:2])  # microsoft/dion's betas: accepted (checked, unused), the group added
+        ps = params()
+        opt = Dion2(ps[:2])  # microsoft/dion's betas: accepted (checked, unused), the group added
         return ((opt, ps[:2]) if key != "betas" else None), (lambda: opt.add_param_group({"params": [ps[2]], key: v}))
     case(f"add_param_group: Dion2 group with another algorithm's {key}", [key] if key != "betas" else None, grp)
 for algorithm, arg, v in [("adamw", "betas", (1.5, 0.9)), ("adamw", "eps", -1.0), ("lion", "betas", (0.9, 1.5)), ("adamw", "lr", -1.0), ("lion", "weight_decay", float("nan"))]:
@@ -259,7 +289,8 @@ case("check_orthogonalizer seed=-1", ["seed"], lambda: (None, lambda: ortho_veri
 case("check_optimizer seed=-1", ["seed"], lambda: (None, lambda: check_optimizer(ortho_fast.Muon, steps=1, param_dtype=torch.float32, seed=-1)))
 
 def run():
-    counts = collections.Counter(); bad = collections.defaultdict(list)
+    counts = collections.Counter()
+    bad = collections.defaultdict(list)
     for family, names, make in CASES:
         try:
             target, action = make()
@@ -267,18 +298,24 @@ def run():
             target, action = None, (lambda e=e: (_ for _ in ()).throw(e))
         before = everything(*target) if target else None
         try:
-            action(); outcome = "silent" if names is not None else "clear"; msg = ""
+            action()
+            outcome = "silent" if names is not None else "clear"
+            msg = ""
         except (ValueError, TypeError) as e:
             if names is None:  # a valid input rejected
-                counts["confusing"] += 1; bad[("confusing", family)].append(str(e)[:150]); continue
+                counts["confusing"] += 1
+                bad[("confusing", family)].append(str(e)[:150])
+                continue
             msg = str(e)
             outcome = "clear" if any(msg.startswith(n) or f"{n}:" in msg or f"'{n}'" in msg or f"{n} (" in msg
                                      for n in names) else "confusing"
         except Exception as e:
-            msg = f"{type(e).__name__}: {e}"; outcome = "confusing"
+            msg = f"{type(e).__name__}: {e}"
+            outcome = "confusing"
         changed = outcome != "silent" and target is not None and not same(before, everything(*target))
         counts[outcome] += 1
-        if changed: counts["state_changed"] += 1
+        if changed:
+            counts["state_changed"] += 1
         if outcome != "clear" or changed:
             bad[(outcome, family)].append(msg[:150])
     print(f"cases {len(CASES)}: " + ", ".join(f"{k} {counts[k]}" for k in ("silent", "confusing", "clear", "state_changed")))

@@ -390,7 +390,8 @@ def plan_stacks(live, layout, options: MuonOptions, budget_from: tuple[int, int,
         compute = options.compute_dtype or dtype  # U's stack: the first compute stack, or one before them
         in_place = writes_compute_dtype(options, dtype) or (compute == dtype and options.equilibration is None)
         momentum = None if in_place else dtype
-        size = lambda k, m=m, n=n, u=momentum, c=compute: stacked_math.chunk_nbytes(k, m, n, u, c)
+        def size(k, m=m, n=n, u=momentum, c=compute):
+            return stacked_math.chunk_nbytes(k, m, n, u, c)
         transient = stage_nbytes(options, dtype, m, n)  # per matrix, beside the workspace
         total = sum(member[3] for member in members)
         most = max(1, MAX_STACK_ELEMENTS // (m * n))

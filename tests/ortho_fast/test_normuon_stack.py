@@ -159,7 +159,8 @@ def _plan(name: str, d: int, layers: int):
     group = {**group_muon.MUON_DEFAULTS, **(NORMUON_DEFAULTS if name == "normuon" else {}), "params": ps, "lr": 0.02}
     options = group_muon.resolve_muon_options(group)
     live = list(enumerate(ps))
-    layout = lambda i, p: group_muon.param_layout(group, options, i, p)
+    def layout(i, p):
+        return group_muon.param_layout(group, options, i, p)
     return group_muon.plan_stacks(live, layout, options, state_bytes(live, layout, options))
 
 
@@ -193,8 +194,8 @@ def test_the_stacked_stages_compile_fullgraph_and_equal_eager():
     shapes = [(24, 16), (24, 16), (16, 40), (16, 40)]
     w0 = [torch.randn(s, generator=gen) for s in shapes]
     grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(3)]
-    build = lambda ps: ortho_fast.NorMuon(ps, lr=0.02, dtype=torch.float32, banks=True, renormalize=True,
-                                         check_finite=False)
+    def build(ps):
+        return ortho_fast.NorMuon(ps, lr=0.02, dtype=torch.float32, banks=True, renormalize=True, check_finite=False)
     eager_ps, ps = [torch.nn.Parameter(w.clone()) for w in w0], [torch.nn.Parameter(w.clone()) for w in w0]
     eager, opt = build(eager_ps), build(ps)
     step = torch.compile(opt.step, fullgraph=True, backend="inductor")
