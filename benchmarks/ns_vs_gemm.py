@@ -55,7 +55,8 @@ def seconds_per_call(fn, target: float) -> float:
 
 def main() -> None:
     cli = parser(__doc__.splitlines()[0])
-    cli.add_argument("--thread-counts", default=None, help="comma-separated thread counts, e.g. 1,2 (default: --threads)")
+    cli.add_argument("--thread-counts", default=None,
+                     help="comma-separated thread counts, e.g. 1,2 (default: --threads)")
     cli.add_argument("--rounds", type=int, default=3, help="interleaved rounds per row (median ratio reported)")
     cli.add_argument("--markdown", action="store_true", help="print a markdown table (for docs/performance.md)")
     args = cli.parse_args()

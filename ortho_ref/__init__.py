@@ -63,7 +63,8 @@ from .scalar import AdamWStep, LionStep, adamw_step, lion_step
 __all__ = [
     "SCHEDULES", "schedule", "DionStep", "column_normalize", "dion_rank", "dion_step", "dion_transposed",
     "orthonormalize", "q_shape", "QR_METHODS", "RIGHT_FACTORS", "DionReplicatedStep", "dion_ideal_step",
-    "dion_right_factor", "dion_step_replicated", "gaussian_sketch", "sketch_rows", "MuonStep", "lr_scale", "muon_step", "ns_attracting_band", "ns_band", "ns_derivative",
+    "dion_right_factor", "dion_step_replicated", "gaussian_sketch", "sketch_rows", "MuonStep", "lr_scale", "muon_step",
+    "ns_attracting_band", "ns_band", "ns_derivative",
     "ns_diagonal_gain", "ns_lipschitz", "ns_map", "ns_polynomial", "ns_step_gains", "ns_step_magnitudes",
     "normalized_singular_values", "polar", "polar_decomposition", "singular_values", "svd",
     "polar_condition", "from_hi_lo", "to_float64", "to_hi_lo",

@@ -117,7 +117,8 @@ def false_alarms(runs: int, matrices: int):
     lines = []
     kernels = {"ortho_fast.newton_schulz (bfloat16)": ortho_kernel(JORDAN),
                "torch.optim.Muon-style kernel (bfloat16, clamp eps)": torch_muon_style}
-    modes = {"ortho_fast.newton_schulz (bfloat16)": "add", "torch.optim.Muon-style kernel (bfloat16, clamp eps)": "clamp"}
+    modes = {"ortho_fast.newton_schulz (bfloat16)": "add",
+             "torch.optim.Muon-style kernel (bfloat16, clamp eps)": "clamp"}
     for label, fn in kernels.items():
         t0, failures, worst = time.time(), 0, 0.0
         for seed in range(runs):
@@ -127,7 +128,8 @@ def false_alarms(runs: int, matrices: int):
                                         dtype="bfloat16", input_name=batch.name, detail="bfloat16")
             failures += not row.passed
             worst = max(worst, row.error / row.tolerance)
-        lines.append(f"| {label} | {runs} | {matrices} × 24 × 16 | {failures} | {worst:.3f} | {time.time() - t0:.0f} s |")
+        lines.append(f"| {label} | {runs} | {matrices} × 24 × 16 | {failures} | {worst:.3f} | {time.time() - t0:.0f} s "
+                     "|")
         print(lines[-1], flush=True)
     return lines
 

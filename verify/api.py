@@ -230,7 +230,8 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
                      float((_to_host(x).double() - _to_host(pristine).double()).abs().max()), 0.0)]
     if not isinstance(out, torch.Tensor) or out.shape != x.shape:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        return rows + [measured("output_shape", example.name, f"expected {tuple(x.shape)}", math.inf, 0.0, f"got {shape}")]
+        return rows + [measured("output_shape", example.name, f"expected {tuple(x.shape)}", math.inf, 0.0,
+                                f"got {shape}")]
     result = _as_f64(_to_host(out)).reshape(-1, *x.shape[-2:])
     detail = f"{compute}{'' if form == 'standard' else f' gram restarts {list(restarts)}'}, {len(table)} steps" + \
         ("" if dev.type == "cpu" else f", {dev}")
@@ -288,8 +289,8 @@ def check_orthogonalizer_statistics(fn: Callable, batch: StatisticalBatch, *, co
     fast = outs[0] if batched else torch.stack([torch.from_numpy(o) for o in outs]).numpy()
     return [compare_ns_statistics(fast, batch.matrices, table, safety=safety, eps=eps, dtype=compute,
                                   eps_mode=eps_mode, input_name=batch.name, form=form, restarts=restarts,
-                                  detail=f"{compute}{'' if form == 'standard' else f' gram restarts {list(restarts)}'}, "
-                                         f"{len(table)} steps" + ("" if dev.type == "cpu" else f", {dev}"))]
+                                  detail=f"{compute}{'' if form == 'standard' else f' gram restarts {list(restarts)}'}"
+                                         f", {len(table)} steps" + ("" if dev.type == "cpu" else f", {dev}"))]
 
 
 def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.float32, steps: int | None = None,
@@ -395,8 +396,8 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
             inputs[batch.name] = ({"input": batch.matrices}, batch.provenance + REPLAY_HINT)
     kernel = f"{compute}" + ("" if compute == name else f" on {name} inputs") + \
         ("" if form == "standard" else f", gram restarts {list(restarts)}")
-    subject = f"{getattr(fn, '__name__', type(fn).__name__)} ({coefficients if isinstance(coefficients, str) else 'table'}, " \
-              f"{kernel})"
+    subject = f"{getattr(fn, '__name__', type(fn).__name__)} " \
+              f"({coefficients if isinstance(coefficients, str) else 'table'}, {kernel})"
     results = confined_cause(results, shapes)  # one orientation / one number of batch dims: said in the cause
     return VerificationReport(subject, accept_side_effects(results, allow_side_effects), inputs,
                               device_label(describe_device(dev)))

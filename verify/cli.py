@@ -170,7 +170,8 @@ def error_feedback_inputs(cases) -> list:
     real = [c for c in cases if c.source == "real"]
     if real:
         last = max(int(c.name.split("/")[1].removeprefix("step")) for c in real)
-        real = [c for c in real if c.name.startswith(f"gpt/step{last}/") and c.name.split("/", 2)[2] in data.QUICK_PARAMS]
+        real = [c for c in real if c.name.startswith(f"gpt/step{last}/")
+                and c.name.split("/", 2)[2] in data.QUICK_PARAMS]
     return error_feedback.error_feedback_matrices() + real
 
 
@@ -257,7 +258,8 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None, device=None) ->
                                                                                     d, v, s)))
     for case in cases:
         for cfg, dtype in registry.DION2_RUNS:
-            jobs.append((f"Dion2 {cfg}/{dtype} {case.name}", lambda c=case, g=cfg, d=dtype: checks.check_dion2(c, g, d)))
+            jobs.append((f"Dion2 {cfg}/{dtype} {case.name}",
+                         lambda c=case, g=cfg, d=dtype: checks.check_dion2(c, g, d)))
     for case in error_feedback_inputs(cases):
         for dtype in EF_DTYPES:
             for on in (True, False):
@@ -462,7 +464,8 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
     style = "green" if summ["verdict"] == "passed" else "bold red"
     device = meta["device"]
     console.print(f"[{style}]{summ['verdict'].upper()}: {summ['passed']} passed, {summ['failed']} failed[/], "
-                  f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} s{phase_text(timing['phases'])}; Newton–Schulz on "
+                  f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} "
+                  f"s{phase_text(timing['phases'])}; Newton–Schulz on "
                   f"{device['device']}" + (f" {device['name']}, CUDA {device['cuda']}" if device["cuda"] and
                                            device["device"] != "cpu" else "") + ")")
     if summ["failed"]:  # the kinds of failure, counted apart

@@ -97,7 +97,8 @@ def print_summary(results: list[CheckResult], console=None, seconds: dict | None
         styles.append("bold red" if s["failed"] else "yellow" if not s["passed"] else None)
         where = s["worst"]["input"] if s["worst"] else "—"
         timing = [f"{s['seconds']:.1f}"] if seconds else []
-        rows.append([name, str(s["passed"]), str(s["failed"]), str(s["no_claim"]), format_worst_ratio(s), where, *timing])
+        rows.append([name, str(s["passed"]), str(s["failed"]), str(s["no_claim"]), format_worst_ratio(s),
+                     where, *timing])
     print_fitted(console, table, ["check", "pass:right", "fail:right", "no\nclaim:right", "worst\nerror/tol:right",
                                   "worst input", *(["s:right"] if seconds else [])], rows,
                  fixed={1, 2, 3, 4, 6} if seconds else {1, 2, 3, 4}, keep={0, 5}, styles=styles)

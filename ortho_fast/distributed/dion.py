@@ -24,8 +24,8 @@ variant of the paper's distributed Dion):
 
 Q0 is ``initial_q`` of the global shape sliced to this rank's rows of Q; the sketches come from
 ``sketch_generator(seed, index, step)`` at the global size. So every layout computes the
-one-process update to rounding (docs/design.md, "Distributed layouts and the layout contract": float64 relative Frobenius
-<= 1e-12, float32 <= 1e-5, ``ortho_verify.tolerances.sharded_tolerance``). Whether B = 0 anywhere
+one-process update to rounding (docs/design.md, "Distributed layouts and the layout contract": float64 relative
+Frobenius <= 1e-12, float32 <= 1e-5, ``ortho_verify.tolerances.sharded_tolerance``). Whether B = 0 anywhere
 (one process then skips the update), whether each rank's gradient is finite and whether the
 state is well formed are decided for all parameters at once by one small all-reduce per
 mesh axis, so a bad input raises on every rank and never hangs a collective.
@@ -144,7 +144,8 @@ def resolve_dion_meshes(replicate_mesh=None, outer_shard_mesh=None, inner_shard_
             raise ValueError("process_group: pass either process_group (DDP over plain tensors) or the mesh arguments "
                              "(replicate_mesh, outer_shard_mesh, inner_shard_mesh), not both")
         if not isinstance(process_group, dist.ProcessGroup):
-            raise TypeError(f"process_group: expected a torch.distributed.ProcessGroup, got {type(process_group).__name__}")
+            raise TypeError("process_group: expected a torch.distributed.ProcessGroup, got "
+                            f"{type(process_group).__name__}")
         return DionMeshes(mesh_axis(process_group, "process_group"), None, None, replicate_mesh_grad_sync, True)
     if all(m is None for m in meshes):
         return None
@@ -279,9 +280,9 @@ def dion_plan(param: torch.Tensor, meshes: DionMeshes) -> DionPlan:
     flattened parameter).
     """
     if meshes.from_process_group and is_dtensor(param):
-        raise LayoutError(f"process_group: DDP over a ProcessGroup steps plain tensors; got a DTensor parameter of shape "
-                          f"{tuple(param.shape)} ({tuple(param.placements)}): pass its meshes as replicate_mesh / "
-                          f"outer_shard_mesh / inner_shard_mesh instead")
+        raise LayoutError("process_group: DDP over a ProcessGroup steps plain tensors; got a DTensor parameter of "
+                          f"shape {tuple(param.shape)} ({tuple(param.placements)}): pass its meshes as replicate_mesh "
+                          f"/ outer_shard_mesh / inner_shard_mesh instead")
     layout = matrix_layout(param, meshes.roles)
     m, n = layout.shape
     transposed = m < n
@@ -306,7 +307,8 @@ def init_sharded_state(p: torch.Tensor, st: dict, group: dict, plan: DionPlan, *
     local, mesh = p.to_local(), p.device_mesh
     if "momentum" not in st:
         zeros = torch.zeros(local.shape, dtype=dion_state_dtype(group, "momentum", p), device=local.device)
-        st["momentum"] = DTensor.from_local(zeros, mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+        st["momentum"] = DTensor.from_local(zeros, mesh, p.placements, run_check=False, shape=p.shape,
+                                            stride=p.stride())
     if "Q" not in st:
         k, r = min(plan.shape), param_rank(p, group)
         q0 = initial_q((k, r), seed, index, dion_state_dtype(group, "Q", p), local.device)

@@ -166,7 +166,8 @@ def param_layout(group: dict, options: MuonOptions, index: int, p: torch.Tensor)
     expert and flatten options. Raises: ValueError naming the option (see ``muon_layout``)."""
     names = group.get("param_names")
     expert = bool(options.expert_keys and names) and is_expert_name(names[index], options.expert_keys)
-    return layout_math.muon_layout(p.shape, expert=expert, split_sizes=options.split_sizes, split_groups=options.split_groups,
+    return layout_math.muon_layout(p.shape, expert=expert, split_sizes=options.split_sizes,
+                                   split_groups=options.split_groups,
                                    num_heads=options.num_heads, flatten=options.flatten,
                                    name=param_name(group, index, p))
 
@@ -341,7 +342,8 @@ def _rest_step(group: dict, state, options: MuonOptions, layout, rest, update: d
                                         **{**options.orthogonalize_kwargs(), "banks": options.batched}))
     for p, lay, mats in items:
         variances = None if options.normuon_beta2 is None else normuon_variances(p, state, lay, options.normuon_dim)
-        post = stage_math.post_orthogonalize([next(outs) for _ in mats], variances, **options.post_orthogonalize_kwargs())
+        post = stage_math.post_orthogonalize([next(outs) for _ in mats], variances,
+                                             **options.post_orthogonalize_kwargs())
         muon_math.muon_update(p, lay, post, **(update if id(p) in left else {**update, "weight_decay": 0.0}))
 
 

@@ -42,7 +42,8 @@ def _run(case, meshes) -> dict:
     gen = torch.Generator().manual_seed(7)
     fulls = [0.05 * torch.randn(shape, generator=gen, dtype=torch.float64) for shape, _, _ in specs]
     placements = [tuple(placement(c, split) for c in codes) for _, codes, _ in specs]
-    sharded = [torch.nn.Parameter(distribute_tensor(w, mesh, pl, src_data_rank=None)) for w, pl in zip(fulls, placements)]
+    sharded = [torch.nn.Parameter(distribute_tensor(w, mesh, pl, src_data_rank=None))
+               for w, pl in zip(fulls, placements)]
     refs = [torch.nn.Parameter(w.clone()) for w in fulls]
     roles = [role for _, _, role in specs]
     kw = dict(lr=0.05, dtype=torch.float64, qk_clip_layout=layout, **HEADS)

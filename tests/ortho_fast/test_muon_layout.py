@@ -48,7 +48,8 @@ def test_flatten_false_is_a_batch_of_matrices(shape):
     matrix with its own norm and lr scale."""
     opts = {**BASE, "adjust_lr": "spectral_norm"}
     batch = math.prod(shape[:-2])
-    (out,) = run_one_muon_step([shape], opts, rng_for("batch", shape), view_shapes=[(batch, *shape[-2:])], flatten=False)
+    (out,) = run_one_muon_step([shape], opts, rng_for("batch", shape),
+                               view_shapes=[(batch, *shape[-2:])], flatten=False)
     check_against_muon_reference(*out, [(i,) for i in range(batch)], opts)
 
 

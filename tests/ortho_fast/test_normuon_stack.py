@@ -62,7 +62,8 @@ def test_the_stacked_step_matches_the_oracle(config, dtype, shape, monkeypatch):
             opt.state[p]["variance_neuron"] = torch.tensor(r.variance, dtype=tdt)
         p.grad = torch.tensor(r.grad, dtype=tdt)
     calls = []
-    monkeypatch.setattr(group_muon, "stacked_stage_update_", lambda *a, **k: calls.append(stacked_stage_update_(*a, **k)))
+    monkeypatch.setattr(group_muon, "stacked_stage_update_",
+                        lambda *a, **k: calls.append(stacked_stage_update_(*a, **k)))
     opt.step()
     assert len(calls) == (0 if config == "MuonEq" else 1)  # the stages ran on the stack, once
     for p, r in zip(ps, runs):
@@ -109,7 +110,8 @@ def test_the_stages_allocate_at_most_what_the_planner_charges(m, n, k, dtype, ex
         assert counter.peak < k * m * n * stage_math.stage_dtype(stack.dtype).itemsize
 
 
-@given(st.integers(2, 30), st.integers(2, 30), st.integers(2, 5), _STAGES.filter(lambda e: "row_equilibration" not in e))
+@given(st.integers(2, 30), st.integers(2, 30), st.integers(2, 5),
+       _STAGES.filter(lambda e: "row_equilibration" not in e))
 def test_a_stacks_factors_are_its_matrices_factors(m, n, k, extra):
     """Property: ``post_factors`` of a (k, m, n) stack with the second moments concatenated equals,
     bit for bit, the factors and second moments of its matrices one by one (every reduction is
@@ -155,7 +157,8 @@ def test_the_update_applies_the_factor_without_rounding_o_hat(free):
 
 
 def _plan(name: str, d: int, layers: int):
-    ps = [torch.nn.Parameter(torch.empty(s, device="meta")) for s in [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * layers]
+    ps = [torch.nn.Parameter(torch.empty(s, device="meta"))
+          for s in [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * layers]
     group = {**group_muon.MUON_DEFAULTS, **(NORMUON_DEFAULTS if name == "normuon" else {}), "params": ps, "lr": 0.02}
     options = group_muon.resolve_muon_options(group)
     live = list(enumerate(ps))

@@ -201,7 +201,8 @@ def test_state_dict_round_trip_bitwise():
         oo.step(qk_logits=LOGITS)
     for (k, a), b in zip(weights(m).items(), weights(m2).values()):
         assert torch.equal(a, b), k
-    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], opt2.state_dict()["state"][0]["momentum_buffer"])
+    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"],
+                       opt2.state_dict()["state"][0]["momentum_buffer"])
 
 
 def test_old_checkpoint_keeps_current_qk_clip_options():

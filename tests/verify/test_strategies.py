@@ -113,7 +113,8 @@ def test_module_docstring_example_runs_as_written():
 
 
 def test_verify_tests_leave_the_example_count_to_the_profile():
-    """A hard-coded max_examples overrides the ortho-dev / ortho-ci / ortho-deep profiles (``--hypothesis-profile ortho-deep``)."""
+    """A hard-coded max_examples overrides the ortho-dev / ortho-ci / ortho-deep profiles
+    (``--hypothesis-profile ortho-deep``)."""
     from pathlib import Path
 
     folder = Path(__file__).parent

@@ -8,7 +8,8 @@ and lm_head), L layers, width d and T = batch × context tokens: 6·N·T for the
 passes plus 6·L·context·d·T for attention's score and value products (Kaplan et al. 2020, arXiv
 2001.08361, Table 1: forward 2N + 2·L·context·d per token, backward twice that), at the bfloat16 rate
 (the forward runs under bf16 autocast, ``training.autocast``). The optimizer's own products per step and
-matrix (m ≤ n its sides): Muon and NorMuon 5·(4m²n + 2m³) (5 Newton–Schulz steps), in bfloat16; Dion2 the same on its selected f·m rows; Dion 8·m·n·r + 2·m·r² (B·Q, Bᵀ·P, P·Rᵀ
+matrix (m ≤ n its sides): Muon and NorMuon 5·(4m²n + 2m³) (5 Newton–Schulz steps), in bfloat16; Dion2 the same on its
+selected f·m rows; Dion 8·m·n·r + 2·m·r² (B·Q, Bᵀ·P, P·Rᵀ
 into the error feedback, P·Qᵀ into the weights, and the Householder QR of the (m, r) block), in float32;
 AdamW none counted (a few elementwise passes). Each held-out evaluation costs 2·N·W + 2·L·context·d·W
 for W = windows × context tokens. Seconds = FLOPs / (``UTILIZATION`` × rate) + a launch cost per step
@@ -39,7 +40,8 @@ from ortho_verify.reproduce.study import study_methods
 from ortho_verify.reproduce.training import corpus
 
 __all__ = ["BF16_FLOPS", "BUDGET_SECONDS", "DRY_RUN_SWEEP", "FP32_FLOPS", "GPU_METHODS", "GPU_SWEEP",
-           "LAYER_OVERHEAD_S", "STEP_OVERHEAD_S", "UTILIZATION", "dry_run_sweep", "estimate_plan", "model_shapes", "plan_lines",
+           "LAYER_OVERHEAD_S", "STEP_OVERHEAD_S", "UTILIZATION", "dry_run_sweep", "estimate_plan", "model_shapes",
+           "plan_lines",
            "plan_parameter_counts"]
 
 #: Dense bf16 GEMM rate of one H100 (8192³, measured 2026-11-26 with torch 2.11+cu130), FLOP/s.

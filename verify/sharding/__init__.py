@@ -105,7 +105,8 @@ from ortho_verify.sharding.tensors import digest, full_copy, is_dtensor, place, 
 from ortho_verify.sharding.volumes import analytic_volume, comm_verdict, padded_shape
 
 __all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory", "dion2_local_reference",
-           "selected_dim_shards", "Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS", "DOCS_PATH", "layouts_for",
+           "selected_dim_shards", "Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS", "DOCS_PATH",
+           "layouts_for",
            "initial_weight", "gradient", "mean_gradient", "optimizer_options", "reference", "analytic_volume", "run",
            "under_torchrun", "main", "markdown_report", "layouts_doc",
            # also public since the split into a package
@@ -115,7 +116,8 @@ __all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory
            # check_sharded_optimizer's mechanism (ortho_verify.sharded_check)
            "SHARDED_LAYOUTS", "ShardedLayout", "sharded_layout", "FactoryPlan", "hyperparameters", "layout_rank_run",
            "one_process_run", "FEATURES", "dion_replay", "layout_features", "layout_pattern", "moved_fraction",
-           "dion_factory", "muon_factory", "MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon", "planted_muon_factory", "digest",
+           "dion_factory", "muon_factory", "MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon",
+           "planted_muon_factory", "digest",
            "full_copy", "is_dtensor", "place", "relative_difference", "CRASHES", "CrashingMuon",
            "crashing_muon_factory", "backend_feature", "headline", "user_frame_in", "STATE_PLACEMENTS", "recognize",
            "FutureMuon", "OwnerBatchMuon", "future_muon_factory", "owner_batch_muon_factory"]

@@ -142,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "backend": dist.get_backend() if dist.is_initialized() else
             ("nccl (one spawned rank per GPU)" if args.device == "cuda" else "gloo (forked CPU workers)"),
             "matrices": QUICK_MATRICES if args.quick else MATRICES, "steps": QUICK_STEPS if args.quick else STEPS,
-            "elapsed_s": round(elapsed, 1), "seconds_per_world_size": seconds, "python": platform.python_version(), "torch": torch.__version__,
+            "elapsed_s": round(elapsed, 1), "seconds_per_world_size": seconds, "python": platform.python_version(),
+            "torch": torch.__version__,
             "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs"}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sharding.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str))

@@ -123,7 +123,8 @@ from ortho_verify.tolerances.statistical import (
 
 __all__ = [
     "COMPUTE_PRECISIONS", "NS_FORMS", "PER_DIRECTION_PRECISIONS", "TF32_UNIT_ROUNDOFF", "compute_precision",
-    "gram_point_gains", "gram_rounding_moments", "gram_rounding_points", "ns_gram_singular_value_tolerances", "ns_gram_tolerance",
+    "gram_point_gains", "gram_rounding_moments", "gram_rounding_points", "ns_gram_singular_value_tolerances",
+    "ns_gram_tolerance",
     "operand_roundings", "per_product_roundoff", "validate_restarts",
     "equilibration_error", "normuon_amplification", "scaling_error", "stage_tolerances",
     "POW_ULPS", "QK_CLIP_FIRST_ORDER", "qk_clip_tolerance",
@@ -140,6 +141,7 @@ __all__ = [
     "ns_map_tolerance", "ns_singular_value_tolerance", "ns_singular_value_tolerances", "ns_tolerance",
     "orthonormality_tolerance", "polar_condition_tolerance", "polar_fixed_point_tolerance",
     "polar_hermitian_tolerance", "polar_tolerance", "prescribed_spectrum_tolerance", "qr_factor_tolerance",
-    "qr_orthogonality_tolerance", "newton_schulz_in", "sharded_compute_tolerance", "sharded_tolerance", "sketch_condition", "subspace_iteration_bounds",
+    "qr_orthogonality_tolerance", "newton_schulz_in", "sharded_compute_tolerance", "sharded_tolerance",
+    "sketch_condition", "subspace_iteration_bounds",
     "subspace_perturbation", "svd_residual_tolerance", "unit_roundoff",
 ]
