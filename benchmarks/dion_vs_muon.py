@@ -11,8 +11,8 @@ Run: python benchmarks/dion_vs_muon.py [--quick] [--min-run-time S] [--threads N
 from __future__ import annotations
 
 import torch
-from _common import median_seconds, parser, print_table, setup
 
+from _common import median_seconds, parser, print_table, setup
 from ortho_fast import Dion, Muon
 from ortho_fast.dion import QR_METHODS
 

@@ -15,9 +15,9 @@ import importlib
 import time
 
 import torch
-from _common import parser, setup
 
 import ortho_fast
+from _common import parser, setup
 from ortho_verify import identify_orthogonalizer
 
 

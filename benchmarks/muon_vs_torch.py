@@ -31,8 +31,8 @@ import sys
 import time
 
 import torch
-from _common import parser, print_markdown, print_table, setup
 
+from _common import parser, print_markdown, print_table, setup
 from ortho_fast import Muon
 
 

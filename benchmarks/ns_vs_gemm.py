@@ -27,8 +27,8 @@ import sys
 import time
 
 import torch
-from _common import parser, print_markdown, print_table, setup
 
+from _common import parser, print_markdown, print_table, setup
 from ortho_fast import newton_schulz
 
 SHAPES = [(256, 1024), (512, 2048), (2048, 512), (1024, 4096), (1024, 1024)]

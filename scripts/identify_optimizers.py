@@ -24,9 +24,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import preset_compare as pc  # noqa: E402  (the systems' loaders)
 import torch  # noqa: E402
 
+import preset_compare as pc  # noqa: E402  (the systems' loaders)
 from ortho_verify.conventions import MuonConventions  # noqa: E402
 from ortho_verify.identify.optimizer import identify_optimizer  # noqa: E402
 from ortho_verify.results import verdict_text  # noqa: E402
