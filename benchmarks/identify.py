@@ -16,9 +16,8 @@ import time
 
 import torch
 
-from _common import parser, setup
-
 import ortho_fast
+from _common import parser, setup
 from ortho_verify import identify_orthogonalizer
 
 

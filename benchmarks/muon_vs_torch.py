@@ -114,7 +114,8 @@ def main() -> None:
     cli.add_argument("--markdown", action="store_true", help="print a markdown table (for docs/performance.md)")
     cli.add_argument("--repeats", type=int, default=3, help="repeats; the median of their ratios is reported")
     cli.add_argument("--rounds", type=int, default=7, help="interleaved rounds per repeat (each times every variant)")
-    cli.add_argument("--thread-counts", default=None, help="comma-separated thread counts, e.g. 1,2 (default: --threads)")
+    cli.add_argument("--thread-counts", default=None,
+                     help="comma-separated thread counts, e.g. 1,2 (default: --threads)")
     cli.add_argument("--sizes", default=None, help="comma-separated d_model values (default 128,256,512,768,1024)")
     args = cli.parse_args()
     setup(args)

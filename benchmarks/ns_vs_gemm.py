@@ -55,7 +55,8 @@ def seconds_per_call(fn, target: float) -> float:
 
 def main() -> None:
     cli = parser(__doc__.splitlines()[0])
-    cli.add_argument("--thread-counts", default=None, help="comma-separated thread counts, e.g. 1,2 (default: --threads)")
+    cli.add_argument("--thread-counts", default=None,
+                     help="comma-separated thread counts, e.g. 1,2 (default: --threads)")
     cli.add_argument("--rounds", type=int, default=3, help="interleaved rounds per row (median ratio reported)")
     cli.add_argument("--markdown", action="store_true", help="print a markdown table (for docs/performance.md)")
     args = cli.parse_args()
@@ -67,9 +68,9 @@ def main() -> None:
         for m, n in SHAPES[:1] if args.quick else SHAPES:
             for dtype in DTYPES:
                 g = torch.randn(m, n, dtype=dtype)
-                s, l = min(m, n), max(m, n)
-                a = torch.randn(s, l, dtype=dtype)
-                w = torch.randn(l, round(ns_flops(m, n, STEPS) / (2 * s * l)), dtype=dtype)
+                k, d = min(m, n), max(m, n)
+                a = torch.randn(k, d, dtype=dtype)
+                w = torch.randn(d, round(ns_flops(m, n, STEPS) / (2 * k * d)), dtype=dtype)
                 fns = {"plain": lambda: newton_schulz(g, "jordan", steps=STEPS, dtype=dtype, gram=False),
                        "default": lambda: newton_schulz(g, "jordan", steps=STEPS, dtype=dtype),
                        "gemm": lambda: a @ w}

@@ -15,7 +15,6 @@ its rows as a user table to reproduce it exactly. It is not this registry's ``po
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import Sequence, Union
 
@@ -181,7 +180,8 @@ def resolve_coefficients(coefficients: CoefficientsLike, steps: int | None = Non
     if not bool(torch.isfinite(rows).all()):
         raise ValueError("coefficients: contains NaN or Inf")
     table = [tuple(float(v) for v in row) for row in rows.tolist()]
-    schedule = CoefficientSchedule("user", tuple(table[:-1]), table[-1], 5 if single_row else len(table), 1.0, 1e-7, "user")
+    schedule = CoefficientSchedule("user", tuple(table[:-1]), table[-1], 5 if single_row else len(table), 1.0, 1e-7,
+                                   "user")
     return check_bounded_table(schedule.table(steps))
 
 

@@ -80,8 +80,8 @@ _MEGATRON = "Megatron-LM OptimizerConfig"
 
 
 def _ns_coefficients(value):
-    """torch's single (a, b, c) row -> our coefficients: "jordan" for Keller Jordan's row (the
-    registry name keeps torch's bits), else the row itself (one row: 5 steps unless ``ns_steps``, torch's convention)."""
+    """torch's single (a, b, c) row -> our coefficients: "jordan" for Keller Jordan's row (the registry name
+    keeps torch's bits), else the row itself (one row: 5 steps unless ``ns_steps``, torch's convention)."""
     try:
         row = tuple(float(v) for v in value)
     except (TypeError, ValueError):
@@ -224,8 +224,8 @@ def _newton_schulz_kernel_options(source) -> tuple[FixedOption, ...]:
         FixedOption("use_triton", source, _is(False), "no Triton kernels here; the Newton–Schulz kernels are "
                     "chosen by ortho_fast (set it to False)"),
         FixedOption("use_gram_newton_schulz", source, _is(False), "set it to False: ortho_fast's own option is "
-                    "gram (None chooses Gram Newton–Schulz in float32 / float64; in bfloat16, microsoft/dion's default, "
-                    "its error exceeds the Newton–Schulz tolerance, so gram=True needs dtype=torch.float16 or "
+                    "gram (None chooses Gram Newton–Schulz in float32 / float64; in bfloat16, microsoft/dion's "
+                    "default, its error exceeds the Newton–Schulz tolerance, so gram=True needs dtype=torch.float16 or "
                     "torch.float32)"),
         FixedOption("newton_schulz_func", source, _is(None), "a custom function cannot be checked; pass its "
                     "coefficient rows as coefficients=[(a, b, c), ...]"),
@@ -451,8 +451,8 @@ def from_torch_muon_group(group: dict) -> dict:
     """A torch.optim.Muon param group (a checkpoint's) -> ours, in place: ``ns_coefficients`` /
     ``ns_steps`` -> ``coefficients`` / ``ns_steps``, ``adjust_lr_fn`` -> ``adjust_lr``, ``eps`` as
     is, torch's fixed behaviour (``TORCH_MUON_SEMANTICS``) made explicit and ``bitwise_torch=True``
-    (torch's 2-D calls matrix by matrix), so the next step is torch's, bit for bit on CPU. A group of ours that also carries torch's keys (written by ``to_torch_muon_group``,
-    or one torch has saved again) must agree with them.
+    (torch's 2-D calls matrix by matrix), so the next step is torch's, bit for bit on CPU. A group of ours that also
+    carries torch's keys (written by ``to_torch_muon_group``, or one torch has saved again) must agree with them.
     Raises: ValueError naming the torch key and ours when they disagree, or a torch value with no
     counterpart."""
     if is_torch_muon_group(group):

@@ -24,8 +24,8 @@ def accepts_aliases(aliases: tuple[Alias, ...], algorithm_defaults: Mapping[str,
     """Class decorator for a keyword-only config dataclass: its constructor also takes the other
     systems' names of ``aliases`` (``ortho_fast.compat``). An alias of a field sets the field; an
     alias of another option of the algorithm (``algorithm_defaults``), or that option by our own
-    name, goes into the dict field ``options_field`` (``muon_options`` / ``dion_options``). ``inspect.signature`` still shows the
-    dataclass fields.
+    name, goes into the dict field ``options_field`` (``muon_options`` / ``dion_options``). ``inspect.signature`` still
+    shows the dataclass fields.
     Raises (at construction): TypeError for an unknown name with the closest one; ValueError
     naming both names for conflicting ones (see ``apply_aliases``)."""
     def decorate(cls):
@@ -151,8 +151,9 @@ class MuonConfig(_HybridConfig):
     Keller Jordan's coefficients ("jordan"), bf16 Newton–Schulz, "original" lr adjustment
     √max(1, m/n) (torch's ``adjust_lr_fn=None``). ``ns_steps``, ``safety``, ``eps`` and
     ``eps_mode`` None come from the schedule exactly as in ``Muon``: "jordan" runs 5 steps
-    with torch's X₀ = U / max(‖U‖_F, 1e-7) (bitwise torch.optim.Muon on CPU with ``muon_options={"bitwise_torch": True}``), "polar_express"
-    5 steps with X₀ = U / (1.02‖U‖_F + 1e-6) (microsoft/dion, nanochat), "you6" 6 steps.
+    with torch's X₀ = U / max(‖U‖_F, 1e-7) (bitwise torch.optim.Muon on CPU with
+    ``muon_options={"bitwise_torch": True}``), "polar_express" 5 steps with X₀ = U / (1.02‖U‖_F + 1e-6)
+    (microsoft/dion, nanochat), "you6" 6 steps.
     ``muon_options``: any other ``MUON_DEFAULTS`` key (momentum_style, split_sizes, flatten, ...;
     a field that is set wins over the same key there).
     Scalars (``HYBRID_DEFAULTS["muon"]``, as ``param_groups(model, algorithm="muon")``):

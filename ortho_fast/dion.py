@@ -16,22 +16,44 @@ from typing import Iterable
 import torch
 from torch.optim import Optimizer
 
-from .validation import is_dtensor
+from .compat import DION_ALIASES, aliases_used, apply_aliases, canonical_group, mixed_precision_dtypes, named_as_given
 from .functional.dion import RIGHT_FACTORS, DionUpdate, dion_rank, dion_right_factor, dion_update, initial_q
 from .functional.qr import (
-    CQR2_GRAM_DEVIATION, QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, WHOLE, WholeDim, gaussian_sketch,
-    orthonormalize, sketch_generator, sketch_rows,
+    CQR2_GRAM_DEVIATION,
+    QR_METHOD_ALIASES,
+    QR_METHODS,
+    RCQR_OVERSAMPLE,
+    WHOLE,
+    WholeDim,
+    gaussian_sketch,
+    orthonormalize,
+    sketch_generator,
+    sketch_rows,
 )
 from .groups.dion import (
-    DION_DEFAULTS, DionGroups, check_dion_step, dion_group_step, dion_state_dtype, init_dion_state,
-    normalize_dion_group, resolve_dion_options,
+    DION_DEFAULTS,
+    DionGroups,
+    check_dion_step,
+    dion_group_step,
+    dion_state_dtype,
+    init_dion_state,
+    normalize_dion_group,
+    resolve_dion_options,
 )
-from .groups.driver import (GroupRunner, SchedulerCalls, check_then_step, init_groups_if_compiling,
-                            tracks_scheduler_calls)
+from .groups.driver import (
+    GroupRunner,
+    SchedulerCalls,
+    check_then_step,
+    init_groups_if_compiling,
+    tracks_scheduler_calls,
+)
 from .groups.state import (
-    add_param_group_checked, check_group_algorithm, load_state_dict_checked, state_dict_with_dtype_names,
+    add_param_group_checked,
+    check_group_algorithm,
+    load_state_dict_checked,
+    state_dict_with_dtype_names,
 )
-from .compat import DION_ALIASES, aliases_used, apply_aliases, canonical_group, mixed_precision_dtypes, named_as_given
+from .validation import is_dtensor
 
 __all__ = ["CQR2_GRAM_DEVIATION", "DION_DEFAULTS", "Dion", "DionUpdate", "QR_METHODS", "QR_METHOD_ALIASES",
            "RCQR_OVERSAMPLE", "RIGHT_FACTORS", "WHOLE", "WholeDim", "check_dion_step", "dion_group_step", "dion_rank",

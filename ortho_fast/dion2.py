@@ -12,14 +12,26 @@ import torch
 from torch.optim import Optimizer
 
 from .coefficients import CoefficientsLike
-from .compat import (DION2_ALIASES, FIXED, aliases_used, apply_aliases, canonical_group, check_fixed_in_group,
-                     named_as_given)
+from .compat import (
+    DION2_ALIASES,
+    FIXED,
+    aliases_used,
+    apply_aliases,
+    canonical_group,
+    check_fixed_in_group,
+    named_as_given,
+)
 from .groups.dion2 import DION2_DEFAULTS, Dion2Groups, normalize_dion2_group
 from .groups.driver import SchedulerCalls, check_then_step, init_groups_if_compiling, tracks_scheduler_calls
 from .groups.first_state import init_first_state
+from .groups.state import (
+    STATE_SPECS,
+    add_param_group_checked,
+    check_group_algorithm,
+    load_state_dict_checked,
+    state_dict_with_dtype_names,
+)
 from .validation import is_dtensor
-from .groups.state import (STATE_SPECS, add_param_group_checked, check_group_algorithm, load_state_dict_checked,
-                           state_dict_with_dtype_names)
 
 __all__ = ["DION2_DEFAULTS", "DION2_POSITIONAL", "DION2_STATE", "Dion2"]
 

@@ -198,7 +198,8 @@ def param_groups(
                 and isinstance(o[1], Mapping)):
             raise TypeError(f"overrides: expected (glob or predicate(param, name), dict of options) pairs, got {o!r}")
         if o[1].get("algorithm", "muon") not in ALGORITHMS:
-            raise ValueError(f"overrides: algorithm {o[1]['algorithm']!r} of {o[0]!r}; expected one of {sorted(ALGORITHMS)}")
+            raise ValueError(f"overrides: algorithm {o[1]['algorithm']!r} of {o[0]!r}; expected one of "
+                             f"{sorted(ALGORITHMS)}")
     data_parallel = isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel))
     expert_keys = (expert_keys,) if isinstance(expert_keys, str) else tuple(expert_keys)
 

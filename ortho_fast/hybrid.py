@@ -5,7 +5,12 @@ where they have always been importable."""
 
 from .config import DionConfig, MuonConfig, meshes_from_world_mesh
 from .grouping import (
-    EMBEDDING_NAMES, HEAD_NAMES, HYBRID_DEFAULTS, TOP_LEVEL_HEAD_NAMES, WRAPPER_NAME_COMPONENTS, normalize_name,
+    EMBEDDING_NAMES,
+    HEAD_NAMES,
+    HYBRID_DEFAULTS,
+    TOP_LEVEL_HEAD_NAMES,
+    WRAPPER_NAME_COMPONENTS,
+    normalize_name,
     param_groups,
 )
 from .groups.algorithms import ALGORITHMS, MATRIX_ALGORITHMS, SCALAR_ALGORITHMS, Algorithm

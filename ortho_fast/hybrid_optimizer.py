@@ -16,13 +16,26 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch.optim import Optimizer
 
-from .compat import (DION2_ALIASES, DION_ALIASES, MUON_ALIASES, aliases_used, canonical_group, from_torch_muon_group,
-                     named_as_given)
+from .compat import (
+    DION2_ALIASES,
+    DION_ALIASES,
+    MUON_ALIASES,
+    aliases_used,
+    canonical_group,
+    from_torch_muon_group,
+    named_as_given,
+)
 from .dion import dion_runner, init_dion_groups, plan_dion_group, resolve_meshes
 from .groups.algorithms import ALGORITHMS, SCALAR_ALGORITHMS, local_runners
 from .groups.dion import dion_state_dtype
-from .groups.driver import (SchedulerCalls, check_then_step, describe_groups, init_groups_if_compiling, labelled,
-                            tracks_scheduler_calls)
+from .groups.driver import (
+    SchedulerCalls,
+    check_then_step,
+    describe_groups,
+    init_groups_if_compiling,
+    labelled,
+    tracks_scheduler_calls,
+)
 from .groups.first_state import init_first_state
 from .groups.muon import muon_state_algorithm
 from .groups.state import add_param_group_checked, load_state_dict_checked, state_dict_with_dtype_names
@@ -124,7 +137,8 @@ class HybridOptimizer(SchedulerCalls, Optimizer):
     DTensor parameters as they are. The step checks every group on every rank first (one small
     all-reduce for the groups that do not communicate, then one per algorithm that does), so a
     bad gradient on one rank raises on all of them before anything changes;
-    ``synchronize_for_checkpoint()`` acts on the Dion groups as ``Dion``'s does. For a ``torch.distributed.checkpoint`` load, torch's ``get_state_dict``
+    ``synchronize_for_checkpoint()`` acts on the Dion groups as ``Dion``'s does. For a ``torch.distributed.checkpoint``
+    load, torch's ``get_state_dict``
     creates every group's state on a fresh optimizer (a step with zero gradients at lr 0, which
     changes no parameter).
     ``check_finite`` (default True): every gradient must be finite, decided for the whole step by
@@ -174,7 +188,8 @@ class HybridOptimizer(SchedulerCalls, Optimizer):
             raise TypeError(f"check_finite: expected a bool, got {check_finite!r}")
         self.seed, self.check_finite = seed, check_finite
         self.algorithm = algorithm
-        self.algorithm_defaults = {name: {**spec.defaults, **overrides.get(name, {})} for name, spec in ALGORITHMS.items()}
+        self.algorithm_defaults = {name: {**spec.defaults, **overrides.get(name, {})}
+                                   for name, spec in ALGORITHMS.items()}
         from .distributed.muon import MuonSharding
 
         self._muon_sharding = MuonSharding(distributed_mesh, tp_mesh, tp_mode)
@@ -188,7 +203,8 @@ class HybridOptimizer(SchedulerCalls, Optimizer):
             from .distributed.dion2 import Dion2Sharding
 
             # Dion2 groups: Muon's FSDP / TP meshes, else Dion's outer / inner shard meshes.
-            self._runners["dion2"] = Dion2Sharding(distributed_mesh if distributed_mesh is not None else outer_shard_mesh,
+            self._runners["dion2"] = Dion2Sharding(distributed_mesh if distributed_mesh is not None
+                                                   else outer_shard_mesh,
                                                    tp_mesh if tp_mesh is not None else inner_shard_mesh, replicate_mesh)
         super().__init__(params_or_groups, {})
 
@@ -221,10 +237,12 @@ class HybridOptimizer(SchedulerCalls, Optimizer):
         algorithm = group.setdefault("algorithm", self.algorithm)
         if algorithm not in ALGORITHMS:
             hint = " (name it in every group, or pass algorithm=...)" if algorithm is None else ""
-            raise ValueError(f"param group {index}: algorithm: expected one of {sorted(ALGORITHMS)}, got {algorithm!r}{hint}")
+            raise ValueError(f"param group {index}: algorithm: expected one of {sorted(ALGORITHMS)}, got "
+                             f"{algorithm!r}{hint}")
         if "params" not in group:
             raise ValueError(f"param group {index} ({algorithm}): params: missing; expected a list of tensors")
-        used = aliases_used(group, {"muon": MUON_ALIASES, "dion": DION_ALIASES, "dion2": DION2_ALIASES}.get(algorithm, ()))
+        used = aliases_used(group,
+                            {"muon": MUON_ALIASES, "dion": DION_ALIASES, "dion2": DION2_ALIASES}.get(algorithm, ()))
         labelled(index, algorithm, _from_microsoft_dion, group, algorithm, self.algorithm_defaults[algorithm])
         labelled(index, algorithm, _canonical, group, algorithm)
         labelled(index, algorithm, _check_foreign_keys, group, algorithm)

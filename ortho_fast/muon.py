@@ -15,19 +15,44 @@ import torch
 from torch.optim import Optimizer
 
 from .coefficients import CoefficientsLike
-from .compat import (MUON_ALIASES, aliases_used, apply_aliases, canonical_group, check_fixed_in_group,
-                     from_torch_muon_group, named_as_given, to_torch_muon_group)
-from .functional.layout import DROPPED_NAME_COMPONENTS, MuonLayout, is_expert_name, muon_layout
-from .functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, adjusted_lr_scale, muon_momentum, muon_update, orthogonalize
-from .groups.driver import SchedulerCalls, check_then_step, init_groups_if_compiling, tracks_scheduler_calls
-from .groups.muon import (
-    MUON_DEFAULTS, MuonGroups, check_muon_step, default_eps_mode, muon_group_step, muon_state_algorithm,
-    normalize_muon_group, resolve_muon_options,
+from .compat import (
+    MUON_ALIASES,
+    aliases_used,
+    apply_aliases,
+    canonical_group,
+    check_fixed_in_group,
+    from_torch_muon_group,
+    named_as_given,
+    to_torch_muon_group,
 )
+from .functional.layout import DROPPED_NAME_COMPONENTS, MuonLayout, is_expert_name, muon_layout
+from .functional.muon import (
+    ADJUST_LR_MODES,
+    MOMENTUM_STYLES,
+    adjusted_lr_scale,
+    muon_momentum,
+    muon_update,
+    orthogonalize,
+)
+from .groups.driver import SchedulerCalls, check_then_step, init_groups_if_compiling, tracks_scheduler_calls
 from .groups.first_state import init_first_state
+from .groups.muon import (
+    MUON_DEFAULTS,
+    MuonGroups,
+    check_muon_step,
+    default_eps_mode,
+    muon_group_step,
+    muon_state_algorithm,
+    normalize_muon_group,
+    resolve_muon_options,
+)
 from .groups.qk_clip import check_qk_clip_group, fill_qk_clip_keys, take_qk_clip_options
-from .groups.state import (add_param_group_checked, check_group_algorithm, load_state_dict_checked,
-                           state_dict_with_dtype_names)
+from .groups.state import (
+    add_param_group_checked,
+    check_group_algorithm,
+    load_state_dict_checked,
+    state_dict_with_dtype_names,
+)
 
 #: torch.optim.Muon's parameters after ``nesterov``, in its positional order.
 TORCH_POSITIONAL = ("ns_coefficients", "eps", "ns_steps", "adjust_lr_fn")

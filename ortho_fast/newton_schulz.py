@@ -2,7 +2,12 @@
 ``ortho_fast.functional.newton_schulz`` (the functional core); they stay importable from here."""
 
 from .functional.newton_schulz import (
-    COMPUTE_DTYPES, EPS_MODES, MATMUL_PRECISIONS, newton_schulz, newton_schulz_resolved, resolve_coefficients,
+    COMPUTE_DTYPES,
+    EPS_MODES,
+    MATMUL_PRECISIONS,
+    newton_schulz,
+    newton_schulz_resolved,
+    resolve_coefficients,
     resolve_compute_dtype,
 )
 

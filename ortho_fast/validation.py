@@ -20,7 +20,8 @@ def check_matrix_tensor(x, name: str, *, min_ndim: int = 2) -> torch.Tensor:
     if not x.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point dtype (bfloat16/float16/float32/float64), got {x.dtype}")
     if x.ndim < min_ndim:
-        raise ValueError(f"{name}: expected a tensor with at least {min_ndim} dims (..., m, n), got shape {tuple(x.shape)}")
+        raise ValueError(f"{name}: expected a tensor with at least {min_ndim} dims (..., m, n), got shape "
+                         f"{tuple(x.shape)}")
     if x.numel() == 0:
         raise ValueError(f"{name}: expected a non-empty tensor, got shape {tuple(x.shape)}")
     return x
@@ -114,7 +115,8 @@ class FiniteCheck:
     each gradient (no host sync), then ``error()`` takes max|x| of every tensor (``max_abs``:
     one ``_foreach_norm(ord=inf)`` per (device, dtype); NaN and ±Inf propagate into it, finite
     entries cannot overflow it, so it is finite iff every entry is), reduces them on the device
-    into one flag (every maximum below +Inf: ``isfinite`` is four kernels) and reads it once — one host sync per step, however many parameters — and only
+    into one flag (every maximum below +Inf: ``isfinite`` is four kernels) and reads it once — one host sync per step,
+    however many parameters — and only
     when the flag is down reads the maxima one by one to name the first tensor that is not finite.
     Source: the found-inf reduction of torch.amp's GradScaler (one flag per step); the inf-norm
     reduction of torch's ``_foreach_norm`` (aten/src/ATen/native/cuda/ForeachReduceOp.cu,

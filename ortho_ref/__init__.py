@@ -11,6 +11,7 @@ Modules, lowest first (each imports only those above it; docs/design.md, "Layers
 ``scalar`` (AdamW, Lion), ``golden`` (the 50-digit golden files).
 """
 
+from . import muon_stages
 from .coefficients import SCHEDULES, schedule
 from .dion import (
     QR_METHODS,
@@ -29,22 +30,28 @@ from .dion import (
     q_shape,
     sketch_rows,
 )
-from .dion2 import (Dion2Step, dion2_local_select, dion2_num_selected, dion2_select, dion2_select_rows,
-                    dion2_slice_norms, dion2_step)
-from . import muon_stages
-from .muon import MuonPipelineStep, MuonStep, lr_scale, muon_pipeline_step, muon_step
+from .dion2 import (
+    Dion2Step,
+    dion2_local_select,
+    dion2_num_selected,
+    dion2_select,
+    dion2_select_rows,
+    dion2_slice_norms,
+    dion2_step,
+)
 from .linalg import svd
 from .mp import from_hi_lo, to_float64, to_hi_lo
+from .muon import MuonPipelineStep, MuonStep, lr_scale, muon_pipeline_step, muon_step
 from .ns_map import normalized_singular_values, ns_map
 from .ns_polynomials import (
     NS_MAP_BOUND,
     check_bounded_schedule,
     ns_attracting_band,
-    ns_map_sups,
     ns_band,
     ns_derivative,
     ns_diagonal_gain,
     ns_lipschitz,
+    ns_map_sups,
     ns_polynomial,
     ns_step_gains,
     ns_step_magnitudes,
@@ -56,7 +63,8 @@ from .scalar import AdamWStep, LionStep, adamw_step, lion_step
 __all__ = [
     "SCHEDULES", "schedule", "DionStep", "column_normalize", "dion_rank", "dion_step", "dion_transposed",
     "orthonormalize", "q_shape", "QR_METHODS", "RIGHT_FACTORS", "DionReplicatedStep", "dion_ideal_step",
-    "dion_right_factor", "dion_step_replicated", "gaussian_sketch", "sketch_rows", "MuonStep", "lr_scale", "muon_step", "ns_attracting_band", "ns_band", "ns_derivative",
+    "dion_right_factor", "dion_step_replicated", "gaussian_sketch", "sketch_rows", "MuonStep", "lr_scale", "muon_step",
+    "ns_attracting_band", "ns_band", "ns_derivative",
     "ns_diagonal_gain", "ns_lipschitz", "ns_map", "ns_polynomial", "ns_step_gains", "ns_step_magnitudes",
     "normalized_singular_values", "polar", "polar_decomposition", "singular_values", "svd",
     "polar_condition", "from_hi_lo", "to_float64", "to_hi_lo",

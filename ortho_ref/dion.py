@@ -178,8 +178,8 @@ def column_normalize(r: np.ndarray, epsilon: float) -> np.ndarray:
     epsilon = check_scalar(epsilon, "epsilon", low=0.0)
     norms = np.linalg.norm(r, axis=0, keepdims=True)
     if epsilon == 0.0 and not np.all(norms > 0):
-        raise ValueError(f"epsilon: 0 with a zero column of r (columns {np.flatnonzero(norms == 0).tolist()}) gives 0/0; "
-                         "expected epsilon > 0")
+        raise ValueError(f"epsilon: 0 with a zero column of r (columns {np.flatnonzero(norms == 0).tolist()}) gives "
+                         "0/0; expected epsilon > 0")
     return r / (norms + epsilon)
 
 
@@ -316,7 +316,8 @@ def _replicated_step(weights, grads, momenta, Q, names, *, lr, mu, weight_decay,
     ms = [as_like(mo, m_name.format(i), (m, n)) for i, mo in enumerate(momenta)]
     q = np.asarray(Q)
     if q.ndim != 2 or q.shape[0] != min(m, n) or not 1 <= q.shape[1] <= min(m, n):
-        raise ValueError(f"Q: expected shape (min(m, n), r) = ({min(m, n)}, r) with 1 <= r <= {min(m, n)}, got {q.shape}")
+        raise ValueError(f"Q: expected shape (min(m, n), r) = ({min(m, n)}, r) with 1 <= r <= {min(m, n)}, got "
+                         f"{q.shape}")
     q = as_like(q, "Q", q.shape)
     lr, mu, weight_decay, epsilon = _check_hyper(lr, mu, weight_decay, epsilon, power_iters, right_factor)
     _check_choice(qr_method, "qr_method", QR_METHODS)

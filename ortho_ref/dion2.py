@@ -21,7 +21,8 @@ from .ns_map import ns_map
 from .polar import polar
 
 __all__ = ["DION2_ADJUST_LR_MODES", "DION2_ORTHOGONALIZERS", "SELECTION_SCOPES", "Dion2Step", "dion2_num_selected",
-           "dion2_local_select", "dion2_select", "dion2_select_rows", "dion2_slice_norms", "dion2_step", "dion2_shard_chunks"]
+           "dion2_local_select", "dion2_select", "dion2_select_rows", "dion2_slice_norms", "dion2_step",
+           "dion2_shard_chunks"]
 
 #: "global": one top-k over the whole matrix (layout invariant); "local": one top-k per shard of
 #: the selected dimension (microsoft/dion's default on its row-sharded path; layout dependent).
@@ -104,8 +105,8 @@ class Dion2Step(NamedTuple):
 
 
 def dion2_local_select(norms, fraction: float, shards: Sequence) -> np.ndarray:
-    """Dion2's "local" selection, ascending int64 indices. Per-shard top-k: k = max(1, ⌈fraction·(largest shard)⌉) per shard (microsoft/dion's
-    ``k = ceil(fraction * ceil(global / world_size))``), at most the shard's size; ties as
+    """Dion2's "local" selection, ascending int64 indices. Per-shard top-k: k = max(1, ⌈fraction·(largest shard)⌉) per
+    shard (microsoft/dion's ``k = ceil(fraction * ceil(global / world_size))``), at most the shard's size; ties as
     ``dion2_select``. Shapes: norms (N,); shards: index sets partitioning range(N).
     Raises: ValueError naming ``shards`` when they are not a partition of range(N)."""
     norms = np.asarray(norms, dtype=np.float64)

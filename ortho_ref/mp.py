@@ -198,5 +198,5 @@ def from_hi_lo(hi, lo) -> np.ndarray:
     hi, lo = np.asarray(hi, dtype=np.float64), np.asarray(lo, dtype=np.float64)
     if hi.shape != lo.shape:
         raise ValueError(f"hi, lo: expected equal shapes, got {hi.shape} and {lo.shape}")
-    out = [mpmath.fadd(h, l, exact=True) for h, l in zip(hi.ravel().tolist(), lo.ravel().tolist())]
+    out = [mpmath.fadd(h, lo_, exact=True) for h, lo_ in zip(hi.ravel().tolist(), lo.ravel().tolist())]
     return np.array(out, dtype=object).reshape(hi.shape)

@@ -117,7 +117,8 @@ def false_alarms(runs: int, matrices: int):
     lines = []
     kernels = {"ortho_fast.newton_schulz (bfloat16)": ortho_kernel(JORDAN),
                "torch.optim.Muon-style kernel (bfloat16, clamp eps)": torch_muon_style}
-    modes = {"ortho_fast.newton_schulz (bfloat16)": "add", "torch.optim.Muon-style kernel (bfloat16, clamp eps)": "clamp"}
+    modes = {"ortho_fast.newton_schulz (bfloat16)": "add",
+             "torch.optim.Muon-style kernel (bfloat16, clamp eps)": "clamp"}
     for label, fn in kernels.items():
         t0, failures, worst = time.time(), 0, 0.0
         for seed in range(runs):
@@ -127,7 +128,8 @@ def false_alarms(runs: int, matrices: int):
                                         dtype="bfloat16", input_name=batch.name, detail="bfloat16")
             failures += not row.passed
             worst = max(worst, row.error / row.tolerance)
-        lines.append(f"| {label} | {runs} | {matrices} × 24 × 16 | {failures} | {worst:.3f} | {time.time() - t0:.0f} s |")
+        lines.append(f"| {label} | {runs} | {matrices} × 24 × 16 | {failures} | {worst:.3f} | {time.time() - t0:.0f} s "
+                     "|")
         print(lines[-1], flush=True)
     return lines
 
@@ -193,8 +195,13 @@ def precision_power():
     import functools
 
     from ortho_fast.functional.newton_schulz import gram_iterate
-    from ortho_verify.planted import (GRAM_POLAR_EXPRESS, JORDAN as JORDAN_ROWS, gram_newton_schulz_kernel,
-                                      newton_schulz_kernel, tf32_newton_schulz_kernel)
+    from ortho_verify.planted import (
+        GRAM_POLAR_EXPRESS,
+        JORDAN as JORDAN_ROWS,
+        gram_newton_schulz_kernel,
+        newton_schulz_kernel,
+        tf32_newton_schulz_kernel,
+    )
 
     def c_off(rows, pct):
         return tuple((a, b, c * (1 + pct / 100)) for a, b, c in rows)

@@ -70,7 +70,8 @@ def timed(argv: list[str], env: dict | None = None) -> dict:
 
 
 #: The test of the committed docs against the committed measurement: the run is about to rewrite both.
-CONSISTENCY_TEST = "tests/test_timings_doc.py::test_the_committed_docs_are_the_writer_s_output_of_the_committed_measurement"
+CONSISTENCY_TEST = ("tests/test_timings_doc.py::"
+                    "test_the_committed_docs_are_the_writer_s_output_of_the_committed_measurement")
 
 
 def measure_pytest() -> dict:
@@ -131,12 +132,14 @@ def measure(skip_pytest: bool = False, previous: dict | None = None) -> dict:
             out["checks_s"] = {name: entry.get("seconds") for name, entry in by_check.items()}
             out["checks"] = {name: {k: entry.get(k) for k in ("total", "no_claim", "worst_ratio", "exact")}
                              for name, entry in by_check.items()}
-            out["inputs"] = {"total": meta.get("inputs", 0), "real": meta.get("real_inputs", 0), "seed": meta.get("seed")}
+            out["inputs"] = {"total": meta.get("inputs", 0), "real": meta.get("real_inputs", 0),
+                             "seed": meta.get("seed")}
         out["commands"][key] = {k: v for k, v in run.items() if k != "tail"}
         if run["rc"] != 0:
             out["commands"][key]["tail"] = run["tail"]
     for key, factory in SHARDING_RUNS:
-        run = timed([sys.executable, "-m", "ortho_verify", "sharding", "--optimizer", f"ortho_verify.sharding:{factory}",
+        run = timed([sys.executable, "-m", "ortho_verify", "sharding", "--optimizer",
+                     f"ortho_verify.sharding:{factory}",
                      "--world-size", "4", "--out", str(work / key)])
         out["commands"][key] = {k: v for k, v in run.items() if k != "tail" or run["rc"]}
     out["commands"].update(measure_reproduce(work))
@@ -198,9 +201,10 @@ def render(t: dict) -> dict[str, str]:
     load = c.get("pytest", {}).get("load_at_start")
     pytest_load = f", {load[0]:g} at the start of pytest" if load else ""
     table = "\n".join(["", *rows, "",
-                       f"{where}; load average {t['load_at_start'][0]:g} at the start{pytest_load} (a machine shared with "
-                       f"other work inflates wall time more than CPU time). Phases of the first run: {phases}; the "
-                       "seconds of every check are in report.md and report.json (`summary.by_check.*.seconds`).", ""])
+                       f"{where}; load average {t['load_at_start'][0]:g} at the start{pytest_load} (a machine shared "
+                       f"with other work inflates wall time more than CPU time). Phases of the first run: {phases}; "
+                       "the seconds of every check are in report.md and report.json (`summary.by_check.*.seconds`).",
+                       ""])
     stages = sum(v or 0.0 for k, v in t.get("checks_s", {}).items() if k.startswith("muon_stages"))
     return {
         "capture": f"{_seconds(c['default_first']['train_s'])} the first time on {t['cores']} CPU cores",
@@ -256,8 +260,8 @@ def regions_of(text: str) -> dict[str, str]:
 
 def module_text(t: dict) -> str:
     """The source of ``verify/measured.py``: the measurement as a dict literal."""
-    return ('"""Timings of ``ortho-verify`` and the test suite, measured by ``python scripts/timings.py --write-docs``\n'
-            '(generated: do not edit; ``ortho-verify --help`` quotes them)."""\n\n'
+    return ('"""Timings of ``ortho-verify`` and the test suite, measured by ``python scripts/timings.py '
+            '--write-docs``\n(generated: do not edit; ``ortho-verify --help`` quotes them)."""\n\n'
             f"TIMINGS: dict = {pprint.pformat(t, width=110, sort_dicts=False)}\n")
 
 

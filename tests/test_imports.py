@@ -66,7 +66,8 @@ def _imports(tree: ast.AST, module: str | None, is_package: bool, modules: dict)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                bound = {alias.asname: alias.name} if alias.asname else {alias.name.split(".")[0]: alias.name.split(".")[0]}
+                top = alias.name.split(".")[0]
+                bound = {alias.asname: alias.name} if alias.asname else {top: top}
                 yield node.lineno, alias.name, None, bound
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -279,7 +280,8 @@ def unlisted_packages(root: Path) -> list[str]:
     listed = set(config["packages"]) - data_only
     found = {".".join([name, *p.parent.relative_to(root / folder).parts])
              for name, folder in PACKAGES.items() for p in (root / folder).rglob("__init__.py")}
-    return ([f"pyproject.toml: packages: `{p}` (a folder with __init__.py) is not listed" for p in sorted(found - listed)]
+    return ([f"pyproject.toml: packages: `{p}` (a folder with __init__.py) is not listed"
+             for p in sorted(found - listed)]
             + [f"pyproject.toml: packages: `{p}` is listed but has no __init__.py" for p in sorted(listed - found)])
 
 
@@ -335,7 +337,8 @@ def test_rule_catches_a_cycle_across_packages_and_through_a_package(tmp_path):
 
 
 def test_rule_catches_a_private_import_but_not_a_public_name_of_a_private_module(tmp_path):
-    root = _tree(tmp_path, {"ortho_fast/_validate.py": "def check_finite(x):\n    return x\n\ndef _helper():\n    pass\n",
+    root = _tree(tmp_path,
+                 {"ortho_fast/_validate.py": "def check_finite(x):\n    return x\n\ndef _helper():\n    pass\n",
                             "ortho_fast/muon.py": "from ._validate import check_finite\nfrom . import _validate\n",
                             "ortho_fast/dion.py": "def f():\n    from .muon import _layout\n",
                             "ortho_fast/qr.py": "from . import _validate\n_validate._helper()\n"})
@@ -364,7 +367,8 @@ def test_rule_catches_private_use_in_tests_benchmarks_and_scripts(tmp_path):
     })
     problems = sorted(check_clients(root))
     assert [p.split(": private-use")[0] for p in problems] == [
-        "benchmarks/bench.py:2", "scripts/s.py:2", "tests/test_a.py:3", "tests/test_a.py:4", "tests/test_b.py:1"], problems
+        "benchmarks/bench.py:2", "scripts/s.py:2", "tests/test_a.py:3", "tests/test_a.py:4",
+        "tests/test_b.py:1"], problems
 
 
 def test_rule_catches_torch_or_a_third_party_in_the_oracle(tmp_path):
@@ -395,7 +399,8 @@ def test_rule_catches_a_long_file(tmp_path):
 
 def test_rule_catches_an_unlisted_package(tmp_path):
     root = _tree(tmp_path, {"verify/sharding/__init__.py": "", "pyproject.toml":
-                            '[tool.setuptools]\npackages = ["ortho_ref", "ortho_fast", "ortho_verify", "ortho_fast.gone"]\n'})
+                            '[tool.setuptools]\npackages = ["ortho_ref", "ortho_fast", "ortho_verify", '
+                            '"ortho_fast.gone"]\n'})
     assert unlisted_packages(root) == [
         "pyproject.toml: packages: `ortho_verify.sharding` (a folder with __init__.py) is not listed",
         "pyproject.toml: packages: `ortho_fast.gone` is listed but has no __init__.py"]

@@ -30,17 +30,35 @@ from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.diagnoses import with_cause
 from ortho_verify.checks.newton_schulz import compare_ns_output
 from ortho_verify.checks.orientation import confined_cause
-from ortho_verify.checks.statistical import (STATISTICAL_SPECS, StatisticalBatch, compare_ns_statistics,
-                                             statistical_batch, statistical_batches)
-from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, dtype_name,
-                                      table_and_normalization)
+from ortho_verify.checks.statistical import (
+    STATISTICAL_SPECS,
+    StatisticalBatch,
+    compare_ns_statistics,
+    statistical_batch,
+)
+from ortho_verify.conventions import (
+    DION,
+    ORTHO_MUON,
+    TORCH_MUON,
+    DionConventions,
+    MuonConventions,
+    dtype_name,
+    table_and_normalization,
+)
 from ortho_verify.devices import describe_device, device_label, resolve_device
 from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
-from ortho_verify.kernel_calls import (DEFAULT_TIMEOUT_S, RECOMPILE_LIMIT_FIX, call_with_timeout, check_examples,
-                                      check_seed, is_recompile_limit, raised_row)
-from ortho_verify.tolerances import NS_FORMS, validate_restarts
+from ortho_verify.kernel_calls import (
+    DEFAULT_TIMEOUT_S,
+    RECOMPILE_LIMIT_FIX,
+    call_with_timeout,
+    check_examples,
+    check_seed,
+    is_recompile_limit,
+    raised_row,
+)
 from ortho_verify.optimizer_checks import DEFAULT_SHAPES, check_optimizer, optimizer_inputs
 from ortho_verify.results import CheckResult, Failure, VerificationReport, accept_side_effects, measured
+from ortho_verify.tolerances import NS_FORMS, validate_restarts
 
 __all__ = [
     "DEFAULT_SHAPES", "DEFAULT_SPECS", "DEFAULT_TIMEOUT_S", "DION", "DionConventions", "Failure", "MuonConventions",
@@ -212,7 +230,8 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
                      float((_to_host(x).double() - _to_host(pristine).double()).abs().max()), 0.0)]
     if not isinstance(out, torch.Tensor) or out.shape != x.shape:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        return rows + [measured("output_shape", example.name, f"expected {tuple(x.shape)}", math.inf, 0.0, f"got {shape}")]
+        return rows + [measured("output_shape", example.name, f"expected {tuple(x.shape)}", math.inf, 0.0,
+                                f"got {shape}")]
     result = _as_f64(_to_host(out)).reshape(-1, *x.shape[-2:])
     detail = f"{compute}{'' if form == 'standard' else f' gram restarts {list(restarts)}'}, {len(table)} steps" + \
         ("" if dev.type == "cpu" else f", {dev}")
@@ -270,8 +289,8 @@ def check_orthogonalizer_statistics(fn: Callable, batch: StatisticalBatch, *, co
     fast = outs[0] if batched else torch.stack([torch.from_numpy(o) for o in outs]).numpy()
     return [compare_ns_statistics(fast, batch.matrices, table, safety=safety, eps=eps, dtype=compute,
                                   eps_mode=eps_mode, input_name=batch.name, form=form, restarts=restarts,
-                                  detail=f"{compute}{'' if form == 'standard' else f' gram restarts {list(restarts)}'}, "
-                                         f"{len(table)} steps" + ("" if dev.type == "cpu" else f", {dev}"))]
+                                  detail=f"{compute}{'' if form == 'standard' else f' gram restarts {list(restarts)}'}"
+                                         f", {len(table)} steps" + ("" if dev.type == "cpu" else f", {dev}"))]
 
 
 def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.float32, steps: int | None = None,
@@ -377,8 +396,8 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
             inputs[batch.name] = ({"input": batch.matrices}, batch.provenance + REPLAY_HINT)
     kernel = f"{compute}" + ("" if compute == name else f" on {name} inputs") + \
         ("" if form == "standard" else f", gram restarts {list(restarts)}")
-    subject = f"{getattr(fn, '__name__', type(fn).__name__)} ({coefficients if isinstance(coefficients, str) else 'table'}, " \
-              f"{kernel})"
+    subject = f"{getattr(fn, '__name__', type(fn).__name__)} " \
+              f"({coefficients if isinstance(coefficients, str) else 'table'}, {kernel})"
     results = confined_cause(results, shapes)  # one orientation / one number of batch dims: said in the cause
     return VerificationReport(subject, accept_side_effects(results, allow_side_effects), inputs,
                               device_label(describe_device(dev)))

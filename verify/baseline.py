@@ -4,8 +4,8 @@ A baseline is a JSON file with the error/tolerance ratio of every claimed check 
 (rows that made no claim are left out: a check that stops making its claim shows as missing),
 keyed by (check, input, detail), the run's mode (quick, real inputs, seed) and a SHA-256 per
 golden file of the oracle (``ortho_ref/golden/data``) over what it asserts — function,
-arguments, digits and the stored arrays — not the sidecar's date, versions or mpmath backend. ``compare`` turns a new run into
-``baseline_regression`` rows (one per check name, the worst key), a ``baseline_coverage`` row
+arguments, digits and the stored arrays — not the sidecar's date, versions or mpmath backend. ``compare`` turns a new
+run into ``baseline_regression`` rows (one per check name, the worst key), a ``baseline_coverage`` row
 (checks of the baseline missing from a run of the same mode) and a ``baseline_golden_files``
 row (golden files changed or removed). A ratio regresses when
 r_new > max(BASELINE_GROWTH·r_old, BASELINE_FLOOR) (``ortho_verify.tolerances``: 2 and 0.1).
@@ -140,8 +140,8 @@ def write(path, results: list[CheckResult], mode: dict, golden_dir: Path | None 
 
     ``mode``: what must match for coverage to be enforced (the CLI's {"quick", "real_inputs_used",
     "seed"}; a user's report: {"subject"}). ``inputs``: {"corpus": ``corpus_identity`` or None,
-    "real_inputs": names of the inputs trained on it} of the run. ``golden``: record the oracle's golden files (``golden_hashes``).
-    Raises: ValueError if a result failed (a baseline records a passing state); OSError if the
+    "real_inputs": names of the inputs trained on it} of the run. ``golden``: record the oracle's golden files
+    (``golden_hashes``). Raises: ValueError if a result failed (a baseline records a passing state); OSError if the
     file cannot be written.
     """
     failed = [r for r in results if not r.passed]

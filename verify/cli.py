@@ -12,7 +12,7 @@ baseline, and exits 0 when every check passed, 1 when a check failed or the run 
 usage error (``ortho_verify.arguments``). Subcommands: ``sharding``, ``reproduce``, ``identify``.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (sorted as isort; its one-name-a-line wrapping: over 500 lines)
 
 import argparse
 import importlib
@@ -29,11 +29,11 @@ from threadpoolctl import threadpool_limits
 import ortho_fast
 from ortho_verify import (annotations, baseline, checks, data, error_feedback, junit, measured, plots, presets,
                           registry, report)
-from ortho_verify.checks.qk_clip import qk_clip_jobs
-from ortho_verify.checks.stages import stage_jobs
 from ortho_verify.arguments import (EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file,
                                     check_readable_file)
 from ortho_verify.checks.newton_schulz import kernel_suffix
+from ortho_verify.checks.qk_clip import qk_clip_jobs
+from ortho_verify.checks.stages import stage_jobs
 from ortho_verify.checks.statistical import (CLI_QUICK_STATISTICAL_SCHEDULES, CLI_STATISTICAL_MATRICES,
                                              check_ns_statistics)
 from ortho_verify.corpus import corpus_identity
@@ -170,7 +170,8 @@ def error_feedback_inputs(cases) -> list:
     real = [c for c in cases if c.source == "real"]
     if real:
         last = max(int(c.name.split("/")[1].removeprefix("step")) for c in real)
-        real = [c for c in real if c.name.startswith(f"gpt/step{last}/") and c.name.split("/", 2)[2] in data.QUICK_PARAMS]
+        real = [c for c in real if c.name.startswith(f"gpt/step{last}/")
+                and c.name.split("/", 2)[2] in data.QUICK_PARAMS]
     return error_feedback.error_feedback_matrices() + real
 
 
@@ -257,7 +258,8 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None, device=None) ->
                                                                                     d, v, s)))
     for case in cases:
         for cfg, dtype in registry.DION2_RUNS:
-            jobs.append((f"Dion2 {cfg}/{dtype} {case.name}", lambda c=case, g=cfg, d=dtype: checks.check_dion2(c, g, d)))
+            jobs.append((f"Dion2 {cfg}/{dtype} {case.name}",
+                         lambda c=case, g=cfg, d=dtype: checks.check_dion2(c, g, d)))
     for case in error_feedback_inputs(cases):
         for dtype in EF_DTYPES:
             for on in (True, False):
@@ -462,7 +464,8 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
     style = "green" if summ["verdict"] == "passed" else "bold red"
     device = meta["device"]
     console.print(f"[{style}]{summ['verdict'].upper()}: {summ['passed']} passed, {summ['failed']} failed[/], "
-                  f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} s{phase_text(timing['phases'])}; Newton–Schulz on "
+                  f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} "
+                  f"s{phase_text(timing['phases'])}; Newton–Schulz on "
                   f"{device['device']}" + (f" {device['name']}, CUDA {device['cuda']}" if device["cuda"] and
                                            device["device"] != "cpu" else "") + ")")
     if summ["failed"]:  # the kinds of failure, counted apart

@@ -403,8 +403,8 @@ def real_gradients(
 
     The cache is ``<cache_dir>/gpt-grads-<key>.npz`` plus a ``.json`` sidecar with
     the metadata; ``key`` hashes (config, seed, torch version, the corpus identity,
-    cache format) — not the Python version: the corpus does not depend on it — so a changed setting never loads a stale file. An unreadable
-    or mismatching cache file is rebuilt (with a warning); files are written to a
+    cache format) — not the Python version: the corpus does not depend on it — so a changed setting never loads a stale
+    file. An unreadable or mismatching cache file is rebuilt (with a warning); files are written to a
     temp file and moved into place with ``os.replace``, so an interrupted write
     never leaves a corrupt cache. A quick call reads the full run's cache when it exists, else
     trains only up to the quick step (``quick_config``, cached under its own key): the same matrices.

@@ -72,8 +72,8 @@ def describe_device(device) -> dict:
 
 
 def device_label(info: dict) -> str:
-    """One line for a report's ``device`` (printed by its summary): "cuda:0 (NVIDIA H100 80GB HBM3; torch 2.11.0, CUDA 13.0)", with
-    "; TF32 matmuls on" when float32 matmuls on that GPU may use TF32 (declare ``dtype="high"``)."""
+    """One line for a report's ``device`` (printed by its summary): "cuda:0 (NVIDIA H100 80GB HBM3; torch 2.11.0, CUDA
+    13.0)", with "; TF32 matmuls on" when float32 matmuls on that GPU may use TF32 (declare ``dtype="high"``)."""
     cuda = f", CUDA {info['cuda']}" if info.get("cuda") else ", no CUDA"
     tf32 = "; TF32 matmuls on" if info.get("tf32_matmul") else ""
     return f"{info['device']} ({info['name']}; torch {info['torch']}{cuda}{tf32})"

@@ -32,8 +32,7 @@ import torch
 import ortho_fast
 import ortho_ref
 from ortho_verify import tolerances as tol
-from ortho_verify.arrays import TORCH_DTYPES
-from ortho_verify.arrays import as_float64 as _f64
+from ortho_verify.arrays import TORCH_DTYPES, as_float64 as _f64
 from ortho_verify.results import CheckResult, measured, no_claim
 from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
 
@@ -186,7 +185,8 @@ def check_error_feedback(case: MatrixCase, rank_fraction: float, dtype: str, *, 
     out += [max(outside_rows, key=lambda x: x.ratio), max(inside_rows, key=lambda x: x.ratio),
             measured("ef_bookkeeping", case.name, f"{detail} {formula}, T = {steps}", np.linalg.norm(residual),
                      tol.ef_bookkeeping_tolerance(e_t, [np.linalg.norm(b) for b in trace.B], dtype),
-                     f"unaccounted gradient ||sum G - M_T - (1-mu) sum PR^T|| / ||sum G|| = {extra['lost_fraction']:.2e}",
+                     "unaccounted gradient ||sum G - M_T - (1-mu) sum PR^T|| / ||sum G|| = "
+                     f"{extra['lost_fraction']:.2e}",
                      extra)]
     for row in out:
         row.extra = {**extra, **row.extra}
@@ -240,8 +240,8 @@ def check_subspace_convergence(case: MatrixCase, rank_fraction: float, dtype: st
     q = float(s[r] / s[r - 1]) if r < len(s) and s[r - 1] > 0 else 0.0
     rate = float(tans[-1] / tans[-2]) if steps > 1 and tans[-2] > 0 else math.nan
     detail = f"rank {r}/{min(m, n)} ({rank_fraction:g})/{dtype} tan theta_t <= q^(2t-1) tan theta_0, t <= {steps}"
-    note = (f"worst t = {t + 1}; tan theta: {tans[0]:.1e} (t=1) -> {tans[-1]:.1e} (t={steps}); contraction per step measured "
-            f"{rate:.3g}, predicted q^2 = {q * q:.3g}")
+    note = (f"worst t = {t + 1}; tan theta: {tans[0]:.1e} (t=1) -> {tans[-1]:.1e} (t={steps}); contraction per step "
+            f"measured {rate:.3g}, predicted q^2 = {q * q:.3g}")
     return [measured("ef_subspace_convergence", case.name, detail, tans[t], bounds[t], note,
                      {"tan": tans.tolist(), "bound": bounds.tolist(), "q": q})]
 
@@ -301,7 +301,8 @@ def check_full_rank_polar(case: MatrixCase, dtype: str, *, steps: int = 24, mu: 
 
 def observed_step_rows(name: str, detail: str, *, weight: np.ndarray, weight_new: np.ndarray, momentum: np.ndarray,
                        grad: np.ndarray, momentum_new: np.ndarray, q_new: np.ndarray, lr: float, mu: float,
-                       weight_decay: float, dtype: str, error_feedback: bool = True, note: str = "") -> list[CheckResult]:
+                       weight_decay: float, dtype: str, error_feedback: bool = True,
+                       note: str = "") -> list[CheckResult]:
     """Invariants of one Dion step from its inputs and the state after it — weight, momentum and
     stored Q, no P — for optimizers whose P is not determined to working precision (bfloat16).
 

@@ -52,7 +52,8 @@ def make_spectrum(kind: str, k: int, **params) -> np.ndarray:
     if kind == "clustered":
         sizes = np.diff(np.linspace(0, k, min(params["clusters"], k) + 1).astype(int))
         levels = np.geomspace(1.0, 10.0 ** -params["log_cond"], len(sizes))
-        s = np.concatenate([lv * (1.0 + params["spread"] * np.linspace(0.0, -1.0, size)) for lv, size in zip(levels, sizes)])
+        s = np.concatenate([lv * (1.0 + params["spread"] * np.linspace(0.0, -1.0, size))
+                            for lv, size in zip(levels, sizes)])
         return np.sort(s)[::-1] / s.max()
     if kind == "rank_deficient":
         rank = 1 + int(params["rank_fraction"] * max(k - 2, 0))
@@ -104,8 +105,8 @@ class SpectralExample:
     @property
     def provenance(self) -> str:
         """How to rebuild it: ``build_example(...)`` with the example's arguments."""
-        return (f"ortho_verify.strategies.build_example({self.kind!r}, {dict(self.params)!r}, shape={tuple(self.matrix.shape)}, "
-                f"scale={self.scale!r}, dtype={self.dtype!r}, seed={self.seed})")
+        return (f"ortho_verify.strategies.build_example({self.kind!r}, {dict(self.params)!r}, "
+                f"shape={tuple(self.matrix.shape)}, scale={self.scale!r}, dtype={self.dtype!r}, seed={self.seed})")
 
     def tensor(self):
         """The input as a torch tensor of ``input_dtype`` (values rounded once from float64)."""
@@ -145,4 +146,5 @@ def build_example(kind: str, params: dict, *, shape: tuple[int, ...], scale: flo
     mats = [matrix_with_spectrum(s * scale * f, m, n, rng) for f in factors]
     return SpectralExample(
         matrix=np.stack(mats).reshape(shape), singular_values=np.stack([s * scale * f for f in factors]).reshape(
-            *batch, len(s)), kind=kind, params=tuple(sorted(params.items())), scale=float(scale), dtype=dtype, seed=seed)
+            *batch, len(s)),
+        kind=kind, params=tuple(sorted(params.items())), scale=float(scale), dtype=dtype, seed=seed)

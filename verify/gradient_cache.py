@@ -62,7 +62,8 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
 
 
 def save(path: Path, cases: list[MatrixCase], meta: dict) -> None:
-    """The cases and ``meta`` (with its "key") as ``path`` (.npz) and a readable .json sidecar, each written atomically."""
+    """The cases and ``meta`` (with its "key") as ``path`` (.npz) and a readable .json sidecar, each written
+    atomically."""
     arrays = {f"matrix_{i}": c.matrix for i, c in enumerate(cases)}
     arrays["names"] = np.array([c.name for c in cases])
     arrays["descriptions"] = np.array([c.description for c in cases])

@@ -11,7 +11,8 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["DEFAULT_TIMEOUT_S", "RECOMPILE_LIMIT_FIX", "call_with_timeout", "check_examples", "check_seed", "is_recompile_limit",
+__all__ = ["DEFAULT_TIMEOUT_S", "RECOMPILE_LIMIT_FIX", "call_with_timeout", "check_examples", "check_seed",
+           "is_recompile_limit",
            "raised_row"]
 
 #: Default seconds one call of the checked kernel may take before ``check_orthogonalizer``

@@ -173,8 +173,7 @@ def ortho_baseline(request):
     ``<test file's folder>/ortho-baselines/<module>/<class::test[params] or name>.json``, the
     same from any working directory; ``--ortho-baseline-dir DIR``:
     ``DIR/<test file relative to the rootdir>/<test id>.json``."""
-    from ortho_verify.baseline import (baseline_path_for_test, compare_with_baseline, legacy_baseline_path,
-                                       save_baseline)
+    from ortho_verify.baseline import baseline_path_for_test, compare_with_baseline, legacy_baseline_path, save_baseline
 
     option = request.config.getoption("--ortho-baseline-dir")
     update = request.config.getoption("--ortho-update-baseline")

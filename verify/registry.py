@@ -183,7 +183,8 @@ def get(name: str) -> OptimizerConfig:
 
 def select(tag: str | None = None, algorithm: str | None = None) -> tuple[OptimizerConfig, ...]:
     """The configurations with ``tag`` (if given) and ``algorithm`` (if given), in registry order."""
-    return tuple(c for c in CONFIGS if (tag is None or tag in c.tags) and (algorithm is None or c.algorithm == algorithm))
+    return tuple(c for c in CONFIGS if (tag is None or tag in c.tags)
+                 and (algorithm is None or c.algorithm == algorithm))
 
 
 #: ``ortho_verify.checks.MUON_CONFIGS``: system name -> Muon options (lr and weight_decay included).
@@ -199,7 +200,8 @@ DION_VARIANT_RUNS: tuple[tuple[str, str, str | None], ...] = (
 #: ``ortho_verify.checks.DION2_CONFIGS``: name -> ``ortho_fast.Dion2`` options.
 DION2_CONFIGS: dict[str, dict] = {c.name: c.kwargs() for c in select("dion2_checks", "dion2")}
 #: (config, dtype) of ``ortho-verify``'s Dion2 rows (parameters, state and Newton–Schulz in dtype).
-DION2_RUNS: tuple[tuple[str, str], ...] = tuple((c, d) for c in DION2_CONFIGS for d in ("float64", "float32", "bfloat16"))
+DION2_RUNS: tuple[tuple[str, str], ...] = tuple((c, d) for c in DION2_CONFIGS
+                                                for d in ("float64", "float32", "bfloat16"))
 #: Options of ``ortho-verify sharding``'s Dion and Muon (``ortho_verify.sharding.DION_OPTIONS`` /
 #: ``MUON_OPTIONS``).
 SHARDING_DION: dict = get("sharding/dion").kwargs()

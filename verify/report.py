@@ -13,8 +13,16 @@ import functools
 import shutil
 
 from ortho_verify.optional import require
-from ortho_verify.results import (CheckResult, error_feedback_table, failure_kind, format_number, format_worst_ratio,
-                                  summary, worst_per_group, write_reports)
+from ortho_verify.results import (
+    CheckResult,
+    error_feedback_table,
+    failure_kind,
+    format_number,
+    format_worst_ratio,
+    summary,
+    worst_per_group,
+    write_reports,
+)
 from ortho_verify.tables import print_fitted
 
 __all__ = ["FAILURES_SHOWN", "error_feedback_table", "make_console", "print_failures", "print_summary", "print_table",
@@ -89,7 +97,8 @@ def print_summary(results: list[CheckResult], console=None, seconds: dict | None
         styles.append("bold red" if s["failed"] else "yellow" if not s["passed"] else None)
         where = s["worst"]["input"] if s["worst"] else "—"
         timing = [f"{s['seconds']:.1f}"] if seconds else []
-        rows.append([name, str(s["passed"]), str(s["failed"]), str(s["no_claim"]), format_worst_ratio(s), where, *timing])
+        rows.append([name, str(s["passed"]), str(s["failed"]), str(s["no_claim"]), format_worst_ratio(s),
+                     where, *timing])
     print_fitted(console, table, ["check", "pass:right", "fail:right", "no\nclaim:right", "worst\nerror/tol:right",
                                   "worst input", *(["s:right"] if seconds else [])], rows,
                  fixed={1, 2, 3, 4, 6} if seconds else {1, 2, 3, 4}, keep={0, 5}, styles=styles)

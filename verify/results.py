@@ -16,13 +16,24 @@ from pathlib import Path
 
 import numpy as np
 
-from ortho_verify.kinds import (FAILURE_KINDS, SIDE_EFFECTS, UNSUPPORTED_CHECKS, accept_side_effects, failure_kind,
-                                failure_kinds, headline_cause, user_frame)
+from ortho_verify.kinds import (
+    FAILURE_KINDS,
+    SIDE_EFFECTS,
+    UNSUPPORTED_CHECKS,
+    accept_side_effects,
+    failure_kind,
+    failure_kinds,
+    headline_cause,
+    user_frame,
+)
 
 __all__ = [
-    "FAILURE_KINDS", "REPORT_SCHEMA_VERSION", "SIDE_EFFECTS", "UNSUPPORTED_CHECKS", "CheckResult", "headline_cause", "Failure", "VerificationReport",
-    "accept_side_effects", "error_feedback_table", "failure_kind", "failure_kinds", "format_number", "format_worst_ratio",
-    "measured", "no_claim", "ratio_text", "user_frame", "verdict_text", "no_claim_summary", "report_body", "summary", "verdict", "worst_per_group", "write_reports",
+    "FAILURE_KINDS", "REPORT_SCHEMA_VERSION", "SIDE_EFFECTS", "UNSUPPORTED_CHECKS", "CheckResult", "headline_cause",
+    "Failure", "VerificationReport",
+    "accept_side_effects", "error_feedback_table", "failure_kind", "failure_kinds", "format_number",
+    "format_worst_ratio",
+    "measured", "no_claim", "ratio_text", "user_frame", "verdict_text", "no_claim_summary", "report_body", "summary",
+    "verdict", "worst_per_group", "write_reports",
 ]
 
 
@@ -208,7 +219,8 @@ def error_feedback_table(results: list[CheckResult]) -> list[str]:
     for (inp, rank, dtype), modes in rows.items():
         on, off = modes.get("on", {}), modes.get("off", {})
         lines.append(f"| {inp} | {rank} | {dtype} | {format_number(on.get('lost_fraction', math.nan))} | "
-                     f"{format_number(off.get('lost_fraction', math.nan))} | {format_number(on.get('outside_fraction', math.nan))} / "
+                     f"{format_number(off.get('lost_fraction', math.nan))} | "
+                     f"{format_number(on.get('outside_fraction', math.nan))} / "
                      f"{format_number(off.get('outside_fraction', math.nan))} |")
     return lines + [""]
 
@@ -251,8 +263,8 @@ def format_worst_ratio(entry: dict) -> str:
 
 def report_body(results: list[CheckResult], meta: dict, all_rows: bool = False, seconds: dict | None = None) -> dict:
     """The content of ``report.json`` (schema ``REPORT_SCHEMA_VERSION``): ``meta``, ``summary``
-    (``summary``, with ``seconds`` per check when given), ``groups`` (per (check, input): counts and its worst row, ``worst_per_group``),
-    ``failures`` (every failed row in full), ``no_claim`` (``no_claim_summary``) and, with
+    (``summary``, with ``seconds`` per check when given), ``groups`` (per (check, input): counts and its worst row,
+    ``worst_per_group``), ``failures`` (every failed row in full), ``no_claim`` (``no_claim_summary``) and, with
     ``all_rows``, ``results`` (every row)."""
     groups = []
     for worst, ok, total in worst_per_group(results):
@@ -261,7 +273,8 @@ def report_body(results: list[CheckResult], meta: dict, all_rows: bool = False, 
                        "failed": sum(not r.passed for r in rows), "worst": {k: v for k, v in _row(worst).items()
                                                                             if k not in ("check", "input")}})
     body = {"schema": "ortho-verify-report", "schema_version": REPORT_SCHEMA_VERSION, "meta": meta,
-            "summary": summary(results, seconds), "groups": groups, "failures": [_row(r) for r in results if not r.passed],
+            "summary": summary(results, seconds), "groups": groups,
+            "failures": [_row(r) for r in results if not r.passed],
             "no_claim": no_claim_summary(results)}
     if all_rows:
         body["results"] = [_row(r) for r in results]
@@ -309,7 +322,8 @@ def write_reports(results: list[CheckResult], out_dir: Path, meta: dict, plots=(
         where = f"{s['worst']['input']} ({s['worst']['detail']})" if s["worst"] else ""
         lines.append(f"| {name} | {s['passed']} | {s['failed']} | {s['no_claim']} | {s['total']} | "
                      f"{format_worst_ratio(s)} | {where} |" + (f" {s['seconds']:.1f} |" if timed else ""))
-    head = ["| check | input | detail | error | tolerance | error/tol | result | note |", "|---|---|---|---|---|---|---|---|"]
+    head = ["| check | input | detail | error | tolerance | error/tol | result | note |",
+            "|---|---|---|---|---|---|---|---|"]
     failed = [r for r in results if not r.passed]
     if failed:
         lines += ["", f"## Failures ({len(failed)})", "", *head, *map(_md_row, failed)]

@@ -42,8 +42,16 @@ import math
 
 import numpy as np
 
-from ortho_verify.examples import (DTYPES, LAYOUTS, MAX_SCALE, MIN_SCALE, SPECTRUM_KINDS, SpectralExample, build_example,
-                                   make_spectrum)
+from ortho_verify.examples import (
+    DTYPES,
+    LAYOUTS,
+    MAX_SCALE,
+    MIN_SCALE,
+    SPECTRUM_KINDS,
+    SpectralExample,
+    build_example,
+    make_spectrum,
+)
 from ortho_verify.optional import require
 from ortho_verify.spectra import haar_orthogonal, matrix_with_spectrum
 

@@ -25,7 +25,8 @@ def schedule_table() -> str:
     """Markdown table: per schedule its steps, normalization, exact band of f on
     σ̂ ∈ [1e-3, 1], L_f = sup |f′| on [0, 1], Π a_t = f′(0), and the step gains G_t."""
     lines = [
-        "| schedule | steps | safety | eps | band of f on [1e-3, 1] | L_f = sup\\|f′\\| on [0, 1] | Π a_t = f′(0) | gains G_0..G_T on [1e-3, 1] |",
+        "| schedule | steps | safety | eps | band of f on [1e-3, 1] | L_f = sup\\|f′\\| on [0, 1] | Π a_t = f′(0) | "
+        "gains G_0..G_T on [1e-3, 1] |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in sorted(ortho_ref.SCHEDULES):

@@ -153,8 +153,8 @@ def run_workers(world_size: int, fn: Callable[..., Any], *args, timeout: float =
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = sorted(set(range(world_size)) - set(results))
-                    raise TimeoutError(f"run_workers: ranks {missing} of {world_size} did not finish within {timeout:g} s "
-                                       f"(a collective not joined by every rank hangs)")
+                    raise TimeoutError(f"run_workers: ranks {missing} of {world_size} did not finish within "
+                                       f"{timeout:g} s (a collective not joined by every rank hangs)")
                 ready = mp.connection.wait([c for r, c in enumerate(conns) if r not in results], timeout=min(left, 1.0))
                 for conn in ready:
                     rank = conns.index(conn)

@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from .layout import MeshAxis
 
-__all__ = ["CommRecord", "Ledger", "record_collectives", "active_ledger", "all_reduce", "all_reduce_axes", "all_gather_blocks",
+__all__ = ["CommRecord", "Ledger", "record_collectives", "active_ledger", "all_reduce", "all_reduce_axes",
+           "all_gather_blocks",
            "gather_blocks", "scatter_blocks", "broadcast"]
 
 

@@ -24,8 +24,8 @@ variant of the paper's distributed Dion):
 
 Q0 is ``initial_q`` of the global shape sliced to this rank's rows of Q; the sketches come from
 ``sketch_generator(seed, index, step)`` at the global size. So every layout computes the
-one-process update to rounding (docs/design.md, "Distributed layouts and the layout contract": float64 relative Frobenius
-<= 1e-12, float32 <= 1e-5, ``ortho_verify.tolerances.sharded_tolerance``). Whether B = 0 anywhere
+one-process update to rounding (docs/design.md, "Distributed layouts and the layout contract": float64 relative
+Frobenius <= 1e-12, float32 <= 1e-5, ``ortho_verify.tolerances.sharded_tolerance``). Whether B = 0 anywhere
 (one process then skips the update), whether each rank's gradient is finite and whether the
 state is well formed are decided for all parameters at once by one small all-reduce per
 mesh axis, so a bad input raises on every rank and never hangs a collective.
@@ -45,20 +45,34 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ..validation import FiniteCheck
 from ..functional.dion import initial_q
 from ..functional.qr import WHOLE, WholeDim, householder
 from ..groups.dion import (
-    DION_OPTION_KEYS, check_dion_step, dion_state_dtype, init_dion_state, param_rank, resolve_dion_options, step_block,
+    DION_OPTION_KEYS,
+    check_dion_step,
+    dion_state_dtype,
+    init_dion_state,
+    param_rank,
+    resolve_dion_options,
+    step_block,
 )
 from ..groups.driver import GroupRunner, describe_groups
 from ..groups.options import OptionsCache
+from ..validation import FiniteCheck
 from .comm import all_gather_blocks, all_reduce, all_reduce_axes, broadcast, raise_together
-from .volumes import dion_check_volume, dion_comm_volume
 from .layout import (
-    LayoutError, MatrixLayout, MeshAxis, dim_indices, flat_indices, check_axes, is_dtensor, local_tensor,
-    matrix_layout, mesh_axis,
+    LayoutError,
+    MatrixLayout,
+    MeshAxis,
+    check_axes,
+    dim_indices,
+    flat_indices,
+    is_dtensor,
+    local_tensor,
+    matrix_layout,
+    mesh_axis,
 )
+from .volumes import dion_check_volume, dion_comm_volume
 
 __all__ = ["DionMeshes", "ShardedDim", "DionPlan", "ShardedDionGroups", "resolve_dion_meshes", "dion_plan",
            "init_sharded_state", "sharded_dion_step", "synchronize_replicas", "dion_comm_volume", "dion_check_volume"]
@@ -130,7 +144,8 @@ def resolve_dion_meshes(replicate_mesh=None, outer_shard_mesh=None, inner_shard_
             raise ValueError("process_group: pass either process_group (DDP over plain tensors) or the mesh arguments "
                              "(replicate_mesh, outer_shard_mesh, inner_shard_mesh), not both")
         if not isinstance(process_group, dist.ProcessGroup):
-            raise TypeError(f"process_group: expected a torch.distributed.ProcessGroup, got {type(process_group).__name__}")
+            raise TypeError("process_group: expected a torch.distributed.ProcessGroup, got "
+                            f"{type(process_group).__name__}")
         return DionMeshes(mesh_axis(process_group, "process_group"), None, None, replicate_mesh_grad_sync, True)
     if all(m is None for m in meshes):
         return None
@@ -265,9 +280,9 @@ def dion_plan(param: torch.Tensor, meshes: DionMeshes) -> DionPlan:
     flattened parameter).
     """
     if meshes.from_process_group and is_dtensor(param):
-        raise LayoutError(f"process_group: DDP over a ProcessGroup steps plain tensors; got a DTensor parameter of shape "
-                          f"{tuple(param.shape)} ({tuple(param.placements)}): pass its meshes as replicate_mesh / "
-                          f"outer_shard_mesh / inner_shard_mesh instead")
+        raise LayoutError("process_group: DDP over a ProcessGroup steps plain tensors; got a DTensor parameter of "
+                          f"shape {tuple(param.shape)} ({tuple(param.placements)}): pass its meshes as replicate_mesh "
+                          f"/ outer_shard_mesh / inner_shard_mesh instead")
     layout = matrix_layout(param, meshes.roles)
     m, n = layout.shape
     transposed = m < n
@@ -292,7 +307,8 @@ def init_sharded_state(p: torch.Tensor, st: dict, group: dict, plan: DionPlan, *
     local, mesh = p.to_local(), p.device_mesh
     if "momentum" not in st:
         zeros = torch.zeros(local.shape, dtype=dion_state_dtype(group, "momentum", p), device=local.device)
-        st["momentum"] = DTensor.from_local(zeros, mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+        st["momentum"] = DTensor.from_local(zeros, mesh, p.placements, run_check=False, shape=p.shape,
+                                            stride=p.stride())
     if "Q" not in st:
         k, r = min(plan.shape), param_rank(p, group)
         q0 = initial_q((k, r), seed, index, dion_state_dtype(group, "Q", p), local.device)

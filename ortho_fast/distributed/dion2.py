@@ -42,7 +42,11 @@ import torch.distributed as dist
 
 from ..functional import dion2 as dion2_math
 from ..groups.dion2 import (
-    DION2_OPTION_KEYS, Dion2Options, check_dion2_step, dion2_group_step, resolve_dion2_options,
+    DION2_OPTION_KEYS,
+    Dion2Options,
+    check_dion2_step,
+    dion2_group_step,
+    resolve_dion2_options,
 )
 from ..groups.driver import INPUT_ERRORS, GroupRunner, describe_groups
 from ..groups.options import OptionsCache

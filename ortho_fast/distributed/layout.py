@@ -103,7 +103,8 @@ def check_axes(axes: Sequence[MeshAxis | None]) -> None:
         common = set(a.ranks) & set(b.ranks)
         if a.size > 1 and b.size > 1 and common != {a.ranks[a.index]}:
             raise LayoutError(f"{a.name} and {b.name} overlap: ranks {sorted(common)} are in both "
-                              f"({a.name} {a.ranks}, {b.name} {b.ranks}); each must be a different dimension of one mesh")
+                              f"({a.name} {a.ranks}, {b.name} {b.ranks}); each must be a different dimension of one "
+                              "mesh")
 
 
 def dim_indices(shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int],
@@ -115,11 +116,13 @@ def dim_indices(shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Seq
     idx = [torch.arange(s) for s in shape]
     for mesh_dim, pl in enumerate(placements):
         if isinstance(pl, _StridedShard):
-            size, offsets = pl._local_shard_size_and_offset(len(idx[pl.dim]), mesh_shape[mesh_dim], coordinate[mesh_dim],
+            size, offsets = pl._local_shard_size_and_offset(len(idx[pl.dim]), mesh_shape[mesh_dim],
+                                                            coordinate[mesh_dim],
                                                             offset_mode=_StridedShardOffsetMode.ALL)
             sel = torch.tensor(list(offsets)[:size], dtype=torch.int64) if size else torch.zeros(0, dtype=torch.int64)
         elif isinstance(pl, Shard):
-            size, start = Shard.local_shard_size_and_offset(len(idx[pl.dim]), mesh_shape[mesh_dim], coordinate[mesh_dim])
+            size, start = Shard.local_shard_size_and_offset(len(idx[pl.dim]), mesh_shape[mesh_dim],
+                                                            coordinate[mesh_dim])
             sel = torch.arange(start, start + size) if size else torch.zeros(0, dtype=torch.int64)
         else:
             continue
@@ -243,8 +246,8 @@ def matrix_layout(param: torch.Tensor, axes: Mapping[str, MeshAxis | None], *,
         role = next((r for r in ROLES if axes.get(r) is not None and axes[r].ranks == ranks), None)
         if role is None:
             given = {a.name: a.ranks for a in axes.values() if a is not None}
-            raise LayoutError(f"param: a DTensor of shape {shape} is sharded ({pl}) on mesh dim {names[d]!r} with ranks "
-                              f"{ranks}, which is none of the meshes the optimizer was given {given}; {hint}")
+            raise LayoutError(f"param: a DTensor of shape {shape} is sharded ({pl}) on mesh dim {names[d]!r} with "
+                              f"ranks {ranks}, which is none of the meshes the optimizer was given {given}; {hint}")
         if role == "replicate":
             raise LayoutError(f"param: mesh dim {names[d]!r} shards the parameter ({pl}) but is the replicate_mesh; "
                               f"the replicate mesh must hold whole replicas (pass it as outer_shard_mesh)")

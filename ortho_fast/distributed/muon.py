@@ -50,20 +50,25 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..functional import muon as muon_math
-from ..functional import muon_stages as stage_math
+from ..functional import muon as muon_math, muon_stages as stage_math
 from ..functional.layout import MuonLayout, is_expert_name
 from ..groups.driver import GroupRunner, describe_groups
-from ..groups.muon import (MUON_OPTION_KEYS, cached_layout, check_muon_step, momentum_of, param_layout, param_name,
-                           resolve_muon_options)
+from ..groups.muon import (
+    MUON_OPTION_KEYS,
+    cached_layout,
+    check_muon_step,
+    momentum_of,
+    param_layout,
+    param_name,
+    resolve_muon_options,
+)
 from ..groups.muon_stages import VARIANCE_KEY, normuon_variances
 from ..groups.options import MuonOptions, OptionsCache
 from ..validation import FiniteCheck, check_choice
 from . import comm
+from .layout import TP_MODES, LayoutError, MatrixLayout, check_axes, is_dtensor, local_tensor, matrix_layout, mesh_axis
 from .newton_schulz import newton_schulz_sharded
 from .volumes import muon_comm_volume
-from .layout import (TP_MODES, LayoutError, MatrixLayout, check_axes, is_dtensor, local_tensor, matrix_layout,
-                     mesh_axis)
 
 __all__ = ["TP_MODES", "MuonSharding", "newton_schulz_sharded", "muon_comm_volume"]
 

@@ -61,7 +61,8 @@ def muon_comm_volume(shape: Sequence[int], *, dp: str | None = None, dp_size: in
                          f"sizes >= 1 and dims and index within range, got {tuple(dims)}, {dp_size}, {dp_dim}, "
                          f"{tp_size}, {tp_dim}, {tp_index}")
     if isinstance(variance, bool) or not isinstance(variance, int) or variance < 0:
-        raise ValueError(f"variance: expected a non-negative int (elements of NorMuon's second moment), got {variance!r}")
+        raise ValueError("variance: expected a non-negative int (elements of NorMuon's second moment), got "
+                         f"{variance!r}")
     m, n = dims[0], math.prod(dims[1:])
     tp = tp_mode if tp_size > 1 else None
     chunk = -(-dims[tp_dim] // tp_size)  # the largest TP block's size along tp_dim

@@ -19,7 +19,7 @@ import torch
 
 from ..validation import check_choice, check_count, check_hyper, max_abs
 from .graph_scalars import add_scaled_, addmm_scaled_, foreach_scale_
-from .qr import (QR_METHODS, RCQR_OVERSAMPLE, WHOLE, factor_dtype, orthonormalize_block, seed_for)
+from .qr import QR_METHODS, RCQR_OVERSAMPLE, WHOLE, factor_dtype, orthonormalize_block, seed_for
 
 RIGHT_FACTORS = ("column_norm", "qr")
 

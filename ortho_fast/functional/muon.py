@@ -124,7 +124,8 @@ def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bu
     uint8 bytes the step does not read now, ``stacked.Workspace.spare``) in rounds
     (``stacked.momentum_rounds``): G copied into scratch views of ``free`` (one
     ``_foreach_copy_``), the ``_foreach_lerp_`` / ``_foreach_add_`` there, the cast into ``out``
-    (one ``_foreach_copy_``): three launches a round in place of one per tensor. Else (no ``free``, under ``torch.compile``, no round paying; and for the tensors
+    (one ``_foreach_copy_``): three launches a round in place of one per tensor. Else (no ``free``, under
+    ``torch.compile``, no round paying; and for the tensors
     after the last round) one ``out=`` call per tensor (no temporary of U). Either way the bits
     of ``muon_momentum_foreach``'s results cast to ``out``'s dtype. Changes the bytes of ``free``.
     Shapes: ``out[i]``, ``grads[i]``, ``bufs[i]`` of one shape per i; ``grads[i]``, ``bufs[i]``

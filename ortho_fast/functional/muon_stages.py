@@ -245,8 +245,8 @@ def add_scaled_product_(dsts: Sequence[torch.Tensor], stack: torch.Tensor, facto
     sum: u·|W| + 4u(1 + u)²·|α·O·f|), the fused form within u·|W| + 3u·|α·O·f|. Otherwise, and under ``torch.compile``,
     ``foreach_addcmul_scaled_``. Changes the bytes of ``free`` and of ``stack``.
     Shapes: stack (k, m, n); factor (k, m, 1), (k, 1, n) or (k, 1, 1); sum(counts) = k."""
-    from .stacked import product_rounds
     from .graph_scalars import foreach_add_scaled_
+    from .stacked import product_rounds
 
     dsts, counts = list(dsts), list(counts)
     dtype = dsts[0].dtype

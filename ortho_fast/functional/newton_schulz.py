@@ -27,9 +27,9 @@ import math
 
 import torch
 
+from ..coefficients import CoefficientsLike, resolve_coefficients
 from ..documents import doc_reference
 from ..validation import check_hyper, check_matrix_tensor
-from ..coefficients import CoefficientsLike, resolve_coefficients
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 #: Megatron / Emerging-Optimizers ``fp32_matmul_prec`` -> (compute dtype, float32 matmul precision).
@@ -482,7 +482,8 @@ def newton_schulz_stack(u: torch.Tensor, table, *, safety: float, eps: float, ep
     workspace = Workspace() if workspace is None else workspace
     m, n = u.shape[-2], u.shape[-1]
     tall = m > n
-    x = u if overwrite and u.dtype == compute_dtype else workspace.get("stack_a", tuple(u.shape), compute_dtype, u.device)
+    x = u if overwrite and u.dtype == compute_dtype else workspace.get("stack_a", tuple(u.shape),
+                                                                       compute_dtype, u.device)
     beta = scale_and_cast(u, x)  # exact division by β, then one cast into the stack
     with float32_matmul_precision(precision) if precision is not None else contextlib.nullcontext():
         x = frobenius_normalize_(x, beta, safety, eps, eps_mode)

@@ -4,8 +4,8 @@ The fast default Muon step (``ortho_fast.groups.muon``, bfloat16 / float16 Newto
 ``bitwise_torch``) runs per chunk of same-shape matrices a fixed number of operations, however
 many matrices the chunk holds: the Nesterov momentum written into one stack (computed in the
 workspace's spare bytes, as many matrices at a time as fit, and cast: ``momentum_rounds``; one
-write per matrix where that does not pay), the overflow-safe power-of-two scale, one Frobenius normalization, five steps of three
-batched products, the update as one ``_foreach_add_`` (of a result cast in a free stack: a few
+write per matrix where that does not pay), the overflow-safe power-of-two scale, one Frobenius normalization, five steps
+of three batched products, the update as one ``_foreach_add_`` (of a result cast in a free stack: a few
 launches, ``add_update_``; with Muon+ / NorMuon, Ô = O·f formed in rounds in free bytes,
 ``product_rounds``). The stacks and the products' outputs live
 in a ``Workspace`` kept by the optimizer: allocated at the first step, reused by every chunk of
@@ -267,7 +267,8 @@ def product_rounds(free, stack: torch.Tensor, counts: list[int], dtype: torch.dt
     stack_bytes = stack.reshape(-1).view(torch.uint8)
     rounds, lo, launches = [], 0, 0
     while lo < len(counts):
-        prefix = [_as_dtype(stack_bytes[:starts[lo] * per * stack.element_size()], dtype)] if lo and lo_s % size == 0 else []
+        prefix = ([_as_dtype(stack_bytes[:starts[lo] * per * stack.element_size()], dtype)]
+                  if lo and lo_s % size == 0 else [])
         parts, hi = [], lo
         for region in fixed + prefix:
             j = hi

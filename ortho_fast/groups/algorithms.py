@@ -10,8 +10,15 @@ from .dion2 import DION2_DEFAULTS, Dion2Groups, check_dion2_step, dion2_group_st
 from .driver import GroupRunner
 from .muon import MUON_DEFAULTS, MuonGroups, check_muon_step, muon_group_step, normalize_muon_group
 from .scalar import (
-    ADAMW_DEFAULTS, LION_DEFAULTS, ElementwiseGroups, adamw_group_step, check_adamw_step, check_lion_step,
-    lion_group_step, normalize_adamw_group, normalize_lion_group,
+    ADAMW_DEFAULTS,
+    LION_DEFAULTS,
+    ElementwiseGroups,
+    adamw_group_step,
+    check_adamw_step,
+    check_lion_step,
+    lion_group_step,
+    normalize_adamw_group,
+    normalize_lion_group,
 )
 
 

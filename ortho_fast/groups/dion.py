@@ -13,11 +13,10 @@ from typing import Mapping
 
 import torch
 
-from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper,
-                          is_dtensor)
 from ..functional import dion as dion_math
 from ..functional.dion import RIGHT_FACTORS, dion_rank, initial_q
 from ..functional.qr import QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, sketch_generator
+from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper, is_dtensor
 from .driver import GroupRunner
 from .options import DionOptions, OptionsCache
 
@@ -88,7 +87,8 @@ def normalize_dion_group(group: dict) -> None:
             hint = ("pass flatten=True to treat it as (shape[0], prod(shape[1:])) (conv weights, as "
                     "microsoft/dion's Muon); a stack of expert matrices (E, m, n) needs Muon with expert_keys"
                     if p.ndim > 2 else "give vectors, scalars and embeddings to AdamW/Lion")
-            raise ValueError(f"params: Dion expects non-empty 2-D (m, n) parameters; got shape {tuple(p.shape)}: {hint}")
+            raise ValueError(f"params: Dion expects non-empty 2-D (m, n) parameters; got shape {tuple(p.shape)}: "
+                             f"{hint}")
 
 
 def check_dion_step(group: dict, state: Mapping[torch.Tensor, dict], *, finite: bool | FiniteCheck = True,

@@ -29,10 +29,10 @@ class GroupRunner:
 
     ``check(groups, state, finite)``: raise for anything invalid in these groups (options, gradients,
     state), changing nothing; the gradients' finiteness goes to ``finite`` (a ``FiniteCheck``
-    the driver decides once per step; None: not checked); ``step(group, state, first_index)``: one step of a checked group,
-    whose first parameter has index ``first_index`` among this algorithm's parameters (Dion
-    seeds its Q0 and sketches by it); ``reset()`` after the groups were replaced. ``communicates``: whether ``check`` makes its verdict
-    global itself (then the driver runs it on every rank after the local checks).
+    the driver decides once per step; None: not checked); ``step(group, state, first_index)``: one step of a checked
+    group, whose first parameter has index ``first_index`` among this algorithm's parameters (Dion
+    seeds its Q0 and sketches by it); ``reset()`` after the groups were replaced. ``communicates``: whether ``check``
+    makes its verdict global itself (then the driver runs it on every rank after the local checks).
     """
 
     communicates = False

@@ -8,7 +8,7 @@ runs them with the options and layouts cached (``ortho_fast.groups.options``). T
 ``ortho_fast.functional.muon``.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (sorted as isort; its one-name-a-line wrapping: over 500 lines)
 
 import math
 from dataclasses import dataclass, field
@@ -16,17 +16,14 @@ from typing import Mapping
 
 import torch
 
-from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper,
-                          check_param_shaped_state)
 from ..coefficients import CoefficientsLike, resolve_coefficients, schedule_of
-from ..functional import muon as muon_math
-from ..functional import layout as layout_math
+from ..functional import layout as layout_math, muon as muon_math, muon_stages as stage_math, stacked as stacked_math
 from ..functional.layout import MuonLayout, is_expert_name
 from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, WEIGHT_DECAY_STYLES, muon_momentum
-from ..functional import muon_stages as stage_math
 from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
-from ..functional import stacked as stacked_math
 from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
+from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper,
+                          check_param_shaped_state)
 from .driver import GroupRunner
 from .muon_budget import cautious_nbytes, rest_batches, stage_nbytes, state_bytes, writes_compute_dtype
 from .muon_stages import (STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options,
@@ -169,7 +166,8 @@ def param_layout(group: dict, options: MuonOptions, index: int, p: torch.Tensor)
     expert and flatten options. Raises: ValueError naming the option (see ``muon_layout``)."""
     names = group.get("param_names")
     expert = bool(options.expert_keys and names) and is_expert_name(names[index], options.expert_keys)
-    return layout_math.muon_layout(p.shape, expert=expert, split_sizes=options.split_sizes, split_groups=options.split_groups,
+    return layout_math.muon_layout(p.shape, expert=expert, split_sizes=options.split_sizes,
+                                   split_groups=options.split_groups,
                                    num_heads=options.num_heads, flatten=options.flatten,
                                    name=param_name(group, index, p))
 
@@ -344,7 +342,8 @@ def _rest_step(group: dict, state, options: MuonOptions, layout, rest, update: d
                                         **{**options.orthogonalize_kwargs(), "banks": options.batched}))
     for p, lay, mats in items:
         variances = None if options.normuon_beta2 is None else normuon_variances(p, state, lay, options.normuon_dim)
-        post = stage_math.post_orthogonalize([next(outs) for _ in mats], variances, **options.post_orthogonalize_kwargs())
+        post = stage_math.post_orthogonalize([next(outs) for _ in mats], variances,
+                                             **options.post_orthogonalize_kwargs())
         muon_math.muon_update(p, lay, post, **(update if id(p) in left else {**update, "weight_decay": 0.0}))
 
 
@@ -393,7 +392,8 @@ def plan_stacks(live, layout, options: MuonOptions, budget_from: tuple[int, int,
         compute = options.compute_dtype or dtype  # U's stack: the first compute stack, or one before them
         in_place = writes_compute_dtype(options, dtype) or (compute == dtype and options.equilibration is None)
         momentum = None if in_place else dtype
-        size = lambda k, m=m, n=n, u=momentum, c=compute: stacked_math.chunk_nbytes(k, m, n, u, c)
+        def size(k, m=m, n=n, u=momentum, c=compute):
+            return stacked_math.chunk_nbytes(k, m, n, u, c)
         transient = stage_nbytes(options, dtype, m, n)  # per matrix, beside the workspace
         total = sum(member[3] for member in members)
         most = max(1, MAX_STACK_ELEMENTS // (m * n))

@@ -211,7 +211,8 @@ class QKClipRunner:
     cached per parameter); each rank then clips its own rows (``qk_clip_rows_``), equal to one
     process bit for bit. Without it a DTensor target raises ValueError. ``agree``: called with the
     first local error (or None) and the parameters' device before the step when QK-clip is on, to
-    raise on every rank together (``ortho_fast.distributed.comm.raise_together``). DTensor logits are read whole (``full_tensor``).
+    raise on every rank together (``ortho_fast.distributed.comm.raise_together``). DTensor logits are read whole
+    (``full_tensor``).
 
     ``record(layer, logits)`` keeps the element-wise maximum per layer until the next step
     (no host sync). ``around_step(groups, qk_logits, check_finite)`` is a context manager: on

@@ -19,9 +19,14 @@ from typing import Callable, Mapping
 
 import torch
 
+from ..functional.scalar import (
+    adamw_capturable_foreach_update,
+    adamw_foreach_update,
+    adamw_update,
+    lion_foreach_update,
+    lion_update,
+)
 from ..validation import FiniteCheck, check_filled, check_finite, check_hyper
-from ..functional.scalar import (adamw_capturable_foreach_update, adamw_foreach_update, adamw_update,
-                                 lion_foreach_update, lion_update)
 from .driver import GroupRunner
 from .options import AdamWOptions, LionOptions
 

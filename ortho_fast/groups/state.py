@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch.optim import Optimizer
@@ -159,8 +159,8 @@ def check_foreign_options(group: Mapping, keys, where: str) -> None:
         owners += [f"torch.optim.{o}" for o in TORCH_ONLY_OPTIONS.get(key, ())]
         if owners:
             mine = algorithm or "this optimizer"
-            raise ValueError(f"{key}: an option of {' / '.join(owners)}, not of {mine} ({where} holds {key}={value!r}): "
-                             f"the state dict is another optimizer's; load it into that optimizer")
+            raise ValueError(f"{key}: an option of {' / '.join(owners)}, not of {mine} ({where} holds "
+                             f"{key}={value!r}): the state dict is another optimizer's; load it into that optimizer")
 
 
 _DTYPE_PREFIX = "torch."
@@ -285,7 +285,8 @@ def check_saved_state(entry, spec: StateSpec, p: torch.Tensor, group: dict, wher
         if key not in entry:
             continue
         value = entry[key]
-        ok = isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool
+        ok = (isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex()
+              and value.dtype != torch.bool)
         number = value.item() if ok else None
         if not ok or not (number == number and abs(number) != float("inf")) or number < 0 or number != int(number):
             raise ValueError(f"{key}: expected a one-element tensor holding a non-negative integer step count for "

@@ -30,8 +30,8 @@ import mpmath
 import numpy as np
 
 from .. import mp
-from ..coefficients import SCHEDULES, schedule
 from .._validate import as_like, as_matrix, check_scalar
+from ..coefficients import SCHEDULES, schedule
 from ..dion import orthonormalize
 
 #: Decimal digits of the stored outputs.
@@ -203,7 +203,8 @@ def dion_step_exact(weight, grad, momentum, Q, *, lr: float, mu: float, weight_d
     if Q.shape[0] != min(m, n) or Q.shape[1] > min(m, n):
         raise ValueError(f"Q: expected shape (min(m, n), r) = ({min(m, n)}, r) with r <= {min(m, n)}, got {Q.shape}")
     lr, mu = check_scalar(lr, "lr", low=0.0), check_scalar(mu, "mu", low=0.0, high=1.0)
-    weight_decay, epsilon = check_scalar(weight_decay, "weight_decay", low=0.0), check_scalar(epsilon, "epsilon", low=0.0)
+    weight_decay, epsilon = (check_scalar(weight_decay, "weight_decay", low=0.0),
+                             check_scalar(epsilon, "epsilon", low=0.0))
     transposed = m < n
     b64 = (momentum + grad).T if transposed else momentum + grad
     y64 = b64 @ Q

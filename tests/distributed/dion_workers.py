@@ -24,7 +24,6 @@ import torch
 import ortho_fast
 from tests.distributed.placements import placement
 
-
 LR, MU, WD, SEED, STEPS = 0.05, 0.9, 0.1, 5, 3
 F64, F32 = torch.float64, torch.float32
 #: Mesh shapes (and dim names) per world size; a case names one by its key.
@@ -87,14 +86,16 @@ CASES = {4: [
     Case("FSDP + TP rowwise", "ab", ((OUT, "a"), (IN, "b")), (((12, 8), ("S0", "S1")), ((8, 12), ("S0", "S1"))), HALF,
          ledger=True),
     Case("FSDP + TP uneven, cholesky_qr", "ab", ((OUT, "a"), (IN, "b")),
-         (((7, 5), ("S0", "S1")), ((5, 7), ("SS0", "S0")), ((3, 9), ("S1", "S0"))), option_items(qr_method="cholesky_qr")),
+         (((7, 5), ("S0", "S1")), ((5, 7), ("SS0", "S0")), ((3, 9), ("S1", "S0"))),
+         option_items(qr_method="cholesky_qr")),
     Case("FSDP + TP uneven, randomized, float32", "ab", ((OUT, "a"), (IN, "b")),
          (((9, 6), ("S0", "S1")), ((6, 11), ("SS0", "S0"))), option_items(qr_method="randomized_cholesky_qr"), F32),
     Case("HSDP + TP compressed", "roi", ((REP, "r"), (OUT, "o"), (IN, "i")),
          (((12, 8), ("R", "S0", "S0")), ((8, 12), ("R", "S0", "S1"))), HALF, mode="compressed"),
 ], 2: [
     Case("FSDP uneven", "x", ((OUT, "x"),), (((7, 5), ("S0",)), ((5, 7), ("S0",)), ((1, 3), ("S0",)))),
-    Case("TP rowwise Orth-Dion", "x", ((IN, "x"),), (((6, 9), ("S1",)), ((9, 6), ("S1",))), option_items(right_factor="qr")),
+    Case("TP rowwise Orth-Dion", "x", ((IN, "x"),), (((6, 9), ("S1",)), ((9, 6), ("S1",))),
+         option_items(right_factor="qr")),
     Case("DDP compressed", "x", ((REP, "x"),), (((10, 4), None),), HALF, mode="compressed", ledger=True),
 ]}
 

@@ -1,8 +1,8 @@
 """Distributed ``ortho_fast.Dion2`` on 4 gloo ranks (one launch): every Dion2 layout of
 ``ortho-verify sharding`` against one process ("global": DDP, FSDP, TP colwise / rowwise, HSDP,
 FSDP + TP) or against its own definition ("local"), with the communication equal to
-``dion2_comm_volume``, and hypothesis-drawn placements on a (2, 2) mesh; a planted skipped all-reduce fails; "local" differs from "global" where
-the selected dimension is sharded; a bad gradient on one rank raises on every rank, changing
+``dion2_comm_volume``, and hypothesis-drawn placements on a (2, 2) mesh; a planted skipped all-reduce fails; "local"
+differs from "global" where the selected dimension is sharded; a bad gradient on one rank raises on every rank, changing
 nothing."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_fast
 from ortho_verify import sharding
@@ -64,8 +63,8 @@ def _fsdp(scope: str, mesh, full: torch.Tensor, grad: torch.Tensor):
 
 def _gram_against_one_process(mesh, full: torch.Tensor, grad: torch.Tensor) -> list:
     """FSDP (``Shard(0)``) of a wide 16 x 40 (rows selected and sharded) and of a tall 40 x 16 (columns
-    selected, B_S summed over the row shards) with gram=True in float16 / float32 stepped twice, each against one process: equal bit for
-    bit (B_S is assembled exactly and orthogonalized by the one-process call)."""
+    selected, B_S summed over the row shards) with gram=True in float16 / float32 stepped twice, each against one
+    process: equal bit for bit (B_S is assembled exactly and orthogonalized by the one-process call)."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
     out = []

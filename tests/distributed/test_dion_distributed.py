@@ -20,15 +20,13 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_fast
 from ortho_fast.distributed.dion import dion_check_volume, dion_comm_volume
 from ortho_verify.tolerances import sharded_tolerance
 from ortho_verify.workers import run_workers
 from tests.distributed.dion_workers import CASES, F64, IN, MESHES, OUT, REP, Case, option_items, worker
-
 
 # ---------------------------------------------------------------------------------------
 # Hypothesis layouts and the launches.

@@ -31,7 +31,8 @@ def _layouts(rank: int, world: int):
     from ortho_fast.distributed import comm, layout
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
-    axes = {"outer": layout.mesh_axis(mesh["a"], "outer_shard_mesh"), "inner": layout.mesh_axis(mesh["b"], "inner_shard_mesh")}
+    axes = {"outer": layout.mesh_axis(mesh["a"], "outer_shard_mesh"),
+            "inner": layout.mesh_axis(mesh["b"], "inner_shard_mesh")}
     out = {"mismatch": [], "empty": 0}
     for shape, codes in CASES:
         full = torch.arange(torch.Size(shape).numel(), dtype=torch.float64).reshape(shape)

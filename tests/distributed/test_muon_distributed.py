@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from tests.distributed.placements import placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
-from tests.strategies import spectral_matrices
 from ortho_verify.tolerances import sharded_tolerance
 from ortho_verify.workers import run_workers
+from tests.distributed.placements import placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
+from tests.strategies import spectral_matrices
 
 STEPS = 3
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bf16": torch.float32}  # bf16: NS dtype, fp32 params
@@ -175,7 +174,8 @@ def _run_case(case: dict, meshes: dict, rank: int) -> dict:
     for step in range(STEPS):
         before = [full(p).clone() for p in sharded]
         for p, g, (_, pl) in zip(sharded, grads[step], specs):
-            p.grad = distribute_tensor(g, p.device_mesh, pl, src_data_rank=None) if isinstance(p, DTensor) else g.clone()
+            p.grad = (distribute_tensor(g, p.device_mesh, pl, src_data_rank=None) if isinstance(p, DTensor)
+                      else g.clone())
         chunks = iter([x for g, d in zip(grads[step], tp_dims)
                        for x in (torch.chunk(g, tp_size, d) if blockwise and d is not None else [g])])
         for q in ref_params:
@@ -237,7 +237,8 @@ def _errors(meshes: dict, rank: int) -> dict:
         "overlap": lambda: Muon([w.clone()], distributed_mesh=m1, tp_mesh=m2["tp"]),
         "not_given": lambda: Muon([dt(m2, "S0", "S1")], distributed_mesh=m2["dp"]),
         "no_mesh": lambda: Muon([dt(m1, "S0")]),
-        "partial": lambda: Muon([torch.nn.Parameter(DTensor.from_local(w.clone(), m1, [Partial()]))], distributed_mesh=m1),
+        "partial": lambda: Muon([torch.nn.Parameter(DTensor.from_local(w.clone(), m1, [Partial()]))],
+                                distributed_mesh=m1),
         "process_group": lambda: Muon([dt(m1, "S0")], distributed_mesh=dist.group.WORLD),
         "interleaved": lambda: Muon([dt(m2, "S0", "S0")], distributed_mesh=m2["dp"], tp_mesh=m2["tp"]),
         "tp_mode": lambda: Muon([w.clone()], distributed_mesh=m1, tp_mode="sharded"),
@@ -422,8 +423,10 @@ def test_comm_volume_formulas():
     assert muon_comm_volume((8, 12), tp_mode="duplicated", tp_size=4) == {"all_gather": 96}
     assert muon_comm_volume((8, 12), tp_mode="blockwise", tp_size=4) == {}
     # distributed: the Gram of the unsharded dim each step, plus max|X| and the norm
-    assert muon_comm_volume((8, 12), tp_mode="distributed", tp_size=2, tp_dim=0, ns_steps=5) == {"all_reduce": 5 * 144 + 2}
-    assert muon_comm_volume((8, 12), tp_mode="distributed", tp_size=2, tp_dim=1, ns_steps=3) == {"all_reduce": 3 * 64 + 2}
+    assert muon_comm_volume((8, 12), tp_mode="distributed", tp_size=2, tp_dim=0,
+                            ns_steps=5) == {"all_reduce": 5 * 144 + 2}
+    assert muon_comm_volume((8, 12), tp_mode="distributed", tp_size=2, tp_dim=1,
+                            ns_steps=3) == {"all_reduce": 3 * 64 + 2}
     # a group of one rank issues nothing
     assert muon_comm_volume((8, 12), dp="fsdp", dp_size=1, tp_mode="duplicated", tp_size=1) == {}
     # uneven shards travel zero-padded to the largest (torch.chunk: 7 rows over 4 ranks are 2, 2, 2, 1)

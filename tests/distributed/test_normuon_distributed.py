@@ -51,7 +51,6 @@ def _tp_dim(placements, index):
 
 
 def _run(case, meshes):
-    import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
     from ortho_fast import Muon
@@ -186,7 +185,8 @@ def test_ledger_matches_analytic_volume_with_normuon(world4, case):
 
 
 @pytest.mark.parametrize("name, key", [("distributed_eq", "row_equilibration"), ("distributed_renorm", "renormalize"),
-                                       ("distributed_normuon", "normuon_beta2"), ("blockwise_normuon", "normuon_beta2")])
+                                       ("distributed_normuon", "normuon_beta2"),
+                                       ("blockwise_normuon", "normuon_beta2")])
 def test_unsupported_combinations_rejected_on_every_rank(world4, name, key):
     for r in world4:
         assert r["errors"][name] is not None and r["errors"][name].startswith(f"{key}:")

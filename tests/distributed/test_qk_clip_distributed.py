@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed.placements import placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
 from ortho_verify.workers import run_workers
+from tests.distributed.placements import placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
 
 HEADS = dict(qk_clip_threshold=5.0, qk_clip_num_heads=4, qk_clip_num_kv_heads=2)
 LOGITS = torch.tensor([1.0, 4.0, 6.0, 30.0])  # key group 0 below τ, group 1 above
@@ -42,7 +42,8 @@ def _run(case, meshes) -> dict:
     gen = torch.Generator().manual_seed(7)
     fulls = [0.05 * torch.randn(shape, generator=gen, dtype=torch.float64) for shape, _, _ in specs]
     placements = [tuple(placement(c, split) for c in codes) for _, codes, _ in specs]
-    sharded = [torch.nn.Parameter(distribute_tensor(w, mesh, pl, src_data_rank=None)) for w, pl in zip(fulls, placements)]
+    sharded = [torch.nn.Parameter(distribute_tensor(w, mesh, pl, src_data_rank=None))
+               for w, pl in zip(fulls, placements)]
     refs = [torch.nn.Parameter(w.clone()) for w in fulls]
     roles = [role for _, _, role in specs]
     kw = dict(lr=0.05, dtype=torch.float64, qk_clip_layout=layout, **HEADS)

@@ -168,7 +168,8 @@ def test_a_negative_second_moment_raises(name, scale, index):
     holders = [e for e in sd["state"].values() if key in e]
     entry = holders[index % len(holders)]
     entry[key].view(-1)[0] = -scale
-    _raises_and_keeps(opt, params, lambda: opt.load_state_dict(sd), ValueError, rf"^{key}: a second moment must be >= 0")
+    _raises_and_keeps(opt, params, lambda: opt.load_state_dict(sd), ValueError,
+                      rf"^{key}: a second moment must be >= 0")
 
 
 @pytest.mark.parametrize("name", ["Muon", "NorMuon", "Dion2"])

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 
 import ortho_fast
 import ortho_ref
-from ortho_fast import Dion2, HybridOptimizer, Muon
+from ortho_fast import Dion2, Muon
 from ortho_fast.coefficients import MAP_BOUND, check_bounded_table, resolve_coefficients
 from tests.ortho_fast.test_bad_input import OPTIMIZERS, _everything, _params, _raises_and_keeps, _stepped
 

@@ -27,7 +27,8 @@ def test_the_oracle_names_its_argument(call, bad, error, match):
         call(bad)
 
 
-@pytest.mark.parametrize("bad, error", [([(1, 2, 3), (4, 5)], ValueError), (torch.ones(2, 3, dtype=torch.bfloat16), TypeError),
+@pytest.mark.parametrize("bad, error",
+                         [([(1, 2, 3), (4, 5)], ValueError), (torch.ones(2, 3, dtype=torch.bfloat16), TypeError),
                                         ([["a", "b", "c"]], ValueError)])
 def test_the_oracle_names_a_bad_coefficient_table(bad, error):
     with pytest.raises(error, match=r"^coefficients: expected a \(T, 3\) table"):

@@ -100,7 +100,8 @@ def test_foreign_muon_names_step_as_ours(foreign, ours):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(momentum=0.9, mu=0.8), r"^mu: conflicts with momentum"),
     (dict(mu=0.9, muon_momentum=0.8), r"^muon_momentum: conflicts with mu"),
-    (dict(coefficients="polar_express", ns_coefficients=(3.0, -3.2, 1.2)), r"^ns_coefficients: conflicts with coefficients"),
+    (dict(coefficients="polar_express", ns_coefficients=(3.0, -3.2, 1.2)),
+     r"^ns_coefficients: conflicts with coefficients"),
     (dict(use_polar_express=True, coefficient_type="quintic"), r"conflicts with use_polar_express"),
     (dict(adjust_lr="spectral_norm", adjust_lr_fn="match_rms_adamw"), r"^adjust_lr_fn: conflicts with adjust_lr"),
 ])
@@ -171,7 +172,8 @@ def test_dion_positional_order_and_names_of_microsoft_dion():
            {"momentum_dtype": torch.float64, "Q_dtype": None, "variance_dtype": None})
     ours = dict(rank_fraction=0.5, rank_multiple_of=2, lr=0.02, mu=0.9, weight_decay=0.05, epsilon=1e-7,
                 power_iters=1, qr_method="randomized_cholesky_qr", oversample=1.5, momentum_dtype=torch.float64)
-    assert _same(_run(lambda ps: Dion(ps, *pos, seed=3), w0, grads), _run(lambda ps: Dion(ps, seed=3, **ours), w0, grads))
+    assert _same(_run(lambda ps: Dion(ps, *pos, seed=3), w0, grads),
+                 _run(lambda ps: Dion(ps, seed=3, **ours), w0, grads))
     p = torch.nn.Parameter(torch.zeros(4, 6))
     with pytest.raises(TypeError, match="^replicate_mesh: got 0.01; Dion's positional order"):
         Dion([p], 0.01)
@@ -198,7 +200,8 @@ def test_configs_take_olmo_core_and_megatron_names():
     assert olmo.muon_options == {"cautious_weight_decay": True, "flatten": True}
     megatron = MuonConfig(muon_momentum=0.9, muon_coefficient_type="quintic", muon_num_ns_steps=6,
                           muon_scale_mode="spectral", muon_fp32_matmul_prec="high", muon_tp_mode="distributed",
-                          muon_extra_scale_factor=2.0, muon_split_qkv=False, muon_scalar_optimizer="lion", adam_eps=1e-6)
+                          muon_extra_scale_factor=2.0, muon_split_qkv=False,
+                          muon_scalar_optimizer="lion", adam_eps=1e-6)
     assert (megatron.coefficients, megatron.ns_steps, megatron.adjust_lr, megatron.tp_mode, megatron.scalar_algorithm,
             megatron.scalar_eps) == ("cesista5", 6, "spectral", "distributed", "lion", 1e-6)
     assert megatron.muon_options == {"dtype": "high", "extra_scale_factor": 2.0}

@@ -71,7 +71,8 @@ def _builders(dtype):
     def muon_cautious(ps, check_finite):  # every parameter takes the rest step, in budgeted batches
         return ortho_fast.Muon(ps, lr=0.02, dtype=dtype, check_finite=check_finite, cautious_weight_decay=True)
 
-    return {"muon": (SHAPES, muon), "muon_cautious": (SHAPES, muon_cautious), "dion": (SHAPES, dion), "hybrid": (SHAPES + [(7,), (3, 5)], hybrid),
+    return {"muon": (SHAPES, muon), "muon_cautious": (SHAPES, muon_cautious), "dion": (SHAPES, dion),
+            "hybrid": (SHAPES + [(7,), (3, 5)], hybrid),
             "normuon": (SHAPES, normuon), "dion2": (SHAPES, dion2)}
 
 
@@ -110,7 +111,8 @@ def _compiled_from_the_first_step(name, backend):
     return worst, moved, counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.parametrize("name", ["dion", *(pytest.param(n, marks=pytest.mark.slow) for n in ("muon", "dion2", "hybrid"))])
+@pytest.mark.parametrize("name",
+                         ["dion", *(pytest.param(n, marks=pytest.mark.slow) for n in ("muon", "dion2", "hybrid"))])
 def test_compiled_step_equals_eager_step(name):
     """fullgraph inductor on CPU from the first step (Dion's Q0 and every state created by
     ``_init_group`` outside the graph), float32 end to end, three steps, one graph. The state is

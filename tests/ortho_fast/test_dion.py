@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_fast
 import ortho_ref
@@ -55,7 +54,8 @@ def _step_and_compare(shape, opts, *, param_dtype=torch.float64, momentum_dtype=
     else:
         m0, q0 = (_rounded(a, d) for a, d in zip(state(shape, r, g, rng), (mdt, qdt)))
     p = torch.nn.Parameter(torch.tensor(w0, dtype=param_dtype))
-    opt = Dion([p], lr=LR, mu=MU, weight_decay=WD, momentum_dtype=momentum_dtype, q_dtype=q_dtype, seed=DION_SEED, **opts)
+    opt = Dion([p], lr=LR, mu=MU, weight_decay=WD, momentum_dtype=momentum_dtype, q_dtype=q_dtype,
+               seed=DION_SEED, **opts)
     sd = opt.state_dict()
     sd["state"] = {0: {"momentum": torch.tensor(m0, dtype=mdt), "Q": torch.tensor(q0, dtype=qdt),
                        "step": torch.tensor(4)}}
@@ -148,7 +148,8 @@ def test_float32_parameters(qr_method):
 @settings(deadline=None)
 @given(m=st.integers(1, 40), n=st.integers(1, 40), log_cond=st.floats(0.0, 5.0),
        rank_fraction=st.sampled_from([1.0, 0.5, 0.25, 1 / 16]), power_iters=st.integers(1, 3),
-       qr_method=st.sampled_from(ortho_fast.dion.QR_METHODS), right_factor=st.sampled_from(ortho_fast.dion.RIGHT_FACTORS),
+       qr_method=st.sampled_from(ortho_fast.dion.QR_METHODS),
+       right_factor=st.sampled_from(ortho_fast.dion.RIGHT_FACTORS),
        error_feedback=st.booleans(), seed=st.integers(0, 2**16))
 def test_one_step_property(m, n, log_cond, rank_fraction, power_iters, qr_method, right_factor, error_feedback, seed):
     """Random shapes, spectra and options: compare with the oracle where the comparison is well
@@ -159,7 +160,8 @@ def test_one_step_property(m, n, log_cond, rank_fraction, power_iters, qr_method
     rng = rng_for("inv", m, n, seed)
     r = ortho_ref.dion_rank(m, n, rank_fraction)
     x, g = torch.tensor(0.02 * rng.standard_normal((m, n))), torch.tensor(spectral_matrix((m, n), rng, 10.0**log_cond))
-    mom, q = torch.tensor(spectral_matrix((m, n), rng, 10.0**log_cond, 0.5)), torch.tensor(rng.standard_normal((min(m, n), r)))
+    mom, q = (torch.tensor(spectral_matrix((m, n), rng, 10.0**log_cond, 0.5)),
+              torch.tensor(rng.standard_normal((min(m, n), r))))
     b = (mom + g).numpy()
     b = b.T if m < n else b
     gen = torch.Generator().manual_seed(seed)
@@ -185,7 +187,8 @@ def test_one_step_property(m, n, log_cond, rank_fraction, power_iters, qr_method
 def test_several_steps_track_the_reference():
     """Three optimizer steps (state, step counter and sketches carried by the optimizer), each
     compared with the oracle's step from the optimizer's own state before it."""
-    shape, opts = (40, 24), dict(qr_method="randomized_cholesky_qr", right_factor="qr", power_iters=2, rank_fraction=0.25)
+    shape, opts = (40, 24), dict(qr_method="randomized_cholesky_qr", right_factor="qr", power_iters=2,
+                                 rank_fraction=0.25)
     rng = rng_for("multi")
     p = torch.nn.Parameter(torch.tensor(0.02 * rng.standard_normal(shape)))
     opt = Dion([torch.nn.Parameter(torch.zeros(3, 2)), p], lr=LR, mu=MU, weight_decay=WD, seed=DION_SEED, **opts)
@@ -195,14 +198,16 @@ def test_several_steps_track_the_reference():
         w_in = p.detach().clone().numpy()
         st_ = opt.state.get(p, {})
         m_in = st_["momentum"].clone().numpy() if st_ else np.zeros(shape)
-        q_in = st_["Q"].clone().numpy() if st_ else ortho_fast.initial_q((24, r), DION_SEED, 1, torch.float64, "cpu").numpy()
+        q_in = (st_["Q"].clone().numpy() if st_
+                else ortho_fast.initial_q((24, r), DION_SEED, 1, torch.float64, "cpu").numpy())
         p.grad = torch.tensor(g)
         opt.step()
         ref_opts = {k: v for k, v in opts.items() if k != "rank_fraction"}
         ref = ortho_ref.dion_step(w_in, g, m_in, q_in, lr=LR, mu=MU, weight_decay=WD, rng=np.random.default_rng(0),
                                   **ref_opts)
         bounds = tol.dion_variant_tolerances(ref, q_in, lr=LR, mu=MU, weight=w_in, dtype="float64",
-                                             sketches=_sketches(opts, shape, r, step, torch.float64, index=1), **ref_opts)
+                                             sketches=_sketches(opts, shape, r, step, torch.float64, index=1),
+                                             **ref_opts)
         assert bounds["well_posed"] and int(opt.state[p]["step"]) == step
         assert np.linalg.norm(p.detach().numpy() - ref.weight) <= bounds["weight"]
         assert np.linalg.norm(opt.state[p]["momentum"].numpy() - ref.momentum) <= bounds["momentum"]

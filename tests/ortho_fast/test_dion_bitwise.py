@@ -21,7 +21,6 @@ from ortho_verify.spectra import matrix_with_spectrum
 from tests.ortho_fast.helpers import DION_RANDOMIZED, DION_SEED, SHAPES, rng_for, spectral_matrix
 from tests.round_trip import round_trip
 
-
 # =======================================================================================
 # QR methods on the fast side
 # =======================================================================================
@@ -46,7 +45,8 @@ def test_randomized_qr_sketch_and_fallback():
     y = _tall(10, 8, 10.0, 1)
     gen = torch.Generator().manual_seed(3)
     before = gen.get_state()
-    assert torch.equal(ortho_fast.orthonormalize(y, "randomized_cholesky_qr", generator=gen), ortho_fast.orthonormalize(y))
+    assert torch.equal(ortho_fast.orthonormalize(y, "randomized_cholesky_qr", generator=gen),
+                       ortho_fast.orthonormalize(y))
     assert torch.equal(gen.get_state(), before)
     y = _tall(64, 6, 1e10, 2)  # far past CholeskyQR2: the sketch preconditions it
     a, b, c = (ortho_fast.orthonormalize(y, "randomized_cholesky_qr", generator=torch.Generator().manual_seed(s))
@@ -150,7 +150,8 @@ def test_zero_gradient_only_decays(qr_method, right_factor):
     p.grad = torch.zeros(12, 8, dtype=torch.float64)
     opt.step()
     assert torch.equal(opt.state[p]["Q"], ortho_fast.initial_q((8, 4), 2, 0, torch.float64, "cpu"))
-    assert not opt.state[p]["momentum"].any() and torch.equal(p.detach(), torch.full((12, 8), 0.95, dtype=torch.float64))
+    assert not opt.state[p]["momentum"].any() and torch.equal(p.detach(),
+                                                              torch.full((12, 8), 0.95, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
@@ -162,7 +163,8 @@ def test_flatten_conv_weight_equals_the_matrix_run(memory_format):
     grads = [torch.tensor(rng.standard_normal((8, 3, 3, 3))) for _ in range(2)]
     conv = torch.nn.Parameter(w0.clone().to(memory_format=memory_format))
     mat = torch.nn.Parameter(w0.reshape(8, 27).clone())
-    o_conv = Dion([conv], flatten=True, rank_fraction=0.5, seed=1, **{k: v for k, v in DION_RANDOMIZED.items() if k != "rank_fraction"})
+    o_conv = Dion([conv], flatten=True, rank_fraction=0.5, seed=1,
+                  **{k: v for k, v in DION_RANDOMIZED.items() if k != "rank_fraction"})
     o_mat = Dion([mat], rank_fraction=0.5, seed=1, **{k: v for k, v in DION_RANDOMIZED.items() if k != "rank_fraction"})
     for g in grads:
         conv.grad, mat.grad = g.clone().to(memory_format=memory_format), g.reshape(8, 27).clone()

@@ -17,7 +17,6 @@ import ortho_ref
 from ortho_fast import Dion
 from tests.ortho_fast.helpers import DION_RANDOMIZED, SHAPES, rng_for, spectral_matrix
 
-
 # =======================================================================================
 # Bad input: a clear error, nothing changed
 # =======================================================================================
@@ -66,7 +65,8 @@ def _assert_snapshot(ps, opt, snap):
     assert {id(p) for p in opt.state} == set(state)
     for p, s in opt.state.items():
         assert set(s) == set(state[id(p)])
-        assert all(torch.equal(v, state[id(p)][k]) if torch.is_tensor(v) else v == state[id(p)][k] for k, v in s.items())
+        assert all(torch.equal(v, state[id(p)][k]) if torch.is_tensor(v) else v == state[id(p)][k]
+                   for k, v in s.items())
 
 
 def _regrad(p, grad):
@@ -110,7 +110,8 @@ def test_named_parameters_are_accepted():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8, bias=False), torch.nn.Linear(8, 4, bias=False)).double()
     twin = copy.deepcopy(model)
-    named, plain = Dion(model.named_parameters(), seed=2, **DION_RANDOMIZED), Dion(twin.parameters(), seed=2, **DION_RANDOMIZED)
+    named, plain = Dion(model.named_parameters(), seed=2,
+                        **DION_RANDOMIZED), Dion(twin.parameters(), seed=2, **DION_RANDOMIZED)
     assert named.param_groups[0]["param_names"] == ["0.weight", "1.weight"]
     rng = rng_for("named")
     for _ in range(2):

@@ -18,7 +18,6 @@ from ortho_fast import Dion
 from ortho_verify import tolerances as tol
 from tests.ortho_fast.helpers import SHAPE_IDS, SHAPES, gradient_matrix, rng_for
 
-
 # =======================================================================================
 # Dion
 # =======================================================================================

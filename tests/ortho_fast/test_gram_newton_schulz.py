@@ -9,8 +9,14 @@ from hypothesis import given, settings
 import ortho_ref
 from ortho_fast import Muon, newton_schulz
 from ortho_fast.coefficients import resolve_coefficients
-from ortho_fast.functional.newton_schulz import (GRAM_MIN_ASPECT, frobenius_normalize_, gram_iterate,
-                                                 newton_schulz_resolved, power_of_two_scale, use_gram)
+from ortho_fast.functional.newton_schulz import (
+    GRAM_MIN_ASPECT,
+    frobenius_normalize_,
+    gram_iterate,
+    newton_schulz_resolved,
+    power_of_two_scale,
+    use_gram,
+)
 from ortho_verify import check_orthogonalizer
 from ortho_verify.api import check_orthogonalizer_example, check_orthogonalizer_statistics
 from ortho_verify.checks.statistical import statistical_batch

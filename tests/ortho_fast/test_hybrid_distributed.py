@@ -11,7 +11,6 @@ from torch import nn
 
 from ortho_fast import HybridOptimizer
 
-
 # ---------------------------------------------------------------------------------------
 # Distributed: one launch of 2 gloo ranks for the module.
 # ---------------------------------------------------------------------------------------

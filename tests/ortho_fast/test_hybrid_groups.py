@@ -16,7 +16,6 @@ from torch import nn
 import ortho_fast
 from ortho_fast import ADAMW_DEFAULTS, HybridOptimizer
 
-
 # =======================================================================================
 # microsoft/dion groups, options, errors
 # =======================================================================================

@@ -1,5 +1,6 @@
 """Dion2 and NorMuon in HybridOptimizer: the "dion2" group steps bitwise as ortho_fast.Dion2 on the
-same parameters; state dicts round-trip (NorMuon's variance_neuron included); options checked as the classes check them."""
+same parameters; state dicts round-trip (NorMuon's variance_neuron included); options checked as the classes check
+them."""
 
 import pytest
 import torch

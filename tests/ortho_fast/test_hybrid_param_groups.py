@@ -31,7 +31,8 @@ def _expected(lr, scalar_lr, wd, scalar_wd, head_lr, tied=False) -> dict:
         "_orig_mod.patch.weight": ("muon", lr, wd), "_orig_mod.patch.bias": ("adamw", scalar_lr, scalar_wd),
         "_orig_mod.moe.router.weight": ("muon", lr, wd), "_orig_mod.moe.experts.w1": ("muon", lr, wd),
         "_orig_mod.moe.experts.b1": ("adamw", scalar_lr, scalar_wd),
-        "_orig_mod.ln_f.weight": ("adamw", scalar_lr, scalar_wd), "_orig_mod.ln_f.bias": ("adamw", scalar_lr, scalar_wd),
+        "_orig_mod.ln_f.weight": ("adamw", scalar_lr, scalar_wd),
+        "_orig_mod.ln_f.bias": ("adamw", scalar_lr, scalar_wd),
         "_orig_mod.scale": ("adamw", scalar_lr, scalar_wd),
     })
     if not tied:
@@ -73,7 +74,8 @@ def test_param_groups_defaults_follow_the_matrix_algorithm():
     embeddings weight decay 0."""
     groups = param_groups(gpt_model(), expert_keys=("experts",))
     mu = ortho_fast.MUON_DEFAULTS
-    assert _assignment(groups) == _expected(mu["lr"], mu["lr"], mu["weight_decay"], ortho_fast.ADAMW_DEFAULTS["weight_decay"],
+    assert _assignment(groups) == _expected(mu["lr"], mu["lr"], mu["weight_decay"],
+                                            ortho_fast.ADAMW_DEFAULTS["weight_decay"],
                                             mu["lr"])
     without_experts = _assignment(param_groups(gpt_model()))
     assert without_experts["_orig_mod.moe.experts.b1"][0] == "muon"  # (E, 2d) counts as a matrix then
@@ -94,7 +96,8 @@ def test_param_groups_tied_embedding_is_an_embedding():
 ])
 def test_lm_head_lr_scale(scale, d_model, expected):
     groups = param_groups(gpt_model(), scalar_lr=1e-2, lm_head_lr_scale=scale, d_model=d_model)
-    assert _assignment(groups)["_orig_mod.lm_head.weight"] == ("adamw", expected, ortho_fast.ADAMW_DEFAULTS["weight_decay"])
+    assert _assignment(groups)["_orig_mod.lm_head.weight"] == ("adamw", expected,
+                                                               ortho_fast.ADAMW_DEFAULTS["weight_decay"])
 
 
 def test_head_names_only_at_the_top_except_lm_head():

@@ -16,7 +16,6 @@ from torch import nn
 from ortho_fast import HybridOptimizer, MuonConfig
 from tests.ortho_fast.helpers import HYBRID_CONFIGS, assert_same_model, fill_grads, gpt_model
 
-
 # =======================================================================================
 # state_dict
 # =======================================================================================

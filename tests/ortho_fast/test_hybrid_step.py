@@ -19,7 +19,6 @@ import ortho_fast
 from ortho_fast import ADAMW_DEFAULTS, DionConfig, HybridOptimizer, MuonConfig, lion_group_step, normalize_lion_group
 from tests.ortho_fast.helpers import D_MODEL, HYBRID_CONFIGS, assert_same_model, fill_grads, gpt_model, groups_by_name
 
-
 # =======================================================================================
 # HybridOptimizer == each algorithm's own optimizer, applied separately
 # =======================================================================================
@@ -151,7 +150,8 @@ def test_config_defaults_and_their_sources():
     assert (dion["lr"], dion["mu"], dion["weight_decay"], dion["rank_fraction"], dion["rank_multiple_of"]) == \
         (0.01, 0.95, 0.1, 1.0, 1)
     adamw = groups_by_name(opt.param_groups)
-    assert adamw["_orig_mod.ln_f.weight"]["betas"] == (0.9, 0.95) and adamw["_orig_mod.ln_f.weight"]["weight_decay"] == 0.1
+    assert adamw["_orig_mod.ln_f.weight"]["betas"] == (0.9, 0.95)
+    assert adamw["_orig_mod.ln_f.weight"]["weight_decay"] == 0.1
     assert adamw["_orig_mod.wte.weight"]["weight_decay"] == 0.0
     assert adamw["_orig_mod.lm_head.weight"]["lr"] == 0.01 / math.sqrt(D_MODEL)
     lion = groups_by_name(MuonConfig(scalar_algorithm="lion", expert_keys=("experts",)).build(gpt_model()).param_groups)

@@ -15,7 +15,6 @@ from ortho_fast import Muon, muon_momentum
 from tests.ortho_fast.helpers import layout_optimizer, layout_params, rng_for
 from tests.round_trip import run_steps
 
-
 # =======================================================================================
 # Bad input: clear errors, nothing changed
 # =======================================================================================

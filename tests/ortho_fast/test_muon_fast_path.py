@@ -14,11 +14,16 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import ortho_ref
-from ortho_fast.groups.muon import resolve_muon_options
 from ortho_fast import Muon
-from ortho_fast.functional.muon import (decay_weights, momentum_into, muon_momentum, muon_momentum_foreach,
-                                        update_momentum_buffers)
+from ortho_fast.functional.muon import (
+    decay_weights,
+    momentum_into,
+    muon_momentum,
+    muon_momentum_foreach,
+    update_momentum_buffers,
+)
 from ortho_fast.functional.newton_schulz import newton_schulz_resolved, newton_schulz_stacked
+from ortho_fast.groups.muon import resolve_muon_options
 from ortho_verify import tolerances as tol
 from ortho_verify.tolerances import compiled_tolerance
 from tests.ortho_fast.helpers import BASE, gradient_matrix, muon_reference, rng_for
@@ -95,7 +100,8 @@ def test_stacked_newton_schulz_is_within_ns_tolerance_per_matrix(m, n, counts, d
     scales = 10.0 ** rng.uniform(-3, 3, size=sum(counts))  # each matrix its own size
     mats, k = [], 0
     for c in counts:
-        mats.append(torch.stack([torch.from_numpy(gradient_matrix((m, n), rng, scale=scales[k + j])) for j in range(c)]))
+        mats.append(torch.stack([torch.from_numpy(gradient_matrix((m, n), rng, scale=scales[k + j]))
+                                 for j in range(c)]))
         k += c
     table = ortho_ref.schedule("jordan")
     outs = newton_schulz_stacked(mats, table, safety=1.0, eps=1e-7, eps_mode="add", compute_dtype=dtype)
@@ -176,7 +182,8 @@ def test_default_stacks_only_in_half_precision():
             assert torch.equal(x, y) != rectangular, w.shape
 
 
-@pytest.mark.parametrize("kw, key", [({"bitwise_torch": 1}, "bitwise_torch"), ({"bitwise_torch": None}, "bitwise_torch"),
+@pytest.mark.parametrize("kw, key",
+                         [({"bitwise_torch": 1}, "bitwise_torch"), ({"bitwise_torch": None}, "bitwise_torch"),
                                      ({"banks": "yes"}, "banks"), ({"banks": 0}, "banks")])
 def test_bad_mode_options_name_the_key(kw, key):
     with pytest.raises(TypeError, match=key):

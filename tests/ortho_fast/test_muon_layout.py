@@ -17,10 +17,14 @@ import ortho_fast
 from ortho_fast import Muon, is_expert_name, muon_layout, muon_momentum, newton_schulz
 from ortho_fast.muon import ADJUST_LR_MODES
 from tests.ortho_fast.helpers import (
-    BASE, ROWS, check_against_muon_reference, muon_reference, rng_for, run_one_muon_step,
+    BASE,
+    ROWS,
+    check_against_muon_reference,
+    muon_reference,
+    rng_for,
+    run_one_muon_step,
 )
 from tests.round_trip import run_steps
-
 
 # =======================================================================================
 # Layouts: conv flattening, experts, fused projections
@@ -44,7 +48,8 @@ def test_flatten_false_is_a_batch_of_matrices(shape):
     matrix with its own norm and lr scale."""
     opts = {**BASE, "adjust_lr": "spectral_norm"}
     batch = math.prod(shape[:-2])
-    (out,) = run_one_muon_step([shape], opts, rng_for("batch", shape), view_shapes=[(batch, *shape[-2:])], flatten=False)
+    (out,) = run_one_muon_step([shape], opts, rng_for("batch", shape),
+                               view_shapes=[(batch, *shape[-2:])], flatten=False)
     check_against_muon_reference(*out, [(i,) for i in range(batch)], opts)
 
 

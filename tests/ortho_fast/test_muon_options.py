@@ -20,9 +20,13 @@ import ortho_ref
 from ortho_fast import Muon, adjusted_lr_scale, newton_schulz
 from ortho_fast.muon import ADJUST_LR_MODES
 from tests.ortho_fast.helpers import (
-    BASE, ROWS, check_against_muon_reference, muon_reference, rng_for, run_one_muon_step,
+    BASE,
+    ROWS,
+    check_against_muon_reference,
+    muon_reference,
+    rng_for,
+    run_one_muon_step,
 )
-
 
 # =======================================================================================
 # Every option in float64 against the oracle

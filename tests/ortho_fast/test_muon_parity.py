@@ -14,9 +14,8 @@ import ortho_fast
 import ortho_ref
 from ortho_fast import Muon
 from ortho_verify import tolerances as tol
-from tests.ortho_fast.helpers import SHAPE_IDS, SHAPES, gradient_matrix, rng_for
 from ortho_verify.registry import MUON_COMBOS  # momentum style x nesterov x adjust_lr x weight decay x coefficients
-
+from tests.ortho_fast.helpers import SHAPE_IDS, SHAPES, gradient_matrix, rng_for
 
 # =======================================================================================
 # Muon

@@ -18,7 +18,6 @@ from ortho_fast import MUON_DEFAULTS, Muon, check_muon_step, muon_group_step, no
 from tests.ortho_fast.helpers import LAYOUT_SHAPES, layout_optimizer, layout_params, rng_for
 from tests.round_trip import assert_bitwise_same, round_trip, run_steps
 
-
 # =======================================================================================
 # torch.optim.Muon: parity with many equal shapes, and its checkpoints
 # =======================================================================================

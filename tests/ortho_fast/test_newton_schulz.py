@@ -99,7 +99,8 @@ def test_a_typo_in_the_fast_registry_is_caught(monkeypatch, name, field, value):
 
 
 # Regression: these inputs exceeded ns_tolerance before it counted the steps' term sizes S_t.
-@pytest.mark.parametrize("name, value", [("jordan", -0.0008520375827612452), ("polar_express", -0.00010086800206755943)])
+@pytest.mark.parametrize("name, value",
+                         [("jordan", -0.0008520375827612452), ("polar_express", -0.00010086800206755943)])
 def test_float32_1x1_within_ns_tolerance(name, value):
     _check_ns_tolerance(name, "float32", np.array([[value]]))
 

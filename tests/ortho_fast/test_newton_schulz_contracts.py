@@ -19,7 +19,6 @@ from ortho_verify import tolerances as tol
 from ortho_verify.spectra import matrix_with_spectrum
 from tests.ortho_fast.helpers import MAX_DIM, SCHEDULE_NAMES, matrix_shapes
 
-
 # ---------------------------------------------------------------------------------------
 # Bitwise contracts: transpose, user tables, tail rule, dtypes
 # ---------------------------------------------------------------------------------------
@@ -27,7 +26,8 @@ from tests.ortho_fast.helpers import MAX_DIM, SCHEDULE_NAMES, matrix_shapes
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @settings(deadline=None)
-@given(shape=matrix_shapes(kinds=("tall", "wide")), seed=st.integers(0, 2**32 - 1), name=st.sampled_from(SCHEDULE_NAMES))
+@given(shape=matrix_shapes(kinds=("tall", "wide")), seed=st.integers(0, 2**32 - 1),
+       name=st.sampled_from(SCHEDULE_NAMES))
 def test_transpose_is_bitwise(dtype, shape, seed, name):
     """A tall input is transposed to the wide side, iterated and transposed back: exactly the
     operations applied to its wide transpose."""
@@ -176,7 +176,8 @@ def test_torch_compile_matches_eager_bitwise(backend):
     assert out.dtype == eager.dtype and out.shape == eager.shape
     assert torch.equal(out, eager)
     # tall input goes through the transpose branch
-    assert torch.equal(compiled(g.mT.contiguous(), dtype=torch.float32), newton_schulz(g.mT.contiguous(), dtype=torch.float32))
+    assert torch.equal(compiled(g.mT.contiguous(), dtype=torch.float32),
+                       newton_schulz(g.mT.contiguous(), dtype=torch.float32))
 
 
 # ---------------------------------------------------------------------------------------

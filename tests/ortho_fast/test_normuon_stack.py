@@ -19,18 +19,17 @@ from hypothesis import given, strategies as st
 
 import ortho_fast
 import ortho_fast.groups.muon as group_muon
-from ortho_fast.functional import muon_stages as stage_math
-from ortho_fast.functional import stacked
+from ortho_fast.functional import muon_stages as stage_math, stacked
 from ortho_fast.functional.muon import adjusted_lr_scale
 from ortho_fast.groups.muon_budget import stage_nbytes, state_bytes
 from ortho_fast.groups.muon_stages import normuon_variances, stacked_stage_update_
 from ortho_fast.normuon import NORMUON_DEFAULTS
 from ortho_verify.arrays import TORCH_DTYPES, as_float64
 from ortho_verify.checks.stages import STAGE_CONFIGS, StageRun, stage_errors
-from tests.ortho_fast.helpers import stage_case
 from ortho_verify.tolerances import compiled_tolerance
 from ortho_verify.tolerances.roundoff import unit_roundoff
 from ortho_verify.tolerances.stages import scaled_product_update_bound
+from tests.ortho_fast.helpers import stage_case
 
 _SPEC = importlib.util.spec_from_file_location(
     "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
@@ -63,7 +62,8 @@ def test_the_stacked_step_matches_the_oracle(config, dtype, shape, monkeypatch):
             opt.state[p]["variance_neuron"] = torch.tensor(r.variance, dtype=tdt)
         p.grad = torch.tensor(r.grad, dtype=tdt)
     calls = []
-    monkeypatch.setattr(group_muon, "stacked_stage_update_", lambda *a, **k: calls.append(stacked_stage_update_(*a, **k)))
+    monkeypatch.setattr(group_muon, "stacked_stage_update_",
+                        lambda *a, **k: calls.append(stacked_stage_update_(*a, **k)))
     opt.step()
     assert len(calls) == (0 if config == "MuonEq" else 1)  # the stages ran on the stack, once
     for p, r in zip(ps, runs):
@@ -110,7 +110,8 @@ def test_the_stages_allocate_at_most_what_the_planner_charges(m, n, k, dtype, ex
         assert counter.peak < k * m * n * stage_math.stage_dtype(stack.dtype).itemsize
 
 
-@given(st.integers(2, 30), st.integers(2, 30), st.integers(2, 5), _STAGES.filter(lambda e: "row_equilibration" not in e))
+@given(st.integers(2, 30), st.integers(2, 30), st.integers(2, 5),
+       _STAGES.filter(lambda e: "row_equilibration" not in e))
 def test_a_stacks_factors_are_its_matrices_factors(m, n, k, extra):
     """Property: ``post_factors`` of a (k, m, n) stack with the second moments concatenated equals,
     bit for bit, the factors and second moments of its matrices one by one (every reduction is
@@ -156,11 +157,13 @@ def test_the_update_applies_the_factor_without_rounding_o_hat(free):
 
 
 def _plan(name: str, d: int, layers: int):
-    ps = [torch.nn.Parameter(torch.empty(s, device="meta")) for s in [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * layers]
+    ps = [torch.nn.Parameter(torch.empty(s, device="meta"))
+          for s in [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * layers]
     group = {**group_muon.MUON_DEFAULTS, **(NORMUON_DEFAULTS if name == "normuon" else {}), "params": ps, "lr": 0.02}
     options = group_muon.resolve_muon_options(group)
     live = list(enumerate(ps))
-    layout = lambda i, p: group_muon.param_layout(group, options, i, p)
+    def layout(i, p):
+        return group_muon.param_layout(group, options, i, p)
     return group_muon.plan_stacks(live, layout, options, state_bytes(live, layout, options))
 
 
@@ -194,8 +197,8 @@ def test_the_stacked_stages_compile_fullgraph_and_equal_eager():
     shapes = [(24, 16), (24, 16), (16, 40), (16, 40)]
     w0 = [torch.randn(s, generator=gen) for s in shapes]
     grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(3)]
-    build = lambda ps: ortho_fast.NorMuon(ps, lr=0.02, dtype=torch.float32, banks=True, renormalize=True,
-                                         check_finite=False)
+    def build(ps):
+        return ortho_fast.NorMuon(ps, lr=0.02, dtype=torch.float32, banks=True, renormalize=True, check_finite=False)
     eager_ps, ps = [torch.nn.Parameter(w.clone()) for w in w0], [torch.nn.Parameter(w.clone()) for w in w0]
     eager, opt = build(eager_ps), build(ps)
     step = torch.compile(opt.step, fullgraph=True, backend="inductor")

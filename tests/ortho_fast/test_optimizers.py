@@ -73,7 +73,8 @@ OPTIMIZERS = {
 
 
 # Muon flattens 3-D non-expert weights (conv1d) to (shape[0], prod(rest)): tests/ortho_fast/test_muon_layout.py.
-@pytest.mark.parametrize("name, bad_shape", [(n, s) for n in sorted(OPTIMIZERS) for s in ((5,), ())] + [("Dion", (2, 3, 4))])
+@pytest.mark.parametrize("name, bad_shape",
+                         [(n, s) for n in sorted(OPTIMIZERS) for s in ((5,), ())] + [("Dion", (2, 3, 4))])
 def test_non_matrix_parameter_rejected(name, bad_shape):
     with pytest.raises(ValueError, match=r"^params:"):
         OPTIMIZERS[name]([torch.nn.Parameter(torch.ones(4, 3)), torch.nn.Parameter(torch.ones(bad_shape))])

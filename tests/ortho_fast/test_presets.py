@@ -63,7 +63,8 @@ def test_product_and_judge_agree(name):
     assert options.compute_dtype == conv.ns_dtype
     assert group["qk_clip_threshold"] == conv.qk_clip_threshold
     assert group["qk_clip_alpha"] == conv.qk_clip_alpha
-    for field in ("row_equilibration", "renormalize", "normuon_beta2", "normuon_eps", "normuon_eps_mode", "normuon_dim"):
+    for field in ("row_equilibration", "renormalize", "normuon_beta2", "normuon_eps", "normuon_eps_mode",
+                  "normuon_dim"):
         if hasattr(conv, field):
             assert group[field] == getattr(conv, field), field
 

@@ -60,7 +60,8 @@ def test_clip_follows_the_update():
     opt.step(qk_logits=LOGITS)
     ref_opt.step()
     a, b = m["layers"][0], plain["layers"][0]
-    d = lambda t: t.detach().double().numpy()
+    def d(t):
+        return t.detach().double().numpy()
     wq, wk = qk_clip(d(b.q_proj.weight), d(b.k_proj.weight), LOGITS[0].numpy(), threshold=5.0, num_heads=4,
                      num_kv_heads=2)
     assert rel(a.q_proj.weight.detach(), wq) <= qk_clip_tolerance("float32")
@@ -200,7 +201,8 @@ def test_state_dict_round_trip_bitwise():
         oo.step(qk_logits=LOGITS)
     for (k, a), b in zip(weights(m).items(), weights(m2).values()):
         assert torch.equal(a, b), k
-    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], opt2.state_dict()["state"][0]["momentum_buffer"])
+    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"],
+                       opt2.state_dict()["state"][0]["momentum_buffer"])
 
 
 def test_old_checkpoint_keeps_current_qk_clip_options():

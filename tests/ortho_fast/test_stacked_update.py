@@ -18,8 +18,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from ortho_fast.functional import dion as dion_math
-from ortho_fast.functional import stacked
+from ortho_fast.functional import dion as dion_math, stacked
 from ortho_fast.validation import FiniteCheck
 
 _SPEC = importlib.util.spec_from_file_location(

@@ -20,8 +20,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from ortho_fast.functional import muon_stages as stage_math
-from ortho_fast.functional import stacked
+from ortho_fast.functional import muon_stages as stage_math, stacked
 from ortho_verify.tolerances.stages import scaled_product_update_bound
 
 _SPEC = importlib.util.spec_from_file_location(

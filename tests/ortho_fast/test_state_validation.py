@@ -77,7 +77,8 @@ def _corruptions(name: str):
         yield key, "python int", lambda t: 3, rf"{key}: expected a one-element"
         if name == "dion_rcqr" or name == "adamw":
             yield key, "missing", None, rf"{key}: missing from the saved"
-    yield "foreign", "extra key", "extra", r"^(param group 0 \(\w+\): )?(exp_avg|Q): not a \w+ state key \(a state key of"
+    yield ("foreign", "extra key", "extra",
+           r"^(param group 0 \(\w+\): )?(exp_avg|Q): not a \w+ state key \(a state key of")
 
 
 CASES = [(name, *case) for name in OPTIMIZERS for case in _corruptions(name)]

@@ -24,7 +24,8 @@ def test_any_non_finite_entry_is_caught(rows, cols, dtype, bad, transposed, wher
 
 
 @given(count=st.integers(1, 4), dtype=st.sampled_from(DTYPES), huge=st.booleans(), bad=st.sampled_from(
-    [None, float("nan"), float("inf"), -float("inf")]), which=st.integers(0, 3), where=st.floats(0, 1, exclude_max=True),
+    [None, float("nan"), float("inf"), -float("inf")]), which=st.integers(0, 3),
+       where=st.floats(0, 1, exclude_max=True),
     seed=st.integers(0, 2**16))
 def test_finite_check_verdict_is_exact(count, dtype, huge, bad, which, where, seed):
     """``FiniteCheck`` screens with max|x| per tensor (``_foreach_norm(ord=inf)``), which finite

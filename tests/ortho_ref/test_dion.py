@@ -9,14 +9,13 @@ import math
 import numpy as np
 import pytest
 import scipy.linalg
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_ref.dion import CQR2_GRAM_DEVIATION
-from tests.strategies import spectral_matrices
 from ortho_verify import tolerances as tol
 from ortho_verify.spectra import matrix_with_spectrum
+from tests.strategies import spectral_matrices
 
 METHODS = ortho_ref.QR_METHODS
 
@@ -29,7 +28,8 @@ def _sketch_kappa(y, seed, oversample=1.25):
     """κ₂(Y R_s⁻¹) of the sketch ``orthonormalize`` draws from default_rng(seed) (None: no sketch)."""
     rows, r = y.shape
     k = ortho_ref.sketch_rows(r, oversample)
-    return tol.sketch_condition(y, ortho_ref.gaussian_sketch(np.random.default_rng(seed), k, rows)) if k < rows else None
+    return tol.sketch_condition(y,
+                                ortho_ref.gaussian_sketch(np.random.default_rng(seed), k, rows)) if k < rows else None
 
 
 # =======================================================================================
@@ -158,7 +158,8 @@ def test_orth_dion_right_factor(shape):
              for s1, rf in zip((col, orth), ortho_ref.RIGHT_FACTORS)]
     nxt = [ortho_ref.dion_step(s1.weight, g2, s1.momentum, s1.Q, **kw) for s1 in (col, orth)]
     # each next P is within its tolerance (which carries the first step's error of Q) of the same exact P
-    bound = sum(tol.dion_variant_tolerances(s2, s1.Q, weight=s1.weight, dtype="float64", q_error=b1["Q"], **_lr_mu(kw))["P"]
+    bound = sum(tol.dion_variant_tolerances(s2, s1.Q, weight=s1.weight, dtype="float64", q_error=b1["Q"],
+                                            **_lr_mu(kw))["P"]
                 for s1, s2, b1 in zip((col, orth), nxt, first))
     assert np.linalg.norm(nxt[0].P - nxt[1].P) <= bound
 
@@ -217,7 +218,8 @@ def test_ideal_step_is_dion_started_at_the_right_singular_vectors():
 
 
 def test_ideal_step_zero_b_and_bad_rank():
-    out = ortho_ref.dion_ideal_step(np.ones((4, 3)), np.zeros((4, 3)), np.zeros((4, 3)), rank=2, lr=0.1, weight_decay=0.5)
+    out = ortho_ref.dion_ideal_step(np.ones((4, 3)), np.zeros((4, 3)), np.zeros((4, 3)), rank=2, lr=0.1,
+                                    weight_decay=0.5)
     assert not np.any(out.P) and not np.any(out.Q) and np.array_equal(out.weight, np.ones((4, 3)) * 0.95)
     with pytest.raises(ValueError, match="^rank:"):
         ortho_ref.dion_ideal_step(np.ones((4, 3)), np.ones((4, 3)), np.zeros((4, 3)), rank=4, lr=0.1)
@@ -229,7 +231,8 @@ def test_ideal_step_zero_b_and_bad_rank():
 
 
 @settings(deadline=None)
-@given(spectral_matrices(max_dim=24, min_dim=2, max_cond=1e5), st.floats(0.0, 0.99), st.sampled_from([1.0, 0.5, 1 / 16]),
+@given(spectral_matrices(max_dim=24, min_dim=2, max_cond=1e5), st.floats(0.0, 0.99),
+       st.sampled_from([1.0, 0.5, 1 / 16]),
        st.integers(1, 3), st.sampled_from(METHODS), st.sampled_from(ortho_ref.RIGHT_FACTORS), st.integers(0, 2**32 - 1))
 def test_error_feedback_identities_for_every_variant(case, mu, rank_fraction, power_iters, method, right_factor, seed):
     """(I − PPᵀ)M_new = (I − PPᵀ)B and PᵀM_new = μPᵀB whatever the QR method, right factor and
@@ -246,7 +249,8 @@ def test_error_feedback_identities_for_every_variant(case, mu, rank_fraction, po
     m_new = out.momentum.T if m < n else out.momentum
     rows = b.shape[0]
     omega = float(np.linalg.norm(p.T @ p - np.eye(r)))  # P's measured defect (bounded in the QR tests)
-    ef = tol.error_feedback_tolerance(np.linalg.norm(b), np.linalg.norm(p), np.linalg.norm(r_mat), mu, rows, r, "float64")
+    ef = tol.error_feedback_tolerance(np.linalg.norm(b), np.linalg.norm(p), np.linalg.norm(r_mat), mu, rows, r,
+                                      "float64")
     bound = tol.error_feedback_projection_tolerance(
         ef, rows=rows, b_norm=np.linalg.norm(b), m_norm=np.linalg.norm(m_new), r_norm=np.linalg.norm(r_mat),
         p_norm=np.linalg.norm(p), mu=mu, orthogonality=omega, dtype="float64")
@@ -290,7 +294,8 @@ def test_dion_sum_of_gradients_bookkeeping():
         w, mom, q = out.weight, out.momentum, out.Q
         total_g += g
         total_pr += out.P @ out.R.T
-    bound = 5 * tol.error_feedback_tolerance(np.linalg.norm(total_g), 1.0, np.linalg.norm(total_pr), mu, m, r, "float64")
+    bound = 5 * tol.error_feedback_tolerance(np.linalg.norm(total_g), 1.0, np.linalg.norm(total_pr), mu, m, r,
+                                             "float64")
     assert np.linalg.norm(total_g - (mom + (1 - mu) * total_pr)) <= bound
 
 

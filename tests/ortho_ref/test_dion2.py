@@ -8,12 +8,16 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_ref.dion2 import (
-    dion2_num_selected, dion2_select, dion2_select_rows, dion2_shard_chunks, dion2_slice_norms, dion2_step,
+    dion2_num_selected,
+    dion2_select,
+    dion2_select_rows,
+    dion2_shard_chunks,
+    dion2_slice_norms,
+    dion2_step,
 )
 
 PE = ortho_ref.schedule("polar_express")

@@ -5,13 +5,12 @@ import math
 import mpmath
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_ref import mp
-from tests.strategies import spectral_matrices
 from ortho_verify import tolerances as tol
+from tests.strategies import spectral_matrices
 
 DIGITS = 50
 SCHEDULES = sorted(ortho_ref.SCHEDULES)
@@ -178,7 +177,8 @@ def test_bad_digits(digits, exc, match):
 @pytest.mark.parametrize("shape", [(mp.MAX_DIM + 1, 2), (3, mp.MAX_DIM + 1), (1000, 1000)])
 def test_too_large_is_refused_before_any_work(shape):
     # A 1000 x 1000 SVD at 50 digits would take days: the limit is checked first.
-    for fn in (lambda a: ortho_ref.polar(a, digits=DIGITS), lambda a: ortho_ref.ns_map(a, [[1.5, -0.5, 0.0]], digits=DIGITS)):
+    for fn in (lambda a: ortho_ref.polar(a, digits=DIGITS),
+               lambda a: ortho_ref.ns_map(a, [[1.5, -0.5, 0.0]], digits=DIGITS)):
         with pytest.raises(ValueError, match=f"MAX_DIM = {mp.MAX_DIM}"):
             fn(np.ones(shape))
 

@@ -5,8 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_ref import muon_stages as stages
@@ -16,7 +15,8 @@ from ortho_verify.tolerances.stages import equilibration_error, scaling_error
 
 
 def _full_rank(a):
-    return np.all(np.linalg.norm(a, axis=1) > stages.NORM_FLOOR) and np.all(np.linalg.norm(a, axis=0) > stages.NORM_FLOOR)
+    return (np.all(np.linalg.norm(a, axis=1) > stages.NORM_FLOOR)
+            and np.all(np.linalg.norm(a, axis=0) > stages.NORM_FLOOR))
 
 
 @settings(deadline=None, max_examples=40)
@@ -87,7 +87,8 @@ def test_normuon_with_beta2_zero_equalizes_the_neurons():
 
 
 @pytest.mark.parametrize("m, n, dim, side", [(8, 4, "by_shape", "row"), (4, 8, "by_shape", "column"),
-                                             (5, 5, "by_shape", "row"), (4, 8, "row", "row"), (8, 4, "column", "column")])
+                                             (5, 5, "by_shape", "row"), (4, 8, "row", "row"),
+                                             (8, 4, "column", "column")])
 def test_normuon_side(m, n, dim, side):
     assert stages.normuon_side(m, n, dim) == side
     assert stages.normuon_variance_shape(m, n, dim) == ((m, 1) if side == "row" else (1, n))

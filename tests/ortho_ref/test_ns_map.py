@@ -2,12 +2,11 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
-from tests.strategies import spectral_matrices
 from ortho_verify.tolerances import U64, ns_singular_value_tolerance, ns_tolerance, svd_residual_tolerance
+from tests.strategies import spectral_matrices
 
 SCHEDULES = sorted(ortho_ref.SCHEDULES)
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 
 import ortho_ref
-from tests.strategies import spectral_matrices
 from ortho_verify.tolerances import mp_accuracy, polar_condition_tolerance, svd_residual_tolerance
+from tests.strategies import spectral_matrices
 
 
 @settings(deadline=None)

@@ -9,6 +9,7 @@ from hypothesis import given, strategies as st
 from ortho_ref.qk_clip import qk_clip, qk_clip_factors, qk_clip_fused, qkv_row_heads
 from ortho_verify.tolerances import U64
 
+
 # float64 logits recomputed from clipped weights: each logit is a length-d dot product of
 # entries scaled by the clip factors (three float64 roundings of the factor and the scaled
 # entries, then the d-term sum): relative 4·d·u64 is a bound for the difference (γ·(q·k) vs

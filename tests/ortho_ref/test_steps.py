@@ -52,8 +52,10 @@ def test_muon_polar_orthogonalizer_gives_orthonormal_update():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(weight=np.ones(3)), "weight"), (dict(grad=np.ones((2, 2))), "grad"), (dict(momentum_style="adam"), "momentum_style"),
-    (dict(adjust_lr="bogus"), "adjust_lr"), (dict(orthogonalizer="svd"), "orthogonalizer"), (dict(weight_decay=-0.1), "weight_decay"),
+    (dict(weight=np.ones(3)), "weight"), (dict(grad=np.ones((2, 2))), "grad"),
+    (dict(momentum_style="adam"), "momentum_style"),
+    (dict(adjust_lr="bogus"), "adjust_lr"), (dict(orthogonalizer="svd"), "orthogonalizer"),
+    (dict(weight_decay=-0.1), "weight_decay"),
     (dict(grad=np.array([[np.inf, 0.0, 0.0], [0.0, 0.0, 0.0]])), "grad"),
 ])
 def test_muon_bad_input(kwargs, match):

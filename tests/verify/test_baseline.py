@@ -5,8 +5,7 @@ import math
 
 import pytest
 
-from ortho_verify import baseline
-from ortho_verify import checks
+from ortho_verify import baseline, checks
 from ortho_verify.checks import CheckResult
 from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 

@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from ortho_verify import baseline, checks, cli
-from ortho_verify import tolerances as tol
+from ortho_verify import baseline, checks, cli, tolerances as tol
 from ortho_verify.results import VerificationReport, measured
 from ortho_verify.spectra import MatrixCase
 
@@ -18,7 +17,8 @@ CORPUS_B = {"name": "ortho-pseudo-python-v2", "bytes": 10, "sha256": "b" * 64}
 
 def _real_cases():
     rng = np.random.default_rng(0)
-    return [MatrixCase(f"gpt/step300/w{k}", rng.standard_normal((12, 8)), "real", "planted real input") for k in range(2)]
+    return [MatrixCase(f"gpt/step300/w{k}", rng.standard_normal((12, 8)), "real", "planted real input")
+            for k in range(2)]
 
 
 @pytest.fixture
@@ -26,7 +26,8 @@ def run(tmp_path, monkeypatch):
     """``run(corpus, *args)``: the CLI on two planted real inputs trained on ``corpus`` plus the
     synthetic ones, Newton–Schulz only; returns (exit code, report.json)."""
     def jobs(cases, quick, sv_points=None):
-        return [(c.name, lambda c=c: checks.check_newton_schulz(c, "jordan", "float32")) for c in (cases[:2] + cases[-1:])]
+        return [(c.name, lambda c=c: checks.check_newton_schulz(c, "jordan", "float32"))
+                for c in (cases[:2] + cases[-1:])]
 
     monkeypatch.setattr(cli, "plan_jobs", jobs)
     monkeypatch.setattr(cli.data, "real_gradients", lambda **kw: _real_cases())

@@ -6,8 +6,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_verify import check_optimizer, check_orthogonalizer
@@ -104,7 +103,8 @@ def test_bf16_statistical_failures_name_one_cause(plant, expected):
 
 
 def test_headline_ignores_degenerate_rows():
-    rows = [CheckResult("x", "geometric/square/(1, 1)", "", 5.0, 1.0, False, cause="constant factor", extra={"degenerate": True}),
+    rows = [CheckResult("x", "geometric/square/(1, 1)", "", 5.0, 1.0, False, cause="constant factor",
+                        extra={"degenerate": True}),
             CheckResult("x", "a", "", 2.0, 1.0, False, cause="coefficient b"),
             CheckResult("x", "b", "", 2.0, 1.0, False, cause="coefficient b")]
     assert headline_cause(rows) == "coefficient b"

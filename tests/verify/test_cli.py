@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ortho_verify import checks, cli, tables
-from ortho_verify import tolerances as tol
+from ortho_verify import checks, cli, tables, tolerances as tol
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +56,8 @@ def test_a_failing_check_gives_exit_code_1(tmp_path, monkeypatch):
 
 
 def test_a_check_without_any_claim_gives_exit_code_1(tmp_path, monkeypatch, capsys):
-    rows = [checks.measured("compared", "input", "detail", 0.5, 1.0), checks.no_claim("skipped", "input", "d", "ill-posed")]
+    rows = [checks.measured("compared", "input", "detail", 0.5, 1.0),
+            checks.no_claim("skipped", "input", "d", "ill-posed")]
     monkeypatch.setattr(cli, "plan_jobs", lambda *a: [("planted", lambda: rows)])
     assert cli.main(["--quick", "--no-real", "--no-plots", "--out", str(tmp_path)]) == 1
     summary = json.loads((tmp_path / "report.json").read_text())["summary"]

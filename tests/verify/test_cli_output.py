@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from hypothesis import given, strategies as st
 
-from ortho_verify import annotations, checks, cli, junit, report
+from ortho_verify import annotations, cli, junit, report
 from ortho_verify.results import REPORT_SCHEMA_VERSION, CheckResult, measured, no_claim, summary
 
 # Rows of three checks over two inputs: one failure, one check with a no-claim row beside a claim.
@@ -54,7 +54,8 @@ def test_terminal_shows_one_row_per_check_then_the_failures(tmp_path, monkeypatc
     assert len(table) == 2
     rows = {line.split()[0]: line.split()[1:5] for line in table[0].splitlines() if line.strip().split(" ")[0] in
             ("ns", "dion", "skipped")}
-    assert rows == {"ns": ["2", "1", "0", "3.000"], "dion": ["1", "0", "1", "0.100"], "skipped": ["0", "0", "1", "0.000"]}
+    assert rows == {"ns": ["2", "1", "0", "3.000"], "dion": ["1", "0", "1", "0.100"],
+                    "skipped": ["0", "0", "1", "0.000"]}
     failing = [line for line in table[1].splitlines() if line.strip().startswith("ns")]
     assert len(failing) == 1 and " b " in failing[0] and "planted" in failing[0]
     assert "FAILED: 3 passed, 1 failed" in out and str(tmp_path / "report.md") in out
@@ -92,7 +93,8 @@ def test_junit_xml_parses_back_with_one_case_per_check_and_input(tmp_path, monke
     [suite] = root.findall("testsuite")
     cases = {(c.get("classname"), c.get("name")): c for c in suite.findall("testcase")}
     assert set(cases) == {("ns", "a"), ("ns", "b"), ("dion", "a"), ("dion", "b"), ("skipped", "a")}
-    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("5", "1", "0", "2")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"),
+            suite.get("skipped")) == ("5", "1", "0", "2")
     failure = cases[("ns", "b")].find("failure")
     assert failure is not None and "planted" in failure.get("message") and "1 of 1 rows failed" in failure.text
     assert cases[("dion", "b")].find("skipped").get("message").endswith("ill-posed")

@@ -152,7 +152,8 @@ def test_ortho_device_option_is_the_fixture_default():
     check = raw(request)
     with pytest.raises(ValueError, match="meta"):
         check(newton_schulz_kernel, examples=default_examples("float32")[:1])
-    assert check(newton_schulz_kernel, examples=default_examples("float32")[:1], device="cpu").device.startswith("cpu (")
+    assert check(newton_schulz_kernel, examples=default_examples("float32")[:1],
+                 device="cpu").device.startswith("cpu (")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without enough GPUs")

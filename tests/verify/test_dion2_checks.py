@@ -146,7 +146,7 @@ def test_local_definition_equals_the_oracle(name, world):
     in float64."""
     import torch
 
-    from ortho_verify.sharding import MATRICES, initial_weight, gradient, layouts_for
+    from ortho_verify.sharding import MATRICES, gradient, initial_weight, layouts_for
     from ortho_verify.sharding.dion2_reference import dion2_local_reference, selected_dim_shards
 
     lay, mesh_shape = next((lay, s) for lay, s in layouts_for(world, ["dion2/"]) if lay.name == name)
@@ -155,7 +155,8 @@ def test_local_definition_equals_the_oracle(name, world):
     opts = {**reference_options(dict(sharding_options(lay))), "selection_scope": "local"}
     for i, shape in enumerate(MATRICES):
         shards = selected_dim_shards(lay, mesh_shape, shape)
-        assert np.array_equal(np.sort(np.concatenate(shards)), np.arange(shape[0] if shape[0] <= shape[1] else shape[1]))
+        assert np.array_equal(np.sort(np.concatenate(shards)),
+                              np.arange(shape[0] if shape[0] <= shape[1] else shape[1]))
         w, m = initial_weight(i, shape, torch.float64).numpy(), np.zeros(shape)
         w_tol = m_tol = 0.0  # per-step tolerances add up over the steps (first order)
         for t in range(steps):

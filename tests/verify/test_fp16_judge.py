@@ -7,13 +7,12 @@ import functools
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_fast
 import ortho_ref
 from ortho_verify import check_orthogonalizer
-from ortho_verify.api import (FLOAT16_MIN_SCALE, check_orthogonalizer_statistics, compute_name, default_examples)
+from ortho_verify.api import FLOAT16_MIN_SCALE, check_orthogonalizer_statistics, compute_name, default_examples
 from ortho_verify.checks.statistical import statistical_batch
 from ortho_verify.examples import MAX_SCALE
 from ortho_verify.planted import JORDAN, newton_schulz_kernel

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")

@@ -7,12 +7,10 @@ import functools
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
-from ortho_verify import DION, DionConventions, check_optimizer
-from ortho_verify import tolerances as tol
+from ortho_verify import DION, DionConventions, check_optimizer, tolerances as tol
 from ortho_verify.checks.dion import never_transposed_dion_step
 from ortho_verify.checks.gauge import align_column_signs, projector_distance
 from ortho_verify.planted_dion import NEVER_TRANSPOSE_CONVENTIONS, FreeSignDion

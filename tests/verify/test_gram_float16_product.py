@@ -11,8 +11,13 @@ from hypothesis import given, settings
 import ortho_fast
 import ortho_ref
 from ortho_fast.coefficients import resolve_coefficients
-from ortho_fast.functional.newton_schulz import (GRAM_DTYPES, frobenius_normalize_, gram_iterate, gram_restarts,
-                                                 power_of_two_scale)
+from ortho_fast.functional.newton_schulz import (
+    GRAM_DTYPES,
+    frobenius_normalize_,
+    gram_iterate,
+    gram_restarts,
+    power_of_two_scale,
+)
 from ortho_verify import check_orthogonalizer
 from ortho_verify.api import check_orthogonalizer_example
 from ortho_verify.cli import plan_jobs

@@ -7,17 +7,22 @@ import functools
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_fast.functional.newton_schulz import gram_iterate
 from ortho_verify import check_orthogonalizer
 from ortho_verify.api import default_examples
 from ortho_verify.planted import GRAM_POLAR_EXPRESS, GRAM_RESTARTS, gram_newton_schulz_kernel
-from ortho_verify.tolerances import (gram_point_gains, gram_rounding_points, ns_gram_singular_value_tolerances,
-                                     ns_gram_tolerance, ns_singular_value_tolerances, ns_tolerance,
-                                     validate_restarts)
+from ortho_verify.tolerances import (
+    gram_point_gains,
+    gram_rounding_points,
+    ns_gram_singular_value_tolerances,
+    ns_gram_tolerance,
+    ns_singular_value_tolerances,
+    ns_tolerance,
+    validate_restarts,
+)
 
 TABLE = np.array(GRAM_POLAR_EXPRESS)
 GRAM = dict(coefficients=TABLE, safety=1.0, eps=1e-7, form="gram", restarts=GRAM_RESTARTS)

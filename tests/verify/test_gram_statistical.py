@@ -7,8 +7,7 @@ differently (the other side, full Q, microsoft/dion's single restart, float32), 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_fast
 import ortho_ref

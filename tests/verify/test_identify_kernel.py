@@ -8,8 +8,7 @@ import functools
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_fast
 import ortho_ref

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import ortho_fast
 from ortho_verify.identify.optimizer import identify_optimizer

@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from ortho_verify import check_optimizer, check_orthogonalizer
-from ortho_verify.planted_muon import (JORDAN_CONVENTIONS, TORCH_STYLE_CONVENTIONS, JordanStyleMuon, TorchStyleMuon,
-                                       inplace_kernel, planted)
+from ortho_verify.planted_muon import (
+    JORDAN_CONVENTIONS,
+    TORCH_STYLE_CONVENTIONS,
+    JordanStyleMuon,
+    TorchStyleMuon,
+    inplace_kernel,
+    planted,
+)
 from ortho_verify.results import FAILURE_KINDS, CheckResult, failure_kind, verdict_text
 
 FAST = dict(steps=2, statistical_matrices=0, shapes=((12, 8), (8, 12)))

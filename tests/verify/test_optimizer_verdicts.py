@@ -12,8 +12,13 @@ import torch
 from ortho_verify import tolerances as tol
 from ortho_verify.conventions import MuonConventions
 from ortho_verify.optimizer_checks import check_optimizer
-from ortho_verify.planted_muon import (JORDAN_CONVENTIONS, TORCH_STYLE_CONVENTIONS, JordanStyleMuon, TorchStyleMuon,
-                                      planted)
+from ortho_verify.planted_muon import (
+    JORDAN_CONVENTIONS,
+    TORCH_STYLE_CONVENTIONS,
+    JordanStyleMuon,
+    TorchStyleMuon,
+    planted,
+)
 
 F32 = dict(param_dtype=torch.float32, steps=2)
 

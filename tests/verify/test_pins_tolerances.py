@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import ortho_ref
-from ortho_verify import baseline
-from ortho_verify import tolerances as tol
+from ortho_verify import baseline, tolerances as tol
 from ortho_verify.results import CheckResult, measured
 
 BEYOND, INSIDE = 2.0, 0.5

@@ -9,8 +9,15 @@ import torch
 from hypothesis import given, settings
 
 import ortho_fast
-from ortho_verify import (DION, ORTHO_MUON, TORCH_MUON, MuonConventions, check_optimizer, check_orthogonalizer,
-                    check_orthogonalizer_example)
+from ortho_verify import (
+    DION,
+    ORTHO_MUON,
+    TORCH_MUON,
+    MuonConventions,
+    check_optimizer,
+    check_orthogonalizer,
+    check_orthogonalizer_example,
+)
 from ortho_verify.planted import CORRECT_OPTIMIZERS, PLANTED_BUGS, newton_schulz_kernel
 from ortho_verify.strategies import build_example, spectral_examples, target_worst_ratio
 
@@ -177,7 +184,8 @@ def test_zeros_fail_every_informative_bf16_row():
     assert {r.status for r in rows} == {"fail", "no claim"}
     vacuous = [r for r in rows if r.status == "no claim"]
     assert all(r.note and r.tolerance > 0 for r in vacuous)
-    assert "no claim (" in report.summary(max_rows=100) and all(r.input in report.summary(max_rows=100) for r in vacuous)
+    assert "no claim (" in report.summary(max_rows=100) and all(r.input in report.summary(max_rows=100)
+                                                                for r in vacuous)
     # the same rows are claims that hold for a correct kernel: only the hopeless ones make none
     ours = check_orthogonalizer(_ours(torch.bfloat16), coefficients="jordan", dtype=torch.bfloat16)
     assert ours.passed and {(r.check, r.input) for r in ours.results if not r.claimed} == \

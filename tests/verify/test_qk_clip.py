@@ -4,8 +4,14 @@ written differently, in float64 / float32 / bfloat16 and every layout; every pla
 import numpy as np
 import pytest
 
-from ortho_verify.checks.qk_clip import (QK_CLIP_CONTROL, QK_CLIP_LAYOUTS, QK_CLIP_PLANTED, check_qk_clip,
-                                         qk_clip_jobs, qk_clip_logits)
+from ortho_verify.checks.qk_clip import (
+    QK_CLIP_CONTROL,
+    QK_CLIP_LAYOUTS,
+    QK_CLIP_PLANTED,
+    check_qk_clip,
+    qk_clip_jobs,
+    qk_clip_logits,
+)
 from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
 
 DTYPES = ("float64", "float32", "bfloat16")

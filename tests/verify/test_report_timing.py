@@ -42,7 +42,8 @@ def test_job_seconds_are_shared_among_checks_by_rows_and_add_up(jobs):
 def test_reports_carry_seconds_per_check(tmp_path):
     rows = [measured("ns", "a", "d", 0.5, 1.0), measured("exact", "a", "d", 0.0, 0.0)]
     body = report_body(rows, {}, seconds={"ns": 1.25, "exact": 0.5})
-    assert body["summary"]["by_check"]["ns"]["seconds"] == 1.25 and body["summary"]["by_check"]["exact"]["seconds"] == 0.5
+    assert body["summary"]["by_check"]["ns"]["seconds"] == 1.25
+    assert body["summary"]["by_check"]["exact"]["seconds"] == 0.5
     assert report_body(rows, {})["summary"]["by_check"]["ns"]["seconds"] is None
     write_reports(rows, tmp_path, {}, seconds={"ns": 1.25, "exact": 0.5})
     md = (tmp_path / "report.md").read_text()

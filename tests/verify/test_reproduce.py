@@ -3,20 +3,18 @@ and the command line's errors."""
 
 import json
 import math
-from dataclasses import asdict, replace
 import subprocess
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import ortho_fast
-from ortho_verify import cli, data
-from ortho_verify import reproduce as rp
+from ortho_verify import cli, data, reproduce as rp
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = (1, 2, 3)

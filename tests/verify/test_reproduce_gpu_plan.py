@@ -6,8 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from ortho_verify import reproduce as rp
 from ortho_verify.reproduce import device_plan as dp

@@ -9,12 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import ortho_fast
-from ortho_verify import data, registry
-from ortho_verify import reproduce as rp
+from ortho_verify import data, registry, reproduce as rp
 from ortho_verify.reproduce.cache import code_files, method_fingerprint
 from ortho_verify.reproduce.scaling import DEFAULT_SWEEP, QUICK_SWEEP
 

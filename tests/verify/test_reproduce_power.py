@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from scipy import stats
 
 from ortho_verify import reproduce as rp
-from ortho_verify.reproduce import pool, statistics
+from ortho_verify.reproduce import pool
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = (1, 2, 3)

@@ -135,7 +135,8 @@ def test_bad_sweep_arguments_exit_2_naming_the_option(argv, option, capsys):
 
 
 def test_quick_sweep_resumes_from_its_cache(tmp_path, capsys):
-    argv = ["--quick", "--steps", "8", "--seeds", "1", "--jobs", "1", "--sizes", "8,16", "--cache", str(tmp_path / "cache")]
+    argv = ["--quick", "--steps", "8", "--seeds", "1", "--jobs", "1", "--sizes", "8,16", "--cache",
+            str(tmp_path / "cache")]
     assert rp.main([*argv, "--out", str(tmp_path / "a")]) == 0
     printed = capsys.readouterr().out
     first = json.loads((tmp_path / "a" / "reproduction" / "results.json").read_text())

@@ -5,8 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from ortho_verify.reproduce import scaling
 from ortho_verify.reproduce.trend import TRENDS, seed_slopes, trend_verdict

@@ -11,13 +11,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_verify import DionConventions, check_sharded_optimizer
-from ortho_verify.sharding import (SHARDED_LAYOUTS, PlantedDion, dion_factory, dion_replay, planted_muon_factory,
-                                   layout_pattern, layouts_for, muon_factory)
+from ortho_verify.sharding import (
+    SHARDED_LAYOUTS,
+    PlantedDion,
+    dion_factory,
+    dion_replay,
+    layout_pattern,
+    layouts_for,
+    muon_factory,
+    planted_muon_factory,
+)
 from ortho_verify.tolerances import sharded_tolerance
 
 WORLD = 4

@@ -105,7 +105,8 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="dtype"):
         check_sharded_optimizer(f, dtype=torch.bfloat16)
     for kw, word in (({"steps": 0}, "steps"), ({"timeout": 0}, "timeout"), ({"shapes": [(3,)]}, "shapes"),
-                     ({"shapes": []}, "shapes"), ({"layouts": ["nothing"]}, "layouts"), ({"world_size": 0}, "world_size")):
+                     ({"shapes": []}, "shapes"), ({"layouts": ["nothing"]}, "layouts"),
+                     ({"world_size": 0}, "world_size")):
         with pytest.raises(ValueError, match=word):
             check_sharded_optimizer(f, **kw)
     with pytest.raises(ValueError, match="optimizer"):

@@ -9,8 +9,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from ortho_verify import sharding
 from ortho_verify.sharding import LAYOUTS, Layout, analytic_volume, layouts_for

@@ -2,12 +2,10 @@
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from ortho_verify.tolerances import U64 as U, prescribed_spectrum_tolerance
 from ortho_verify.spectra import MatrixCase, haar_orthogonal, matrix_with_spectrum, synthetic_matrices
-
+from ortho_verify.tolerances import U64 as U, prescribed_spectrum_tolerance
 
 
 def tol_constant(m: int, n: int) -> float:

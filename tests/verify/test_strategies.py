@@ -5,13 +5,18 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from tests.strategies import spectral_matrices  # the re-export other tests use
-from ortho_verify.strategies import (MAX_SCALE, SPECTRUM_KINDS, build_example, make_spectrum, spectral_examples,
-                               target_worst_ratio)
+from ortho_verify.strategies import (
+    MAX_SCALE,
+    SPECTRUM_KINDS,
+    build_example,
+    make_spectrum,
+    spectral_examples,
+    target_worst_ratio,
+)
 from ortho_verify.tolerances import prescribed_spectrum_tolerance
+from tests.strategies import spectral_matrices  # the re-export other tests use
 
 
 @settings(deadline=None)
@@ -108,7 +113,8 @@ def test_module_docstring_example_runs_as_written():
 
 
 def test_verify_tests_leave_the_example_count_to_the_profile():
-    """A hard-coded max_examples overrides the ortho-dev / ortho-ci / ortho-deep profiles (``--hypothesis-profile ortho-deep``)."""
+    """A hard-coded max_examples overrides the ortho-dev / ortho-ci / ortho-deep profiles
+    (``--hypothesis-profile ortho-deep``)."""
     from pathlib import Path
 
     folder = Path(__file__).parent

@@ -6,8 +6,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from ortho_verify import check_orthogonalizer
 from ortho_verify.api import default_examples

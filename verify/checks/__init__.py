@@ -16,20 +16,32 @@ The option sets come from ``ortho_verify.registry``. Every name below stays impo
 """
 
 from ortho_verify.arrays import TORCH_DTYPES, as_float64
-from ortho_verify.checks.dion2 import DION2_CONFIGS, check_dion2, check_dion2_optimizer, compare_dion2_step
 from ortho_verify.checks.dion import DION_VARIANTS, check_dion, dion_reference_rows, dion_sketches
-from ortho_verify.checks.muon import (LAYOUT_BANK, LAYOUT_HEADS, MUON_CONFIGS, check_muon, check_muon_layouts,
-                                      check_torch_muon)
+from ortho_verify.checks.dion2 import DION2_CONFIGS, check_dion2, check_dion2_optimizer, compare_dion2_step
+from ortho_verify.checks.muon import (
+    LAYOUT_BANK,
+    LAYOUT_HEADS,
+    MUON_CONFIGS,
+    check_muon,
+    check_muon_layouts,
+    check_torch_muon,
+)
+from ortho_verify.checks.newton_schulz import (
+    SHARP_SINGULAR_VALUE_TOLERANCE,
+    case_svd,
+    check_coefficient_registries,
+    check_newton_schulz,
+    compare_ns_output,
+)
 from ortho_verify.checks.qk_clip import QK_CLIP_PLANTED, check_qk_clip, qk_clip_jobs
 from ortho_verify.checks.stages import check_muon_stages, stage_jobs
-from ortho_verify.checks.newton_schulz import (SHARP_SINGULAR_VALUE_TOLERANCE, case_svd, check_coefficient_registries,
-                                               check_newton_schulz, compare_ns_output)
 from ortho_verify.results import CheckResult, measured, no_claim, verdict
 
 __all__ = [
     "check_muon_stages", "stage_jobs",
     "QK_CLIP_PLANTED", "check_qk_clip", "qk_clip_jobs",
-    "CheckResult", "DION2_CONFIGS", "DION_VARIANTS", "check_dion2", "check_dion2_optimizer", "compare_dion2_step", "LAYOUT_BANK", "LAYOUT_HEADS", "MUON_CONFIGS", "SHARP_SINGULAR_VALUE_TOLERANCE",
+    "CheckResult", "DION2_CONFIGS", "DION_VARIANTS", "check_dion2", "check_dion2_optimizer", "compare_dion2_step",
+    "LAYOUT_BANK", "LAYOUT_HEADS", "MUON_CONFIGS", "SHARP_SINGULAR_VALUE_TOLERANCE",
     "TORCH_DTYPES", "as_float64", "case_svd", "check_coefficient_registries", "check_dion", "check_muon",
     "check_muon_layouts", "check_newton_schulz", "check_torch_muon", "compare_ns_output", "dion_reference_rows",
     "dion_sketches", "measured", "no_claim", "verdict",

@@ -215,7 +215,8 @@ def momentum_form_candidates(conv, grad, m_prev, *, mu: float, table, safety: fl
             "a Nesterov term added" if nesterov and not conv.nesterov else f"{style} momentum"
         out.append((f"nesterov={nesterov}, momentum_style={style!r} ({what})", u))
     if conv.nesterov:
-        m_new, _ = ortho_ref.muon.momentum_update(grad, m_prev, mu=mu, nesterov=True, momentum_style=conv.momentum_style)
+        m_new, _ = ortho_ref.muon.momentum_update(grad, m_prev, mu=mu, nesterov=True,
+                                                  momentum_style=conv.momentum_style)
         if conv.momentum_style == "ema":
             out.append(("the Nesterov mix written as G + mu*M on the EMA buffer (the classic form) instead of "
                         "lerp(G, M, mu)", grad + mu * m_new))

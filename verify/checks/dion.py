@@ -13,8 +13,7 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from ortho_verify import error_feedback, registry
-from ortho_verify import tolerances as tol
+from ortho_verify import error_feedback, registry, tolerances as tol
 from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, rounded
 from ortho_verify.checks.gauge import align_column_signs
 from ortho_verify.results import CheckResult, measured, no_claim
@@ -51,7 +50,8 @@ def dion_reference_rows(name: str, detail: str, ref: "ortho_ref.DionStep", q_in:
                      "(DionConventions(orientation=...))")]
     return [measured(check, name, f"{detail} {key}", np.linalg.norm(fast - ref_val), bounds[key], extra_note)
             for key, fast, ref_val, extra_note in (
-                ("weight", weight, ref.weight, note), ("momentum", momentum, ref.momentum, note + "; = P R^T, gauge-free"),
+                ("weight", weight, ref.weight, note),
+                ("momentum", momentum, ref.momentum, note + "; = P R^T, gauge-free"),
                 ("Q", q_aligned, ref.Q, note + f"; up to column signs ({flipped} of {ref.Q.shape[1]} flipped)"))]
 
 

@@ -23,7 +23,8 @@ from ortho_verify.results import CheckResult, measured, no_claim
 from ortho_verify.spectra import MatrixCase
 from ortho_verify.tolerances.dion2 import dion2_norm_tolerances, dion2_selection_violation, dion2_step_tolerances
 
-__all__ = ["DION2_CONFIGS", "check_dion2", "check_dion2_optimizer", "compare_dion2_step", "dion2_inputs", "fast_dion2_step", "infer_selection",
+__all__ = ["DION2_CONFIGS", "check_dion2", "check_dion2_optimizer", "compare_dion2_step", "dion2_inputs",
+           "fast_dion2_step", "infer_selection",
            "reference_options"]
 
 #: Dion2 option sets (``ortho_verify.registry.DION2_CONFIGS``): name -> ``ortho_fast.Dion2`` keywords.

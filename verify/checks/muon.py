@@ -13,8 +13,7 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from ortho_verify import registry
-from ortho_verify import tolerances as tol
+from ortho_verify import registry, tolerances as tol
 from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, case_rng
 from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import MatrixCase

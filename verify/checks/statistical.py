@@ -22,11 +22,11 @@ import ortho_ref
 from ortho_verify.checks.diagnoses import map_fit_cause, ns_output_cause, with_cause
 from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import matrix_with_spectrum
-from ortho_verify.tolerances import NS_FORMS
-from ortho_verify.tolerances import statistical as stat
+from ortho_verify.tolerances import NS_FORMS, statistical as stat
 from ortho_verify.tolerances.gram_statistical import gram_rounding_moments
 
-__all__ = ["CLI_QUICK_STATISTICAL_SCHEDULES", "CLI_STATISTICAL_MATRICES", "STATISTICAL_SPECS", "StatisticalBatch", "check_ns_statistics",
+__all__ = ["CLI_QUICK_STATISTICAL_SCHEDULES", "CLI_STATISTICAL_MATRICES", "STATISTICAL_SPECS", "StatisticalBatch",
+           "check_ns_statistics",
            "compare_ns_statistics", "statistical_batch", "statistical_batches"]
 
 
@@ -126,7 +126,8 @@ def worst_direction(check: str, input_name: str, detail: str, d: np.ndarray, sig
                    abs(float(means[i])), float(thresholds[i]),
                    f"direction {index + 1} of {d.shape[1]} (sigma_hat {float(np.mean(sigmas[:, index])):.3g}): "
                    f"mean deviation {float(means[i]):+.3g}, std {float(d[:, index].std()):.3g} per matrix; "
-                   f"{int(kept.sum())} directions tested, lambda {lam:.2f} (false alarm <= {probability:g})", extra=extra)
+                   f"{int(kept.sum())} directions tested, lambda {lam:.2f} (false alarm <= {probability:g})",
+                   extra=extra)
     return WorstDirection(row, kept, thresholds, means, index, float(means[i]))
 
 
@@ -188,8 +189,8 @@ def compare_ns_statistics(fast: np.ndarray, inputs: np.ndarray, table, *, safety
     fitted = map_fit_cause(worst.means, sigmas[:, worst.kept].mean(axis=0), table)
     return with_cause(row, fitted or f"a systematic deviation of direction {index + 1} (sigma_hat "
                            f"{float(np.mean(sigmas[:, index])):.3g}) by {worst.mean:+.3g} on average over {len(d)} "
-                           "matrices, beyond what rounding explains; no single known form (output scale, normalization, "
-                           "one coefficient) explains the deviations")
+                           "matrices, beyond what rounding explains; no single known form (output scale, "
+                           "normalization, one coefficient) explains the deviations")
 
 
 #: Matrices per statistical batch in ``ortho-verify`` (bfloat16): fewer than

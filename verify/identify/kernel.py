@@ -11,8 +11,16 @@ import numpy as np
 import torch
 
 from ortho_verify.identify.kernel_fit import closest_variant, fit_normalizers, fit_schedules, normalization_spread
-from ortho_verify.identify.kernel_probe import (choose_precision, eps_evidence, form_evidence, precision_candidates,
-                                                probe_ratio, safety_candidates, statistical_outputs, statistical_ratio)
+from ortho_verify.identify.kernel_probe import (
+    choose_precision,
+    eps_evidence,
+    form_evidence,
+    precision_candidates,
+    probe_ratio,
+    safety_candidates,
+    statistical_outputs,
+    statistical_ratio,
+)
 from ortho_verify.identify.known import KNOWN_NORMALIZATIONS, known_normalization, known_schedule
 from ortho_verify.identify.probes import MAIN_SHAPE, Probe, call_probe, main_probes, read_map, tiny_probes
 from ortho_verify.identify.result import Evidence, Identification

@@ -40,37 +40,103 @@ al., arXiv 2504.05295 (Dion); Amsel et al., arXiv 2505.16932 (Polar Express); Li
 2510.05491 (NorMuon); Ahn, Amsel, Langford, arXiv 2512.16928 (Dion2).
 """
 
-from ortho_verify.reproduce.claims import (CLAIM_RULES, CLAIMS, MEASURED, PUBLISHED, Claim, claim_dion2_quarter_close,
-                                           claim_dion_full_rank_matches_muon, claim_dion_quarter_rank_close,
-                                           claim_error_feedback_needed, claim_muon_beats_adamw,
-                                           claim_normuon_beats_muon, claim_polar_express_more_accurate, evaluate_claims)
+from ortho_verify.reproduce.cache import (
+    CACHE_FORMAT,
+    CachedRunner,
+    RunCache,
+    code_files,
+    default_cache_dir,
+    method_fingerprint,
+    method_fingerprints,
+    run_key,
+)
+from ortho_verify.reproduce.claims import (
+    CLAIM_RULES,
+    CLAIMS,
+    MEASURED,
+    PUBLISHED,
+    Claim,
+    claim_dion2_quarter_close,
+    claim_dion_full_rank_matches_muon,
+    claim_dion_quarter_rank_close,
+    claim_error_feedback_needed,
+    claim_muon_beats_adamw,
+    claim_normuon_beats_muon,
+    claim_polar_express_more_accurate,
+    evaluate_claims,
+)
 from ortho_verify.reproduce.cli import build_parser, main, verdict_lines
-from ortho_verify.reproduce.device_plan import (DRY_RUN_SWEEP, GPU_METHODS, GPU_SWEEP, dry_run_sweep, estimate_plan,
-                                                plan_lines, plan_parameter_counts)
-from ortho_verify.reproduce.config import (CLOSE_MARGIN, MATCH_MARGIN, METHODS, METHODS_BY_KEY, MUON_LR_CONVENTIONS,
-                                           NS_DTYPES, QUICK, RANK_FRACTIONS, RESULTS_FORMAT, SV_DTYPES, SV_SCHEDULES,
-                                           VERDICTS, Method, ReproConfig, gpt_config, lr_multiplier, method_options)
-from ortho_verify.reproduce.cache import (CACHE_FORMAT, CachedRunner, RunCache, code_files, default_cache_dir,
-                                          method_fingerprint, method_fingerprints, run_key)
-from ortho_verify.reproduce.config import (FAMILIES, FLAT_REFERENCE, TREND_SERIES, UNAVAILABLE_METHODS, TrendSeries,
-                                           missing_options)
+from ortho_verify.reproduce.config import (
+    CLOSE_MARGIN,
+    FAMILIES,
+    FLAT_REFERENCE,
+    MATCH_MARGIN,
+    METHODS,
+    METHODS_BY_KEY,
+    MUON_LR_CONVENTIONS,
+    NS_DTYPES,
+    QUICK,
+    RANK_FRACTIONS,
+    RESULTS_FORMAT,
+    SV_DTYPES,
+    SV_SCHEDULES,
+    TREND_SERIES,
+    UNAVAILABLE_METHODS,
+    VERDICTS,
+    Method,
+    ReproConfig,
+    TrendSeries,
+    gpt_config,
+    lr_multiplier,
+    method_options,
+    missing_options,
+)
+from ortho_verify.reproduce.device_plan import (
+    DRY_RUN_SWEEP,
+    GPU_METHODS,
+    GPU_SWEEP,
+    dry_run_sweep,
+    estimate_plan,
+    plan_lines,
+    plan_parameter_counts,
+)
 from ortho_verify.reproduce.markdown import render_markdown, write_report
-from ortho_verify.reproduce.rejudge import load_results, rejudge
-from ortho_verify.reproduce.scaling import (DEFAULT_SWEEP, LR_SWEEP_MODES, QUICK_SWEEP, ModelSize, SizeSweep,
-                                            cost_table, parameter_counts, run_size_sweep, series_differences,
-                                            size_trends)
-from ortho_verify.reproduce.sweep_markdown import SWEEP_PLOTS, render_sweep_sections, trend_rule_text
-from ortho_verify.reproduce.sweep_plots import write_sweep_plots
-from ortho_verify.reproduce.trend import FLAT_MARGIN, TRENDS, seed_slopes, trend_verdict
 from ortho_verify.reproduce.plots import write_plots
 from ortho_verify.reproduce.pool import Runner, init_worker
+from ortho_verify.reproduce.rejudge import load_results, rejudge
+from ortho_verify.reproduce.scaling import (
+    DEFAULT_SWEEP,
+    LR_SWEEP_MODES,
+    QUICK_SWEEP,
+    ModelSize,
+    SizeSweep,
+    cost_table,
+    parameter_counts,
+    run_size_sweep,
+    series_differences,
+    size_trends,
+)
 from ortho_verify.reproduce.spectral import singular_value_study
-from ortho_verify.reproduce.statistics import (ALPHA, POWER, decide_lower, decide_within, difference_text,
-                                               lower_verdict, mean_std_text, paired_difference, resolution,
-                                               rule_derivation_lines, test_losses, within_verdict)
+from ortho_verify.reproduce.statistics import (
+    ALPHA,
+    POWER,
+    decide_lower,
+    decide_within,
+    difference_text,
+    lower_verdict,
+    mean_std_text,
+    paired_difference,
+    resolution,
+    rule_derivation_lines,
+    test_losses,
+    within_verdict,
+)
 from ortho_verify.reproduce.study import MODES, cpu_model, environment, run_study, study_methods
 from ortho_verify.reproduce.sweep import best_learning_rate, sweep_learning_rates
+from ortho_verify.reproduce.sweep_markdown import SWEEP_PLOTS, render_sweep_sections, trend_rule_text
+from ortho_verify.reproduce.sweep_plots import write_sweep_plots
 from ortho_verify.reproduce.training import build_optimizer, corpus, heldout_loss, train_run
+from ortho_verify.reproduce.trend import FLAT_MARGIN, TRENDS, seed_slopes, trend_verdict
 
 __all__ = [
     "CLAIMS", "CLOSE_MARGIN", "Claim", "MATCH_MARGIN", "METHODS", "Method", "QUICK", "ReproConfig", "VERDICTS",

@@ -55,7 +55,8 @@ def code_files(family: str) -> list[Path]:
     """Source files a run of a method family executes: ``ortho_verify.reproduce``'s training,
     configuration and ``ortho_verify.data`` (model, corpus) for every family, and for "muon" /
     "dion" / "dion2" the ``ortho_fast`` package without ``distributed/`` and without the files
-    only another family executes (Dion2: without Dion's math, with Newton–Schulz). Patch point: ``method_fingerprint`` looks it up on this module at every call, so a test
+    only another family executes (Dion2: without Dion's math, with Newton–Schulz). Patch point: ``method_fingerprint``
+    looks it up on this module at every call, so a test
     may replace it (``monkeypatch.setattr(ortho_verify.reproduce.cache, "code_files", ...)``).
     Raises: ValueError for an unknown family."""
     if family not in FAMILIES:
@@ -65,7 +66,8 @@ def code_files(family: str) -> list[Path]:
     if family != "adamw":
         root = Path(ortho_fast.__file__).resolve().parent
         files += [p for p in sorted(root.rglob("*.py")) if "distributed" not in p.relative_to(root).parts
-                  and p.name not in _OTHER_FAMILY[family] and p.relative_to(root).as_posix() not in _OTHER_FAMILY[family]]
+                  and p.name not in _OTHER_FAMILY[family]
+                  and p.relative_to(root).as_posix() not in _OTHER_FAMILY[family]]
     return files
 
 

@@ -12,8 +12,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ortho_verify.reproduce.config import CLOSE_MARGIN, MATCH_MARGIN, METHODS_BY_KEY, SV_SCHEDULES
-from ortho_verify.reproduce.statistics import (decide_lower, decide_within, difference_text, mean_std_text,
-                                               paired_difference, sensitivity, test_losses)
+from ortho_verify.reproduce.statistics import (
+    decide_lower,
+    decide_within,
+    difference_text,
+    mean_std_text,
+    paired_difference,
+    sensitivity,
+    test_losses,
+)
 
 __all__ = ["CLAIMS", "CLAIM_RULES", "MEASURED", "PUBLISHED", "Claim", "claim_dion2_quarter_close",
            "claim_dion_full_rank_matches_muon", "claim_dion_quarter_rank_close", "claim_error_feedback_needed",

@@ -8,7 +8,8 @@ and lm_head), L layers, width d and T = batch × context tokens: 6·N·T for the
 passes plus 6·L·context·d·T for attention's score and value products (Kaplan et al. 2020, arXiv
 2001.08361, Table 1: forward 2N + 2·L·context·d per token, backward twice that), at the bfloat16 rate
 (the forward runs under bf16 autocast, ``training.autocast``). The optimizer's own products per step and
-matrix (m ≤ n its sides): Muon and NorMuon 5·(4m²n + 2m³) (5 Newton–Schulz steps), in bfloat16; Dion2 the same on its selected f·m rows; Dion 8·m·n·r + 2·m·r² (B·Q, Bᵀ·P, P·Rᵀ
+matrix (m ≤ n its sides): Muon and NorMuon 5·(4m²n + 2m³) (5 Newton–Schulz steps), in bfloat16; Dion2 the same on its
+selected f·m rows; Dion 8·m·n·r + 2·m·r² (B·Q, Bᵀ·P, P·Rᵀ
 into the error feedback, P·Qᵀ into the weights, and the Householder QR of the (m, r) block), in float32;
 AdamW none counted (a few elementwise passes). Each held-out evaluation costs 2·N·W + 2·L·context·d·W
 for W = windows × context tokens. Seconds = FLOPs / (``UTILIZATION`` × rate) + a launch cost per step
@@ -30,7 +31,7 @@ plus the float32 logits and their gradient.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import ortho_fast
 from ortho_verify.reproduce.config import METHODS_BY_KEY, ReproConfig

@@ -13,10 +13,19 @@ import torch
 import ortho_fast
 from ortho_verify.data import build_model
 from ortho_verify.reproduce.claims import CLAIM_RULES
-from ortho_verify.reproduce.config import (CLOSE_MARGIN, MATCH_MARGIN, METHODS, METHODS_BY_KEY, RANK_FRACTIONS,
-                                           SV_SCHEDULES, UNAVAILABLE_METHODS, ReproConfig, gpt_config)
-from ortho_verify.reproduce.plots import write_plots
+from ortho_verify.reproduce.config import (
+    CLOSE_MARGIN,
+    MATCH_MARGIN,
+    METHODS,
+    METHODS_BY_KEY,
+    RANK_FRACTIONS,
+    SV_SCHEDULES,
+    UNAVAILABLE_METHODS,
+    ReproConfig,
+    gpt_config,
+)
 from ortho_verify.reproduce.device_plan import GPU_SWEEP, estimate_plan, plan_lines
+from ortho_verify.reproduce.plots import write_plots
 from ortho_verify.reproduce.statistics import mean_std_text, paired_difference, rule_derivation_lines, test_losses
 from ortho_verify.reproduce.sweep_markdown import render_sweep_sections
 from ortho_verify.reproduce.sweep_plots import write_sweep_plots
@@ -92,16 +101,16 @@ def _setup(results: Mapping) -> list[str]:
         f"{corpus['files']['validation']} / {corpus['files']['test']} files, {corpus['bytes']['train']:,} / "
         f"{corpus['bytes']['validation']:,} / {corpus['bytes']['test']:,} bytes), so held-out text is never part of a "
         "training file. Tokens are bytes (vocabulary 256).",
-        f"- **Model**: the byte-level GPT-2-style decoder of `ortho_verify.data` (pre-norm blocks, fused qkv, 4× GELU MLP, "
-        f"untied lm_head): d_model {c['d_model']}, {_plural(c['n_layers'], 'layer')}, "
+        "- **Model**: the byte-level GPT-2-style decoder of `ortho_verify.data` (pre-norm blocks, fused qkv, 4× GELU "
+        f"MLP, untied lm_head): d_model {c['d_model']}, {_plural(c['n_layers'], 'layer')}, "
         f"{_plural(c['n_heads'], 'head')}, context {c['context']} bytes; {params}.",
         f"- **Training**: {c['steps']} steps of {c['batch_size']} random windows ({c['batch_size'] * c['context']} "
         "bytes) per step, the same for every method; for a given seed every method starts from the same weights "
         "and sees the same batches, so methods are compared per seed (paired). Every learning rate (matrix and "
         f"AdamW) follows the same schedule: linear warm-up over {_plural(config.warmup_steps(), 'step')}, then "
-        f"cosine decay to {c['final_lr_fraction']:g} × the peak at the last step (`ortho_verify.reproduce.lr_multiplier`). "
-        "Weight decay 0 for every method (the runs are short; decay would couple differently to each method's lr "
-        "convention), so AdamW here is Adam with decoupled (zero) decay.",
+        f"cosine decay to {c['final_lr_fraction']:g} × the peak at the last step "
+        "(`ortho_verify.reproduce.lr_multiplier`). Weight decay 0 for every method (the runs are short; decay would "
+        "couple differently to each method's lr convention), so AdamW here is Adam with decoupled (zero) decay.",
         f"- **Optimizers**: as Muon and Dion are used in practice, only the hidden matrices (attention qkv and "
         "output projection, MLP fc and projection) are trained by Muon / Dion; the embeddings, LayerNorms and "
         "lm_head are trained by AdamW at the AdamW baseline's best learning rate "
@@ -137,8 +146,8 @@ def _new_methods_text(c: Mapping) -> str:
                  "lr scaled as Muon's.")
     if dion2 is not None:
         text += (f" Dion2 (Ahn, Amsel, Langford, arXiv 2512.16928; microsoft/dion's `dion2.py`): the momentum buffer "
-                 f"M ← M + G (no μ), the fraction {dion2.fraction:g} of the rows (m ≤ n) or columns (m > n) of M with the "
-                 f"largest L1 norm selected, orthogonalized alone by 5 Polar Express steps in {c['ns_dtype']}, the "
+                 f"M ← M + G (no μ), the fraction {dion2.fraction:g} of the rows (m ≤ n) or columns (m > n) of M with "
+                 f"the largest L1 norm selected, orthogonalized alone by 5 Polar Express steps in {c['ns_dtype']}, the "
                  f"update applied to those slices only and the selected slices of M decayed by ef_decay "
                  f"{dion2.ef_decay:g}; lr scaled by √(m/n) as Dion's.")
     if UNAVAILABLE_METHODS:
@@ -199,7 +208,8 @@ def _reproducibility(results: Mapping) -> list[str]:
         f"{' with uncommitted changes' if env.get('git_uncommitted_changes') else ''}.",
         f"- Hardware: {env['platform']}; {env['cpu']}, {env['cpu_count']} CPUs ({env['cpus_available']} available); "
         f"device {env['device']} ({env['device_name']}). Started {env['started_utc']}.",
-        "- Configuration (`ortho_verify.reproduce.ReproConfig`; `results.json` holds it with every number of this page):",
+        "- Configuration (`ortho_verify.reproduce.ReproConfig`; `results.json` holds it with every number of this "
+        "page):",
         "",
         "```json",
         json.dumps(results["config"], sort_keys=True),

@@ -209,7 +209,8 @@ def run_size_sweep(sweep: SizeSweep, *, device: str = "cpu", jobs: int = 1, thre
         finally:
             runner.close()
         if cache is not None:
-            hits, misses, cached_seconds = hits + runner.hits, misses + runner.misses, cached_seconds + runner.cached_seconds
+            hits, misses, cached_seconds = (hits + runner.hits, misses + runner.misses,
+                                            cached_seconds + runner.cached_seconds)
         run_seconds += results["run_seconds"]
         log(f"cost per step at d_model {config.d_model} (serial, methods interleaved)")
         previous = torch.get_num_threads()

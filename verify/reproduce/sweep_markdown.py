@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 import ortho_fast
-
 from ortho_verify.reproduce.claims import CLAIM_RULES
 from ortho_verify.reproduce.config import METHODS, METHODS_BY_KEY, RANK_FRACTIONS
 from ortho_verify.reproduce.statistics import mean_std_text, paired_difference, test_losses
@@ -30,9 +29,10 @@ def trend_rule_text() -> str:
         "paired); b̄ and *spread* are the mean and sample standard deviation of b over seeds, Δ = ln(N_max / N_min), "
         "σ the sign of the mean difference at the smallest size (the gap as first measured). **flat** if "
         f"(|b̄| + spread)·Δ ≤ δ_flat = {FLAT_MARGIN:.0%} of the reference level (Muon (Keller)'s mean test loss; "
-        f"for claim {list(CLAIM_RULES).index('polar_express') + 1} Keller's mean distance to UVᵀ) averaged over sizes; else **shrinks** if σ·b̄ + spread < 0 "
-        "(the gap moves towards zero); else **grows** if σ·b̄ − spread > 0; else **inconclusive** (also with fewer "
-        "than 2 seeds finite at every size). Slopes are printed per doubling of N (b·ln 2).")
+        f"for claim {list(CLAIM_RULES).index('polar_express') + 1} Keller's mean distance to UVᵀ) averaged over sizes; "
+        "else **shrinks** if σ·b̄ + spread < 0 (the gap moves towards zero); else **grows** if σ·b̄ − spread > 0; else "
+        "**inconclusive** (also with fewer than 2 seeds finite at every size). Slopes are printed per doubling of N "
+        "(b·ln 2).")
 
 
 def _count(n: int, word: str) -> str:

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 
 import ortho_fast
-
 from ortho_verify.optional import pyplot
 from ortho_verify.reproduce.config import RANK_FRACTIONS
 from ortho_verify.reproduce.statistics import paired_difference, test_losses

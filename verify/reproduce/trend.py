@@ -75,7 +75,8 @@ def trend_verdict(sizes: Sequence[float], differences: Sequence[Mapping[int, flo
         means.append(float(np.mean(v)) if v and all(x is not None and math.isfinite(x) for x in v) else None)
     out = {"verdict": "inconclusive", "slope": None, "spread": None, "seeds": len(slopes), "per_doubling": None,
            "change_over_range": None, "orientation": None, "flat_margin": flat_margin, "means": means}
-    if len(slopes) < 2 or not (isinstance(flat_margin, (int, float)) and math.isfinite(flat_margin) and flat_margin > 0):
+    if len(slopes) < 2 or not (isinstance(flat_margin, (int, float)) and math.isfinite(flat_margin)
+                               and flat_margin > 0):
         return out
     b = np.array(list(slopes.values()))
     mean, spread = float(b.mean()), float(b.std(ddof=1))

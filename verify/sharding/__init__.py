@@ -46,33 +46,67 @@ communication), ``markdown`` (reports, docs/layouts.md from the package data fil
 """
 
 from ortho_verify.sharding.cli import build_parser, main
+from ortho_verify.sharding.crashes import backend_feature, headline, user_frame_in
+from ortho_verify.sharding.diagnosis import FEATURES, dion_replay, layout_features, layout_pattern, moved_fraction
+from ortho_verify.sharding.dion2_reference import dion2_local_reference, selected_dim_shards
+from ortho_verify.sharding.factories import dion_factory, muon_factory
+from ortho_verify.sharding.factory_run import FactoryPlan, hyperparameters, layout_rank_run, one_process_run
 from ortho_verify.sharding.inputs import gradient, initial_weight, mean_gradient
 from ortho_verify.sharding.launch import run, under_torchrun
-from ortho_verify.sharding.layouts import (DION_OPTIONS, DOCS_PATH, DOCS_WORLD_SIZES, DTYPES, LAYOUTS, MATRICES,
-                                           MUON_OPTIONS, QUICK_MATRICES, QUICK_STEPS, SEED, STATE_KEYS, STEPS, TIMEOUT,
-                                           Layout, layouts_for, optimizer_options)
-from ortho_verify.sharding.markdown import (HEADERS, layouts_doc, markdown_report, markdown_tables, print_table,
-                                            table_rows)
-from ortho_verify.sharding.planted import PLANTS, planted
-from ortho_verify.sharding.steps import FLAG_TAGS, Plan, check_layout, dtensor_placements, reference, tp_blocks, worker
-from ortho_verify.sharding.volumes import analytic_volume, comm_verdict, padded_shape
-from ortho_verify.sharding.tensors import digest, full_copy, is_dtensor, place, relative_difference
-from ortho_verify.sharding.layouts import SHARDED_LAYOUTS
+from ortho_verify.sharding.layouts import (
+    DION_OPTIONS,
+    DOCS_PATH,
+    DOCS_WORLD_SIZES,
+    DTYPES,
+    LAYOUTS,
+    MATRICES,
+    MUON_OPTIONS,
+    QUICK_MATRICES,
+    QUICK_STEPS,
+    SEED,
+    SHARDED_LAYOUTS,
+    STATE_KEYS,
+    STEPS,
+    TIMEOUT,
+    Layout,
+    layouts_for,
+    optimizer_options,
+)
+from ortho_verify.sharding.markdown import (
+    HEADERS,
+    layouts_doc,
+    markdown_report,
+    markdown_tables,
+    print_table,
+    table_rows,
+)
 from ortho_verify.sharding.mesh_layout import ShardedLayout, sharded_layout
-from ortho_verify.sharding.factory_run import FactoryPlan, hyperparameters, layout_rank_run, one_process_run
-from ortho_verify.sharding.diagnosis import FEATURES, dion_replay, layout_features, layout_pattern, moved_fraction
-from ortho_verify.sharding.factories import dion_factory, muon_factory
-from ortho_verify.sharding.planted_optimizers import (CRASHES, MUON_BUGS, ORIENTATIONS, CrashingMuon, PlantedDion,
-                                                      PlantedMuon, crashing_muon_factory, planted_muon_factory)
-from ortho_verify.sharding.planted_dion2 import DION2_BUGS, PlantedDion2, dion2_factory, planted_dion2_factory
-from ortho_verify.sharding.dion2_reference import dion2_local_reference, selected_dim_shards
-from ortho_verify.sharding.crashes import backend_feature, headline, user_frame_in
 from ortho_verify.sharding.placement import STATE_PLACEMENTS, recognize
-from ortho_verify.sharding.planted_designs import (FutureMuon, OwnerBatchMuon, future_muon_factory,
-                                                   owner_batch_muon_factory)
+from ortho_verify.sharding.planted import PLANTS, planted
+from ortho_verify.sharding.planted_designs import (
+    FutureMuon,
+    OwnerBatchMuon,
+    future_muon_factory,
+    owner_batch_muon_factory,
+)
+from ortho_verify.sharding.planted_dion2 import DION2_BUGS, PlantedDion2, dion2_factory, planted_dion2_factory
+from ortho_verify.sharding.planted_optimizers import (
+    CRASHES,
+    MUON_BUGS,
+    ORIENTATIONS,
+    CrashingMuon,
+    PlantedDion,
+    PlantedMuon,
+    crashing_muon_factory,
+    planted_muon_factory,
+)
+from ortho_verify.sharding.steps import FLAG_TAGS, Plan, check_layout, dtensor_placements, reference, tp_blocks, worker
+from ortho_verify.sharding.tensors import digest, full_copy, is_dtensor, place, relative_difference
+from ortho_verify.sharding.volumes import analytic_volume, comm_verdict, padded_shape
 
 __all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory", "dion2_local_reference",
-           "selected_dim_shards", "Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS", "DOCS_PATH", "layouts_for",
+           "selected_dim_shards", "Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS", "DOCS_PATH",
+           "layouts_for",
            "initial_weight", "gradient", "mean_gradient", "optimizer_options", "reference", "analytic_volume", "run",
            "under_torchrun", "main", "markdown_report", "layouts_doc",
            # also public since the split into a package
@@ -82,7 +116,8 @@ __all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory
            # check_sharded_optimizer's mechanism (ortho_verify.sharded_check)
            "SHARDED_LAYOUTS", "ShardedLayout", "sharded_layout", "FactoryPlan", "hyperparameters", "layout_rank_run",
            "one_process_run", "FEATURES", "dion_replay", "layout_features", "layout_pattern", "moved_fraction",
-           "dion_factory", "muon_factory", "MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon", "planted_muon_factory", "digest",
+           "dion_factory", "muon_factory", "MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon",
+           "planted_muon_factory", "digest",
            "full_copy", "is_dtensor", "place", "relative_difference", "CRASHES", "CrashingMuon",
            "crashing_muon_factory", "backend_feature", "headline", "user_frame_in", "STATE_PLACEMENTS", "recognize",
            "FutureMuon", "OwnerBatchMuon", "future_muon_factory", "owner_batch_muon_factory"]

@@ -17,8 +17,17 @@ import torch.distributed as dist
 from ortho_verify.arguments import SuggestingParser, check_folder
 from ortho_verify.optional import require
 from ortho_verify.sharding.launch import run, under_torchrun
-from ortho_verify.sharding.layouts import (DOCS_PATH, DOCS_WORLD_SIZES, DTYPES, MATRICES, QUICK_MATRICES, QUICK_STEPS,
-                                           STEPS, TIMEOUT, layouts_for)
+from ortho_verify.sharding.layouts import (
+    DOCS_PATH,
+    DOCS_WORLD_SIZES,
+    DTYPES,
+    MATRICES,
+    QUICK_MATRICES,
+    QUICK_STEPS,
+    STEPS,
+    TIMEOUT,
+    layouts_for,
+)
 from ortho_verify.sharding.markdown import layouts_doc, markdown_report, print_table
 from ortho_verify.sharding.user_cli import optimizer_main
 from ortho_verify.workers import WorkerError
@@ -133,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "backend": dist.get_backend() if dist.is_initialized() else
             ("nccl (one spawned rank per GPU)" if args.device == "cuda" else "gloo (forked CPU workers)"),
             "matrices": QUICK_MATRICES if args.quick else MATRICES, "steps": QUICK_STEPS if args.quick else STEPS,
-            "elapsed_s": round(elapsed, 1), "seconds_per_world_size": seconds, "python": platform.python_version(), "torch": torch.__version__,
+            "elapsed_s": round(elapsed, 1), "seconds_per_world_size": seconds, "python": platform.python_version(),
+            "torch": torch.__version__,
             "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs"}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sharding.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str))

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 import ortho_fast
-from ortho_fast.functional import dion2 as dion2_math
-from ortho_fast.functional.newton_schulz import resolve_compute_dtype
 from ortho_fast.coefficients import resolve_coefficients, schedule_of
 from ortho_fast.distributed.layout import dim_indices
+from ortho_fast.functional import dion2 as dion2_math
+from ortho_fast.functional.newton_schulz import resolve_compute_dtype
 from ortho_ref.dion2 import dion2_local_select
 from ortho_verify.sharding.inputs import gradient, initial_weight
 from ortho_verify.sharding.layouts import Layout, optimizer_options

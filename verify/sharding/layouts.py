@@ -35,8 +35,8 @@ DION_OPTIONS = registry.SHARDING_DION
 MUON_OPTIONS = registry.SHARDING_MUON
 #: Dion2's options (``ortho_verify.registry.SHARDING_DION2``: "global" selection, fraction 0.5).
 DION2_OPTIONS = registry.SHARDING_DION2
-#: Options of the "normuon-stages" layouts (labelled so that a "muon/" filter keeps plain Muon): Muon's with nanochat's stages (MuonEq, Muon+, NorMuon by shape;
-#: ``ortho_verify.registry.SHARDING_NORMUON``), run by ``ortho_fast.Muon``.
+#: Options of the "normuon-stages" layouts (labelled so that a "muon/" filter keeps plain Muon): Muon's with nanochat's
+#: stages (MuonEq, Muon+, NorMuon by shape; ``ortho_verify.registry.SHARDING_NORMUON``), run by ``ortho_fast.Muon``.
 NORMUON_OPTIONS = registry.SHARDING_NORMUON
 STATE_KEYS = {"dion": ("momentum", "Q"), "muon": ("momentum_buffer",), "dion2": ("momentum",),
               "normuon-stages": ("momentum_buffer", "variance_neuron")}

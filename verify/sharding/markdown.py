@@ -110,7 +110,8 @@ def markdown_report(rows: Sequence[dict], meta: dict) -> str:
 def layouts_doc(rows: Sequence[dict], meta: dict) -> str:
     """docs/layouts.md: what is checked, how each layout computes and communicates, the byte
     convention, and the run's tables (``markdown_tables``)."""
-    head = resources.files(__package__).joinpath(TEMPLATE).read_text(encoding="utf-8").format(matrices=", ".join(f"{m}×{n}" for m, n in meta["matrices"]), steps=meta["steps"],
+    head = resources.files(__package__).joinpath(TEMPLATE).read_text(encoding="utf-8").format(
+                       matrices=", ".join(f"{m}×{n}" for m, n in meta["matrices"]), steps=meta["steps"],
                        dion=", ".join(f"{k}={v}" for k, v in DION_OPTIONS.items()),
                        muon=", ".join(f"{k}={v}" for k, v in MUON_OPTIONS.items()))
     return head + "\n".join([*[f"- {k}: {v}" for k, v in meta.items()], "", *markdown_tables(rows)])

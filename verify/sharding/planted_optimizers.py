@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from ortho_verify.sharding.tensors import full_value, is_dtensor, write_full
 
-__all__ = ["CRASHES", "MUON_BUGS", "ORIENTATIONS", "CrashingMuon", "PlantedDion", "PlantedMuon", "crashing_muon_factory",
+__all__ = ["CRASHES", "MUON_BUGS", "ORIENTATIONS", "CrashingMuon", "PlantedDion", "PlantedMuon",
+           "crashing_muon_factory",
            "newton_schulz_jordan", "planted_muon_conventions", "planted_muon_factory"]
 
 #: PlantedMuon's bugs: what each gets wrong.
@@ -86,7 +87,8 @@ class PlantedMuon(torch.optim.Optimizer):
             return torch.linalg.vector_norm(u)
         sq = u.to_local().square().sum()
         for d, pl in enumerate(u.placements):
-            if not pl.is_replicate() and not (self.bug == "no_inner_reduction" and u.device_mesh.mesh_dim_names[d] == self.tp_name):
+            if not pl.is_replicate() and not (self.bug == "no_inner_reduction"
+                                              and u.device_mesh.mesh_dim_names[d] == self.tp_name):
                 dist.all_reduce(sq, group=u.device_mesh.get_group(d))
         return sq.sqrt()
 

@@ -33,7 +33,8 @@ def _replica(layout: Layout, mesh) -> tuple[int, int]:
 
 
 #: The optimizer class of each ``Layout.optimizer``.
-OPTIMIZERS = {"dion": ortho_fast.Dion, "muon": ortho_fast.Muon, "dion2": ortho_fast.Dion2, "normuon-stages": ortho_fast.Muon}
+OPTIMIZERS = {"dion": ortho_fast.Dion, "muon": ortho_fast.Muon, "dion2": ortho_fast.Dion2,
+              "normuon-stages": ortho_fast.Muon}
 
 
 def _optimizer(layout: Layout, params: list, mesh):
@@ -165,7 +166,8 @@ def check_layout(layout: Layout, mesh_shape, mesh, dtype_name: str, plan: Plan, 
     opt = _optimizer(layout, params, mesh)
     ref = None
     if rank == 0:
-        key = (layout.optimizer, layout.check in ("blockwise", "local") and (layout.tp_dim, mesh_shape, layout.placements),
+        key = (layout.optimizer, layout.check in ("blockwise", "local")
+               and (layout.tp_dim, mesh_shape, layout.placements),
                tuple(optimizer_options(layout, distributed=False).items()), dtype_name, replicas, plan.matrices,
                plan.steps)
         if key not in plan.references:

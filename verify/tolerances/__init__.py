@@ -30,45 +30,101 @@ Notation: u = unit roundoff of the compute dtype (2⁻⁵³ float64, 2⁻²⁴ f
 2⁻¹¹ float16), u64 = 2⁻⁵³ (the float64 oracle), k = min(m, n), d = max(m, n).
 """
 
-from ortho_verify.tolerances.roundoff import (C_NS, COMPUTE_PRECISIONS, PER_DIRECTION_PRECISIONS,
-                                              TF32_UNIT_ROUNDOFF, U64, UNIT_ROUNDOFF, compute_precision,
-                                              condition_number, factor_roundoff, matmul_roundoff, operand_roundings,
-                                              unit_roundoff)
-from ortho_verify.tolerances.newton_schulz import (COEFFICIENT_REGISTRY_TOLERANCE, NS_FORMS, gains_and_sizes,
-                                                   gram_point_gains, gram_rounding_points,
-                                                   ns_gram_singular_value_tolerances, ns_gram_tolerance,
-                                                   ns_singular_value_tolerance, ns_singular_value_tolerances,
-                                                   ns_tolerance, per_product_roundoff, validate_restarts)
-from ortho_verify.tolerances.polar import (LAPACK_SVD_TOLMUL, POLAR_VALIDITY, SCALAR_STEP_ROUNDINGS, mp_accuracy,
-                                           mp_agreement_tolerance, ns_map_tolerance, polar_condition_tolerance,
-                                           polar_hermitian_tolerance, polar_tolerance, prescribed_spectrum_tolerance,
-                                           svd_residual_tolerance)
-from ortho_verify.tolerances.muon import (TORCH_MUON_TOLERANCE, WEIGHT_DECAY_POWER_LIMIT,
-                                          cautious_weight_decay_tolerance, momentum_tolerance, muon_tolerance,
-                                          weight_decay_power, weight_decay_tolerance)
-from ortho_verify.tolerances.dion import (FIRST_ORDER_LIMIT, dion_ideal_step_tolerances, dion_tolerances,
-                                          dion_variant_tolerances, error_feedback_projection_tolerance,
-                                          error_feedback_tolerance, orthonormality_tolerance, qr_factor_tolerance,
-                                          qr_orthogonality_tolerance, sketch_condition)
-from ortho_verify.tolerances.error_feedback import (dion_observed_step_tolerances, ef_bookkeeping_tolerance,
-                                                    ef_subspace_tolerances, full_rank_polar_bounds,
-                                                    polar_fixed_point_tolerance, subspace_iteration_bounds,
-                                                    subspace_perturbation)
-from ortho_verify.tolerances.dion2 import (FIRST_ORDER_FRACTION, dion2_norm_tolerances, dion2_selection_violation,
-                                           dion2_step_tolerances)
-from ortho_verify.tolerances.qk_clip import POW_ULPS, QK_CLIP_FIRST_ORDER, qk_clip_tolerance
-from ortho_verify.tolerances.stages import equilibration_error, normuon_amplification, scaling_error, stage_tolerances
-from ortho_verify.tolerances.scalar import adamw_tolerances, lion_tolerances
-from ortho_verify.tolerances.statistical import (FALSE_ALARM_PROBABILITY, hoeffding_lambda,
-                                                 ns_mean_deviation_tolerances, ns_rounding_moments)
-from ortho_verify.tolerances.gram_statistical import gram_rounding_moments
-from ortho_verify.tolerances.compiled import compiled_tolerance
-from ortho_verify.tolerances.sharded import SHARDED_RTOL, newton_schulz_in, sharded_compute_tolerance, sharded_tolerance
 from ortho_verify.tolerances.baselines import BASELINE_FLOOR, BASELINE_GROWTH
+from ortho_verify.tolerances.compiled import compiled_tolerance
+from ortho_verify.tolerances.dion import (
+    FIRST_ORDER_LIMIT,
+    dion_ideal_step_tolerances,
+    dion_tolerances,
+    dion_variant_tolerances,
+    error_feedback_projection_tolerance,
+    error_feedback_tolerance,
+    orthonormality_tolerance,
+    qr_factor_tolerance,
+    qr_orthogonality_tolerance,
+    sketch_condition,
+)
+from ortho_verify.tolerances.dion2 import (
+    FIRST_ORDER_FRACTION,
+    dion2_norm_tolerances,
+    dion2_selection_violation,
+    dion2_step_tolerances,
+)
+from ortho_verify.tolerances.error_feedback import (
+    dion_observed_step_tolerances,
+    ef_bookkeeping_tolerance,
+    ef_subspace_tolerances,
+    full_rank_polar_bounds,
+    polar_fixed_point_tolerance,
+    subspace_iteration_bounds,
+    subspace_perturbation,
+)
+from ortho_verify.tolerances.gram_statistical import gram_rounding_moments
+from ortho_verify.tolerances.muon import (
+    TORCH_MUON_TOLERANCE,
+    WEIGHT_DECAY_POWER_LIMIT,
+    cautious_weight_decay_tolerance,
+    momentum_tolerance,
+    muon_tolerance,
+    weight_decay_power,
+    weight_decay_tolerance,
+)
+from ortho_verify.tolerances.newton_schulz import (
+    COEFFICIENT_REGISTRY_TOLERANCE,
+    NS_FORMS,
+    gains_and_sizes,
+    gram_point_gains,
+    gram_rounding_points,
+    ns_gram_singular_value_tolerances,
+    ns_gram_tolerance,
+    ns_singular_value_tolerance,
+    ns_singular_value_tolerances,
+    ns_tolerance,
+    per_product_roundoff,
+    validate_restarts,
+)
+from ortho_verify.tolerances.polar import (
+    LAPACK_SVD_TOLMUL,
+    POLAR_VALIDITY,
+    SCALAR_STEP_ROUNDINGS,
+    mp_accuracy,
+    mp_agreement_tolerance,
+    ns_map_tolerance,
+    polar_condition_tolerance,
+    polar_hermitian_tolerance,
+    polar_tolerance,
+    prescribed_spectrum_tolerance,
+    svd_residual_tolerance,
+)
+from ortho_verify.tolerances.qk_clip import POW_ULPS, QK_CLIP_FIRST_ORDER, qk_clip_tolerance
+from ortho_verify.tolerances.roundoff import (
+    C_NS,
+    COMPUTE_PRECISIONS,
+    PER_DIRECTION_PRECISIONS,
+    TF32_UNIT_ROUNDOFF,
+    U64,
+    UNIT_ROUNDOFF,
+    compute_precision,
+    condition_number,
+    factor_roundoff,
+    matmul_roundoff,
+    operand_roundings,
+    unit_roundoff,
+)
+from ortho_verify.tolerances.scalar import adamw_tolerances, lion_tolerances
+from ortho_verify.tolerances.sharded import SHARDED_RTOL, newton_schulz_in, sharded_compute_tolerance, sharded_tolerance
+from ortho_verify.tolerances.stages import equilibration_error, normuon_amplification, scaling_error, stage_tolerances
+from ortho_verify.tolerances.statistical import (
+    FALSE_ALARM_PROBABILITY,
+    hoeffding_lambda,
+    ns_mean_deviation_tolerances,
+    ns_rounding_moments,
+)
 
 __all__ = [
     "COMPUTE_PRECISIONS", "NS_FORMS", "PER_DIRECTION_PRECISIONS", "TF32_UNIT_ROUNDOFF", "compute_precision",
-    "gram_point_gains", "gram_rounding_moments", "gram_rounding_points", "ns_gram_singular_value_tolerances", "ns_gram_tolerance",
+    "gram_point_gains", "gram_rounding_moments", "gram_rounding_points", "ns_gram_singular_value_tolerances",
+    "ns_gram_tolerance",
     "operand_roundings", "per_product_roundoff", "validate_restarts",
     "equilibration_error", "normuon_amplification", "scaling_error", "stage_tolerances",
     "POW_ULPS", "QK_CLIP_FIRST_ORDER", "qk_clip_tolerance",
@@ -85,6 +141,7 @@ __all__ = [
     "ns_map_tolerance", "ns_singular_value_tolerance", "ns_singular_value_tolerances", "ns_tolerance",
     "orthonormality_tolerance", "polar_condition_tolerance", "polar_fixed_point_tolerance",
     "polar_hermitian_tolerance", "polar_tolerance", "prescribed_spectrum_tolerance", "qr_factor_tolerance",
-    "qr_orthogonality_tolerance", "newton_schulz_in", "sharded_compute_tolerance", "sharded_tolerance", "sketch_condition", "subspace_iteration_bounds",
+    "qr_orthogonality_tolerance", "newton_schulz_in", "sharded_compute_tolerance", "sharded_tolerance",
+    "sketch_condition", "subspace_iteration_bounds",
     "subspace_perturbation", "svd_residual_tolerance", "unit_roundoff",
 ]

@@ -11,8 +11,15 @@ import numpy as np
 
 import ortho_ref
 from ortho_verify.tolerances.polar import svd_residual_tolerance
-from ortho_verify.tolerances.roundoff import (C_NS, U64, UNIT_ROUNDOFF, condition_number, factor_roundoff,
-                                              matmul_roundoff, unit_roundoff)
+from ortho_verify.tolerances.roundoff import (
+    C_NS,
+    U64,
+    UNIT_ROUNDOFF,
+    condition_number,
+    factor_roundoff,
+    matmul_roundoff,
+    unit_roundoff,
+)
 
 __all__ = [
     "FIRST_ORDER_LIMIT", "dion_ideal_step_tolerances", "dion_tolerances", "dion_variant_tolerances",
@@ -59,7 +66,8 @@ def dion_tolerances(ref: "ortho_ref.DionStep", q_in: np.ndarray, *, lr: float, m
     return {"P": d_p, "Q": d_q, "momentum": d_m, "weight": d_x, "kappa": kappa, "well_posed": d_p < 0.1}
 
 
-def error_feedback_tolerance(b_norm: float, p_norm: float, r_norm: float, mu: float, m_rows: int, rank: int, dtype) -> float:
+def error_feedback_tolerance(b_norm: float, p_norm: float, r_norm: float, mu: float, m_rows: int, rank: int,
+                             dtype) -> float:
     """Tolerance for ‖M_new − (B − (1−μ)PRᵀ)‖_F recomputed from the fast side's own P, R.
 
     The identity is exact by construction, so only the rounding of forming PRᵀ (inner
@@ -255,7 +263,8 @@ def dion_variant_tolerances(ref: "ortho_ref.DionStep", q_in: np.ndarray, *, lr: 
         y = b @ q
         kappa = condition_number(y)
         y2 = float(np.linalg.norm(y, 2))
-        d_y = e_b * np.linalg.norm(q, 2) + b2 * d_q + matmul_roundoff(dtype, npr) * widen * np.linalg.norm(abs_b @ np.abs(q))
+        d_y = (e_b * np.linalg.norm(q, 2) + b2 * d_q
+               + matmul_roundoff(dtype, npr) * widen * np.linalg.norm(abs_b @ np.abs(q)))
         ks = None
         k = math.ceil(oversample * r)
         if qr_method == "randomized_cholesky_qr" and k < mp:

@@ -56,8 +56,8 @@ Deterministic: the scalars a, b, c, α, α/a, safety, eps applied in float32 (to
 a kernel may hold in its own dtype, the same in every matrix, add their exact rounding errors at the
 Q nodes: |gₚᵢ|·|fl(a) − a| (the aI of Q = aI + Z after a (re)start, Dao AI Lab's kernel) and
 |gₚᵢ|·|a|·|fl(α/a) − α/a|·|zᵢ| (α/a, which torch's CPU ``add`` rounds to float16 as its ``alpha``
-argument: a kernel forming M + (α/a)Z that way, as ortho_fast's did), fl the dtype's rounding (``round_to_dtype``; plus u32 of the
-constant for a float32 step before it: torch's opmath).
+argument: a kernel forming M + (α/a)Z that way, as ortho_fast's did), fl the dtype's rounding (``round_to_dtype``; plus
+u32 of the constant for a float32 step before it: torch's opmath).
 No underflow or overflow (float16: the default statistical batch's entries are normal).
 """
 

@@ -97,8 +97,8 @@ def ns_singular_value_tolerance(sigma_hat: np.ndarray, coefficients, shape: tupl
     Derivation. In bfloat16 (and float16) the CPU and GPU matmuls accumulate in float32 and
     round each output once, so each of the ROUNDINGS_PER_STEP products perturbs the iterate
     by about u relative to its scale (≤ max x_t ≈ 1); in float32/float64 the accumulation is
-    in the same precision and adds the probabilistic √d of Higham & Mary (2019). To first order a perturbation E of a simple
-    singular value moves it by uᵢᵀEvᵢ (Stewart & Sun 1990, ch. V), and that displacement of
+    in the same precision and adds the probabilistic √d of Higham & Mary (2019). To first order a perturbation E of a
+    simple singular value moves it by uᵢᵀEvᵢ (Stewart & Sun 1990, ch. V), and that displacement of
     x_t is carried to the output by |∂x_T/∂x_t| along the exact trajectory. Summing over
     the input rounding and the T steps gives ``ortho_ref.ns_diagonal_gain``; with
     rho = ROUNDINGS_PER_STEP·a·(u + u64) (a = 1 or √d, above) the tolerance is

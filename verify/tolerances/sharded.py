@@ -9,8 +9,8 @@ __all__ = ["SHARDED_RTOL", "SPLIT_ORDERS", "newton_schulz_in", "sharded_compute_
 
 # --- sharding equivalence ---
 
-#: The layout contract (docs/design.md, "Distributed layouts and the layout contract"): relative Frobenius difference between a sharded step and the
-#: one-process step on the full tensors.
+#: The layout contract (docs/design.md, "Distributed layouts and the layout contract"): relative Frobenius difference
+#: between a sharded step and the one-process step on the full tensors.
 SHARDED_RTOL = {"float64": 1e-12, "float32": 1e-5}
 
 
@@ -19,8 +19,8 @@ def sharded_tolerance(dtype) -> float:
     step (weights, momenta, Q; the largest over matrices and steps) against the same optimizer in
     one process on the full tensors (``ortho_verify.sharding``, ``ortho-verify sharding``).
 
-    The layout contract (docs/design.md, "Distributed layouts and the layout contract"), float64 1e-12 (≈ 9000·u) and float32 1e-5 (≈ 168·u): a
-    requirement, not a fitted number. Derivation of when it holds. A sharded step performs the
+    The layout contract (docs/design.md, "Distributed layouts and the layout contract"), float64 1e-12 (≈ 9000·u) and
+    float32 1e-5 (≈ 168·u): a requirement, not a fitted number. Derivation of when it holds. A sharded step performs the
     one-process arithmetic except that every sum over a sharded dimension is split into local
     partial sums plus an all-reduce (the same terms in another order), and Dion orthonormalizes
     sharded rows of P by the same algorithm on gathered rows (Householder) or an all-reduced
@@ -145,8 +145,8 @@ def sharded_compute_tolerance(u, coefficients, compute_dtype, world_size: int, p
     the spectrum's hull; ``ns_singular_value_tolerances``: the diagonal gain's sup over a
     rounding neighbourhood) are 0.05–0.98 per direction (8 where σ̂ ≈ 0.004) and 3–18 in
     Frobenius norm for Keller Jordan's schedule in bfloat16 on the checked 16×8 … 12×12 inputs:
-    at or above the 0.4–0.75 by which Newton–Schulz per local shard differs, so they cannot tell a correct sharded Muon from a
-    wrong one. The same first-order sum is evaluated instead: NS_p realizes it with the
+    at or above the 0.4–0.75 by which Newton–Schulz per local shard differs, so they cannot tell a correct sharded Muon
+    from a wrong one. The same first-order sum is evaluated instead: NS_p realizes it with the
     sharded run's extra roundings (p partial sums, each rounded, summed in the compute
     precision) on the actual input, so the J_t are the actual Jacobians at the actual spectrum.
     By Higham & Mary's probabilistic model (``C_NS``) a sum of k·d independent roundings

@@ -17,7 +17,8 @@ import numpy as np
 
 from ortho_verify.tolerances.roundoff import C_NS, U64, UNIT_ROUNDOFF, unit_roundoff
 
-__all__ = ["StageTolerances", "equilibration_error", "normuon_amplification", "scaled_product_update_bound", "scaling_error",
+__all__ = ["StageTolerances", "equilibration_error", "normuon_amplification", "scaled_product_update_bound",
+           "scaling_error",
            "stage_dtype_roundoff", "stage_tolerances"]
 
 
@@ -160,7 +161,8 @@ def stage_tolerances(ns_tol: float, *, shape: tuple[int, int], dtype, ns_gain: f
         amp = 2.0 * normuon_amplification(o, v, eps=normuon_eps, eps_mode=normuon_eps_mode)
         norms = np.linalg.norm(o, axis=1 if normuon_rows else 0)
         eps_in = eps_total
-        eps_total = amp * eps_in + 2.0 * (C_NS * (math.sqrt(length) + math.sqrt(m * n)) + 12) * us * float(np.linalg.norm(o))
+        eps_total = (amp * eps_in
+                     + 2.0 * (C_NS * (math.sqrt(length) + math.sqrt(m * n)) + 12) * us * float(np.linalg.norm(o)))
         gain *= amp
         u_state = unit_roundoff(state_dtype if state_dtype is not None else dtype)
         v_norm = float(np.linalg.norm(v))
