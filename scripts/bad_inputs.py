@@ -12,7 +12,8 @@ import os
 import random
 import warnings
 
-os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+if __name__ == "__main__":  # eager when run; a test that imports this file keeps its process's dynamo
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 warnings.filterwarnings("ignore")
 
 import numpy as np  # noqa: E402

@@ -36,7 +36,8 @@ import textwrap
 import types
 import typing
 
-os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # the systems torch.compile their kernels; eager here
+if __name__ == "__main__":  # eager when run; a test that imports this file keeps its process's dynamo
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 typing.override = getattr(typing, "override", lambda f: f)  # Python 3.12's, used by Emerging-Optimizers
 
 import torch  # noqa: E402

@@ -36,7 +36,8 @@ import tempfile
 import types
 import typing
 
-os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # the systems torch.compile their steps; eager here
+if __name__ == "__main__":  # eager when run; a test that imports this file keeps its process's dynamo
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 typing.override = getattr(typing, "override", lambda f: f)
 
 import torch  # noqa: E402
