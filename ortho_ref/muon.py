@@ -100,7 +100,7 @@ def momentum_update(grad: np.ndarray, momentum: np.ndarray, *, mu: float, nester
     else:
         raise ValueError(f"momentum_style: expected one of {MOMENTUM_STYLES}, got {momentum_style!r}")
     if bias_correction:
-        _check_bias_correction(momentum_style, nesterov, nesterov_form)
+        check_bias_correction(momentum_style, nesterov, nesterov_form)
         t = check_step(step, True)
         if not nesterov:
             return m_new, m_new / (1.0 - mu ** t)
@@ -109,7 +109,7 @@ def momentum_update(grad: np.ndarray, momentum: np.ndarray, *, mu: float, nester
     return m_new, (grad_weight * grad + mu * m_new if nesterov else m_new)
 
 
-def _check_bias_correction(momentum_style: str, nesterov: bool, nesterov_form: str) -> None:
+def check_bias_correction(momentum_style: str, nesterov: bool, nesterov_form: str) -> None:
     """ValueError naming ``bias_correction`` where no debiased momentum is defined: the "classic"
     style (M is a sum, not an average) and the "full_grad" Nesterov form."""
     if momentum_style != "ema":
