@@ -220,7 +220,7 @@ def _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, stage_fie
             return ortho_ref.muon.muon_pipeline_step(
                 np.zeros(shape), grads[i], np.zeros(shape), lr=1.0, mu=PROBE_MOMENTUM, nesterov=form["nesterov"],
                 momentum_style=form.get("momentum_style", "ema"), nesterov_form=form["nesterov_form"],
-                coefficients=schedule[1], safety=schedule[2], eps=eps, eps_mode=mode, adjust_lr=None,
+                bias_correction=form.get("bias_correction", False), step=1, coefficients=schedule[1], safety=schedule[2], eps=eps, eps_mode=mode, adjust_lr=None,
                 normuon_beta2=None if dim is None else 0.9, normuon_dim=dim or "row", **fields).update
     ranked = fit.fit_eps(us, outs, schedule, dtype, predict=predict)
     evidence.append(_evidence("eps_mode", ranked, "one step with ‖U‖_F = 1e-7 and 1e-8: ns_map with each (eps, "
@@ -416,6 +416,7 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     evidence.append(Evidence("side_effects", tuple(allowed), 0.0, note="p.grad and state after a step (not accepted: "
                              "the judge's verdict names them; the snippet says how to accept them)"))
     conv = MuonConventions(momentum_style=style, nesterov=form["nesterov"], nesterov_form=form["nesterov_form"],
+                           bias_correction=form.get("bias_correction", False),
                            coefficients=schedule[0], eps=eps, eps_mode=eps_mode, adjust_lr=mode,
                            safety=None if schedule[2] == ortho_ref.SCHEDULES[schedule[0]].safety else schedule[2],
                            extra_scale_factor=factor, ns_dtype=getattr(torch, dtype), momentum_state_key=key,
