@@ -221,3 +221,26 @@ def test_bad_input_names_the_argument_and_changes_nothing():
     assert torch.equal(w, torch.ones(3, 2)) and not opt.state  # nothing changed
     with pytest.raises(NotImplementedError, match="load_state_dict"):
         Sgd([w], learning_rate=0.1).load_state_dict({})
+
+
+def _torch_signature(factory):
+    """optax.contrib.muon behind torch's keyword names, as identify_optimizer probes them."""
+    adapted = optax_optimizer(factory)
+
+    def build(params, lr=0.02, momentum=0.95, weight_decay=0.0):
+        return adapted(params, learning_rate=lr, beta=momentum, weight_decay=weight_decay)
+    return build
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_identification_recovers_the_bias_correction(nesterov):
+    """With Nesterov the two-step momentum probe sees the debiased mix; without, only the eps probe sees
+    U₁ = G instead of (1 − β)G. Either way the declaration found has bias_correction=True."""
+    from ortho_verify.identify.optimizer import identify_optimizer
+
+    found = identify_optimizer(_torch_signature(functools.partial(optax.contrib.muon, nesterov=nesterov)),
+                               judge=False)
+    conv = found.declaration
+    assert found.fits and not found.differences, found.summary()
+    assert (conv.nesterov, conv.bias_correction, conv.momentum_style, conv.eps, conv.eps_mode) == (
+        nesterov, True, "ema", 1e-8, "add"), found.summary()
