@@ -52,19 +52,45 @@ def lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
     raise ValueError(f"adjust_lr: expected one of {ADJUST_LR_MODES}, got {adjust_lr!r}")
 
 
+def check_step(step, bias_correction: bool) -> int | None:
+    """The 1-based step index t of a bias-corrected momentum: ``step`` if it is an int ≥ 1 (None
+    is taken without bias correction, where t is not used). Raises: ValueError naming ``step``
+    for a missing step under ``bias_correction``, a non-int (a bool included) or one < 1."""
+    if step is None:
+        if bias_correction:
+            raise ValueError("step: bias_correction=True needs the 1-based step index t (an int >= 1), got None")
+        return None
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 1:
+        raise ValueError(f"step: expected the 1-based step index t, an int >= 1, got {step!r}")
+    return int(step)
+
+
 def momentum_update(grad: np.ndarray, momentum: np.ndarray, *, mu: float, nesterov: bool,
-                    momentum_style: str, nesterov_form: str = "mix") -> tuple[np.ndarray, np.ndarray]:
+                    momentum_style: str, nesterov_form: str = "mix", bias_correction: bool = False,
+                    step: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The momentum of a Muon step: (M_new, U), U the matrix to orthogonalize.
 
     "ema": M ← μM + (1−μ)G, U = (1−μ)G + μM_new if nesterov else M_new (torch.optim.Muon, Keller
     Jordan, nanochat); "classic": M ← μM + G, U = G + μM_new if nesterov else M_new
     (microsoft/dion, Moonlight). ``nesterov_form="full_grad"``: U = G + μM_new for either style
     (the gradient at full weight beside an EMA momentum).
+
+    ``bias_correction`` (the "ema" style, optax ``scale_by_muon`` / ``contrib.muon``): at the
+    1-based step t = ``step`` the stored M_new stays uncorrected and the mixed matrix divides each
+    term by its Adam-style debiasing factor, U = μ·M_new/(1−μ^(t+1)) + (1−μ)·G/(1−μ^t) with
+    Nesterov ("mix"), U = M_new/(1−μ^t) without (optax 0.2.8 ``contrib/_muon.py``: the momentum
+    term with count + 1, the gradient term with count, count the 1-based step). A zero initial
+    momentum makes the corrected M_t/(1−μ^t) an unbiased average of the gradients.
+
     Shapes: grad, momentum (m, n) float64 (validated by the caller) -> two (m, n) float64.
-    Raises: ValueError naming ``momentum_style`` or ``nesterov_form`` for an unknown value.
+    Raises: ValueError naming ``momentum_style`` or ``nesterov_form`` for an unknown value;
+    ``bias_correction`` for the "classic" style or the "full_grad" form (no debiased form is
+    defined there); ``step`` (``check_step``) for a missing or invalid step under bias correction;
+    TypeError naming ``bias_correction`` for a non-bool.
     """
     if nesterov_form not in NESTEROV_FORMS:
         raise ValueError(f"nesterov_form: expected one of {NESTEROV_FORMS}, got {nesterov_form!r}")
+    bias_correction = check_flag(bias_correction, "bias_correction")
     if momentum_style == "ema":
         m_new = mu * momentum + (1.0 - mu) * grad
         grad_weight = 1.0 if nesterov_form == "full_grad" else 1.0 - mu
@@ -73,7 +99,25 @@ def momentum_update(grad: np.ndarray, momentum: np.ndarray, *, mu: float, nester
         grad_weight = 1.0
     else:
         raise ValueError(f"momentum_style: expected one of {MOMENTUM_STYLES}, got {momentum_style!r}")
+    if bias_correction:
+        check_bias_correction(momentum_style, nesterov, nesterov_form)
+        t = check_step(step, True)
+        if not nesterov:
+            return m_new, m_new / (1.0 - mu ** t)
+        return m_new, mu * m_new / (1.0 - mu ** (t + 1)) + grad_weight * grad / (1.0 - mu ** t)
+    check_step(step, False)
     return m_new, (grad_weight * grad + mu * m_new if nesterov else m_new)
+
+
+def check_bias_correction(momentum_style: str, nesterov: bool, nesterov_form: str) -> None:
+    """ValueError naming ``bias_correction`` where no debiased momentum is defined: the "classic"
+    style (M is a sum, not an average) and the "full_grad" Nesterov form."""
+    if momentum_style != "ema":
+        raise ValueError(f"bias_correction: defined for the 'ema' momentum style only (optax's EMA), "
+                         f"got momentum_style={momentum_style!r}")
+    if nesterov and nesterov_form != "mix":
+        raise ValueError(f"bias_correction: defined for nesterov_form='mix' or no Nesterov, "
+                         f"got nesterov_form={nesterov_form!r}")
 
 
 def check_flag(value, name: str) -> bool:
@@ -174,6 +218,8 @@ def muon_step(
     cautious_weight_decay: bool = False,
     nesterov_form: str = "mix",
     weight_decay_style: str = "decoupled",
+    bias_correction: bool = False,
+    step: int | None = None,
 ) -> MuonStep:
     """One reference Muon step on an (m, n) weight.
 
@@ -195,12 +241,18 @@ def muon_step(
     above, "adjusted_lr" W(1 − lr·s·wd) (nanochat), "independent" W(1 − wd), "l2" G ← G + wd·W
     before the momentum and no decay step.
 
+    ``bias_correction`` (EMA momentum, as optax ``contrib.muon``; ``momentum_update``): U divides
+    the momentum term by 1−μ^(t+1) and the gradient term by 1−μ^t (without Nesterov U =
+    M_new/(1−μ^t)), t = ``step`` the 1-based step index, required then; the returned momentum is
+    the uncorrected M_new, the state such an optimizer stores.
+
     Shapes: weight, grad, momentum (m, n) float -> MuonStep of float64 arrays.
     ``coefficients``: (T, 3) table; default the ``jordan`` schedule, 5 steps.
     Source: Jordan et al. (Muon blog, 2024); Liu et al. arXiv 2502.16982; torch.optim.Muon.
     Raises: TypeError / ValueError for non-float, non-2-D, empty or non-finite arrays, shape
     mismatches, lr < 0, mu outside [0, 1), weight_decay < 0, extra_scale_factor <= 0,
-    unknown option strings.
+    unknown option strings; ValueError naming ``bias_correction`` for the "classic" style or the
+    "full_grad" form, ``step`` for a missing or non-positive step under bias correction.
     """
     w, g, m_old, lr, mu, weight_decay, table, scale = _checked_step_inputs(
         weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor,
@@ -210,7 +262,7 @@ def muon_step(
         raise ValueError(f"orthogonalizer: expected 'newton_schulz' or 'polar', got {orthogonalizer!r}")
 
     m_new, u = momentum_update(g, m_old, mu=mu, nesterov=nesterov, momentum_style=momentum_style,
-                               nesterov_form=nesterov_form)
+                               nesterov_form=nesterov_form, bias_correction=bias_correction, step=step)
     if orthogonalizer == "polar":
         o = polar(u) if np.any(u) else np.zeros_like(u)
     else:
@@ -254,6 +306,8 @@ def muon_pipeline_step(
     cautious_weight_decay: bool = False,
     nesterov_form: str = "mix",
     weight_decay_style: str = "decoupled",
+    bias_correction: bool = False,
+    step: int | None = None,
     row_equilibration: bool | str = False,
     renormalize: bool = False,
     normuon_beta2: float | None = None,
@@ -276,6 +330,7 @@ def muon_pipeline_step(
     Raises: what ``muon_step`` raises; ValueError naming ``row_equilibration``, ``normuon_dim``,
     ``normuon_beta2`` (outside [0, 1)), ``normuon_eps`` / ``normuon_eps_mode``, or
     ``normuon_variance`` of the wrong shape; TypeError for a non-bool ``renormalize``.
+    ``bias_correction`` / ``step``: the debiased momentum mix of ``muon_step`` (optax).
     """
     w, g, m_old, lr, mu, weight_decay, table, scale = _checked_step_inputs(
         weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor,
@@ -297,7 +352,7 @@ def muon_pipeline_step(
                                                                              shape)
 
     m_new, u = momentum_update(g, m_old, mu=mu, nesterov=nesterov, momentum_style=momentum_style,
-                               nesterov_form=nesterov_form)
+                               nesterov_form=nesterov_form, bias_correction=bias_correction, step=step)
     if side is not None:
         u = stages.equilibrate(u, side)
     o_ns = ns_map(u, table, safety=safety, eps=eps, eps_mode=eps_mode)

@@ -96,7 +96,11 @@ class MuonConventions:
     weight_decay_style: "decoupled" W ← W(1 − lr·wd) with the unscaled lr (torch, dion,
     Moonlight; the default), "adjusted_lr" W(1 − lr·s·wd) with the update's lr multiplier s
     (nanochat), "independent" W(1 − wd), "l2" G ← G + wd·W before the momentum
-    (``ortho_ref.muon.WEIGHT_DECAY_STYLES``); form / restarts: "standard" or Gram Newton–Schulz
+    (``ortho_ref.muon.WEIGHT_DECAY_STYLES``); bias_correction: the EMA momentum debiased as Adam's
+    in the matrix that is orthogonalized, at the 1-based step t: U = μ·M_t/(1−μ^(t+1)) +
+    (1−μ)·G_t/(1−μ^t) with Nesterov ("mix"), U = M_t/(1−μ^t) without, the stored M_t uncorrected
+    (optax ``contrib.muon`` / ``scale_by_muon``; ``ortho_ref.muon.momentum_update``; only with
+    momentum_style "ema" and, with Nesterov, nesterov_form "mix"); form / restarts: "standard" or Gram Newton–Schulz
     ("gram", with the steps before which R is recomputed), the same map with its own rounding model.
     momentum_state_key may be a tuple path into nested state dicts (``("muon", "momentum_buffer")``);
     a hyperparameter name may be a tuple entry (``{"momentum": "betas[0]"}``: the first entry of the
@@ -104,7 +108,8 @@ class MuonConventions:
     The names other libraries use for these options are tabled in docs/verification.md,
     "Conventions: names in other libraries".
     Raises: ValueError naming the field for an unknown momentum_style, eps_mode or adjust_lr, or
-    extra_scale_factor <= 0.
+    extra_scale_factor <= 0; ValueError naming ``bias_correction`` for a non-bool or where it is not
+    defined (the "classic" style, the "full_grad" form).
     """
 
     momentum_style: str = "ema"
@@ -134,6 +139,8 @@ class MuonConventions:
     normuon_state_key: str | None = "variance_neuron"
     nesterov_form: str = "mix"
     weight_decay_style: str = "decoupled"
+    #: Adam-style debiasing of the EMA momentum in the Newton–Schulz input (optax ``contrib.muon``).
+    bias_correction: bool = False
     #: The Newton–Schulz form: "standard" (X ← aX + (bA + cA²)X) or "gram" (Gram Newton–Schulz: the
     #: iteration on R = XXᵀ, Q accumulated, X = QX₀ at the end; Dao AI Lab's gram-newton-schulz) and,
     #: for "gram", the 0-based steps before which R is recomputed from X (``restarts``). Both compute
@@ -151,6 +158,10 @@ class MuonConventions:
         _choice(self.momentum_style, "momentum_style", ("ema", "classic"))
         _choice(self.nesterov_form, "nesterov_form", ortho_ref.muon.NESTEROV_FORMS)
         _choice(self.weight_decay_style, "weight_decay_style", ortho_ref.muon.WEIGHT_DECAY_STYLES)
+        if not isinstance(self.bias_correction, (bool, np.bool_)):
+            raise ValueError(f"bias_correction: expected a bool, got {self.bias_correction!r}")
+        if self.bias_correction:  # ValueError naming bias_correction where no debiased form is defined
+            ortho_ref.muon.check_bias_correction(self.momentum_style, self.nesterov, self.nesterov_form)
         if self.cautious_weight_decay and self.weight_decay_style == "l2":
             raise ValueError("weight_decay_style: 'l2' has no decay step for cautious_weight_decay to mask")
         if self.qk_clip_threshold is not None and not (0 < self.qk_clip_threshold < float("inf")):

@@ -308,7 +308,7 @@ def _run(optimizer, conventions, *, lr, momentum, weight_decay, steps, param_dty
             return results, report_inputs
         if extra_params and t < stat_t:  # the reference's momentum, for optimizers without a readable buffer
             stat_momenta = _reference_momenta(conventions, stat_before, batch.grads[t], lr=lr, mu=momentum,
-                                              wd=weight_decay)
+                                              wd=weight_decay, step=t + 1)
         elif extra_params and t == stat_t:
             results.append(_statistical_row(opt, extra_params, conventions, stat_before, batch, t, lr=lr, mu=momentum,
                                             wd=weight_decay, pdt=pdt, suffix=suffix))
@@ -339,14 +339,15 @@ def _momenta(opt, params, conv, tracked: np.ndarray) -> np.ndarray:
     return tracked
 
 
-def _reference_momenta(conv, before, grads, *, lr, mu, wd) -> np.ndarray:
-    """The reference's momentum after a step of every statistical matrix (the declared momentum
-    style, Nesterov form and weight-decay style: "l2" puts wd·W into the gradient)."""
+def _reference_momenta(conv, before, grads, *, lr, mu, wd, step) -> np.ndarray:
+    """The reference's momentum after the 1-based step ``step`` of every statistical matrix (the
+    declared momentum style, Nesterov form, bias correction and weight-decay style: "l2" puts wd·W
+    into the gradient)."""
     weights, momenta = before
     return np.stack([ortho_ref.muon_step(w, g, m, lr=lr, mu=mu, nesterov=conv.nesterov,
                                          momentum_style=conv.momentum_style, weight_decay=wd,
-                                         nesterov_form=conv.nesterov_form,
-                                         weight_decay_style=conv.weight_decay_style).momentum
+                                         nesterov_form=conv.nesterov_form, bias_correction=conv.bias_correction,
+                                         step=step, weight_decay_style=conv.weight_decay_style).momentum
                      for w, g, m in zip(weights, grads, momenta)])
 
 
@@ -372,4 +373,4 @@ def _statistical_row(opt, params, conv, before, batch, t, *, lr, mu, wd, pdt, su
     return optimizer_mean_deviation(conv, weights=before[0], momenta=before[1], grads=batch.grads[t],
                                     new_weights=np.stack([_as_f64(p) for p in params]), new_momenta=new_momenta,
                                     lr=lr, mu=mu, wd=wd, table=table, safety=safety, eps=eps, param_dtype=pdt,
-                                    ns_dtype=ns_dt, input_name=name)
+                                    ns_dtype=ns_dt, input_name=name, step_index=t + 1)

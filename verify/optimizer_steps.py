@@ -204,14 +204,15 @@ def muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, l
         after = (_as_f64(p), m_after if key else None, state_value(opt, p, vkey) if vkey else None)
         return stage_step_rows(conv, StepInputs(w_prev, grad, m_prev, v_prev), after, lr=lr, mu=mu, wd=wd,
                                dtype=coarser_dtype(dtype_name(conv.ns_dtype, argument="conventions.ns_dtype"), pdt),
-                               name=name)
+                               name=name, step=t + 1)
     table, safety, eps = table_and_normalization(conv.coefficients, conv.ns_steps, conv.safety, conv.eps)
     ref = ortho_ref.muon_step(w_prev, grad, m_prev, lr=lr, mu=mu, nesterov=conv.nesterov,
                               momentum_style=conv.momentum_style, coefficients=table, safety=safety, eps=eps,
                               eps_mode=conv.eps_mode, adjust_lr=conv.adjust_lr, weight_decay=wd,
                               extra_scale_factor=conv.extra_scale_factor,
                               cautious_weight_decay=conv.cautious_weight_decay, nesterov_form=conv.nesterov_form,
-                              weight_decay_style=conv.weight_decay_style)
+                              weight_decay_style=conv.weight_decay_style, bias_correction=conv.bias_correction,
+                              step=t + 1)
     w_new = _as_f64(p)
     factor = ortho_ref.muon.decay_factor(conv.weight_decay_style, lr=lr, weight_decay=wd, scale=ref.lr_scale)
     step = lr * ref.lr_scale

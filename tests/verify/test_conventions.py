@@ -29,6 +29,9 @@ def test_muon_options_are_expressible_and_required(options, conventions):
     (MuonConventions, {"adjust_lr": "rms"}, "adjust_lr"),
     (MuonConventions, {"momentum_style": "heavy_ball"}, "momentum_style"),
     (MuonConventions, {"extra_scale_factor": 0.0}, "extra_scale_factor"),
+    (MuonConventions, {"bias_correction": "yes"}, "bias_correction"),
+    (MuonConventions, {"bias_correction": True, "momentum_style": "classic"}, "bias_correction"),
+    (MuonConventions, {"bias_correction": True, "nesterov_form": "full_grad"}, "bias_correction"),
     (DionConventions, {"qr_method": "rcqr"}, "qr_method"),
     (DionConventions, {"orientation": "wide"}, "orientation"),
     (DionConventions, {"power_iters": 0}, "power_iters"),
@@ -37,6 +40,26 @@ def test_muon_options_are_expressible_and_required(options, conventions):
 def test_bad_declarations_name_the_field(cls, kwargs, field):
     with pytest.raises((ValueError, TypeError), match=field):
         cls(**kwargs)
+
+
+@pytest.mark.parametrize("stages", [{}, {"renormalize": True}], ids=["plain", "stage-path"])
+def test_bias_correction_declared_for_a_muon_without_it_fails_from_step_2(stages):
+    """ortho_fast.Muon keeps no bias correction. Declared with one, step 1 passes (M_0 = 0: both Nesterov
+    inputs are ∝ G) and every later step fails; declared without, it passes (the plain and the stage path)."""
+    opt = functools.partial(ortho_fast.Muon, dtype=torch.float32, eps_mode="clamp", **stages)
+    plain = MuonConventions(ns_dtype=torch.float32, eps_mode="clamp", **stages)
+    fast = dict(param_dtype=torch.float32, statistical_matrices=0, shapes=[(24, 12), (10, 20)])
+    assert check_optimizer(opt, plain, **fast).passed
+    report = check_optimizer(opt, MuonConventions(ns_dtype=torch.float32, eps_mode="clamp", bias_correction=True,
+                                                  **stages), **fast)
+    assert report.status == "failed"
+    updates = [r for r in report.results if r.check in ("muon_update/ns_vs_ns_map", "muon_stages_vs_reference")
+               and "momentum" not in r.detail]
+    by_step = {s: [r.passed for r in updates if r.input.endswith(f"step {s}")] for s in (1, 2, 3)}
+    assert by_step[1] and all(by_step[1]), by_step
+    assert by_step[2] and not any(by_step[2]) and not any(by_step[3]), by_step
+    momenta = [r for r in report.results if r.check == "muon_momentum" or "momentum" in r.detail]
+    assert momenta and all(r.passed for r in momenta)  # the stored buffer is the uncorrected EMA
 
 
 def test_max_batch_dims_for_kernels_taking_at_most_three_dims():

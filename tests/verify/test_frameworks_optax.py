@@ -1,6 +1,7 @@
 """ortho_verify.frameworks.optax_optimizer: optax transforms judged by check_optimizer through the
-adapter — optax.contrib.muon passes under the conventions it uses, fails where they differ from
-torch.optim.Muon's, a planted optax Muon fails; parameters and state are mirrored exactly."""
+adapter — optax.contrib.muon passes under the conventions it uses (its default Nesterov mix with
+bias_correction=True), fails where they differ from torch.optim.Muon's, a planted optax Muon fails;
+parameters and state are mirrored exactly."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ NAMES = {"lr": "learning_rate", "momentum": "beta", "weight_decay": "weight_deca
 OPTAX_MUON = MuonConventions(nesterov=False, coefficients="jordan", eps=1e-8, eps_mode="add", adjust_lr="original",
                              ns_dtype=torch.float32, momentum_state_key="momentum", hyperparameter_names=NAMES)
 OptaxMuon = optax_optimizer(functools.partial(optax.contrib.muon, nesterov=False))
+#: optax.contrib.muon with its defaults: the Nesterov mix bias-corrected,
+#: U_t = β·M_t/(1 − β^(t+1)) + (1 − β)·G_t/(1 − β^t), the stored M_t the uncorrected EMA.
+OPTAX_MUON_DEFAULT = dataclasses.replace(OPTAX_MUON, nesterov=True, bias_correction=True)
+OptaxMuonDefault = optax_optimizer(optax.contrib.muon)
 FAST = dict(steps=2, statistical_matrices=0)
 #: A tall and a wide matrix: the two orientations, one compilation of fewer leaves than the default three.
 TWO = dict(FAST, shapes=[(37, 16), (12, 29)])
@@ -50,11 +55,23 @@ def test_optax_muon_declared_as_torch_muon_fails_naming_nesterov():
     assert len(momenta) == 6 and all(r.passed for r in momenta)  # the buffer is the same EMA
 
 
-def test_optax_default_nesterov_is_bias_corrected_from_step_2():
-    """optax's Nesterov input U = β·M_t/(1 − β^(t+1)) + (1 − β)·G_t/(1 − β^t) is ∝ G at step 1 (passes as
-    torch's mix) and leaves it from step 2; the momentum buffer itself is the declared EMA at every step."""
-    declared = dataclasses.replace(OPTAX_MUON, nesterov=True)
-    report = check_optimizer(optax_optimizer(optax.contrib.muon), declared, param_dtype=torch.float32, **TWO)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_optax_muon_defaults_pass_with_bias_correction_declared(dtype):
+    extra = {} if dtype == torch.float32 else {"statistical_matrices": 8}  # the bfloat16 run's statistical row
+    report = check_optimizer(OptaxMuonDefault, OPTAX_MUON_DEFAULT, param_dtype=dtype, **extra)
+    assert report.passed, report.summary()
+    steps = {r.input.rsplit("step ", 1)[1] for r in report.results if r.check == "muon_update/ns_vs_ns_map"}
+    assert {"1", "2", "3"} <= steps and any(r.check == "muon_momentum" for r in report.results)
+    if dtype == torch.bfloat16:
+        assert any(r.check == "optimizer_mean_deviation" and r.claimed for r in report.results)
+
+
+def test_optax_default_nesterov_undeclared_bias_correction_fails_from_step_2():
+    """Declared without bias_correction, optax's Nesterov input U = β·M_t/(1 − β^(t+1)) + (1 − β)·G_t/(1 − β^t)
+    is ∝ G at step 1 (passes as torch's mix) and leaves it from step 2; the momentum buffer itself is the
+    declared EMA at every step."""
+    declared = dataclasses.replace(OPTAX_MUON_DEFAULT, bias_correction=False)
+    report = check_optimizer(OptaxMuonDefault, declared, param_dtype=torch.float32, **TWO)
     updates = [r for r in report.results if r.check.startswith("muon_update/")]
     first = [r for r in updates if r.input.endswith("step 1")]
     second = [r for r in updates if r.input.endswith("step 2") and r.check.endswith("ns_vs_ns_map")]
@@ -204,3 +221,26 @@ def test_bad_input_names_the_argument_and_changes_nothing():
     assert torch.equal(w, torch.ones(3, 2)) and not opt.state  # nothing changed
     with pytest.raises(NotImplementedError, match="load_state_dict"):
         Sgd([w], learning_rate=0.1).load_state_dict({})
+
+
+def _torch_signature(factory):
+    """optax.contrib.muon behind torch's keyword names, as identify_optimizer probes them."""
+    adapted = optax_optimizer(factory)
+
+    def build(params, lr=0.02, momentum=0.95, weight_decay=0.0):
+        return adapted(params, learning_rate=lr, beta=momentum, weight_decay=weight_decay)
+    return build
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_identification_recovers_the_bias_correction(nesterov):
+    """With Nesterov the two-step momentum probe sees the debiased mix; without, only the eps probe sees
+    U₁ = G instead of (1 − β)G. Either way the declaration found has bias_correction=True."""
+    from ortho_verify.identify.optimizer import identify_optimizer
+
+    found = identify_optimizer(_torch_signature(functools.partial(optax.contrib.muon, nesterov=nesterov)),
+                               judge=False)
+    conv = found.declaration
+    assert found.fits and not found.differences, found.summary()
+    assert (conv.nesterov, conv.bias_correction, conv.momentum_style, conv.eps, conv.eps_mode) == (
+        nesterov, True, "ema", 1e-8, "add"), found.summary()

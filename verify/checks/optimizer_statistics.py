@@ -98,7 +98,8 @@ def statistical_inputs(shape, count: int, cond: float, seed: int, dtype: str) ->
 def optimizer_mean_deviation(conv, *, weights: np.ndarray, momenta: np.ndarray, grads: np.ndarray,
                              new_weights: np.ndarray, new_momenta: np.ndarray | None, lr: float, mu: float, wd: float,
                              table, safety: float, eps: float, param_dtype: str, ns_dtype: str, input_name: str,
-                             probability: float = stat.FALSE_ALARM_PROBABILITY) -> CheckResult:
+                             probability: float = stat.FALSE_ALARM_PROBABILITY, step_index: int | None = None
+                             ) -> CheckResult:
     """The row ``optimizer_mean_deviation`` of one step of J parameters (``conv``: MuonConventions
     without pipeline stages or cautious weight decay). Per matrix j the reference
     ``ortho_ref.muon_step`` from (weights, momenta, grads)[j] gives U and the lr scale s; the
@@ -108,6 +109,9 @@ def optimizer_mean_deviation(conv, *, weights: np.ndarray, momenta: np.ndarray, 
     roundings in ``param_dtype``), the second-order bias bounds and the oracle's allowance added.
     Directions outside the first-order regime (one-matrix √v > ``STATISTIC_FIRST_ORDER_LIMIT``)
     are left out; none left: no claim. Error: |mean dᵢ| of the direction with the largest ratio.
+    ``step_index``: the 1-based step t, which a bias-corrected momentum (``conv.bias_correction``)
+    needs; its mix terms are then c = 1/(1−μ^t) ≥ 1 times larger (the momentum term's
+    1/(1−μ^(t+1)) is smaller) and so are their roundings.
     Shapes: (J, m, n) float64 each. ``ns_dtype`` outside ``STATISTICAL_DTYPES`` (float64): no claim.
     """
     check = "optimizer_mean_deviation"
@@ -121,7 +125,8 @@ def optimizer_mean_deviation(conv, *, weights: np.ndarray, momenta: np.ndarray, 
     refs = [ortho_ref.muon_step(w, g, mp, lr=lr, mu=mu, nesterov=conv.nesterov, momentum_style=conv.momentum_style,
                                 coefficients=table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
                                 adjust_lr=conv.adjust_lr, weight_decay=wd, extra_scale_factor=conv.extra_scale_factor,
-                                nesterov_form=conv.nesterov_form, weight_decay_style=conv.weight_decay_style)
+                                nesterov_form=conv.nesterov_form, weight_decay_style=conv.weight_decay_style,
+                                bias_correction=conv.bias_correction, step=step_index)
             for w, g, mp in zip(weights, grads, momenta)]
     step = lr * refs[0].lr_scale
     factor = ortho_ref.muon.decay_factor(conv.weight_decay_style, lr=lr, weight_decay=wd, scale=refs[0].lr_scale)
@@ -139,6 +144,8 @@ def optimizer_mean_deviation(conv, *, weights: np.ndarray, momenta: np.ndarray, 
     var, bias = stat.ns_rounding_moments(sigma_hat, us, vs, table, ns_dtype)
     m_new = np.stack([r.momentum for r in refs]) if new_momenta is None else new_momenta
     w_mix = mu if conv.nesterov else 1.0
+    if conv.bias_correction:  # every mix term divided by at most 1 − μ^t
+        w_mix /= 1.0 - mu ** step_index
     inputs2 = 2.0 * (w_mix ** 2 * (m_new ** 2 + (mu * momenta) ** 2 + grads ** 2) + ns_in ** 2)
     o_ref = np.stack([r.update for r in refs])
     weights2 = weights ** 2 + new_weights ** 2 + 2.0 * (step * o_ref) ** 2
@@ -154,7 +161,8 @@ def optimizer_mean_deviation(conv, *, weights: np.ndarray, momenta: np.ndarray, 
         return row
     cause = _statistical_cause(conv, d_mean=d.mean(axis=0), kept=kept, thresholds=thresholds, weights=weights,
                                momenta=momenta, grads=grads, measured_update=measured_update, table=table,
-                               safety=safety, eps=eps, mu=mu, sigma_hat=sigma_hat.mean(axis=0), shape=(m, n))
+                               safety=safety, eps=eps, mu=mu, sigma_hat=sigma_hat.mean(axis=0), shape=(m, n),
+                               declared_in=ns_in)
     return with_cause(row, cause)
 
 
@@ -169,7 +177,7 @@ def _mean_deviation(update: np.ndarray, ns_in: np.ndarray, table, *, safety: flo
 
 
 def _statistical_cause(conv, *, d_mean, kept, thresholds, weights, momenta, grads, measured_update, table, safety, eps,
-                       mu, sigma_hat, shape) -> str:
+                       mu, sigma_hat, shape, declared_in=None) -> str:
     """One cause of a failing ``optimizer_mean_deviation`` row, ranked by how much of the
     deviation each candidate leaves (max over the tested directions of |mean deviation| /
     threshold after it; the row failed because the declared form leaves > 1):
@@ -178,7 +186,9 @@ def _statistical_cause(conv, *, d_mean, kept, thresholds, weights, momenta, grad
     one-parameter fits of the mean deviation (``map_candidates``: output scale = lr scale, with
     the one pair of known lr scales it matches; normalization scale = safety / eps; a coefficient).
     The candidate that leaves the least is named when it leaves ≤ 1 (within the statistics) or
-    less than a quarter of the declared form's; otherwise the deviation is described without a cause."""
+    less than a quarter of the declared form's; otherwise the deviation is described without a cause.
+    ``declared_in``: the declared Newton–Schulz inputs (J, m, n) when the caller has them (a
+    bias-corrected momentum needs the step index to rebuild them); None: rebuilt here."""
     from scipy.optimize import minimize_scalar
 
     def left(dev):  # (sum of squared ratios: the ranking; max ratio: whether it is explained)
@@ -187,7 +197,7 @@ def _statistical_cause(conv, *, d_mean, kept, thresholds, weights, momenta, grad
 
     base = left(d_mean)
     scores = []  # (sum of squares, max ratio, text, group)
-    declared_in = _ns_inputs(conv, weights, momenta, grads, mu)
+    declared_in = _ns_inputs(conv, weights, momenta, grads, mu) if declared_in is None else declared_in
     for label, _ in momentum_form_candidates(conv, grads[0], momenta[0], mu=mu, table=table, safety=safety, eps=eps):
         ns_alt = np.stack([dict(momentum_form_candidates(conv, g, mp, mu=mu, table=table, safety=safety,
                                                          eps=eps))[label] for g, mp in zip(grads, momenta)])

@@ -62,7 +62,8 @@ def _schedule(options: dict) -> tuple[np.ndarray, float, float]:
 
 
 def stage_reference(run: StageRun, options: dict, mu: float) -> ortho_ref.muon.MuonPipelineStep:
-    """``ortho_ref.muon.muon_pipeline_step`` of ``run`` with the Muon options ``options``."""
+    """``ortho_ref.muon.muon_pipeline_step`` of ``run`` with the Muon options ``options`` (a
+    bias-corrected momentum with ``bias_correction`` and the 1-based ``step``)."""
     table, safety, eps = _schedule(options)
     return ortho_ref.muon.muon_pipeline_step(
         run.weight, run.grad, run.momentum, lr=options["lr"], mu=mu, nesterov=options["nesterov"],
@@ -72,6 +73,7 @@ def stage_reference(run: StageRun, options: dict, mu: float) -> ortho_ref.muon.M
         cautious_weight_decay=options.get("cautious_weight_decay", False), normuon_variance=run.variance,
         nesterov_form=options.get("nesterov_form", "mix"),
         weight_decay_style=options.get("weight_decay_style", "decoupled"),
+        bias_correction=options.get("bias_correction", False), step=options.get("step"),
         **{k: options[k] for k in STAGE_KEYS if k in options})
 
 
@@ -144,7 +146,10 @@ def stage_map_errors(run: StageRun, options: dict, dtype: str, mu: float, ref=No
     side = ref_stages.equilibration_side(options.get("row_equilibration", False))
     if side is not None:
         _, u = ortho_ref.muon.momentum_update(run.grad, run.momentum, mu=mu, nesterov=options["nesterov"],
-                                              momentum_style=options["momentum_style"])
+                                              momentum_style=options["momentum_style"],
+                                              nesterov_form=options.get("nesterov_form", "mix"),
+                                              bias_correction=options.get("bias_correction", False),
+                                              step=options.get("step"))
         u0 = rounded(u, tdt)
         want = ref_stages.equilibrate(u0, side)
         got = as_float64(fast_stages.pre_orthogonalize([torch.tensor(u0, dtype=tdt)], equilibration=side)[0])
@@ -213,19 +218,21 @@ class StepInputs:
 
 
 def stage_step_rows(conv, inputs: StepInputs, after: tuple, *, lr: float, mu: float, wd: float, dtype: str,
-                    name: str) -> tuple[list[CheckResult], np.ndarray]:
+                    name: str, step: int | None = None) -> tuple[list[CheckResult], np.ndarray]:
     """``check_optimizer``'s rows for a step under ``MuonConventions`` that declare pipeline stages
     (``conv.has_stages``): the weight, momentum and NorMuon second moment ``after`` the step
     (float64; None for a state the conventions do not name) against
     ``ortho_ref.muon.muon_pipeline_step`` of ``inputs``, with ``stage_errors``' tolerances in
     ``dtype`` (the coarser of the parameters' and the Newton–Schulz dtype). A row whose tolerance
-    is not below what it compares claims nothing (as in ``check_muon_stages``).
+    is not below what it compares claims nothing (as in ``check_muon_stages``). ``step``: the
+    1-based step index, which a bias-corrected momentum (``conv.bias_correction``) needs.
     Returns (rows, the reference's momentum)."""
     options = dict(lr=lr, weight_decay=wd, nesterov=conv.nesterov, momentum_style=conv.momentum_style,
                    coefficients=conv.coefficients, ns_steps=conv.ns_steps, safety=conv.safety, eps=conv.eps,
                    eps_mode=conv.eps_mode, adjust_lr=conv.adjust_lr, extra_scale_factor=conv.extra_scale_factor,
                    cautious_weight_decay=conv.cautious_weight_decay, nesterov_form=conv.nesterov_form,
-                   weight_decay_style=conv.weight_decay_style, **conv.stage_kwargs())
+                   weight_decay_style=conv.weight_decay_style, bias_correction=conv.bias_correction, step=step,
+                   **conv.stage_kwargs())
     ref = stage_reference(inputs, options, mu)
     weight, momentum, variance = after
     errors = stage_errors(inputs, options, dtype, mu, weight, ref.momentum if momentum is None else momentum,

@@ -195,6 +195,10 @@ def _normuon_stage(state: dict, g1, shape, schedule, form, evidence) -> dict:
 
 
 def _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, stage_fields=None):
+    """(eps or None for the schedule's own, eps_mode, the momentum form): one step with ‖U‖_F = 1e-7 and
+    1e-8 under ``form``. An EMA form without Nesterov is also fitted bias-corrected (U₁ = M₁/(1−μ) = G,
+    1/(1−μ) times the plain U₁: only the normalization's eps sees the factor) and taken when the plain
+    form leaves more than its tolerance and the bias-corrected one does not."""
     shape = (16, 24)
     g = spectrum_matrix(shape, np.ones(16), rng)  # σ̂ = 1/4 each: eps moves every direction of f(σ̂) alike
     unit = fit.ns_inputs(form, [g], PROBE_MOMENTUM)[0]
@@ -206,7 +210,7 @@ def _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, stage_fie
         if run.error is not None or not np.all(np.isfinite(run.weights[-1][0])):
             evidence.append(Evidence("eps_mode", "clamp", math.inf, note="a gradient of norm ~1e-7 raised or gave "
                                      "NaN: eps not identified"))
-            return None, "clamp"
+            return None, "clamp", form
         us.append(fit.ns_inputs(form, [grad], PROBE_MOMENTUM)[0])
         outs.append(-run.weights[1][0] / (PROBE_LR * scale_fn(*shape)))
     predict = None
@@ -220,13 +224,25 @@ def _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, stage_fie
             return ortho_ref.muon.muon_pipeline_step(
                 np.zeros(shape), grads[i], np.zeros(shape), lr=1.0, mu=PROBE_MOMENTUM, nesterov=form["nesterov"],
                 momentum_style=form.get("momentum_style", "ema"), nesterov_form=form["nesterov_form"],
-                coefficients=schedule[1], safety=schedule[2], eps=eps, eps_mode=mode, adjust_lr=None,
+                bias_correction=form.get("bias_correction", False), step=1, coefficients=schedule[1],
+                safety=schedule[2], eps=eps, eps_mode=mode, adjust_lr=None,
                 normuon_beta2=None if dim is None else 0.9, normuon_dim=dim or "row", **fields).update
     ranked = fit.fit_eps(us, outs, schedule, dtype, predict=predict)
+    if form.get("momentum_style", "ema") == "ema" and not form["nesterov"] and not stage_fields:
+        corrected = {**form, "nesterov_form": "mix", "bias_correction": True}
+        grads = [u / k for u in us]  # U = k G from a zero state
+        alt = fit.fit_eps([fit.ns_inputs(corrected, [g_], PROBE_MOMENTUM)[0] for g_ in grads], outs, schedule, dtype)
+        use = ranked[0][0] > 1 >= alt[0][0]
+        evidence.append(Evidence("bias_correction", use, (alt if use else ranked)[0][0], not use,
+                                 (ranked if use else alt)[0][0], 1.0,
+                                 "without Nesterov U_1 = M_1/(1 - mu) = G bias-corrected, (1 - mu) G plain: the eps "
+                                 "probe's best (eps, mode) under each; error / ns_tolerance"))
+        if use:
+            form, ranked = corrected, alt
     evidence.append(_evidence("eps_mode", ranked, "one step with ‖U‖_F = 1e-7 and 1e-8: ns_map with each (eps, "
                               "mode) vs the update; error / ns_tolerance"))
     eps, mode = ranked[0][1]
-    return (None if ranked[0][2]["default"] else eps), mode
+    return (None if ranked[0][2]["default"] else eps), mode, form
 
 
 def _decay_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, differences):
@@ -406,7 +422,7 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     if staged is not None:
         schedule, mode, factor, stage_fields = staged
         stages = {**stages, **stage_fields}  # the side from the replay (by_shape), beta2 and key from the state
-    eps, eps_mode = _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, stage_fields)
+    eps, eps_mode, form = _eps_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, stage_fields)
     decay = _decay_probe(prober, rng, schedule, scale_fn, form, dtype, evidence, differences)
     cautious = decay != "l2" and _cautious_probe(prober, rng, schedule, scale_fn, decay, evidence)
     dtypes = _dtypes(prober, rng)
@@ -416,6 +432,7 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     evidence.append(Evidence("side_effects", tuple(allowed), 0.0, note="p.grad and state after a step (not accepted: "
                              "the judge's verdict names them; the snippet says how to accept them)"))
     conv = MuonConventions(momentum_style=style, nesterov=form["nesterov"], nesterov_form=form["nesterov_form"],
+                           bias_correction=form.get("bias_correction", False),
                            coefficients=schedule[0], eps=eps, eps_mode=eps_mode, adjust_lr=mode,
                            safety=None if schedule[2] == ortho_ref.SCHEDULES[schedule[0]].safety else schedule[2],
                            extra_scale_factor=factor, ns_dtype=getattr(torch, dtype), momentum_state_key=key,

@@ -146,7 +146,10 @@ def fit_scale(shapes, scales, declared: float | None = None) -> list:
 
 def momentum_candidates(styles) -> list[tuple[str, dict]]:
     """(label, fields) of the momentum forms: per style, no Nesterov, the mix, and for EMA the
-    full-gradient form U = G + μM_ema."""
+    full-gradient form U = G + μM_ema and the bias-corrected mix (optax ``contrib.muon``:
+    U_t = μ·M_t/(1−μ^(t+1)) + (1−μ)·G_t/(1−μ^t), ``bias_correction``). The bias-corrected form without
+    Nesterov, U_t = M_t/(1−μ^t), is left out: it is the plain EMA's direction, scaled, which the
+    normalization removes (only eps could tell them apart)."""
     out = []
     for style in styles:
         out.append((f"{style}, no nesterov", dict(momentum_style=style, nesterov=False, nesterov_form="mix")))
@@ -154,19 +157,23 @@ def momentum_candidates(styles) -> list[tuple[str, dict]]:
         if style == "ema":
             out.append(("ema, nesterov full_grad (G + mu M)", dict(momentum_style=style, nesterov=True,
                                                                      nesterov_form="full_grad")))
+            out.append(("ema, nesterov mix, bias-corrected", dict(momentum_style=style, nesterov=True,
+                                                                    nesterov_form="mix", bias_correction=True)))
     return out
 
 
 def ns_inputs(fields: dict, grads, mu: float, weight_grads=None) -> list[np.ndarray]:
-    """The Newton–Schulz inputs U of each step from a zero momentum under the momentum ``fields``;
-    ``weight_grads``: an extra term added to each gradient (l2)."""
+    """The Newton–Schulz inputs U of each step from a zero momentum under the momentum ``fields``
+    (``bias_correction`` with the 1-based step index of each); ``weight_grads``: an extra term added
+    to each gradient (l2)."""
     m = np.zeros_like(grads[0])
     out = []
     for t, g in enumerate(grads):
         g = g if weight_grads is None else g + weight_grads[t]
         m, u = ortho_ref.muon.momentum_update(g, m, mu=mu, nesterov=fields["nesterov"],
                                               momentum_style=fields["momentum_style"],
-                                              nesterov_form=fields["nesterov_form"])
+                                              nesterov_form=fields["nesterov_form"],
+                                              bias_correction=fields.get("bias_correction", False), step=t + 1)
         out.append(u)
     return out
 

@@ -40,6 +40,7 @@ def _predictions(grads, combo, schedule, eps_mode, form, mu):
         step = ortho_ref.muon.muon_pipeline_step(
             np.zeros_like(g), g, np.zeros_like(g), lr=1.0, mu=mu, nesterov=form["nesterov"],
             momentum_style=form.get("momentum_style", "ema"), nesterov_form=form["nesterov_form"], coefficients=table,
+            bias_correction=form.get("bias_correction", False), step=1,
             safety=safety, eps=eps, eps_mode=eps_mode, adjust_lr=None, row_equilibration=eq, renormalize=renorm,
             normuon_beta2=None if dim is None else 0.9, normuon_dim=dim or "row")
         out.append(step.update)
