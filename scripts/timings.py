@@ -9,12 +9,12 @@ the child, ``resource.getrusage(RUSAGE_CHILDREN)``: less affected by other proce
 machine) per command, the phases and seconds per check from each run's report.json.
 
     python scripts/timings.py                  # measure and print the JSON
-    python scripts/timings.py --write-docs     # and rewrite the marked regions and verify/measured.py
+    python scripts/timings.py --write-docs     # and rewrite the marked regions and verify/timings.json
     python scripts/timings.py --only reproduce_quick --write-docs   # one command; the others kept
 
 ``--write-docs`` replaces the text between ``<!-- timings:NAME:start -->`` and
 ``<!-- timings:NAME:end -->`` in README.md and docs/*.md with ``render(timings)[NAME]``, and writes
-``verify/measured.py`` (the numbers ``ortho-verify --help`` quotes). No timing in those files is typed
+``verify/timings.json`` (the numbers ``ortho-verify --help`` quotes). No timing in those files is typed
 by hand: tests/test_timings_doc.py checks that the regions exist and that the writer round-trips.
 Run time: about 2 minutes plus the test suite (5 minutes) on 2 CPU cores.
 """
@@ -26,7 +26,6 @@ import datetime
 import json
 import os
 import platform
-import pprint
 import re
 import resource
 import subprocess
@@ -38,8 +37,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: Files whose marked regions ``--write-docs`` rewrites.
 DOC_FILES = ("README.md", "docs/verification.md", "docs/tolerances.md")
-#: The generated module with the numbers of ``ortho-verify --help`` (``ortho_verify.measured``).
-MEASURED_MODULE = ROOT / "verify" / "measured.py"
+#: The generated data file with the numbers of ``ortho-verify --help`` (read by ``ortho_verify.measured``).
+MEASURED_FILE = ROOT / "verify" / "timings.json"
+#: A run's temporary folders, which the data file writes as ``$TMP`` (no machine path ships).
+TEMPORARY = re.compile(r"/\S*?/ortho-timings-[A-Za-z0-9_]+")
 START, END = "<!-- timings:{}:start -->", "<!-- timings:{}:end -->"
 REGION = re.compile(r"<!-- timings:([a-z0-9-]+):start -->(.*?)<!-- timings:([a-z0-9-]+):end -->", re.S)
 #: (key, label, ortho-verify arguments, fresh gradient cache) in the order they run.
@@ -258,15 +259,22 @@ def regions_of(text: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in REGION.finditer(text)}
 
 
-def module_text(t: dict) -> str:
-    """The source of ``verify/measured.py``: the measurement as a dict literal."""
-    return ('"""Timings of ``ortho-verify`` and the test suite, measured by ``python scripts/timings.py '
-            '--write-docs``\n(generated: do not edit; ``ortho-verify --help`` quotes them)."""\n\n'
-            f"TIMINGS: dict = {pprint.pformat(t, width=110, sort_dicts=False)}\n")
+def portable(value):
+    """``value`` (the measurement) with every temporary folder of the run written as ``$TMP``."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable(v) for v in value]
+    return TEMPORARY.sub("$TMP", value) if isinstance(value, str) else value
+
+
+def data_text(t: dict) -> str:
+    """The text of ``verify/timings.json``: the measurement, portable, as indented JSON."""
+    return json.dumps(portable(t), indent=1, ensure_ascii=False) + "\n"
 
 
 def write_docs(t: dict, root: Path = ROOT) -> list[Path]:
-    """Rewrite the marked regions of ``DOC_FILES`` under ``root`` and ``verify/measured.py``; the changed paths."""
+    """Rewrite the marked regions of ``DOC_FILES`` under ``root`` and ``verify/timings.json``; the changed paths."""
     regions, changed = render(t), []
     for name in DOC_FILES:
         path = root / name
@@ -275,25 +283,25 @@ def write_docs(t: dict, root: Path = ROOT) -> list[Path]:
         if new != text:
             path.write_text(new)
             changed.append(path)
-    module = root / MEASURED_MODULE.relative_to(ROOT)
-    module.write_text(module_text(t))
-    return changed + [module]
+    data = root / MEASURED_FILE.relative_to(ROOT)
+    data.write_text(data_text(t))
+    return changed + [data]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write-docs", action="store_true", help="rewrite the marked regions and verify/measured.py")
+    parser.add_argument("--write-docs", action="store_true", help="rewrite the marked regions and verify/timings.json")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--skip-pytest", action="store_true",
-                       help="do not run the test suite (keep its previous measurement from verify/measured.py)")
+                       help="do not run the test suite (keep its previous measurement from verify/timings.json)")
     which.add_argument("--pytest-only", action="store_true",
-                       help="run only the test suite; keep the other measurements from verify/measured.py")
+                       help="run only the test suite; keep the other measurements from verify/timings.json")
     which.add_argument("--only", metavar="KEYS",
                        help="measure only these commands (comma-separated; of "
-                            f"{', '.join(k for k, *_ in REPRODUCE_RUNS)}) and keep the others from verify/measured.py")
+                            f"{', '.join(k for k, *_ in REPRODUCE_RUNS)}) and keep the others from verify/timings.json")
     which.add_argument("--from-json", type=Path, metavar="FILE",
                        help="measure nothing: take the measurement this script printed to FILE (the test suite's "
-                            "from verify/measured.py when FILE has none)")
+                            "from verify/timings.json when FILE has none)")
     args = parser.parse_args(argv)
     from ortho_verify.measured import TIMINGS as previous
     if args.only:
@@ -305,11 +313,11 @@ def main(argv: list[str] | None = None) -> int:
         t = json.loads(args.from_json.read_text())
         if "pytest" not in t["commands"] and "pytest" in previous.get("commands", {}):
             t["commands"]["pytest"] = previous["commands"]["pytest"]
-    elif args.pytest_only:  # the other commands' numbers stay; with none yet, only verify/measured.py is written
+    elif args.pytest_only:  # the other commands' numbers stay; with none yet, only verify/timings.json is written
         t = {**previous, "commands": {**previous.get("commands", {}), "pytest": measure_pytest()}}
         if "default_first" not in t["commands"]:
             print(json.dumps(t, indent=1))
-            MEASURED_MODULE.write_text(module_text(t))
+            MEASURED_FILE.write_text(data_text(t))
             return 1 if t["commands"]["pytest"]["rc"] else 0
     else:
         t = measure(args.skip_pytest, previous)
