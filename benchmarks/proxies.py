@@ -72,7 +72,7 @@ def measure(factory, d: int, layers: int, min_run_time: float, time: bool = True
         opt.step()
     with CountOps(skip_products=not time) as counter:
         opt.step()
-    workspace = getattr(opt, "workspace_nbytes", None)  # Muon / NorMuon
+    workspace = getattr(opt, "workspace_nbytes", getattr(getattr(opt, "_runner", None), "workspace_nbytes", None))
     entries = sum(p.numel() for p in params)
     return {"ops": counter.ops, "aten ops": counter.aten_ops, "first peak": first.peak, "later peak": counter.peak,
             "allocated": counter.allocated, "workspace": workspace, "launches": counter.launches,
