@@ -1,13 +1,14 @@
 """The CPU proxy of a GPU step's kernel launches, bytes moved and memory: ``CountOps``, a
 ``TorchDispatchMode`` counting compute (non-view) aten operations as the CUDA kernel launches they
-would make (``cuda_launches``: one per operation, plus the copy of ``self`` inside ``addmm`` /
-``baddbmm``; a ``_foreach`` operation off torch's fast path one per tensor, on it one per
-``multi_tensor_apply`` launch), the bytes every operation other than a matrix product reads and
-writes in device memory (``op_bytes``), the bytes their allocating calls return, and the peak of
-the bytes those allocations keep alive. One counter for ``benchmarks/proxies.py`` (prints the
-counts) and ``tests/ortho_fast/test_op_counts.py`` / ``tests/ortho_fast/test_step_memory.py`` /
-``tests/ortho_fast/test_launch_rule.py`` / ``tests/ortho_fast/test_byte_rule.py`` (bound and test
-them); it needs torch only. The cost model these feed: docs/performance.md, "The cost model".
+would make (``cuda_launches``: one per operation, except a ``_foreach`` operation off torch's fast
+path, one per tensor; ``full_launches`` adds the copy of ``self`` inside ``addmm`` / ``baddbmm`` and
+the split of a fast ``_foreach`` call into ``multi_tensor_apply`` launches), the bytes every
+operation other than a matrix product reads and writes in device memory (``op_bytes``), the bytes
+their allocating calls return, and the peak of the bytes those allocations keep alive. One counter
+for ``benchmarks/proxies.py`` (prints the counts) and the tests that bound and test them
+(tests/ortho_fast/test_op_counts.py, test_launch_rule.py, test_byte_rule.py,
+test_dion2_memory.py); it needs torch only. The cost model these feed: docs/performance.md, "Bytes
+and the cost model".
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
-"""CPU proxies of the GPU step, side by side with torch.optim.Muon: compute (non-view)
-aten operations per step counted as the kernel launches of the eager GPU step (a ``_foreach``
-operation off torch's CUDA fast path, such as one mixing dtypes, counts one per tensor:
-``_op_count.cuda_launches``; the plain operation count beside it), the peak extra memory of the
-first step (state and workspace created then) and of a later one (the peak of the bytes the
-step's allocations keep alive: the analogue of ``torch.cuda.max_memory_allocated`` minus the memory
-before the step, benchmarks/gpu.py's column), bytes allocated per step (in-place and ``out=``
-writes allocate nothing), the workspace the optimizer keeps between steps, the launches with the
-copy of ``self`` inside ``addmm`` / ``baddbmm`` and the ``multi_tensor_apply`` split of a fast
-``_foreach`` call (``_op_count.full_launches``, H100 / H200 tables), the bytes every operation but
-the matrix products reads and writes per parameter entry (``_op_count.op_bytes``; the cost model:
-docs/performance.md, "The cost model"), and the CPU time of a step, over the 48 matrices of 12 GPT blocks (fused QKV (3d, d), proj (d, d), MLP up (4d, d), MLP
-down (d, 4d); fp32 parameters).
+"""CPU proxies of the GPU step, side by side with torch.optim.Muon: compute (non-view) aten operations
+per step counted as the kernel launches of the eager GPU step (a ``_foreach`` operation off torch's
+CUDA fast path, such as one mixing dtypes, counts one per tensor: ``_op_count.cuda_launches``; the
+plain operation count beside it), the peak extra memory of the first step (state and workspace
+created then) and of a later one (the peak of the bytes the step's allocations keep alive: the
+analogue of ``torch.cuda.max_memory_allocated`` minus the memory before the step,
+benchmarks/gpu.py's column), bytes allocated per step (in-place and ``out=`` writes allocate
+nothing), the workspace the optimizer keeps between steps, the launches with the copy of ``self``
+inside ``addmm`` / ``baddbmm`` and the ``multi_tensor_apply`` split of a fast ``_foreach`` call
+(``_op_count.full_launches``, H100 / H200 tables), the bytes every operation but the matrix products
+reads and writes per parameter entry (``_op_count.op_bytes``; the cost model: docs/performance.md,
+"Bytes and the cost model"), and the CPU time of a step, over the 48 matrices of 12 GPT blocks
+(fused QKV (3d, d), proj (d, d), MLP up (4d, d), MLP down (d, 4d); fp32 parameters).
 
 Counts are taken under a ``TorchDispatchMode`` (``_op_count.CountOps``); operations in the second
 step. Below d ≈ 600 (12 blocks) each shape group is one chunk (the workspace floor,
@@ -76,7 +76,8 @@ def measure(factory, d: int, layers: int, min_run_time: float, time: bool = True
     entries = sum(p.numel() for p in params)
     return {"ops": counter.ops, "aten ops": counter.aten_ops, "first peak": first.peak, "later peak": counter.peak,
             "allocated": counter.allocated, "workspace": workspace, "launches": counter.launches,
-            "bytes": counter.bytes / entries, "copies": counter.gemm_copies, "seconds": median_seconds(opt.step, min_run_time) if time else None}
+            "bytes": counter.bytes / entries, "copies": counter.gemm_copies,
+            "seconds": median_seconds(opt.step, min_run_time) if time else None}
 
 
 def main() -> None:
@@ -104,12 +105,14 @@ def main() -> None:
         mb = lambda key: f"{m[key] / 2**20:.2f}"
         costs.append([name, str(m["ops"]), str(m["launches"]), ratio("launches"), str(m["copies"]),
                       f"{m['bytes']:.1f}", ratio("bytes")])
-        rows.append([name, str(m["ops"]), ratio("ops"), str(m["aten ops"]), mb("first peak"), ratio("first peak"), mb("later peak"),
+        rows.append([name, str(m["ops"]), ratio("ops"), str(m["aten ops"]), mb("first peak"), ratio("first peak"),
+                     mb("later peak"),
                      ratio("later peak"), mb("allocated"), ratio("allocated"),
                      "-" if m["workspace"] is None else mb("workspace"), ms, ratio("seconds") if m["seconds"] else "-"])
     print_table(f"One step over {4 * args.layers} GPT matrices, d = {args.d} (ours / torch: ÷ torch.optim.Muon; "
                 "peak: extra bytes kept alive at once, the first step with its state and workspace)",
-                ["optimizer", "launches", "ours / torch", "compute ops", "1st step peak MB", "ours / torch", "later peak MB",
+                ["optimizer", "launches", "ours / torch", "compute ops", "1st step peak MB", "ours / torch",
+                 "later peak MB",
                  "ours / torch", "later allocated MB", "ours / torch", "workspace MB", "ms / step", "ours / torch"],
                 rows)
     print_table(f"Launches and bytes of one step, d = {args.d}, {4 * args.layers} matrices (launches: one per "

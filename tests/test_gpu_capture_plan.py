@@ -18,7 +18,8 @@ import torch
 import ortho_fast.functional.muon as functional_muon
 from ortho_fast.functional import stacked
 
-_SPEC = importlib.util.spec_from_file_location("gpu_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py")
+_SPEC = importlib.util.spec_from_file_location(
+    "gpu_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py")
 gpu = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(gpu)
 

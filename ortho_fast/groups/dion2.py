@@ -27,7 +27,8 @@ from ..validation import (FiniteCheck, check_choice, check_count, check_filled, 
 from .driver import GroupRunner
 
 __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options", "check_dion2_step",
-           "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks", "dion2_small_nbytes", "dion2_group_step", "dion2_matrix_shape", "matrices", "normalize_dion2_group",
+           "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks", "dion2_small_nbytes", "dion2_group_step",
+           "dion2_matrix_shape", "matrices", "normalize_dion2_group",
            "resolve_dion2_options", "write_back"]
 
 #: Every key of a Dion2 param group with its default: microsoft/dion ``Dion2``'s defaults
