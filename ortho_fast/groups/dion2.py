@@ -200,8 +200,10 @@ def dion2_budget(params: list[torch.Tensor], options: Dion2Options) -> int:
     momentum (torch.optim.Muon's state for the same parameters) and torch.optim.Muon's
     temporaries for its largest matrix."""
     state = sum(p.numel() * p.element_size() for p in params)
-    temporaries = max((stacked_math.torch_temporaries_nbytes(*dion2_matrix_shape(p.shape, options.flatten), p.dtype)
-                       for p in params), default=0)
+    temporaries = 0  # (no max(..., default=): torch.compile does not take it)
+    for p in params:
+        temporaries = max(temporaries, stacked_math.torch_temporaries_nbytes(
+            *dion2_matrix_shape(p.shape, options.flatten), p.dtype))
     return stacked_math.workspace_budget(state, temporaries)
 
 
@@ -244,8 +246,9 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None, wo
         largest[device] = max(largest.get(device, 0), dion2_chunk_nbytes(
             len(chunks[0]) * matrices_per(shape, options.flatten), m, n, k, rows, p.dtype,
             options.compute_dtype or p.dtype))
-    for device, nbytes in largest.items():
-        workspace.reserve(nbytes, device)
+    if not torch.compiler.is_compiling():  # under torch.compile every request is a fresh buffer
+        for device, nbytes in largest.items():
+            workspace.reserve(nbytes, device)
     for shape, chunks in plans:
         for chunk in chunks:
             _chunk_step(chunk, shape, state, options, workspace)
