@@ -27,7 +27,7 @@ from ..validation import (FiniteCheck, check_choice, check_count, check_filled, 
 from .driver import GroupRunner
 
 __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options", "check_dion2_step",
-           "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks", "dion2_small_nbytes", "dion2_group_step",
+           "LAUNCH_BYTES", "batched_update_pays", "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks", "dion2_small_nbytes", "dion2_group_step",
            "dion2_matrix_shape", "matrices", "normalize_dion2_group",
            "resolve_dion2_options", "write_back"]
 
@@ -254,6 +254,24 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None, wo
             _chunk_step(chunk, shape, state, options, workspace)
 
 
+#: The device-memory bytes one kernel launch weighs in the cost model of docs/performance.md
+#: ("Bytes and the cost model"): τ·W with τ = 4.5 µs of host time per eager launch and W = 3.35 TB/s
+#: (H100 SXM HBM3), about 15 MB: a batched form that saves one launch pays where it moves fewer
+#: extra bytes than that.
+LAUNCH_BYTES = 15 << 20
+
+
+def batched_update_pays(stack: torch.Tensor, sub: torch.Tensor) -> bool:
+    """Whether the batched sparse update of a chunk (``fill_`` of the (c, m, n) stack, one
+    ``scatter_`` of the selected slices, one ``_foreach_add_`` of the stack: 3 launches) costs less
+    than one ``scatter_add_`` per matrix (c launches) by ``LAUNCH_BYTES``: the batched form reads and
+    writes the whole stack (the fill writes it, the add reads it and the weights and writes the
+    weights: 4 passes), the per-matrix form only the selected slices (one more read of them)."""
+    launches_saved = stack.shape[0] - 3
+    extra_bytes = (4 * stack.numel() - sub.numel()) * stack.element_size()
+    return launches_saved * LAUNCH_BYTES >= extra_bytes
+
+
 def _chunk_step(params: list[torch.Tensor], shape, state, options: Dion2Options, workspace) -> None:
     """``dion2_group_step`` on one chunk of parameters of one shape, dtype and device."""
     m, n = dion2_matrix_shape(shape, options.flatten)
@@ -292,11 +310,13 @@ def _chunk_step(params: list[torch.Tensor], shape, state, options: Dion2Options,
             torch.mul(ortho, -options.lr * scale, out=sub)
     else:
         delta = ortho.to(weights[0].dtype) * (-options.lr * scale)
-    if len(weights) > 1 and b.dtype == delta.dtype:  # W[S] -= lr·s·O_S for the batch: three launches, not k
+    if len(weights) > 1 and b.dtype == delta.dtype and batched_update_pays(b, sub):
+        # W[S] -= lr·s·O_S for the batch: three launches, not one per matrix
         b.fill_(-0.0)  # the stack is copied back already; w + (-0.0) is w, bit for bit
         b.scatter_(-2 if rows else -1, dion2_math.expand_indices(indices, b, rows), delta)
         torch._foreach_add_(weights, list(b.unbind(0)))
-    else:  # one matrix, or a stack of another dtype than the update: one scatter_add_ per matrix
+    else:  # one matrix, a stack of another dtype than the update, or a chunk whose bytes outweigh its
+        # launches (``batched_update_pays``): one scatter_add_ per matrix, the same bits
         for j, w in enumerate(weights):
             w.scatter_add_(-2 if rows else -1, dion2_math.expand_indices(indices[j], w, rows), delta[j])
     for p, w in zip(params, weights):
