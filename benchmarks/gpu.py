@@ -25,8 +25,12 @@ Sections (every ratio from timings taken in this one process, one after the othe
 4. Gram against standard Newton–Schulz at aspect ratios 4–16: float32 against float32, and float16
    Gram (``gram=True, dtype=torch.float16``) against the default bfloat16 standard steps; then a
    Dion2 step (d = 1024, 24 layers) with each (its selected submatrices have aspect ratios 4–16).
-5. CUDA graph: Muon / NorMuon / Dion2 with ``check_finite=False`` captured with
-   ``torch.cuda.graph`` after warm-up, replayed, compared bit for bit with an eager twin.
+5. CUDA graph: Muon / NorMuon / Dion2 and a HybridOptimizer (a stacked Muon group, capturable
+   AdamW, Lion) with ``check_finite=False`` (and ``capturable=True`` where an optimizer takes it)
+   captured with ``torch.cuda.graph`` after warm-up at d = 256 × 6 layers with the workspace floor
+   off (every chunk and round path runs: ``CAPTURE_SIZE``), the lr changed before every replay as a
+   scheduler would, compared bit for bit with an eager twin given the same lr changes (and with
+   one whose lr never changed: a graph that replays its captured lr matches that one).
 """
 
 from __future__ import annotations
@@ -237,31 +241,96 @@ def dion2_gram_rows(device, clock, args, note: str) -> None:
           ["kernel", "ms / step", "speed-up over the default"], rows)
 
 
+#: The capture check's model: d × layers of GPT blocks, with the workspace floor off
+#: (``stacked.MIN_WORKSPACE_BYTES = 0``) so that, at a size a capture takes seconds, every shape
+#: group is cut into several chunks and the momentum, update and product rounds run, as above
+#: d ≈ 600 (tests/test_gpu_capture_plan.py checks that on the CPU).
+CAPTURE_SIZE = (256, 6)
+#: Replays of the captured step, each after the lr is changed (as a scheduler would).
+CAPTURE_REPLAYS = 4
+
+
+def capture_lrs(replays: int = CAPTURE_REPLAYS) -> list[float]:
+    """The lr of each step of the capture check: the warm-up / capture step's, then a new one per
+    replay (a decay of 15% a step, every value distinct)."""
+    return [0.02 * (1 - 0.15 * t) for t in range(replays + 1)]
+
+
+def _capture_kw(cls) -> dict:
+    """``check_finite=False``, and ``capturable=True`` where the optimizer takes it (lr, weight
+    decay and momentum then live on the device, and a captured graph follows their changes)."""
+    import inspect
+
+    kw = {"check_finite": False}
+    if "capturable" in inspect.signature(cls).parameters:
+        kw["capturable"] = True
+    return kw
+
+
+def capture_plan(device) -> tuple[list[torch.Tensor], int, dict]:
+    """The capture check's parameters and optimizers: the ``CAPTURE_SIZE`` GPT matrices (drawn
+    on the CPU, seed 1, then moved) followed by four vectors (LayerNorm-like weights, for the
+    HybridOptimizer's AdamW and Lion groups), the number of matrices, and name -> builder(params)
+    (Muon, NorMuon and Dion2 over the matrices; HybridOptimizer with the matrices in one stacked
+    Muon group, capturable AdamW and Lion on the vectors)."""
+    d, layers = CAPTURE_SIZE
+    shapes = gpt_shapes(d, layers)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    weights = [torch.randn(s, generator=gen).to(device) for s in shapes]
+    weights += [1 + 0.1 * torch.randn(d, generator=gen).to(device) for _ in range(4)]
+    k = len(shapes)
+    builders = {
+        "Muon": lambda ps: ortho_fast.Muon(ps[:k], lr=0.02, **_capture_kw(ortho_fast.Muon)),
+        "NorMuon": lambda ps: ortho_fast.NorMuon(ps[:k], lr=0.02, **_capture_kw(ortho_fast.NorMuon)),
+        "Dion2": lambda ps: ortho_fast.Dion2(ps[:k], lr=0.02, **_capture_kw(ortho_fast.Dion2)),
+        # AdamW's bias corrections read host-side step counters unless its group is capturable
+        "HybridOptimizer (stacked Muon + capturable AdamW + Lion)": lambda ps: ortho_fast.HybridOptimizer(
+            [{"params": ps[:k], "algorithm": "muon", "lr": 0.02},
+             {"params": ps[k:k + 2], "algorithm": "adamw", "capturable": True, "lr": 0.02},
+             {"params": ps[k + 2:], "algorithm": "lion", "lr": 0.02}], **_capture_kw(ortho_fast.HybridOptimizer)),
+    }
+    return weights, k, builders
+
+
+def set_lr(opt, lr: float) -> None:
+    """Every group's lr set to ``lr``: written into a tensor lr (what a captured graph reads),
+    assigned where it is a float."""
+    for group in opt.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
 def graph_section(device, args) -> None:
     if device.type != "cuda":
         table("CUDA graph capture of the step (check_finite=False)", ["optimizer", "result"],
               [["all", "n/a: no CUDA device (dry run)"]])
         return
-    d, layers = (256, 2)
-    shapes = gpt_shapes(d, layers)
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    weights = [torch.randn(s, generator=gen).to(device) for s in shapes]
-    grads = [[torch.randn(s, generator=gen).to(device) for s in shapes] for _ in range(4)]
-    builders = {
-        "Muon": lambda ps: ortho_fast.Muon(ps, lr=0.02, check_finite=False),
-        "NorMuon": lambda ps: ortho_fast.NorMuon(ps, lr=0.02, check_finite=False),
-        "Dion2": lambda ps: ortho_fast.Dion2(ps, lr=0.02, check_finite=False),
-        # AdamW's bias corrections read host-side step counters unless its group is capturable
-        "HybridOptimizer (Muon + capturable AdamW + Lion)": lambda ps: ortho_fast.HybridOptimizer(
-            [{"params": ps[:-4], "algorithm": "muon"}, {"params": ps[-4:-2], "algorithm": "adamw", "capturable": True},
-             {"params": ps[-2:], "algorithm": "lion"}], check_finite=False),
-    }
+    from ortho_fast.functional import stacked
+
+    floor, stacked.MIN_WORKSPACE_BYTES = stacked.MIN_WORKSPACE_BYTES, 0
+    try:
+        rows = capture_rows(device)
+    finally:
+        stacked.MIN_WORKSPACE_BYTES = floor
+    d, layers = CAPTURE_SIZE
+    table(f"CUDA graph capture of the step (d = {d}, {layers} layers, workspace floor off, {CAPTURE_REPLAYS} "
+          "replays, the lr changed before each)", ["optimizer", "replay against eager (same lr changes)"], rows)
+
+
+def capture_rows(device) -> list[list[str]]:
+    weights, _, builders = capture_plan(device)
+    gen = torch.Generator(device="cpu").manual_seed(2)
+    lrs = capture_lrs()
+    grads = [[torch.randn(w.shape, generator=gen).to(device) for w in weights] for _ in lrs]
     rows = []
     for name, build in builders.items():
         try:
             eager_ps = [torch.nn.Parameter(w.clone()) for w in weights]
+            frozen_ps = [torch.nn.Parameter(w.clone()) for w in weights]  # eager, lr never changed
             graph_ps = [torch.nn.Parameter(w.clone()) for w in weights]
-            eager, captured = build(eager_ps), build(graph_ps)
+            eager, frozen, captured = build(eager_ps), build(frozen_ps), build(graph_ps)
             static = [torch.zeros_like(w) for w in weights]
             for p, s in zip(graph_ps, static):
                 p.grad = s
@@ -272,27 +341,32 @@ def graph_section(device, args) -> None:
                     s.copy_(g)
                 captured.step()
             torch.cuda.current_stream().wait_stream(side)
-            for p, g in zip(eager_ps, grads[0]):
-                p.grad = g.clone()
-            eager.step()
+            for twin, ps in ((eager, eager_ps), (frozen, frozen_ps)):
+                for p, g in zip(ps, grads[0]):
+                    p.grad = g.clone()
+                twin.step()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 captured.step()
-            for step_grads in grads[1:]:
+            for lr, step_grads in zip(lrs[1:], grads[1:]):
+                set_lr(captured, lr)
+                set_lr(eager, lr)
                 for s, g in zip(static, step_grads):
                     s.copy_(g)
                 graph.replay()
-                for p, g in zip(eager_ps, step_grads):
-                    p.grad = g.clone()
-                eager.step()
+                for twin, ps in ((eager, eager_ps), (frozen, frozen_ps)):
+                    for p, g in zip(ps, step_grads):
+                        p.grad = g.clone()
+                    twin.step()
             torch.cuda.synchronize()
             same = all(torch.equal(a, b) for a, b in zip(eager_ps, graph_ps))
             worst = max(float((a - b).norm() / b.norm()) for a, b in zip(eager_ps, graph_ps))
-            rows.append([name, "bitwise equal to eager" if same else f"differs: worst relative {worst:.1e}"])
+            stale = all(torch.equal(a, b) for a, b in zip(frozen_ps, graph_ps))
+            rows.append([name, "bitwise equal to eager" if same else
+                         f"differs: worst relative {worst:.1e}" + ("; replays the captured lr" if stale else "")])
         except Exception as err:  # report, do not stop the other sections
             rows.append([name, f"capture failed: {type(err).__name__}: {str(err).splitlines()[0][:160]}"])
-    table(f"CUDA graph capture of the step (check_finite=False, d = {d}, {layers} layers, 3 replays)",
-          ["optimizer", "replay against eager"], rows)
+    return rows
 
 
 def main(argv=None) -> None:

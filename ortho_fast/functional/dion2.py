@@ -18,7 +18,7 @@ import math
 import torch
 
 from .muon import adjusted_lr_scale
-from .newton_schulz import newton_schulz_resolved
+from .newton_schulz import newton_schulz_resolved, newton_schulz_stacked
 
 __all__ = ["DION2_ADJUST_LR_MODES", "SELECTION_SCOPES", "dion2_accumulate", "dion2_error_feedback",
            "dion2_gather", "dion2_lr_scale", "dion2_num_selected", "dion2_select", "dion2_select_rows",
@@ -91,7 +91,7 @@ def dion2_error_feedback(momentum: torch.Tensor, indices: torch.Tensor, selected
 
 
 def orthogonalize_selected(sub: torch.Tensor, table, *, safety: float, eps: float, compute_dtype: torch.dtype | None,
-                           precision: str | None = None, gram: bool | None = None) -> torch.Tensor:
+                           precision: str | None = None, gram: bool | None = None, workspace=None) -> torch.Tensor:
     """Newton–Schulz on the selected submatrices (..., k, n) or (..., m, k), X₀ = X / (safety·‖X‖_F
     + eps), computed and returned in ``compute_dtype`` (None: the submatrix's dtype; microsoft/dion
     casts the submatrix to bfloat16 and runs Polar Express on it). ``gram``: Gram Newton–Schulz on
@@ -99,9 +99,14 @@ def orthogonalize_selected(sub: torch.Tensor, table, *, safety: float, eps: floa
     for float32 / float64 compute from aspect ratio 2 (Dion2's default fraction 0.25 selects about
     a quarter of the short side: aspect ratio about 4 or more), True always (float16 is Dao AI
     Lab's gram-newton-schulz kernel, restarting before steps ``gram_restarts(T)``), False never.
-    A patch point (module docstring).
+    ``workspace``: an ``ortho_fast.functional.stacked.Workspace`` holding a 3-D batch's iterates
+    (``newton_schulz_stacked``'s; the result is then a view of it, valid until its next use; None:
+    allocated here). A patch point (module docstring; a planted replacement takes ``workspace``).
     Shapes: sub (..., k, n) or (..., m, k) -> the same shape, ``compute_dtype``."""
     dtype = sub.dtype if compute_dtype is None else compute_dtype
+    if workspace is not None and sub.ndim == 3:  # the same calls as newton_schulz_resolved's batch path
+        return newton_schulz_stacked([sub], table, safety=safety, eps=eps, eps_mode="add", compute_dtype=dtype,
+                                     precision=precision, gram=gram, workspace=workspace)[0]
     return newton_schulz_resolved(sub, table, safety=safety, eps=eps, eps_mode="add", compute_dtype=dtype,
                                   precision=precision, out_dtype=dtype, gram=gram)
 

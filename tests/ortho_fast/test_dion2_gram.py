@@ -89,7 +89,7 @@ def test_float16_gram_update_is_within_the_judge_gram_tolerance(shape, fraction,
     assert len(checked) == 2 and all(r.passed for r in checked), checked
 
 
-def _no_restart_kernel(sub, table, *, safety, eps, compute_dtype, precision=None, gram=None):
+def _no_restart_kernel(sub, table, *, safety, eps, compute_dtype, precision=None, gram=None, workspace=None):
     """A planted Dion2 kernel: our float16 Gram iteration with its restarts left out."""
     beta = power_of_two_scale(sub)
     x = frobenius_normalize_((sub / beta).to(compute_dtype), beta, safety, eps, "add")
