@@ -365,7 +365,8 @@ def _product_shell(func, args, kwargs):
         written = [args[i] if i < len(args) else kwargs[a.name] for i, a in enumerate(schema.arguments)
                    if a.alias_info is not None and a.alias_info.is_write]
         return written[0]
-    to_meta = lambda v: v.to("meta") if isinstance(v, torch.Tensor) else v
+    def to_meta(v):
+        return v.to("meta") if isinstance(v, torch.Tensor) else v
     shape = func(*[to_meta(a) for a in args], **{k: to_meta(v) for k, v in kwargs.items()})
     return torch.empty_strided(shape.shape, shape.stride(), dtype=shape.dtype, device=args[0].device).zero_()
 

@@ -124,8 +124,8 @@ def ns_flops(shapes) -> float:
     """Newton–Schulz multiply-adds ×2 of one Muon step (5 quintic steps on the small side)."""
     total = 0.0
     for m, n in shapes:
-        s, l = min(m, n), max(m, n)
-        total += 5 * (4 * s * s * l + 2 * s**3)
+        k, d = min(m, n), max(m, n)
+        total += 5 * (4 * k * k * d + 2 * k**3)
     return total
 
 

@@ -29,10 +29,10 @@ from __future__ import annotations
 import torch
 
 import ortho_fast
-from ortho_fast.functional import stacked
 from _common import median_seconds, parser, print_table, setup
 from _op_count import CountOps
 from gpu import optimizers
+from ortho_fast.functional import stacked
 
 
 def hybrid_gpt(params: list[torch.nn.Parameter]):
@@ -100,9 +100,11 @@ def main() -> None:
             continue
         m = measure(factory, args.d, args.layers, args.min_run_time, time=not args.no_time)
         ref = ref or m
-        ratio = lambda key: f"{m[key] / ref[key]:.2f}" if ref[key] else "-"
+        def ratio(key):
+            return f"{m[key] / ref[key]:.2f}" if ref[key] else "-"
         ms = "-" if m["seconds"] is None else f"{m['seconds'] * 1e3:.2f}"
-        mb = lambda key: f"{m[key] / 2**20:.2f}"
+        def mb(key):
+            return f"{m[key] / 2**20:.2f}"
         costs.append([name, str(m["ops"]), str(m["launches"]), ratio("launches"), str(m["copies"]),
                       f"{m['bytes']:.1f}", ratio("bytes")])
         rows.append([name, str(m["ops"]), ratio("ops"), str(m["aten ops"]), mb("first peak"), ratio("first peak"),

@@ -7,10 +7,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import muon_stages as stages
 from ._validate import as_coefficients, as_like, as_matrix, check_scalar
 from .coefficients import schedule
 from .ns_map import ns_map
-from . import muon_stages as stages
 from .polar import polar
 
 MOMENTUM_STYLES = ("ema", "classic")

@@ -100,3 +100,24 @@ def test_the_distribution_name_is_used_everywhere():
             if wrong.search(line)]
     assert not hits, hits
     assert "pip install 'ortho-optim[verify]'" in (ROOT / "docs" / "verification.md").read_text()
+
+
+#: Words about how the work was organized, not about the code (built from parts, so that this file
+#: does not match itself): an issue number, a pending marker, a former version, a past habit.
+PROCESS_WORDS = re.compile("|".join([r"\b" + "iss" + r"ue\s+#?\d+", "(?-i:PEND" + "ING)", "earlier " + "version",
+                                     r"\bused " + r"to\b(?! (?:rebuild|build|make|read|run|compute))",
+                                     "this " + "session", "session " + "had"]), re.IGNORECASE)
+
+
+def test_no_process_words_in_tracked_files():
+    """What a user or maintainer reads says what the code does, not how its work was organized."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    hits = []
+    for name in files:
+        path = ROOT / name
+        if path.suffix not in {".py", ".md", ".toml", ".txt", ".cfg", ".cff", ".in", ""} or not path.is_file():
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if PROCESS_WORDS.search(line):
+                hits.append(f"{name}:{i}: {line.strip()[:100]}")
+    assert not hits, "\n".join(hits)

@@ -6,8 +6,8 @@ committed measurement (``ortho_verify.measured``)."""
 from __future__ import annotations
 
 import copy
-import json
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 

@@ -91,7 +91,7 @@ class SpectralExample:
     def input_dtype(self) -> str:
         """The dtype the input tensor is given in: the kernel's own compute dtype (float64,
         float32 or bfloat16), so that a kernel that works in place or aliases its input in that
-        dtype is exercised as it runs in training (bfloat16 kernels used to get float32
+        dtype is exercised as it runs in training (bfloat16 kernels would otherwise get float32
         inputs, and a cast hid their aliasing)."""
         return self.dtype
 

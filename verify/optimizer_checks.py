@@ -16,15 +16,36 @@ import ortho_fast
 import ortho_ref
 from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.diagnoses import with_cause
-from ortho_verify.kernel_calls import check_seed
-from ortho_verify.checks.optimizer_statistics import (MIN_STATISTICAL_MATRICES, STATISTICAL_MATRICES,
-                                                      STATISTICAL_SHAPE, optimizer_mean_deviation, statistical_inputs)
+from ortho_verify.checks.optimizer_statistics import (
+    MIN_STATISTICAL_MATRICES,
+    STATISTICAL_MATRICES,
+    STATISTICAL_SHAPE,
+    optimizer_mean_deviation,
+    statistical_inputs,
+)
+from ortho_verify.conventions import (
+    DION,
+    ORTHO_MUON,
+    TORCH_MUON,
+    DionConventions,
+    MuonConventions,
+    coarser_dtype,
+    dtype_name,
+    table_and_normalization,
+)
 from ortho_verify.devices import describe_device, device_label, resolve_device
-from ortho_verify.conventions import (DION, ORTHO_MUON, TORCH_MUON, DionConventions, MuonConventions, coarser_dtype,
-                                      dtype_name, table_and_normalization)
 from ortho_verify.identify.optimizer_kwargs import constructor_kwargs, split_name
-from ortho_verify.optimizer_steps import (DECAY_PROBE_SHAPE, buffer_rows, decay_probe_rows, dion_step_rows, flat_state,
-                                          has_state, muon_step_rows, state_value)
+from ortho_verify.kernel_calls import check_seed
+from ortho_verify.optimizer_steps import (
+    DECAY_PROBE_SHAPE,
+    buffer_rows,
+    decay_probe_rows,
+    dion_step_rows,
+    flat_state,
+    has_state,
+    muon_step_rows,
+    state_value,
+)
 from ortho_verify.results import VerificationReport, accept_side_effects, measured, user_frame
 from ortho_verify.spectra import matrix_with_spectrum
 
@@ -102,7 +123,8 @@ def _check_problem_arguments(shapes, cond) -> None:
     if not pairs:
         raise ValueError("shapes: expected at least one (m, n) pair, got none")
     for shape in pairs:
-        if len(shape) != 2 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1 for d in shape):
+        if len(shape) != 2 or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1
+                                      for d in shape):
             raise ValueError(f"shapes: expected (m, n) pairs of positive integers (one matrix parameter each), got "
                              f"{shape!r}")
     if isinstance(cond, bool) or not isinstance(cond, (int, float)) or not math.isfinite(cond) or cond < 1:
@@ -127,7 +149,8 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     exercised by default). After every step the gradient it was given must be unchanged
     (``gradient_unchanged``, tolerance 0: the algorithm reads G, it does not write it) and no state
     tensor may share storage with the parameter or its gradient (``state_not_aliased``); every
-    buffer the conventions declare is compared with the oracle's (below). Each step is compared from the optimizer's own state before it:
+    buffer the conventions declare is compared with the oracle's (below). Each step is compared from
+    the optimizer's own state before it:
     Muon: the update O = (W(1 − lr·wd) − W_new)/(lr·s) against ns_map(U) of ``ortho_ref.muon_step``
     (``compare_ns_output`` in the coarser of ns_dtype and param_dtype, with the weight's rounding
     as extra allowance; checks ``muon_update/...``) and the momentum buffer (``muon_momentum``);
@@ -189,8 +212,9 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     consumed_ok = "grad_consumed" in allowed
     allowed.discard("grad_consumed")
     accept_side_effects([], allowed)  # ValueError naming allow_side_effects
-    if statistical_matrices is not None and (isinstance(statistical_matrices, bool) or not isinstance(
-            statistical_matrices, int) or (statistical_matrices != 0 and statistical_matrices < MIN_STATISTICAL_MATRICES)):
+    if statistical_matrices is not None and (
+            isinstance(statistical_matrices, bool) or not isinstance(statistical_matrices, int)
+            or (statistical_matrices != 0 and statistical_matrices < MIN_STATISTICAL_MATRICES)):
         raise ValueError(f"statistical_matrices: expected None, 0 or an integer >= {MIN_STATISTICAL_MATRICES}, "
                          f"got {statistical_matrices!r}")
     stat_shape = STATISTICAL_SHAPE if statistical_shape is None else tuple(statistical_shape)
@@ -275,7 +299,8 @@ def _run(optimizer, conventions, *, lr, momentum, weight_decay, steps, param_dty
         return [_raised_row(err, f"{labels[0]} step 1" if labels else f"constructor{suffix}",
                             f"optimizer(params, ...) in {pdt}")], {}
     report_inputs = {f"{label} step {t + 1}": ({"weight0": w0, **{f"grad{i + 1}": g for i, g in enumerate(gs)}},
-                                               f"ortho_verify.api.optimizer_inputs({tuple(shapes)}, {steps}, {cond}, {seed})"
+                                               f"ortho_verify.api.optimizer_inputs({tuple(shapes)}, {steps}, "
+                                               f"{cond}, {seed})"
                                                "  # replay: ortho_verify.replay_example(optimizer, failure, "
                                                "conventions=...)")
                      for label, (w0, gs) in zip(labels, inputs) for t in range(steps)}

@@ -13,14 +13,18 @@ import numpy as np
 import torch
 
 import ortho_ref
-from ortho_verify import error_feedback
-from ortho_verify import tolerances as tol
+from ortho_verify import error_feedback, tolerances as tol
 from ortho_verify.arrays import as_float64 as _as_f64
 from ortho_verify.checks.diagnoses import momentum_cause, momentum_form_candidates, with_cause
 from ortho_verify.checks.dion import dion_reference_rows, never_transposed_dion_step
 from ortho_verify.checks.newton_schulz import compare_ns_output
-from ortho_verify.conventions import (DionConventions, MuonConventions, coarser_dtype, dtype_name,
-                                      table_and_normalization)
+from ortho_verify.conventions import (
+    DionConventions,
+    MuonConventions,
+    coarser_dtype,
+    dtype_name,
+    table_and_normalization,
+)
 from ortho_verify.results import measured, no_claim
 
 __all__ = ["DECAY_PROBE_SHAPE", "buffer_rows", "decay_probe_rows", "dion_step_rows", "flat_state", "has_state",

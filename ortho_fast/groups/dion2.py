@@ -16,18 +16,26 @@ from typing import Mapping
 import torch
 
 from ..coefficients import resolve_coefficients, schedule_of
-from ..functional import dion2 as dion2_math
+from ..functional import dion2 as dion2_math, stacked as stacked_math
 from ..functional.dion2 import DION2_ADJUST_LR_MODES, SELECTION_SCOPES
 from ..functional.graph_scalars import foreach_scale_
-from ..functional import stacked as stacked_math
 from ..functional.newton_schulz import resolve_compute_dtype
-from .options import OptionsCache, check_gram_option
-from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper, local_tensor,
-                          check_param_shaped_state)
+from ..validation import (
+    FiniteCheck,
+    check_choice,
+    check_count,
+    check_filled,
+    check_grad,
+    check_hyper,
+    check_param_shaped_state,
+    local_tensor,
+)
 from .driver import GroupRunner
+from .options import OptionsCache, check_gram_option
 
 __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options", "check_dion2_step",
-           "LAUNCH_BYTES", "batched_update_pays", "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks", "dion2_small_nbytes", "dion2_group_step",
+           "LAUNCH_BYTES", "batched_update_pays", "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks",
+           "dion2_small_nbytes", "dion2_group_step",
            "dion2_matrix_shape", "matrices", "normalize_dion2_group",
            "resolve_dion2_options", "write_back"]
 
@@ -117,7 +125,8 @@ def normalize_dion2_group(group: dict) -> None:
     resolve_dion2_options(group)
     for i, p in enumerate(group["params"]):
         if not p.is_floating_point() or p.is_complex():
-            raise TypeError(f"params: Dion2 expects real floating-point parameters, got {p.dtype} ({_name(group, i, p)})")
+            raise TypeError(f"params: Dion2 expects real floating-point parameters, got {p.dtype} "
+                            f"({_name(group, i, p)})")
         if p.ndim < 2 or p.numel() == 0:
             raise ValueError(f"params: Dion2 expects non-empty matrix parameters (ndim >= 2), got shape "
                              f"{tuple(p.shape)} ({_name(group, i, p)})")
@@ -159,7 +168,8 @@ def dion2_chunk_nbytes(c: int, m: int, n: int, k: int, rows: bool, dtype: torch.
     ``compute_dtype`` stacks and the polynomial), each buffer aligned as ``stacked.Workspace``
     places it."""
     sub_m, sub_n = (k, n) if rows else (m, k)
-    align = lambda nbytes: -(-nbytes // stacked_math.ALIGN) * stacked_math.ALIGN
+    def align(nbytes):
+        return -(-nbytes // stacked_math.ALIGN) * stacked_math.ALIGN
     return (align(c * m * n * dtype.itemsize) + align(c * sub_m * sub_n * dtype.itemsize)
             + stacked_math.chunk_nbytes(c, sub_m, sub_n, None, compute_dtype))
 
@@ -182,8 +192,9 @@ def dion2_chunks(params: list[torch.Tensor], options: Dion2Options, budget: int 
     k = dion2_math.dion2_num_selected(options.fraction, m if rows else n)
     per = matrices_per(params[0].shape, options.flatten)
     dtype = params[0].dtype
-    cost = lambda c: (dion2_chunk_nbytes(c * per, m, n, k, rows, dtype, options.compute_dtype or dtype)
-                      + dion2_small_nbytes(c * per, m, n, k, rows, dtype))
+    def cost(c):
+        return (dion2_chunk_nbytes(c * per, m, n, k, rows, dtype, options.compute_dtype or dtype)
+                          + dion2_small_nbytes(c * per, m, n, k, rows, dtype))
     c = 1
     while c < len(params) and cost(c + 1) <= budget:
         c += 1

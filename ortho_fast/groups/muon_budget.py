@@ -11,8 +11,7 @@ import math
 
 import torch
 
-from ..functional import muon_stages as stage_math
-from ..functional import stacked as stacked_math
+from ..functional import muon_stages as stage_math, stacked as stacked_math
 from .muon_stages import variance_shape
 from .options import MuonOptions
 

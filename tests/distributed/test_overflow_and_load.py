@@ -168,6 +168,6 @@ def test_load_state_dict_with_a_nan_on_one_rank_raises_on_every_rank(results, op
 
 def test_runners_on_the_same_mesh_agree_once_on_load(results):
     """HybridOptimizer's Muon and Dion2 runners share ``distributed_mesh``: one all-reduce (tag
-    "load") per load, where each runner used to make its own."""
+    "load") per load, not one per runner."""
     assert all(out["hybrid load all-reduces"] == 1 for out in results), [out["hybrid load all-reduces"]
                                                                          for out in results]

@@ -1,6 +1,6 @@
 """Bad input to the optimizers' constructors, ``add_param_group`` and ``load_state_dict``: a clear
 error of the expected type whose message starts with the argument or key the user gave, and
-nothing changed — parameters, state and param groups compared deeply before and after (issue 26,
+nothing changed — parameters, state and param groups compared deeply before and after (
 "Checkpoints").
 
 The table covers every optimizer class (``Muon``, ``NorMuon``, ``Dion``, ``Dion2`` and

@@ -1,5 +1,5 @@
 """Bad input to the oracle (``ortho_ref``) and the judge (``ortho_verify``): a clear error naming the
-argument and what was expected, raised before any work (issue 26, the confusing messages)."""
+argument and what was expected, raised before any work (the messages that named nothing)."""
 
 from __future__ import annotations
 

@@ -97,7 +97,8 @@ def test_factories_and_products_move_no_counted_bytes():
     assert counted(lambda: torch.empty_like(a)).bytes == 0
     c = counted(lambda: torch.zeros_like(a))
     assert (c.bytes_read, c.bytes_written) == (0, nbytes(a))
-    products = lambda: (a @ a, torch.bmm(a[None], a[None]), torch.baddbmm(a[None], a[None], a[None], beta=0))
+    def products():
+        return (a @ a, torch.bmm(a[None], a[None]), torch.baddbmm(a[None], a[None], a[None], beta=0))
     assert counted(products).bytes == 0
 
 

@@ -252,7 +252,7 @@ def _compiled_run(name, *, when, backend, steps=3, seed=0):
 
 @pytest.mark.parametrize("name", ["muon", "muon_cautious", "normuon", "dion2", "dion", "hybrid"])
 def test_compiled_step_follows_a_scheduler_created_before_compiling(name):
-    """fullgraph with an LR scheduler created first (it used to wrap ``opt.step`` in a function dynamo
+    """fullgraph with an LR scheduler created first (a scheduler wraps ``opt.step`` in a function dynamo
     skips) and changing lr at every step: the AOT graph (aot_eager: inductor's input, without code
     generation) gives the eager step's values, and two graphs serve three steps — the first step's
     (no state yet) and one where lr is an input (an lr given as ``alpha=`` or a ``_foreach`` scalar

@@ -134,7 +134,7 @@ def test_dion_positional_and_keyword_names():
 
 
 @pytest.mark.parametrize("make, exc, key", [
-    (lambda: NorMuon(P, muon_beta2=1.0), ValueError, "muon_beta2"),  # the name the user gave (issue 26)
+    (lambda: NorMuon(P, muon_beta2=1.0), ValueError, "muon_beta2"),  # the name the user gave
     (lambda: NorMuon(P, normuon_beta2=None), ValueError, "normuon_beta2"),
     (lambda: NorMuon(P, normuon_beta2="0.9"), ValueError, "normuon_beta2"),
     (lambda: NorMuon(P, normuon_dim="neuron"), ValueError, "normuon_dim"),

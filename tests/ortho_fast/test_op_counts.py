@@ -5,7 +5,7 @@ the bytes of the tensors they allocate and the peak of the bytes those keep aliv
 ``TorchDispatchMode`` (``benchmarks/_op_count.py``) over the 48 matrices of 12 GPT blocks (fused
 QKV (3d, d), proj (d, d), MLP up (4d, d), MLP down (d, 4d)) at a small width d.
 
-The bounds are issue 23's: microsoft/dion's operation counts on the same 48 matrices in the second
+The bounds are microsoft/dion's operation counts on the same 48 matrices in the second
 step (Muon 262 before its compiled graphs fuse further, NorMuon 322, Dion2 466); torch.optim.Muon
 counts 1106 here (one 2-D call chain per matrix), which the first test pins so that the counter is
 known to count. Memory: the peak extra bytes of a Muon / NorMuon first step (state and workspace
@@ -33,9 +33,9 @@ _SPEC.loader.exec_module(_OP_COUNT)
 #: The counter benchmarks/proxies.py prints with (one definition for both).
 CountOps = _OP_COUNT.CountOps
 
-#: microsoft/dion's compute ops per step over the same 48 matrices (issue 23).
+#: microsoft/dion's compute ops per step over the same 48 matrices.
 BOUNDS = {"muon": 262, "muon_no_check": 262, "normuon": 322, "dion2": 466}
-#: A Muon / NorMuon step's peak extra memory over torch.optim.Muon's (issue 23).
+#: A Muon / NorMuon step's peak extra memory over torch.optim.Muon's.
 MEMORY_BOUND = 1.1
 
 
@@ -72,7 +72,7 @@ def second_step(name: str, **kw) -> tuple[CountOps, object]:
 
 def test_the_counter_counts_torch_muons_per_matrix_calls():
     """torch.optim.Muon: per matrix 5 steps × 3 products and 8 elementwise ops, plus its profiler
-    record: 1106 (issue 23's count), over every bound below."""
+    record: 1106 (torch.optim.Muon's count), over every bound below."""
     counter, _ = second_step("torch")
     assert counter.ops == 1106
     assert counter.ops > max(BOUNDS.values())

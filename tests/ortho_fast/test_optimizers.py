@@ -183,7 +183,7 @@ def test_bad_hyperparameters_raise_value_error(make, arg):
 
 def test_unknown_schedule_error_is_a_key_error_and_a_value_error_listing_the_names():
     """UnknownScheduleError: a ValueError naming the argument (house rule) that is still the
-    KeyError earlier versions raised; its message lists every registry name, unquoted."""
+    a bare KeyError; its message lists every registry name, unquoted."""
     with pytest.raises(ortho_fast.UnknownScheduleError) as info:
         Muon(P, coefficients="no_such_schedule")
     assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)

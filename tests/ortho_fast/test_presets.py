@@ -1,9 +1,6 @@
 """ortho_fast.optimizer_preset: product and judge agree on every preset; each preset's step matches the
 oracle (ortho_verify.presets.check_preset); overrides, unknown options and unknown names.
-
-Presets of later parts of issue 16 ("nanochat" stages, "microsoft-dion-normuon", "microsoft-dion-dion2")
-are skipped with the reason "PENDING issue 16 part A/B" until their options and conventions exist: the
-lead enables them by merging those parts (no change here is needed; the skip disappears by itself).
+A preset this version cannot build (``NotImplementedError``) fails its tests.
 """
 
 import numpy as np
@@ -17,17 +14,10 @@ from ortho_fast.presets import PRESETS, Preset
 from ortho_verify.conventions import table_and_normalization
 from ortho_verify.presets import JUDGE_PRESETS, check_preset, preset_conventions, preset_hyperparameters
 
-PENDING = {"nanochat": "A", "microsoft-dion-normuon": "A", "microsoft-dion-dion2": "B"}
-
 
 def build(name, **overrides):
     params = [torch.nn.Parameter(torch.randn(8, 4))]
-    try:
-        return optimizer_preset(name, params, **overrides), preset_conventions(name)
-    except NotImplementedError as err:
-        if name in PENDING:
-            pytest.skip(f"PENDING issue 16 part {PENDING[name]}: {err}")
-        raise
+    return optimizer_preset(name, params, **overrides), preset_conventions(name)
 
 
 def test_product_and_judge_name_the_same_presets():

@@ -52,7 +52,8 @@ def test_rest_batches_keep_order_and_budget(shapes, budget, batched):
     group = {**MUON_DEFAULTS, "params": params, "banks": batched or None,
              **({} if batched else {"bitwise_torch": True})}
     options = resolve_muon_options(group)
-    layout = lambda i, p: param_layout(group, options, i, p)
+    def layout(i, p):
+        return param_layout(group, options, i, p)
     rest = list(enumerate(params))
     batches = rest_batches(rest, layout, options, budget)
     assert [item for batch in batches for item in batch] == rest

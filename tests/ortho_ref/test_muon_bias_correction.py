@@ -4,8 +4,7 @@ stored momentum left uncorrected."""
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_ref.muon import lr_scale, momentum_update

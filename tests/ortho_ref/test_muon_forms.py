@@ -3,8 +3,7 @@ definitions written out term by term (independent of ``momentum_update`` / ``dec
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_ref.muon import NESTEROV_FORMS, WEIGHT_DECAY_STYLES, lr_scale

@@ -1,4 +1,4 @@
-"""One ranked cause per failure (issue 25): from evidence that separates the candidates, never a
+"""One ranked cause per failure: from evidence that separates the candidates, never a
 list of every possibility, and never decided by a 1x1 or degenerate input."""
 
 import functools

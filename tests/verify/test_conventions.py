@@ -1,4 +1,4 @@
-"""Conventions (issue 13, point 2): every option of ortho_fast's Muon expressible in
+"""Conventions: every option of ortho_fast's Muon expressible in
 MuonConventions (extra_scale_factor, cautious weight decay, √max(m, n) scaling), bad
 declarations rejected by name, and kernels limited to (b, m, n) checked with max_batch_dims."""
 

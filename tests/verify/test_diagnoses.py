@@ -1,4 +1,4 @@
-"""Diagnoses (issue 13, point 5): each failing check names the likely cause; a kernel that
+"""Diagnoses: each failing check names the likely cause; a kernel that
 never returns fails its example after the timeout instead of hanging."""
 
 import functools

@@ -1,4 +1,4 @@
-"""Defaults that exercise the kernel's own dtype (issue 13, part 4 of "What to build"):
+"""Defaults that exercise the kernel's own dtype:
 ``check_orthogonalizer`` feeds inputs in the declared compute dtype, ``check_optimizer`` runs
 float32 and bfloat16 parameters by default, and the gradient and the state are checked for
 writes the algorithm does not make."""
@@ -48,7 +48,7 @@ def test_check_optimizer_runs_float32_and_bfloat16_by_default():
     cls, conventions = CORRECT_OPTIMIZERS["SimpleMuon"]
     report = check_optimizer(cls, conventions, steps=1, shapes=((9, 6),))
     assert report.passed, report.summary()
-    per_step = {r.input for r in report.results if r.check != "optimizer_mean_deviation"}  # issue 25: + statistical
+    per_step = {r.input for r in report.results if r.check != "optimizer_mean_deviation"}  # + statistical
     assert per_step - {"decay probe 48x12 step 1", "decay probe 48x12 bfloat16 step 1"} == {"9x6 step 1",
                                                                                             "9x6 bfloat16 step 1"}
     single = check_optimizer(cls, conventions, steps=1, shapes=((9, 6),), param_dtype=torch.bfloat16)

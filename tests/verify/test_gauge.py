@@ -1,6 +1,6 @@
 """Gauge-invariant Dion comparisons: a Dion whose QR leaves column signs free is correct and
 passes; the same comparison without the alignment was a false alarm; a real error in Q is
-still caught (issue 13, point 1)."""
+still caught."""
 
 import functools
 

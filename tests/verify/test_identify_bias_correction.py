@@ -6,8 +6,7 @@ Newton–Schulz runs in float32 is probed in)."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_verify.identify import optimizer_fit as fit

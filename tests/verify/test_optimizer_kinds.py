@@ -1,4 +1,4 @@
-"""Kinds of failure (issue 25): "wrong math", "side effect" and "unsupported" counted apart in
+"""Kinds of failure: "wrong math", "side effect" and "unsupported" counted apart in
 check_optimizer / check_orthogonalizer reports, exceptions from the user's code as rows naming its
 frame, side effects accepted explicitly, and ``device=``."""
 

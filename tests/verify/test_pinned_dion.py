@@ -1,4 +1,4 @@
-"""Pinned tolerances of the Dion checks (issue 13, part "pin every tolerance").
+"""Pinned tolerances of the Dion checks.
 
 Each test plants an error of a known size into an otherwise exact result and runs it through the
 check that uses the tolerance: an error of ``BEYOND`` times the tolerance must fail, one of

@@ -1,4 +1,4 @@
-"""Pinned tolerances of the Newton–Schulz and Muon checks (issue 13, "pin every tolerance").
+"""Pinned tolerances of the Newton–Schulz and Muon checks.
 
 As in test_pinned_dion.py: a planted error of ``BEYOND`` times the pinned tolerance fails the
 check that uses it, one of ``INSIDE`` times passes; the plant's size is a recorded value

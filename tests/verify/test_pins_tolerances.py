@@ -1,4 +1,4 @@
-"""Pinned tolerances, the rest (issue 13, "pin every tolerance"): ``ef_subspace_tolerances``,
+"""Pinned tolerances, the rest: ``ef_subspace_tolerances``,
 ``ef_bookkeeping_tolerance``, ``sharded_tolerance``, ``compiled_tolerance``, ``adamw_tolerances``,
 ``lion_tolerances``, ``cautious_weight_decay_tolerance``, ``error_feedback_projection_tolerance`` and the
 baseline margin.

@@ -124,7 +124,7 @@ def test_bad_arguments_raise_before_running():
     with pytest.raises(TypeError, match="dtype"):
         check_orthogonalizer(calls.append, dtype=torch.int32)
     with pytest.raises(TypeError, match="dtype"):  # not a ValueError from inside build_example
-        check_orthogonalizer(calls.append, dtype=torch.complex64)  # (float16 is judged since issue 24)
+        check_orthogonalizer(calls.append, dtype=torch.complex64)  # (float16 is judged)
     with pytest.raises(TypeError, match="compute_dtype"):
         check_orthogonalizer(calls.append, dtype=torch.float32, compute_dtype=torch.int8)
     with pytest.raises(ValueError, match="examples"):

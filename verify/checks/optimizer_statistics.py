@@ -21,8 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 import ortho_ref
-from ortho_verify.checks.diagnoses import (CAUSE_TEXT, lr_scale_pair, map_candidates, momentum_form_candidates,
-                                             with_cause)
+from ortho_verify.checks.diagnoses import (
+    CAUSE_TEXT,
+    lr_scale_pair,
+    map_candidates,
+    momentum_form_candidates,
+    with_cause,
+)
 from ortho_verify.checks.statistical import worst_direction
 from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import matrix_with_spectrum

@@ -15,10 +15,9 @@ import torch
 import ortho_fast
 import ortho_ref
 from ortho_ref import muon_stages as ref_stages
-from ortho_verify import registry
-from ortho_verify import tolerances as tol
-from ortho_verify.conventions import table_and_normalization
+from ortho_verify import registry, tolerances as tol
 from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, rounded
+from ortho_verify.conventions import table_and_normalization
 from ortho_verify.results import CheckResult, measured
 from ortho_verify.spectra import MatrixCase
 from ortho_verify.tolerances.stages import equilibration_error, stage_tolerances

@@ -26,7 +26,7 @@ _LOW = ("bfloat16", "float16")
 @dataclass(frozen=True)
 class ComputeModel:
     """The compute dtype a check assumes and why; ``conventions`` the Muon model (momentum,
-    schedule, lr scale, weight decay) used to rebuild each step's Newton–Schulz input and to read
+    schedule, lr scale, weight decay) that rebuilds each step's Newton–Schulz input and reads
     the update out of the weights, where the compute dtype is low."""
 
     dtype: str
