@@ -11,9 +11,10 @@ from hypothesis import given, settings, strategies as st
 import ortho_ref
 from ortho_verify.identify import optimizer_fit as fit
 from ortho_verify.identify.optimizer_probes import spectrum_matrix
+from tests.strategies import profile_examples
 
 
-@settings(max_examples=10, deadline=None)
+@settings(deadline=None, **profile_examples(3))
 @given(seed=st.integers(0, 2**31 - 1), mu=st.floats(0.5, 0.99), corrected=st.booleans())
 def test_bias_corrected_mix_is_fitted_to_its_own_form(seed, mu, corrected):
     rng = np.random.default_rng(seed)
