@@ -2,8 +2,7 @@
 separate run (docs/verification.md, the table between ``<!-- sharded-public:start -->`` and
 ``<!-- sharded-public:end -->``).
 
-    python scripts/sharded_public.py --muon /work/ext/Muon --dion /work/ext/dion \\
-        --nanochat /work/ext/nanochat [--world-size 4] [--write-docs]
+    python scripts/sharded_public.py --muon PATH --dion PATH --nanochat PATH [--world-size 4] [--write-docs]
 
 The checkouts (KellerJordan/Muon, microsoft/dion, karpathy/nanochat) are read from the paths
 given, never copied. Per case: the check's verdict (``check_sharded_optimizer``, gloo workers),
@@ -275,7 +274,9 @@ def main(argv=None) -> int:
                          "compute": report.compute.split(",")[0], "truth": truth_verdict(t), **t})
             print(rows[-1], flush=True)
         print(f"  {name}: {time.perf_counter() - started:.0f} s", flush=True)
-    meta = {"command": "python scripts/sharded_public.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    given = sys.argv[1:] if argv is None else argv  # checkout and output paths written as PATH: no machine path
+    command = " ".join("PATH" if a.startswith("/") else a for a in given)
+    meta = {"command": f"python scripts/sharded_public.py {command}",
             "world_size": args.world_size, "torch": torch.__version__, "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d", time.gmtime()), "elapsed_s": round(time.perf_counter() - begun)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

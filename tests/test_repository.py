@@ -121,3 +121,15 @@ def test_no_process_words_in_tracked_files():
             if PROCESS_WORDS.search(line):
                 hits.append(f"{name}:{i}: {line.strip()[:100]}")
     assert not hits, "\n".join(hits)
+
+
+def test_no_machine_path_in_what_ships():
+    """The packages, the docs and the data they read name no folder of the machine that wrote them
+    (a measurement's temporary folder, a checkout, a home directory)."""
+    pattern = re.compile(r"/(?:work|root|tmp)/[A-Za-z_.]|/home/(?!me/)[A-Za-z_.]")
+    files = subprocess.run(["git", "ls-files", "ortho_fast", "ortho_ref", "verify", "docs", "README.md", "scripts",
+                            "benchmarks"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    hits = [f"{name}:{i}" for name in files if (ROOT / name).suffix in {".py", ".md", ".json", ".txt"}
+            for i, line in enumerate((ROOT / name).read_text(encoding="utf-8").splitlines(), 1)
+            if pattern.search(line)]
+    assert not hits, hits

@@ -236,8 +236,9 @@ def run_size_sweep(sweep: SizeSweep, *, device: str = "cpu", jobs: int = 1, thre
     out["cost"] = cost_table(per_size)
     out["size_sweep"] = {"base": asdict(sweep.base), "sizes": [asdict(s) for s in sweep.sizes],
                          "lr_sweep": sweep.lr_sweep, "methods": list(sweep.methods)}
-    out["cache"] = {"folder": None if cache is None else str(cache), "resume": resume, "hits": hits,
-                    "misses": misses, "cached_seconds": cached_seconds}
+    folder = None if cache is None else str(cache).replace(str(Path.home()), "~", 1)  # no machine path
+    out["cache"] = {"folder": folder, "resume": resume, "hits": hits, "misses": misses,
+                    "cached_seconds": cached_seconds}
     out["run_seconds"] = run_seconds
     out["wall_seconds"] = time.perf_counter() - start
     return out, points
