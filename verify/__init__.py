@@ -38,3 +38,8 @@ def __getattr__(name):
 
         return getattr(api, name)
     raise AttributeError(f"module 'ortho_verify' has no attribute {name!r}")
+
+
+def __dir__():
+    """The public names (``__all__``, imported lazily) beside the module's own: tab completion finds them."""
+    return sorted(set(globals()) | set(__all__))
