@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import functools
 import os
 import re
 import subprocess
 import sys
 import textwrap
-import types
 import typing
 
 if __name__ == "__main__":  # eager when run; a test that imports this file keeps its process's dynamo
@@ -42,6 +40,9 @@ typing.override = getattr(typing, "override", lambda f: f)  # Python 3.12's, use
 
 import torch  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import preset_compare as pc  # noqa: E402  (the systems' loaders: load_defs, stub_absl)
+from ortho_fast.functional.newton_schulz import float32_matmul_precision  # noqa: E402
 from ortho_verify import identify_orthogonalizer  # noqa: E402
 from ortho_verify.identify.snippet import format_value  # noqa: E402
 
@@ -75,29 +76,6 @@ def _import(root: str, name: str):
         sys.path.remove(root)
 
 
-def _load_defs(path: str, names: set, env: dict) -> types.ModuleType:
-    """Only the named top-level definitions of a script (its other imports need not be installed)."""
-    tree = ast.parse(open(path).read())
-    mod = types.ModuleType(os.path.basename(path))
-    mod.__dict__.update(env)
-    body = [n for n in tree.body if getattr(n, "name", None) in names]
-    exec(compile(ast.Module(body=body, type_ignores=[]), path, "exec"), mod.__dict__)
-    return mod
-
-
-def _stub_absl() -> None:
-    import logging
-
-    absl, alog = types.ModuleType("absl"), types.ModuleType("absl.logging")
-    for n in ("debug", "info", "warning", "error", "log_first_n", "log_every_n", "vlog", "fatal"):
-        setattr(alog, n, lambda *a, **k: None)
-    for n in ("DEBUG", "INFO", "WARNING", "ERROR", "FATAL"):
-        setattr(alog, n, getattr(logging, n, 0))
-    absl.logging = alog
-    sys.modules.setdefault("absl", absl)
-    sys.modules.setdefault("absl.logging", alog)
-
-
 def _nanochat_kernel(root: str):
     """nanochat's Polar Express as ``muon_step_fused`` runs it on a bfloat16 copy of the Nesterov mix: its two
     statements (normalize by 1.01‖X‖_F + 1e-6; the tall / wide loops over ``polar_express_coeffs[:ns_steps]``),
@@ -114,16 +92,6 @@ def _nanochat_kernel(root: str):
     env = {"torch": torch}
     exec(compile(source, path, "exec"), env)
     return env["kernel"]
-
-
-@contextlib.contextmanager
-def _matmul_precision(precision: str):
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(previous)
 
 
 def kernels(paths: dict) -> list[tuple[str, str, str, object]]:
@@ -151,7 +119,7 @@ def kernels(paths: dict) -> list[tuple[str, str, str, object]]:
         out.append(("microsoft/dion Muon, use_polar_express=False", _commit(paths["dion"]),
                     "dion.muon.zeropower_via_newtonschulz5", dm.zeropower_via_newtonschulz5))
     if "emerging" in paths:
-        _stub_absl()
+        pc.stub_absl()
         root = paths["emerging"]
         if sys.version_info < (3, 12):  # one Python 3.12 annotation line (registry.py): run from a rewritten copy
             import shutil
@@ -167,15 +135,15 @@ def kernels(paths: dict) -> list[tuple[str, str, str, object]]:
         utils = _import(root, "emerging_optimizers.orthogonalized_optimizers.muon_utils")
 
         def emerging(x):
-            with _matmul_precision("medium"):  # its Muon's default fp32_matmul_prec, set around the call
+            with float32_matmul_precision("medium"):  # its Muon's default fp32_matmul_prec, set around the call
                 return utils.newton_schulz(x, steps=5, coefficient_type="quintic")
 
         out.append(("NVIDIA Emerging-Optimizers Muon", _commit(paths["emerging"]),
                     "muon_utils.newton_schulz(x, steps=5, coefficient_type='quintic') under "
                     "set_float32_matmul_precision('medium')", emerging))
     if "moonlight" in paths:
-        moon = _load_defs(os.path.join(paths["moonlight"], "examples", "toy_train.py"), {"zeropower_via_newtonschulz5"},
-                          {"torch": torch})
+        moon = pc.load_defs(os.path.join(paths["moonlight"], "examples", "toy_train.py"),
+                            {"zeropower_via_newtonschulz5"}, {"torch": torch})
         out.append(("MoonshotAI/Moonlight", _commit(paths["moonlight"]),
                     "partial(toy_train.zeropower_via_newtonschulz5, steps=5)",
                     functools.partial(moon.zeropower_via_newtonschulz5, steps=5)))
