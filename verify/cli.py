@@ -351,15 +351,7 @@ def collect(args: argparse.Namespace, console, sv_points: dict, timing: dict
     A first run (no gradient cache) trains the GPT in a second process (``data.capture_in_background``)
     while this one runs the jobs that need no real gradient (the plan of the synthetic inputs alone);
     the full plan then takes their rows by label, so the report is the same as a run in plan order."""
-    rp = require("rich.progress", "ortho-verify's progress bar")
-    BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn = (
-        rp.BarColumn, rp.MofNCompleteColumn, rp.Progress, rp.TextColumn, rp.TimeElapsedColumn, rp.TimeRemainingColumn)
-    Column = require("rich.table", "ortho-verify's progress bar").Column
-    # the label takes the width left (cut with "…": the bar is transient), the counts and times never wrap
-    progress_cols = (TextColumn("{task.description}", table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
-                     BarColumn(bar_width=None, table_column=Column(width=max(5, min(30, console.width // 6)))),
-                     *(c(table_column=Column(no_wrap=True)) for c in (MofNCompleteColumn, TimeElapsedColumn,
-                                                                      TimeRemainingColumn)))
+    progress_cols = report.progress_columns(console.width)
     train_info = None
     phases, per_check = timing.setdefault("phases", {}), timing.setdefault("checks", {})
     record = None if args.no_plots else sv_points
@@ -372,6 +364,7 @@ def collect(args: argparse.Namespace, console, sv_points: dict, timing: dict
     phases["synthetic inputs"] = time.perf_counter() - started
     done: dict = {}
     checks_s = 0.0
+    Progress = require("rich.progress", "ortho-verify's progress bar").Progress
     with Progress(*progress_cols, console=console, transient=True, expand=True) as progress:
         cases = []
         if background is not None:
