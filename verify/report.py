@@ -90,7 +90,8 @@ def print_table(results: list[CheckResult], console=None) -> None:
                      format_number(worst.tolerance), f"{worst.ratio:.3f}", shown])
         styles.append("bold red" if failed else None if ok else "yellow")
     print_fitted(console, table, ["check", "input", "worst case", "error:right", "tolerance:right", "error/tol:right",
-                                  "result"], rows, fixed={3, 4, 5, 6}, keep={0, 1}, styles=styles, name_columns=(0, 1))
+                                  "result"], rows, fixed={3, 4, 5, 6}, keep={0, 1}, whole={0}, styles=styles,
+                 name_columns=(0, 1))
 
 
 def print_summary(results: list[CheckResult], console=None, seconds: dict | None = None) -> dict:
@@ -114,7 +115,8 @@ def print_summary(results: list[CheckResult], console=None, seconds: dict | None
                      where, *timing])
     print_fitted(console, table, ["check", "pass:right", "fail:right", "no\nclaim:right", "worst\nerror/tol:right",
                                   "worst input", *(["s:right"] if seconds else [])], rows,
-                 fixed={1, 2, 3, 4, 6} if seconds else {1, 2, 3, 4}, keep={0, 5}, styles=styles, under=(5, 0))
+                 fixed={1, 2, 3, 4, 6} if seconds else {1, 2, 3, 4}, keep={0, 5}, whole={0}, styles=styles,
+                 under=(5, 0))
     return summ
 
 
@@ -136,7 +138,7 @@ def print_failures(results: list[CheckResult], console=None, limit: int = FAILUR
     rows = [[r.check, r.input, r.detail, format_number(r.error), format_number(r.tolerance), f"{r.ratio:.3g}", r.note]
             for r in failed[:limit]]
     print_fitted(console, table, ["check", "input", "worst case", "error:right", "tolerance:right", "error/tol:right",
-                                  "note"], rows, fixed={3, 4, 5}, keep={0, 1}, name_columns=(0, 1))
+                                  "note"], rows, fixed={3, 4, 5}, keep={0, 1}, whole={0}, name_columns=(0, 1))
     if len(failed) > limit:
         console.print(f"[bold red]... and {len(failed) - limit} more failed pairs (report.md, \"Failures\")[/]")
     return len(failed)

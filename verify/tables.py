@@ -99,21 +99,22 @@ def _longest_word(text: str, whole: bool = False) -> int:
 
 
 def column_widths(cells: list[list[str]], available: int, fixed: set[int] = frozenset(),
-                  keep: set[int] = frozenset()) -> list[int]:
+                  keep: set[int] = frozenset(), whole: set[int] = frozenset()) -> list[int]:
     """Width of each column so that they add up to at most ``available``: a column's natural
     width (its longest line) when everything fits; else the widest text columns are narrowed one
     character at a time, first down to their longest unbreakable word (the cells wrap, nothing
     is elided); then the ``fixed`` columns (numbers, counts: never wrapped) down to their values'
     width (a header such as "error/tol" wraps at its '/'); then the text columns down to
     ``MIN_TEXT_WIDTH`` (long words are elided in the middle), the ``keep`` columns (the names a
-    reader looks for: check, input; their words are not split at '/') last. No column gets narrower
+    reader looks for: check, input) last; the words of the ``whole`` columns (check names) are
+    not split at '/'. No column gets narrower
     than the longest unbreakable word of its header (``cells[0]``). ``print_fitted`` lays a table
     out only when no word is elided (``floor_widths``)."""
     n = len(cells[0])
     natural = [max(len(line) for row in cells for line in (row[j] or "").split("\n")) for j in range(n)]
     data = [max((len(line) for row in cells[1:] for line in (row[j] or "").split("\n")), default=0) for j in range(n)]
     header = [_longest_word(cells[0][j]) for j in range(n)]
-    words = [max(_longest_word(row[j] or "", j in keep) for row in cells) for j in range(n)]
+    words = [max(_longest_word(row[j] or "", j in whole) for row in cells) for j in range(n)]
     widths = list(natural)
     text_words = [min(natural[j], words[j]) for j in range(n)]
     fixed_data = [max(data[j], header[j]) for j in range(n)]
@@ -130,17 +131,17 @@ def column_widths(cells: list[list[str]], available: int, fixed: set[int] = froz
     return widths
 
 
-def floor_widths(cells: list[list[str]], fixed: set[int] = frozenset(), keep: set[int] = frozenset()) -> list[int]:
+def floor_widths(cells: list[list[str]], fixed: set[int] = frozenset(), whole: set[int] = frozenset()) -> list[int]:
     """The narrowest each column can be with no word elided: a ``fixed`` column (numbers) its
-    values' width (its header wraps at spaces and '/'), a ``keep`` column (names) its longest word,
-    any other column its longest word after splitting at '/' (``wrap_cell``)."""
+    values' width (its header wraps at spaces and '/'), a ``whole`` column (check names) its longest
+    word, any other column its longest word after splitting at '/' (``wrap_cell``)."""
     out = []
     for j in range(len(cells[0])):
         if j in fixed:
             data = [len(line) for row in cells[1:] for line in (row[j] or "").split("\n")]
             out.append(max([_longest_word(cells[0][j]), *data]))
         else:
-            out.append(max(_longest_word(row[j] or "", j in keep) for row in cells))
+            out.append(max(_longest_word(row[j] or "", j in whole) for row in cells))
     return out
 
 
@@ -227,17 +228,17 @@ def _overhead(console, make_table, n: int) -> int:
     return max(len(line) for line in _rendered(wide, probe, strip=False)) - n
 
 
-def _print_table(console, make_table, names, justify, rows, fixed, keep, styles) -> None:
+def _print_table(console, make_table, names, justify, rows, fixed, keep, whole, styles) -> None:
     Text = require("rich.text", "ortho-verify's terminal table").Text
     available = console.width - _overhead(console, make_table, len(names))
-    widths = column_widths([names, *rows], max(len(names) * 3, available), set(fixed), set(keep))
+    widths = column_widths([names, *rows], max(len(names) * 3, available), set(fixed), set(keep), set(whole))
     table = make_table()
-    for j, (name, just, width) in enumerate(zip(names, justify, widths)):
+    for name, just, width in zip(names, justify, widths):
         table.add_column(Text("\n".join(wrap_cell(name, width))), justify=just, width=width, no_wrap=True,
                          overflow="fold")
     for i, row in enumerate(rows):
-        table.add_row(*[Text("\n".join(wrap_cell(cell, w, j in keep))) for j, (cell, w) in enumerate(zip(row, widths))],
-                      style=(styles[i] if styles else None) or None)
+        cells = [Text("\n".join(wrap_cell(cell, w, j in whole))) for j, (cell, w) in enumerate(zip(row, widths))]
+        table.add_row(*cells, style=(styles[i] if styles else None) or None)
     lines = _rendered(console, table)
     console.print(Text.from_ansi("\n".join(lines[:-1] if lines and not lines[-1] else lines)), soft_wrap=True)
 
@@ -272,7 +273,7 @@ def _print_records(console, title, names, rows, name_columns, styles) -> None:
 
 
 def print_fitted(console, make_table, headers: list[str], rows: list[list[str]], *, fixed: set[int] = frozenset(),
-                 keep: set[int] = frozenset(), styles: list[str | None] | None = None,
+                 keep: set[int] = frozenset(), whole: set[int] = frozenset(), styles: list[str | None] | None = None,
                  under: tuple[int, int] | None = None, name_columns: tuple[int, ...] | None = None) -> str:
     """Print rows as a rich table whose cells never break inside a word, without trailing spaces,
     or, where the table cannot fit the console's width with every word whole, as records.
@@ -280,8 +281,9 @@ def print_fitted(console, make_table, headers: list[str], rows: list[list[str]],
     ``make_table(**overrides)``: a new empty ``rich.table.Table`` with its title and box;
     ``headers``: the column names (a header may hold a line break), each column's justification
     after a ":" ("pass:right"); ``rows``: the cells as plain text (no rich markup); ``fixed``:
-    columns that keep their width (counts, numbers); ``keep``: names (a check, an input), never
-    split at '/' and shortened last (``column_widths``); ``styles``: a rich style per row or None.
+    columns that keep their width (counts, numbers); ``keep``: names (a check, an input), shortened
+    last (``column_widths``); ``whole``: columns whose words are never split, not even at '/' (check
+    names, searched for in the docs); ``styles``: a rich style per row or None.
     The widths fit the console's width (``column_widths``), every cell is wrapped by ``wrap_cell``,
     and rich draws the table. When the narrowest table with no word elided (``floor_widths``) is
     wider than the console: with ``under = (j, k)`` column ``j`` moves into column ``k``'s cell as a
@@ -292,14 +294,14 @@ def print_fitted(console, make_table, headers: list[str], rows: list[list[str]],
     """
     names = [h.rsplit(":", 1)[0] for h in headers]
     justify = [h.rsplit(":", 1)[1] if ":" in h else "left" for h in headers]
-    fixed, keep = set(fixed), set(keep)
+    fixed, keep, whole = set(fixed), set(keep), set(whole)
 
-    def fits(names_, rows_, fixed_, keep_) -> bool:
+    def fits(names_, rows_, fixed_, whole_) -> bool:
         available = console.width - _overhead(console, make_table, len(names_))
-        return sum(floor_widths([names_, *rows_], fixed_, keep_)) <= available
+        return sum(floor_widths([names_, *rows_], fixed_, whole_)) <= available
 
-    if fits(names, rows, fixed, keep):
-        _print_table(console, make_table, names, justify, rows, fixed, keep, styles)
+    if fits(names, rows, fixed, whole):
+        _print_table(console, make_table, names, justify, rows, fixed, keep, whole, styles)
         return "table"
     if under is not None:
         j, k = under
@@ -317,8 +319,9 @@ def print_fitted(console, make_table, headers: list[str], rows: list[list[str]],
             row2 = drop(row)
             row2[k - (k > j)] = f"{row[k]}\n{names[j]}: {row[j]}" if row[j] else row[k]
             rows2.append(row2)
-        if fits(names2, rows2, shift(fixed), shift(keep)):
-            _print_table(console, make_table, names2, drop(justify), rows2, shift(fixed), shift(keep), styles)
+        if fits(names2, rows2, shift(fixed), shift(whole)):
+            _print_table(console, make_table, names2, drop(justify), rows2, shift(fixed), shift(keep), shift(whole),
+                         styles)
             return "under"
     columns = name_columns if name_columns is not None else (min(keep) if keep else 0,)
     _print_records(console, make_table().title, names, rows, columns, styles)
