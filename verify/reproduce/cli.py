@@ -130,9 +130,13 @@ def _gpu_plan(args: argparse.Namespace) -> bool:
 def say(text: str) -> None:
     """Print ``text`` wrapped at the terminal's width (``ortho_verify.report.terminal_width``), words
     whole and numbers with their units (``ortho_verify.tables.wrap_words``); a continued line is
-    indented 4 columns past its paragraph's own indent."""
+    indented 4 columns past its paragraph's own indent. A markdown table row ("| ... |", the GPU
+    plan) is printed whole: a row cut in two reads as two rows."""
     width = terminal_width()
     for paragraph in text.split("\n"):
+        if paragraph.startswith("|"):
+            print(paragraph, flush=True)
+            continue
         lead = len(paragraph) - len(paragraph.lstrip(" "))
         lead = lead if lead + 5 <= width // 2 else 0
         print("\n".join(" " * lead + line for line in wrap_words(paragraph.lstrip(" "), width - lead, 4)), flush=True)
