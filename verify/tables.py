@@ -188,6 +188,19 @@ def wrap_words(text: str, width: int, indent: int = 0) -> list[str]:
     return [" " * indent * cont + text[a:b] for a, b, cont in line_spans(text, width, indent)]
 
 
+def print_plain(text: str, width: int) -> None:
+    """Print ``text`` to stdout wrapped at ``width`` columns (``wrap_words``): a continued line is
+    indented 4 columns past its line's own indent (kept up to half the width); a markdown table row
+    ("| ... |") is printed whole, since a row cut in two reads as two rows."""
+    for paragraph in text.split("\n"):
+        if paragraph.startswith("|"):
+            print(paragraph, flush=True)
+            continue
+        lead = len(paragraph) - len(paragraph.lstrip(" "))
+        lead = lead if lead + 5 <= width // 2 else 0
+        print("\n".join(" " * lead + line for line in wrap_words(paragraph.lstrip(" "), width - lead, 4)), flush=True)
+
+
 def print_words(console, segments: list[tuple[str, str | None]], indent: int = 0) -> None:
     """Print ``segments`` ((text, rich style or None) pairs, plain text) wrapped at the console's
     width by ``line_spans`` (rich's wrapping would split "8.2 s"), continued lines indented by

@@ -25,7 +25,7 @@ from ortho_verify.reproduce.rejudge import load_results, rejudge
 from ortho_verify.reproduce.scaling import run_size_sweep
 from ortho_verify.reproduce.study import run_study
 from ortho_verify.reproduce.sweep_cli import add_sweep_arguments, cache_folder, sweep_from_arguments
-from ortho_verify.tables import wrap_words
+from ortho_verify.tables import print_plain
 
 __all__ = ["DOCS_DIR", "build_parser", "main", "verdict_lines"]
 
@@ -128,18 +128,10 @@ def _gpu_plan(args: argparse.Namespace) -> bool:
 
 
 def say(text: str) -> None:
-    """Print ``text`` wrapped at the terminal's width (``ortho_verify.report.terminal_width``), words
-    whole and numbers with their units (``ortho_verify.tables.wrap_words``); a continued line is
-    indented 4 columns past its paragraph's own indent. A markdown table row ("| ... |", the GPU
-    plan) is printed whole: a row cut in two reads as two rows."""
-    width = terminal_width()
-    for paragraph in text.split("\n"):
-        if paragraph.startswith("|"):
-            print(paragraph, flush=True)
-            continue
-        lead = len(paragraph) - len(paragraph.lstrip(" "))
-        lead = lead if lead + 5 <= width // 2 else 0
-        print("\n".join(" " * lead + line for line in wrap_words(paragraph.lstrip(" "), width - lead, 4)), flush=True)
+    """Print ``text`` at the terminal's width (``ortho_verify.report.terminal_width``) with
+    ``ortho_verify.tables.print_plain``: words whole, numbers with their units, markdown table rows
+    (the GPU plan) whole."""
+    print_plain(text, terminal_width())
 
 
 def verdict_lines(results: dict) -> list[str]:
