@@ -17,12 +17,14 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ortho_verify import cli
 from ortho_verify.arguments import SuggestingParser
 from ortho_verify.identify import cli as identify_cli
 from ortho_verify.reproduce import cli as reproduce_cli
 from ortho_verify.sharding import cli as sharding_cli
+from ortho_verify.tables import wrap_words
 
 rich_console = pytest.importorskip("rich.console")
 
@@ -152,3 +154,24 @@ def test_progress_bar_keeps_its_count_and_times(width):
     lines = _assert_fits(captured.get(), width)
     assert "1234/3000" in lines[0] and re.search(r"\d:\d\d:\d\d", lines[0]), lines
     assert re.search(r"NS polar_express/float32/gram \S", lines[0]), lines  # the label keeps most of the line
+
+
+@given(st.lists(st.sampled_from(["8.2", "s", "s;", "(6", "inputs,", "4.4", "KB", "a", "checks"]), min_size=1,
+                max_size=40), st.integers(14, 60), st.integers(0, 6))
+@settings(max_examples=300)  # cheap: microseconds an example
+def test_wrap_words_keeps_words_whole_and_numbers_with_units(words, width, indent):
+    """Every word, and a number with its unit ("4.4 KB", "8.2 s;": 6), fits a line here (14 - 6 >= 7):
+    none is broken, and a line never ends in a number whose unit starts the next."""
+    text = " ".join(words)
+    lines = wrap_words(text, width, indent)
+    assert all(len(line) <= width for line in lines)
+    assert all(line.startswith(" " * indent) for line in lines[1:])
+    assert " ".join(" ".join(lines).split()) == text  # every word, in order
+    assert [(a, b) for a, b in zip(lines, lines[1:]) if re.search(r"\d$", a) and re.match(r"\s*(s|KB)\b", b)] == []
+
+
+def test_wrap_words_breaks_a_word_longer_than_the_line_after_a_slash():
+    assert wrap_words("at synthetic/well-conditioned/32x64", 20) == ["at", "synthetic/", "well-conditioned/", "32x64"]
+    assert wrap_words("took 8.2 s", 8) == ["took", "8.2 s"]
+    with pytest.raises(ValueError, match="width"):
+        wrap_words("a b", 4, indent=4)
