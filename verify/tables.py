@@ -256,13 +256,15 @@ def _print_table(console, make_table, names, justify, rows, fixed, keep, whole, 
     console.print(Text.from_ansi("\n".join(lines[:-1] if lines and not lines[-1] else lines)), soft_wrap=True)
 
 
-def _print_records(console, title, names, rows, name_columns, styles) -> None:
+def _print_records(console, table, names, rows, name_columns, styles) -> None:
     """Each row as a block: its ``name_columns`` on the first line, then "header: value" items
-    separated by "; ", indented, wrapped at whole items where they fit (``wrap_cell`` inside one)."""
+    separated by "; ", indented, wrapped at whole items where they fit (``wrap_cell`` inside one);
+    ``table``'s title first, in its style, after an empty line (as rich draws a table's title)."""
     Text = require("rich.text", "ortho-verify's terminal table").Text
     width, indent = console.width, 4
-    if title:
-        print_words(console, [(str(title), "italic")])
+    if table.title:
+        console.print()
+        print_words(console, [(str(table.title), table.title_style or "italic")])
     for i, row in enumerate(rows):
         style = (styles[i] if styles else None) or None
         head = " — ".join(row[j] for j in name_columns if row[j])
@@ -337,7 +339,7 @@ def print_fitted(console, make_table, headers: list[str], rows: list[list[str]],
                          styles)
             return "under"
     columns = name_columns if name_columns is not None else (min(keep) if keep else 0,)
-    _print_records(console, make_table().title, names, rows, columns, styles)
+    _print_records(console, make_table(), names, rows, columns, styles)
     return "records"
 
 
