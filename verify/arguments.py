@@ -11,10 +11,11 @@ import argparse
 import difflib
 import os
 import re
+import textwrap
 from pathlib import Path
 
-__all__ = ["EXIT_FAILED", "EXIT_PASSED", "EXIT_USAGE", "SuggestingParser", "check_folder", "check_output_file",
-           "check_readable_file", "suggestion"]
+__all__ = ["EXIT_FAILED", "EXIT_PASSED", "EXIT_USAGE", "SuggestingParser", "WholeWordsFormatter", "check_folder",
+           "check_output_file", "check_readable_file", "suggestion"]
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -26,10 +27,30 @@ def suggestion(word: str, choices) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+class WholeWordsFormatter(argparse.HelpFormatter):
+    """``argparse.HelpFormatter`` that never breaks a word: lines break at spaces only, so an option
+    name ("--no-real"), a path or a number with its unit ("14 s") stays on one line (argparse's
+    default breaks after hyphens). The width is argparse's: ``COLUMNS`` (or the terminal's) minus 2."""
+
+    def _split_lines(self, text, width):
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False) or [""]
+
+    def _fill_text(self, text, width, indent):
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False,
+                             break_long_words=False)
+
+
 class SuggestingParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose usage errors suggest the closest subcommand, choice or
     option: "invalid choice: 'shardin' ... (did you mean 'sharding'?)", "unrecognized arguments:
-    --quik (did you mean '--quick'?)". Exit code 2, as argparse's."""
+    --quik (did you mean '--quick'?)" (each unknown word named once). Exit code 2, as argparse's.
+    Its help wraps at whole words (``WholeWordsFormatter``, unless ``formatter_class`` is given)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", WholeWordsFormatter)
+        super().__init__(*args, **kwargs)
 
     def _option_strings(self) -> list[str]:
         return [s for action in self._actions for s in action.option_strings]
@@ -40,12 +61,10 @@ class SuggestingParser(argparse.ArgumentParser):
             options = re.findall(r"'([^']*)'", choice.group(2)) or [c.strip() for c in choice.group(2).split(",")]
             message += suggestion(choice.group(1), options)
         unknown = re.match(r"unrecognized arguments: (.*)", message)
-        if unknown:
-            hints = [f"{word}{hint}" for word in unknown.group(1).split()
-                     if (hint := suggestion(word, self._option_strings() if word.startswith("-") else
-                                            self._subcommands()))]
-            if hints:
-                message += "; " + ", ".join(hints)
+        if unknown:  # each unknown word once, followed by its suggestion if there is one
+            message = "unrecognized arguments: " + " ".join(
+                word + suggestion(word, self._option_strings() if word.startswith("-") else self._subcommands())
+                for word in unknown.group(1).split())
         super().error(message)
 
     def _subcommands(self) -> list[str]:

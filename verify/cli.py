@@ -41,6 +41,7 @@ from ortho_verify.devices import describe_device, resolve_device
 from ortho_verify.optional import require
 from ortho_verify.results import REPORT_SCHEMA_VERSION, CheckResult
 from ortho_verify.spectra import synthetic_matrices
+from ortho_verify.tables import print_words
 from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
 DTYPES = ("float64", "float32", "bfloat16")
@@ -350,11 +351,7 @@ def collect(args: argparse.Namespace, console, sv_points: dict, timing: dict
     A first run (no gradient cache) trains the GPT in a second process (``data.capture_in_background``)
     while this one runs the jobs that need no real gradient (the plan of the synthetic inputs alone);
     the full plan then takes their rows by label, so the report is the same as a run in plan order."""
-    rp = require("rich.progress", "ortho-verify's progress bar")
-    BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn = (
-        rp.BarColumn, rp.MofNCompleteColumn, rp.Progress, rp.TextColumn, rp.TimeElapsedColumn, rp.TimeRemainingColumn)
-    progress_cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                     TimeRemainingColumn())
+    progress_cols = report.progress_columns(console.width)
     train_info = None
     phases, per_check = timing.setdefault("phases", {}), timing.setdefault("checks", {})
     record = None if args.no_plots else sv_points
@@ -367,7 +364,8 @@ def collect(args: argparse.Namespace, console, sv_points: dict, timing: dict
     phases["synthetic inputs"] = time.perf_counter() - started
     done: dict = {}
     checks_s = 0.0
-    with Progress(*progress_cols, console=console, transient=True) as progress:
+    Progress = require("rich.progress", "ortho-verify's progress bar").Progress
+    with Progress(*progress_cols, console=console, transient=True, expand=True) as progress:
         cases = []
         if background is not None:
             early = plan_jobs(synthetic, args.quick, record, *on_device)
@@ -463,17 +461,17 @@ def _run(args: argparse.Namespace, argv: list[str], stored: dict | None) -> int:
             print(line, flush=True)
     style = "green" if summ["verdict"] == "passed" else "bold red"
     device = meta["device"]
-    console.print(f"[{style}]{summ['verdict'].upper()}: {summ['passed']} passed, {summ['failed']} failed[/], "
-                  f"{summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} "
-                  f"s{phase_text(timing['phases'])}; Newton–Schulz on "
-                  f"{device['device']}" + (f" {device['name']}, CUDA {device['cuda']}" if device["cuda"] and
-                                           device["device"] != "cpu" else "") + ")")
+    where = device["device"] + (f" {device['name']}, CUDA {device['cuda']}" if device["cuda"] and
+                                device["device"] != "cpu" else "")
+    print_words(console, [(f"{summ['verdict'].upper()}: {summ['passed']} passed, {summ['failed']} failed", style),
+                          (f", {summ['no_claim']} made no claim ({len(cases)} inputs, {elapsed:.1f} "
+                           f"s{phase_text(timing['phases'])}; Newton–Schulz on {where})", None)])
     if summ["failed"]:  # the kinds of failure, counted apart
         console.print("[bold red]failures by kind: " + ", ".join(f"{k} {n}" for k, n in summ["kinds"].items()) + "[/]")
     for why in summ["inconclusive"]:
         console.print(f"[bold red]inconclusive: nothing compared — {why}[/]")
     written = [json_path, md_path] + ([args.junit_xml] if args.junit_xml is not None else [])
-    console.print(f"Full report (schema {REPORT_SCHEMA_VERSION}): {', '.join(map(str, written))}", soft_wrap=True)
+    print_words(console, [(f"Full report (schema {REPORT_SCHEMA_VERSION}): {', '.join(map(str, written))}", None)])
     if args.update_baseline:
         try:
             path = baseline.write(args.baseline, results, mode, inputs=inputs)

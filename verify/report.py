@@ -26,7 +26,7 @@ from ortho_verify.results import (
 from ortho_verify.tables import print_fitted
 
 __all__ = ["FAILURES_SHOWN", "error_feedback_table", "make_console", "print_failures", "print_summary", "print_table",
-           "summary", "terminal_width", "worst_per_group", "write_reports"]
+           "progress_columns", "summary", "terminal_width", "worst_per_group", "write_reports"]
 
 #: Failing (check, input) pairs printed on the terminal; the rest are in report.md.
 FAILURES_SHOWN = 20
@@ -44,6 +44,19 @@ def make_console():
     """A ``rich.console.Console`` on stdout of width ``terminal_width()``.
     Raises: ImportError naming the extra ``verify`` when rich is not installed."""
     return require("rich.console", "ortho-verify's terminal output").Console(width=terminal_width())
+
+
+def progress_columns(width: int) -> tuple:
+    """The progress bar's ``rich.progress`` columns for a console ``width`` columns wide (drawn with
+    ``expand=True``): the label takes the width left and is cut with "…" (the bar is transient), the
+    bar gets a sixth of the width (5 to 30 columns), the count and the times never wrap.
+    Raises: ImportError naming the extra ``verify`` when rich is not installed."""
+    rp = require("rich.progress", "ortho-verify's progress bar")
+    Column = require("rich.table", "ortho-verify's progress bar").Column
+    return (rp.TextColumn("{task.description}", table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+            rp.BarColumn(bar_width=None, table_column=Column(width=max(5, min(30, width // 6)))),
+            *(c(table_column=Column(no_wrap=True)) for c in (rp.MofNCompleteColumn, rp.TimeElapsedColumn,
+                                                             rp.TimeRemainingColumn)))
 
 
 def _counts(ok: int, total: int, failed: int) -> str:
@@ -77,7 +90,8 @@ def print_table(results: list[CheckResult], console=None) -> None:
                      format_number(worst.tolerance), f"{worst.ratio:.3f}", shown])
         styles.append("bold red" if failed else None if ok else "yellow")
     print_fitted(console, table, ["check", "input", "worst case", "error:right", "tolerance:right", "error/tol:right",
-                                  "result"], rows, fixed={3, 4, 5, 6}, keep={0, 1}, styles=styles)
+                                  "result"], rows, fixed={3, 4, 5, 6}, keep={0, 1}, whole={0}, styles=styles,
+                 name_columns=(0, 1))
 
 
 def print_summary(results: list[CheckResult], console=None, seconds: dict | None = None) -> dict:
@@ -101,7 +115,8 @@ def print_summary(results: list[CheckResult], console=None, seconds: dict | None
                      where, *timing])
     print_fitted(console, table, ["check", "pass:right", "fail:right", "no\nclaim:right", "worst\nerror/tol:right",
                                   "worst input", *(["s:right"] if seconds else [])], rows,
-                 fixed={1, 2, 3, 4, 6} if seconds else {1, 2, 3, 4}, keep={0, 5}, styles=styles)
+                 fixed={1, 2, 3, 4, 6} if seconds else {1, 2, 3, 4}, keep={0, 5}, whole={0}, styles=styles,
+                 under=(5, 0))
     return summ
 
 
@@ -123,7 +138,7 @@ def print_failures(results: list[CheckResult], console=None, limit: int = FAILUR
     rows = [[r.check, r.input, r.detail, format_number(r.error), format_number(r.tolerance), f"{r.ratio:.3g}", r.note]
             for r in failed[:limit]]
     print_fitted(console, table, ["check", "input", "worst case", "error:right", "tolerance:right", "error/tol:right",
-                                  "note"], rows, fixed={3, 4, 5}, keep={0, 1})
+                                  "note"], rows, fixed={3, 4, 5}, keep={0, 1}, whole={0}, name_columns=(0, 1))
     if len(failed) > limit:
         console.print(f"[bold red]... and {len(failed) - limit} more failed pairs (report.md, \"Failures\")[/]")
     return len(failed)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ortho_verify.arguments import SuggestingParser, check_folder
+from ortho_verify.report import terminal_width
 from ortho_verify.reproduce.claims import MEASURED
 from ortho_verify.reproduce.config import QUICK, ReproConfig
 from ortho_verify.reproduce.device_plan import DRY_RUN_SWEEP, GPU_SWEEP, estimate_plan, plan_lines
@@ -24,6 +25,7 @@ from ortho_verify.reproduce.rejudge import load_results, rejudge
 from ortho_verify.reproduce.scaling import run_size_sweep
 from ortho_verify.reproduce.study import run_study
 from ortho_verify.reproduce.sweep_cli import add_sweep_arguments, cache_folder, sweep_from_arguments
+from ortho_verify.tables import print_plain
 
 __all__ = ["DOCS_DIR", "build_parser", "main", "verdict_lines"]
 
@@ -125,6 +127,13 @@ def _gpu_plan(args: argparse.Namespace) -> bool:
         args.quick or args.single_size or args.sizes or args.scale != 1))
 
 
+def say(text: str) -> None:
+    """Print ``text`` at the terminal's width (``ortho_verify.report.terminal_width``) with
+    ``ortho_verify.tables.print_plain``: words whole, numbers with their units, markdown table rows
+    (the GPU plan) whole."""
+    print_plain(text, terminal_width())
+
+
 def verdict_lines(results: dict) -> list[str]:
     """The terminal's summary of the claims: a verdict per claim with the run's resolution and, when
     inconclusive, why; for a measurement run (``results["mode"]``) a header saying that no claim is
@@ -160,18 +169,18 @@ def main(argv: list[str] | None = None) -> int:
         sweep = GPU_SWEEP if not args.dry_run else DRY_RUN_SWEEP
         if args.steps is not None or args.seeds is not None:
             sweep = _override(sweep, args, parser)
-        print("GPU plan (ortho_verify.reproduce.device_plan), estimated from FLOPs:")
-        print("\n".join(plan_lines(plan)), flush=True)
+        say("GPU plan (ortho_verify.reproduce.device_plan), estimated from FLOPs:")
+        say("\n".join(plan_lines(plan)))
         if args.dry_run:
             device = "cpu"
-            print("\ndry run: the plan at tiny sizes on the CPU, through the same code path", flush=True)
+            say("\ndry run: the plan at tiny sizes on the CPU, through the same code path")
     quick = args.quick or args.dry_run
     mode, reason = ("measurement", "--dry-run: the GPU plan at tiny sizes on the CPU" if args.dry_run else
                     "--quick: tiny models and few steps") if quick else ("study", "")
     jobs = args.jobs or (min(2, os.cpu_count() or 1) if torch.device(device).type == "cpu" else 1)
 
     def log(message: str) -> None:
-        print(message, flush=True)
+        say(message)
 
     if sweep is None:
         results, points = run_study(config, device=device, jobs=jobs, threads=args.threads, log=log, mode=mode)
@@ -183,9 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     if plan is not None:
         results["gpu_plan"] = plan
     path = write_report(results, points, DOCS_DIR if args.write_docs else args.out)
-    print(f"\nwrote {path} (plots and results.json in {path.parent / 'reproduction'}), "
-          f"{results['wall_seconds']:.0f} s")
-    print("\n".join(verdict_lines(results)))
+    say(f"\nwrote {path} (plots and results.json in {path.parent / 'reproduction'}), "
+        f"{results['wall_seconds']:.0f} s")
+    say("\n".join(verdict_lines(results)))
     return 0
 
 
@@ -201,10 +210,10 @@ def _rejudge(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: li
         parser.error(f"--rejudge {args.rejudge}: {err}")
     results = rejudge(stored, " ".join(["ortho-verify reproduce", *argv]))
     if Path(args.rejudge).resolve().parent != (Path(out) / "reproduction").resolve():
-        print(f"note: {out / 'reproduction'} has no plots of this run unless they were copied there")
+        say(f"note: {out / 'reproduction'} has no plots of this run unless they were copied there")
     path = write_report(results, {}, out, plots=False)
-    print(f"wrote {path} (results.json in {path.parent / 'reproduction'})")
-    print("\n".join(verdict_lines(results)))
+    say(f"wrote {path} (results.json in {path.parent / 'reproduction'})")
+    say("\n".join(verdict_lines(results)))
     return 0
 
 

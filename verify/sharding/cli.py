@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ortho_verify.arguments import SuggestingParser, check_folder
-from ortho_verify.optional import require
+from ortho_verify.report import make_console
 from ortho_verify.sharding.launch import run, under_torchrun
 from ortho_verify.sharding.layouts import (
     DOCS_PATH,
@@ -30,6 +30,7 @@ from ortho_verify.sharding.layouts import (
 )
 from ortho_verify.sharding.markdown import layouts_doc, markdown_report, print_table
 from ortho_verify.sharding.user_cli import optimizer_main
+from ortho_verify.tables import print_words
 from ortho_verify.workers import WorkerError
 
 __all__ = ["build_parser", "main"]
@@ -69,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--state-placement", choices=("replicated", "sharded", "owner"),
                         help="with --optimizer: where the optimizer keeps its state (default: recognized from what "
                              "the ranks hold)")
-    parser.add_argument("--compute-dtype", choices=("float64", "float32", "bfloat16", "float16"),
-                        help="with --optimizer: the dtype its Newton–Schulz runs in (default: the conventions', "
+    parser.add_argument("--compute-dtype", choices=("float64", "float32", "bfloat16", "float16"), metavar="DTYPE",
+                        help="with --optimizer: the dtype its Newton–Schulz runs in: float64, float32, bfloat16 or "
+                             "float16 (default: the conventions', "
                              "bfloat16 for torch.optim.Muon, else the parameter dtype)")
     parser.add_argument("--hang-floor", type=_positive_seconds, default=5.0,
                         help="with --optimizer: the least seconds a layout's launch may take before it counts as "
@@ -117,8 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.optimizer:
         return optimizer_main(args, dtypes)
     started = time.perf_counter()
-    Console = require("rich.console", "ortho-verify sharding").Console
-    console = Console() if sys.stdout.isatty() else Console(width=220)
+    console = make_console()  # COLUMNS, else the terminal's width, else 100
     rows, seconds = [], {}
     wanted = sorted(set(args.world_size) | set(DOCS_WORLD_SIZES if args.write_docs else ()))
     sizes = [None] if under_torchrun() else [n for n in wanted if layouts_for(n, args.layout)]
@@ -151,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_docs:
         DOCS_PATH.write_text(layouts_doc(rows, meta))
     style = "bold red" if failed else "green"
-    console.print(f"[{style}]{len(rows) - len(failed)} of {len(rows)} layout checks passed[/] in {elapsed:.1f} s. "
-                  f"Reports: {args.out / 'sharding.json'}, {args.out / 'sharding.md'}"
-                  + (f", {DOCS_PATH}" if args.write_docs else ""))
+    print_words(console, [(f"{len(rows) - len(failed)} of {len(rows)} layout checks passed", style),
+                          (f" in {elapsed:.1f} s. Reports: {args.out / 'sharding.json'}, {args.out / 'sharding.md'}"
+                           + (f", {DOCS_PATH}" if args.write_docs else ""), None)])
     return 1 if failed else 0

@@ -45,13 +45,14 @@ def table_rows(rows: Sequence[dict]) -> list[tuple[str, ...]]:
 
 
 def print_table(rows: Sequence[dict], console=None) -> None:
-    """The rich table of ``table_rows`` (failures in red)."""
+    """The rich table of ``table_rows`` (failures in red), or at a width too narrow for its 12
+    columns one record per row ("dion  DDP", then "N: 2; mesh: 2 (dp); ...": ``print_fitted``)."""
     Table = require("rich.table", "ortho-verify sharding's terminal table").Table
     console = console or require("rich.console", "ortho-verify sharding's terminal table").Console()
     numbers = ("worst rel. diff", "bound", "N")
     print_fitted(console, functools.partial(Table, title="ortho-verify sharding: every layout against one process"),
                  [f"{h}:right" if h in numbers else h for h in HEADERS], [list(c) for c in table_rows(rows)],
-                 fixed={i for i, h in enumerate(HEADERS) if h in numbers}, keep={1, 2},
+                 fixed={i for i, h in enumerate(HEADERS) if h in numbers}, keep={1, 2}, name_columns=(1, 2),
                  styles=[None if r["status"] == "pass" else "bold red" for r in rows])
 
 

@@ -17,7 +17,9 @@ def optimizer_main(args, dtypes) -> int:
     ``--shapes``, ``--state-placement``, ``--compute-dtype``); print each summary, write
     ``args.out / "sharded_optimizer.json"``; returns 0 if every report passed, else 1 (2 when the
     factory cannot be imported, or ``--layout`` matches nothing)."""
+    from ortho_verify.report import terminal_width
     from ortho_verify.sharded_check import check_sharded_optimizer, load_factory
+    from ortho_verify.tables import print_plain
 
     try:
         factory = load_factory(args.optimizer)
@@ -38,7 +40,7 @@ def optimizer_main(args, dtypes) -> int:
                 print(f"ortho-verify sharding: error: {err}")
                 return 2
             print(f"== world size {n}, {dtype}")
-            print(report.summary())
+            print_plain(report.summary(), terminal_width())
             ok &= report.passed
             reports.append({"world_size": n, "dtype": dtype, "status": report.status,
                             "verdict": report.verdict_text, "kinds": report.kinds, "crashes": report.crashes,
