@@ -88,7 +88,7 @@ def _check_foreign_keys(group: dict, algorithm: str) -> None:
     ``momentum`` on an AdamW group does not set β1)."""
     own = ALGORITHMS[algorithm].defaults
     for key in group:
-        if key in own or key in _BOOKKEEPING_KEYS:
+        if key in own or key in _BOOKKEEPING_KEYS or key == "capturable":  # torch's option: each algorithm's own
             continue
         if key.startswith("qk_clip"):
             raise ValueError(f"{key}: QK-clip runs in ortho_fast.Muon / NorMuon only (its step takes the max "

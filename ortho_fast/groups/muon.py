@@ -28,7 +28,7 @@ from .driver import GroupRunner
 from .muon_budget import cautious_nbytes, rest_batches, stage_nbytes, state_bytes, writes_compute_dtype
 from .muon_stages import (STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options,
                           stacked_stage_update_, variance_shape)
-from .options import MuonOptions, OptionsCache, check_gram_option
+from .options import DeviceHypers, MuonOptions, OptionsCache, check_device_hyper, check_gram_option
 
 #: Every Muon param-group key with its default (torch.optim.Muon's defaults where torch has the option).
 MUON_DEFAULTS: dict[str, object] = {
@@ -56,7 +56,11 @@ MUON_DEFAULTS: dict[str, object] = {
     "num_heads": None,
     "flatten": None,  # None: >= 4-D flattened, 3-D rejected unless expert; True / False: microsoft/dion's flatten
     **STAGE_DEFAULTS,  # MuonEq, Muon+, NorMuon (ortho_fast.groups.muon_stages), off
+    "capturable": False,  # True: lr, weight_decay, momentum as 0-dim tensors on the device (torch's option)
 }
+
+#: The hyperparameters a ``capturable`` group keeps as 0-dim tensors on the parameters' device.
+DEVICE_HYPERS = ("lr", "weight_decay", "momentum")
 
 
 def _check_bool(group: dict, key: str) -> None:
@@ -100,9 +104,13 @@ def resolve_muon_options(group: dict) -> MuonOptions:
     UnknownScheduleError (KeyError, ValueError) for an unknown schedule name.
     """
     check_filled(group, MUON_DEFAULTS, "Muon")
+    if not isinstance(group["capturable"], bool):
+        raise TypeError(f"capturable: expected a bool, got {group['capturable']!r}")
+    hypers = {key: check_device_hyper(group[key], key, group["capturable"]) for key in DEVICE_HYPERS}
     for key, kw in (("lr", {}), ("weight_decay", {}), ("momentum", {"high": 1.0}),
                     ("extra_scale_factor", {"low_open": True})):
-        check_hyper(group[key], key, **kw)
+        if key not in DEVICE_HYPERS or not isinstance(group[key], torch.Tensor):
+            hypers[key] = check_hyper(group[key], key, **kw)
     for key in ("nesterov", "cautious_weight_decay", "bitwise_torch"):
         _check_bool(group, key)
     if group["banks"] is not None:
@@ -138,7 +146,8 @@ def resolve_muon_options(group: dict) -> MuonOptions:
     if keys is None or not all(isinstance(k, str) and k for k in keys):
         raise TypeError(f"expert_keys: expected a non-empty string or a sequence of them, got {group['expert_keys']!r}")
     return MuonOptions(
-        lr=float(group["lr"]), weight_decay=float(group["weight_decay"]), momentum=float(group["momentum"]),
+        lr=hypers["lr"], weight_decay=hypers["weight_decay"], momentum=hypers["momentum"],
+        capturable=group["capturable"],
         nesterov=group["nesterov"], momentum_style=group["momentum_style"], table=table, safety=float(out["safety"]),
         eps=float(out["eps"]), eps_mode=out["eps_mode"], compute_dtype=compute_dtype, precision=precision,
         adjust_lr=group["adjust_lr"], extra_scale_factor=float(group["extra_scale_factor"]),
@@ -451,12 +460,17 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
                 .reshape(p.shape) for o, (p, lay, _) in zip(outs, chunk.members)]
     else:
         if stages:  # Muon+ / NorMuon: one factor per neuron, applied inside the update (no float32 stack)
-            stacked_stage_update_(chunk.members, stack, state, options, float(update["lr"]),
+            stacked_stage_update_(chunk.members, stack, state, options, _scalar(update["lr"]),
                                   free=(u, workspace.spare(u.device)))  # Ô in rounds in free bytes
             return
         outs = muon_math.split_stack(stack, params)
     scale = muon_math.adjusted_lr_scale(options.adjust_lr, chunk.m, chunk.n) * options.extra_scale_factor
-    stacked_math.add_update_(params, outs, -float(update["lr"]) * scale, None if stages else u, stack)
+    stacked_math.add_update_(params, outs, -_scalar(update["lr"]) * scale, None if stages else u, stack)
+
+
+def _scalar(value):
+    """A float hyperparameter as a float; a tensor one (``capturable``) as it is: never read on the host."""
+    return value if isinstance(value, torch.Tensor) else float(value)
 
 
 class MuonGroups(GroupRunner):
@@ -466,6 +480,11 @@ class MuonGroups(GroupRunner):
     def __init__(self) -> None:
         self.cache = OptionsCache()
         self.workspace = Workspace()
+        self.scalars = DeviceHypers(DEVICE_HYPERS)
+
+    def reset(self) -> None:
+        super().reset()
+        self.scalars.clear()
 
     def entry(self, group: dict):
         """The group's cache entry (options resolved now if an option changed)."""
@@ -478,7 +497,11 @@ class MuonGroups(GroupRunner):
 
     def step(self, group: dict, state, first_index: int) -> None:
         entry = self.entry(group)
-        muon_group_step(group, state, entry.options, entry.per_param, self.workspace)
+        options = entry.options
+        # compiled: lr a graph input (dynamo marks groups capturable)
+        if options.capturable and not torch.compiler.is_compiling():
+            options = self.scalars.options(group, options)
+        muon_group_step(group, state, options, entry.per_param, self.workspace)
 
 
 def normuon_variance_state_shape(p: torch.Tensor, group: dict) -> tuple[int, ...]:
