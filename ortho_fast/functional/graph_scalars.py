@@ -28,6 +28,11 @@ def is_device_scalar(value) -> bool:
     return isinstance(value, torch.Tensor)
 
 
+def as_operand(value):
+    """A float hyperparameter as a float; a tensor one (``capturable``) as it is: never read on the host."""
+    return value if is_device_scalar(value) else float(value)
+
+
 def lerp_weight(weight: float | torch.Tensor, n: int):
     """The ``weight`` argument of a ``_foreach_lerp_`` / ``_foreach_lerp`` over ``n`` tensors: a float as it
     is; a 0-dim tensor as a list of it (the ``List`` overload: read on the device, where the tensor

@@ -349,11 +349,7 @@ class Dion2Groups(GroupRunner):
     def __init__(self) -> None:
         self.cache = OptionsCache()
         self.workspace = stacked_math.Workspace()
-        self.scalars = DeviceHypers(DION2_DEVICE_HYPERS)
-
-    def reset(self) -> None:
-        super().reset()
-        self.scalars.clear()
+        self.scalars = DeviceHypers(DION2_DEVICE_HYPERS)  # capturable groups' device scalars (cleared by ``reset``)
 
     def options(self, group: dict) -> Dion2Options:
         return self.cache.get(group, DION2_OPTION_KEYS, resolve_dion2_options)

@@ -18,12 +18,13 @@ import torch
 
 from ..coefficients import CoefficientsLike, resolve_coefficients, schedule_of
 from ..functional import layout as layout_math, muon as muon_math, muon_stages as stage_math, stacked as stacked_math
+from ..functional.graph_scalars import as_operand
 from ..functional.layout import MuonLayout, is_expert_name
 from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, WEIGHT_DECAY_STYLES, muon_momentum
 from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
 from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
-from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper,
-                          check_param_shaped_state)
+from ..validation import (FiniteCheck, check_bool_option, check_choice, check_count, check_filled, check_grad,
+                          check_hyper, check_param_shaped_state, int_tuple_option)
 from .driver import GroupRunner
 from .muon_budget import cautious_nbytes, rest_batches, stage_nbytes, state_bytes, writes_compute_dtype
 from .muon_stages import (STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options,
@@ -63,21 +64,6 @@ MUON_DEFAULTS: dict[str, object] = {
 DEVICE_HYPERS = ("lr", "weight_decay", "momentum")
 
 
-def _check_bool(group: dict, key: str) -> None:
-    if not isinstance(group[key], bool):
-        raise TypeError(f"{key}: expected a bool, got {group[key]!r}")
-
-
-def _int_tuple(value, key: str, allow_int: bool):
-    """None, an int (if allowed) or a sequence -> None, the int, or a tuple; TypeError otherwise."""
-    if value is None or (allow_int and isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        what = "None, an integer or a sequence of integers" if allow_int else "None or a sequence of integers"
-        raise TypeError(f"{key}: expected {what}, got {value!r}")
-    return tuple(value)
-
-
 def default_eps_mode(coefficients: CoefficientsLike) -> str:
     """The normalization a Muon group uses when ``eps_mode`` is None.
 
@@ -112,9 +98,9 @@ def resolve_muon_options(group: dict) -> MuonOptions:
         if key not in DEVICE_HYPERS or not isinstance(group[key], torch.Tensor):
             hypers[key] = check_hyper(group[key], key, **kw)
     for key in ("nesterov", "cautious_weight_decay", "bitwise_torch"):
-        _check_bool(group, key)
+        check_bool_option(group, key)
     if group["banks"] is not None:
-        _check_bool(group, "banks")
+        check_bool_option(group, "banks")
     if not any(group["flatten"] is v for v in (None, True, False)):
         raise TypeError(f"flatten: expected None, True or False, got {group['flatten']!r}")
     check_choice(group["momentum_style"], "momentum_style", MOMENTUM_STYLES)
@@ -153,8 +139,8 @@ def resolve_muon_options(group: dict) -> MuonOptions:
         adjust_lr=group["adjust_lr"], extra_scale_factor=float(group["extra_scale_factor"]),
         cautious_weight_decay=group["cautious_weight_decay"], weight_decay_style=group["weight_decay_style"],
         banks=group["banks"] is True, expert_keys=keys,
-        split_sizes=_int_tuple(group["split_sizes"], "split_sizes", allow_int=False),
-        split_groups=group["split_groups"], num_heads=_int_tuple(group["num_heads"], "num_heads", allow_int=True),
+        split_sizes=int_tuple_option(group["split_sizes"], "split_sizes", allow_int=False),
+        split_groups=group["split_groups"], num_heads=int_tuple_option(group["num_heads"], "num_heads", allow_int=True),
         flatten=group["flatten"], bitwise_torch=group["bitwise_torch"], banks_setting=group["banks"],
         gram=False if group["bitwise_torch"] else group["gram"], **resolve_stage_options(group))
 
@@ -460,17 +446,13 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
                 .reshape(p.shape) for o, (p, lay, _) in zip(outs, chunk.members)]
     else:
         if stages:  # Muon+ / NorMuon: one factor per neuron, applied inside the update (no float32 stack)
-            stacked_stage_update_(chunk.members, stack, state, options, _scalar(update["lr"]),
+            stacked_stage_update_(chunk.members, stack, state, options, as_operand(update["lr"]),
                                   free=(u, workspace.spare(u.device)))  # Ô in rounds in free bytes
             return
         outs = muon_math.split_stack(stack, params)
     scale = muon_math.adjusted_lr_scale(options.adjust_lr, chunk.m, chunk.n) * options.extra_scale_factor
-    stacked_math.add_update_(params, outs, -_scalar(update["lr"]) * scale, None if stages else u, stack)
+    stacked_math.add_update_(params, outs, -as_operand(update["lr"]) * scale, None if stages else u, stack)
 
-
-def _scalar(value):
-    """A float hyperparameter as a float; a tensor one (``capturable``) as it is: never read on the host."""
-    return value if isinstance(value, torch.Tensor) else float(value)
 
 
 class MuonGroups(GroupRunner):
@@ -480,11 +462,7 @@ class MuonGroups(GroupRunner):
     def __init__(self) -> None:
         self.cache = OptionsCache()
         self.workspace = Workspace()
-        self.scalars = DeviceHypers(DEVICE_HYPERS)
-
-    def reset(self) -> None:
-        super().reset()
-        self.scalars.clear()
+        self.scalars = DeviceHypers(DEVICE_HYPERS)  # capturable groups' device scalars (cleared by ``reset``)
 
     def entry(self, group: dict):
         """The group's cache entry (options resolved now if an option changed)."""

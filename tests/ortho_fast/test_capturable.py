@@ -208,3 +208,23 @@ def test_capturable_false_is_the_default_group_key():
     """The option is a Muon group key (saved in the state dict), False by default."""
     assert group_muon.MUON_DEFAULTS["capturable"] is False
     assert ortho_fast.Muon(_params()[:2]).state_dict()["param_groups"][0]["capturable"] is False
+
+
+@pytest.mark.parametrize("name", ["muon", "dion2"])
+def test_a_capturable_checkpoint_resumes_bit_for_bit(name):
+    """state_dict / load_state_dict keep ``capturable`` and the state: a resumed copy steps as the original."""
+    ps, twin = _params(), _params()
+    opt, resumed = BUILDERS[name](ps, True, torch.tensor), BUILDERS[name](twin, True, torch.tensor)
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    resumed.load_state_dict(opt.state_dict())
+    for q, p in zip(twin, ps):
+        q.data.copy_(p.detach())
+    assert resumed.param_groups[0]["capturable"] is True
+    for p, q in zip(ps, twin):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.clone()
+    opt.step()
+    resumed.step()
+    assert all(torch.equal(p, q) for p, q in zip(ps, twin))
