@@ -45,8 +45,9 @@ class GroupRunner:
 
     def reset(self) -> None:
         """Forget what was cached about the groups (their dicts were replaced: ``load_state_dict``): the
-        options (``cache``) and the device scalars of capturable groups (``scalars``)."""
-        for held in (getattr(self, "cache", None), getattr(self, "scalars", None)):
+        options (``cache``), the layouts and plans (``plans``), the device scalars of capturable groups
+        (``scalars``)."""
+        for held in (getattr(self, "cache", None), getattr(self, "plans", None), getattr(self, "scalars", None)):
             if held is not None:
                 held.clear()
 

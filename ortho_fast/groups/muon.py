@@ -26,10 +26,10 @@ from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
 from ..validation import (FiniteCheck, check_bool_option, check_choice, check_count, check_filled, check_grad,
                           check_hyper, check_param_shaped_state, int_tuple_option)
 from .driver import GroupRunner
-from .muon_budget import cautious_nbytes, rest_batches, stage_nbytes, state_bytes, writes_compute_dtype
+from .muon_budget import cached_plan, stage_nbytes, step_plan, writes_compute_dtype
 from .muon_stages import (STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options,
                           stacked_stage_update_, variance_shape)
-from .options import DeviceHypers, MuonOptions, OptionsCache, check_device_hyper, check_gram_option
+from .options import DeviceHypers, GroupPlans, MuonOptions, OptionsCache, check_device_hyper, check_gram_option
 
 #: Every Muon param-group key with its default (torch.optim.Muon's defaults where torch has the option).
 MUON_DEFAULTS: dict[str, object] = {
@@ -290,24 +290,21 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
     for _, p in live:
         if "momentum_buffer" not in state[p]:
             state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-    budget_from = state_bytes(live, layout, options)
-    chunks, rest = plan_stacks(live, layout, options, budget_from)
+    chunks, batches, stacked, sizes = cached_plan(layouts, live, lambda: step_plan(live, layout, options, plan_stacks))
     update = options.update_kwargs()
     left = _decay_up_front(live, layout, options)  # the others: in ``muon_update``
     # before the stacks (at a first step their temporaries come and go before the workspace), in
     # batches within the stacks' workspace budget
-    rest_budget = stacked_math.workspace_budget(*budget_from) - cautious_nbytes(rest, layout, options)
-    for batch in rest_batches(rest, layout, options, rest_budget):
+    for batch in batches:
         _rest_step(group, state, options, layout, batch, update, left)
     if chunks:
-        stacked = [p for chunk in chunks for p, _, _ in chunk.members]
         bufs = [state[p]["momentum_buffer"] for p in stacked]
         muon_math.update_momentum_buffers([p.grad for p in stacked], bufs, mu=options.momentum,
                                           style=options.momentum_style)
         workspace = Workspace() if workspace is None else workspace
         if not torch.compiler.is_compiling():
-            for device in {chunk.members[0][0].device for chunk in chunks}:
-                workspace.reserve(max(c.nbytes for c in chunks if c.members[0][0].device == device), device)
+            for device, nbytes in sizes.items():
+                workspace.reserve(nbytes, device)
         for chunk in chunks:
             stacked_chunk_step(chunk, state, options, update, workspace)
 
@@ -463,6 +460,7 @@ class MuonGroups(GroupRunner):
         self.cache = OptionsCache()
         self.workspace = Workspace()
         self.scalars = DeviceHypers(DEVICE_HYPERS)  # capturable groups' device scalars (cleared by ``reset``)
+        self.plans = GroupPlans(DEVICE_HYPERS)  # layouts and plans, kept while a scheduler changes lr
 
     def entry(self, group: dict):
         """The group's cache entry (options resolved now if an option changed)."""
@@ -471,7 +469,8 @@ class MuonGroups(GroupRunner):
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         for group in groups:
             entry = self.entry(group)
-            check_muon_step(group, state, entry.options, entry.per_param, finite if finite is not None else False)
+            check_muon_step(group, state, entry.options, self.plans.get(group, entry),
+                            finite if finite is not None else False)
 
     def step(self, group: dict, state, first_index: int) -> None:
         entry = self.entry(group)
@@ -479,7 +478,7 @@ class MuonGroups(GroupRunner):
         # compiled: lr a graph input (dynamo marks groups capturable)
         if options.capturable and not torch.compiler.is_compiling():
             options = self.scalars.options(group, options)
-        muon_group_step(group, state, options, entry.per_param, self.workspace)
+        muon_group_step(group, state, options, self.plans.get(group, entry), self.workspace)
 
 
 def normuon_variance_state_shape(p: torch.Tensor, group: dict) -> tuple[int, ...]:
