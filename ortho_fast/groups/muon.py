@@ -26,7 +26,7 @@ from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
 from ..validation import (FiniteCheck, check_bool_option, check_choice, check_count, check_filled, check_grad,
                           check_hyper, check_param_shaped_state, int_tuple_option)
 from .driver import GroupRunner
-from .muon_budget import cached_plan, stage_nbytes, step_plan, writes_compute_dtype
+from .muon_budget import cached_plan, cached_views, stage_nbytes, step_plan, writes_compute_dtype
 from .muon_stages import (STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options,
                           stacked_stage_update_, variance_shape)
 from .options import DeviceHypers, GroupPlans, MuonOptions, OptionsCache, check_device_hyper, check_gram_option
@@ -314,7 +314,8 @@ def _decay_up_front(live, layout, options: MuonOptions) -> set[int]:
     cautious; the ids of the parameters left for ``muon_update`` to decay."""
     if options.cautious_weight_decay:
         return {id(p) for _, p in live}
-    return muon_math.decay_by_style([(p, layout(i, p).matrix_shapes()) for i, p in live],
+    shaped = options.weight_decay_style == "adjusted_lr"  # the other styles read no shape
+    return muon_math.decay_by_style([(p, layout(i, p).matrix_shapes() if shaped else ()) for i, p in live],
                                     style=options.weight_decay_style, lr=options.lr, weight_decay=options.weight_decay,
                                     adjust_lr=options.adjust_lr, extra_scale_factor=options.extra_scale_factor)
 
@@ -350,6 +351,7 @@ class StackChunk:
     count: int = 0
     nbytes: int = 0  # its workspace (``stacked.chunk_nbytes``)
     key: tuple = ()  # (m, n, dtype, device): the shape group it was cut from
+    views: dict = field(default_factory=dict)  # ``cached_views`` of its workspace stacks
 
 
 def _whole(lay: MuonLayout) -> bool:
@@ -424,12 +426,13 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
     shape = (chunk.count, chunk.m, chunk.n)
     direct = writes_compute_dtype(options, params[0].dtype)
     u = workspace.get("momentum", shape, options.compute_dtype if direct else params[0].dtype, params[0].device)
-    views = muon_math.split_stack(u, params)
+    pools = () if torch.compiler.is_compiling() else workspace.data_ptrs()  # what ``cached_views`` may keep
+    views = cached_views(chunk.views, "u", u, lambda: muon_math.split_stack(u, params), pools)
     bufs = [state[p]["momentum_buffer"] for p in params]
     muon_math.momentum_into(views, [p.grad for p in params], bufs, mu=options.momentum, nesterov=options.nesterov,
                             style=options.momentum_style, free=workspace.spare(u.device))  # U in rounds
-    mats = muon_math.MatrixStack([v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)], u,
-                                 scratch=True)
+    mats = muon_math.MatrixStack(cached_views(chunk.views, "mats", u, lambda: [
+        v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)], pools), u, scratch=True)
     pre = stage_math.pre_orthogonalize([u], equilibration=options.equilibration)[0]
     if pre is not u:
         mats = muon_math.MatrixStack(muon_math.split_stack(pre, mats), pre)
@@ -446,7 +449,7 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
             stacked_stage_update_(chunk.members, stack, state, options, as_operand(update["lr"]),
                                   free=(u, workspace.spare(u.device)))  # Ô in rounds in free bytes
             return
-        outs = muon_math.split_stack(stack, params)
+        outs = cached_views(chunk.views, "outs", stack, lambda: muon_math.split_stack(stack, params), pools)
     scale = muon_math.adjusted_lr_scale(options.adjust_lr, chunk.m, chunk.n) * options.extra_scale_factor
     stacked_math.add_update_(params, outs, -as_operand(update["lr"]) * scale, None if stages else u, stack)
 

@@ -144,3 +144,21 @@ def step_plan(live, layout, options: MuonOptions, plan_stacks):
         sizes[device] = max(sizes.get(device, 0), c.nbytes)
     return (chunks, list(rest_batches(rest, layout, options, rest_budget)),
             [p for chunk in chunks for p, _, _ in chunk.members], sizes)
+
+
+def cached_views(cache: dict, name: str, x: torch.Tensor, make, pools) -> list:
+    """``make()`` (views of the workspace tensor ``x``: a chunk's matrices), kept in ``cache`` under
+    ``name`` while ``x`` has the same address, shape, strides and dtype (a workspace hands the same
+    bytes to a chunk at every step; the views cached keep their storage alive, so an address is not
+    reused by another while they are held). Only views of a workspace pool (``pools``: the
+    addresses of ``stacked.Workspace.data_ptrs``) are kept: nothing else is held between steps.
+    Under ``torch.compile`` made every time."""
+    if torch.compiler.is_compiling() or x.untyped_storage().data_ptr() not in pools:
+        return make()
+    key = (x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
+    hit = cache.get(name)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    out = make()
+    cache[name] = (key, out)
+    return out
