@@ -256,15 +256,16 @@ def capture_lrs(replays: int = CAPTURE_REPLAYS) -> list[float]:
     return [0.02 * (1 - 0.15 * t) for t in range(replays + 1)]
 
 
-def _capture_kw(cls) -> dict:
-    """``check_finite=False``, and ``capturable=True`` where the optimizer takes it (lr, weight
-    decay and momentum then live on the device, and a captured graph follows their changes)."""
+def _capture_kw(cls, device, lr: float = 0.02) -> dict:
+    """``check_finite=False``, and where the optimizer takes ``capturable`` (Muon, NorMuon, Dion2):
+    ``capturable=True`` with ``lr`` a 0-dim tensor on ``device`` (lr, weight decay and momentum then
+    live on the device; ``set_lr`` writes the tensor in place, so the replayed graph reads the new
+    value); else ``lr`` a float."""
     import inspect
 
-    kw = {"check_finite": False}
     if "capturable" in inspect.signature(cls).parameters:
-        kw["capturable"] = True
-    return kw
+        return {"check_finite": False, "capturable": True, "lr": torch.tensor(lr, device=device)}
+    return {"check_finite": False, "lr": lr}
 
 
 def capture_plan(device) -> tuple[list[torch.Tensor], int, dict]:
@@ -280,14 +281,16 @@ def capture_plan(device) -> tuple[list[torch.Tensor], int, dict]:
     weights += [1 + 0.1 * torch.randn(d, generator=gen).to(device) for _ in range(4)]
     k = len(shapes)
     builders = {
-        "Muon": lambda ps: ortho_fast.Muon(ps[:k], lr=0.02, **_capture_kw(ortho_fast.Muon)),
-        "NorMuon": lambda ps: ortho_fast.NorMuon(ps[:k], lr=0.02, **_capture_kw(ortho_fast.NorMuon)),
-        "Dion2": lambda ps: ortho_fast.Dion2(ps[:k], lr=0.02, **_capture_kw(ortho_fast.Dion2)),
-        # AdamW's bias corrections read host-side step counters unless its group is capturable
+        "Muon": lambda ps: ortho_fast.Muon(ps[:k], **_capture_kw(ortho_fast.Muon, device)),
+        "NorMuon": lambda ps: ortho_fast.NorMuon(ps[:k], **_capture_kw(ortho_fast.NorMuon, device)),
+        "Dion2": lambda ps: ortho_fast.Dion2(ps[:k], **_capture_kw(ortho_fast.Dion2, device)),
+        # AdamW's bias corrections read host-side step counters unless its group is capturable; the
+        # capturable groups' lr a device tensor (``set_lr`` fills it), Lion's a float
         "HybridOptimizer (stacked Muon + capturable AdamW + Lion)": lambda ps: ortho_fast.HybridOptimizer(
-            [{"params": ps[:k], "algorithm": "muon", "lr": 0.02},
-             {"params": ps[k:k + 2], "algorithm": "adamw", "capturable": True, "lr": 0.02},
-             {"params": ps[k + 2:], "algorithm": "lion", "lr": 0.02}], **_capture_kw(ortho_fast.HybridOptimizer)),
+            [{"params": ps[:k], "algorithm": "muon", "capturable": True, "lr": torch.tensor(0.02, device=device)},
+             {"params": ps[k:k + 2], "algorithm": "adamw", "capturable": True,
+              "lr": torch.tensor(0.02, device=device)},
+             {"params": ps[k + 2:], "algorithm": "lion", "lr": 0.02}], check_finite=False),
     }
     return weights, k, builders
 

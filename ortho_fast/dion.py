@@ -165,6 +165,8 @@ class Dion(SchedulerCalls, Optimizer):
     ``synchronize_for_checkpoint()`` before saving, and ``init_state()`` on a fresh optimizer
     before ``dcp.load(opt.state_dict())`` then ``opt.load_state_dict``.
 
+    ``capturable``: torch's option, only False: Dion's step reads its step counter on the host (the
+    sketch generator's seed), so it cannot be captured in a CUDA graph (ValueError naming ``capturable``).
     ``check_finite`` (default True): every gradient must be finite, decided for the whole step by
     one fused reduction on the device and one host read (a NaN / Inf raises ValueError naming the
     parameter, before any change); False checks nothing and reads nothing from the device (a NaN
@@ -224,8 +226,13 @@ class Dion(SchedulerCalls, Optimizer):
         seed: int = 0,
         process_group=None,
         check_finite: bool = True,
+        capturable: bool = False,
         **aliases,
     ) -> None:
+        if capturable is not False:
+            from .groups.dion import DION_NOT_CAPTURABLE
+
+            raise ValueError(DION_NOT_CAPTURABLE)
         if isinstance(replicate_mesh, (int, float)) and not isinstance(replicate_mesh, bool):
             raise TypeError(f"replicate_mesh: got {replicate_mesh!r}; Dion's positional order is microsoft/dion's "
                             "(params, replicate_mesh, outer_shard_mesh, inner_shard_mesh, replicate_mesh_grad_sync, "

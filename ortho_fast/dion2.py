@@ -68,7 +68,8 @@ class Dion2(SchedulerCalls, Optimizer):
     submatrix; None (default) for float32 / float64 compute from aspect ratio 2, so never in the
     default bfloat16; True always, with ``dtype`` torch.float16 (Dao AI Lab's gram-newton-schulz
     kernel, microsoft/dion's ``use_gram_newton_schulz``, restarting every second step),
-    torch.float32 or torch.float64 only; False never) and ``check_finite`` (as ``Muon``). ``flatten``: ≥ 3-D
+    torch.float32 or torch.float64 only; False never), ``check_finite`` and ``capturable`` (as ``Muon``: lr,
+    weight_decay and ef_decay as 0-dim device tensors; one process only). ``flatten``: ≥ 3-D
     parameters as (shape[0], prod(rest)); False: batches of matrices.
     ``selection_scope``: "global" (one top-k per matrix: every layout equals one process) or
     "local" (a top-k per shard of the selected dimension, microsoft/dion's default: layout
@@ -117,6 +118,7 @@ class Dion2(SchedulerCalls, Optimizer):
         tp_mesh=None,
         replicate_mesh=None,
         check_finite: bool = True,
+        capturable: bool = False,
         **aliases,
     ) -> None:
         if len(dion_positional) > len(DION2_POSITIONAL):
@@ -124,7 +126,7 @@ class Dion2(SchedulerCalls, Optimizer):
                             f"(microsoft/dion's order), got {10 + len(dion_positional)}")
         options = dict(lr=lr, fraction=fraction, ef_decay=ef_decay, weight_decay=weight_decay, epsilon=epsilon,
                        adjust_lr=adjust_lr, flatten=flatten, coefficients=coefficients, ns_steps=ns_steps,
-                       safety=safety, dtype=dtype, selection_scope=selection_scope, gram=gram)
+                       safety=safety, dtype=dtype, selection_scope=selection_scope, gram=gram, capturable=capturable)
         for name, value in zip(DION2_POSITIONAL, dion_positional):
             if name == "selection_scope":
                 options[name] = value
@@ -141,6 +143,9 @@ class Dion2(SchedulerCalls, Optimizer):
             normalize_dion2_group({**options, "params": []})
         self.check_finite = check_finite
         self._sharding = None
+        if any(x is not None for x in (distributed_mesh, tp_mesh, replicate_mesh)) and capturable is True:
+            raise ValueError("capturable: the distributed step (distributed_mesh / tp_mesh / replicate_mesh) reads its "
+                             "plan on the host; capturable=True is for the one-process step")
         if any(x is not None for x in (distributed_mesh, tp_mesh, replicate_mesh)):
             from .distributed.dion2 import Dion2Sharding
 

@@ -88,7 +88,7 @@ def _check_foreign_keys(group: dict, algorithm: str) -> None:
     ``momentum`` on an AdamW group does not set β1)."""
     own = ALGORITHMS[algorithm].defaults
     for key in group:
-        if key in own or key in _BOOKKEEPING_KEYS:
+        if key in own or key in _BOOKKEEPING_KEYS or key == "capturable":  # torch's option: each algorithm's own
             continue
         if key.startswith("qk_clip"):
             raise ValueError(f"{key}: QK-clip runs in ortho_fast.Muon / NorMuon only (its step takes the max "
@@ -105,7 +105,10 @@ class HybridOptimizer(SchedulerCalls, Optimizer):
     A group's missing options come from ITS algorithm's defaults (``MUON_DEFAULTS``,
     ``DION_DEFAULTS``, ``ADAMW_DEFAULTS``, ``LION_DEFAULTS``), overridden per algorithm by
     ``defaults={"adamw": {...}, ...}``; groups without ``algorithm`` get ``algorithm=``
-    (default None: every group must name one). ``step`` first runs every group's check (a
+    (default None: every group must name one). ``"capturable": True`` in a Muon, Dion2 or AdamW group
+    (torch's option): its hyperparameters as 0-dim device tensors and no host read in its step (``Muon``'s
+    ``capturable``); a Dion group refuses it (ValueError naming ``capturable``). ``step`` first runs every
+    group's check (a
     NaN gradient anywhere: ValueError, nothing changed), then steps every group. Dion groups
     number their parameters among the Dion parameters only, in group order, so ``seed`` and
     that index draw the same Q0 as ``Dion(dion_groups, seed=seed)``; the seed is a

@@ -133,6 +133,15 @@ class Muon(SchedulerCalls, Optimizer):
     those of the one-process step with ``banks=False``). Sharded parameters take no ``banks``, ``split_sizes`` /
     ``split_groups`` / ``num_heads``, ``expert_keys`` or ``flatten=False`` batches (plain and
     replicated ones take every option).
+    ``capturable`` (default False; torch's option name): lr, weight_decay and momentum reach the kernels
+    as 0-dim tensors on the parameters' device and the step reads nothing from the device (with
+    ``check_finite=False``; the finiteness check is its one host read), so a step captured in a CUDA
+    graph follows a scheduler: give ``lr`` (``weight_decay``, ``momentum``) as a 0-dim tensor on the
+    parameters' device, which torch's LR schedulers write with ``fill_``; a float is copied into a
+    device tensor with ``fill_`` at each step (followed in eager; a captured graph replays the value it
+    captured). A tensor lr without ``capturable=True`` is refused (ValueError naming ``lr``). The
+    update is eager's up to float32 roundoff (a product then a sum where eager passes the lr as a
+    kernel's ``alpha``: ``ortho_fast.functional.graph_scalars``). One process only.
     ``check_finite`` (default True): every gradient must be finite, decided for the whole step by
     one fused reduction on the device and one host read (a NaN / Inf raises ValueError naming the
     parameter, before any change); False checks nothing and reads nothing from the device (a NaN
@@ -209,6 +218,7 @@ class Muon(SchedulerCalls, Optimizer):
         tp_mesh=None,
         tp_mode: str = "duplicated",
         check_finite: bool = True,
+        capturable: bool = False,
         **aliases,
     ) -> None:
         if is_mesh(lr):
@@ -230,7 +240,7 @@ class Muon(SchedulerCalls, Optimizer):
             split_groups=split_groups, num_heads=num_heads, flatten=flatten, row_equilibration=row_equilibration,
             renormalize=renormalize, normuon_beta2=normuon_beta2, normuon_eps=normuon_eps,
             normuon_eps_mode=normuon_eps_mode, normuon_dim=normuon_dim, distributed_mesh=distributed_mesh,
-            tp_mesh=tp_mesh, tp_mode=tp_mode,
+            tp_mesh=tp_mesh, tp_mode=tp_mode, capturable=capturable,
         )
         for name in ("eps", "ns_steps"):  # torch's positional order, our keyword names
             if name in given:
@@ -256,6 +266,9 @@ class Muon(SchedulerCalls, Optimizer):
             raise TypeError(f"check_finite: expected a bool, got {check_finite!r}")
         self.check_finite = check_finite
         self._sharding = MuonSharding(distributed_mesh, tp_mesh, tp_mode)
+        if self._sharding.active and capturable is True:
+            raise ValueError("capturable: the distributed step (distributed_mesh / tp_mesh) reads its plan on the "
+                             "host; capturable=True is for the one-process step")
         self._runner = self._sharding if self._sharding.active else MuonGroups()
         self._qk_clip = sharded_qk_clip_runner(self._sharding)
         super().__init__(params, defaults)

@@ -193,3 +193,19 @@ def check_filled(group: dict, defaults, algorithm: str) -> None:
     missing = [k for k in defaults if k not in group]
     if missing:
         raise ValueError(f"{missing[0]}: missing from the {algorithm} param group (fill it from its defaults)")
+
+
+def check_bool_option(group: dict, key: str) -> None:
+    """TypeError naming ``key`` unless ``group[key]`` is a bool."""
+    if not isinstance(group[key], bool):
+        raise TypeError(f"{key}: expected a bool, got {group[key]!r}")
+
+
+def int_tuple_option(value, key: str, allow_int: bool):
+    """None, an int (if allowed) or a sequence -> None, the int, or a tuple; TypeError otherwise."""
+    if value is None or (allow_int and isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        what = "None, an integer or a sequence of integers" if allow_int else "None or a sequence of integers"
+        raise TypeError(f"{key}: expected {what}, got {value!r}")
+    return tuple(value)

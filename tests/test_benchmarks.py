@@ -16,7 +16,7 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = {"ns_vs_gemm.py": "default / GEMM", "muon_vs_torch.py": "ours / torch", "dion_vs_muon.py": "÷ Muon bf16",
-           "proxies.py": "compute ops", "identify.py": "seconds"}
+           "proxies.py": "compute ops", "identify.py": "seconds", "host_time.py": "÷ torch"}
 #: Scripts for another machine, run here in their CPU smoke form (their own flag), not ``--quick``.
 DEVICE_SCRIPTS = {"gpu.py": ["--dry-run", "--compare", "torch.optim:SGD"]}
 QUICK = ["--quick", "--min-run-time", "0.01", "--threads", "1"]

@@ -9,6 +9,10 @@ a float that multiplies a tensor becomes a graph input after the second compile.
 compile these write the same update as a product then a sum (inductor fuses them; within
 ``ortho_verify.tolerances.compiled_tolerance`` of eager). Source: torch 2.13
 ``torch/fx/passes/_tensorify_python_scalars.py``; docs/performance.md, "(d)".
+
+A 0-dim tensor in place of the float (``capturable=True``: an lr on the parameters' device, which a
+scheduler or a captured CUDA graph's caller writes) takes the same product form in eager too: the
+tensor is an operand of the kernels, never read on the host (``is_device_scalar``).
 """
 
 from __future__ import annotations
@@ -18,16 +22,37 @@ from typing import Sequence
 import torch
 
 
-def add_scaled_(dst: torch.Tensor, src: torch.Tensor, alpha: float) -> torch.Tensor:
-    """dst ← dst + alpha·src in place (src cast to dst's dtype under compile); returns dst."""
-    if torch.compiler.is_compiling():
+def is_device_scalar(value) -> bool:
+    """Whether a hyperparameter is a tensor (a 0-dim one on the parameters' device, ``capturable=True``):
+    then it is an operand of the kernels and is never read on the host."""
+    return isinstance(value, torch.Tensor)
+
+
+def as_operand(value):
+    """A float hyperparameter as a float; a tensor one (``capturable``) as it is: never read on the host."""
+    return value if is_device_scalar(value) else float(value)
+
+
+def lerp_weight(weight: float | torch.Tensor, n: int):
+    """The ``weight`` argument of a ``_foreach_lerp_`` / ``_foreach_lerp`` over ``n`` tensors: a float as it
+    is; a 0-dim tensor as a list of it (the ``List`` overload: read on the device, where the tensor
+    overload reads the weight on the host; lerp's formula, eager's bits for a weight in the tensors'
+    dtype; on CUDA broadcast weights take torch's per-tensor path, which a captured graph replays cheaply)."""
+    return [weight] * n if is_device_scalar(weight) else weight
+
+
+def add_scaled_(dst: torch.Tensor, src: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
+    """dst ← dst + alpha·src in place (src cast to dst's dtype under compile or for a tensor
+    ``alpha``); returns dst."""
+    if torch.compiler.is_compiling() or is_device_scalar(alpha):
         return dst.add_(src.to(dst.dtype) * alpha)
     return dst.add_(src, alpha=alpha)
 
 
-def addmm_scaled_(dst: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
+def addmm_scaled_(dst: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float | torch.Tensor
+                   ) -> torch.Tensor:
     """dst ← dst + alpha·(a @ b) in place; returns dst."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or is_device_scalar(alpha):
         return dst.add_((a @ b) * alpha)
     return dst.addmm_(a, b, alpha=alpha)
 
@@ -41,17 +66,26 @@ def foreach_add_scaled_(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tenso
     (a cast copy: one CUDA launch, where a ``_foreach_add_`` whose lists differ in dtype takes
     torch's slow path, one launch per tensor), then added with one same-dtype ``_foreach_add_``.
     The bits are those without them: the cast to a wider float is exact and the sum is computed in
-    the dsts' dtype either way. Changes ``buffers``."""
+    the dsts' dtype either way. Changes ``buffers``. A tensor ``alpha`` (0-dim): the srcs (in
+    ``buffers`` when given, else in new tensors of the dsts' dtypes) times alpha with one
+    ``_foreach_mul``, then one ``_foreach_add_``: the product rounded to the dsts' dtype first."""
     if torch.compiler.is_compiling():
         for d, s in zip(dsts, srcs):
             d.add_(s.to(d.dtype) * alpha)
         return
-    srcs = list(srcs)
+    srcs, dsts = list(srcs), list(dsts)
     if buffers is not None:
         views = [b.view(s.shape) for b, s in zip(buffers, srcs)]
         torch._foreach_copy_(views, srcs)
         srcs = views
-    torch._foreach_add_(list(dsts), srcs, alpha=alpha)
+    if is_device_scalar(alpha):
+        if buffers is not None:
+            torch._foreach_mul_(srcs, alpha)
+        else:
+            srcs = torch._foreach_mul([s if s.dtype == d.dtype else s.to(d.dtype) for d, s in zip(dsts, srcs)], alpha)
+        torch._foreach_add_(dsts, srcs)
+        return
+    torch._foreach_add_(dsts, srcs, alpha=alpha)
 
 
 #: Dtypes whose CPU ``_foreach_mul_`` by a Python float rounds the factor to the tensor's dtype
@@ -60,7 +94,7 @@ def foreach_add_scaled_(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tenso
 CPU_ROUNDED_FACTOR_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def foreach_scale_(ts: Sequence[torch.Tensor], factor: float) -> None:
+def foreach_scale_(ts: Sequence[torch.Tensor], factor: float | torch.Tensor) -> None:
     """ts[i] ← factor·ts[i] in place, for every i, with the bits of ``ts[i].mul_(factor)``: one
     ``_foreach_mul_`` in eager, except for bfloat16 / float16 tensors on the CPU, which take their
     own ``mul_`` (``CPU_ROUNDED_FACTOR_DTYPES``; on the CPU a launch costs nothing)."""

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from ..validation import check_choice
-from .graph_scalars import add_scaled_, foreach_scale_
+from .graph_scalars import add_scaled_, foreach_scale_, is_device_scalar, lerp_weight
 from .layout import MuonLayout
 from .newton_schulz import newton_schulz_resolved, newton_schulz_stack, newton_schulz_stacked
 from .stacked import momentum_rounds
@@ -74,6 +74,8 @@ def muon_momentum(grad: torch.Tensor, buf: torch.Tensor, *, mu: float, nesterov:
         buf.lerp_(grad, 1 - mu)
         return grad.lerp(buf, mu) if nesterov else buf
     buf.mul_(mu).add_(grad)
+    if nesterov and is_device_scalar(mu):
+        return grad + buf * mu
     return grad.add(buf, alpha=mu) if nesterov else buf
 
 
@@ -92,10 +94,12 @@ def muon_momentum_foreach(grads: Sequence[torch.Tensor], bufs: Sequence[torch.Te
     if not grads:
         return []
     if style == "ema":
-        torch._foreach_lerp_(bufs, grads, 1 - mu)
-        return list(torch._foreach_lerp(grads, bufs, mu)) if nesterov else bufs
+        torch._foreach_lerp_(bufs, grads, lerp_weight(1 - mu, len(bufs)))
+        return list(torch._foreach_lerp(grads, bufs, lerp_weight(mu, len(bufs)))) if nesterov else bufs
     foreach_scale_(bufs, mu)  # the bits of mul_ (bfloat16 / float16 on the CPU too)
     torch._foreach_add_(bufs, grads)
+    if nesterov and is_device_scalar(mu):
+        return list(torch._foreach_add(grads, torch._foreach_mul(bufs, mu)))
     return list(torch._foreach_add(grads, bufs, alpha=mu)) if nesterov else bufs
 
 
@@ -108,7 +112,7 @@ def update_momentum_buffers(grads: Sequence[torch.Tensor], bufs: Sequence[torch.
     if not grads:
         return
     if style == "ema":
-        torch._foreach_lerp_(bufs, grads, 1 - mu)
+        torch._foreach_lerp_(bufs, grads, lerp_weight(1 - mu, len(bufs)))
     else:
         foreach_scale_(bufs, mu)
         torch._foreach_add_(bufs, grads)
@@ -145,7 +149,10 @@ def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bu
             rounds = momentum_rounds(free, grads, out + grads + bufs)
         if rounds is None:
             for o, g, b in zip(out, grads, bufs):
-                torch.lerp(g, b, mu, out=o) if style == "ema" else torch.add(g, b, alpha=mu, out=o)
+                if style == "ema":
+                    torch.lerp(g, b, mu, out=o)
+                else:
+                    torch.add(g, b * mu, out=o) if is_device_scalar(mu) else torch.add(g, b, alpha=mu, out=o)
             return
         for lo, hi, scratch in rounds:
             _nesterov_in_place(scratch, grads[lo:hi], bufs[lo:hi], mu=mu, style=style)
@@ -161,7 +168,9 @@ def _nesterov_in_place(out: list[torch.Tensor], grads: list[torch.Tensor], bufs:
     ``_foreach`` op (the kernels of ``lerp`` / ``add``: their bits); out of the gradients' dtype."""
     torch._foreach_copy_(out, grads)
     if style == "ema":
-        torch._foreach_lerp_(out, bufs, mu)
+        torch._foreach_lerp_(out, bufs, lerp_weight(mu, len(out)))
+    elif is_device_scalar(mu):
+        torch._foreach_add_(out, torch._foreach_mul(bufs, mu))
     else:
         torch._foreach_add_(out, bufs, alpha=mu)
 
@@ -200,6 +209,9 @@ def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: fl
     """Decoupled weight decay W ← W·(1 − lr·wd) on every tensor of ``params`` in place, with one
     ``_foreach_mul_`` (``graph_scalars.foreach_scale_``: the bits of ``W.mul_(1 - lr * wd)``; nothing when lr·wd = 0).
     Source: torch.optim.Muon / AdamW (decoupled decay with the unscaled lr)."""
+    if is_device_scalar(lr) or is_device_scalar(weight_decay):  # capturable: applied, never compared on the host
+        foreach_scale_(params, 1 - lr * weight_decay)
+        return
     factor = 1 - float(lr) * float(weight_decay)
     if factor != 1.0 and params:
         foreach_scale_(params, factor)
@@ -304,6 +316,11 @@ def split_stack(x: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Ten
     return out
 
 
+def _nonzero(x) -> bool:
+    """Whether a decay may be nonzero: a tensor (capturable: never read on the host) or a float != 0."""
+    return is_device_scalar(x) or x != 0.0
+
+
 def muon_update(p: torch.Tensor, layout: MuonLayout, outs: Sequence[torch.Tensor], *, lr: float,
                 weight_decay: float, adjust_lr: str | None, extra_scale_factor: float = 1.0,
                 cautious_weight_decay: bool = False, shapes: Sequence[tuple[int, ...]] | None = None,
@@ -320,19 +337,23 @@ def muon_update(p: torch.Tensor, layout: MuonLayout, outs: Sequence[torch.Tensor
     Source: torch.optim.Muon (decoupled decay, ``adjust_lr``); Moonlight (0.2·√max(m, n));
     Megatron (``extra_scale_factor``); nanochat (decay with the adjusted lr).
     """
-    lr, wd = float(lr), float(weight_decay)
+    # a tensor lr / weight decay (capturable) is applied, never compared on the host; a Python 0.0 decay skips
+    lr = lr if is_device_scalar(lr) else float(lr)
+    wd = weight_decay if is_device_scalar(weight_decay) else float(weight_decay)
     per_block = weight_decay_style == "adjusted_lr"
     w = p if p.is_contiguous() else p.contiguous()
-    whole = 0.0 if per_block else decay_amount(weight_decay_style, lr=lr, weight_decay=wd)
-    if not cautious_weight_decay and whole != 0.0:  # W·1 is W: skipped (``decay_weights`` did it)
+    whole = 0.0 if per_block or not _nonzero(wd) else decay_amount(weight_decay_style, lr=lr, weight_decay=wd)
+    if not cautious_weight_decay and _nonzero(whole):  # W·1 is W: skipped (``decay_weights`` did it)
         w.mul_(1 - whole)
     for view, o, shape in zip(layout.views(w), outs, shapes or layout.matrix_shapes()):
         o = o.reshape(view.shape)
         scale = adjusted_lr_scale(adjust_lr, shape[-2], shape[-1]) * extra_scale_factor
-        decay = decay_amount(weight_decay_style, lr=lr, weight_decay=wd, scale=scale) if per_block else whole
+        decay = whole
+        if per_block and _nonzero(wd):
+            decay = decay_amount(weight_decay_style, lr=lr, weight_decay=wd, scale=scale)
         if cautious_weight_decay:
             view.mul_(cautious_decay_factor(o, view, decay))
-        elif per_block and decay != 0.0:
+        elif per_block and _nonzero(decay):
             view.mul_(1 - decay)
         add_scaled_(view, o, -lr * scale)
     if w is not p:

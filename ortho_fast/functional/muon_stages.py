@@ -212,15 +212,15 @@ def post_orthogonalize(outs: Sequence[torch.Tensor], variances: Sequence[torch.T
 
 
 def foreach_addcmul_scaled_(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor],
-                            factors: Sequence[torch.Tensor], alpha: float) -> None:
+                            factors: Sequence[torch.Tensor], alpha: float | torch.Tensor) -> None:
     """dsts[i] ← dsts[i] + alpha·srcs[i]·factors[i] in place (factors broadcast: the stages'
     ``post_factors``), computed in the promoted dtype (float32 for bfloat16 sources and float32
     factors) and rounded once into dsts[i]: the update with Ô = O·f never materialized. Eager: one
     ``_foreach_addcmul_`` (on CUDA, mixed dtypes or broadcast factors take torch's per-tensor
     path: one kernel per tensor). Under ``torch.compile`` a product then a sum (the lr stays a
-    graph input, ``ortho_fast.functional.graph_scalars``).
+    graph input, ``ortho_fast.functional.graph_scalars``), and so for a tensor ``alpha`` (``capturable``).
     Shapes: srcs[i] and factors[i] broadcastable to dsts[i]."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or isinstance(alpha, torch.Tensor):
         for d, s, f in zip(dsts, srcs, factors):
             dtype = torch.promote_types(torch.promote_types(d.dtype, s.dtype), f.dtype)
             d.add_(s.to(dtype) * f.to(dtype) * alpha)

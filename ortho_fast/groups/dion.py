@@ -43,9 +43,19 @@ def param_rank(p: torch.Tensor, group) -> int:
     return dion_rank(m, n, group["rank_fraction"], group["rank_multiple_of"])
 
 
+#: Why a Dion group refuses ``capturable=True`` (torch's option; ``resolve_dion_options``).
+DION_NOT_CAPTURABLE = ("capturable: Dion cannot be captured in a CUDA graph (its step reads its step counter on "
+                       "the host, int(state['step']), to seed the randomized-QR sketch generator, and draws Q0 on "
+                       "the CPU); pass capturable=False")
+
+
 def resolve_dion_options(group: dict) -> DionOptions:
     """Every hyperparameter of a filled Dion group validated (``qr_method`` aliases resolved),
-    as a ``DionOptions``; raises naming the key, changes nothing."""
+    as a ``DionOptions``; raises naming the key, changes nothing. ``capturable`` (torch's option, a
+    key of a HybridOptimizer group) True raises ValueError: Dion cannot be captured (``DION_NOT_CAPTURABLE``)."""
+    # dynamo marks every traced group capturable (torch/_dynamo/variables/optimizer.py): compiled, not refused
+    if group.get("capturable") and not torch.compiler.is_compiling():
+        raise ValueError(DION_NOT_CAPTURABLE)
     check_filled(group, DION_DEFAULTS, "Dion")
     check_hyper(group["lr"], "lr")
     check_hyper(group["mu"], "mu", high=1.0)

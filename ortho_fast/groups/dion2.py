@@ -31,7 +31,7 @@ from ..validation import (
     local_tensor,
 )
 from .driver import GroupRunner
-from .options import OptionsCache, check_gram_option
+from .options import DeviceHypers, OptionsCache, check_device_hyper, check_gram_option
 
 __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options", "check_dion2_step",
            "LAUNCH_BYTES", "batched_update_pays", "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks",
@@ -52,8 +52,10 @@ __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options",
 DION2_DEFAULTS: dict[str, object] = dict(
     lr=0.01, fraction=0.25, ef_decay=0.95, weight_decay=0.01, epsilon=1e-8, adjust_lr="spectral_norm",
     flatten=False, coefficients="polar_express", ns_steps=None, safety=None, dtype=torch.bfloat16,
-    selection_scope="local", gram=None,
+    selection_scope="local", gram=None, capturable=False,
 )
+#: The hyperparameters a ``capturable`` Dion2 group keeps as 0-dim tensors on the parameters' device.
+DION2_DEVICE_HYPERS = ("lr", "weight_decay", "ef_decay")
 #: The group keys a ``Dion2Options`` is resolved from.
 DION2_OPTION_KEYS = tuple(DION2_DEFAULTS)
 
@@ -76,6 +78,8 @@ class Dion2Options:
     precision: str | None
     selection_scope: str
     gram: bool | None = None
+    #: torch's ``capturable``: lr, weight_decay, ef_decay reach the kernels as 0-dim device tensors
+    capturable: bool = False
 
 
 def resolve_dion2_options(group: dict) -> Dion2Options:
@@ -83,9 +87,13 @@ def resolve_dion2_options(group: dict) -> Dion2Options:
     Raises: ValueError / TypeError whose message starts with the key; UnknownScheduleError for an
     unknown schedule name."""
     check_filled(group, DION2_DEFAULTS, "Dion2")
+    if not isinstance(group["capturable"], bool):
+        raise TypeError(f"capturable: expected a bool, got {group['capturable']!r}")
+    hypers = {key: check_device_hyper(group[key], key, group["capturable"]) for key in DION2_DEVICE_HYPERS}
     for key, kw in (("lr", {}), ("fraction", {"high": 1.0, "low_open": True}), ("ef_decay", {"high": 1.0}),
                     ("weight_decay", {}), ("epsilon", {})):
-        check_hyper(group[key], key, **kw)
+        if key not in DION2_DEVICE_HYPERS or not isinstance(group[key], torch.Tensor):
+            hypers[key] = check_hyper(group[key], key, **kw)
     if not isinstance(group["flatten"], bool):
         raise TypeError(f"flatten: expected a bool, got {group['flatten']!r}")
     check_choice(group["adjust_lr"], "adjust_lr", DION2_ADJUST_LR_MODES)
@@ -98,8 +106,8 @@ def resolve_dion2_options(group: dict) -> Dion2Options:
     check_hyper(safety, "safety", low_open=True)
     compute_dtype, precision = resolve_compute_dtype(group["dtype"])
     check_gram_option(group["gram"], compute_dtype, precision)
-    return Dion2Options(lr=float(group["lr"]), fraction=float(group["fraction"]), ef_decay=float(group["ef_decay"]),
-                        weight_decay=float(group["weight_decay"]), epsilon=float(group["epsilon"]),
+    return Dion2Options(lr=hypers["lr"], fraction=hypers["fraction"], ef_decay=hypers["ef_decay"],
+                        weight_decay=hypers["weight_decay"], epsilon=hypers["epsilon"], capturable=group["capturable"],
                         adjust_lr=group["adjust_lr"], flatten=group["flatten"], table=table, safety=float(safety),
                         compute_dtype=compute_dtype, precision=precision, selection_scope=group["selection_scope"],
                         gram=group["gram"])
@@ -341,6 +349,7 @@ class Dion2Groups(GroupRunner):
     def __init__(self) -> None:
         self.cache = OptionsCache()
         self.workspace = stacked_math.Workspace()
+        self.scalars = DeviceHypers(DION2_DEVICE_HYPERS)  # capturable groups' device scalars (cleared by ``reset``)
 
     def options(self, group: dict) -> Dion2Options:
         return self.cache.get(group, DION2_OPTION_KEYS, resolve_dion2_options)
@@ -350,7 +359,11 @@ class Dion2Groups(GroupRunner):
             check_dion2_step(group, state, self.options(group), finite if finite is not None else False)
 
     def step(self, group: dict, state, first_index: int) -> None:
-        dion2_group_step(group, state, self.options(group), self.workspace)
+        options = self.options(group)
+        # compiled: lr a graph input (dynamo marks groups capturable)
+        if options.capturable and not torch.compiler.is_compiling():
+            options = self.scalars.options(group, options)
+        dion2_group_step(group, state, options, self.workspace)
 
     @property
     def workspace_nbytes(self) -> int:

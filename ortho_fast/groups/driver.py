@@ -44,10 +44,12 @@ class GroupRunner:
         raise NotImplementedError
 
     def reset(self) -> None:
-        """Forget what was cached about the groups (their dicts were replaced: ``load_state_dict``)."""
-        cache = getattr(self, "cache", None)
-        if cache is not None:
-            cache.clear()
+        """Forget what was cached about the groups (their dicts were replaced: ``load_state_dict``): the
+        options (``cache``), the layouts and plans (``plans``), the device scalars of capturable groups
+        (``scalars``)."""
+        for held in (getattr(self, "cache", None), getattr(self, "plans", None), getattr(self, "scalars", None)):
+            if held is not None:
+                held.clear()
 
 
 def tracks_scheduler_calls(step: Callable) -> Callable:

@@ -18,17 +18,18 @@ import torch
 
 from ..coefficients import CoefficientsLike, resolve_coefficients, schedule_of
 from ..functional import layout as layout_math, muon as muon_math, muon_stages as stage_math, stacked as stacked_math
+from ..functional.graph_scalars import as_operand
 from ..functional.layout import MuonLayout, is_expert_name
 from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, WEIGHT_DECAY_STYLES, muon_momentum
 from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
 from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
-from ..validation import (FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper,
-                          check_param_shaped_state)
+from ..validation import (FiniteCheck, check_bool_option, check_choice, check_count, check_filled, check_grad,
+                          check_hyper, check_param_shaped_state, int_tuple_option)
 from .driver import GroupRunner
-from .muon_budget import cautious_nbytes, rest_batches, stage_nbytes, state_bytes, writes_compute_dtype
+from .muon_budget import cached_plan, cached_views, stage_nbytes, step_plan, writes_compute_dtype
 from .muon_stages import (STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options,
                           stacked_stage_update_, variance_shape)
-from .options import MuonOptions, OptionsCache, check_gram_option
+from .options import DeviceHypers, GroupPlans, MuonOptions, OptionsCache, check_device_hyper, check_gram_option
 
 #: Every Muon param-group key with its default (torch.optim.Muon's defaults where torch has the option).
 MUON_DEFAULTS: dict[str, object] = {
@@ -56,22 +57,11 @@ MUON_DEFAULTS: dict[str, object] = {
     "num_heads": None,
     "flatten": None,  # None: >= 4-D flattened, 3-D rejected unless expert; True / False: microsoft/dion's flatten
     **STAGE_DEFAULTS,  # MuonEq, Muon+, NorMuon (ortho_fast.groups.muon_stages), off
+    "capturable": False,  # True: lr, weight_decay, momentum as 0-dim tensors on the device (torch's option)
 }
 
-
-def _check_bool(group: dict, key: str) -> None:
-    if not isinstance(group[key], bool):
-        raise TypeError(f"{key}: expected a bool, got {group[key]!r}")
-
-
-def _int_tuple(value, key: str, allow_int: bool):
-    """None, an int (if allowed) or a sequence -> None, the int, or a tuple; TypeError otherwise."""
-    if value is None or (allow_int and isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        what = "None, an integer or a sequence of integers" if allow_int else "None or a sequence of integers"
-        raise TypeError(f"{key}: expected {what}, got {value!r}")
-    return tuple(value)
+#: The hyperparameters a ``capturable`` group keeps as 0-dim tensors on the parameters' device.
+DEVICE_HYPERS = ("lr", "weight_decay", "momentum")
 
 
 def default_eps_mode(coefficients: CoefficientsLike) -> str:
@@ -100,13 +90,17 @@ def resolve_muon_options(group: dict) -> MuonOptions:
     UnknownScheduleError (KeyError, ValueError) for an unknown schedule name.
     """
     check_filled(group, MUON_DEFAULTS, "Muon")
+    if not isinstance(group["capturable"], bool):
+        raise TypeError(f"capturable: expected a bool, got {group['capturable']!r}")
+    hypers = {key: check_device_hyper(group[key], key, group["capturable"]) for key in DEVICE_HYPERS}
     for key, kw in (("lr", {}), ("weight_decay", {}), ("momentum", {"high": 1.0}),
                     ("extra_scale_factor", {"low_open": True})):
-        check_hyper(group[key], key, **kw)
+        if key not in DEVICE_HYPERS or not isinstance(group[key], torch.Tensor):
+            hypers[key] = check_hyper(group[key], key, **kw)
     for key in ("nesterov", "cautious_weight_decay", "bitwise_torch"):
-        _check_bool(group, key)
+        check_bool_option(group, key)
     if group["banks"] is not None:
-        _check_bool(group, "banks")
+        check_bool_option(group, "banks")
     if not any(group["flatten"] is v for v in (None, True, False)):
         raise TypeError(f"flatten: expected None, True or False, got {group['flatten']!r}")
     check_choice(group["momentum_style"], "momentum_style", MOMENTUM_STYLES)
@@ -138,14 +132,15 @@ def resolve_muon_options(group: dict) -> MuonOptions:
     if keys is None or not all(isinstance(k, str) and k for k in keys):
         raise TypeError(f"expert_keys: expected a non-empty string or a sequence of them, got {group['expert_keys']!r}")
     return MuonOptions(
-        lr=float(group["lr"]), weight_decay=float(group["weight_decay"]), momentum=float(group["momentum"]),
+        lr=hypers["lr"], weight_decay=hypers["weight_decay"], momentum=hypers["momentum"],
+        capturable=group["capturable"],
         nesterov=group["nesterov"], momentum_style=group["momentum_style"], table=table, safety=float(out["safety"]),
         eps=float(out["eps"]), eps_mode=out["eps_mode"], compute_dtype=compute_dtype, precision=precision,
         adjust_lr=group["adjust_lr"], extra_scale_factor=float(group["extra_scale_factor"]),
         cautious_weight_decay=group["cautious_weight_decay"], weight_decay_style=group["weight_decay_style"],
         banks=group["banks"] is True, expert_keys=keys,
-        split_sizes=_int_tuple(group["split_sizes"], "split_sizes", allow_int=False),
-        split_groups=group["split_groups"], num_heads=_int_tuple(group["num_heads"], "num_heads", allow_int=True),
+        split_sizes=int_tuple_option(group["split_sizes"], "split_sizes", allow_int=False),
+        split_groups=group["split_groups"], num_heads=int_tuple_option(group["num_heads"], "num_heads", allow_int=True),
         flatten=group["flatten"], bitwise_torch=group["bitwise_torch"], banks_setting=group["banks"],
         gram=False if group["bitwise_torch"] else group["gram"], **resolve_stage_options(group))
 
@@ -295,24 +290,21 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
     for _, p in live:
         if "momentum_buffer" not in state[p]:
             state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-    budget_from = state_bytes(live, layout, options)
-    chunks, rest = plan_stacks(live, layout, options, budget_from)
+    chunks, batches, stacked, sizes = cached_plan(layouts, live, lambda: step_plan(live, layout, options, plan_stacks))
     update = options.update_kwargs()
     left = _decay_up_front(live, layout, options)  # the others: in ``muon_update``
     # before the stacks (at a first step their temporaries come and go before the workspace), in
     # batches within the stacks' workspace budget
-    rest_budget = stacked_math.workspace_budget(*budget_from) - cautious_nbytes(rest, layout, options)
-    for batch in rest_batches(rest, layout, options, rest_budget):
+    for batch in batches:
         _rest_step(group, state, options, layout, batch, update, left)
     if chunks:
-        stacked = [p for chunk in chunks for p, _, _ in chunk.members]
         bufs = [state[p]["momentum_buffer"] for p in stacked]
         muon_math.update_momentum_buffers([p.grad for p in stacked], bufs, mu=options.momentum,
                                           style=options.momentum_style)
         workspace = Workspace() if workspace is None else workspace
         if not torch.compiler.is_compiling():
-            for device in {chunk.members[0][0].device for chunk in chunks}:
-                workspace.reserve(max(c.nbytes for c in chunks if c.members[0][0].device == device), device)
+            for device, nbytes in sizes.items():
+                workspace.reserve(nbytes, device)
         for chunk in chunks:
             stacked_chunk_step(chunk, state, options, update, workspace)
 
@@ -322,7 +314,8 @@ def _decay_up_front(live, layout, options: MuonOptions) -> set[int]:
     cautious; the ids of the parameters left for ``muon_update`` to decay."""
     if options.cautious_weight_decay:
         return {id(p) for _, p in live}
-    return muon_math.decay_by_style([(p, layout(i, p).matrix_shapes()) for i, p in live],
+    shaped = options.weight_decay_style == "adjusted_lr"  # the other styles read no shape
+    return muon_math.decay_by_style([(p, layout(i, p).matrix_shapes() if shaped else ()) for i, p in live],
                                     style=options.weight_decay_style, lr=options.lr, weight_decay=options.weight_decay,
                                     adjust_lr=options.adjust_lr, extra_scale_factor=options.extra_scale_factor)
 
@@ -358,6 +351,7 @@ class StackChunk:
     count: int = 0
     nbytes: int = 0  # its workspace (``stacked.chunk_nbytes``)
     key: tuple = ()  # (m, n, dtype, device): the shape group it was cut from
+    views: dict = field(default_factory=dict)  # ``cached_views`` of its workspace stacks
 
 
 def _whole(lay: MuonLayout) -> bool:
@@ -432,12 +426,13 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
     shape = (chunk.count, chunk.m, chunk.n)
     direct = writes_compute_dtype(options, params[0].dtype)
     u = workspace.get("momentum", shape, options.compute_dtype if direct else params[0].dtype, params[0].device)
-    views = muon_math.split_stack(u, params)
+    pools = () if torch.compiler.is_compiling() else workspace.data_ptrs()  # what ``cached_views`` may keep
+    views = cached_views(chunk.views, "u", u, lambda: muon_math.split_stack(u, params), pools)
     bufs = [state[p]["momentum_buffer"] for p in params]
     muon_math.momentum_into(views, [p.grad for p in params], bufs, mu=options.momentum, nesterov=options.nesterov,
                             style=options.momentum_style, free=workspace.spare(u.device))  # U in rounds
-    mats = muon_math.MatrixStack([v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)], u,
-                                 scratch=True)
+    mats = muon_math.MatrixStack(cached_views(chunk.views, "mats", u, lambda: [
+        v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)], pools), u, scratch=True)
     pre = stage_math.pre_orthogonalize([u], equilibration=options.equilibration)[0]
     if pre is not u:
         mats = muon_math.MatrixStack(muon_math.split_stack(pre, mats), pre)
@@ -451,12 +446,13 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
                 .reshape(p.shape) for o, (p, lay, _) in zip(outs, chunk.members)]
     else:
         if stages:  # Muon+ / NorMuon: one factor per neuron, applied inside the update (no float32 stack)
-            stacked_stage_update_(chunk.members, stack, state, options, float(update["lr"]),
+            stacked_stage_update_(chunk.members, stack, state, options, as_operand(update["lr"]),
                                   free=(u, workspace.spare(u.device)))  # Ô in rounds in free bytes
             return
-        outs = muon_math.split_stack(stack, params)
+        outs = cached_views(chunk.views, "outs", stack, lambda: muon_math.split_stack(stack, params), pools)
     scale = muon_math.adjusted_lr_scale(options.adjust_lr, chunk.m, chunk.n) * options.extra_scale_factor
-    stacked_math.add_update_(params, outs, -float(update["lr"]) * scale, None if stages else u, stack)
+    stacked_math.add_update_(params, outs, -as_operand(update["lr"]) * scale, None if stages else u, stack)
+
 
 
 class MuonGroups(GroupRunner):
@@ -466,6 +462,8 @@ class MuonGroups(GroupRunner):
     def __init__(self) -> None:
         self.cache = OptionsCache()
         self.workspace = Workspace()
+        self.scalars = DeviceHypers(DEVICE_HYPERS)  # capturable groups' device scalars (cleared by ``reset``)
+        self.plans = GroupPlans(DEVICE_HYPERS)  # layouts and plans, kept while a scheduler changes lr
 
     def entry(self, group: dict):
         """The group's cache entry (options resolved now if an option changed)."""
@@ -474,11 +472,16 @@ class MuonGroups(GroupRunner):
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         for group in groups:
             entry = self.entry(group)
-            check_muon_step(group, state, entry.options, entry.per_param, finite if finite is not None else False)
+            check_muon_step(group, state, entry.options, self.plans.get(group, entry),
+                            finite if finite is not None else False)
 
     def step(self, group: dict, state, first_index: int) -> None:
         entry = self.entry(group)
-        muon_group_step(group, state, entry.options, entry.per_param, self.workspace)
+        options = entry.options
+        # compiled: lr a graph input (dynamo marks groups capturable)
+        if options.capturable and not torch.compiler.is_compiling():
+            options = self.scalars.options(group, options)
+        muon_group_step(group, state, options, self.plans.get(group, entry), self.workspace)
 
 
 def normuon_variance_state_shape(p: torch.Tensor, group: dict) -> tuple[int, ...]:

@@ -112,3 +112,53 @@ def rest_batches(rest, layout, options: MuonOptions, budget: int) -> list[list]:
         batches[-1].append((i, p))
         used += cost
     return batches
+
+
+def cached_plan(cache: dict | None, live, compute):
+    """``compute()`` (a step's plan: chunks, batches, workspace sizes), kept in ``cache`` (the group's
+    layout cache, ``MuonGroups.per_group``: dropped when an option other than lr / weight_decay /
+    momentum changes) while the group's live parameters are the same tensors with the same index,
+    shape, dtype, device and contiguity; None or under ``torch.compile``: computed every time.
+    The plan holds the parameters, so their ``id`` stays theirs while it is cached."""
+    if cache is None or torch.compiler.is_compiling():
+        return compute()
+    signature = tuple((i, id(p), p.shape, p.dtype, p.device, p.is_contiguous()) for i, p in live)
+    hit = cache.get("plan")
+    if hit is not None and hit[0] == signature:
+        return hit[1]
+    plan = compute()
+    cache["plan"] = (signature, plan, [p for _, p in live])
+    return plan
+
+
+def step_plan(live, layout, options: MuonOptions, plan_stacks):
+    """A step's plan (``cached_plan``): the chunks (``plan_stacks``, ``ortho_fast.groups.muon``'s), the
+    rest's batches within the stacks' workspace budget (``rest_batches``), the stacked parameters in
+    order and the workspace each device reserves (its largest chunk)."""
+    budget_from = state_bytes(live, layout, options)
+    chunks, rest = plan_stacks(live, layout, options, budget_from)
+    rest_budget = stacked_math.workspace_budget(*budget_from) - cautious_nbytes(rest, layout, options)
+    sizes: dict = {}
+    for c in chunks:
+        device = c.members[0][0].device
+        sizes[device] = max(sizes.get(device, 0), c.nbytes)
+    return (chunks, list(rest_batches(rest, layout, options, rest_budget)),
+            [p for chunk in chunks for p, _, _ in chunk.members], sizes)
+
+
+def cached_views(cache: dict, name: str, x: torch.Tensor, make, pools) -> list:
+    """``make()`` (views of the workspace tensor ``x``: a chunk's matrices), kept in ``cache`` under
+    ``name`` while ``x`` has the same address, shape, strides and dtype (a workspace hands the same
+    bytes to a chunk at every step; the views cached keep their storage alive, so an address is not
+    reused by another while they are held). Only views of a workspace pool (``pools``: the
+    addresses of ``stacked.Workspace.data_ptrs``) are kept: nothing else is held between steps.
+    Under ``torch.compile`` made every time."""
+    if torch.compiler.is_compiling() or x.untyped_storage().data_ptr() not in pools:
+        return make()
+    key = (x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
+    hit = cache.get(name)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    out = make()
+    cache[name] = (key, out)
+    return out

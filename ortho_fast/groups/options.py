@@ -12,6 +12,7 @@ optax's frozen hyperparameters; docs/design.md, "Layers and import rules".
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -97,6 +98,92 @@ class OptionsCache:
         return {"_entries": {}}
 
 
+def check_device_hyper(value, key: str, capturable: bool):
+    """A hyperparameter given as a tensor: with ``capturable`` a 0-dim real floating tensor, returned as it
+    is (its value is never read on the host: the range ``check_hyper`` checks for a float is not checked);
+    without it refused (the step would read it with a device sync, which a captured graph cannot hold).
+    A non-tensor is returned as it is, for ``check_hyper``. Raises: ValueError / TypeError naming ``key``."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if not capturable:
+        raise ValueError(f"{key}: a tensor {key} needs capturable=True (it is then read on the device, by the "
+                         f"kernels); with capturable=False pass a Python float")
+    if value.dim() != 0 or not value.is_floating_point() or value.is_complex():
+        raise TypeError(f"{key}: expected a 0-dim real floating tensor, got shape {tuple(value.shape)} "
+                        f"dtype {value.dtype}")
+    return value
+
+
+class DeviceHypers:
+    """The 0-dim device tensors of the hyperparameters ``keys`` of ``capturable`` groups (torch's option),
+    kept per group between steps. ``options(group, options)`` returns ``options`` with each of ``keys``
+    as a 0-dim tensor on the parameters' device: a tensor in the group is used as it is (a scheduler
+    writes it with ``fill_``, outside a captured graph); a float is copied with ``fill_`` into the tensor
+    kept here (a device op, no host read; a captured graph replays the value it captured: give a tensor
+    to follow a scheduler there). Of dtype float64 when the group has a float64 parameter, else float32.
+    Raises: ValueError naming the key for a tensor on another device than the parameters'."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        self.keys = tuple(keys)
+        self._held: dict[int, tuple[dict, dict[str, torch.Tensor]]] = {}
+
+    def options(self, group: dict, options: Any) -> Any:
+        params = [p for p in group["params"] if p.grad is not None] or group["params"]
+        if not params:
+            return options
+        device = params[0].device
+        dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+        held = self._held.get(id(group))
+        if held is None or held[0] is not group:
+            held = self._held[id(group)] = (group, {})
+        values = {}
+        for key in self.keys:
+            value = getattr(options, key)
+            if isinstance(value, torch.Tensor):
+                if value.device != device:
+                    raise ValueError(f"{key}: a tensor {key} must be on the parameters' device ({device}), "
+                                     f"got {value.device}")
+                values[key] = value
+                continue
+            t = held[1].get(key)
+            if t is None or t.device != device or t.dtype != dtype:
+                t = held[1][key] = torch.empty((), dtype=dtype, device=device)
+            values[key] = t.fill_(value)
+        return dataclasses.replace(options, **values)
+
+    def clear(self) -> None:
+        self._held.clear()
+
+    def __getstate__(self) -> dict:  # a copied optimizer keeps its own tensors
+        return {"keys": self.keys, "_held": {}}
+
+
+class GroupPlans:
+    """Per param group, a cache (a dict: Muon's layouts and step plan) kept while the group's resolved
+    options other than ``volatile`` (lr, weight_decay, momentum: what a scheduler changes at every step)
+    stay equal. ``get(group, entry)``: the dict (``entry`` the group's ``OptionsCache`` entry); under
+    ``torch.compile`` the entry's own ``per_param`` (dynamo does not trace ``id`` of a dict)."""
+
+    def __init__(self, volatile: Sequence[str]) -> None:
+        self.volatile = tuple(volatile)
+        self._held: dict[int, tuple[dict, Any, dict]] = {}
+
+    def get(self, group: dict, entry: CacheEntry) -> dict:
+        if torch.compiler.is_compiling():
+            return entry.per_param
+        key = dataclasses.replace(entry.options, **{k: 0.0 for k in self.volatile})  # no tensor compared
+        held = self._held.get(id(group))
+        if held is None or held[0] is not group or held[1] != key:
+            held = self._held[id(group)] = (group, key, {})
+        return held[2]
+
+    def clear(self) -> None:
+        self._held.clear()
+
+    def __getstate__(self) -> dict:  # a copied optimizer plans its own groups again
+        return {"volatile": self.volatile, "_held": {}}
+
+
 @dataclass(frozen=True)
 class MuonOptions:
     """A Muon group's options, validated and resolved (``ortho_fast.groups.muon.resolve_muon_options``).
@@ -145,6 +232,9 @@ class MuonOptions:
     normuon_eps: float = 1e-8
     normuon_eps_mode: str = "add"
     normuon_dim: str = "row"
+    #: torch's ``capturable``: lr, weight_decay, momentum reach the kernels as 0-dim device tensors
+    #: (``MuonGroups.device_options``); with it they may be tensors here.
+    capturable: bool = False
 
     def post_orthogonalize_kwargs(self) -> dict:
         """Keyword arguments of ``ortho_fast.functional.muon_stages.post_orthogonalize``."""

@@ -114,7 +114,7 @@ def check_group_algorithm(group: dict, algorithm: str, optimizer: str) -> None:
 TORCH_ONLY_OPTIONS: dict[str, tuple[str, ...]] = {
     "dampening": ("SGD",), "maximize": ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "NAdam", "RAdam", "Adamax"),
     "foreach": ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad"), "fused": ("SGD", "Adam", "AdamW", "Adagrad"),
-    "differentiable": ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad"), "capturable": ("Adam", "AdamW", "RMSprop"),
+    "differentiable": ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad"),  # capturable: Muon's / Dion2's too
     "amsgrad": ("Adam", "AdamW"), "decoupled_weight_decay": ("Adam", "AdamW", "NAdam", "RAdam"),
     "alpha": ("RMSprop", "ASGD"), "centered": ("RMSprop",), "lr_decay": ("Adagrad",),
     "initial_accumulator_value": ("Adagrad",), "momentum_decay": ("NAdam",), "rho": ("Adadelta",),

@@ -1,0 +1,71 @@
+"""Host time of a step, side by side with torch.optim.Muon: the 48 matrices of 12 GPT blocks at a
+width d where the arithmetic is negligible (d = 4 by default: fused QKV (3d, d), proj (d, d), MLP up
+(4d, d), MLP down (d, 4d); fp32 parameters), one thread, so what is timed is the Python and the
+dispatch of a step, the floor of a launch-bound GPU step. Every optimizer steps the same gradients;
+the median of ``torch.utils.benchmark``'s blocked autorange, printed as ms and as the ratio to
+torch.optim.Muon (goals: docs/performance.md, (d)).
+
+    python benchmarks/host_time.py [--d 4] [--layers 12] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import torch
+
+import ortho_fast
+from _common import median_seconds, parser, print_table, setup
+
+
+def variants() -> dict:
+    """name -> factory(params): torch.optim.Muon, then ortho_fast's optimizers (and the flags that
+    change the host work: ``check_finite``, ``capturable`` with a tensor lr, an lr scheduler)."""
+    def scheduled(ps):
+        opt = ortho_fast.Muon(ps, lr=0.02)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1 / (1 + t))
+
+        class Stepper:  # opt.step then the scheduler's, as a training loop calls them
+            def step(self):
+                opt.step()
+                sched.step()
+        return Stepper()
+
+    return {
+        "torch.optim.Muon": lambda ps: torch.optim.Muon(ps, lr=0.02),
+        "Muon": lambda ps: ortho_fast.Muon(ps, lr=0.02),
+        "Muon check_finite=False": lambda ps: ortho_fast.Muon(ps, lr=0.02, check_finite=False),
+        "Muon capturable (tensor lr)": lambda ps: ortho_fast.Muon(ps, lr=torch.tensor(0.02), capturable=True,
+                                                                  check_finite=False),
+        "Muon + LambdaLR": scheduled,
+        "NorMuon": lambda ps: ortho_fast.NorMuon(ps, lr=0.02),
+        "Dion2": lambda ps: ortho_fast.Dion2(ps, lr=0.02),
+        "HybridOptimizer (one Muon group)": lambda ps: ortho_fast.HybridOptimizer(
+            [{"params": ps, "algorithm": "muon", "lr": 0.02}]),
+    }
+
+
+def main(argv=None) -> None:
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--d", type=int, default=4, help="model width (default 4)")
+    p.add_argument("--layers", type=int, default=12, help="GPT blocks (default 12)")
+    p.set_defaults(threads=1)
+    args = p.parse_args(argv)
+    setup(args)
+    d = args.d
+    shapes = [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * (1 if args.quick else args.layers)
+    rows, base = [], None
+    for name, build in variants().items():
+        gen = torch.Generator().manual_seed(0)
+        ps = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
+        for q in ps:
+            q.grad = torch.randn(q.shape, generator=gen)
+        opt = build(ps)
+        for _ in range(3):  # state and workspace created, the plan built
+            opt.step()
+        seconds = median_seconds(opt.step, args.min_run_time)
+        base = seconds if base is None else base
+        rows.append([name, f"{seconds * 1e3:.3f}", f"{seconds / base:.2f}"])
+    print_table(f"host time of a step: {len(shapes)} matrices, d = {d}", ["optimizer", "ms", "÷ torch"], rows)
+
+
+if __name__ == "__main__":
+    main()
