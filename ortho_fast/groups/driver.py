@@ -45,9 +45,10 @@ class GroupRunner:
 
     def reset(self) -> None:
         """Forget what was cached about the groups (their dicts were replaced: ``load_state_dict``): the
-        options (``cache``), the layouts and plans (``plans``), the device scalars of capturable groups
-        (``scalars``)."""
-        for held in (getattr(self, "cache", None), getattr(self, "plans", None), getattr(self, "scalars", None)):
+        options (``cache``), the step plans (``step_plans``), the device scalars of capturable groups
+        (``scalars``). The distributed runners' per-parameter ``plans`` are built with the optimizer and
+        kept."""
+        for held in (getattr(self, "cache", None), getattr(self, "step_plans", None), getattr(self, "scalars", None)):
             if held is not None:
                 held.clear()
 

@@ -463,7 +463,7 @@ class MuonGroups(GroupRunner):
         self.cache = OptionsCache()
         self.workspace = Workspace()
         self.scalars = DeviceHypers(DEVICE_HYPERS)  # capturable groups' device scalars (cleared by ``reset``)
-        self.plans = GroupPlans(DEVICE_HYPERS)  # layouts and plans, kept while a scheduler changes lr
+        self.step_plans = GroupPlans(DEVICE_HYPERS)  # layouts and plans, kept while a scheduler changes lr
 
     def entry(self, group: dict):
         """The group's cache entry (options resolved now if an option changed)."""
@@ -472,7 +472,7 @@ class MuonGroups(GroupRunner):
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         for group in groups:
             entry = self.entry(group)
-            check_muon_step(group, state, entry.options, self.plans.get(group, entry),
+            check_muon_step(group, state, entry.options, self.step_plans.get(group, entry),
                             finite if finite is not None else False)
 
     def step(self, group: dict, state, first_index: int) -> None:
@@ -481,7 +481,7 @@ class MuonGroups(GroupRunner):
         # compiled: lr a graph input (dynamo marks groups capturable)
         if options.capturable and not torch.compiler.is_compiling():
             options = self.scalars.options(group, options)
-        muon_group_step(group, state, options, self.plans.get(group, entry), self.workspace)
+        muon_group_step(group, state, options, self.step_plans.get(group, entry), self.workspace)
 
 
 def normuon_variance_state_shape(p: torch.Tensor, group: dict) -> tuple[int, ...]:

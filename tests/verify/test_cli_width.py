@@ -25,6 +25,7 @@ from ortho_verify.identify import cli as identify_cli
 from ortho_verify.reproduce import cli as reproduce_cli
 from ortho_verify.sharding import cli as sharding_cli
 from ortho_verify.tables import wrap_words
+from tests.strategies import profile_examples
 
 rich_console = pytest.importorskip("rich.console")
 
@@ -158,7 +159,7 @@ def test_progress_bar_keeps_its_count_and_times(width):
 
 @given(st.lists(st.sampled_from(["8.2", "s", "s;", "(6", "inputs,", "4.4", "KB", "a", "checks"]), min_size=1,
                 max_size=40), st.integers(14, 60), st.integers(0, 6))
-@settings(max_examples=300)  # cheap: microseconds an example
+@settings(deadline=None, **profile_examples(1, floor=300))  # cheap: microseconds an example
 def test_wrap_words_keeps_words_whole_and_numbers_with_units(words, width, indent):
     """Every word, and a number with its unit ("4.4 KB", "8.2 s;": 6), fits a line here (14 - 6 >= 7):
     none is broken, and a line never ends in a number whose unit starts the next."""
