@@ -80,7 +80,8 @@ def measure_pytest() -> dict:
     run = timed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--deselect", CONSISTENCY_TEST])
     counts = re.findall(r"^=*\s*(\d+ passed.*?) in [\d.]+s", run["tail"], re.M)
     run.update(label=PYTEST_LABEL, tests=counts[-1] if counts else "",
-               load_at_start=[round(x, 2) for x in os.getloadavg()])
+               load_at_start=[round(x, 2) for x in os.getloadavg()],
+               date=datetime.date.today().isoformat())
     return {k: v for k, v in run.items() if k != "tail" or run["rc"]}
 
 
@@ -201,6 +202,9 @@ def render(t: dict) -> dict[str, str]:
     phases = ", ".join(f"{k} {_seconds(v)}" for k, v in c["default_first"]["phases_s"].items())
     load = c.get("pytest", {}).get("load_at_start")
     pytest_load = f", {load[0]:g} at the start of pytest" if load else ""
+    when = c.get("pytest", {}).get("date")
+    if when and when != t["date"]:  # the suite measured alone (--pytest-only), on its own date
+        pytest_load += f" (the test suite measured {when})"
     table = "\n".join(["", *rows, "",
                        f"{where}; load average {t['load_at_start'][0]:g} at the start{pytest_load} (a machine shared "
                        f"with other work inflates wall time more than CPU time). Phases of the first run: {phases}; "
