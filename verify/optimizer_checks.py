@@ -103,17 +103,6 @@ def _check_hyperparameters(lr, momentum, weight_decay, conventions) -> None:
         split_name(names[key])
 
 
-def _accept_consumed(rows, accepted: bool) -> list:
-    """``rows`` with the failing ``gradient_kept`` rows made no-claim rows when the gradient consumed
-    by the step (``p.grad = None``) is accepted (``allow_side_effects={"grad_consumed"}``)."""
-    if not accepted:
-        return rows
-    return [dataclasses.replace(r, passed=True, claimed=False, cause="", kind="",
-                                note="accepted (grad_consumed in allow_side_effects): p.grad is None after the step",
-                                extra={**r.extra, "accepted_side_effect": "grad_consumed"})
-            if r.check == "gradient_kept" and not r.passed else r for r in rows]
-
-
 def _check_problem_arguments(shapes, cond) -> None:
     """``check_optimizer``'s ``shapes`` and ``cond``, before any work. Raises: ValueError naming the argument."""
     try:
@@ -209,8 +198,6 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     for dt in dtypes:
         dtype_name(dt, argument="param_dtype")  # TypeError before any work
     allowed = set(allow_side_effects or ())
-    consumed_ok = "grad_consumed" in allowed
-    allowed.discard("grad_consumed")
     accept_side_effects([], allowed)  # ValueError naming allow_side_effects
     if statistical_matrices is not None and (
             isinstance(statistical_matrices, bool) or not isinstance(statistical_matrices, int)
@@ -237,7 +224,7 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
         results, inputs = _run(optimizer, conventions, lr=lr, momentum=momentum, weight_decay=weight_decay,
                                steps=steps, param_dtype=dt, shapes=shapes, cond=cond, seed=seed, suffix=suffix,
                                statistical=(count, stat_shape), device=device)
-        report.results += _accept_consumed(accept_side_effects(results, allowed), consumed_ok)
+        report.results += accept_side_effects(results, allowed)
         report.inputs.update(inputs)
     return report
 

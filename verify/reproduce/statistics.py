@@ -97,17 +97,27 @@ def _missing(diff: Mapping) -> str:
     return "not run in this study" if diff["n"] == 0 else "a run diverged"
 
 
-def decide_lower(diff: Mapping) -> dict:
-    """The *lower* rule on ``paired_difference(worse, better)``: {"verdict", "reason", "half_width",
-    "resolution"} (the last two None without a spread). ``reason`` says why a claim is inconclusive
-    (one seed, a diverged or missing run, or the sign not resolved, with seeds, |d̄| and h)."""
+def _undecided(diff: Mapping) -> dict | None:
+    """The inconclusive result of a rule when ``diff`` has no finite mean or no spread to bound it
+    (a run missing or diverged, one seed); None when the rule can be applied."""
     out = {"verdict": "inconclusive", "reason": "", "half_width": None, "resolution": None}
     if not diff["finite"]:
         return {**out, "reason": _missing(diff)}
     if diff["spread"] is None:
         return {**out, "reason": "one seed: no spread to bound the difference"}
+    return None
+
+
+def decide_lower(diff: Mapping) -> dict:
+    """The *lower* rule on ``paired_difference(worse, better)``: {"verdict", "reason", "half_width",
+    "resolution"} (the last two None without a spread). ``reason`` says why a claim is inconclusive
+    (one seed, a diverged or missing run, or the sign not resolved, with seeds, |d̄| and h)."""
+    undecided = _undecided(diff)
+    if undecided is not None:
+        return undecided
     h = _half(diff)
-    out.update(half_width=h, resolution=resolution(diff["spread"], diff["n"], "lower"))
+    out = {"verdict": "inconclusive", "reason": "", "half_width": h,
+           "resolution": resolution(diff["spread"], diff["n"], "lower")}
     if diff["mean"] - h > 0:
         return {**out, "verdict": "reproduced"}
     if diff["mean"] + h < 0:
@@ -123,14 +133,12 @@ def decide_within(diff: Mapping, margin: float) -> dict:
     |mean| + h <= δ. Raises: ValueError if margin <= 0 or is not finite."""
     if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
         raise ValueError(f"margin: expected a finite value > 0, got {margin!r}")
-    out = {"verdict": "inconclusive", "reason": "", "half_width": None, "resolution": None}
-    if not diff["finite"]:
-        return {**out, "reason": _missing(diff)}
-    if diff["spread"] is None:
-        return {**out, "reason": "one seed: no spread to bound the difference"}
+    undecided = _undecided(diff)
+    if undecided is not None:
+        return undecided
     h = _half(diff)
     res = resolution(diff["spread"], diff["n"], "within")
-    out.update(half_width=h, resolution=res)
+    out = {"verdict": "inconclusive", "reason": "", "half_width": h, "resolution": res}
     if abs(diff["mean"]) - h > margin:  # the run separated the pair itself by more than δ
         return {**out, "verdict": "not reproduced"}
     if res > margin:
