@@ -17,7 +17,8 @@ from ortho_verify.spectra import MatrixCase
 __all__ = ["TORCH_DTYPES", "as_float64", "case_array", "case_rng", "rounded"]
 
 #: Compute dtypes of the checks by name.
-TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                "float16": torch.float16}
 
 
 def as_float64(t: torch.Tensor) -> np.ndarray:

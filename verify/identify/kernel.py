@@ -10,6 +10,7 @@ import math
 import numpy as np
 import torch
 
+from ortho_verify.arrays import TORCH_DTYPES
 from ortho_verify.identify.kernel_fit import closest_variant, fit_normalizers, fit_schedules, normalization_spread
 from ortho_verify.identify.kernel_probe import (
     choose_precision,
@@ -32,8 +33,6 @@ __all__ = ["DECLARABLE", "identify_orthogonalizer"]
 #: Keyword arguments of ``check_orthogonalizer`` a caller may pin (``identify_orthogonalizer(**declared)``).
 DECLARABLE = ("coefficients", "steps", "safety", "eps", "eps_mode", "dtype", "compute_dtype", "form", "restarts",
               "batched", "max_batch_dims", "allow_side_effects")
-_TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
-                 "float16": torch.float16}
 
 
 def _input_dtype(declared: dict) -> str:
@@ -97,7 +96,7 @@ def _orientation_and_batches(fn, probes, outputs, decl, compute, timeout_s, devi
     stack = np.stack([p.matrix for p in probes])
     for shape in ((3,), (2, 2)):
         mats = stack if shape == (3,) else np.stack([stack[0], stack[1], stack[2], stack[0]]).reshape(2, 2, *MAIN_SHAPE)
-        x = torch.from_numpy(mats).to(_TORCH_DTYPES[p0.dtype])
+        x = torch.from_numpy(mats).to(TORCH_DTYPES[p0.dtype])
         run = call_probe(fn, x, timeout_s, device)
         dims = len(shape)
         if run.status != "ok":
@@ -254,9 +253,9 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
         diffs.append(f"normalization: {found} is not one in use with {best.name} (known: "
                      + "; ".join(f"safety {a:g}, eps {b:g} ({c})" for a, b, c in known)
                      + "); declare safety= / eps= / eps_mode= if meant")
-    decl["dtype"] = declared.get("dtype", _TORCH_DTYPES[in_dtype])
+    decl["dtype"] = declared.get("dtype", TORCH_DTYPES[in_dtype])
     if compute != in_dtype and "compute_dtype" not in declared:
-        decl["compute_dtype"] = "high" if compute == "tf32" else _TORCH_DTYPES[compute]
+        decl["compute_dtype"] = "high" if compute == "tf32" else TORCH_DTYPES[compute]
     elif "compute_dtype" in declared:
         decl["compute_dtype"] = declared["compute_dtype"]
     batch_ev, batch_diffs, batched, max_batch_dims = _orientation_and_batches(fn, probes, outputs, decl, seen,

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import torch
 
+from ortho_verify.arrays import TORCH_DTYPES
 from ortho_verify.checks.newton_schulz import compare_ns_output
 from ortho_verify.checks.statistical import STATISTICAL_SPECS, compare_ns_statistics, statistical_batch
 from ortho_verify.conventions import table_and_normalization
@@ -176,8 +177,7 @@ def statistical_outputs(fn, compute, in_dtype, seed, timeout_s, device, batched:
         return None
     lc, shape, norm, count = STATISTICAL_SPECS[0]
     batch = statistical_batch(lc, shape, norm, count, in_dtype, seed + 1000)
-    x = torch.from_numpy(batch.matrices).to({"float32": torch.float32, "bfloat16": torch.bfloat16,
-                                              "float16": torch.float16}[in_dtype])
+    x = torch.from_numpy(batch.matrices).to(TORCH_DTYPES[in_dtype])
     if batched:
         run = call_probe(fn, x, timeout_s, device)
         outs = run.output if run.status == "ok" else None

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import ortho_ref
+from ortho_verify.arrays import TORCH_DTYPES
 from ortho_verify.kernel_calls import call_with_timeout
 from ortho_verify.spectra import matrix_with_spectrum
 
@@ -28,11 +29,6 @@ MAIN_NORM = 64.0
 #: Frobenius norms of the tiny probes, where an eps of 1e-30 … 1e-5 is a visible part of the normalizer (the
 #: judge's own inputs reach ‖G‖_F = 1e-30; float32 and bfloat16 hold these entries as normal numbers).
 TINY_NORMS = (1e-5, 1e-6, 3e-7, 1e-7, 3e-8, 1e-8, 1e-10, 1e-12, 1e-15, 1e-18, 1e-24, 1e-30)
-
-
-def _dtype(name: str) -> torch.dtype:
-    return {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
-            "float16": torch.float16}[name]
 
 
 @dataclass
@@ -63,14 +59,14 @@ class Probe:
         return float(np.max(np.abs(self.matrix)))
 
     def tensor(self) -> torch.Tensor:
-        return torch.from_numpy(self.matrix).to(_dtype(self.dtype))
+        return torch.from_numpy(self.matrix).to(TORCH_DTYPES[self.dtype])
 
     def transposed(self, name: str) -> "Probe":
         return Probe(name, self.matrix.T.copy(), self.dtype)
 
 
 def _rounded(a: np.ndarray, dtype: str) -> np.ndarray:
-    return torch.from_numpy(a).to(_dtype(dtype)).double().numpy()
+    return torch.from_numpy(a).to(TORCH_DTYPES[dtype]).double().numpy()
 
 
 def _spectrum(kind: str, k: int) -> np.ndarray:
