@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ortho_verify.conventions import table_and_normalization
 from ortho_verify.results import measured
 from ortho_verify.sharding.inputs import gradient, initial_weight, input_name
 from ortho_verify.sharding.tensors import relative_difference
@@ -80,13 +81,6 @@ def _rank(name: str) -> int:
     return {"float16": 0, "bfloat16": 0, "float32": 1, "float64": 2}[name]
 
 
-def _table(conv) -> np.ndarray:
-    import ortho_ref
-
-    c = conv.coefficients
-    return ortho_ref.schedule(c, conv.ns_steps) if isinstance(c, str) else np.asarray(c, dtype=np.float64)
-
-
 def _hyper(conv, hyper: dict) -> tuple[float, float, float] | None:
     names = conv.hyperparameter_names
     if not all(names[k] in hyper for k in ("lr", "momentum", "weight_decay")):
@@ -116,7 +110,9 @@ def update_rows(plan, runs: list[dict], reference: dict, model: ComputeModel, wo
     from ortho_ref.muon import decay_factor, lr_scale, momentum_update
 
     conv = model.conventions
-    table = _table(conv)
+    # the schedule's own safety and eps where the conventions leave them None (as check_optimizer)
+    table, safety, eps = table_and_normalization(conv.coefficients, conv.ns_steps, conv.safety, conv.eps)
+    tab = np.ascontiguousarray(table, dtype=np.float64)
     hp = _hyper(conv, reference["hyper"])
     name = plan.layout.name
     dt = getattr(torch, plan.dtype)
@@ -139,12 +135,13 @@ def update_rows(plan, runs: list[dict], reference: dict, model: ComputeModel, wo
         worst, first_bad, bound_at = 0.0, None, 0.0
         for t in range(plan.steps):
             g = gradient(seed, t, 0, shape, dt).double().numpy()
+            if conv.weight_decay_style == "l2":  # the decay coupled into the gradient, on one process's weight
+                g = g + wd * prev[1].double().numpy()
             mom, u = momentum_update(g, mom, mu=mu, nesterov=conv.nesterov, momentum_style=conv.momentum_style,
-                                     nesterov_form=conv.nesterov_form)
-            eps = 1e-7 if conv.eps is None else conv.eps
-            tab = np.ascontiguousarray(table, dtype=np.float64)
+                                     nesterov_form=conv.nesterov_form, bias_correction=conv.bias_correction,
+                                     step=t + 1)
             tol, sim = _bound(np.ascontiguousarray(u).tobytes(), tuple(u.shape), tab.tobytes(), tab.shape[0],
-                              model.dtype, world_size, plan.dtype, float(eps), conv.eps_mode, float(conv.safety or 1.0))
+                              model.dtype, world_size, plan.dtype, float(eps), conv.eps_mode, float(safety))
             w_s, w_1 = runs[0]["weights"][t][i], reference["weights"][t][i]
             o_s, o_1 = (c * prev[0] - w_s) / (lr * scale), (c * prev[1] - w_1) / (lr * scale)
             err = relative_difference(o_s, o_1)
