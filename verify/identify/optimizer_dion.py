@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import ortho_ref
-from ortho_verify.conventions import Dion2Conventions, DionConventions
+from ortho_verify.conventions import Dion2Conventions, DionConventions, table_and_normalization
 from ortho_verify.identify.optimizer_probes import Prober, spectrum_matrix
 from ortho_verify.identify.result import Evidence
 
@@ -161,16 +161,13 @@ def _dion2_scale(optimizer, names, extra_kwargs, conv, seed) -> list:
         return []
     w1 = [p.detach().double().numpy() for p in params]
     w0 = [torch.tensor(w, dtype=torch.float32).double().numpy() for w in w0]
-    table = ortho_ref.schedule(conv.coefficients) if isinstance(conv.coefficients, str) else conv.coefficients
-    named = isinstance(conv.coefficients, str)
-    safety = conv.safety if conv.safety is not None else (ortho_ref.SCHEDULES[conv.coefficients].safety if named
-                                                          else 1.0)
+    table, safety, eps = table_and_normalization(conv.coefficients, conv.ns_steps, conv.safety, conv.epsilon)
     ranked = []
     for mode in ("spectral_norm", "rms_norm", None):
         err = 0.0
         for a, b, g in zip(w0, w1, grads):
             ref = dion2_step(a, g, np.zeros_like(a), adjust_lr=mode, coefficients=table, safety=safety,
-                             eps=conv.epsilon, **hyper)
+                             eps=eps, **hyper)
             err = max(err, float(np.linalg.norm(b - ref.weight)) / max(float(np.linalg.norm(b - a)), 1e-300))
         ranked.append((err, mode, None))
     return sorted(ranked, key=lambda r: r[0])
