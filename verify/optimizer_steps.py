@@ -238,8 +238,9 @@ def muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, l
                              prefix="muon_update/", lr_shape=w_prev.shape, form=conv.form,
                              restarts=tuple(conv.restarts))
     if not all(r.passed for r in rows) and np.all(np.isfinite(measured_update)):
-        rows = [with_cause(r, _update_cause(conv, r, measured_update, ref.update, w_prev, grad, m_prev, lr=lr, mu=mu,
-                                            wd=wd, table=table, safety=safety, eps=eps)) for r in rows]
+        rows = [with_cause(r, _update_cause(conv, r, measured_update, ref.update, w_prev, grad, m_prev, t + 1,
+                                            lr=lr, mu=mu, wd=wd, table=table, safety=safety, eps=eps))
+                for r in rows]
     elif not np.all(np.isfinite(w_new)):
         rows = [with_cause(r, f"diverged at step {t + 1}: the weight has NaN or Inf") for r in rows]
     if key:
@@ -253,25 +254,35 @@ def muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, l
     return rows, ref.momentum
 
 
-def _update_cause(conv: MuonConventions, row, measured_update, ref_update, w_prev, grad, m_prev, *, lr, mu, wd, table,
-                  safety, eps) -> str:
+def _update_cause(conv: MuonConventions, row, measured_update, ref_update, w_prev, grad, m_prev, step, *, lr, mu, wd,
+                  table, safety, eps) -> str:
     """One cause for a failing update, from a replay: each momentum form of
-    ``momentum_form_candidates`` is run through the declared Newton–Schulz map and compared with
+    ``momentum_form_candidates`` (at the 1-based ``step``, from the gradient the momentum takes:
+    with the L2 term of a declared "l2" style) is run through the declared Newton–Schulz map and compared with
     the measured update; the form with the smallest residual is named when it explains the update
     (residual at most a tenth of the declared form's), else the row's own cause. Every row of a
     step gets the same answer (the replay does not depend on the row)."""
     base = float(np.linalg.norm(measured_update - ref_update))
     best = None
-    for label, u in momentum_form_candidates(conv, grad, m_prev, mu=mu, table=table, safety=safety, eps=eps):
+    g_seen = grad + wd * w_prev if conv.weight_decay_style == "l2" else grad
+    for label, u in momentum_form_candidates(conv, g_seen, m_prev, mu=mu, table=table, safety=safety, eps=eps,
+                                             step=step):
         alt = ortho_ref.ns_map(u, table, safety=safety, eps=eps, eps_mode=conv.eps_mode)
         resid = float(np.linalg.norm(measured_update - alt))
         if best is None or resid < best[0]:
             best = (resid, label)
     if best is not None and best[0] <= 0.1 * base:
         return (f"the update matches {best[1]} where nesterov={conv.nesterov}, momentum_style="
-                f"{conv.momentum_style!r} is declared (replay residual {best[0] / max(base, 1e-300):.2g} of the "
-                "declared form's)")
+                f"{conv.momentum_style!r}{_declared_extras(conv)} is declared (replay residual "
+                f"{best[0] / max(base, 1e-300):.2g} of the declared form's)")
     return row.cause
+
+
+def _declared_extras(conv: MuonConventions) -> str:
+    """The declared momentum conventions beyond Nesterov and the style, for a cause's wording."""
+    extras = [f"nesterov_form={conv.nesterov_form!r}"] if conv.nesterov and conv.nesterov_form != "mix" else []
+    extras += ["bias_correction=True"] if conv.bias_correction else []
+    return "".join(f", {e}" for e in extras)
 
 
 def _dion_reference(conv: DionConventions, w_prev, grad, m_prev, q_prev, *, lr, mu, wd):

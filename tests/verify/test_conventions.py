@@ -2,6 +2,7 @@
 MuonConventions (extra_scale_factor, cautious weight decay, √max(m, n) scaling), bad
 declarations rejected by name, and kernels limited to (b, m, n) checked with max_batch_dims."""
 
+import dataclasses
 import functools
 
 import pytest
@@ -75,3 +76,48 @@ def test_max_batch_dims_for_kernels_taking_at_most_three_dims():
     assert {ex.matrix.ndim for ex in default_examples(batched=False, max_batch_dims=1)} == {2}
     with pytest.raises(ValueError, match="max_batch_dims"):
         check_orthogonalizer(kernel_3d, max_batch_dims=-1)
+
+
+def test_bias_correction_misdeclared_names_bias_correction_as_the_cause():
+    """Declared with a bias correction the optimizer does not keep, the failing update's cause names
+    the form without it (the replay explains the update, residual ≤ a tenth of the declared form's)."""
+    opt = functools.partial(ortho_fast.Muon, dtype=torch.float32, eps_mode="clamp")
+    report = check_optimizer(opt, MuonConventions(ns_dtype=torch.float32, eps_mode="clamp", bias_correction=True),
+                             param_dtype=torch.float32, statistical_matrices=0, shapes=[(24, 12)])
+    failing = [r for r in report.results if r.check == "muon_update/ns_vs_ns_map" and not r.passed]
+    assert failing and all("the update matches bias_correction=False" in r.cause for r in failing), \
+        [r.cause for r in failing]
+
+
+class _L2ClassicMuon(torch.optim.Optimizer):
+    """A Muon with coupled L2 decay (G ← G + wd·W) and the classic Nesterov momentum
+    (M ← μM + G, U = G + μM), ortho_fast's float32 Newton–Schulz with torch's clamp: written for
+    a declaration that gets the momentum style wrong."""
+
+    def __init__(self, params, lr=0.02, momentum=0.95, weight_decay=0.5):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = p.grad + group["weight_decay"] * p
+                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                buf.mul_(group["momentum"]).add_(g)
+                o = ortho_fast.newton_schulz(g + group["momentum"] * buf, "jordan", eps_mode="clamp",
+                                             dtype=torch.float32)
+                p.add_(o, alpha=-group["lr"] * max(1.0, p.shape[0] / p.shape[1]) ** 0.5)
+
+
+def test_l2_declared_style_misdeclared_names_the_style_from_the_l2_gradient():
+    """Under a declared "l2" style the replay starts from the gradient the momentum takes (G + wd·W):
+    the classic momentum is named as the cause where the EMA is declared."""
+    declared = MuonConventions(ns_dtype=torch.float32, eps_mode="clamp", weight_decay_style="l2")
+    report = check_optimizer(_L2ClassicMuon, declared, param_dtype=torch.float32, statistical_matrices=0,
+                             shapes=[(24, 12)])
+    failing = [r for r in report.results if r.check == "muon_update/ns_vs_ns_map" and not r.passed]
+    assert failing and all("momentum_style='classic'" in r.cause.split(" where ")[0] for r in failing), \
+        [r.cause for r in failing]
+    right = dataclasses.replace(declared, momentum_style="classic")
+    assert check_optimizer(_L2ClassicMuon, right, param_dtype=torch.float32, statistical_matrices=0,
+                           shapes=[(24, 12)]).passed

@@ -200,27 +200,46 @@ def momentum_cause(fast: np.ndarray, grad: np.ndarray, previous: np.ndarray, *, 
             f"norm {np.linalg.norm(fast):.3g}, expected {norm:.3g}")
 
 
-def momentum_form_candidates(conv, grad, m_prev, *, mu: float, table, safety: float, eps: float
-                             ) -> list[tuple[str, np.ndarray]]:
+def momentum_form_candidates(conv, grad, m_prev, *, mu: float, table, safety: float, eps: float,
+                             step: int | None = None) -> list[tuple[str, np.ndarray]]:
     """(label, Newton–Schulz input U′) of the momentum forms other than the declared one that an
-    optimizer commonly computes: Nesterov dropped / added, the other momentum style, both, and the
+    optimizer commonly computes: Nesterov dropped / added, the other momentum style, both, the
     Nesterov mix written as G + μ·M_new on the declared buffer (the classic form on an EMA buffer,
-    or the EMA lerp on a classic one). Shapes: (m, n) float64 each."""
+    or the EMA lerp on a classic one), and Adam-style bias correction dropped / added (optax's
+    debiased mix; only with ``step``). Each alternative keeps every other declared convention: the
+    Nesterov form, and the bias correction where it is defined (an EMA mix) at the 1-based
+    ``step``. ``grad``: the gradient the momentum takes (with the L2 term of a declared "l2"
+    weight-decay style already added). Shapes: (m, n) float64 each."""
     out = []
+
+    def ns_input(nesterov, style, bias):
+        form = conv.nesterov_form if nesterov else "mix"
+        bias = bias and style == "ema" and form == "mix" and step is not None
+        return ortho_ref.muon.momentum_update(grad, m_prev, mu=mu, nesterov=nesterov, momentum_style=style,
+                                              nesterov_form=form, bias_correction=bias,
+                                              step=step if bias else None)
+
     for nesterov, style in ((not conv.nesterov, conv.momentum_style),
                             (conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema"),
                             (not conv.nesterov, "classic" if conv.momentum_style == "ema" else "ema")):
-        _, u = ortho_ref.muon.momentum_update(grad, m_prev, mu=mu, nesterov=nesterov, momentum_style=style)
+        _, u = ns_input(nesterov, style, conv.bias_correction)
         what = "the Nesterov term dropped" if conv.nesterov and not nesterov else \
             "a Nesterov term added" if nesterov and not conv.nesterov else f"{style} momentum"
         out.append((f"nesterov={nesterov}, momentum_style={style!r} ({what})", u))
-    if conv.nesterov:
-        m_new, _ = ortho_ref.muon.momentum_update(grad, m_prev, mu=mu, nesterov=True,
-                                                  momentum_style=conv.momentum_style)
+    if conv.nesterov and conv.nesterov_form == "mix":
+        m_new, _ = ns_input(True, conv.momentum_style, False)
         if conv.momentum_style == "ema":
             out.append(("the Nesterov mix written as G + mu*M on the EMA buffer (the classic form) instead of "
                         "lerp(G, M, mu)", grad + mu * m_new))
         else:
             out.append(("the Nesterov mix written as lerp(G, M, mu) on the classic buffer instead of G + mu*M",
                         (1 - mu) * grad + mu * m_new))
+    elif conv.nesterov:  # declared "full_grad": the mix of its style instead
+        _, u = ortho_ref.muon.momentum_update(grad, m_prev, mu=mu, nesterov=True, momentum_style=conv.momentum_style)
+        out.append(("nesterov_form='mix' (the Nesterov mix of the declared style) instead of 'full_grad' "
+                    "(G + mu*M)", u))
+    if conv.momentum_style == "ema" and conv.nesterov_form == "mix" and step is not None:
+        _, u = ns_input(conv.nesterov, "ema", not conv.bias_correction)
+        out.append(("bias_correction=False (the momentum without Adam-style debiasing)" if conv.bias_correction
+                    else "bias_correction=True (Adam-style debiasing of the momentum, as optax's Muon)", u))
     return out

@@ -167,7 +167,7 @@ def optimizer_mean_deviation(conv, *, weights: np.ndarray, momenta: np.ndarray, 
     cause = _statistical_cause(conv, d_mean=d.mean(axis=0), kept=kept, thresholds=thresholds, weights=weights,
                                momenta=momenta, grads=grads, measured_update=measured_update, table=table,
                                safety=safety, eps=eps, mu=mu, sigma_hat=sigma_hat.mean(axis=0), shape=(m, n),
-                               declared_in=ns_in)
+                               declared_in=ns_in, step_index=step_index)
     return with_cause(row, cause)
 
 
@@ -182,7 +182,7 @@ def _mean_deviation(update: np.ndarray, ns_in: np.ndarray, table, *, safety: flo
 
 
 def _statistical_cause(conv, *, d_mean, kept, thresholds, weights, momenta, grads, measured_update, table, safety, eps,
-                       mu, sigma_hat, shape, declared_in=None) -> str:
+                       mu, sigma_hat, shape, declared_in=None, step_index=None) -> str:
     """One cause of a failing ``optimizer_mean_deviation`` row, ranked by how much of the
     deviation each candidate leaves (max over the tested directions of |mean deviation| /
     threshold after it; the row failed because the declared form leaves > 1):
@@ -203,9 +203,10 @@ def _statistical_cause(conv, *, d_mean, kept, thresholds, weights, momenta, grad
     base = left(d_mean)
     scores = []  # (sum of squares, max ratio, text, group)
     declared_in = _ns_inputs(conv, weights, momenta, grads, mu) if declared_in is None else declared_in
-    for label, _ in momentum_form_candidates(conv, grads[0], momenta[0], mu=mu, table=table, safety=safety, eps=eps):
-        ns_alt = np.stack([dict(momentum_form_candidates(conv, g, mp, mu=mu, table=table, safety=safety,
-                                                         eps=eps))[label] for g, mp in zip(grads, momenta)])
+    forms = dict(mu=mu, table=table, safety=safety, eps=eps, step=step_index)
+    for label, _ in momentum_form_candidates(conv, grads[0], momenta[0], **forms):
+        ns_alt = np.stack([dict(momentum_form_candidates(conv, g, mp, **forms))[label]
+                           for g, mp in zip(grads, momenta)])
         scores.append((*left(_mean_deviation(measured_update, ns_alt, table, safety=safety, eps=eps,
                                              eps_mode=conv.eps_mode)), f"the update matches {label}", label))
     other = "add" if conv.eps_mode == "clamp" else "clamp"
