@@ -33,7 +33,8 @@ import mpmath
 import numpy as np
 
 from ._validate import as_matrix
-from .ns_polynomials import check_ns_options, ns_step_gains, ns_step_magnitudes
+from .ns_bands import ns_step_gains, ns_step_magnitudes
+from .ns_polynomials import check_ns_options
 
 #: Fewer digits than float64 carries: use the float64 functions instead.
 MIN_DIGITS = 16

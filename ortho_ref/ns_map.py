@@ -15,19 +15,21 @@ import numpy as np
 from . import mp
 from ._validate import as_matrix
 from .linalg import thin_svd
-from .ns_polynomials import (  # noqa: F401  (re-exported: their home before the split)
+from .ns_bands import (  # noqa: F401  (re-exported: the scalar analysis of the map)
+    ns_attracting_band,
+    ns_band,
+    ns_lipschitz,
+    ns_step_gains,
+    ns_step_magnitudes,
+)
+from .ns_polynomials import (  # noqa: F401  (re-exported: the scalar analysis of the map)
     EPS_MODES,
     check_normalization,
     check_ns_options,
     normalizer,
-    ns_attracting_band,
-    ns_band,
     ns_derivative,
     ns_diagonal_gain,
-    ns_lipschitz,
     ns_polynomial,
-    ns_step_gains,
-    ns_step_magnitudes,
 )
 
 __all__ = [
