@@ -50,11 +50,42 @@ def _sup_on(row, h: float) -> float:
 
 
 def ns_map_sups(coefficients, bound: float = math.inf) -> list[float]:
-    """B_t = sup over σ̂ ∈ [0, 1] of |f_t(σ̂)|, f_t the composition of the first t steps, t = 1..T,
-    exactly: B_t = sup over [0, B_{t−1}] of |p_t| (f_{t−1}([0, 1]) is an interval holding 0 and
-    ±B_{t−1}, and p_t is odd), B_0 = 1. Stops after the first B_t past ``bound`` (or not a number).
-    Shapes: coefficients (T, 3) -> list of up to T floats.
-    Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2 (the polynomial view)."""
+    """Exact sups B_t = sup over σ̂ ∈ [0, 1] of |f_t(σ̂)|, f_t the composition of the first t steps.
+
+    B_0 = 1 and B_t = sup over x ∈ [0, B_{t−1}] of |p_t(x)|, since f_{t−1}([0, 1]) is an interval
+    holding 0 and ±B_{t−1} and p_t is odd; each sup is taken at x = B_{t−1} and at the closed-form
+    critical points x² = y, 5c_t y² + 3b_t y + a_t = 0, inside.
+
+    Parameters
+    ----------
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+    bound : float, default inf
+        Stop after the first B_t past `bound` (or not a number).
+
+    Returns
+    -------
+    list of float
+        B_1, ..., B_t for t = T or the first step past `bound`, in σ̂ units.
+
+    Raises
+    ------
+    ValueError
+        If `coefficients` is not a finite (T, 3) table.
+
+    References
+    ----------
+    N. Amsel, D. Persson, C. Musco, R. M. Gower, "The Polar Express", arXiv 2505.16932, 2025, Sec. 2
+    (the polynomial view).
+
+    Examples
+    --------
+    >>> from ortho_ref import ns_map_sups, schedule
+    >>> [round(b, 4) for b in ns_map_sups(schedule("jordan", 2))]
+    [1.2024, 1.2024]
+    >>> len(ns_map_sups([[3.4445, 4.775, 2.0315]] * 5, bound=16.0))  # a sign flipped: stops at step 2
+    2
+    """
     table = as_coefficients(coefficients)
     sups, h = [], 1.0
     for row in table:
@@ -67,10 +98,40 @@ def ns_map_sups(coefficients, bound: float = math.inf) -> list[float]:
 
 
 def check_bounded_schedule(coefficients, name: str = "coefficients") -> np.ndarray:
-    """The (T, 3) float64 table of ``coefficients`` if its map stays within ``NS_MAP_BOUND`` on [0, 1]
-    at every step (``ns_map_sups``); Keller Jordan's overshoot (1.202) and every registered schedule do.
-    Raises: ValueError naming ``name``, the table and the first step t whose sup |f_t| on [0, 1]
-    passes the bound (a divergent schedule: finite inputs give Inf / NaN)."""
+    """Validate a Newton–Schulz table whose map stays within ``NS_MAP_BOUND`` on [0, 1] at every step.
+
+    The test is sup over σ̂ ∈ [0, 1] of |f_t(σ̂)| <= ``NS_MAP_BOUND`` (16) for t = 1..T, exactly by
+    ``ns_map_sups``; Keller Jordan's overshoot (1.202) and every registered schedule pass.
+
+    Parameters
+    ----------
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+    name : str, default "coefficients"
+        The argument's name in error messages.
+
+    Returns
+    -------
+    (T, 3) float64 ndarray
+        The table.
+
+    Raises
+    ------
+    ValueError
+        Naming `name`: if the table is not (T, 3) with T >= 1 or not finite, or if it is divergent
+        (the message gives the first step t whose sup passes the bound, and the table).
+
+    Examples
+    --------
+    >>> from ortho_ref import check_bounded_schedule, schedule
+    >>> check_bounded_schedule(schedule("polar_express")).shape
+    (5, 3)
+    >>> try:
+    ...     check_bounded_schedule([[3.4445, 4.775, 2.0315]] * 5)
+    ... except ValueError as err:
+    ...     print(str(err)[:44])
+    coefficients: a divergent schedule: after st
+    """
     table = as_coefficients(coefficients, name)
     sups = ns_map_sups(table, NS_MAP_BOUND)
     if sups and not sups[-1] <= NS_MAP_BOUND:
@@ -84,14 +145,41 @@ def check_bounded_schedule(coefficients, name: str = "coefficients") -> np.ndarr
 
 
 def ns_polynomial(x, coefficients) -> np.ndarray:
-    """f(x) = p_T(…p_1(x)), p_t(x) = a_t x + b_t x³ + c_t x⁵, elementwise in float64.
+    """The scalar map of a Newton–Schulz schedule: f(x) = p_T(…p_1(x)), elementwise, in float64.
 
-    Each step is evaluated as x·(a + x²(b + c x²)) (Horner in x²). f maps the normalized
-    singular values σ̂ of the Newton–Schulz input to those of its output (``ns_map``).
-    Shapes: x (...) float -> (...) float64; coefficients (T, 3) rows (a_t, b_t, c_t) or one (3,) row.
-    Source: the polynomial view of Newton–Schulz, Amsel et al. 2025 (arXiv 2505.16932), Sec. 2
-    (p_t and their composition); Higham, Functions of Matrices (2008), ch. 8.
-    Raises: ValueError for a malformed coefficient table.
+    p_t(x) = a_t x + b_t x³ + c_t x⁵, each step evaluated as x·(a_t + x²(b_t + c_t x²)) (Horner in
+    x²). f maps the normalized singular values σ̂ of the Newton–Schulz input to those of its output
+    (``ns_map``).
+
+    Parameters
+    ----------
+    x : array_like of float, shape (...)
+        The arguments, usually σ̂ ∈ [0, 1].
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+
+    Returns
+    -------
+    float64 ndarray, shape (...)
+        f(x), in the units of `x`.
+
+    Raises
+    ------
+    ValueError
+        If `coefficients` is not a finite (T, 3) table.
+
+    References
+    ----------
+    N. Amsel, D. Persson, C. Musco, R. M. Gower, "The Polar Express", arXiv 2505.16932, 2025, Sec. 2;
+    N. J. Higham, Functions of Matrices, SIAM, 2008, ch. 8.
+
+    Examples
+    --------
+    >>> from ortho_ref import ns_polynomial, schedule
+    >>> float(ns_polynomial(0.5, [1.5, -0.5, 0.0]))  # one cubic step: (3x - x³) / 2
+    0.6875
+    >>> float(ns_polynomial(1.0, schedule("cubic", 10)))  # the cubic fixes 1
+    1.0
     """
     table = as_coefficients(coefficients)
     y = np.asarray(x, dtype=np.float64)
@@ -115,16 +203,44 @@ def _trajectory(x: np.ndarray, table: np.ndarray):
 
 
 def ns_derivative(x, coefficients, order: int = 1) -> np.ndarray:
-    """f′(x) (order=1) or f″(x) (order=2) of the composed schedule, by the chain rule.
+    """First or second derivative of the composed map f = p_T ∘ … ∘ p_1, by the chain rule.
 
-    Along the trajectory x_t = p_t(x_{t−1}): f′ = Π_t p_t′(x_{t−1}) and
-    f″ = Σ_t p_t″(x_{t−1})·(Π_{s<t} p_s′(x_{s−1}))²·Π_{s>t} p_s′(x_{s−1}), accumulated forward
-    as g₂ ← p_t″·g₁² + p_t′·g₂, g₁ ← p_t′·g₁ (Faà di Bruno for a composition), with
-    p_t′ = a_t + 3b_t x² + 5c_t x⁴ and p_t″ = 6b_t x + 20c_t x³.
-    Shapes: x (...) float -> (...) float64; coefficients (T, 3) or one (3,) row.
-    Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2 (f as a composition of the p_t);
-    f′(0) = Π a_t is the L_f of docs/design.md, "Tolerances", for the registry schedules.
-    Raises: ValueError for order not in (1, 2) or a malformed table.
+    Along the trajectory x_t = p_t(x_{t−1}), with p_t′ = a_t + 3b_t x² + 5c_t x⁴ and
+    p_t″ = 6b_t x + 20c_t x³: f′ = Π_t p_t′(x_{t−1}), and f″ is accumulated forward as
+    g₂ ← p_t″·g₁² + p_t′·g₂, g₁ ← p_t′·g₁ (Faà di Bruno for a composition). f′(0) = Π_t a_t.
+
+    Parameters
+    ----------
+    x : array_like of float, shape (...)
+        The arguments, in σ̂ units.
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+    order : {1, 2}, default 1
+        The derivative's order.
+
+    Returns
+    -------
+    float64 ndarray, shape (...)
+        f′(x) or f″(x).
+
+    Raises
+    ------
+    ValueError
+        If `order` is not 1 or 2, or `coefficients` is not a finite (T, 3) table.
+
+    References
+    ----------
+    N. Amsel, D. Persson, C. Musco, R. M. Gower, "The Polar Express", arXiv 2505.16932, 2025, Sec. 2
+    (f as a composition of the p_t); f′(0) is the L_f of docs/math.md, §3.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import ns_derivative, schedule
+    >>> bool(np.isclose(ns_derivative(0.0, schedule("jordan")), 3.4445 ** 5))
+    True
+    >>> float(ns_derivative(1.0, [1.5, -0.5, 0.0], order=2))
+    -3.0
     """
     if order not in (1, 2):
         raise ValueError(f"order: expected 1 or 2, got {order!r}")
@@ -173,15 +289,44 @@ def check_normalization(safety, eps, eps_mode) -> tuple[float, float]:
 
 
 def ns_diagonal_gain(x, coefficients) -> np.ndarray:
-    """Σ_{t=0}^{T} |∂x_T/∂x_t| along the exact trajectory x_t = p_t(…p_1(x)), elementwise.
+    """First-order gain of one singular value through a Newton–Schulz schedule: Σ_t |∂x_T/∂x_t|.
 
-    First-order gain of one singular value: a perturbation δ of the step-t iterate's
-    i-th singular value (for a simple singular value δ = uᵢᵀ E vᵢ to first order; Stewart &
-    Sun, Matrix Perturbation Theory, 1990, ch. V) moves the output's i-th singular value by
-    |∂x_T/∂x_t|·δ;
-    summing over the input rounding (t = 0) and the T steps gives this gain (t = T counts 1).
-    Shapes: x (...) float -> (...) float64.
-    Raises: ValueError for a malformed table.
+    Along the exact trajectory x_t = p_t(…p_1(x)), a perturbation δ of the step-t iterate's i-th
+    singular value (δ = uᵢᵀ E vᵢ to first order for a simple singular value) moves the output's by
+    |∂x_T/∂x_t|·δ = Π_{s>t} |p_s′(x_{s−1})|·δ; the sum runs over the input rounding (t = 0) and the
+    T steps (t = T counts 1).
+
+    Parameters
+    ----------
+    x : array_like of float, shape (...)
+        Normalized singular values σ̂ of the input.
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+
+    Returns
+    -------
+    float64 ndarray, shape (...)
+        The gain, dimensionless, >= 1.
+
+    Raises
+    ------
+    ValueError
+        If `coefficients` is not a finite (T, 3) table.
+
+    References
+    ----------
+    G. W. Stewart, J.-G. Sun, Matrix Perturbation Theory, Academic Press, 1990, ch. V (first-order
+    perturbation of a simple singular value).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import ns_diagonal_gain
+    >>> cubic = [[1.5, -0.5, 0.0]] * 3
+    >>> ns_diagonal_gain(np.array([1.0]), cubic).tolist()  # p′(1) = 0: only the last step counts
+    [1.0]
+    >>> bool(np.isclose(ns_diagonal_gain(0.0, cubic), 1 + 1.5 + 1.5 ** 2 + 1.5 ** 3))
+    True
     """
     table = as_coefficients(coefficients)
     _, d1, _ = _trajectory(np.asarray(x, dtype=np.float64), table)
