@@ -134,18 +134,44 @@ def _check_interval(lo, hi) -> tuple[float, float]:
 
 
 def ns_band(coefficients, lo: float, hi: float) -> tuple[float, float]:
-    """The exact range [min f, max f] of the composed schedule on [lo, hi].
+    """Exact range [min f, max f] of a Newton–Schulz schedule's map f on an interval [lo, hi].
 
     f is a polynomial, so its extrema on [lo, hi] are at the ends or at roots of
-    f′(x) = Π_t p_t′(x_{t−1}) (chain rule along x_t = p_t(x_{t−1})); those roots are located as
-    sign changes on a dense linear + geometric grid and refined by bisection to float64
-    resolution — computed, not sampled (every root separated from the next by more than the grid
-    spacing ≤ 1.09·hi/20000 is found).
-    Shapes: scalars -> (float, float). Units: singular values of the normalized input.
-    Source: the polynomial view of Newton–Schulz, Amsel et al. 2025 (arXiv 2505.16932), Sec. 2;
-    root bracketing and bisection, Brent (1973), Algorithms for Minimization without
-    Derivatives, ch. 4; the quoted bands are the "exact-arithmetic output bands" of docs/design.md, "Muon".
-    Raises: ValueError unless 0 <= lo < hi, or for a malformed table.
+    f′ = Π_t p_t′(x_{t−1}); the roots are bracketed as sign changes on a dense linear + geometric grid
+    (spacing <= 1.09·hi/20000) and refined by bisection to float64 resolution — computed, not
+    sampled: every root separated from the next by more than the spacing is found (docs/math.md, §2.5).
+
+    Parameters
+    ----------
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+    lo : float
+        Left end, >= 0, in σ̂ units (singular values of the normalized input).
+    hi : float
+        Right end, > `lo`, in σ̂ units.
+
+    Returns
+    -------
+    tuple of float
+        (min f, max f) on [lo, hi], in σ̂ units.
+
+    Raises
+    ------
+    ValueError
+        Unless 0 <= `lo` < `hi` (finite), or if `coefficients` is not a finite (T, 3) table.
+
+    References
+    ----------
+    N. Amsel, D. Persson, C. Musco, R. M. Gower, "The Polar Express", arXiv 2505.16932, 2025, Sec. 2;
+    R. P. Brent, Algorithms for Minimization without Derivatives, Prentice-Hall, 1973, ch. 4
+    (bracketing and bisection).
+
+    Examples
+    --------
+    >>> from ortho_ref import ns_band, schedule
+    >>> low, high = ns_band(schedule("jordan"), 1e-3, 1.0)  # the band quoted in docs/design.md
+    >>> round(low, 3), round(high, 3)
+    (0.471, 1.202)
     """
     table = as_coefficients(coefficients)
     lo, hi = _check_interval(lo, hi)
@@ -154,17 +180,44 @@ def ns_band(coefficients, lo: float, hi: float) -> tuple[float, float]:
 
 
 def ns_lipschitz(coefficients, lo: float = 0.0, hi: float = 1.0) -> float:
-    """L_f = sup |f′| on [lo, hi], from the ends and the roots of f″ (where |f′| has its local extrema).
+    """Lipschitz constant L_f = sup |f′| of a Newton–Schulz schedule's map f on [lo, hi].
 
-    f″ = Σ_t p_t″(x_{t−1})·(Π_{s<t} p_s′(x_{s−1}))²·Π_{s>t} p_s′(x_{s−1}) (chain rule); its roots
-    are found as in ``ns_band``. Since p_t(0) = 0, f′(0) = Π_t a_t, the maximum on [0, 1] for
-    every registry schedule (jordan×5: 3.4445⁵ ≈ 485).
-    Role in the tolerances: by the mean value theorem |f(x)/x| = |f′(ξ)| for some ξ ∈ (0, x),
-    so ns_lipschitz(t, lo, hi) <= G_0 <= ns_lipschitz(t, 0, hi) for ``ns_step_gains``' G_0, a
-    consistency check ``ortho_verify.tolerances`` makes on every Newton–Schulz tolerance.
-    Shapes: -> float.
-    Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2 (polynomial view); docs/design.md, "Tolerances" (L_f).
-    Raises: ValueError unless 0 <= lo < hi, or for a malformed table.
+    The sup is taken at the ends and at the roots of
+    f″ = Σ_t p_t″(x_{t−1})·(Π_{s<t} p_s′(x_{s−1}))²·Π_{s>t} p_s′(x_{s−1}), found as in ``ns_band``.
+    Since p_t(0) = 0, f′(0) = Π_t a_t, the maximum on [0, 1] for every registered schedule. By the
+    mean value theorem ns_lipschitz(t, lo, hi) <= G_0 <= ns_lipschitz(t, 0, hi) for the G_0 of
+    ``ns_step_gains``, a check ``ortho_verify.tolerances`` makes on every Newton–Schulz tolerance.
+
+    Parameters
+    ----------
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+    lo : float, default 0.0
+        Left end, >= 0, in σ̂ units.
+    hi : float, default 1.0
+        Right end, > `lo`, in σ̂ units.
+
+    Returns
+    -------
+    float
+        L_f, dimensionless.
+
+    Raises
+    ------
+    ValueError
+        Unless 0 <= `lo` < `hi` (finite), or if `coefficients` is not a finite (T, 3) table.
+
+    References
+    ----------
+    N. Amsel, D. Persson, C. Musco, R. M. Gower, "The Polar Express", arXiv 2505.16932, 2025, Sec. 2;
+    docs/math.md, §3 (L_f in the Newton–Schulz tolerance).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import ns_lipschitz, schedule
+    >>> bool(np.isclose(ns_lipschitz(schedule("jordan")), 3.4445 ** 5))
+    True
     """
     table = as_coefficients(coefficients)
     lo, hi = _check_interval(lo, hi)
@@ -213,28 +266,46 @@ _BAND_SEED, _BAND_ITERATIONS = 1e-9, 10000
 
 
 def ns_attracting_band(coefficients) -> tuple[float, float]:
-    """The attracting band of one Newton–Schulz step p(x) = a x + b x³ + c x⁵: [lo, hi] in σ̂ units.
+    """Attracting band [lo, hi] of one Newton–Schulz step p(x) = a x + b x³ + c x⁵, in σ̂ units.
 
-    ``coefficients``: one row (a, b, c) or a (T, 3) table, whose last row is the step analysed
-    (the row a schedule repeats past its table: ``schedule("jordan")``).
-    Definition. x* is the positive fixed point of p nearest 1. If |p′(x*)| < 1, x* attracts
-    the singular values near it and the band is [x*, x*]. Otherwise the band J is the smallest
-    closed interval with p(J) ⊆ J that contains a neighbourhood of x*: J = ⋂_{δ>0} J_δ with J_δ
-    the smallest invariant interval containing [x* − δ, x* + δ]. It is computed with exact
-    interval images (each step's closed-form critical points): grow J = x*·[1 − 1e-9, 1 + 1e-9]
-    by J ← J ∪ p(J) until p(J) ⊆ J, then shrink J ← p(J) until p(J) = J. For a fixed point on
-    the decreasing branch between p's local maximum and its local minimum c (Keller Jordan's
-    step, x* ≈ 0.868, p′(x*) ≈ −1.58) this is J = [p(c), p(p(c))], the core of the interval map
-    (de Melo & van Strien, One-Dimensional Dynamics, 1993, ch. III): jordan ≈ [0.6818, 1.1344].
-    Singular values entering J stay in it; those in (0, 1] enter it after a few steps (jordan×5
-    maps [0.1, 1] onto J, ``ns_band``).
-    Source: Jordan et al. 2024 (Muon blog): the tuned quintic leaves the singular values in a
-    band around 1 rather than converging to 1 (docs/design.md, "Muon": "attracting band [0.68, 1.13]");
-    Amsel et al. 2025 (arXiv 2505.16932), Sec. 2–3, for the analysis of the composed steps.
-    Shapes: -> (float, float).
-    Raises: ValueError for a malformed row or table, if p has no positive fixed point, or if
-    the orbit of the neighbourhood leaves (0, 1000·max(1, x*)] (no attracting band; e.g. the
-    row (4, −1, 0): x* = √3, p′(x*) = −5, and p(p(2/√3)) < 0).
+    With x* the positive fixed point of p nearest 1: [x*, x*] if |p′(x*)| < 1; otherwise the
+    smallest closed interval J with p(J) ⊆ J that contains a neighbourhood of x*, computed with
+    exact interval images (grow J from x*·[1 − 1e-9, 1 + 1e-9] by J ← J ∪ p(J) until p(J) ⊆ J,
+    then shrink J ← p(J) until p(J) = J). Singular values entering J stay in it. For Keller Jordan's
+    step (x* ≈ 0.868, p′(x*) ≈ −1.58) J = [p(c), p(p(c))] with c the local minimum of p, the core
+    of the interval map (docs/math.md, §2.5).
+
+    Parameters
+    ----------
+    coefficients : (T, 3) array_like of float
+        One row (a, b, c), or a table whose last row is the step analysed (the row a schedule
+        repeats past its table).
+
+    Returns
+    -------
+    tuple of float
+        (lo, hi), in σ̂ units.
+
+    Raises
+    ------
+    ValueError
+        If `coefficients` is not a finite (T, 3) table, p has no positive fixed point, or the orbit
+        of the neighbourhood leaves (0, 1000·max(1, x*)] (no attracting band; e.g. (4, −1, 0)).
+
+    References
+    ----------
+    K. Jordan et al., "Muon: An optimizer for hidden layers in neural networks", blog post, 2024
+    (the tuned quintic keeps singular values in a band around 1); N. Amsel et al., "The Polar
+    Express", arXiv 2505.16932, 2025, Sec. 2–3; W. de Melo, S. van Strien, One-Dimensional
+    Dynamics, Springer, 1993, ch. III (invariant intervals, the core).
+
+    Examples
+    --------
+    >>> from ortho_ref import ns_attracting_band, schedule
+    >>> [round(v, 4) for v in ns_attracting_band(schedule("jordan"))]
+    [0.6818, 1.1344]
+    >>> ns_attracting_band([1.5, -0.5, 0.0])  # the cubic: 1 attracts
+    (1.0, 1.0)
     """
     row = as_coefficients(coefficients)[-1]
     a, b, c = (float(v) for v in row)
@@ -261,25 +332,49 @@ def ns_attracting_band(coefficients) -> tuple[float, float]:
 
 
 def ns_step_gains(coefficients, lo: float, hi: float) -> np.ndarray:
-    """First-order gains G_0..G_T of the Newton–Schulz map for inputs with σ̂ in [lo, hi].
+    """First-order gains G_0, ..., G_T of the Newton–Schulz map for inputs with σ̂ in [lo, hi].
 
-    G_t bounds the Fréchet derivative (in the Frobenius norm) of the remaining map
-    g_t = p_T ∘ … ∘ p_{t+1} at the step-t iterate X_t, whose singular values are
-    x_t = p_t(…p_1(σ̂)). For a singular-value function g the Fréchet derivative acts on the
-    (i, j) entry of a perturbation (in the singular-vector basis) by the divided differences
-    (g(x_i) − g(x_j))/(x_i − x_j) and (g(x_i) + g(x_j))/(x_i + x_j), and on the null-space
-    part by g(x_i)/x_i (Daleckii–Krein; Higham, Functions of Matrices, Thm. 3.11 and
-    Sec. 8.1), all bounded by sup over the spectrum's hull of max(|g′(x)|, |g(x)/x|).
-    G_T = 1 (the last rounding is not amplified). G_0 is the gain for the input rounding.
+    G_t bounds the Fréchet derivative, in the Frobenius norm, of the remaining map
+    g_t = p_T ∘ … ∘ p_{t+1} at the step-t iterate: by the Daleckii–Krein divided differences it is
+    at most sup max(|g_t′(x)|, |g_t(x)/x|) over the hull [l_t, h_t] of the step-t singular values.
+    G_0 is the gain for the input rounding, G_T = 1. Computed exactly, not sampled: each hull is the
+    image of [lo, hi] under p_t ∘ … ∘ p_1 from each quintic's closed-form critical points, and the
+    sups are taken at the hull's ends and at the roots of g_t″ and of g_t′ − g_t/x (docs/math.md,
+    §2.5).
 
-    Computed exactly, not sampled: the step-t hull [l_t, h_t] is the image of [lo, hi] under
-    p_t ∘ … ∘ p_1, built one step at a time from each quintic's closed-form critical points;
-    sup |g_t′| is taken over l_t, h_t and the roots of g_t″ (as ``ns_lipschitz``), sup |g_t(x)/x|
-    over l_t, h_t and the roots of g_t′ − g_t/x (the derivative of g_t(x)/x times x), with
-    g_t(x)/x = Π_s p_s(x_{s−1})/x_{s−1} (Π a at x = 0). Root sets are cached per (table, interval scale).
-    Shapes: -> (T + 1,) float64; ``lo = 0`` (rank-deficient or unknown spectrum) gives
-    G_0 = sup|f′| on [0, hi] = ``ns_lipschitz(table, 0, hi)`` (mean value theorem).
-    Raises: ValueError unless 0 <= lo < hi, or for a malformed table.
+    Parameters
+    ----------
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+    lo : float
+        Smallest σ̂, >= 0 (0 for a rank-deficient or unknown spectrum).
+    hi : float
+        Largest σ̂, > `lo`.
+
+    Returns
+    -------
+    (T + 1,) float64 ndarray
+        G_0, ..., G_T, dimensionless; with `lo` = 0, G_0 = ``ns_lipschitz(coefficients, 0, hi)``.
+
+    Raises
+    ------
+    ValueError
+        Unless 0 <= `lo` < `hi` (finite), or if `coefficients` is not a finite (T, 3) table.
+
+    References
+    ----------
+    N. J. Higham, Functions of Matrices: Theory and Computation, SIAM, 2008, Thm. 3.11 and Sec. 8.1
+    (Daleckii–Krein); N. Amsel et al., "The Polar Express", arXiv 2505.16932, 2025, Sec. 2.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import ns_lipschitz, ns_step_gains, schedule
+    >>> gains = ns_step_gains(schedule("jordan"), 0.0, 1.0)
+    >>> gains.shape, float(gains[-1])
+    ((6,), 1.0)
+    >>> bool(np.isclose(gains[0], ns_lipschitz(schedule("jordan"), 0.0, 1.0)))
+    True
     """
     table = as_coefficients(coefficients)
     lo, hi = _check_interval(lo, hi)
@@ -305,15 +400,46 @@ def _ratio(x: np.ndarray, table: np.ndarray) -> np.ndarray:
 
 
 def ns_step_magnitudes(coefficients, lo: float, hi: float) -> np.ndarray:
-    """S_t = sup (|a_t|x + |b_t|x³ + |c_t|x⁵) over the step-t input spectrum, t = 1..T.
+    """Term sizes S_t = sup (|a_t| x + |b_t| x³ + |c_t| x⁵) over the step-t input spectrum, t = 1..T.
 
-    The rounding committed while evaluating step t is relative to the sizes of its terms
-    (aX, bA X, cA² X), not to their sum, which cancels: for polar_express step 1 at x = 1 the
-    terms are ~47 times the result. With σ̂ in [lo, hi] the step-t input spectrum lies in the
-    hull [l_{t−1}, h_{t−1}] of |x_{t−1}| (computed exactly, as in ``ns_step_gains``), and the
-    term sum increases with x ≥ 0, so S_t is its value at h_{t−1}.
-    Shapes: -> (T,) float64.
-    Raises: ValueError unless 0 <= lo < hi, or for a malformed table.
+    The rounding committed in step t is relative to the sizes of its terms (aX, bSX, cS²X with
+    S = XXᵀ), not to their sum, which cancels: for polar_express step 1 at x = 1 the terms are about
+    47 times the result. With σ̂ in [lo, hi] the step-t input lies in the hull [l_{t−1}, h_{t−1}] of
+    |x_{t−1}| (exact, as in ``ns_step_gains``), and the term sum increases with x >= 0, so S_t is
+    its value at h_{t−1}.
+
+    Parameters
+    ----------
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+    lo : float
+        Smallest σ̂, >= 0.
+    hi : float
+        Largest σ̂, > `lo`.
+
+    Returns
+    -------
+    (T,) float64 ndarray
+        S_1, ..., S_T, in σ̂ units.
+
+    Raises
+    ------
+    ValueError
+        Unless 0 <= `lo` < `hi` (finite), or if `coefficients` is not a finite (T, 3) table.
+
+    References
+    ----------
+    N. J. Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., SIAM, 2002, ch. 3 (rounding
+    errors of inner and matrix products, relative to |A||B|).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import ns_step_magnitudes, schedule
+    >>> table = schedule("jordan", 2)
+    >>> s = ns_step_magnitudes(table, 0.0, 1.0)
+    >>> bool(np.isclose(s[0], 3.4445 + 4.775 + 2.0315))  # step 1 at x = 1
+    True
     """
     table = as_coefficients(coefficients)
     lo, hi = _check_interval(lo, hi)
