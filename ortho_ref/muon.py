@@ -27,10 +27,32 @@ from .polar import polar
 
 
 class MuonStep(NamedTuple):
-    """Result of ``muon_step``: new weight (m, n), new momentum (m, n), the orthogonalized
-    update O (m, n) before lr, the lr multiplier applied to it (``lr_scale`` of the mode times
-    ``extra_scale_factor``), and ``ns_input`` U (m, n), the momentum-mixed matrix that was
-    orthogonalized."""
+    """Result of ``muon_step``: the new state, the update and what was orthogonalized, all float64.
+
+    Parameters
+    ----------
+    weight : (m, n) float64 ndarray
+        W after the step.
+    momentum : (m, n) float64 ndarray
+        M_new, the momentum after the step.
+    update : (m, n) float64 ndarray
+        O, the orthogonalized update before the learning rate.
+    lr_scale : float
+        s = ``lr_scale(adjust_lr, m, n)``·extra_scale_factor, the multiplier of lr applied to O.
+    ns_input : (m, n) float64 ndarray
+        U, the momentum-mixed matrix that was orthogonalized.
+
+    See Also
+    --------
+    muon_step : The step that returns it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import muon_step
+    >>> muon_step(np.eye(2), np.eye(2), np.zeros((2, 2)), lr=0.1)._fields
+    ('weight', 'momentum', 'update', 'lr_scale', 'ns_input')
+    """
 
     weight: np.ndarray
     momentum: np.ndarray
@@ -62,38 +84,102 @@ def muon_step(
     bias_correction: bool = False,
     step: int | None = None,
 ) -> MuonStep:
-    """One reference Muon step on an (m, n) weight.
+    """One reference Muon step on an (m, n) weight, in float64.
 
-    Momentum: "ema" M ← μM + (1−μ)G, nesterov U = (1−μ)G + μM_new (torch.optim.Muon,
-    Keller Jordan, nanochat); "classic" M ← μM + G, nesterov U = G + μM_new (microsoft/dion,
-    Moonlight). Without nesterov U = M_new. Then O = ns_map(U, coefficients) (or the exact
-    polar factor with ``orthogonalizer="polar"``) and
-    W ← W·(1 − lr·weight_decay) − lr·s·O with s = lr_scale(adjust_lr, m, n)·extra_scale_factor
-    (decoupled weight decay with the unscaled lr, as torch.optim.Muon, microsoft/dion and
-    Moonlight; ``extra_scale_factor`` as Megatron / Emerging-Optimizers). With
-    ``cautious_weight_decay`` the decay applies only to entries where the update and the weight
-    have the same sign, W ← W − lr·wd·I(O⊙W ≥ 0)⊙W − lr·s·O, with W the weight before the step
-    (Chen et al. 2025, "Cautious Weight Decay", arXiv 2510.12402, Eq. (CWD):
-    x ← x − η(u + λ·I(u⊙x ≥ 0)⊙x); u = s·O has the sign of O since s > 0; zero entries decay,
-    as the ≥; nanochat uses the same mask, (g·p) ≥ 0).
+    ::
 
-    ``nesterov_form`` ("mix" | "full_grad", ``NESTEROV_FORMS``) picks the Nesterov mix;
-    ``weight_decay_style`` (``WEIGHT_DECAY_STYLES``, ``decay_factor``) the decay: "decoupled" as
-    above, "adjusted_lr" W(1 − lr·s·wd) (nanochat), "independent" W(1 − wd), "l2" G ← G + wd·W
-    before the momentum and no decay step.
+        M_new = μM + (1 − μ)G ("ema")  or  μM + G ("classic")
+        U     = (1 − μ)G + μM_new ("ema", Nesterov)  or  G + μM_new ("classic")  or  M_new
+        O     = ns_map(U, coefficients)  (or the polar factor of U, orthogonalizer="polar")
+        W     ← W·(1 − ηλ) − η·s·O,   s = lr_scale(adjust_lr, m, n)·extra_scale_factor
 
-    ``bias_correction`` (EMA momentum, as optax ``contrib.muon``; ``momentum_update``): U divides
-    the momentum term by 1−μ^(t+1) and the gradient term by 1−μ^t (without Nesterov U =
-    M_new/(1−μ^t)), t = ``step`` the 1-based step index, required then; the returned momentum is
-    the uncorrected M_new, the state such an optimizer stores.
+    The weight decay uses the unscaled lr (torch.optim.Muon, microsoft/dion, Moonlight); the
+    options below change each line (docs/math.md, §4.1). The inputs are not modified.
 
-    Shapes: weight, grad, momentum (m, n) float -> MuonStep of float64 arrays.
-    ``coefficients``: (T, 3) table; default the ``jordan`` schedule, 5 steps.
-    Source: Jordan et al. (Muon blog, 2024); Liu et al. arXiv 2502.16982; torch.optim.Muon.
-    Raises: TypeError / ValueError for non-float, non-2-D, empty or non-finite arrays, shape
-    mismatches, lr < 0, mu outside [0, 1), weight_decay < 0, extra_scale_factor <= 0,
-    unknown option strings; ValueError naming ``bias_correction`` for the "classic" style or the
-    "full_grad" form, ``step`` for a missing or non-positive step under bias correction.
+    Parameters
+    ----------
+    weight : (m, n) array_like of float
+        W before the step, in PyTorch's (fan_out, fan_in) layout; finite.
+    grad : (m, n) array_like of float
+        The gradient G; finite.
+    momentum : (m, n) array_like of float
+        The momentum M before the step (zeros for fresh state), in gradient units.
+    lr : float
+        The learning rate η, >= 0.
+    mu : float, default 0.95
+        The momentum coefficient μ, in [0, 1].
+    nesterov : bool, default True
+        Orthogonalize the Nesterov mix (below) instead of M_new.
+    momentum_style : {"ema", "classic"}, default "ema"
+        "ema": M ← μM + (1 − μ)G (torch.optim.Muon, Keller Jordan, nanochat); "classic":
+        M ← μM + G (microsoft/dion, Moonlight).
+    coefficients : (T, 3) array_like of float, optional
+        Newton–Schulz rows (a_t, b_t, c_t). Default None: ``schedule("jordan")``, 5 steps.
+    safety : float, default 1.0
+        Newton–Schulz normalization X₀ = U / (safety·‖U‖_F + eps), as ``ns_map``; > 0.
+    eps : float, default 1e-7
+        As ``ns_map``, in gradient units; >= 0.
+    eps_mode : {"add", "clamp"}, default "add"
+        As ``ns_map`` ("clamp": torch.optim.Muon's max(‖U‖_F, eps)).
+    adjust_lr : str or None, default "original"
+        The lr multiplier's mode, ``lr_scale``.
+    weight_decay : float, default 0.0
+        The decay coefficient λ, >= 0.
+    orthogonalizer : {"newton_schulz", "polar"}, default "newton_schulz"
+        O = ``ns_map(U, ...)`` or the exact polar factor ``polar(U)`` (0 for U = 0).
+    extra_scale_factor : float, default 1.0
+        Multiplies ``lr_scale`` (Megatron / Emerging-Optimizers); > 0.
+    cautious_weight_decay : bool, default False
+        Decay only the entries where the final update and W (before the step) agree in sign:
+        W ← W − ηλ·I(O⊙W >= 0)⊙W − ηs·O (Chen et al., arXiv 2510.12402; nanochat).
+    nesterov_form : {"mix", "full_grad"}, default "mix"
+        "mix": U = (1 − μ)G + μM_new for "ema", G + μM_new for "classic"; "full_grad":
+        U = G + μM_new for either style.
+    weight_decay_style : {"decoupled", "adjusted_lr", "independent", "l2"}, default "decoupled"
+        W·(1 − ηλ) (torch.optim.Muon, microsoft/dion, Moonlight); W·(1 − ηsλ) (nanochat);
+        W·(1 − λ); or G ← G + λW before the momentum and no decay step (coupled L2).
+    bias_correction : bool, default False
+        The debiased EMA mix of optax ``contrib.muon``: U = μM_new/(1 − μ^(t+1)) + (1 − μ)G/(1 − μ^t)
+        (M_new/(1 − μ^t) without Nesterov); "ema" style and "mix" form only. The returned momentum
+        stays uncorrected.
+    step : int, optional
+        The 1-based step index t, >= 1; required with `bias_correction`, unused otherwise.
+
+    Returns
+    -------
+    MuonStep
+        ``(weight, momentum, update, lr_scale, ns_input)``.
+
+    Raises
+    ------
+    TypeError
+        If an array has a non-float dtype, or `nesterov`, `cautious_weight_decay` or
+        `bias_correction` is not a bool.
+    ValueError
+        If an array is not 2-D, is empty or holds NaN or Inf; a shape differs from `weight`'s;
+        `lr` or `weight_decay` < 0; `mu` is outside [0, 1]; `extra_scale_factor` <= 0; an option
+        string is unknown; `cautious_weight_decay` is combined with the "l2" style; or, naming
+        `bias_correction` / `step`, bias correction is asked for the "classic" style or the
+        "full_grad" form or without a valid `step`.
+
+    References
+    ----------
+    K. Jordan et al., "Muon: An optimizer for hidden layers in neural networks", blog post, 2024,
+    and KellerJordan/Muon ``muon.py`` (``muon_update``); J. Liu et al., "Muon is Scalable for LLM
+    Training", arXiv 2502.16982, 2025; ``torch.optim.Muon``; microsoft/dion ``muon.py``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import muon_step, ns_map, schedule
+    >>> w, g = np.random.default_rng(0).standard_normal((2, 4, 3))
+    >>> out = muon_step(w, g, np.zeros((4, 3)), lr=0.02)
+    >>> bool(np.allclose(out.ns_input, 0.05 * g + 0.95 * out.momentum))  # ema, Nesterov
+    True
+    >>> bool(np.allclose(out.update, ns_map(out.ns_input, schedule("jordan"))))
+    True
+    >>> round(out.lr_scale, 4), bool(np.allclose(out.weight, w - 0.02 * out.lr_scale * out.update))
+    (1.1547, True)
     """
     w, g, m_old, lr, mu, weight_decay, table, scale = checked_step_inputs(
         weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor,
@@ -114,10 +200,36 @@ def muon_step(
 
 
 class MuonPipelineStep(NamedTuple):
-    """Result of ``muon_pipeline_step``: the fields of ``MuonStep`` (``update`` is the final
-    update after every stage, ``ns_input`` the matrix Newton–Schulz received, after MuonEq),
-    ``ns_output`` the Newton–Schulz output before the post-orthogonalization stages, and
-    ``variance`` NorMuon's new second moment ((m, 1) or (1, n); None without NorMuon)."""
+    """Result of ``muon_pipeline_step``: ``MuonStep``'s fields and the stages' intermediates.
+
+    Parameters
+    ----------
+    weight : (m, n) float64 ndarray
+        W after the step.
+    momentum : (m, n) float64 ndarray
+        M_new, the momentum after the step.
+    update : (m, n) float64 ndarray
+        O, the final update after every stage, before the learning rate.
+    lr_scale : float
+        s = ``lr_scale(adjust_lr, m, n)``·extra_scale_factor.
+    ns_input : (m, n) float64 ndarray
+        The matrix Newton–Schulz received (after MuonEq).
+    ns_output : (m, n) float64 ndarray
+        The Newton–Schulz output, before Muon+ and NorMuon.
+    variance : (m, 1) or (1, n) float64 ndarray or None
+        NorMuon's second moment after the step; None without NorMuon.
+
+    See Also
+    --------
+    muon_pipeline_step : The step that returns it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref.muon import muon_pipeline_step
+    >>> muon_pipeline_step(np.eye(2), np.eye(2), np.zeros((2, 2)), lr=0.1)._fields[-2:]
+    ('ns_output', 'variance')
+    """
 
     weight: np.ndarray
     momentum: np.ndarray
@@ -157,21 +269,118 @@ def muon_pipeline_step(
     normuon_eps_mode: str = "add",
     normuon_dim: str = "row",
 ) -> MuonPipelineStep:
-    """One reference Muon step with the pipeline stages, in nanochat's order:
-    momentum → MuonEq (``row_equilibration``) → ns_map → Muon+ (``renormalize``) → NorMuon
-    (``normuon_beta2`` not None) → W ← W·(1 − lr·wd) − lr·s·O (or cautious weight decay, masked
-    by the final O), s = lr_scale(adjust_lr, m, n)·extra_scale_factor.
+    """One reference Muon step with the pipeline stages around Newton–Schulz, in nanochat's order.
 
-    Every stage off gives ``muon_step``'s result. The stages are ``ortho_ref.muon_stages``'
-    functions; ``normuon_variance`` is NorMuon's second moment before the step (None: zeros of
-    ``normuon_variance_shape``).
-    Shapes: weight, grad, momentum (m, n) float -> MuonPipelineStep of float64 arrays.
-    Source: docs/math.md, "Muon pipeline stages"; nanochat ``muon_step_fused`` (the order);
-    MuonEq arXiv 2603.28254; Muon+ arXiv 2602.21545; NorMuon arXiv 2510.05491.
-    Raises: what ``muon_step`` raises; ValueError naming ``row_equilibration``, ``normuon_dim``,
-    ``normuon_beta2`` (outside [0, 1)), ``normuon_eps`` / ``normuon_eps_mode``, or
-    ``normuon_variance`` of the wrong shape; TypeError for a non-bool ``renormalize``.
-    ``bias_correction`` / ``step``: the debiased momentum mix of ``muon_step`` (optax).
+    ::
+
+        momentum → MuonEq (row_equilibration) → ns_map → Muon+ (renormalize)
+                 → NorMuon (normuon_beta2) → W ← W·(1 − ηλ) − η·s·O
+
+    Each stage is a function of ``ortho_ref.muon_stages`` (docs/math.md, §4.3); with every stage off
+    the result is ``muon_step``'s. Cautious weight decay masks with the final O.
+
+    Parameters
+    ----------
+    weight : (m, n) array_like of float
+        W before the step, in PyTorch's (fan_out, fan_in) layout; finite.
+    grad : (m, n) array_like of float
+        The gradient G; finite.
+    momentum : (m, n) array_like of float
+        The momentum M before the step (zeros for fresh state), in gradient units.
+    lr : float
+        The learning rate η, >= 0.
+    mu : float, default 0.95
+        The momentum coefficient μ, in [0, 1].
+    nesterov : bool, default True
+        Orthogonalize the Nesterov mix (below) instead of M_new.
+    momentum_style : {"ema", "classic"}, default "ema"
+        "ema": M ← μM + (1 − μ)G (torch.optim.Muon, Keller Jordan, nanochat); "classic":
+        M ← μM + G (microsoft/dion, Moonlight).
+    coefficients : (T, 3) array_like of float, optional
+        Newton–Schulz rows (a_t, b_t, c_t). Default None: ``schedule("jordan")``, 5 steps.
+    safety : float, default 1.0
+        Newton–Schulz normalization X₀ = U / (safety·‖U‖_F + eps), as ``ns_map``; > 0.
+    eps : float, default 1e-7
+        As ``ns_map``, in gradient units; >= 0.
+    eps_mode : {"add", "clamp"}, default "add"
+        As ``ns_map`` ("clamp": torch.optim.Muon's max(‖U‖_F, eps)).
+    adjust_lr : str or None, default "original"
+        The lr multiplier's mode, ``lr_scale``.
+    weight_decay : float, default 0.0
+        The decay coefficient λ, >= 0.
+    extra_scale_factor : float, default 1.0
+        Multiplies ``lr_scale`` (Megatron / Emerging-Optimizers); > 0.
+    cautious_weight_decay : bool, default False
+        Decay only the entries where the final update and W (before the step) agree in sign:
+        W ← W − ηλ·I(O⊙W >= 0)⊙W − ηs·O (Chen et al., arXiv 2510.12402; nanochat).
+    nesterov_form : {"mix", "full_grad"}, default "mix"
+        "mix": U = (1 − μ)G + μM_new for "ema", G + μM_new for "classic"; "full_grad":
+        U = G + μM_new for either style.
+    weight_decay_style : {"decoupled", "adjusted_lr", "independent", "l2"}, default "decoupled"
+        W·(1 − ηλ) (torch.optim.Muon, microsoft/dion, Moonlight); W·(1 − ηsλ) (nanochat);
+        W·(1 − λ); or G ← G + λW before the momentum and no decay step (coupled L2).
+    bias_correction : bool, default False
+        The debiased EMA mix of optax ``contrib.muon``: U = μM_new/(1 − μ^(t+1)) + (1 − μ)G/(1 − μ^t)
+        (M_new/(1 − μ^t) without Nesterov); "ema" style and "mix" form only. The returned momentum
+        stays uncorrected.
+    step : int, optional
+        The 1-based step index t, >= 1; required with `bias_correction`, unused otherwise.
+    row_equilibration : bool or {"row", "column"}, default False
+        MuonEq before Newton–Schulz: each row (column) of U rescaled to the RMS row (column) norm;
+        True means "row".
+    renormalize : bool, default False
+        Muon+ after Newton–Schulz: O ← O·√min(m, n) / max(‖O‖_F, 1e-6).
+    normuon_beta2 : float, optional
+        NorMuon's β₂ in [0, 1); default None: no NorMuon.
+    normuon_variance : (m, 1) or (1, n) array_like of float, optional
+        NorMuon's second moment before the step (shape ``muon_stages.normuon_variance_shape``);
+        default None: zeros.
+    normuon_eps : float, default 1e-8
+        NorMuon's ε, >= 0.
+    normuon_eps_mode : {"add", "clamp"}, default "add"
+        O / (√v + ε) (microsoft/dion, the paper) or O / √max(v, ε) (nanochat).
+    normuon_dim : {"row", "column", "by_shape"}, default "row"
+        One statistic per row (the paper, microsoft/dion), per column, or per row when m >= n and
+        per column otherwise (nanochat).
+
+    Returns
+    -------
+    MuonPipelineStep
+        ``(weight, momentum, update, lr_scale, ns_input, ns_output, variance)``.
+
+    Raises
+    ------
+    TypeError
+        If an array has a non-float dtype, or `nesterov`, `cautious_weight_decay` or
+        `bias_correction` is not a bool.
+    ValueError
+        If an array is not 2-D, is empty or holds NaN or Inf; a shape differs from `weight`'s;
+        `lr` or `weight_decay` < 0; `mu` is outside [0, 1]; `extra_scale_factor` <= 0; an option
+        string is unknown; `cautious_weight_decay` is combined with the "l2" style; or, naming
+        `bias_correction` / `step`, bias correction is asked for the "classic" style or the
+        "full_grad" form or without a valid `step`.
+        Also ValueError naming `row_equilibration`, `normuon_beta2` (outside [0, 1)), `normuon_eps`,
+        `normuon_eps_mode`, `normuon_dim`, or `normuon_variance` of the wrong shape; TypeError for a
+        non-bool `renormalize`.
+
+    References
+    ----------
+    A. Karpathy, nanochat ``nanochat/optim.py`` (``muon_step_fused``: the order); D. Chang et al.,
+    "MuonEq", arXiv 2603.28254, 2026; "Muon+", arXiv 2602.21545, 2026; Z. Li et al., "NorMuon",
+    arXiv 2510.05491, 2025, and microsoft/dion ``dion/normuon.py``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import muon_step
+    >>> from ortho_ref.muon import muon_pipeline_step
+    >>> w, g = np.random.default_rng(0).standard_normal((2, 4, 3))
+    >>> plain = muon_pipeline_step(w, g, np.zeros((4, 3)), lr=0.02)
+    >>> bool(np.allclose(plain.weight, muon_step(w, g, np.zeros((4, 3)), lr=0.02).weight))
+    True
+    >>> out = muon_pipeline_step(w, g, np.zeros((4, 3)), lr=0.02, renormalize=True, normuon_beta2=0.95)
+    >>> out.variance.shape, bool(np.isclose(np.linalg.norm(out.update), np.sqrt(3)))
+    ((4, 1), True)
     """
     w, g, m_old, lr, mu, weight_decay, table, scale = checked_step_inputs(
         weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor,

@@ -36,15 +36,50 @@ ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral_norm", None, "shape_
 
 
 def lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
-    """Factor multiplying lr for the orthogonalized update of an (m, n) = (fan_out, fan_in) weight.
+    """Factor s multiplying lr for the orthogonalized update of an (m, n) = (fan_out, fan_in) weight.
 
-    "original": √max(1, m/n) (Keller Jordan; torch.optim.Muon default);
-    "match_rms_adamw": 0.2·√max(m, n) (Moonlight, Liu et al. arXiv 2502.16982);
-    "spectral_norm": √(m/n) (microsoft/dion Muon; Dion paper); None: 1.
-    Megatron / Emerging-Optimizers ``get_muon_scale_factor``: "shape_scaling" √max(1, m/n)
-    (= "original"), "spectral" √max(m, n) (its default; 5 × "match_rms_adamw"),
-    "unit_rms_norm" √(m/n) (= "spectral_norm").
-    Raises: ValueError for an unknown mode.
+    ::
+
+        "original", "shape_scaling"       √max(1, m/n)   Keller Jordan; torch.optim.Muon default
+        "match_rms_adamw"                 0.2·√max(m, n)  Moonlight (Liu et al.); torch.optim.Muon
+        "spectral_norm", "unit_rms_norm"  √(m/n)          microsoft/dion Muon
+        "spectral"                        √max(m, n)      Megatron / Emerging-Optimizers default
+        None                              1
+
+    The last three names are Megatron / NVIDIA Emerging-Optimizers ``get_muon_scale_factor`` modes.
+
+    Parameters
+    ----------
+    adjust_lr : str or None
+        One of ``ADJUST_LR_MODES`` (above).
+    m : int
+        Rows of the weight (fan_out), >= 1.
+    n : int
+        Columns of the weight (fan_in), >= 1.
+
+    Returns
+    -------
+    float
+        s, dimensionless.
+
+    Raises
+    ------
+    ValueError
+        If `adjust_lr` is not a known mode.
+
+    References
+    ----------
+    K. Jordan et al., "Muon", blog post, 2024, and KellerJordan/Muon ``muon.py``; J. Liu et al.,
+    "Muon is Scalable for LLM Training", arXiv 2502.16982, 2025; ``torch.optim.Muon``
+    (``adjust_lr_fn``); microsoft/dion ``muon.py`` (``adjust_lr``).
+
+    Examples
+    --------
+    >>> from ortho_ref import lr_scale
+    >>> lr_scale("original", 1024, 256), lr_scale("spectral_norm", 256, 1024), lr_scale(None, 3, 5)
+    (2.0, 0.5, 1.0)
+    >>> lr_scale("match_rms_adamw", 100, 25)
+    2.0
     """
     if adjust_lr in ("original", "shape_scaling"):
         return math.sqrt(max(1.0, m / n))
