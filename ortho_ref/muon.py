@@ -89,7 +89,7 @@ def muon_step(
     ::
 
         M_new = μM + (1 − μ)G ("ema")  or  μM + G ("classic")
-        U     = (1 − μ)G + μM_new ("ema", Nesterov)  or  G + μM_new ("classic")  or  M_new
+        U     = (1 − μ)G + μM_new ("ema", Nesterov)  or  G + μM_new ("classic", Nesterov)  or  M_new
         O     = ns_map(U, coefficients)  (or the polar factor of U, orthogonalizer="polar")
         W     ← W·(1 − ηλ) − η·s·O,   s = lr_scale(adjust_lr, m, n)·extra_scale_factor
 
