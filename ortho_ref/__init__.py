@@ -6,8 +6,9 @@ time, pure functions.
 
 Modules, lowest first (each imports only those above it; docs/design.md, "Layers and import rules"):
 ``_validate`` (input checks), ``coefficients`` (schedules), ``linalg`` (float64 SVD),
-``ns_polynomials`` (the scalar step polynomials), ``ns_bands`` (their exact bands and gains), ``mp`` (the mpmath tier),
-``polar`` and ``ns_map`` (the matrix maps and their ``digits=`` dispatch), ``muon``, ``dion``,
+``ns_polynomials`` (the scalar step polynomials), ``ns_bands`` (their exact bands and gains), ``mp`` (the
+mpmath tier), ``polar`` and ``ns_map`` (the matrix maps and their ``digits=`` dispatch), ``muon_parts``,
+``muon_stages`` and ``muon``, ``dion_shapes``, ``dion_qr``, ``dion``, ``dion_ideal`` and ``dion2``, ``qk_clip``,
 ``scalar`` (AdamW, Lion), ``golden`` (the 50-digit golden files).
 """
 
@@ -19,7 +20,6 @@ from .dion import (
     DionReplicatedStep,
     DionStep,
     column_normalize,
-    dion_ideal_step,
     dion_rank,
     dion_right_factor,
     dion_step,
@@ -39,6 +39,7 @@ from .dion2 import (
     dion2_slice_norms,
     dion2_step,
 )
+from .dion_ideal import dion_ideal_step
 from .linalg import svd
 from .mp import from_hi_lo, to_float64, to_hi_lo
 from .muon import MuonPipelineStep, MuonStep, lr_scale, muon_pipeline_step, muon_step
