@@ -2,14 +2,17 @@
 
 Every name in ``ortho_ref.__all__`` that is a function or a class of ours has at least one example,
 and each example prints what its docstring says (doctest's exact comparison of the printed output,
-whitespace normalized). The examples use numpy and mpmath only; run in a fresh interpreter they
-import no torch. A planted wrong output fails, for every object.
+whitespace normalized); so does every example of a public name of an ``ortho_ref`` module (its
+``__all__``), e.g. ``ortho_ref.qk_clip.qk_clip``. The examples use numpy and mpmath only; run in a
+fresh interpreter they import no torch. A planted wrong output fails, for every object.
 """
 
 from __future__ import annotations
 
 import doctest
+import importlib
 import inspect
+import pkgutil
 import subprocess
 import sys
 
@@ -29,6 +32,22 @@ def _public_objects():
 
 
 PUBLIC = dict(_public_objects())
+
+
+def _module_objects_with_examples():
+    """Public functions and classes of ortho_ref's modules, beyond the package's names, that have examples."""
+    seen = {id(obj) for obj in PUBLIC.values()}
+    for info in pkgutil.iter_modules(ortho_ref.__path__):
+        module = importlib.import_module(f"ortho_ref.{info.name}")
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name)
+            ours = inspect.isfunction(obj) or inspect.isclass(obj)
+            if ours and id(obj) not in seen and ">>>" in (obj.__doc__ or ""):
+                seen.add(id(obj))
+                yield f"{info.name}.{name}", obj
+
+
+MODULE_EXAMPLES = dict(_module_objects_with_examples())
 
 
 def _doctests(name: str, obj) -> list[doctest.DocTest]:
@@ -54,6 +73,13 @@ def test_examples_run(name):
     tests = _doctests(name, PUBLIC[name])
     assert tests, f"ortho_ref.{name}: no Examples to run"
     results, report = _run(tests)
+    assert results.attempted >= 1
+    assert results.failed == 0, report
+
+
+@pytest.mark.parametrize("name", sorted(MODULE_EXAMPLES))
+def test_module_examples_run(name):
+    results, report = _run(_doctests(name, MODULE_EXAMPLES[name]))
     assert results.attempted >= 1
     assert results.failed == 0, report
 
