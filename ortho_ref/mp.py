@@ -179,12 +179,13 @@ def to_float64(x) -> np.ndarray:
     Returns
     -------
     float64 ndarray, shape (...)
-        ``float(v)`` of each entry: correctly rounded to nearest, ties to even.
+        ``float(v)`` of each entry: rounded to 53 bits in mpmath's rounding mode (to nearest unless
+        changed), exact for an mpf of at most 53 bits in the normal range.
 
     References
     ----------
     F. Johansson et al., mpmath: a Python library for arbitrary-precision floating-point
-    arithmetic, https://mpmath.org (``mpf.__float__``).
+    arithmetic, https://mpmath.org (``mpf.__float__``, ``libmp.to_float``).
 
     Examples
     --------
