@@ -218,8 +218,8 @@ def dion_step_replicated(
         If an array is not 2-D, is empty or holds NaN or Inf; a shape differs from the first
         weight's; `Q` is not (min(m, n), r) with 1 <= r <= min(m, n); `lr`, `weight_decay` or
         `epsilon` < 0; `mu` is outside [0, 1]; `power_iters` < 1; `oversample` < 1; or
-        `qr_method` or `right_factor` is unknown.
-        Also ValueError if `weights`, `grads` and `momenta` differ in length or are empty.
+        `qr_method` or `right_factor` is unknown; or if `weights`, `grads` and `momenta` differ in
+        length or are empty.
 
     References
     ----------

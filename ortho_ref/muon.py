@@ -351,17 +351,16 @@ def muon_pipeline_step(
     Raises
     ------
     TypeError
-        If an array has a non-float dtype, or `nesterov`, `cautious_weight_decay` or
-        `bias_correction` is not a bool.
+        If an array has a non-float dtype, or `nesterov`, `cautious_weight_decay`,
+        `bias_correction` or `renormalize` is not a bool.
     ValueError
         If an array is not 2-D, is empty or holds NaN or Inf; a shape differs from `weight`'s;
         `lr` or `weight_decay` < 0; `mu` is outside [0, 1]; `extra_scale_factor` <= 0; an option
         string is unknown; `cautious_weight_decay` is combined with the "l2" style; or, naming
         `bias_correction` / `step`, bias correction is asked for the "classic" style or the
-        "full_grad" form or without a valid `step`.
-        Also ValueError naming `row_equilibration`, `normuon_beta2` (outside [0, 1)), `normuon_eps`,
-        `normuon_eps_mode`, `normuon_dim`, or `normuon_variance` of the wrong shape; TypeError for a
-        non-bool `renormalize`.
+        "full_grad" form or without a valid `step`; or, naming the argument, for a
+        `row_equilibration`, `normuon_eps_mode` or `normuon_dim` that is unknown, `normuon_beta2`
+        outside [0, 1), `normuon_eps` < 0, or `normuon_variance` of the wrong shape.
 
     References
     ----------
