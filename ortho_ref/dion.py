@@ -225,8 +225,9 @@ def dion_step_replicated(
     ----------
     K. Ahn, B. Xu, N. Abreu, J. Langford, "Dion: Distributed Orthonormalized Updates",
     arXiv 2504.05295, 2025 (the distributed algorithm's data-parallel compression);
-    microsoft/dion ``dion.py`` (all-reduce of P and R) and README ("Compressed Data-Parallel
-    Gradient Sync").
+    microsoft/dion ``dion.py`` (``compressed_all_reduce`` of P and R) and README ("Compressed
+    Data-Parallel Gradient Sync for Dion"); T. Vogels, S. P. Karimireddy, M. Jaggi, "PowerSGD",
+    arXiv 1905.13727, 2019 (the technique's origin, per that README).
 
     Examples
     --------

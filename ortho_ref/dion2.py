@@ -1,6 +1,7 @@
 """Reference Dion2 step (float64, one matrix, no batching, no communication).
 
-Dion2 (microsoft/dion ``dion/dion2.py``, class ``Dion2``): momentum without μ, a top-k
+Dion2 (Ahn, Amsel, Langford, arXiv 2512.16928; microsoft/dion ``dion/dion2.py``, class ``Dion2``):
+momentum without μ, a top-k
 selection of rows (or columns) by L1 norm, error-feedback decay on the selected slices only,
 and an orthogonalized update of the selected submatrix only (docs/math.md, §5a).
 """
@@ -371,9 +372,11 @@ def dion2_step(
 
     References
     ----------
-    microsoft/dion ``dion/dion2.py`` (``dion2_pre_orthogonalize``, ``dion2_post_orthogonalize``,
-    ``_make_select_and_orthogonalize``); N. Amsel, D. Persson, C. Musco, R. M. Gower, "The Polar
-    Express", arXiv 2505.16932, 2025 (the default rows, as microsoft/dion ``polar_express``).
+    K. Ahn, N. Amsel, J. Langford, "Dion2: A Simple Method to Shrink Matrix in Muon", arXiv
+    2512.16928, 2025; the reference implementation this follows, microsoft/dion ``dion/dion2.py``
+    (``dion2_pre_orthogonalize``, ``dion2_post_orthogonalize``, ``_make_select_and_orthogonalize``);
+    N. Amsel, D. Persson, C. Musco, R. M. Gower, "The Polar Express", arXiv 2505.16932, 2025 (the
+    default rows, as microsoft/dion ``polar_express``).
 
     Examples
     --------

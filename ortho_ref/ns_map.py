@@ -71,8 +71,9 @@ def normalized_singular_values(a, *, safety: float = 1.0, eps: float = 1e-7, eps
 
     References
     ----------
-    K. Jordan et al., "Muon: An optimizer for hidden layers in neural networks", blog post, 2024
-    (``zeropower_via_newtonschulz5``: X / (‖X‖_F + 1e-7)); ``torch.optim.Muon`` (the clamp).
+    K. Jordan et al., "Muon: An optimizer for hidden layers in neural networks", blog post, 2024,
+    and KellerJordan/Muon ``zeropower_via_newtonschulz5`` (X / (‖X‖_F + 1e-7)); ``torch.optim.Muon``
+    (the clamp).
 
     Examples
     --------
