@@ -1,9 +1,8 @@
 """Reference Dion2 step (float64, one matrix, no batching, no communication).
 
 Dion2 (Ahn, Amsel, Langford, arXiv 2512.16928; microsoft/dion ``dion/dion2.py``, class ``Dion2``):
-momentum without μ, a top-k
-selection of rows (or columns) by L1 norm, error-feedback decay on the selected slices only,
-and an orthogonalized update of the selected submatrix only (docs/math.md, §5a).
+momentum without μ, a top-k selection of rows (or columns) by L1 norm, error-feedback decay on the
+selected slices only, and an orthogonalized update of the selected submatrix only (docs/math.md, §5a).
 """
 
 from __future__ import annotations

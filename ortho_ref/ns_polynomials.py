@@ -5,8 +5,9 @@ U p(Σ) Vᵀ with p(x) = a x + b x³ + c x⁵, so T steps after the normalizatio
 X₀ = A / (s‖A‖_F + eps) give U f(Σ̂) Vᵀ with f = p_T ∘ … ∘ p_1 and Σ̂ = Σ / (s‖A‖_F + eps).
 This module holds f as a function of one real variable (and the validation of a schedule and its
 normalization); its exact bands and gains are ``ortho_ref.ns_bands``; the matrix map U f(Σ̂) Vᵀ is
-``ortho_ref.ns_map``, which imports both modules, as does the mpmath tier ``ortho_ref.mp`` (docs/design.md, "Layers and
-import rules": the scalar analysis sits below both, so neither imports the other's module).
+``ortho_ref.ns_map``, which imports both modules, as does the mpmath tier ``ortho_ref.mp``
+(docs/design.md, "Layers and import rules": the scalar analysis sits below both, so neither imports
+the other's module).
 Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2; Higham, Functions of Matrices, ch. 8.
 """
 
