@@ -1,6 +1,6 @@
 """The parts of a reference Muon step: lr multiplier, momentum, weight decay and the input checks.
 
-``ortho_ref.muon`` composes them (and re-exports the public names, where they were first defined):
+``ortho_ref.muon`` composes them and re-exports the public names:
 momentum (``momentum_update``, docs/math.md §4), the Newton–Schulz map, then the weight update
 W·``decay_factor`` − lr·``lr_scale``·O.
 """
