@@ -3,8 +3,8 @@
 An odd polynomial step X <- aX + (bA + cA²)X with A = XXᵀ maps X = U Σ Vᵀ to
 U p(Σ) Vᵀ with p(x) = a x + b x³ + c x⁵, so T steps after the normalization
 X₀ = A / (s‖A‖_F + eps) give U f(Σ̂) Vᵀ with f = p_T ∘ … ∘ p_1 and Σ̂ = Σ / (s‖A‖_F + eps).
-The scalar function f, its bands and gains live in ``ortho_ref.ns_polynomials`` (re-exported
-here, where they were first defined); ``digits=`` dispatches to the mpmath tier ``ortho_ref.mp``.
+The scalar function f lives in ``ortho_ref.ns_polynomials``, its bands and gains in
+``ortho_ref.ns_bands`` (both re-exported here); ``digits=`` dispatches to the mpmath tier ``ortho_ref.mp``.
 Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2; Higham, Functions of Matrices, ch. 8.
 """
 
