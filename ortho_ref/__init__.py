@@ -6,8 +6,9 @@ time, pure functions.
 
 Modules, lowest first (each imports only those above it; docs/design.md, "Layers and import rules"):
 ``_validate`` (input checks), ``coefficients`` (schedules), ``linalg`` (float64 SVD),
-``ns_polynomials`` (the scalar step polynomials, bands and gains), ``mp`` (the mpmath tier),
-``polar`` and ``ns_map`` (the matrix maps and their ``digits=`` dispatch), ``muon``, ``dion``,
+``ns_polynomials`` (the scalar step polynomials), ``ns_bands`` (their exact bands and gains), ``mp`` (the
+mpmath tier), ``polar`` and ``ns_map`` (the matrix maps and their ``digits=`` dispatch), ``muon_parts``,
+``muon_stages`` and ``muon``, ``dion_shapes``, ``dion_qr``, ``dion``, ``dion_ideal`` and ``dion2``, ``qk_clip``,
 ``scalar`` (AdamW, Lion), ``golden`` (the 50-digit golden files).
 """
 
@@ -19,7 +20,6 @@ from .dion import (
     DionReplicatedStep,
     DionStep,
     column_normalize,
-    dion_ideal_step,
     dion_rank,
     dion_right_factor,
     dion_step,
@@ -39,22 +39,19 @@ from .dion2 import (
     dion2_slice_norms,
     dion2_step,
 )
+from .dion_ideal import dion_ideal_step
 from .linalg import svd
 from .mp import from_hi_lo, to_float64, to_hi_lo
 from .muon import MuonPipelineStep, MuonStep, lr_scale, muon_pipeline_step, muon_step
+from .ns_bands import ns_attracting_band, ns_band, ns_lipschitz, ns_step_gains, ns_step_magnitudes
 from .ns_map import normalized_singular_values, ns_map
 from .ns_polynomials import (
     NS_MAP_BOUND,
     check_bounded_schedule,
-    ns_attracting_band,
-    ns_band,
     ns_derivative,
     ns_diagonal_gain,
-    ns_lipschitz,
     ns_map_sups,
     ns_polynomial,
-    ns_step_gains,
-    ns_step_magnitudes,
 )
 from .polar import polar, polar_condition, polar_decomposition, singular_values
 from .qk_clip import qk_clip_factors, qk_clip_fused, qkv_row_heads

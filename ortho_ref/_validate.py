@@ -103,3 +103,9 @@ def check_scalar(value, name: str, *, low: float | None = None, high: float | No
         bracket = "(" if low_open else "["
         raise ValueError(f"{name}: expected a finite value in {bracket}{lo}, {hi}], got {value!r}")
     return x
+
+
+def check_choice(value, name: str, choices: tuple) -> None:
+    """Raise ValueError naming ``name`` and the ``choices`` unless ``value`` is one of them."""
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {choices}, got {value!r}")

@@ -103,11 +103,44 @@ SCHEDULES: dict[str, Schedule] = {
 
 
 def schedule(name: str, steps: int | None = None) -> np.ndarray:
-    """The (T, 3) float64 coefficient table of a named schedule for ``steps`` steps.
+    """Coefficient table of a named Newton–Schulz schedule for a number of steps.
 
-    Shapes: -> (T, 3) float64, T = ``steps`` or the schedule's default.
-    Rule: step t uses rows[t-1] while t <= len(rows), then ``tail``.
-    Raises: KeyError for an unknown name (listing the known ones); ValueError for steps < 1.
+    Step t uses ``rows[t - 1]`` of ``SCHEDULES[name]`` while t <= len(rows), then its ``tail`` row; the
+    step polynomial is p_t(x) = a_t x + b_t x³ + c_t x⁵ (docs/math.md, §2.4).
+
+    Parameters
+    ----------
+    name : str
+        A key of ``SCHEDULES``: "jordan", "cesista5", "polar_express", "polar_express_paper", "you6"
+        or "cubic".
+    steps : int, optional
+        The number of steps T >= 1. Default None: the schedule's ``default_steps``.
+
+    Returns
+    -------
+    (T, 3) float64 ndarray
+        Row t - 1 is (a_t, b_t, c_t), dimensionless.
+
+    Raises
+    ------
+    KeyError
+        If `name` is not a known schedule (the message lists the known ones).
+    ValueError
+        If `steps` is less than 1.
+
+    References
+    ----------
+    Each schedule's ``source`` field; for instance K. Jordan et al., "Muon: An optimizer for hidden
+    layers in neural networks", blog post, 2024 ("jordan"); N. Amsel, D. Persson, C. Musco, R. M. Gower,
+    "The Polar Express", arXiv 2505.16932, 2025, Algorithm 1 ("polar_express_paper").
+
+    Examples
+    --------
+    >>> from ortho_ref import schedule
+    >>> schedule("polar_express").shape
+    (5, 3)
+    >>> schedule("jordan", steps=2)[1].tolist()
+    [3.4445, -4.775, 2.0315]
     """
     if name not in SCHEDULES:
         raise KeyError(f"coefficients: unknown schedule {name!r}; known: {sorted(SCHEDULES)}")

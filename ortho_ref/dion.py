@@ -1,10 +1,9 @@
 """Reference Dion (Ahn et al., arXiv 2504.05295, Algorithm 1), float64, one matrix.
 
-Every variant the fast side offers, as plain numpy/scipy: the three QR methods of
-microsoft/dion (Householder, CholeskyQR2, randomized CholeskyQR), the two right factors
-(column normalization of the paper, or an orthonormal Q by QR), power iterations, the
-ideal step with the best rank-r approximation (truncated SVD), and the compressed
-data-parallel synchronization over a list of replicas.
+Every variant the fast side offers, as plain numpy/scipy: the QR methods and right factors of
+``ortho_ref.dion_qr`` and the shapes of ``ortho_ref.dion_shapes`` (both re-exported here), power
+iterations, and the compressed data-parallel synchronization over a list of replicas. The ideal
+step with the best rank-r approximation (truncated SVD) is ``ortho_ref.dion_ideal``.
 """
 
 from __future__ import annotations
@@ -13,195 +12,55 @@ import math
 from typing import NamedTuple, Sequence
 
 import numpy as np
-import scipy.linalg
 
-from ._validate import as_like, as_matrix, check_scalar
-from .linalg import svd
-
-QR_METHODS = ("householder", "cholesky_qr", "randomized_cholesky_qr")
-RIGHT_FACTORS = ("column_norm", "qr")
-
-#: Sketch rows per column of Y for the randomized CholeskyQR (microsoft/dion ``rcqr_oversample``).
-RCQR_OVERSAMPLE = 1.25
-
-#: CholeskyQR2 is accepted only when the Gram matrix of its first pass, G = Y₁ᵀY₁, has
-#: ‖G − I‖_F ≤ this; then κ(Y₁) ≤ √3 and the second pass is orthonormal to O(u)
-#: (Yamamoto et al., ETNA 44, 2015). Past it — κ(Y) beyond about u^(-1/2) — the first pass
-#: has lost orthogonality (‖Y₁ᵀY₁ − I‖ ≈ u·κ(Y)²) and the factorization falls back to Householder.
-CQR2_GRAM_DEVIATION = 0.5
-
-
-def dion_rank(m: int, n: int, rank_fraction: float = 1.0, rank_multiple_of: int = 1) -> int:
-    """r = min(ceil_to_multiple(rank_multiple_of, rank_fraction·min(m, n)), m, n), at least 1.
-
-    Source: microsoft/dion ``Dion`` (rank_fraction, rank_multiple_of); OLMo-core DionConfig.
-    Raises: ValueError for rank_fraction outside (0, 1], rank_multiple_of < 1, or m, n < 1.
-    """
-    if m < 1 or n < 1:
-        raise ValueError(f"m, n: expected positive dimensions, got ({m}, {n})")
-    rank_fraction = check_scalar(rank_fraction, "rank_fraction", low=0.0, high=1.0, low_open=True)
-    if int(rank_multiple_of) != rank_multiple_of or rank_multiple_of < 1:
-        raise ValueError(f"rank_multiple_of: expected an integer >= 1, got {rank_multiple_of!r}")
-    k = int(rank_multiple_of)
-    r = k * math.ceil(rank_fraction * min(m, n) / k)
-    return max(1, min(r, m, n))
-
-
-def dion_transposed(m: int, n: int) -> bool:
-    """Dion works on the transpose when m < n. A function of the global shape only."""
-    return m < n
-
-
-def q_shape(m: int, n: int, r: int) -> tuple[int, int]:
-    """Shape of Dion's right factor Q for an (m, n) weight at rank r: (min(m, n), r)."""
-    return (min(m, n), r)
-
-
-def sketch_rows(rank: int, oversample: float = RCQR_OVERSAMPLE) -> int:
-    """Rows k = ceil(oversample·r) of the Gaussian sketch of the randomized CholeskyQR.
-
-    microsoft/dion rounds k up to a multiple of 128 (a GPU tile); here k is the plain
-    oversampled rank, as in Balabanov (2022) / Fan, Guo, Lin (2021).
-    Raises: ValueError for oversample < 1 (the sketch needs k >= r rows) or rank < 1.
-    """
-    oversample = check_scalar(oversample, "oversample", low=1.0)
-    if int(rank) != rank or rank < 1:
-        raise ValueError(f"rank: expected an integer >= 1, got {rank!r}")
-    return math.ceil(oversample * int(rank))
-
-
-def gaussian_sketch(rng: np.random.Generator, k: int, rows: int) -> np.ndarray:
-    """S (k, rows) with i.i.d. N(0, 1/k) entries drawn from ``rng`` (scaled as microsoft/dion,
-    so that ‖Sx‖ ≈ ‖x‖). Raises: TypeError if ``rng`` is not a numpy Generator."""
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
-    return rng.standard_normal((k, rows)) / math.sqrt(k)
-
-
-def _householder(y: np.ndarray) -> np.ndarray:
-    q, r = np.linalg.qr(y, mode="reduced")
-    return q * np.where(np.diag(r) < 0, -1.0, 1.0)
-
-
-def cholesky_qr_pass(y: np.ndarray, gram: np.ndarray) -> np.ndarray | None:
-    """One CholeskyQR pass: Y R⁻¹ with R the upper Cholesky factor of ``gram`` (= YᵀY for a plain pass).
-
-    Shapes: y (rows, r) float64, gram (r, r) float64 symmetric -> (rows, r) float64, or None if the
-    Cholesky factorization fails or the result is not finite (the callers then fall back to Householder).
-    Source: Yamamoto et al., ETNA 44 (2015), CholeskyQR; microsoft/dion ``orthogonalize``.
-    """
-    try:
-        r = scipy.linalg.cholesky(gram, lower=False, check_finite=False)
-        p = scipy.linalg.solve_triangular(r, y.T, trans="T", lower=False, check_finite=False).T
-    except (np.linalg.LinAlgError, ValueError):
-        return None
-    return p if np.all(np.isfinite(p)) else None
-
-
-def _cholesky_qr2(y: np.ndarray) -> np.ndarray | None:
-    p1 = cholesky_qr_pass(y, y.T @ y)
-    if p1 is None:
-        return None
-    gram = p1.T @ p1
-    if np.linalg.norm(gram - np.eye(gram.shape[0])) > CQR2_GRAM_DEVIATION:
-        return None
-    return cholesky_qr_pass(p1, gram)
-
-
-def _randomized_cholesky_qr(y: np.ndarray, rng: np.random.Generator, oversample: float) -> np.ndarray | None:
-    rows, r = y.shape
-    k = sketch_rows(r, oversample)
-    if k >= rows:  # the sketch would not compress: factor Y itself
-        return None
-    r_s = np.linalg.qr(gaussian_sketch(rng, k, rows) @ y, mode="r")
-    r_s = r_s * np.where(np.diag(r_s) < 0, -1.0, 1.0)[:, None]  # diag(R_s) > 0, so diag(R) > 0 at the end
-    try:
-        y1 = scipy.linalg.solve_triangular(r_s, y.T, trans="T", lower=False, check_finite=False).T
-    except (np.linalg.LinAlgError, ValueError):
-        return None
-    return cholesky_qr_pass(y1, y1.T @ y1) if np.all(np.isfinite(y1)) else None
-
-
-def orthonormalize(y, method: str = "householder", *, rng: np.random.Generator | None = None,
-                   oversample: float = RCQR_OVERSAMPLE) -> np.ndarray:
-    """Q factor P of the thin QR Y = P R with diag(R) > 0, by one of ``QR_METHODS``.
-
-    ``householder``: LAPACK geqrf/orgqr, then the signs of P's columns fixed (sign(0) := +1).
-    ``cholesky_qr``: CholeskyQR2 — R₁ = chol(YᵀY), Y₁ = Y R₁⁻¹, and once more on Y₁.
-    ``randomized_cholesky_qr``: R_s from the QR of the sketch S Y (S Gaussian,
-    k = ``sketch_rows(r, oversample)`` rows, from ``rng``), Y₁ = Y R_s⁻¹, then one CholeskyQR
-    pass on Y₁ (microsoft/dion ``orthogonalize``, qr_method="rcqr").
-    All three give the same P in exact arithmetic (the thin QR with diag(R) > 0 is unique for a
-    full-rank Y; Cholesky factors have positive diagonals and R_s is sign-fixed).
-
-    Numerics. One CholeskyQR pass is orthonormal only to ≈ u·κ(Y)² (it squares the condition
-    number); CholeskyQR2 is orthonormal to O((m r + r²)·u) when κ(Y) ≲ u^(-1/2) (Yamamoto,
-    Nakatsukasa, Yanagisawa, Fukaya, ETNA 44, 2015); the sketch preconditions Y to κ(Y R_s⁻¹)
-    = O(1) with high probability for κ(Y) ≲ u⁻¹ (Balabanov 2022; Fan, Guo, Lin 2021). Past
-    these regimes the method falls back to Householder — like a numerics library, rather than
-    returning a non-orthonormal P: CholeskyQR2 when a Cholesky factorization fails, the result
-    is not finite, or the first pass left ‖Y₁ᵀY₁ − I‖_F > ``CQR2_GRAM_DEVIATION``; the randomized
-    method when a Cholesky factorization or triangular solve fails. It also factors Y directly
-    when k >= rows (the sketch would not compress). microsoft/dion has no such fallback for
-    "rcqr" (its "cqr" falls back to "rcqr"); it keeps diag(R) of arbitrary sign.
-
-    Shapes: y (rows, r) with rows >= r -> P (rows, r) float64.
-    Raises: TypeError / ValueError for a non-float, non-2-D, empty or non-finite y, rows < r,
-    an unknown method, or a randomized method without a numpy Generator ``rng``.
-    """
-    y = as_matrix(y, "y")
-    if y.shape[0] < y.shape[1]:
-        raise ValueError(f"y: expected shape (rows, r) with rows >= r, got {y.shape}")
-    _check_choice(method, "method", QR_METHODS)
-    p = None
-    if method == "cholesky_qr":
-        p = _cholesky_qr2(y)
-    elif method == "randomized_cholesky_qr":
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng: randomized_cholesky_qr needs a numpy.random.Generator, got {type(rng).__name__}")
-        p = _randomized_cholesky_qr(y, rng, oversample)
-    return _householder(y) if p is None else p
-
-
-def column_normalize(r: np.ndarray, epsilon: float) -> np.ndarray:
-    """R[:, j] / (‖R[:, j]‖₂ + epsilon) for each column j (Dion's Q update).
-
-    Shapes: r (n', r) float -> (n', r) float64; epsilon a scalar >= 0 (Dion's ε, default 1e-8
-    in ``dion_step``), in the units of R's column norms.
-    Source: Ahn et al., arXiv 2504.05295, Algorithm 1 (Q ← ColNorm(R)); microsoft/dion
-    ``dion_simple.py`` (``R / (R.norm(dim=0) + epsilon)``).
-    Raises: TypeError for a non-float ``r``; ValueError if ``r`` is not 2-D, empty or not
-    finite, if ``epsilon`` is not a finite number >= 0, or if epsilon = 0 and a column of R is
-    zero (0/0).
-    """
-    r = as_matrix(r, "r")
-    epsilon = check_scalar(epsilon, "epsilon", low=0.0)
-    norms = np.linalg.norm(r, axis=0, keepdims=True)
-    if epsilon == 0.0 and not np.all(norms > 0):
-        raise ValueError(f"epsilon: 0 with a zero column of r (columns {np.flatnonzero(norms == 0).tolist()}) gives "
-                         "0/0; expected epsilon > 0")
-    return r / (norms + epsilon)
-
-
-def dion_right_factor(r: np.ndarray, right_factor: str = "column_norm", epsilon: float = 1e-8) -> np.ndarray:
-    """Dion's new right factor from R = BᵀP (n', r).
-
-    ``column_norm``: Q = R / (‖R[:, j]‖₂ + ε) (Ahn et al. 2504.05295, Algorithm 1).
-    ``qr``: Q = orth(R), the Householder Q factor with diag > 0 (Orth-Dion, arXiv 2605.16341).
-    That the paper's "right factor by QR" is this sign-fixed Householder Q of R is our reading,
-    to be confirmed against the paper (it was not in our sources). Then P Qᵀ has all its
-    r nonzero singular values equal to 1. P is unchanged in exact arithmetic: Q = R T⁻¹ and
-    R D⁻¹ differ by an upper-triangular factor with positive diagonal, which orth(B Q) absorbs.
-    Shapes: r (n', r) -> (n', r) float64. Raises: ValueError for an unknown ``right_factor``.
-    """
-    _check_choice(right_factor, "right_factor", RIGHT_FACTORS)
-    return column_normalize(r, epsilon) if right_factor == "column_norm" else _householder(r)
+from ._validate import as_like, as_matrix, check_choice, check_scalar
+from .dion_qr import (  # noqa: F401  (re-exported: Dion's factorizations)
+    CQR2_GRAM_DEVIATION,
+    QR_METHODS,
+    RCQR_OVERSAMPLE,
+    RIGHT_FACTORS,
+    cholesky_qr_pass,
+    column_normalize,
+    dion_right_factor,
+    gaussian_sketch,
+    orthonormalize,
+    sketch_rows,
+)
+from .dion_shapes import dion_rank, dion_transposed, q_shape  # noqa: F401  (re-exported: Dion's shapes)
 
 
 class DionStep(NamedTuple):
-    """Result of ``dion_step``. In the working orientation (the transpose when m < n):
-    B (m', n') = M + G, P (m', r), R (n', r); ``weight``, ``momentum`` are (m, n),
-    ``Q`` (n', r) = (min(m, n), r)."""
+    """Result of ``dion_step`` and ``dion_ideal_step``, float64; (m', n') is the working orientation.
+
+    Parameters
+    ----------
+    weight : (m, n) float64 ndarray
+        X after the step.
+    momentum : (m, n) float64 ndarray
+        M after the step (error feedback included).
+    Q : (n', r) float64 ndarray
+        The new right factor, (min(m, n), r).
+    P : (m', r) float64 ndarray
+        The orthonormal left factor of the step (zeros if B = 0).
+    R : (n', r) float64 ndarray
+        BᵀP (zeros if B = 0).
+    B : (m', n') float64 ndarray
+        M + G before the step, transposed when m < n.
+    lr_scale : float
+        √(m/n), the multiplier of lr applied to P Qᵀ.
+
+    See Also
+    --------
+    dion_step : The step that returns it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import dion_step
+    >>> out = dion_step(np.zeros((4, 6)), np.ones((4, 6)), np.zeros((4, 6)), np.ones((4, 1)), lr=0.1)
+    >>> out.P.shape, out.R.shape, out.B.shape
+    ((6, 1), (4, 1), (6, 4))
+    """
 
     weight: np.ndarray
     momentum: np.ndarray
@@ -213,9 +72,38 @@ class DionStep(NamedTuple):
 
 
 class DionReplicatedStep(NamedTuple):
-    """Result of ``dion_step_replicated``: per replica ``weights`` and ``momenta`` (m, n); the
-    shared ``Q`` (n', r), ``P`` (m', r), ``R`` (n', r) and the replicas' B_i (m', n') in the
-    working orientation."""
+    """Result of ``dion_step_replicated``, float64; (m', n') is the working orientation.
+
+    Parameters
+    ----------
+    weights : tuple of (m, n) float64 ndarray
+        Each replica's X after the step (the same update on every replica).
+    momenta : tuple of (m, n) float64 ndarray
+        Each replica's M after the step.
+    Q : (n', r) float64 ndarray
+        The shared new right factor.
+    P : (m', r) float64 ndarray
+        The shared orthonormal left factor (zeros if every B_i = 0).
+    R : (n', r) float64 ndarray
+        mean_i B_iᵀP (zeros if every B_i = 0).
+    B : tuple of (m', n') float64 ndarray
+        Each replica's M_i + G_i before the step, transposed when m < n.
+    lr_scale : float
+        √(m/n).
+
+    See Also
+    --------
+    dion_step_replicated : The step that returns it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import dion_step_replicated
+    >>> w, z = np.ones((3, 2)), np.zeros((3, 2))
+    >>> out = dion_step_replicated([w, w], [z, z], [z, z], np.ones((2, 1)), lr=0.1, weight_decay=0.5)
+    >>> len(out.weights), bool(np.all(out.P == 0)), float(out.weights[1][0, 0])  # B = 0: only the decay
+    (2, True, 0.95)
+    """
 
     weights: tuple
     momenta: tuple
@@ -226,15 +114,12 @@ class DionReplicatedStep(NamedTuple):
     lr_scale: float
 
 
-def _check_choice(value, name: str, choices: tuple) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}: expected one of {choices}, got {value!r}")
-
-
-def _check_hyper(lr, mu, weight_decay, epsilon, power_iters, right_factor) -> tuple[float, float, float, float]:
+def check_hyper(lr, mu, weight_decay, epsilon, power_iters, right_factor) -> tuple[float, float, float, float]:
+    """(lr, mu, weight_decay, epsilon) as floats, validated with ``power_iters`` and ``right_factor``.
+    Raises: ValueError naming the argument (ranges as ``dion_step``'s Raises)."""
     if int(power_iters) != power_iters or power_iters < 1:
         raise ValueError(f"power_iters: expected an integer >= 1, got {power_iters!r}")
-    _check_choice(right_factor, "right_factor", RIGHT_FACTORS)
+    check_choice(right_factor, "right_factor", RIGHT_FACTORS)
     return (check_scalar(lr, "lr", low=0.0), check_scalar(mu, "mu", low=0.0, high=1.0),
             check_scalar(weight_decay, "weight_decay", low=0.0), check_scalar(epsilon, "epsilon", low=0.0))
 
@@ -247,7 +132,7 @@ def _mean(xs: list) -> np.ndarray:
     return total / len(xs)
 
 
-def _finish(weights, bs, p, r_mat, q_new, *, lr, mu, weight_decay, error_feedback, transposed, scale):
+def finish_step(weights, bs, p, r_mat, q_new, *, lr, mu, weight_decay, error_feedback, transposed, scale):
     """M_i = B_i − (1−μ)PRᵀ (or μPRᵀ), X_i = (1 − lr·wd)X_i − lr·s·PQᵀ, back in (m, n) layout."""
     pr = p @ r_mat.T
     momenta = [b - (1.0 - mu) * pr if error_feedback else mu * pr for b in bs]
@@ -277,25 +162,84 @@ def dion_step_replicated(
 ) -> DionReplicatedStep:
     """One Dion step on N data-parallel replicas with compressed synchronization.
 
-    Replica i holds its weight X_i, momentum M_i and gradient G_i; all share Q. In the working
-    orientation each forms B_i = M_i + G_i, and the replicas all-reduce (mean) the small
-    matrices instead of G:
-        P = orth(mean_i B_i Q)       R = mean_i B_iᵀ P        (each power iteration)
-        M_i ← B_i − (1 − μ) P Rᵀ     Q ← right factor of R    X_i ← (1 − lr·wd)X_i − lr·√(m/n)·P Qᵀ
-    By linearity mean_i M_i equals the momentum of one process fed the mean gradient, and the
-    weight update is the same on every replica (docs/design.md, "Dion": compressed data-parallel sync).
-    If every B_i is zero: P = 0, R = 0, Q kept, M_i = B_i, only the weight decay applies.
-    The sketch of ``randomized_cholesky_qr`` is drawn once per power iteration from ``rng``
-    (one shared generator: in a real run every replica seeds it identically).
+    Replica i holds X_i, M_i and G_i; all share Q. In the working orientation each forms
+    B_i = M_i + G_i, and the replicas average the small matrices instead of G::
 
-    Shapes: weights, grads, momenta: N >= 1 arrays (m, n); Q (min(m, n), r), 1 <= r <= min(m, n).
-    Source: Ahn et al., arXiv 2504.05295 (the distributed algorithm's data-parallel
-    compression); microsoft/dion ``dion.py`` (``compressed_all_reduce`` of P and R) and README
-    ("Compressed Data-Parallel Gradient Sync").
-    Raises: TypeError / ValueError for lists of different lengths or shapes, non-float, non-2-D,
-    empty or non-finite arrays, a Q of the wrong shape, lr < 0, mu outside [0, 1],
-    weight_decay < 0, epsilon < 0, power_iters < 1, an unknown qr_method / right_factor, or a
-    randomized qr_method without ``rng``.
+        P = orth(mean_i B_i Q),   R = mean_i B_iᵀ P          (each power iteration)
+        M_i ← B_i − (1 − μ) P Rᵀ,  Q ← right factor of R,  X_i ← (1 − ηλ)X_i − η·√(m/n)·P Qᵀ
+
+    By linearity mean_i M_i is the momentum of one process fed the mean gradient, and every replica
+    gets the same update (docs/math.md, §5.2). If every B_i is zero: P = R = 0, Q kept, M_i = B_i,
+    only the decay applies. The inputs are not modified.
+
+    Parameters
+    ----------
+    weights : sequence of (m, n) array_like of float
+        X_i, N >= 1 replicas.
+    grads : sequence of (m, n) array_like of float
+        G_i, one per replica.
+    momenta : sequence of (m, n) array_like of float
+        M_i before the step, one per replica.
+    Q : (min(m, n), r) array_like of float
+        The shared right factor, 1 <= r <= min(m, n) (the rank is taken from it).
+    lr : float
+        The learning rate η, >= 0.
+    mu : float, default 0.95
+        Dion's μ in [0, 1]: the share of the rank-r part of B kept in the momentum.
+    weight_decay : float, default 0.0
+        Decoupled decay λ, >= 0: X ← (1 − ηλ)X.
+    epsilon : float, default 1e-8
+        ε of the column normalization, >= 0, in the units of R's column norms.
+    power_iters : int, default 1
+        Power iterations per step, >= 1; each after the first repeats Q ← right factor of BᵀP.
+    error_feedback : bool, default True
+        M ← B − (1 − μ) P Rᵀ; False: M ← μ P Rᵀ (the rank-r residual is discarded).
+    qr_method : {"householder", "cholesky_qr", "randomized_cholesky_qr"}, default "householder"
+        How P = orth(B Q) is computed (``orthonormalize``).
+    oversample : float, default 1.25
+        Sketch rows per column for "randomized_cholesky_qr", >= 1.
+    rng : numpy.random.Generator, optional
+        The sketch's generator (one sketch per power iteration); required by
+        "randomized_cholesky_qr", unused otherwise.
+    right_factor : {"column_norm", "qr"}, default "column_norm"
+        The new Q from R (``dion_right_factor``).
+
+    Returns
+    -------
+    DionReplicatedStep
+        ``(weights, momenta, Q, P, R, B, lr_scale)``.
+
+    Raises
+    ------
+    TypeError
+        If an array has a non-float dtype, or "randomized_cholesky_qr" is asked without a
+        ``numpy.random.Generator`` `rng`.
+    ValueError
+        If an array is not 2-D, is empty or holds NaN or Inf; a shape differs from the first
+        weight's; `Q` is not (min(m, n), r) with 1 <= r <= min(m, n); `lr`, `weight_decay` or
+        `epsilon` < 0; `mu` is outside [0, 1]; `power_iters` < 1; `oversample` < 1; or
+        `qr_method` or `right_factor` is unknown; or if `weights`, `grads` and `momenta` differ in
+        length or are empty.
+
+    References
+    ----------
+    K. Ahn, B. Xu, N. Abreu, J. Langford, "Dion: Distributed Orthonormalized Updates",
+    arXiv 2504.05295, 2025 (the distributed algorithm's data-parallel compression);
+    microsoft/dion ``dion.py`` (``compressed_all_reduce`` of P and R) and README ("Compressed
+    Data-Parallel Gradient Sync for Dion"); T. Vogels, S. P. Karimireddy, M. Jaggi, "PowerSGD",
+    arXiv 1905.13727, 2019 (the technique's origin, per that README).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import dion_step, dion_step_replicated
+    >>> rng = np.random.default_rng(0)
+    >>> w, g1, g2 = rng.standard_normal((3, 6, 4))
+    >>> m, q = np.zeros((6, 4)), rng.standard_normal((4, 2))
+    >>> out = dion_step_replicated([w, w], [g1, g2], [m, m], q, lr=0.1)
+    >>> one = dion_step(w, (g1 + g2) / 2, m, q, lr=0.1)
+    >>> bool(np.allclose(sum(out.momenta) / 2, one.momentum)), bool(np.allclose(out.weights[1], one.weight))
+    (True, True)
     """
     if not (len(weights) == len(grads) == len(momenta) >= 1):
         raise ValueError(f"weights, grads, momenta: expected lists of the same length N >= 1, "
@@ -319,8 +263,8 @@ def _replicated_step(weights, grads, momenta, Q, names, *, lr, mu, weight_decay,
         raise ValueError(f"Q: expected shape (min(m, n), r) = ({min(m, n)}, r) with 1 <= r <= {min(m, n)}, got "
                          f"{q.shape}")
     q = as_like(q, "Q", q.shape)
-    lr, mu, weight_decay, epsilon = _check_hyper(lr, mu, weight_decay, epsilon, power_iters, right_factor)
-    _check_choice(qr_method, "qr_method", QR_METHODS)
+    lr, mu, weight_decay, epsilon = check_hyper(lr, mu, weight_decay, epsilon, power_iters, right_factor)
+    check_choice(qr_method, "qr_method", QR_METHODS)
     if qr_method == "randomized_cholesky_qr":
         if not isinstance(rng, np.random.Generator):
             raise TypeError(f"rng: randomized_cholesky_qr needs a numpy.random.Generator, got {type(rng).__name__}")
@@ -339,7 +283,7 @@ def _replicated_step(weights, grads, momenta, Q, names, *, lr, mu, weight_decay,
         p = orthonormalize(_mean([b @ q for b in bs]), qr_method, rng=rng, oversample=oversample)
         r_mat = _mean([b.T @ p for b in bs])
         q = dion_right_factor(r_mat, right_factor, epsilon)
-    new_w, new_m = _finish(ws, bs, p, r_mat, q, lr=lr, mu=mu, weight_decay=weight_decay,
+    new_w, new_m = finish_step(ws, bs, p, r_mat, q, lr=lr, mu=mu, weight_decay=weight_decay,
                            error_feedback=error_feedback, transposed=transposed, scale=scale)
     return DionReplicatedStep(tuple(new_w), tuple(new_m), q, p, r_mat, tuple(bs), scale)
 
@@ -361,77 +305,88 @@ def dion_step(
     rng: np.random.Generator | None = None,
     right_factor: str = "column_norm",
 ) -> DionStep:
-    """One reference Dion step with the rank r taken from Q's shape.
+    """One reference Dion step, with the rank r taken from Q's shape.
 
-    With B = M + G in the working orientation (Bᵀ when m < n; the choice depends on the
-    global shape only), Q (n', r):
-        P = orth(B Q)               thin QR, diag(R) > 0, by ``qr_method`` (``orthonormalize``);
-                                    power_iters > 1 repeats Q ← right factor of BᵀP
+    In the working orientation (B = M + G, or its transpose when m < n), with Q (n', r)::
+
+        P = orth(B Q)                  thin QR with diag(R) > 0 (power_iters > 1: Q ← right factor of BᵀP, again)
         R = Bᵀ P
-        M = B − (1 − μ) P Rᵀ        error feedback (``error_feedback=False``: M = μ P Rᵀ,
-                                    the rank-r residual is discarded)
-        Q = R / (‖R[:, j]‖₂ + ε)    column normalization (``right_factor="qr"``: Q = orth(R))
-        X = (1 − lr·wd) X − lr·√(m/n)·P Qᵀ   with (m, n) the weight's own shape
-    If B = 0: P = 0, R = 0, Q kept, M = B, and only the weight decay applies.
-    This is ``dion_step_replicated`` with one replica (bit for bit).
+        M ← B − (1 − μ) P Rᵀ           error feedback
+        Q ← R / (‖R[:, j]‖₂ + ε)       column normalization
+        X ← (1 − ηλ) X − η·√(m/n)·P Qᵀ   (m, n) the weight's own shape
 
-    Shapes: weight, grad, momentum (m, n); Q (min(m, n), r) with 1 <= r <= min(m, n).
-    Source: Ahn et al., arXiv 2504.05295, Algorithm 1; microsoft/dion ``dion_simple.py``.
-    Raises: as ``dion_step_replicated``.
+    If B = 0: P = R = 0, Q kept, M = B, only the decay applies. This is ``dion_step_replicated``
+    with one replica, bit for bit. The inputs are not modified.
+
+    Parameters
+    ----------
+    weight : (m, n) array_like of float
+        X before the step; finite.
+    grad : (m, n) array_like of float
+        The gradient G; finite.
+    momentum : (m, n) array_like of float
+        M before the step (zeros for fresh state), in gradient units.
+    Q : (min(m, n), r) array_like of float
+        The right factor, 1 <= r <= min(m, n) (fresh state: N(0, 1) entries).
+    lr : float
+        The learning rate η, >= 0.
+    mu : float, default 0.95
+        Dion's μ in [0, 1]: the share of the rank-r part of B kept in the momentum.
+    weight_decay : float, default 0.0
+        Decoupled decay λ, >= 0: X ← (1 − ηλ)X.
+    epsilon : float, default 1e-8
+        ε of the column normalization, >= 0, in the units of R's column norms.
+    power_iters : int, default 1
+        Power iterations per step, >= 1; each after the first repeats Q ← right factor of BᵀP.
+    error_feedback : bool, default True
+        M ← B − (1 − μ) P Rᵀ; False: M ← μ P Rᵀ (the rank-r residual is discarded).
+    qr_method : {"householder", "cholesky_qr", "randomized_cholesky_qr"}, default "householder"
+        How P = orth(B Q) is computed (``orthonormalize``).
+    oversample : float, default 1.25
+        Sketch rows per column for "randomized_cholesky_qr", >= 1.
+    rng : numpy.random.Generator, optional
+        The sketch's generator (one sketch per power iteration); required by
+        "randomized_cholesky_qr", unused otherwise.
+    right_factor : {"column_norm", "qr"}, default "column_norm"
+        The new Q from R (``dion_right_factor``).
+
+    Returns
+    -------
+    DionStep
+        ``(weight, momentum, Q, P, R, B, lr_scale)``.
+
+    Raises
+    ------
+    TypeError
+        If an array has a non-float dtype, or "randomized_cholesky_qr" is asked without a
+        ``numpy.random.Generator`` `rng`.
+    ValueError
+        If an array is not 2-D, is empty or holds NaN or Inf; a shape differs from the first
+        weight's; `Q` is not (min(m, n), r) with 1 <= r <= min(m, n); `lr`, `weight_decay` or
+        `epsilon` < 0; `mu` is outside [0, 1]; `power_iters` < 1; `oversample` < 1; or
+        `qr_method` or `right_factor` is unknown.
+
+    References
+    ----------
+    K. Ahn, B. Xu, N. Abreu, J. Langford, "Dion: Distributed Orthonormalized Updates",
+    arXiv 2504.05295, 2025, Algorithm 1; microsoft/dion ``dion_simple.py``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import dion_step
+    >>> rng = np.random.default_rng(0)
+    >>> w, g = rng.standard_normal((2, 6, 4))
+    >>> out = dion_step(w, g, np.zeros((6, 4)), rng.standard_normal((4, 2)), lr=0.1, mu=0.9)
+    >>> bool(np.allclose(out.P.T @ out.P, np.eye(2)))
+    True
+    >>> bool(np.allclose(out.P.T @ out.momentum, 0.9 * out.P.T @ g))  # error feedback keeps μ PᵀB
+    True
+    >>> bool(np.allclose(out.weight, w - 0.1 * np.sqrt(6 / 4) * out.P @ out.Q.T))
+    True
     """
     out = _replicated_step([weight], [grad], [momentum], Q, ("weight", "grad", "momentum"), lr=lr, mu=mu,
                            weight_decay=weight_decay, epsilon=epsilon, power_iters=power_iters,
                            error_feedback=error_feedback, qr_method=qr_method, oversample=oversample, rng=rng,
                            right_factor=right_factor)
     return DionStep(out.weights[0], out.momenta[0], out.Q, out.P, out.R, out.B[0], out.lr_scale)
-
-
-def dion_ideal_step(
-    weight,
-    grad,
-    momentum,
-    *,
-    rank: int,
-    lr: float,
-    mu: float = 0.95,
-    weight_decay: float = 0.0,
-    epsilon: float = 1e-8,
-    error_feedback: bool = True,
-    right_factor: str = "column_norm",
-) -> DionStep:
-    """Dion's step with P, R from the best rank-r approximation of B (Eckart–Young), for comparisons.
-
-    In the working orientation B = U Σ Vᵀ (thin SVD): P = U[:, :r] (each column's entry of
-    largest magnitude made positive), R = BᵀP (= V_r Σ_r); then M, Q and X exactly as in
-    ``dion_step``. This is the fixed point Dion's power iteration approaches when B is held
-    fixed (subspace iteration on BBᵀ), so ‖P_dion P_dionᵀ − P Pᵀ‖ measures how far one step is
-    from it. If B = 0: P = 0, R = 0, Q = 0 (there is no previous Q), M = B, only weight decay.
-
-    Shapes: weight, grad, momentum (m, n); rank 1 <= r <= min(m, n) -> ``DionStep`` with
-    Q (min(m, n), r).
-    Source: Ahn et al., arXiv 2504.05295, Sec. 2 (Dion as a low-rank approximation of the
-    orthonormalized update); Eckart & Young (1936).
-    Raises: TypeError / ValueError as ``dion_step``, and for a rank outside [1, min(m, n)].
-    """
-    w = as_matrix(weight, "weight")
-    m, n = w.shape
-    g = as_like(grad, "grad", (m, n))
-    m_old = as_like(momentum, "momentum", (m, n))
-    if int(rank) != rank or not 1 <= rank <= min(m, n):
-        raise ValueError(f"rank: expected an integer in [1, {min(m, n)}], got {rank!r}")
-    lr, mu, weight_decay, epsilon = _check_hyper(lr, mu, weight_decay, epsilon, 1, right_factor)
-    transposed = dion_transposed(m, n)
-    b_full = m_old + g
-    b = b_full.T if transposed else b_full
-    r = int(rank)
-    scale = math.sqrt(m / n)
-    if not np.any(b):
-        zeros_p, zeros_r = np.zeros((b.shape[0], r)), np.zeros((b.shape[1], r))
-        return DionStep(w * (1.0 - lr * weight_decay), b_full, zeros_r, zeros_p, zeros_r, b, scale)
-    u = svd(b)[0][:, :r]
-    p = u * np.where(u[np.argmax(np.abs(u), axis=0), np.arange(r)] < 0, -1.0, 1.0)
-    r_mat = b.T @ p
-    q = dion_right_factor(r_mat, right_factor, epsilon)
-    new_w, new_m = _finish([w], [b], p, r_mat, q, lr=lr, mu=mu, weight_decay=weight_decay,
-                           error_feedback=error_feedback, transposed=transposed, scale=scale)
-    return DionStep(new_w[0], new_m[0], q, p, r_mat, b, scale)

@@ -18,11 +18,47 @@ __all__ = ["svd", "thin_svd"]
 
 
 def svd(a) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Thin SVD A = U diag(s) Vᵀ by LAPACK gesdd (gesvd if gesdd does not converge).
+    """Thin singular value decomposition A = U diag(s) Vᵀ in float64.
 
-    Shapes: a (m, n) float -> U (m, k), s (k,) descending, Vt (k, n), float64, k = min(m, n).
-    Source: LAPACK dgesdd / dgesvd through ``scipy.linalg.svd``.
-    Raises: TypeError for non-float dtypes; ValueError if ``a`` is not 2-D, empty, or not finite.
+    Computed by LAPACK ``gesdd`` (``gesvd`` if ``gesdd`` does not converge); the last few results are
+    cached by the input's bytes and returned as copies.
+
+    Parameters
+    ----------
+    a : (m, n) array_like of float16, float32 or float64
+        The matrix; m, n >= 1, finite.
+
+    Returns
+    -------
+    u : (m, k) float64 ndarray
+        Left singular vectors, orthonormal columns; k = min(m, n).
+    s : (k,) float64 ndarray
+        Singular values in descending order, in the units of `a`.
+    vt : (k, n) float64 ndarray
+        Right singular vectors as rows.
+
+    Raises
+    ------
+    TypeError
+        If `a` has an integer, boolean, complex or object dtype.
+    ValueError
+        If `a` is not 2-D, is empty, or holds NaN or Inf.
+
+    References
+    ----------
+    E. Anderson et al., LAPACK Users' Guide, 3rd ed., SIAM, 1999 (``dgesdd``, ``dgesvd``), through
+    ``scipy.linalg.svd``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import svd
+    >>> a = np.array([[3.0, 0.0], [0.0, 4.0], [0.0, 0.0]])
+    >>> u, s, vt = svd(a)
+    >>> u.shape, s.tolist(), vt.shape
+    ((3, 2), [4.0, 3.0], (2, 2))
+    >>> bool(np.allclose((u * s) @ vt, a))
+    True
     """
     return thin_svd(as_matrix(a, "a"))
 

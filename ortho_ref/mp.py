@@ -33,7 +33,8 @@ import mpmath
 import numpy as np
 
 from ._validate import as_matrix
-from .ns_polynomials import check_ns_options, ns_step_gains, ns_step_magnitudes
+from .ns_bands import ns_step_gains, ns_step_magnitudes
+from .ns_polynomials import check_ns_options
 
 #: Fewer digits than float64 carries: use the float64 functions instead.
 MIN_DIGITS = 16
@@ -168,20 +169,72 @@ def ns_map(a, coefficients, *, safety: float, eps: float, eps_mode: str, digits)
 
 
 def to_float64(x) -> np.ndarray:
-    """Round each mpf of ``x`` to the nearest float64.
+    """Round each entry of an mpmath array to the nearest float64.
 
-    Shapes: x (...) object array of mpmath.mpf (or numbers) -> (...) float64.
+    Parameters
+    ----------
+    x : array_like of mpmath.mpf, shape (...)
+        An object array of ``mpmath.mpf`` (as the ``digits=`` tier returns) or of numbers.
+
+    Returns
+    -------
+    float64 ndarray, shape (...)
+        ``float(v)`` of each entry: rounded to 53 bits in mpmath's rounding mode (to nearest unless
+        changed), exact for an mpf of at most 53 bits in the normal range.
+
+    References
+    ----------
+    F. Johansson et al., mpmath: a Python library for arbitrary-precision floating-point
+    arithmetic, https://mpmath.org (``mpf.__float__``, ``libmp.to_float``).
+
+    Examples
+    --------
+    >>> import mpmath
+    >>> import numpy as np
+    >>> from ortho_ref import to_float64
+    >>> with mpmath.workdps(30):
+    ...     x = np.array([mpmath.mpf(1) / 3, mpmath.sqrt(2)], dtype=object)
+    >>> to_float64(x).tolist() == [1 / 3, 2 ** 0.5]
+    True
     """
     arr = np.asarray(x, dtype=object)
     return np.array([float(v) for v in arr.ravel()], dtype=np.float64).reshape(arr.shape)
 
 
 def to_hi_lo(x) -> tuple[np.ndarray, np.ndarray]:
-    """Double-double split: hi = fl(x), lo = fl(x − hi), so hi + lo = x to 2⁻¹⁰⁶|x| (~32 digits).
+    """Double-double split of mpmath values: hi = fl(x), lo = fl(x − hi).
 
-    Shapes: x (...) object array of mpmath.mpf -> (hi, lo), both (...) float64.
-    x − hi is formed exactly (``mpmath.fsub(exact=True)``), then rounded once.
-    Source: Dekker (1971), double-length floating-point arithmetic.
+    x − hi is formed exactly (``mpmath.fsub(exact=True)``) and rounded once, so hi + lo equals x to
+    about 2⁻¹⁰⁶|x| (about 32 decimal digits).
+
+    Parameters
+    ----------
+    x : array_like of mpmath.mpf, shape (...)
+        An object array of ``mpmath.mpf``.
+
+    Returns
+    -------
+    hi : float64 ndarray, shape (...)
+        The nearest float64 to each entry.
+    lo : float64 ndarray, shape (...)
+        The nearest float64 to the remainder x − hi.
+
+    References
+    ----------
+    T. J. Dekker, "A floating-point technique for extending the available precision", Numer. Math.
+    18, 1971.
+
+    Examples
+    --------
+    >>> import mpmath
+    >>> import numpy as np
+    >>> from ortho_ref import from_hi_lo, to_hi_lo
+    >>> with mpmath.workdps(40):
+    ...     x = np.array([mpmath.mpf(1) / 3], dtype=object)
+    ...     hi, lo = to_hi_lo(x)
+    ...     error = abs(from_hi_lo(hi, lo)[0] - x[0])
+    >>> bool(hi[0] == 1 / 3), bool(0 < abs(lo[0]) < 1e-16), bool(error < mpmath.mpf(2) ** -105)
+    (True, True, True)
     """
     arr = np.asarray(x, dtype=object)
     hi = to_float64(arr)
@@ -190,10 +243,42 @@ def to_hi_lo(x) -> tuple[np.ndarray, np.ndarray]:
 
 
 def from_hi_lo(hi, lo) -> np.ndarray:
-    """The exact sums hi + lo as mpf (the inverse of ``to_hi_lo`` up to its 2⁻¹⁰⁶ rounding).
+    """The exact sums hi + lo of float64 pairs, as mpmath numbers.
 
-    Shapes: hi, lo (...) float64 of one shape -> (...) object array of mpmath.mpf.
-    Raises: ValueError if the shapes differ.
+    The inverse of ``to_hi_lo`` up to its 2⁻¹⁰⁶ rounding; each sum is formed exactly
+    (``mpmath.fadd(exact=True)``).
+
+    Parameters
+    ----------
+    hi : array_like of float, shape (...)
+        The leading parts.
+    lo : array_like of float, shape (...)
+        The trailing parts, of the shape of `hi`.
+
+    Returns
+    -------
+    object ndarray of mpmath.mpf, shape (...)
+        hi + lo exactly.
+
+    Raises
+    ------
+    ValueError
+        If `hi` and `lo` have different shapes.
+
+    References
+    ----------
+    T. J. Dekker, "A floating-point technique for extending the available precision", Numer. Math.
+    18, 1971.
+
+    Examples
+    --------
+    >>> import mpmath
+    >>> from ortho_ref import from_hi_lo
+    >>> x = from_hi_lo([1.0], [2.0 ** -80])
+    >>> x[0] - 1 == mpmath.mpf(2) ** -80  # the sum holds both parts
+    True
+    >>> float(x[0]) == 1.0
+    True
     """
     hi, lo = np.asarray(hi, dtype=np.float64), np.asarray(lo, dtype=np.float64)
     if hi.shape != lo.shape:

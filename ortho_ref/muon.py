@@ -1,201 +1,64 @@
-"""Reference Muon step (float64, one matrix, no batching)."""
+"""Reference Muon step (float64, one matrix, no batching), with and without the pipeline stages."""
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
 
 from . import muon_stages as stages
-from ._validate import as_coefficients, as_like, as_matrix, check_scalar
-from .coefficients import schedule
+from ._validate import as_like, check_scalar
+from .muon_parts import (  # noqa: F401  (re-exported: the parts of a Muon step)
+    ADJUST_LR_MODES,
+    MOMENTUM_STYLES,
+    NESTEROV_FORMS,
+    WEIGHT_DECAY_STYLES,
+    check_bias_correction,
+    check_flag,
+    check_step,
+    checked_step_inputs,
+    decay_factor,
+    lr_scale,
+    momentum_update,
+    updated_weight,
+)
 from .ns_map import ns_map
 from .polar import polar
 
-MOMENTUM_STYLES = ("ema", "classic")
-#: Nesterov forms: "mix" (ema: U = (1−μ)G + μM_new, the lerp of torch.optim.Muon, Keller Jordan,
-#: nanochat, optax; classic: U = G + μM_new, microsoft/dion, Moonlight) or "full_grad"
-#: (U = G + μM_new whatever the momentum style: the gradient at full weight beside an EMA momentum).
-NESTEROV_FORMS = ("mix", "full_grad")
-#: Weight-decay styles: "decoupled" W(1 − lr·wd) with the unscaled lr (torch.optim.Muon,
-#: microsoft/dion, Moonlight); "adjusted_lr" W(1 − lr·s·wd) with the update's lr multiplier s
-#: (nanochat: lr·√max(1, m/n)·wd); "independent" W(1 − wd) (Emerging-Optimizers'
-#: ``weight_decay_method="independent"``); "l2" G ← G + wd·W before the momentum (coupled L2 as
-#: in optax / MLX / Emerging-Optimizers' "l2"; no decay of W after the step).
-WEIGHT_DECAY_STYLES = ("decoupled", "adjusted_lr", "independent", "l2")
-#: The last three are the Megatron / NVIDIA Emerging-Optimizers ``scale_mode`` names.
-ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral_norm", None, "shape_scaling", "spectral", "unit_rms_norm")
-
-
-def lr_scale(adjust_lr: str | None, m: int, n: int) -> float:
-    """Factor multiplying lr for the orthogonalized update of an (m, n) = (fan_out, fan_in) weight.
-
-    "original": √max(1, m/n) (Keller Jordan; torch.optim.Muon default);
-    "match_rms_adamw": 0.2·√max(m, n) (Moonlight, Liu et al. arXiv 2502.16982);
-    "spectral_norm": √(m/n) (microsoft/dion Muon; Dion paper); None: 1.
-    Megatron / Emerging-Optimizers ``get_muon_scale_factor``: "shape_scaling" √max(1, m/n)
-    (= "original"), "spectral" √max(m, n) (its default; 5 × "match_rms_adamw"),
-    "unit_rms_norm" √(m/n) (= "spectral_norm").
-    Raises: ValueError for an unknown mode.
-    """
-    if adjust_lr in ("original", "shape_scaling"):
-        return math.sqrt(max(1.0, m / n))
-    if adjust_lr == "match_rms_adamw":
-        return 0.2 * math.sqrt(max(m, n))
-    if adjust_lr in ("spectral_norm", "unit_rms_norm"):
-        return math.sqrt(m / n)
-    if adjust_lr == "spectral":
-        return math.sqrt(max(m, n))
-    if adjust_lr is None:
-        return 1.0
-    raise ValueError(f"adjust_lr: expected one of {ADJUST_LR_MODES}, got {adjust_lr!r}")
-
-
-def check_step(step, bias_correction: bool) -> int | None:
-    """The 1-based step index t of a bias-corrected momentum: ``step`` if it is an int ≥ 1 (None
-    is taken without bias correction, where t is not used). Raises: ValueError naming ``step``
-    for a missing step under ``bias_correction``, a non-int (a bool included) or one < 1."""
-    if step is None:
-        if bias_correction:
-            raise ValueError("step: bias_correction=True needs the 1-based step index t (an int >= 1), got None")
-        return None
-    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 1:
-        raise ValueError(f"step: expected the 1-based step index t, an int >= 1, got {step!r}")
-    return int(step)
-
-
-def momentum_update(grad: np.ndarray, momentum: np.ndarray, *, mu: float, nesterov: bool,
-                    momentum_style: str, nesterov_form: str = "mix", bias_correction: bool = False,
-                    step: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The momentum of a Muon step: (M_new, U), U the matrix to orthogonalize.
-
-    "ema": M ← μM + (1−μ)G, U = (1−μ)G + μM_new if nesterov else M_new (torch.optim.Muon, Keller
-    Jordan, nanochat); "classic": M ← μM + G, U = G + μM_new if nesterov else M_new
-    (microsoft/dion, Moonlight). ``nesterov_form="full_grad"``: U = G + μM_new for either style
-    (the gradient at full weight beside an EMA momentum).
-
-    ``bias_correction`` (the "ema" style, optax ``scale_by_muon`` / ``contrib.muon``): at the
-    1-based step t = ``step`` the stored M_new stays uncorrected and the mixed matrix divides each
-    term by its Adam-style debiasing factor, U = μ·M_new/(1−μ^(t+1)) + (1−μ)·G/(1−μ^t) with
-    Nesterov ("mix"), U = M_new/(1−μ^t) without (optax 0.2.8 ``contrib/_muon.py``: the momentum
-    term with count + 1, the gradient term with count, count the 1-based step). A zero initial
-    momentum makes the corrected M_t/(1−μ^t) an unbiased average of the gradients.
-
-    Shapes: grad, momentum (m, n) float64 (validated by the caller) -> two (m, n) float64.
-    Raises: ValueError naming ``momentum_style`` or ``nesterov_form`` for an unknown value;
-    ``bias_correction`` for the "classic" style or the "full_grad" form (no debiased form is
-    defined there); ``step`` (``check_step``) for a missing or invalid step under bias correction;
-    TypeError naming ``bias_correction`` for a non-bool.
-    """
-    if nesterov_form not in NESTEROV_FORMS:
-        raise ValueError(f"nesterov_form: expected one of {NESTEROV_FORMS}, got {nesterov_form!r}")
-    bias_correction = check_flag(bias_correction, "bias_correction")
-    if momentum_style == "ema":
-        m_new = mu * momentum + (1.0 - mu) * grad
-        grad_weight = 1.0 if nesterov_form == "full_grad" else 1.0 - mu
-    elif momentum_style == "classic":
-        m_new = mu * momentum + grad
-        grad_weight = 1.0
-    else:
-        raise ValueError(f"momentum_style: expected one of {MOMENTUM_STYLES}, got {momentum_style!r}")
-    if bias_correction:
-        check_bias_correction(momentum_style, nesterov, nesterov_form)
-        t = check_step(step, True)
-        if not nesterov:
-            return m_new, m_new / (1.0 - mu ** t)
-        return m_new, mu * m_new / (1.0 - mu ** (t + 1)) + grad_weight * grad / (1.0 - mu ** t)
-    check_step(step, False)
-    return m_new, (grad_weight * grad + mu * m_new if nesterov else m_new)
-
-
-def check_bias_correction(momentum_style: str, nesterov: bool, nesterov_form: str) -> None:
-    """ValueError naming ``bias_correction`` where no debiased momentum is defined: the "classic"
-    style (M is a sum, not an average) and the "full_grad" Nesterov form."""
-    if momentum_style != "ema":
-        raise ValueError(f"bias_correction: defined for the 'ema' momentum style only (optax's EMA), "
-                         f"got momentum_style={momentum_style!r}")
-    if nesterov and nesterov_form != "mix":
-        raise ValueError(f"bias_correction: defined for nesterov_form='mix' or no Nesterov, "
-                         f"got nesterov_form={nesterov_form!r}")
-
-
-def check_flag(value, name: str) -> bool:
-    """``value`` if it is a bool (numpy's included); TypeError naming ``name`` otherwise (a string
-    such as "False" is not taken as True)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected a bool, got {value!r}")
-    return bool(value)
-
-
-def decay_factor(style: str, *, lr: float, weight_decay: float, scale: float) -> float:
-    """The factor W is multiplied by after a step under a weight-decay ``style``
-    (``WEIGHT_DECAY_STYLES``): 1 − lr·wd ("decoupled"), 1 − lr·s·wd ("adjusted_lr", s the update's
-    lr multiplier), 1 − wd ("independent"), 1 ("l2": the decay went into the gradient).
-    Raises: ValueError naming ``weight_decay_style`` for an unknown style."""
-    if style == "decoupled":
-        return 1.0 - lr * weight_decay
-    if style == "adjusted_lr":
-        return 1.0 - lr * scale * weight_decay
-    if style == "independent":
-        return 1.0 - weight_decay
-    if style == "l2":
-        return 1.0
-    raise ValueError(f"weight_decay_style: expected one of {WEIGHT_DECAY_STYLES}, got {style!r}")
-
 
 class MuonStep(NamedTuple):
-    """Result of ``muon_step``: new weight (m, n), new momentum (m, n), the orthogonalized
-    update O (m, n) before lr, the lr multiplier applied to it (``lr_scale`` of the mode times
-    ``extra_scale_factor``), and ``ns_input`` U (m, n), the momentum-mixed matrix that was
-    orthogonalized."""
+    """Result of ``muon_step``: the new state, the update and what was orthogonalized, all float64.
+
+    Parameters
+    ----------
+    weight : (m, n) float64 ndarray
+        W after the step.
+    momentum : (m, n) float64 ndarray
+        M_new, the momentum after the step.
+    update : (m, n) float64 ndarray
+        O, the orthogonalized update before the learning rate.
+    lr_scale : float
+        s = ``lr_scale(adjust_lr, m, n)``·extra_scale_factor, the multiplier of lr applied to O.
+    ns_input : (m, n) float64 ndarray
+        U, the momentum-mixed matrix that was orthogonalized.
+
+    See Also
+    --------
+    muon_step : The step that returns it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import muon_step
+    >>> muon_step(np.eye(2), np.eye(2), np.zeros((2, 2)), lr=0.1)._fields
+    ('weight', 'momentum', 'update', 'lr_scale', 'ns_input')
+    """
 
     weight: np.ndarray
     momentum: np.ndarray
     update: np.ndarray
     lr_scale: float
     ns_input: np.ndarray
-
-
-def _checked_step_inputs(weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor,
-                         *, nesterov=True, cautious=False, nesterov_form="mix", weight_decay_style="decoupled"):
-    """The validated float64 inputs of one Muon step (``muon_step`` / ``muon_pipeline_step``):
-    (W, G, M, lr, μ, weight_decay, the (T, 3) table, s = lr_scale·extra_scale_factor); with
-    ``weight_decay_style="l2"`` G is G + wd·W (the decay coupled into the gradient).
-    Raises: TypeError naming ``nesterov`` / ``cautious_weight_decay`` for a non-bool; ValueError
-    naming ``nesterov_form`` / ``weight_decay_style`` for an unknown value, or cautious weight
-    decay with the "l2" style (it has no decay step to mask)."""
-    check_flag(nesterov, "nesterov")
-    check_flag(cautious, "cautious_weight_decay")
-    if nesterov_form not in NESTEROV_FORMS:
-        raise ValueError(f"nesterov_form: expected one of {NESTEROV_FORMS}, got {nesterov_form!r}")
-    if weight_decay_style not in WEIGHT_DECAY_STYLES:
-        raise ValueError(f"weight_decay_style: expected one of {WEIGHT_DECAY_STYLES}, got {weight_decay_style!r}")
-    if cautious and weight_decay_style == "l2":
-        raise ValueError("weight_decay_style: 'l2' couples the decay into the gradient; cautious_weight_decay "
-                         "masks a decoupled decay step and cannot be combined with it")
-    w = as_matrix(weight, "weight")
-    g = as_like(grad, "grad", w.shape)
-    m_old = as_like(momentum, "momentum", w.shape)
-    lr = check_scalar(lr, "lr", low=0.0)
-    mu = check_scalar(mu, "mu", low=0.0, high=1.0)
-    weight_decay = check_scalar(weight_decay, "weight_decay", low=0.0)
-    table = schedule("jordan") if coefficients is None else as_coefficients(coefficients)
-    scale = lr_scale(adjust_lr, *w.shape) * check_scalar(extra_scale_factor, "extra_scale_factor", low=0.0,
-                                                         low_open=True)
-    if weight_decay_style == "l2" and weight_decay:
-        g = g + weight_decay * w
-    return w, g, m_old, lr, mu, weight_decay, table, scale
-
-
-def _updated_weight(w: np.ndarray, o: np.ndarray, *, lr: float, weight_decay: float, scale: float,
-                    cautious: bool, style: str = "decoupled") -> np.ndarray:
-    """W·d − lr·s·O with d = ``decay_factor(style)`` (1 − lr·wd for "decoupled"), the decay masked
-    to I(O⊙W ≥ 0) with ``cautious`` (Chen et al. 2025)."""
-    decayed = w * decay_factor(style, lr=lr, weight_decay=weight_decay, scale=scale)
-    if cautious:
-        decayed = np.where(np.sign(o) * np.sign(w) >= 0, decayed, w)
-    return decayed - (lr * scale) * o
 
 
 def muon_step(
@@ -221,40 +84,104 @@ def muon_step(
     bias_correction: bool = False,
     step: int | None = None,
 ) -> MuonStep:
-    """One reference Muon step on an (m, n) weight.
+    """One reference Muon step on an (m, n) weight, in float64.
 
-    Momentum: "ema" M ← μM + (1−μ)G, nesterov U = (1−μ)G + μM_new (torch.optim.Muon,
-    Keller Jordan, nanochat); "classic" M ← μM + G, nesterov U = G + μM_new (microsoft/dion,
-    Moonlight). Without nesterov U = M_new. Then O = ns_map(U, coefficients) (or the exact
-    polar factor with ``orthogonalizer="polar"``) and
-    W ← W·(1 − lr·weight_decay) − lr·s·O with s = lr_scale(adjust_lr, m, n)·extra_scale_factor
-    (decoupled weight decay with the unscaled lr, as torch.optim.Muon, microsoft/dion and
-    Moonlight; ``extra_scale_factor`` as Megatron / Emerging-Optimizers). With
-    ``cautious_weight_decay`` the decay applies only to entries where the update and the weight
-    have the same sign, W ← W − lr·wd·I(O⊙W ≥ 0)⊙W − lr·s·O, with W the weight before the step
-    (Chen et al. 2025, "Cautious Weight Decay", arXiv 2510.12402, Eq. (CWD):
-    x ← x − η(u + λ·I(u⊙x ≥ 0)⊙x); u = s·O has the sign of O since s > 0; zero entries decay,
-    as the ≥; nanochat uses the same mask, (g·p) ≥ 0).
+    ::
 
-    ``nesterov_form`` ("mix" | "full_grad", ``NESTEROV_FORMS``) picks the Nesterov mix;
-    ``weight_decay_style`` (``WEIGHT_DECAY_STYLES``, ``decay_factor``) the decay: "decoupled" as
-    above, "adjusted_lr" W(1 − lr·s·wd) (nanochat), "independent" W(1 − wd), "l2" G ← G + wd·W
-    before the momentum and no decay step.
+        M_new = μM + (1 − μ)G ("ema")  or  μM + G ("classic")
+        U     = (1 − μ)G + μM_new ("ema", Nesterov)  or  G + μM_new ("classic", Nesterov)  or  M_new
+        O     = ns_map(U, coefficients)  (or the polar factor of U, orthogonalizer="polar")
+        W     ← W·(1 − ηλ) − η·s·O,   s = lr_scale(adjust_lr, m, n)·extra_scale_factor
 
-    ``bias_correction`` (EMA momentum, as optax ``contrib.muon``; ``momentum_update``): U divides
-    the momentum term by 1−μ^(t+1) and the gradient term by 1−μ^t (without Nesterov U =
-    M_new/(1−μ^t)), t = ``step`` the 1-based step index, required then; the returned momentum is
-    the uncorrected M_new, the state such an optimizer stores.
+    The weight decay uses the unscaled lr (torch.optim.Muon, microsoft/dion, Moonlight); the
+    options below change each line (docs/math.md, §4.1). The inputs are not modified.
 
-    Shapes: weight, grad, momentum (m, n) float -> MuonStep of float64 arrays.
-    ``coefficients``: (T, 3) table; default the ``jordan`` schedule, 5 steps.
-    Source: Jordan et al. (Muon blog, 2024); Liu et al. arXiv 2502.16982; torch.optim.Muon.
-    Raises: TypeError / ValueError for non-float, non-2-D, empty or non-finite arrays, shape
-    mismatches, lr < 0, mu outside [0, 1), weight_decay < 0, extra_scale_factor <= 0,
-    unknown option strings; ValueError naming ``bias_correction`` for the "classic" style or the
-    "full_grad" form, ``step`` for a missing or non-positive step under bias correction.
+    Parameters
+    ----------
+    weight : (m, n) array_like of float
+        W before the step, in PyTorch's (fan_out, fan_in) layout; finite.
+    grad : (m, n) array_like of float
+        The gradient G; finite.
+    momentum : (m, n) array_like of float
+        The momentum M before the step (zeros for fresh state), in gradient units.
+    lr : float
+        The learning rate η, >= 0.
+    mu : float, default 0.95
+        The momentum coefficient μ, in [0, 1].
+    nesterov : bool, default True
+        Orthogonalize the Nesterov mix (below) instead of M_new.
+    momentum_style : {"ema", "classic"}, default "ema"
+        "ema": M ← μM + (1 − μ)G (torch.optim.Muon, Keller Jordan, nanochat); "classic":
+        M ← μM + G (microsoft/dion, Moonlight).
+    coefficients : (T, 3) array_like of float, optional
+        Newton–Schulz rows (a_t, b_t, c_t). Default None: ``schedule("jordan")``, 5 steps.
+    safety : float, default 1.0
+        Newton–Schulz normalization X₀ = U / (safety·‖U‖_F + eps), as ``ns_map``; > 0.
+    eps : float, default 1e-7
+        As ``ns_map``, in gradient units; >= 0.
+    eps_mode : {"add", "clamp"}, default "add"
+        As ``ns_map`` ("clamp": torch.optim.Muon's max(‖U‖_F, eps)).
+    adjust_lr : str or None, default "original"
+        The lr multiplier's mode, ``lr_scale``.
+    weight_decay : float, default 0.0
+        The decay coefficient λ, >= 0.
+    orthogonalizer : {"newton_schulz", "polar"}, default "newton_schulz"
+        O = ``ns_map(U, ...)`` or the exact polar factor ``polar(U)`` (0 for U = 0).
+    extra_scale_factor : float, default 1.0
+        Multiplies ``lr_scale`` (Megatron / Emerging-Optimizers); > 0.
+    cautious_weight_decay : bool, default False
+        Decay only the entries where the final update and W (before the step) agree in sign:
+        W ← W − ηλ·I(O⊙W >= 0)⊙W − ηs·O (Chen et al., arXiv 2510.12402; nanochat).
+    nesterov_form : {"mix", "full_grad"}, default "mix"
+        "mix": U = (1 − μ)G + μM_new for "ema", G + μM_new for "classic"; "full_grad":
+        U = G + μM_new for either style.
+    weight_decay_style : {"decoupled", "adjusted_lr", "independent", "l2"}, default "decoupled"
+        W·(1 − ηλ) (torch.optim.Muon, microsoft/dion, Moonlight); W·(1 − ηsλ) (nanochat);
+        W·(1 − λ); or G ← G + λW before the momentum and no decay step (coupled L2).
+    bias_correction : bool, default False
+        The debiased EMA mix of optax ``contrib.muon``: U = μM_new/(1 − μ^(t+1)) + (1 − μ)G/(1 − μ^t)
+        (M_new/(1 − μ^t) without Nesterov); "ema" style and "mix" form only. The returned momentum
+        stays uncorrected.
+    step : int, optional
+        The 1-based step index t, >= 1; required with `bias_correction`, unused otherwise.
+
+    Returns
+    -------
+    MuonStep
+        ``(weight, momentum, update, lr_scale, ns_input)``.
+
+    Raises
+    ------
+    TypeError
+        If an array has a non-float dtype, or `nesterov`, `cautious_weight_decay` or
+        `bias_correction` is not a bool.
+    ValueError
+        If an array is not 2-D, is empty or holds NaN or Inf; a shape differs from `weight`'s;
+        `lr` or `weight_decay` < 0; `mu` is outside [0, 1]; `extra_scale_factor` <= 0; an option
+        string is unknown; `cautious_weight_decay` is combined with the "l2" style; or, naming
+        `bias_correction` / `step`, bias correction is asked for the "classic" style or the
+        "full_grad" form or without a valid `step`.
+
+    References
+    ----------
+    K. Jordan et al., "Muon: An optimizer for hidden layers in neural networks", blog post, 2024,
+    and KellerJordan/Muon ``muon.py`` (``muon_update``); J. Liu et al., "Muon is Scalable for LLM
+    Training", arXiv 2502.16982, 2025; ``torch.optim.Muon``; microsoft/dion ``muon.py``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import muon_step, ns_map, schedule
+    >>> w, g = np.random.default_rng(0).standard_normal((2, 4, 3))
+    >>> out = muon_step(w, g, np.zeros((4, 3)), lr=0.02)
+    >>> bool(np.allclose(out.ns_input, 0.05 * g + 0.95 * out.momentum))  # ema, Nesterov
+    True
+    >>> bool(np.allclose(out.update, ns_map(out.ns_input, schedule("jordan"))))
+    True
+    >>> round(out.lr_scale, 4), bool(np.allclose(out.weight, w - 0.02 * out.lr_scale * out.update))
+    (1.1547, True)
     """
-    w, g, m_old, lr, mu, weight_decay, table, scale = _checked_step_inputs(
+    w, g, m_old, lr, mu, weight_decay, table, scale = checked_step_inputs(
         weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor,
         nesterov=nesterov, cautious=cautious_weight_decay, nesterov_form=nesterov_form,
         weight_decay_style=weight_decay_style)
@@ -267,16 +194,42 @@ def muon_step(
         o = polar(u) if np.any(u) else np.zeros_like(u)
     else:
         o = ns_map(u, table, safety=safety, eps=eps, eps_mode=eps_mode)
-    w_new = _updated_weight(w, o, lr=lr, weight_decay=weight_decay, scale=scale, cautious=cautious_weight_decay,
+    w_new = updated_weight(w, o, lr=lr, weight_decay=weight_decay, scale=scale, cautious=cautious_weight_decay,
                            style=weight_decay_style)
     return MuonStep(w_new, m_new, o, scale, u)
 
 
 class MuonPipelineStep(NamedTuple):
-    """Result of ``muon_pipeline_step``: the fields of ``MuonStep`` (``update`` is the final
-    update after every stage, ``ns_input`` the matrix Newton–Schulz received, after MuonEq),
-    ``ns_output`` the Newton–Schulz output before the post-orthogonalization stages, and
-    ``variance`` NorMuon's new second moment ((m, 1) or (1, n); None without NorMuon)."""
+    """Result of ``muon_pipeline_step``: ``MuonStep``'s fields and the stages' intermediates.
+
+    Parameters
+    ----------
+    weight : (m, n) float64 ndarray
+        W after the step.
+    momentum : (m, n) float64 ndarray
+        M_new, the momentum after the step.
+    update : (m, n) float64 ndarray
+        O, the final update after every stage, before the learning rate.
+    lr_scale : float
+        s = ``lr_scale(adjust_lr, m, n)``·extra_scale_factor.
+    ns_input : (m, n) float64 ndarray
+        The matrix Newton–Schulz received (after MuonEq).
+    ns_output : (m, n) float64 ndarray
+        The Newton–Schulz output, before Muon+ and NorMuon.
+    variance : (m, 1) or (1, n) float64 ndarray or None
+        NorMuon's second moment after the step; None without NorMuon.
+
+    See Also
+    --------
+    muon_pipeline_step : The step that returns it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref.muon import muon_pipeline_step
+    >>> muon_pipeline_step(np.eye(2), np.eye(2), np.zeros((2, 2)), lr=0.1)._fields[-2:]
+    ('ns_output', 'variance')
+    """
 
     weight: np.ndarray
     momentum: np.ndarray
@@ -316,23 +269,119 @@ def muon_pipeline_step(
     normuon_eps_mode: str = "add",
     normuon_dim: str = "row",
 ) -> MuonPipelineStep:
-    """One reference Muon step with the pipeline stages, in nanochat's order:
-    momentum → MuonEq (``row_equilibration``) → ns_map → Muon+ (``renormalize``) → NorMuon
-    (``normuon_beta2`` not None) → W ← W·(1 − lr·wd) − lr·s·O (or cautious weight decay, masked
-    by the final O), s = lr_scale(adjust_lr, m, n)·extra_scale_factor.
+    """One reference Muon step with the pipeline stages around Newton–Schulz, in nanochat's order.
 
-    Every stage off gives ``muon_step``'s result. The stages are ``ortho_ref.muon_stages``'
-    functions; ``normuon_variance`` is NorMuon's second moment before the step (None: zeros of
-    ``normuon_variance_shape``).
-    Shapes: weight, grad, momentum (m, n) float -> MuonPipelineStep of float64 arrays.
-    Source: docs/math.md, "Muon pipeline stages"; nanochat ``muon_step_fused`` (the order);
-    MuonEq arXiv 2603.28254; Muon+ arXiv 2602.21545; NorMuon arXiv 2510.05491.
-    Raises: what ``muon_step`` raises; ValueError naming ``row_equilibration``, ``normuon_dim``,
-    ``normuon_beta2`` (outside [0, 1)), ``normuon_eps`` / ``normuon_eps_mode``, or
-    ``normuon_variance`` of the wrong shape; TypeError for a non-bool ``renormalize``.
-    ``bias_correction`` / ``step``: the debiased momentum mix of ``muon_step`` (optax).
+    ::
+
+        momentum → MuonEq (row_equilibration) → ns_map → Muon+ (renormalize)
+                 → NorMuon (normuon_beta2) → W ← W·(1 − ηλ) − η·s·O
+
+    Each stage is a function of ``ortho_ref.muon_stages`` (docs/math.md, §4.3); with every stage off
+    the result is ``muon_step``'s. Cautious weight decay masks with the final O.
+
+    Parameters
+    ----------
+    weight : (m, n) array_like of float
+        W before the step, in PyTorch's (fan_out, fan_in) layout; finite.
+    grad : (m, n) array_like of float
+        The gradient G; finite.
+    momentum : (m, n) array_like of float
+        The momentum M before the step (zeros for fresh state), in gradient units.
+    lr : float
+        The learning rate η, >= 0.
+    mu : float, default 0.95
+        The momentum coefficient μ, in [0, 1].
+    nesterov : bool, default True
+        Orthogonalize the Nesterov mix (below) instead of M_new.
+    momentum_style : {"ema", "classic"}, default "ema"
+        "ema": M ← μM + (1 − μ)G (torch.optim.Muon, Keller Jordan, nanochat); "classic":
+        M ← μM + G (microsoft/dion, Moonlight).
+    coefficients : (T, 3) array_like of float, optional
+        Newton–Schulz rows (a_t, b_t, c_t). Default None: ``schedule("jordan")``, 5 steps.
+    safety : float, default 1.0
+        Newton–Schulz normalization X₀ = U / (safety·‖U‖_F + eps), as ``ns_map``; > 0.
+    eps : float, default 1e-7
+        As ``ns_map``, in gradient units; >= 0.
+    eps_mode : {"add", "clamp"}, default "add"
+        As ``ns_map`` ("clamp": torch.optim.Muon's max(‖U‖_F, eps)).
+    adjust_lr : str or None, default "original"
+        The lr multiplier's mode, ``lr_scale``.
+    weight_decay : float, default 0.0
+        The decay coefficient λ, >= 0.
+    extra_scale_factor : float, default 1.0
+        Multiplies ``lr_scale`` (Megatron / Emerging-Optimizers); > 0.
+    cautious_weight_decay : bool, default False
+        Decay only the entries where the final update and W (before the step) agree in sign:
+        W ← W − ηλ·I(O⊙W >= 0)⊙W − ηs·O (Chen et al., arXiv 2510.12402; nanochat).
+    nesterov_form : {"mix", "full_grad"}, default "mix"
+        "mix": U = (1 − μ)G + μM_new for "ema", G + μM_new for "classic"; "full_grad":
+        U = G + μM_new for either style.
+    weight_decay_style : {"decoupled", "adjusted_lr", "independent", "l2"}, default "decoupled"
+        W·(1 − ηλ) (torch.optim.Muon, microsoft/dion, Moonlight); W·(1 − ηsλ) (nanochat);
+        W·(1 − λ); or G ← G + λW before the momentum and no decay step (coupled L2).
+    bias_correction : bool, default False
+        The debiased EMA mix of optax ``contrib.muon``: U = μM_new/(1 − μ^(t+1)) + (1 − μ)G/(1 − μ^t)
+        (M_new/(1 − μ^t) without Nesterov); "ema" style and "mix" form only. The returned momentum
+        stays uncorrected.
+    step : int, optional
+        The 1-based step index t, >= 1; required with `bias_correction`, unused otherwise.
+    row_equilibration : bool or {"row", "column"}, default False
+        MuonEq before Newton–Schulz: each row (column) of U rescaled to the RMS row (column) norm;
+        True means "row".
+    renormalize : bool, default False
+        Muon+ after Newton–Schulz: O ← O·√min(m, n) / max(‖O‖_F, 1e-6).
+    normuon_beta2 : float, optional
+        NorMuon's β₂ in [0, 1); default None: no NorMuon.
+    normuon_variance : (m, 1) or (1, n) array_like of float, optional
+        NorMuon's second moment before the step (shape ``muon_stages.normuon_variance_shape``);
+        default None: zeros.
+    normuon_eps : float, default 1e-8
+        NorMuon's ε, >= 0.
+    normuon_eps_mode : {"add", "clamp"}, default "add"
+        O / (√v + ε) (microsoft/dion, the paper) or O / √max(v, ε) (nanochat).
+    normuon_dim : {"row", "column", "by_shape"}, default "row"
+        One statistic per row (the paper, microsoft/dion), per column, or per row when m >= n and
+        per column otherwise (nanochat).
+
+    Returns
+    -------
+    MuonPipelineStep
+        ``(weight, momentum, update, lr_scale, ns_input, ns_output, variance)``.
+
+    Raises
+    ------
+    TypeError
+        If an array has a non-float dtype, or `nesterov`, `cautious_weight_decay`,
+        `bias_correction` or `renormalize` is not a bool.
+    ValueError
+        If an array is not 2-D, is empty or holds NaN or Inf; a shape differs from `weight`'s;
+        `lr` or `weight_decay` < 0; `mu` is outside [0, 1]; `extra_scale_factor` <= 0; an option
+        string is unknown; `cautious_weight_decay` is combined with the "l2" style; or, naming
+        `bias_correction` / `step`, bias correction is asked for the "classic" style or the
+        "full_grad" form or without a valid `step`; or, naming the argument, for a
+        `row_equilibration`, `normuon_eps_mode` or `normuon_dim` that is unknown, `normuon_beta2`
+        outside [0, 1), `normuon_eps` < 0, or `normuon_variance` of the wrong shape.
+
+    References
+    ----------
+    A. Karpathy, nanochat ``nanochat/optim.py`` (``muon_step_fused``: the order); D. Chang et al.,
+    "MuonEq", arXiv 2603.28254, 2026; "Muon+", arXiv 2602.21545, 2026; Z. Li et al., "NorMuon",
+    arXiv 2510.05491, 2025, and microsoft/dion ``dion/normuon.py``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import muon_step
+    >>> from ortho_ref.muon import muon_pipeline_step
+    >>> w, g = np.random.default_rng(0).standard_normal((2, 4, 3))
+    >>> plain = muon_pipeline_step(w, g, np.zeros((4, 3)), lr=0.02)
+    >>> bool(np.allclose(plain.weight, muon_step(w, g, np.zeros((4, 3)), lr=0.02).weight))
+    True
+    >>> out = muon_pipeline_step(w, g, np.zeros((4, 3)), lr=0.02, renormalize=True, normuon_beta2=0.95)
+    >>> out.variance.shape, bool(np.isclose(np.linalg.norm(out.update), np.sqrt(3)))
+    ((4, 1), True)
     """
-    w, g, m_old, lr, mu, weight_decay, table, scale = _checked_step_inputs(
+    w, g, m_old, lr, mu, weight_decay, table, scale = checked_step_inputs(
         weight, grad, momentum, lr, mu, weight_decay, coefficients, adjust_lr, extra_scale_factor,
         nesterov=nesterov, cautious=cautious_weight_decay, nesterov_form=nesterov_form,
         weight_decay_style=weight_decay_style)
@@ -360,6 +409,6 @@ def muon_pipeline_step(
     if variance is not None:
         o, variance = stages.normuon_normalize(o, variance, beta2=normuon_beta2, eps=normuon_eps,
                                                eps_mode=normuon_eps_mode, dim=normuon_dim)
-    w_new = _updated_weight(w, o, lr=lr, weight_decay=weight_decay, scale=scale, cautious=cautious_weight_decay,
+    w_new = updated_weight(w, o, lr=lr, weight_decay=weight_decay, scale=scale, cautious=cautious_weight_decay,
                            style=weight_decay_style)
     return MuonPipelineStep(w_new, m_new, o, scale, u, o_ns, variance)

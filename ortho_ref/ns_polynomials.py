@@ -1,18 +1,18 @@
-"""The scalar side of Newton–Schulz: step polynomials, their composition, derivatives, exact bands and gains.
+"""The scalar side of Newton–Schulz: step polynomials, their composition and derivatives.
 
 An odd polynomial step X <- aX + (bA + cA²)X with A = XXᵀ maps X = U Σ Vᵀ to
 U p(Σ) Vᵀ with p(x) = a x + b x³ + c x⁵, so T steps after the normalization
 X₀ = A / (s‖A‖_F + eps) give U f(Σ̂) Vᵀ with f = p_T ∘ … ∘ p_1 and Σ̂ = Σ / (s‖A‖_F + eps).
-This module holds everything about f as a function of one real variable (and the validation
-of a schedule and its normalization); the matrix map U f(Σ̂) Vᵀ is ``ortho_ref.ns_map``, which
-imports this module, as does the mpmath tier ``ortho_ref.mp`` (docs/design.md, "Layers and
-import rules": the scalar analysis sits below both, so neither imports the other's module).
+This module holds f as a function of one real variable (and the validation of a schedule and its
+normalization); its exact bands and gains are ``ortho_ref.ns_bands``; the matrix map U f(Σ̂) Vᵀ is
+``ortho_ref.ns_map``, which imports both modules, as does the mpmath tier ``ortho_ref.mp``
+(docs/design.md, "Layers and import rules": the scalar analysis sits below both, so neither imports
+the other's module).
 Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2; Higham, Functions of Matrices, ch. 8.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -21,8 +21,7 @@ from ._validate import as_coefficients, check_scalar
 
 __all__ = [
     "EPS_MODES", "NS_MAP_BOUND", "check_bounded_schedule", "check_normalization", "check_ns_options", "ns_map_sups",
-    "normalizer", "ns_attracting_band", "ns_band", "ns_derivative",
-    "ns_diagonal_gain", "ns_lipschitz", "ns_polynomial", "ns_step_gains", "ns_step_magnitudes",
+    "normalizer", "ns_derivative", "ns_diagonal_gain", "ns_polynomial",
 ]
 
 EPS_MODES = ("add", "clamp")
@@ -52,11 +51,42 @@ def _sup_on(row, h: float) -> float:
 
 
 def ns_map_sups(coefficients, bound: float = math.inf) -> list[float]:
-    """B_t = sup over σ̂ ∈ [0, 1] of |f_t(σ̂)|, f_t the composition of the first t steps, t = 1..T,
-    exactly: B_t = sup over [0, B_{t−1}] of |p_t| (f_{t−1}([0, 1]) is an interval holding 0 and
-    ±B_{t−1}, and p_t is odd), B_0 = 1. Stops after the first B_t past ``bound`` (or not a number).
-    Shapes: coefficients (T, 3) -> list of up to T floats.
-    Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2 (the polynomial view)."""
+    """Exact sups B_t = sup over σ̂ ∈ [0, 1] of |f_t(σ̂)|, f_t the composition of the first t steps.
+
+    B_0 = 1 and B_t = sup over x ∈ [0, B_{t−1}] of |p_t(x)|, since f_{t−1}([0, 1]) is an interval
+    holding 0 and ±B_{t−1} and p_t is odd; each sup is taken at x = B_{t−1} and at the closed-form
+    critical points x² = y, 5c_t y² + 3b_t y + a_t = 0, inside.
+
+    Parameters
+    ----------
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+    bound : float, default inf
+        Stop after the first B_t past `bound` (or not a number).
+
+    Returns
+    -------
+    list of float
+        B_1, ..., B_t for t = T or the first step past `bound`, in σ̂ units.
+
+    Raises
+    ------
+    ValueError
+        If `coefficients` is not a finite (T, 3) table.
+
+    References
+    ----------
+    N. Amsel, D. Persson, C. Musco, R. M. Gower, "The Polar Express", arXiv 2505.16932, 2025, Sec. 2
+    (the polynomial view).
+
+    Examples
+    --------
+    >>> from ortho_ref import ns_map_sups, schedule
+    >>> [round(b, 4) for b in ns_map_sups(schedule("jordan", 2))]
+    [1.2024, 1.2024]
+    >>> len(ns_map_sups([[3.4445, 4.775, 2.0315]] * 5, bound=16.0))  # a sign flipped: stops at step 2
+    2
+    """
     table = as_coefficients(coefficients)
     sups, h = [], 1.0
     for row in table:
@@ -69,10 +99,40 @@ def ns_map_sups(coefficients, bound: float = math.inf) -> list[float]:
 
 
 def check_bounded_schedule(coefficients, name: str = "coefficients") -> np.ndarray:
-    """The (T, 3) float64 table of ``coefficients`` if its map stays within ``NS_MAP_BOUND`` on [0, 1]
-    at every step (``ns_map_sups``); Keller Jordan's overshoot (1.202) and every registered schedule do.
-    Raises: ValueError naming ``name``, the table and the first step t whose sup |f_t| on [0, 1]
-    passes the bound (a divergent schedule: finite inputs give Inf / NaN)."""
+    """Validate a Newton–Schulz table whose map stays within ``NS_MAP_BOUND`` on [0, 1] at every step.
+
+    The test is sup over σ̂ ∈ [0, 1] of |f_t(σ̂)| <= ``NS_MAP_BOUND`` (16) for t = 1..T, exactly by
+    ``ns_map_sups``; Keller Jordan's overshoot (1.202) and every registered schedule pass.
+
+    Parameters
+    ----------
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+    name : str, default "coefficients"
+        The argument's name in error messages.
+
+    Returns
+    -------
+    (T, 3) float64 ndarray
+        The table.
+
+    Raises
+    ------
+    ValueError
+        Naming `name`: if the table is not (T, 3) with T >= 1 or not finite, or if it is divergent
+        (the message gives the first step t whose sup passes the bound, and the table).
+
+    Examples
+    --------
+    >>> from ortho_ref import check_bounded_schedule, schedule
+    >>> check_bounded_schedule(schedule("polar_express")).shape
+    (5, 3)
+    >>> try:
+    ...     check_bounded_schedule([[3.4445, 4.775, 2.0315]] * 5)
+    ... except ValueError as err:
+    ...     print(str(err)[:44])
+    coefficients: a divergent schedule: after st
+    """
     table = as_coefficients(coefficients, name)
     sups = ns_map_sups(table, NS_MAP_BOUND)
     if sups and not sups[-1] <= NS_MAP_BOUND:
@@ -86,14 +146,41 @@ def check_bounded_schedule(coefficients, name: str = "coefficients") -> np.ndarr
 
 
 def ns_polynomial(x, coefficients) -> np.ndarray:
-    """f(x) = p_T(…p_1(x)), p_t(x) = a_t x + b_t x³ + c_t x⁵, elementwise in float64.
+    """The scalar map of a Newton–Schulz schedule: f(x) = p_T(…p_1(x)), elementwise, in float64.
 
-    Each step is evaluated as x·(a + x²(b + c x²)) (Horner in x²). f maps the normalized
-    singular values σ̂ of the Newton–Schulz input to those of its output (``ns_map``).
-    Shapes: x (...) float -> (...) float64; coefficients (T, 3) rows (a_t, b_t, c_t) or one (3,) row.
-    Source: the polynomial view of Newton–Schulz, Amsel et al. 2025 (arXiv 2505.16932), Sec. 2
-    (p_t and their composition); Higham, Functions of Matrices (2008), ch. 8.
-    Raises: ValueError for a malformed coefficient table.
+    p_t(x) = a_t x + b_t x³ + c_t x⁵, each step evaluated as x·(a_t + x²(b_t + c_t x²)) (Horner in
+    x²). f maps the normalized singular values σ̂ of the Newton–Schulz input to those of its output
+    (``ns_map``).
+
+    Parameters
+    ----------
+    x : array_like of float, shape (...)
+        The arguments, usually σ̂ ∈ [0, 1].
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+
+    Returns
+    -------
+    float64 ndarray, shape (...)
+        f(x), in the units of `x`.
+
+    Raises
+    ------
+    ValueError
+        If `coefficients` is not a finite (T, 3) table.
+
+    References
+    ----------
+    N. Amsel, D. Persson, C. Musco, R. M. Gower, "The Polar Express", arXiv 2505.16932, 2025, Sec. 2;
+    N. J. Higham, Functions of Matrices, SIAM, 2008, ch. 8.
+
+    Examples
+    --------
+    >>> from ortho_ref import ns_polynomial, schedule
+    >>> float(ns_polynomial(0.5, [1.5, -0.5, 0.0]))  # one cubic step: (3x - x³) / 2
+    0.6875
+    >>> float(ns_polynomial(1.0, schedule("cubic", 10)))  # the cubic fixes 1
+    1.0
     """
     table = as_coefficients(coefficients)
     y = np.asarray(x, dtype=np.float64)
@@ -117,16 +204,44 @@ def _trajectory(x: np.ndarray, table: np.ndarray):
 
 
 def ns_derivative(x, coefficients, order: int = 1) -> np.ndarray:
-    """f′(x) (order=1) or f″(x) (order=2) of the composed schedule, by the chain rule.
+    """First or second derivative of the composed map f = p_T ∘ … ∘ p_1, by the chain rule.
 
-    Along the trajectory x_t = p_t(x_{t−1}): f′ = Π_t p_t′(x_{t−1}) and
-    f″ = Σ_t p_t″(x_{t−1})·(Π_{s<t} p_s′(x_{s−1}))²·Π_{s>t} p_s′(x_{s−1}), accumulated forward
-    as g₂ ← p_t″·g₁² + p_t′·g₂, g₁ ← p_t′·g₁ (Faà di Bruno for a composition), with
-    p_t′ = a_t + 3b_t x² + 5c_t x⁴ and p_t″ = 6b_t x + 20c_t x³.
-    Shapes: x (...) float -> (...) float64; coefficients (T, 3) or one (3,) row.
-    Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2 (f as a composition of the p_t);
-    f′(0) = Π a_t is the L_f of docs/design.md, "Tolerances", for the registry schedules.
-    Raises: ValueError for order not in (1, 2) or a malformed table.
+    Along the trajectory x_t = p_t(x_{t−1}), with p_t′ = a_t + 3b_t x² + 5c_t x⁴ and
+    p_t″ = 6b_t x + 20c_t x³: f′ = Π_t p_t′(x_{t−1}), and f″ is accumulated forward as
+    g₂ ← p_t″·g₁² + p_t′·g₂, g₁ ← p_t′·g₁ (Faà di Bruno for a composition). f′(0) = Π_t a_t.
+
+    Parameters
+    ----------
+    x : array_like of float, shape (...)
+        The arguments, in σ̂ units.
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+    order : {1, 2}, default 1
+        The derivative's order.
+
+    Returns
+    -------
+    float64 ndarray, shape (...)
+        f′(x) or f″(x).
+
+    Raises
+    ------
+    ValueError
+        If `order` is not 1 or 2, or `coefficients` is not a finite (T, 3) table.
+
+    References
+    ----------
+    N. Amsel, D. Persson, C. Musco, R. M. Gower, "The Polar Express", arXiv 2505.16932, 2025, Sec. 2
+    (f as a composition of the p_t); f′(0) is the L_f of docs/math.md, §3.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import ns_derivative, schedule
+    >>> bool(np.isclose(ns_derivative(0.0, schedule("jordan")), 3.4445 ** 5))
+    True
+    >>> float(ns_derivative(1.0, [1.5, -0.5, 0.0], order=2))
+    -3.0
     """
     if order not in (1, 2):
         raise ValueError(f"order: expected 1 or 2, got {order!r}")
@@ -174,301 +289,45 @@ def check_normalization(safety, eps, eps_mode) -> tuple[float, float]:
     return safety, eps
 
 
-@functools.lru_cache(maxsize=256)
-def _grid(lo: float, hi: float, n: int = 20001) -> np.ndarray:
-    """Dense grid on [lo, hi]: linear plus geometric points (resolves the region near 0).
-    Read-only and cached per (lo, hi, n): the root searches of every table share the grid of one
-    interval (its sort was a quarter of a search)."""
-    pts = [np.linspace(lo, hi, n)]
-    if lo > 0:
-        pts.append(np.geomspace(lo, hi, n))
-    else:
-        pts.append(np.geomspace(max(hi * 1e-12, np.finfo(float).tiny), hi, n))
-    grid = np.unique(np.concatenate(pts))
-    grid.setflags(write=False)
-    return grid
-
-
-def _bisect(g, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Bisection on the brackets [a_i, b_i] (g changes sign on each), all at once, until no
-    midpoint lies strictly inside its bracket (float64 resolution). A root of a continuous g
-    stays bracketed at every halving (Brent 1973, Algorithms for Minimization without
-    Derivatives, ch. 4, whose zero finder falls back on exactly this step)."""
-    sa = np.sign(g(a))
-    for _ in range(1100):  # a bracket in [0, 1e308] halves to one ulp (>= 2^-1074) in < 1100 steps
-        mid = 0.5 * (a + b)
-        inside = (mid > a) & (mid < b)
-        if not inside.any():
-            break
-        sm = np.sign(g(mid))
-        right = inside & (sm == sa)  # the sign change is in [mid, b]
-        a, b = np.where(right, mid, a), np.where(inside & ~right, mid, b)
-    return 0.5 * (a + b)
-
-
-def _critical_points(g, lo: float, hi: float) -> np.ndarray:
-    """Roots of g on [lo, hi]: sign changes on a dense grid, refined by bisection, plus exact zeros.
-
-    A root is found when it is the only sign change within one grid cell (spacing ≤ (hi − lo)/20000,
-    finer near 0); touching roots (no sign change) are not extrema of the quantities searched."""
-    x = _grid(lo, hi)
-    with np.errstate(over="ignore", invalid="ignore"):  # far beyond the band, f overflows: no roots there
-        v = g(x)
-        idx = np.nonzero(np.sign(v[:-1]) * np.sign(v[1:]) < 0)[0]
-        roots = np.concatenate([_bisect(g, x[idx], x[idx + 1]), x[v == 0]])
-    return np.sort(roots)
-
-
-def _ratio_slope(x: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """f′(x) − f(x)/x (= x·d/dx(f(x)/x)) without cancellation near 0.
-
-    With A_t = p_t′(x_{t−1}) = a_t + 3b_t y + 5c_t y², B_t = p_t(x_{t−1})/x_{t−1} = a_t + b_t y + c_t y²
-    (y = x_{t−1}²): f′ = Π A_t, f/x = Π B_t, and Π A − Π B = Σ_t (A_t − B_t)·Π_{s<t} B_s·Π_{s>t} A_s
-    with A_t − B_t = y(2b_t + 4c_t y) formed exactly as a product, not a difference."""
-    y = np.asarray(x, dtype=np.float64)
-    parts = []
-    for a, b, c in table:
-        y2 = y * y
-        big_a, big_b = a + y2 * (3 * b + 5 * c * y2), a + y2 * (b + c * y2)
-        parts.append((big_a, big_b, y2 * (2 * b + 4 * c * y2)))
-        y = y * big_b
-    # Horner-like from the last step: S_t = (A_t − B_t)·Π_{s>t} A_s + B_t·S_{t+1} = Σ_{r>=t} ..., so
-    # S_1 = Σ_t (A_t − B_t)·Π_{s<t} B_s·Π_{s>t} A_s; ``suffix`` is Π_{s>t} A_s
-    total, suffix = np.zeros_like(y), np.ones_like(y)
-    for big_a, big_b, diff in reversed(parts):
-        total = diff * suffix + big_b * total
-        suffix = suffix * big_a
-    return total
-
-
-#: The functions whose roots ``_roots`` caches: f′ (extrema of f), f″ (extrema of f′) and
-#: f′ − f/x (extrema of f(x)/x).
-_ROOT_FUNCTIONS = {
-    "f1": lambda x, table: ns_derivative(x, table, 1),
-    "f2": lambda x, table: ns_derivative(x, table, 2),
-    "ratio": _ratio_slope,
-}
-#: Cached root sets cover [0, top] with top = hi rounded up to a power of 2^(1/8).
-_TOP_STEPS_PER_OCTAVE = 8
-
-
-@functools.lru_cache(maxsize=2048)
-def _cached_roots(kind: str, table_bytes: bytes, steps: int, top: float) -> np.ndarray:
-    table = np.frombuffer(table_bytes, dtype=np.float64).reshape(steps, 3)
-    roots = _critical_points(lambda x: _ROOT_FUNCTIONS[kind](x, table), 0.0, top)
-    roots.setflags(write=False)
-    return roots
-
-
-def _roots(kind: str, table: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """Roots in [lo, hi] of the ``kind`` function of ``table`` (see ``_ROOT_FUNCTIONS``).
-
-    The roots do not depend on the interval, so they are found once on [0, top] (top ≥ hi, at most
-    2^(1/8) ≈ 1.09 times hi; grid spacing ≤ top/20000) and cached per (kind, table, top)."""
-    if not hi > 0:
-        return np.zeros(0)
-    j = math.ceil(_TOP_STEPS_PER_OCTAVE * math.log2(hi))
-    top = 2.0 ** (j / _TOP_STEPS_PER_OCTAVE)
-    if top < hi:
-        top = 2.0 ** ((j + 1) / _TOP_STEPS_PER_OCTAVE)
-    r = _cached_roots(kind, np.ascontiguousarray(table, dtype=np.float64).tobytes(), len(table), top)
-    return r[(r >= lo) & (r <= hi)]
-
-
-def _candidates(kind: str, table: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """The interval's ends and the roots of the ``kind`` function inside it."""
-    return np.concatenate([[lo, hi], _roots(kind, table, lo, hi)])
-
-
-def _check_interval(lo, hi) -> tuple[float, float]:
-    lo = check_scalar(lo, "lo", low=0.0)
-    hi = check_scalar(hi, "hi", low=0.0)
-    if not lo < hi:
-        raise ValueError(f"lo, hi: expected 0 <= lo < hi, got lo={lo}, hi={hi}")
-    return lo, hi
-
-
-def ns_band(coefficients, lo: float, hi: float) -> tuple[float, float]:
-    """The exact range [min f, max f] of the composed schedule on [lo, hi].
-
-    f is a polynomial, so its extrema on [lo, hi] are at the ends or at roots of
-    f′(x) = Π_t p_t′(x_{t−1}) (chain rule along x_t = p_t(x_{t−1})); those roots are located as
-    sign changes on a dense linear + geometric grid and refined by bisection to float64
-    resolution — computed, not sampled (every root separated from the next by more than the grid
-    spacing ≤ 1.09·hi/20000 is found).
-    Shapes: scalars -> (float, float). Units: singular values of the normalized input.
-    Source: the polynomial view of Newton–Schulz, Amsel et al. 2025 (arXiv 2505.16932), Sec. 2;
-    root bracketing and bisection, Brent (1973), Algorithms for Minimization without
-    Derivatives, ch. 4; the quoted bands are the "exact-arithmetic output bands" of docs/design.md, "Muon".
-    Raises: ValueError unless 0 <= lo < hi, or for a malformed table.
-    """
-    table = as_coefficients(coefficients)
-    lo, hi = _check_interval(lo, hi)
-    vals = ns_polynomial(_candidates("f1", table, lo, hi), table)
-    return float(vals.min()), float(vals.max())
-
-
-def ns_lipschitz(coefficients, lo: float = 0.0, hi: float = 1.0) -> float:
-    """L_f = sup |f′| on [lo, hi], from the ends and the roots of f″ (where |f′| has its local extrema).
-
-    f″ = Σ_t p_t″(x_{t−1})·(Π_{s<t} p_s′(x_{s−1}))²·Π_{s>t} p_s′(x_{s−1}) (chain rule); its roots
-    are found as in ``ns_band``. Since p_t(0) = 0, f′(0) = Π_t a_t, the maximum on [0, 1] for
-    every registry schedule (jordan×5: 3.4445⁵ ≈ 485).
-    Role in the tolerances: by the mean value theorem |f(x)/x| = |f′(ξ)| for some ξ ∈ (0, x),
-    so ns_lipschitz(t, lo, hi) <= G_0 <= ns_lipschitz(t, 0, hi) for ``ns_step_gains``' G_0, a
-    consistency check ``ortho_verify.tolerances`` makes on every Newton–Schulz tolerance.
-    Shapes: -> float.
-    Source: Amsel et al. 2025 (arXiv 2505.16932), Sec. 2 (polynomial view); docs/design.md, "Tolerances" (L_f).
-    Raises: ValueError unless 0 <= lo < hi, or for a malformed table.
-    """
-    table = as_coefficients(coefficients)
-    lo, hi = _check_interval(lo, hi)
-    return float(np.max(np.abs(ns_derivative(_candidates("f2", table, lo, hi), table))))
-
-
-def _step_image(row, lo: float, hi: float) -> tuple[float, float]:
-    """Exact image p([lo, hi]) of one step p(x) = a x + b x³ + c x⁵: p at the ends and at the
-    real critical points inside, x² = y with 5c y² + 3b y + a = 0 (closed form)."""
-    a, b, c = (float(v) for v in row)
-    ys = np.roots([5 * c, 3 * b, a])
-    ys = ys[np.isreal(ys)].real
-    xs = np.sqrt(ys[ys >= 0])
-    pts = np.concatenate([[lo, hi], xs, -xs])
-    pts = pts[(pts >= lo) & (pts <= hi)]
-    vals = pts * (a + pts * pts * (b + c * pts * pts))
-    return float(vals.min()), float(vals.max())
-
-
-def _step_hulls(table: np.ndarray, lo: float, hi: float) -> list[tuple[float, float]]:
-    """[l_t, h_t] = the hull of |x_t| over σ̂ ∈ [lo, hi], t = 0..T, exactly: x_t(σ̂) fills the
-    interval I_t = p_t(I_{t−1}) (a continuous image of an interval), computed by ``_step_image``."""
-    cur, hulls = (lo, hi), []
-    for row in [None, *table]:
-        if row is not None:
-            cur = _step_image(row, *cur)
-        low, high = cur
-        hulls.append((0.0 if low <= 0 <= high else min(abs(low), abs(high)), max(abs(low), abs(high))))
-    return hulls
-
-
-def _fixed_point_near_one(a: float, b: float, c: float) -> float:
-    """The positive x with p(x) = x nearest 1: x² = y, c y² + b y + (a − 1) = 0."""
-    ys = np.roots([c, b, a - 1.0])
-    ys = ys[np.isreal(ys)].real
-    xs = np.sqrt(ys[ys > 0])
-    if xs.size == 0:
-        raise ValueError(f"coefficients: the step ({a}, {b}, {c}) has no positive fixed point p(x) = x")
-    return float(xs[np.argmin(np.abs(xs - 1.0))])
-
-
-#: Relative half-width of the neighbourhood of x* that ``ns_attracting_band`` grows, and the
-#: most interval iterations it runs (a repelling x* with |p′| ≥ 1.01 reaches a critical point
-#: from 1e-9 in < 2100 steps).
-_BAND_SEED, _BAND_ITERATIONS = 1e-9, 10000
-
-
-def ns_attracting_band(coefficients) -> tuple[float, float]:
-    """The attracting band of one Newton–Schulz step p(x) = a x + b x³ + c x⁵: [lo, hi] in σ̂ units.
-
-    ``coefficients``: one row (a, b, c) or a (T, 3) table, whose last row is the step analysed
-    (the row a schedule repeats past its table: ``schedule("jordan")``).
-    Definition. x* is the positive fixed point of p nearest 1. If |p′(x*)| < 1, x* attracts
-    the singular values near it and the band is [x*, x*]. Otherwise the band J is the smallest
-    closed interval with p(J) ⊆ J that contains a neighbourhood of x*: J = ⋂_{δ>0} J_δ with J_δ
-    the smallest invariant interval containing [x* − δ, x* + δ]. It is computed with exact
-    interval images (each step's closed-form critical points): grow J = x*·[1 − 1e-9, 1 + 1e-9]
-    by J ← J ∪ p(J) until p(J) ⊆ J, then shrink J ← p(J) until p(J) = J. For a fixed point on
-    the decreasing branch between p's local maximum and its local minimum c (Keller Jordan's
-    step, x* ≈ 0.868, p′(x*) ≈ −1.58) this is J = [p(c), p(p(c))], the core of the interval map
-    (de Melo & van Strien, One-Dimensional Dynamics, 1993, ch. III): jordan ≈ [0.6818, 1.1344].
-    Singular values entering J stay in it; those in (0, 1] enter it after a few steps (jordan×5
-    maps [0.1, 1] onto J, ``ns_band``).
-    Source: Jordan et al. 2024 (Muon blog): the tuned quintic leaves the singular values in a
-    band around 1 rather than converging to 1 (docs/design.md, "Muon": "attracting band [0.68, 1.13]");
-    Amsel et al. 2025 (arXiv 2505.16932), Sec. 2–3, for the analysis of the composed steps.
-    Shapes: -> (float, float).
-    Raises: ValueError for a malformed row or table, if p has no positive fixed point, or if
-    the orbit of the neighbourhood leaves (0, 1000·max(1, x*)] (no attracting band; e.g. the
-    row (4, −1, 0): x* = √3, p′(x*) = −5, and p(p(2/√3)) < 0).
-    """
-    row = as_coefficients(coefficients)[-1]
-    a, b, c = (float(v) for v in row)
-    x_star = _fixed_point_near_one(a, b, c)
-    if abs(a + x_star**2 * (3 * b + 5 * c * x_star**2)) < 1.0:
-        return x_star, x_star
-    lo, hi = x_star * (1 - _BAND_SEED), x_star * (1 + _BAND_SEED)
-    for _ in range(_BAND_ITERATIONS):
-        img = _step_image(row, lo, hi)
-        if img[0] >= lo and img[1] <= hi:
-            break
-        lo, hi = min(lo, img[0]), max(hi, img[1])
-        if not (lo > 0 and math.isfinite(hi) and hi < 1e3 * max(1.0, x_star)):
-            raise ValueError(f"coefficients: the orbit of a neighbourhood of the fixed point x* = {x_star:.6g} of the "
-                             f"step ({a}, {b}, {c}) leaves (0, 1000·max(1, x*)]; the step has no attracting band")
-    else:
-        raise ValueError(f"coefficients: no invariant interval around x* = {x_star:.6g} after {_BAND_ITERATIONS} steps")
-    for _ in range(_BAND_ITERATIONS):
-        img = _step_image(row, lo, hi)
-        if img == (lo, hi):
-            break
-        lo, hi = img
-    return lo, hi
-
-
-def ns_step_gains(coefficients, lo: float, hi: float) -> np.ndarray:
-    """First-order gains G_0..G_T of the Newton–Schulz map for inputs with σ̂ in [lo, hi].
-
-    G_t bounds the Fréchet derivative (in the Frobenius norm) of the remaining map
-    g_t = p_T ∘ … ∘ p_{t+1} at the step-t iterate X_t, whose singular values are
-    x_t = p_t(…p_1(σ̂)). For a singular-value function g the Fréchet derivative acts on the
-    (i, j) entry of a perturbation (in the singular-vector basis) by the divided differences
-    (g(x_i) − g(x_j))/(x_i − x_j) and (g(x_i) + g(x_j))/(x_i + x_j), and on the null-space
-    part by g(x_i)/x_i (Daleckii–Krein; Higham, Functions of Matrices, Thm. 3.11 and
-    Sec. 8.1), all bounded by sup over the spectrum's hull of max(|g′(x)|, |g(x)/x|).
-    G_T = 1 (the last rounding is not amplified). G_0 is the gain for the input rounding.
-
-    Computed exactly, not sampled: the step-t hull [l_t, h_t] is the image of [lo, hi] under
-    p_t ∘ … ∘ p_1, built one step at a time from each quintic's closed-form critical points;
-    sup |g_t′| is taken over l_t, h_t and the roots of g_t″ (as ``ns_lipschitz``), sup |g_t(x)/x|
-    over l_t, h_t and the roots of g_t′ − g_t/x (the derivative of g_t(x)/x times x), with
-    g_t(x)/x = Π_s p_s(x_{s−1})/x_{s−1} (Π a at x = 0). Root sets are cached per (table, interval scale).
-    Shapes: -> (T + 1,) float64; ``lo = 0`` (rank-deficient or unknown spectrum) gives
-    G_0 = sup|f′| on [0, hi] = ``ns_lipschitz(table, 0, hi)`` (mean value theorem).
-    Raises: ValueError unless 0 <= lo < hi, or for a malformed table.
-    """
-    table = as_coefficients(coefficients)
-    lo, hi = _check_interval(lo, hi)
-    hulls = _step_hulls(table, lo, hi)
-    gains = np.ones(len(table) + 1)
-    for t, (l_t, h_t) in enumerate(hulls[:-1]):
-        rest = table[t:]
-        x = np.concatenate([_candidates("f2", rest, l_t, h_t), _candidates("ratio", rest, l_t, h_t)])
-        gains[t] = max(float(np.max(np.abs(ns_derivative(x, rest)))), float(np.max(np.abs(_ratio(x, rest)))))
-    return gains
-
-
-def _ratio(x: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """f(x)/x = Π_t p_t(x_{t−1})/x_{t−1} = Π_t (a_t + b_t y + c_t y²), y = x_{t−1}²: no division,
-    accurate for tiny and subnormal x, and Π a_t = f′(0) at x = 0."""
-    y = np.asarray(x, dtype=np.float64)
-    q = np.ones_like(y)
-    for a, b, c in table:
-        y2 = y * y
-        factor = a + y2 * (b + c * y2)
-        q, y = q * factor, y * factor
-    return q
-
-
 def ns_diagonal_gain(x, coefficients) -> np.ndarray:
-    """Σ_{t=0}^{T} |∂x_T/∂x_t| along the exact trajectory x_t = p_t(…p_1(x)), elementwise.
+    """First-order gain of one singular value through a Newton–Schulz schedule: Σ_t |∂x_T/∂x_t|.
 
-    First-order gain of one singular value: a perturbation δ of the step-t iterate's
-    i-th singular value (for a simple singular value δ = uᵢᵀ E vᵢ to first order; Stewart &
-    Sun, Matrix Perturbation Theory, 1990, ch. V) moves the output's i-th singular value by
-    |∂x_T/∂x_t|·δ;
-    summing over the input rounding (t = 0) and the T steps gives this gain (t = T counts 1).
-    Shapes: x (...) float -> (...) float64.
-    Raises: ValueError for a malformed table.
+    Along the exact trajectory x_t = p_t(…p_1(x)), a perturbation δ of the step-t iterate's i-th
+    singular value (δ = uᵢᵀ E vᵢ to first order for a simple singular value) moves the output's by
+    |∂x_T/∂x_t|·δ = Π_{s>t} |p_s′(x_{s−1})|·δ; the sum runs over the input rounding (t = 0) and the
+    T steps (t = T counts 1).
+
+    Parameters
+    ----------
+    x : array_like of float, shape (...)
+        Normalized singular values σ̂ of the input.
+    coefficients : (T, 3) array_like of float
+        Rows (a_t, b_t, c_t), one per step, or one (3,) row.
+
+    Returns
+    -------
+    float64 ndarray, shape (...)
+        The gain, dimensionless, >= 1.
+
+    Raises
+    ------
+    ValueError
+        If `coefficients` is not a finite (T, 3) table.
+
+    References
+    ----------
+    G. W. Stewart, J.-G. Sun, Matrix Perturbation Theory, Academic Press, 1990, ch. V (first-order
+    perturbation of a simple singular value).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import ns_diagonal_gain
+    >>> cubic = [[1.5, -0.5, 0.0]] * 3
+    >>> ns_diagonal_gain(np.array([1.0]), cubic).tolist()  # p′(1) = 0: only the last step counts
+    [1.0]
+    >>> bool(np.isclose(ns_diagonal_gain(0.0, cubic), 1 + 1.5 + 1.5 ** 2 + 1.5 ** 3))
+    True
     """
     table = as_coefficients(coefficients)
     _, d1, _ = _trajectory(np.asarray(x, dtype=np.float64), table)
@@ -478,21 +337,3 @@ def ns_diagonal_gain(x, coefficients) -> np.ndarray:
         run = run * np.abs(p1)
         total = total + run
     return total
-
-
-def ns_step_magnitudes(coefficients, lo: float, hi: float) -> np.ndarray:
-    """S_t = sup (|a_t|x + |b_t|x³ + |c_t|x⁵) over the step-t input spectrum, t = 1..T.
-
-    The rounding committed while evaluating step t is relative to the sizes of its terms
-    (aX, bA X, cA² X), not to their sum, which cancels: for polar_express step 1 at x = 1 the
-    terms are ~47 times the result. With σ̂ in [lo, hi] the step-t input spectrum lies in the
-    hull [l_{t−1}, h_{t−1}] of |x_{t−1}| (computed exactly, as in ``ns_step_gains``), and the
-    term sum increases with x ≥ 0, so S_t is its value at h_{t−1}.
-    Shapes: -> (T,) float64.
-    Raises: ValueError unless 0 <= lo < hi, or for a malformed table.
-    """
-    table = as_coefficients(coefficients)
-    lo, hi = _check_interval(lo, hi)
-    x = np.array([h for _, h in _step_hulls(table, lo, hi)[:-1]])
-    a, b, c = np.abs(table).T
-    return x * (a + x * x * (b + c * x * x))

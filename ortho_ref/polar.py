@@ -19,19 +19,51 @@ __all__ = ["polar", "polar_condition", "polar_decomposition", "singular_values",
 
 
 def polar(a, digits: int | None = None) -> np.ndarray:
-    """Polar factor U_p = U Vᵀ of A = U Σ Vᵀ (thin SVD).
+    """Polar factor U_p = W Vᵀ of A = W Σ Vᵀ (thin SVD), in float64 or to a given number of digits.
 
-    Shapes: a (m, n) float -> (m, n) float64. For m >= n the columns of the result are
-    orthonormal (U_pᵀ U_p = I_n); for m < n its rows are (U_p U_pᵀ = I_m). When A is rank
-    deficient the polar factor is not unique; this returns the one built from the SVD.
-    With ``digits`` (an int in [16, 1000], m, n <= 64) the result is computed by mpmath and
-    returned as an (m, n) object array of ``mpmath.mpf`` exact to ``digits`` decimal digits
-    (``ortho_ref.mp.polar``: singular values below σ₁·10^-(digits+10) count as zero there).
-    Source: Higham, Functions of Matrices (2008), Thm. 8.1; scipy.linalg.polar.
-    Raises: TypeError for non-float dtypes; ValueError if ``a`` is not 2-D, empty, or not finite;
-    with ``digits``: TypeError for a non-integer, ValueError outside [16, 1000] or for m or n > 64.
-    Contract: exact up to the float64 SVD (backward stable, LAPACK gesdd); with ``digits``,
-    within 10^-digits of the exact value in every entry.
+    For m >= n the columns of U_p are orthonormal (U_pᵀ U_p = I_n), for m < n its rows are
+    (U_p U_pᵀ = I_m). U_p is the orthogonal factor of the right polar decomposition A = U_p H and the
+    nearest matrix with orthonormal columns (rows) to A in every unitarily invariant norm. When A is
+    rank deficient the polar factor is not unique; this returns the one built from the SVD.
+
+    Parameters
+    ----------
+    a : (m, n) array_like of float16, float32 or float64
+        The matrix; m, n >= 1, finite.
+    digits : int, optional
+        Default None: float64 by the LAPACK SVD. An int in [16, 1000] (and m, n <= 64): computed by
+        mpmath (``ortho_ref.mp.polar``) at the float64 value of `a`, exact to `digits` decimal digits
+        in every entry; singular values below σ₁·10^-(digits + 10) count as zero there.
+
+    Returns
+    -------
+    (m, n) float64 ndarray or (m, n) object ndarray of mpmath.mpf
+        The polar factor, dimensionless; exact up to the backward-stable float64 SVD (LAPACK gesdd),
+        or within 10^-digits of the exact value in every entry with `digits`.
+
+    Raises
+    ------
+    TypeError
+        If `a` has a non-float dtype, or `digits` is not an integer.
+    ValueError
+        If `a` is not 2-D, is empty or holds NaN or Inf; with `digits`, if it is outside [16, 1000]
+        or m or n exceeds 64.
+
+    References
+    ----------
+    N. J. Higham, Functions of Matrices: Theory and Computation, SIAM, 2008, Thm. 8.1 and
+    Sec. 8.1; ``scipy.linalg.polar``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import polar
+    >>> a = np.array([[2.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
+    >>> u = polar(a)
+    >>> bool(np.allclose(u.T @ u, np.eye(2)))
+    True
+    >>> bool(np.allclose(polar(np.diag([2.0, 5.0])), np.eye(2)))
+    True
     """
     if digits is not None:
         return mp.polar(a, digits)
@@ -40,20 +72,48 @@ def polar(a, digits: int | None = None) -> np.ndarray:
 
 
 def polar_condition(a) -> float:
-    """Absolute condition number of the polar factor in the Frobenius norm (real perturbations).
+    """Absolute condition number of the polar factor in the Frobenius norm, for real perturbations.
 
-        m = n:   2 / (σ_n + σ_{n−1})        (0 for a nonzero 1 × 1 matrix: sign(a) is locally constant)
-        m ≠ n:   1 / σ_k,  k = min(m, n)
-        inf when rank(A) < k (σ_k = 0: the polar factor is not unique, hence not continuous).
+    With σ_1 >= ... >= σ_k the singular values of A, k = min(m, n)::
 
-    To first order ‖U_p(A + E) − U_p(A)‖_F ≤ polar_condition(A)·‖E‖_F, with equality for some E.
-    Derivation: with A = W Σ Vᵀ and Ẽ = Wᵀ E V, the derivative is W K Vᵀ with
-    K_ij = (Ẽ_ij − Ẽ_ji)/(σ_i + σ_j) for i ≠ j, K_ii = 0, plus, for m > n, the block
-    (I − W Wᵀ) E V Σ⁻¹ Vᵀ (norm up to 1/σ_n); a skew pair (i, j) = (n−1, n) gives 2/(σ_{n−1} + σ_n).
-    A wide A is the transpose of a tall one (U_p(Aᵀ) = U_p(A)ᵀ).
-    Shapes: a (m, n) float -> float (units: 1 / units of A).
-    Source: Higham, Functions of Matrices (2008), Thm. 8.9 (after Kenney & Laub 1991).
-    Raises: as ``polar``.
+        m = n:   2 / (σ_n + σ_{n-1})     (0 for a nonzero 1 × 1 matrix: sign(a) is locally constant)
+        m ≠ n:   1 / σ_k
+        inf      when σ_k = 0 (the polar factor is not unique, hence not continuous).
+
+    To first order ‖U_p(A + E) − U_p(A)‖_F <= polar_condition(A)·‖E‖_F, with equality for some E
+    (the derivation is in docs/math.md, §1.1).
+
+    Parameters
+    ----------
+    a : (m, n) array_like of float16, float32 or float64
+        The matrix; m, n >= 1, finite.
+
+    Returns
+    -------
+    float
+        The condition number, in 1 / (units of `a`); ``math.inf`` for a rank-deficient `a`.
+
+    Raises
+    ------
+    TypeError
+        If `a` has a non-float dtype.
+    ValueError
+        If `a` is not 2-D, is empty or holds NaN or Inf.
+
+    References
+    ----------
+    N. J. Higham, Functions of Matrices: Theory and Computation, SIAM, 2008, Thm. 8.9; C. Kenney,
+    A. J. Laub, "Polar decomposition and matrix sign function condition estimates", SIAM J. Sci.
+    Stat. Comput. 12(3), 1991.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import polar_condition
+    >>> polar_condition(np.diag([4.0, 2.0, 1.0]))
+    0.6666666666666666
+    >>> polar_condition(np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]]))
+    inf
     """
     s = singular_values(a)
     m, n = np.shape(a)
@@ -65,12 +125,44 @@ def polar_condition(a) -> float:
 
 
 def polar_decomposition(a) -> tuple[np.ndarray, np.ndarray]:
-    """Right polar decomposition A = U_p H with H = V Σ Vᵀ = (AᵀA)^{1/2}.
+    """Right polar decomposition A = U_p H, with H = V Σ Vᵀ = (AᵀA)^(1/2).
 
-    Shapes: a (m, n) float -> (U_p (m, n) float64, H (n, n) float64, symmetric positive
-    semidefinite). Same convention as ``scipy.linalg.polar(a, side="right")``.
-    Source: Higham, Functions of Matrices (2008), Thm. 8.1.
-    Raises: as ``polar``.
+    The same convention as ``scipy.linalg.polar(a, side="right")``; U_p is ``polar(a)``.
+
+    Parameters
+    ----------
+    a : (m, n) array_like of float16, float32 or float64
+        The matrix; m, n >= 1, finite.
+
+    Returns
+    -------
+    u : (m, n) float64 ndarray
+        The polar factor, dimensionless.
+    h : (n, n) float64 ndarray
+        Symmetric positive semidefinite, in the units of `a` (symmetrized exactly).
+
+    Raises
+    ------
+    TypeError
+        If `a` has a non-float dtype.
+    ValueError
+        If `a` is not 2-D, is empty or holds NaN or Inf.
+
+    References
+    ----------
+    N. J. Higham, Functions of Matrices: Theory and Computation, SIAM, 2008, Thm. 8.1;
+    ``scipy.linalg.polar``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import polar_decomposition
+    >>> a = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    >>> u, h = polar_decomposition(a)
+    >>> u.shape, h.shape
+    ((3, 2), (2, 2))
+    >>> bool(np.allclose(u @ h, a)), bool(np.all(np.linalg.eigvalsh(h) > 0))
+    (True, True)
     """
     u, s, vt = svd(a)
     h = (vt.T * s) @ vt
@@ -78,8 +170,37 @@ def polar_decomposition(a) -> tuple[np.ndarray, np.ndarray]:
 
 
 def singular_values(a) -> np.ndarray:
-    """Singular values of ``a`` in descending order, float64, shape (min(m, n),).
+    """Singular values of a matrix in descending order, in float64.
 
-    Raises: as ``polar``.
+    Computed by LAPACK ``gesdd`` without the singular vectors.
+
+    Parameters
+    ----------
+    a : (m, n) array_like of float16, float32 or float64
+        The matrix; m, n >= 1, finite.
+
+    Returns
+    -------
+    (min(m, n),) float64 ndarray
+        σ_1 >= ... >= σ_k >= 0, in the units of `a`.
+
+    Raises
+    ------
+    TypeError
+        If `a` has a non-float dtype.
+    ValueError
+        If `a` is not 2-D, is empty or holds NaN or Inf.
+
+    References
+    ----------
+    E. Anderson et al., LAPACK Users' Guide, 3rd ed., SIAM, 1999 (``dgesdd``), through
+    ``scipy.linalg.svd``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import singular_values
+    >>> singular_values(np.array([[0.0, 2.0], [1.0, 0.0]])).tolist()
+    [2.0, 1.0]
     """
     return scipy.linalg.svd(as_matrix(a, "a"), compute_uv=False, lapack_driver="gesdd", check_finite=False)

@@ -60,13 +60,47 @@ def _heads(num_heads, num_kv_heads) -> tuple[int, int]:
 
 
 def qk_clip_factors(max_logits, *, threshold: float, num_heads: int, num_kv_heads: int | None = None) -> np.ndarray:
-    """Per key group clip factor γ_g = min(1, τ / max_{h in g} S_max^h), exactly 1 where no head exceeds τ.
+    """Per key group QK-clip factor γ_g = min(1, τ / max over h in g of S_max^h).
 
-    Shapes: max_logits (num_heads,) float -> (num_kv_heads,) float64 (num_kv_heads None: num_heads).
-    Units: logits are the attention scores before softmax (q·k / √d, as the model computes them).
-    Source: Kimi K2 (arXiv 2507.20534), Algorithm 1; GQA grouping as Megatron-LM ``clip_qk``.
-    Raises: ValueError naming the argument for a threshold that is not finite and > 0, head counts
-    that are not positive or do not divide, logits of the wrong shape or not finite.
+    Group g holds the query heads h = g·r, ..., g·r + r − 1, r = num_heads / num_kv_heads. A group
+    whose heads all have S_max^h <= τ gets exactly 1; with num_kv_heads = num_heads this is Kimi K2's
+    per-head γ_h = τ / S_max^h where S_max^h > τ.
+
+    Parameters
+    ----------
+    max_logits : (num_heads,) array_like of float
+        S_max^h, each query head's largest attention logit (pre-softmax q·k / √d, as the model
+        computes it) over the batch; finite.
+    threshold : float
+        τ, in logit units; finite and > 0.
+    num_heads : int
+        Query heads, >= 1.
+    num_kv_heads : int, optional
+        Key (and value) heads, dividing `num_heads`. Default None: `num_heads` (no grouping).
+
+    Returns
+    -------
+    (num_kv_heads,) float64 ndarray
+        γ_g in (0, 1].
+
+    Raises
+    ------
+    TypeError
+        If `max_logits` is not real numbers.
+    ValueError
+        Naming the argument: `threshold` not finite and > 0; head counts not positive integers or
+        not dividing; `max_logits` of the wrong shape or not finite.
+
+    References
+    ----------
+    Kimi Team, "Kimi K2: Open Agentic Intelligence", arXiv 2507.20534, 2025, Sec. 2.1, Algorithm 1
+    (MuonClip); grouped-query attention as Megatron-LM ``SelfAttention.clip_qk``.
+
+    Examples
+    --------
+    >>> from ortho_ref import qk_clip_factors
+    >>> qk_clip_factors([50.0, 200.0, 80.0, 100.0], threshold=100.0, num_heads=4, num_kv_heads=2).tolist()
+    [0.5, 1.0]
     """
     h, kv = _heads(num_heads, num_kv_heads)
     tau = float(threshold)
@@ -109,15 +143,59 @@ def _head_dim(rows: int, heads: int, name: str, head_dim: int | None) -> int:
 
 def qk_clip(w_q, w_k, max_logits, *, threshold: float, alpha: float = 0.5, num_heads: int,
             num_kv_heads: int | None = None, head_dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """QK-clip of separate query and key projections: (W_q', W_k') with W_q^h · γ_g^α, W_k^g · γ_g^(1−α).
+    """QK-clip of separate query and key projections: W_q^h ← γ_g^α·W_q^h, W_k^g ← γ_g^(1−α)·W_k^g.
 
-    Shapes: w_q (num_heads·d, n), w_k (num_kv_heads·d, n), max_logits (num_heads,) -> two float64
-    arrays of the same shapes (new arrays; the inputs are not changed). ``head_dim`` d: None
-    infers it from w_q's rows (the key must then have the same head size).
-    Source: Kimi K2 (arXiv 2507.20534), Algorithm 1 (α = 0.5: √γ on each side); GQA as
-    ``qk_clip_factors``.
-    Raises: ValueError / TypeError naming the argument (see ``qk_clip_factors``; weights not 2-D,
-    not finite, rows not heads × head_dim, different column counts; alpha outside [0, 1]).
+    γ_g from ``qk_clip_factors``; every logit of group g is multiplied by exactly γ_g (q·k is
+    bilinear), so no head exceeds τ on the same batch afterwards. The inputs are not modified.
+
+    Parameters
+    ----------
+    w_q : (num_heads·d, n) array_like of float
+        The query projection, num_heads blocks of d rows (PyTorch's (fan_out, fan_in) layout).
+    w_k : (num_kv_heads·d, n) array_like of float
+        The key projection, num_kv_heads blocks of d rows.
+    max_logits : (num_heads,) array_like of float
+        S_max^h per query head, in logit units.
+    threshold : float
+        τ, finite and > 0.
+    alpha : float, default 0.5
+        The query side's share α of the factor, in [0, 1] (Kimi K2: 0.5).
+    num_heads : int
+        Query heads, >= 1.
+    num_kv_heads : int, optional
+        Key (and value) heads, dividing `num_heads`. Default None: `num_heads` (no grouping).
+    head_dim : int, optional
+        d. Default None: inferred from `w_q`'s rows (the key must have the same head size).
+
+    Returns
+    -------
+    w_q : (num_heads·d, n) float64 ndarray
+        The clipped query projection.
+    w_k : (num_kv_heads·d, n) float64 ndarray
+        The clipped key projection.
+
+    Raises
+    ------
+    TypeError
+        If a weight has a non-float dtype or `max_logits` is not real numbers.
+    ValueError
+        Naming the argument: as ``qk_clip_factors``; a weight not 2-D or not finite, rows that are
+        not heads × head_dim, different column counts, or `alpha` outside [0, 1].
+
+    References
+    ----------
+    Kimi Team, "Kimi K2: Open Agentic Intelligence", arXiv 2507.20534, 2025, Sec. 2.1, Algorithm 1.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref.qk_clip import qk_clip
+    >>> rng = np.random.default_rng(0)
+    >>> w_q, w_k = rng.standard_normal((2, 2, 4))  # one head, head_dim 2, n = 4
+    >>> x = rng.standard_normal(4)
+    >>> q2, k2 = qk_clip(w_q, w_k, [400.0], threshold=100.0, num_heads=1)
+    >>> bool(np.isclose((q2 @ x) @ (k2 @ x), 0.25 * (w_q @ x) @ (w_k @ x)))  # γ = 100 / 400
+    True
     """
     wq, wk = as_matrix(w_q, "w_q"), as_matrix(w_k, "w_k")
     h, kv = _heads(num_heads, num_kv_heads)
@@ -132,13 +210,48 @@ def qk_clip(w_q, w_k, max_logits, *, threshold: float, alpha: float = 0.5, num_h
 
 def qkv_row_heads(*, num_heads: int, num_kv_heads: int | None = None, head_dim: int,
                   layout: str = "concatenated") -> tuple[np.ndarray, np.ndarray]:
-    """Which row of a fused QKV weight belongs to which query / key head.
+    """Which row of a fused QKV weight belongs to which query head or key group, and in which role.
 
-    Returns (role, head), each of shape ((num_heads + 2·num_kv_heads)·head_dim,) int: role 0 query,
-    1 key, 2 value; head the query head (role 0) or the key group (roles 1, 2) of that row.
-    Source: nanoGPT ``c_attn`` / Hugging Face fused ``qkv_proj`` ("concatenated"); Megatron-LM
-    ``linear_qkv`` ("grouped", ``SelfAttention.get_query_key_value_tensors``).
-    Raises: ValueError naming ``layout`` or a head count.
+    "concatenated": [Q; K; V] (nanoGPT ``c_attn``, Hugging Face fused ``qkv_proj``). "grouped":
+    num_kv_heads groups of [r·d query rows, d key rows, d value rows] (Megatron-LM ``linear_qkv``),
+    r = num_heads / num_kv_heads.
+
+    Parameters
+    ----------
+    num_heads : int
+        Query heads, >= 1.
+    num_kv_heads : int, optional
+        Key (and value) heads, dividing `num_heads`. Default None: `num_heads` (no grouping).
+    head_dim : int
+        d, rows per head, >= 1.
+    layout : {"concatenated", "grouped"}, default "concatenated"
+        The row order.
+
+    Returns
+    -------
+    role : ((num_heads + 2·num_kv_heads)·head_dim,) int ndarray
+        0 query, 1 key, 2 value, per row.
+    head : ((num_heads + 2·num_kv_heads)·head_dim,) int ndarray
+        The query head (role 0) or the key group (roles 1, 2) of each row.
+
+    Raises
+    ------
+    ValueError
+        Naming `layout` or a head count that is not a positive integer or does not divide.
+
+    References
+    ----------
+    nanoGPT ``c_attn``; Hugging Face ``qkv_proj``; Megatron-LM
+    ``SelfAttention.get_query_key_value_tensors``.
+
+    Examples
+    --------
+    >>> from ortho_ref import qkv_row_heads
+    >>> role, head = qkv_row_heads(num_heads=2, head_dim=1)
+    >>> role.tolist(), head.tolist()
+    ([0, 0, 1, 1, 2, 2], [0, 1, 0, 1, 0, 1])
+    >>> qkv_row_heads(num_heads=2, head_dim=1, layout="grouped")[0].tolist()
+    [0, 1, 2, 0, 1, 2]
     """
     h, kv = _heads(num_heads, num_kv_heads)
     d = _count(head_dim, "head_dim")
@@ -158,13 +271,56 @@ def qkv_row_heads(*, num_heads: int, num_kv_heads: int | None = None, head_dim: 
 
 def qk_clip_fused(w_qkv, max_logits, *, threshold: float, alpha: float = 0.5, num_heads: int,
                   num_kv_heads: int | None = None, head_dim: int, layout: str = "concatenated") -> np.ndarray:
-    """QK-clip of a fused QKV weight: query rows of head h times γ_g^α, key rows of group g times
-    γ_g^(1−α), value rows unchanged (``qkv_row_heads`` says which row is which).
+    """QK-clip of a fused QKV weight: query rows of head h × γ_g^α, key rows of group g × γ_g^(1−α).
 
-    Shapes: w_qkv ((num_heads + 2·num_kv_heads)·head_dim, n), max_logits (num_heads,) -> a new
-    float64 array of w_qkv's shape.
-    Source: Kimi K2 (arXiv 2507.20534), Algorithm 1; fused layouts as ``qkv_row_heads``.
-    Raises: ValueError / TypeError naming the argument (row count, layout, see ``qk_clip``).
+    Value rows are unchanged; ``qkv_row_heads`` says which row is which and γ_g comes from
+    ``qk_clip_factors``. The input is not modified.
+
+    Parameters
+    ----------
+    w_qkv : ((num_heads + 2·num_kv_heads)·head_dim, n) array_like of float
+        The fused weight, rows in `layout` order.
+    max_logits : (num_heads,) array_like of float
+        S_max^h per query head, in logit units.
+    threshold : float
+        τ, finite and > 0.
+    alpha : float, default 0.5
+        The query side's share α of the factor, in [0, 1].
+    num_heads : int
+        Query heads, >= 1.
+    num_kv_heads : int, optional
+        Key (and value) heads, dividing `num_heads`. Default None: `num_heads` (no grouping).
+    head_dim : int
+        d, rows per head, >= 1.
+    layout : {"concatenated", "grouped"}, default "concatenated"
+        The row order (``qkv_row_heads``).
+
+    Returns
+    -------
+    float64 ndarray
+        The clipped weight, of `w_qkv`'s shape.
+
+    Raises
+    ------
+    TypeError
+        If `w_qkv` has a non-float dtype or `max_logits` is not real numbers.
+    ValueError
+        Naming the argument: as ``qk_clip``; a row count that is not (num_heads + 2·num_kv_heads)·
+        head_dim, or an unknown `layout`.
+
+    References
+    ----------
+    Kimi Team, "Kimi K2: Open Agentic Intelligence", arXiv 2507.20534, 2025, Sec. 2.1, Algorithm 1;
+    fused layouts as ``qkv_row_heads``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import qk_clip_fused
+    >>> w = qk_clip_fused(np.ones((4, 3)), [400.0, 25.0], threshold=100.0, num_heads=2, num_kv_heads=1,
+    ...                   head_dim=1)
+    >>> w[:, 0].tolist()  # γ = 100 / 400: √γ on the query and key rows, value row kept
+    [0.5, 0.5, 0.5, 1.0]
     """
     w = as_matrix(w_qkv, "w_qkv")
     h, kv = _heads(num_heads, num_kv_heads)

@@ -27,9 +27,32 @@ def _betas(betas) -> tuple[float, float]:
 
 
 class AdamWStep(NamedTuple):
-    """Result of ``adamw_step``: new ``weight``, ``exp_avg`` (m), ``exp_avg_sq`` (v), all of
-    the weight's shape; ``step`` t, the number of steps taken including this one; ``update``
-    the direction m̂ / (√v̂ + eps) that was scaled by lr (shape of the weight)."""
+    """Result of ``adamw_step``: the new state and the update direction, all float64.
+
+    Parameters
+    ----------
+    weight : float64 ndarray, shape of the weight
+        W after the step.
+    exp_avg : float64 ndarray, shape of the weight
+        The first moment m after the step.
+    exp_avg_sq : float64 ndarray, shape of the weight
+        The second moment v after the step, in squared gradient units.
+    step : int
+        t, the number of steps taken including this one.
+    update : float64 ndarray, shape of the weight
+        The direction m̂ / (√v̂ + eps) that was multiplied by lr.
+
+    See Also
+    --------
+    adamw_step : The step that returns it.
+
+    Examples
+    --------
+    >>> from ortho_ref import adamw_step
+    >>> out = adamw_step(1.0, 0.5, 0.0, 0.0, 0, lr=0.1, weight_decay=0.0)
+    >>> out._fields
+    ('weight', 'exp_avg', 'exp_avg_sq', 'step', 'update')
+    """
 
     weight: np.ndarray
     exp_avg: np.ndarray
@@ -50,23 +73,66 @@ def adamw_step(
     eps: float = 1e-8,
     weight_decay: float = 1e-2,
 ) -> AdamWStep:
-    """One reference AdamW step (decoupled weight decay), bias-corrected as torch.optim.AdamW.
+    """One reference AdamW step (decoupled weight decay), bias-corrected as ``torch.optim.AdamW``.
 
-    With t = step + 1:
-        m ← β1·m + (1 − β1)·g,            v ← β2·v + (1 − β2)·g²,
-        m̂ = m / (1 − β1ᵗ),                 √v̂ = √v / √(1 − β2ᵗ),
-        W ← W·(1 − lr·weight_decay) − lr · m̂ / (√v̂ + eps).
-    eps is added to the bias-corrected √v̂ and the decay uses lr·weight_decay (torch). With
-    eps = 0, a coordinate with m = v = 0 gets update 0 (the limit eps → 0; torch gives NaN).
+    With t = step + 1::
 
-    Shapes: weight, grad, exp_avg, exp_avg_sq any common shape (0-D included), float ->
-    AdamWStep of float64 arrays of that shape. ``step``: the number of steps already taken
-    (torch's ``state["step"]`` before the call; 0 for fresh state). Defaults: torch.optim.AdamW's.
-    Source: Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019
-    (arXiv 1711.05101), Algorithm 2; torch.optim.AdamW (``_single_tensor_adam``).
-    Raises: TypeError for non-float arrays; ValueError for shape mismatches, NaN/Inf, a
-    negative ``exp_avg_sq``, step not an integer >= 0, lr/eps/weight_decay < 0 or betas
-    outside [0, 1).
+        m ← β1·m + (1 − β1)·g,        v ← β2·v + (1 − β2)·g²,
+        m̂ = m / (1 − β1ᵗ),            √v̂ = √v / √(1 − β2ᵗ),
+        W ← W·(1 − lr·weight_decay) − lr·m̂ / (√v̂ + eps).
+
+    eps is added to the bias-corrected √v̂ (torch). With eps = 0 a coordinate with m = v = 0 gets
+    update 0 (the limit eps → 0; torch gives NaN). The inputs are not modified.
+
+    Parameters
+    ----------
+    weight : array_like of float, any shape (0-D included)
+        W before the step.
+    grad : array_like of float, shape of `weight`
+        The gradient g.
+    exp_avg : array_like of float, shape of `weight`
+        The first moment m before the step (zeros for fresh state).
+    exp_avg_sq : array_like of float, shape of `weight`
+        The second moment v before the step, >= 0 (zeros for fresh state).
+    step : int
+        The number of steps already taken, >= 0 (torch's ``state["step"]`` before the call).
+    lr : float
+        The learning rate, >= 0.
+    betas : tuple of float, default (0.9, 0.999)
+        (β1, β2), each in [0, 1).
+    eps : float, default 1e-8
+        Added to √v̂, in gradient units; >= 0.
+    weight_decay : float, default 1e-2
+        Decoupled decay, multiplied by lr; >= 0.
+
+    Returns
+    -------
+    AdamWStep
+        ``(weight, exp_avg, exp_avg_sq, step, update)``: the new state (float64, shape of `weight`),
+        t, and the direction m̂ / (√v̂ + eps).
+
+    Raises
+    ------
+    TypeError
+        If an array has a non-float dtype.
+    ValueError
+        If a shape differs from `weight`'s, an array holds NaN or Inf, `exp_avg_sq` is negative,
+        `step` is not an integer >= 0, `lr`, `eps` or `weight_decay` is negative, or `betas` is not a
+        pair in [0, 1).
+
+    References
+    ----------
+    I. Loshchilov, F. Hutter, "Decoupled Weight Decay Regularization", ICLR 2019, arXiv 1711.05101,
+    Algorithm 2; ``torch.optim.AdamW`` (``_single_tensor_adam``), whose defaults these are.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import adamw_step
+    >>> out = adamw_step(np.ones(2), np.array([0.5, -2.0]), np.zeros(2), np.zeros(2), 0, lr=0.1,
+    ...                  eps=0.0, weight_decay=0.0)
+    >>> out.update.tolist(), out.weight.tolist(), out.step
+    ([1.0, -1.0], [0.9, 1.1], 1)
     """
     w = _as_array(weight, "weight")
     g = as_like(grad, "grad", w.shape)
@@ -100,9 +166,29 @@ def _safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 
 class LionStep(NamedTuple):
-    """Result of ``lion_step``: new ``weight`` and ``exp_avg`` (m), ``update`` = sign(c) ∈
-    {−1, 0, +1} (sign(0) = 0), the direction scaled by lr, and ``interpolated`` c =
-    β1·m + (1 − β1)·g whose sign it is; all of the weight's shape."""
+    """Result of ``lion_step``: the new state, the update and the interpolation it is the sign of.
+
+    Parameters
+    ----------
+    weight : float64 ndarray, shape of the weight
+        W after the step.
+    exp_avg : float64 ndarray, shape of the weight
+        The momentum m after the step.
+    update : float64 ndarray, shape of the weight
+        sign(c) ∈ {−1, 0, +1} (sign(0) = 0), the direction multiplied by lr.
+    interpolated : float64 ndarray, shape of the weight
+        c = β1·m + (1 − β1)·g, with m before the step.
+
+    See Also
+    --------
+    lion_step : The step that returns it.
+
+    Examples
+    --------
+    >>> from ortho_ref import lion_step
+    >>> lion_step(1.0, 0.5, 0.0, lr=0.1)._fields
+    ('weight', 'exp_avg', 'update', 'interpolated')
+    """
 
     weight: np.ndarray
     exp_avg: np.ndarray
@@ -111,19 +197,58 @@ class LionStep(NamedTuple):
 
 
 def lion_step(weight, grad, exp_avg, *, lr: float, betas=(0.9, 0.99), weight_decay: float = 0.0) -> LionStep:
-    """One reference Lion step (evoLved sIgn mOmeNtum):
+    """One reference Lion step (evoLved sIgn mOmeNtum).
 
-        c = β1·m + (1 − β1)·g,   W ← W·(1 − lr·weight_decay) − lr·sign(c),
+    ::
+
+        c = β1·m + (1 − β1)·g,    W ← W·(1 − lr·weight_decay) − lr·sign(c),
         m ← β2·m + (1 − β2)·g.
 
-    Shapes: weight, grad, exp_avg any common shape (0-D included), float -> LionStep of
-    float64 arrays of that shape. Defaults: betas (0.9, 0.99) and weight_decay 0 as the
-    paper and lucidrains/lion-pytorch (Megatron uses betas (0.95, 0.98)).
-    Source: Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS 2023
-    (arXiv 2302.06675), the Lion algorithm (Algorithm 2, beside AdamW's Algorithm 1);
-    microsoft/dion ``lion_update``.
-    Raises: TypeError for non-float arrays; ValueError for shape mismatches, NaN/Inf,
-    lr/weight_decay < 0 or betas outside [0, 1].
+    The inputs are not modified.
+
+    Parameters
+    ----------
+    weight : array_like of float, any shape (0-D included)
+        W before the step.
+    grad : array_like of float, shape of `weight`
+        The gradient g.
+    exp_avg : array_like of float, shape of `weight`
+        The momentum m before the step (zeros for fresh state).
+    lr : float
+        The learning rate, >= 0, in the units of `weight` (the update has entries ±1, 0).
+    betas : tuple of float, default (0.9, 0.99)
+        (β1, β2), each in [0, 1]; the paper's and lucidrains/lion-pytorch's default (Megatron uses
+        (0.95, 0.98)).
+    weight_decay : float, default 0.0
+        Decoupled decay, multiplied by lr; >= 0.
+
+    Returns
+    -------
+    LionStep
+        ``(weight, exp_avg, update, interpolated)``, float64 arrays of the shape of `weight`.
+
+    Raises
+    ------
+    TypeError
+        If an array has a non-float dtype.
+    ValueError
+        If a shape differs from `weight`'s, an array holds NaN or Inf, `lr` or `weight_decay` is
+        negative, or `betas` is not a pair in [0, 1].
+
+    References
+    ----------
+    X. Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS 2023, arXiv 2302.06675,
+    Algorithm 2; microsoft/dion ``lion_update``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortho_ref import lion_step
+    >>> out = lion_step(np.ones(3), np.array([2.0, -0.5, 0.0]), np.zeros(3), lr=0.1)
+    >>> out.update.tolist(), out.weight.tolist()
+    ([1.0, -1.0, 0.0], [0.9, 1.1, 1.0])
+    >>> bool(np.allclose(out.exp_avg, [0.02, -0.005, 0.0]))
+    True
     """
     w = _as_array(weight, "weight")
     g = as_like(grad, "grad", w.shape)
