@@ -13,10 +13,10 @@ from torch import nn
 
 from .coefficients import CoefficientsLike
 from .compat import DION_CONFIG_ALIASES, MUON_CONFIG_ALIASES, Alias, apply_aliases
-from .grouping import HYBRID_DEFAULTS, LION_SCALAR_BETAS, param_groups
 from .groups.dion import DION_DEFAULTS
 from .groups.muon import MUON_DEFAULTS
 from .hybrid_optimizer import HybridOptimizer
+from .param_assignment import HYBRID_DEFAULTS, LION_SCALAR_BETAS, param_groups
 
 
 def accepts_aliases(aliases: tuple[Alias, ...], algorithm_defaults: Mapping[str, Any], options_field: str,
@@ -64,7 +64,7 @@ def accepts_aliases(aliases: tuple[Alias, ...], algorithm_defaults: Mapping[str,
 class _HybridConfig:
     """Fields shared by ``MuonConfig`` and ``DionConfig`` (the scalar side and the grouping).
 
-    Every default not given here is the algorithm's row of ``ortho_fast.grouping.HYBRID_DEFAULTS``,
+    Every default not given here is the algorithm's row of ``ortho_fast.param_assignment.HYBRID_DEFAULTS``,
     the table ``param_groups`` takes its defaults from too (docs/compatibility.md, "Whole-model
     defaults"): ``build(model)`` and ``HybridOptimizer(param_groups(model, algorithm=..., ...))``
     with the same arguments give the same groups."""

@@ -3,10 +3,10 @@
 ``HybridOptimizer`` drives param groups whose ``algorithm`` is "muon", "dion", "adamw" or
 "lion" through each algorithm's param-group contract (``ortho_fast.groups.algorithms``:
 ``<ALG>_DEFAULTS``, ``normalize_<alg>_group``, ``check_<alg>_step``, ``<alg>_group_step``) and the
-one check-then-step driver (``ortho_fast.groups.driver``). ``param_groups`` (``ortho_fast.grouping``)
-splits a model's parameters the way OLMo-core, Motif, Megatron and microsoft/dion do, and
+one check-then-step driver (``ortho_fast.groups.driver``). ``param_groups`` (``ortho_fast.param_assignment``)
+assigns a model's parameters the way OLMo-core, Motif, Megatron and microsoft/dion do, and
 ``MuonConfig`` / ``DionConfig`` (``ortho_fast.config``) build the optimizer with those systems'
-defaults; ``ortho_fast.hybrid`` gathers all of them.
+defaults; the three are importable from ``ortho_fast``.
 """
 
 from __future__ import annotations

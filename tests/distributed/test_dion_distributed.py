@@ -24,6 +24,7 @@ from hypothesis import given, settings, strategies as st
 
 import ortho_fast
 from ortho_fast.distributed.dion import dion_check_volume, dion_comm_volume
+from ortho_fast.functional.dion import dion_rank
 from ortho_verify.tolerances import sharded_tolerance
 from ortho_verify.workers import run_workers
 from tests.distributed.dion_workers import CASES, F64, IN, MESHES, OUT, REP, Case, option_items, worker
@@ -104,7 +105,7 @@ def _analytic(case: Case, world: int) -> dict[str, int]:
     total: dict[str, int] = {}
     for pshape, codes in case.params:
         m, n = pshape[0], math.prod(pshape[1:])
-        r = ortho_fast.dion_rank(m, n, dict(case.options).get("rank_fraction", 1.0))
+        r = dion_rank(m, n, dict(case.options).get("rank_fraction", 1.0))
         sharded = [(c, shape[d]) for d, c in enumerate(codes or ()) if c != "R"]
         rows = [s for c, s in sharded if c.endswith("S0")]
         cols = [s for c, s in sharded if not c.endswith("S0")]

@@ -15,6 +15,8 @@ import ortho_fast
 import ortho_ref
 from ortho_fast import Dion
 from ortho_fast.dion import sketch_rows
+from ortho_fast.functional.dion import dion_update, initial_q
+from ortho_fast.functional.qr import gaussian_sketch, sketch_generator
 from ortho_verify import tolerances as tol
 from tests.ortho_fast.helpers import DION_SEED, rng_for, spectral_matrix
 
@@ -33,9 +35,9 @@ def _sketches(opts, shape, r, step, dtype, index=0):
     k = sketch_rows(r, opts.get("oversample", 1.25))
     if opts.get("qr_method") != "randomized_cholesky_qr" or k >= rows:
         return None
-    gen = ortho_fast.sketch_generator(DION_SEED, index, step, "cpu")
+    gen = sketch_generator(DION_SEED, index, step, "cpu")
     f_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-    return [ortho_fast.gaussian_sketch(gen, k, rows, f_dtype, "cpu").double().numpy()
+    return [gaussian_sketch(gen, k, rows, f_dtype, "cpu").double().numpy()
             for _ in range(opts.get("power_iters", 1))]
 
 
@@ -165,8 +167,8 @@ def test_one_step_property(m, n, log_cond, rank_fraction, power_iters, qr_method
     b = (mom + g).numpy()
     b = b.T if m < n else b
     gen = torch.Generator().manual_seed(seed)
-    upd = ortho_fast.dion_update(x, g, mom, q, lr=LR, mu=MU, weight_decay=WD, epsilon=1e-8, power_iters=power_iters,
-                                 qr_method=qr_method, right_factor=right_factor, generator=gen)
+    upd = dion_update(x, g, mom, q, lr=LR, mu=MU, weight_decay=WD, epsilon=1e-8, power_iters=power_iters,
+                      qr_method=qr_method, right_factor=right_factor, generator=gen)
     p, r_mat = upd.P.numpy(), upd.R.numpy()
     omega = float(np.linalg.norm(p.T @ p - np.eye(r)))
     if qr_method != "randomized_cholesky_qr":  # the randomized one's bound needs the sketch (test_dion_bitwise.py)
@@ -199,7 +201,7 @@ def test_several_steps_track_the_reference():
         st_ = opt.state.get(p, {})
         m_in = st_["momentum"].clone().numpy() if st_ else np.zeros(shape)
         q_in = (st_["Q"].clone().numpy() if st_
-                else ortho_fast.initial_q((24, r), DION_SEED, 1, torch.float64, "cpu").numpy())
+                else initial_q((24, r), DION_SEED, 1, torch.float64, "cpu").numpy())
         p.grad = torch.tensor(g)
         opt.step()
         ref_opts = {k: v for k, v in opts.items() if k != "rank_fraction"}

@@ -7,13 +7,14 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import ortho_fast
+from ortho_fast.functional.dion import dion_update
 from ortho_verify import error_feedback as ef
 from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
 
 GAPPED = ef.error_feedback_matrices()
 REAL_LIKE = MatrixCase("test/lowrank-plus-noise/40x24", matrix_with_spectrum(
     np.concatenate([np.geomspace(1, 0.1, 6), np.full(18, 1e-3)]), 40, 24, np.random.default_rng(1)), "synthetic", "t")
-_real_update = ortho_fast.dion_update
+_real_update = dion_update
 
 
 def _all(case, dtype):
