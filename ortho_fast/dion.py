@@ -6,7 +6,7 @@ The class only owns state and grouping: the per-tensor math is in ``ortho_fast.f
 ``ortho_fast.functional.qr`` (``orthonormalize`` and the sketches), the param-group contract in
 ``ortho_fast.groups.dion`` (``DION_DEFAULTS``, ``normalize_dion_group``, ``check_dion_step``,
 ``dion_group_step``), the sharded step in ``ortho_fast.distributed.dion``
-(``Dion(..., outer_shard_mesh=...)``). Those names stay importable from here.
+(``Dion(..., outer_shard_mesh=...)``); import those names from there.
 """
 
 from __future__ import annotations
@@ -17,29 +17,8 @@ import torch
 from torch.optim import Optimizer
 
 from .compat import DION_ALIASES, aliases_used, apply_aliases, canonical_group, mixed_precision_dtypes, named_as_given
-from .functional.dion import RIGHT_FACTORS, DionUpdate, dion_rank, dion_right_factor, dion_update, initial_q
-from .functional.qr import (
-    CQR2_GRAM_DEVIATION,
-    QR_METHOD_ALIASES,
-    QR_METHODS,
-    RCQR_OVERSAMPLE,
-    WHOLE,
-    WholeDim,
-    gaussian_sketch,
-    orthonormalize,
-    sketch_generator,
-    sketch_rows,
-)
-from .groups.dion import (
-    DION_DEFAULTS,
-    DionGroups,
-    check_dion_step,
-    dion_group_step,
-    dion_state_dtype,
-    init_dion_state,
-    normalize_dion_group,
-    resolve_dion_options,
-)
+from .functional.qr import RCQR_OVERSAMPLE
+from .groups.dion import DION_DEFAULTS, DionGroups, dion_state_dtype, init_dion_state, normalize_dion_group
 from .groups.driver import (
     GroupRunner,
     SchedulerCalls,
@@ -55,11 +34,7 @@ from .groups.state import (
 )
 from .validation import is_dtensor
 
-__all__ = ["CQR2_GRAM_DEVIATION", "DION_DEFAULTS", "Dion", "DionUpdate", "QR_METHODS", "QR_METHOD_ALIASES",
-           "RCQR_OVERSAMPLE", "RIGHT_FACTORS", "WHOLE", "WholeDim", "check_dion_step", "dion_group_step", "dion_rank",
-           "dion_right_factor", "dion_runner", "dion_state_dtype", "dion_update", "gaussian_sketch",
-           "init_dion_groups", "init_dion_state", "initial_q", "normalize_dion_group", "orthonormalize",
-           "plan_dion_group", "resolve_dion_options", "resolve_meshes", "sketch_generator", "sketch_rows"]
+__all__ = ["Dion", "dion_runner", "init_dion_groups", "plan_dion_group", "resolve_meshes"]
 
 
 def resolve_meshes(replicate_mesh=None, outer_shard_mesh=None, inner_shard_mesh=None,

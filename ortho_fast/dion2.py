@@ -33,7 +33,7 @@ from .groups.state import (
 )
 from .validation import is_dtensor
 
-__all__ = ["DION2_DEFAULTS", "DION2_POSITIONAL", "DION2_STATE", "Dion2"]
+__all__ = ["DION2_POSITIONAL", "DION2_STATE", "Dion2"]
 
 #: microsoft/dion ``Dion2``'s parameters after ``flatten``, in its positional order.
 DION2_POSITIONAL = ("use_triton", "use_polar_express", "use_gram_newton_schulz", "newton_schulz_func", "verbose",

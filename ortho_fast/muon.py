@@ -4,7 +4,7 @@ The class only owns state and grouping: the per-tensor math is in ``ortho_fast.f
 (``muon_momentum``, ``orthogonalize``, ``muon_update``) and ``ortho_fast.functional.layout``
 (``muon_layout``), the param-group contract in ``ortho_fast.groups.muon`` (``MUON_DEFAULTS``,
 ``normalize_muon_group``, ``check_muon_step``, ``muon_group_step``), the distributed step in
-``ortho_fast.distributed.muon``. Those names stay importable from here.
+``ortho_fast.distributed.muon``; import those names from there.
 """
 
 from __future__ import annotations
@@ -25,27 +25,9 @@ from .compat import (
     named_as_given,
     to_torch_muon_group,
 )
-from .functional.layout import DROPPED_NAME_COMPONENTS, MuonLayout, is_expert_name, muon_layout
-from .functional.muon import (
-    ADJUST_LR_MODES,
-    MOMENTUM_STYLES,
-    adjusted_lr_scale,
-    muon_momentum,
-    muon_update,
-    orthogonalize,
-)
 from .groups.driver import SchedulerCalls, check_then_step, init_groups_if_compiling, tracks_scheduler_calls
 from .groups.first_state import init_first_state
-from .groups.muon import (
-    MUON_DEFAULTS,
-    MuonGroups,
-    check_muon_step,
-    default_eps_mode,
-    muon_group_step,
-    muon_state_algorithm,
-    normalize_muon_group,
-    resolve_muon_options,
-)
+from .groups.muon import MUON_DEFAULTS, MuonGroups, muon_state_algorithm, normalize_muon_group
 from .groups.qk_clip import check_qk_clip_group, fill_qk_clip_keys, take_qk_clip_options
 from .groups.state import (
     add_param_group_checked,
@@ -57,10 +39,7 @@ from .groups.state import (
 #: torch.optim.Muon's parameters after ``nesterov``, in its positional order.
 TORCH_POSITIONAL = ("ns_coefficients", "eps", "ns_steps", "adjust_lr_fn")
 
-__all__ = ["ADJUST_LR_MODES", "DROPPED_NAME_COMPONENTS", "MOMENTUM_STYLES", "MUON_DEFAULTS", "Muon", "MuonLayout",
-           "adjusted_lr_scale", "check_muon_step", "default_eps_mode", "is_expert_name", "muon_group_step",
-           "muon_layout", "muon_momentum", "muon_update", "normalize_muon_group", "orthogonalize",
-           "resolve_muon_options", "is_mesh"]
+__all__ = ["Muon", "is_mesh"]
 
 
 def is_mesh(value) -> bool:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ortho_fast
-from ortho_fast.distributed.dion import dion_comm_volume
+from ortho_fast.distributed.volumes import dion_comm_volume
 from ortho_fast.functional.dion import initial_q
 from tests.distributed.dion_workers import F64, LR, SEED, seeded_tensor
 

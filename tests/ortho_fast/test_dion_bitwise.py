@@ -15,9 +15,8 @@ import torch
 
 import ortho_fast
 from ortho_fast import Dion
-from ortho_fast.dion import sketch_rows
 from ortho_fast.functional.dion import dion_rank, dion_update, initial_q
-from ortho_fast.functional.qr import gaussian_sketch, orthonormalize, sketch_generator
+from ortho_fast.functional.qr import gaussian_sketch, orthonormalize, sketch_generator, sketch_rows
 from ortho_fast.groups.dion import DION_DEFAULTS, check_dion_step, dion_group_step, normalize_dion_group
 from ortho_verify import tolerances as tol
 from ortho_verify.spectra import matrix_with_spectrum
@@ -145,8 +144,8 @@ def test_state_dict_round_trip_is_bitwise(param_dtype, extra):
 # =======================================================================================
 
 
-@pytest.mark.parametrize("qr_method", ortho_fast.dion.QR_METHODS)
-@pytest.mark.parametrize("right_factor", ortho_fast.dion.RIGHT_FACTORS)
+@pytest.mark.parametrize("qr_method", ortho_fast.functional.qr.QR_METHODS)
+@pytest.mark.parametrize("right_factor", ortho_fast.functional.dion.RIGHT_FACTORS)
 def test_zero_gradient_only_decays(qr_method, right_factor):
     p = torch.nn.Parameter(torch.ones(12, 8, dtype=torch.float64))
     opt = Dion([p], lr=0.1, weight_decay=0.5, rank_fraction=0.5, qr_method=qr_method, right_factor=right_factor, seed=2)

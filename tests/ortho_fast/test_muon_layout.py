@@ -15,8 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from ortho_fast import Muon, newton_schulz
 from ortho_fast.functional.layout import is_expert_name, muon_layout
-from ortho_fast.functional.muon import muon_momentum
-from ortho_fast.muon import ADJUST_LR_MODES
+from ortho_fast.functional.muon import ADJUST_LR_MODES, muon_momentum
 from ortho_fast.param_assignment import normalize_name
 from tests.ortho_fast.helpers import (
     BASE,

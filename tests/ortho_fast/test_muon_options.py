@@ -18,8 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_fast import Muon, newton_schulz
-from ortho_fast.functional.muon import adjusted_lr_scale
-from ortho_fast.muon import ADJUST_LR_MODES
+from ortho_fast.functional.muon import ADJUST_LR_MODES, adjusted_lr_scale
 from tests.ortho_fast.helpers import (
     BASE,
     ROWS,

@@ -71,7 +71,7 @@ def dion_sketches(opts: dict, seed: int, index: int, step: int, rows: int, rank:
     oversample)``, rows = max(m, n) (the working orientation); drawn as the optimizer does
     (``ortho_fast.functional.qr.sketch_generator`` on the CPU, in ``dtype``, the momentum dtype, or float32 for
     bfloat16 / float16). None when the optimizer draws none (another ``qr_method``, or k >= rows).
-    Source: microsoft/dion ``orthogonalize`` (rcqr); ``ortho_fast.dion.gaussian_sketch``.
+    Source: microsoft/dion ``orthogonalize`` (rcqr); ``ortho_fast.functional.qr.gaussian_sketch``.
     """
     k = ortho_ref.sketch_rows(rank, opts.get("oversample", ortho_ref.dion.RCQR_OVERSAMPLE))
     if opts.get("qr_method") != "randomized_cholesky_qr" or k >= rows:

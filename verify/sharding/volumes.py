@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ortho_fast.distributed.dion import dion_comm_volume
-from ortho_fast.distributed.muon import muon_comm_volume
-from ortho_fast.distributed.volumes import dion2_comm_volume
+from ortho_fast.distributed.volumes import dion2_comm_volume, dion_comm_volume, muon_comm_volume
 from ortho_fast.functional.dion import dion_rank
 from ortho_fast.functional.muon_stages import normuon_variance_shape
 from ortho_verify.sharding.layouts import Layout, optimizer_options
