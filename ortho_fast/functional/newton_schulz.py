@@ -341,38 +341,23 @@ def newton_schulz(
 ) -> torch.Tensor:
     """Odd quintic Newton–Schulz iteration approximating the polar factor of each matrix.
 
-    X₀ = G / (safety·‖G‖_F + eps) (``eps_mode="add"``; ``"clamp"`` divides by max(safety·‖G‖_F, eps) as
-    torch.optim.Muon does), then per step (a, b, c): X <- aX + (bA + cA²)X with A = XXᵀ, computed on the
-    wide side (tall inputs are transposed and transposed back). In exact arithmetic the result is
-    U f(Σ̂) Vᵀ (``ortho_ref.ns_map``), not the polar factor U Vᵀ. Each matrix of a batch is an independent
-    problem with its own Frobenius norm (a 2-D input takes torch.optim.Muon's ``addmm`` path, a batch the
-    ``bmm`` / ``baddbmm`` path: equal in exact arithmetic, not bit for bit). Works under ``torch.compile``
-    (fullgraph for torch dtypes; "high" / "highest" switch a global setting and are meant for eager use).
-    NaN / Inf in ``g`` propagate (the optimizers check gradients before calling this). Contract:
-    ‖result − ns_map(g)‖_F within ``ortho_verify.tolerances.ns_tolerance`` per matrix (float16 Gram: per
-    direction within ``ns_gram_singular_value_tolerances``); docs/math.md, §2.
+    X₀ = G / (safety·‖G‖_F + eps), then per step (a, b, c): X <- aX + (bA + cA²)X, A = XXᵀ; exactly U f(Σ̂) Vᵀ
+    (``ortho_ref.ns_map``) within ``ortho_verify.tolerances.ns_tolerance``. docs/math.md, §2.2b, has the details.
 
     Parameters
     ----------
     g : (..., m, n) real floating Tensor
         The matrices; any number of leading dims; must not require grad while grad mode is on.
-    coefficients : str, CoefficientSchedule, sequence of (a, b, c) or (T, 3) Tensor, default "jordan"
-        A name in ``ortho_fast.COEFFICIENTS``, a schedule, or per-step rows (one row alone: 5 steps).
-    steps : int, optional
-        The number of steps (last row repeated beyond the table, fewer truncates); None: the schedule's.
-    safety : float, default 1.0
-        Divides the normalization (> 0; Polar Express uses 1.02).
-    eps : float, default 1e-7
-        Added to (or clamping) the scaled Frobenius norm (≥ 0).
+    coefficients, steps : str, CoefficientSchedule, (a, b, c) rows or (T, 3) Tensor, int, default "jordan", None
+        A name in ``ortho_fast.COEFFICIENTS``, a schedule or rows; the step count (None: the schedule's).
+    safety, eps : float, default 1.0, 1e-7
+        The normalization's divisor of ‖G‖_F (> 0; Polar Express 1.02) and its epsilon (≥ 0).
     dtype : torch.dtype or {"medium", "high", "highest"} or None, default torch.bfloat16
         The compute dtype (bfloat16, float16, float32, float64; None: g.dtype; Megatron's precision names).
-    eps_mode : {"add", "clamp"}, default "add"
-        Keller Jordan's G / (s‖G‖_F + eps) or torch's G / max(s‖G‖_F, eps).
-    out_dtype : torch.dtype, optional
-        The result's real floating dtype; None: g.dtype.
+    eps_mode, out_dtype : {"add", "clamp"}, torch.dtype, default "add", None
+        Keller Jordan's / (s‖G‖_F + eps) or torch's / max(s‖G‖_F, eps); the result's dtype (None: g.dtype).
     gram : bool, optional
-        Gram Newton–Schulz (the same polynomial on the small side's Gram matrix, ``gram_iterate``): None
-        for float32 / float64 compute with max(m, n) ≥ 2·min(m, n); True forces it (float16 / 32 / 64).
+        Gram Newton–Schulz (``gram_iterate``): None for float32 / float64 compute at aspect ratio ≥ 2.
 
     Returns
     -------
@@ -381,27 +366,18 @@ def newton_schulz(
 
     Raises
     ------
-    TypeError
-        A non-tensor or non-float ``g``, an unsupported ``dtype`` or ``out_dtype``, a non-bool ``gram``.
-    ValueError
-        ``gram=True`` with bfloat16 or TF32 ("high") compute, fewer than 2 dims, an empty matrix, a ``g``
-        that requires grad, a bad or divergent table, steps < 1, safety ≤ 0, eps < 0, a bad ``eps_mode``.
-    UnknownScheduleError
-        An unknown schedule name (a KeyError and a ValueError).
+    TypeError, ValueError, UnknownScheduleError
+        Naming the argument: a bad ``g`` (non-float, requires grad, < 2 dims, empty), dtype, table or name.
 
     References
     ----------
-    Keller Jordan's Muon (2024) ``zeropower_via_newtonschulz5``; torch.optim.Muon
-    ``_zeropower_via_newtonschulz``; Amsel et al. 2025, "The Polar Express", arXiv 2505.16932 (per-step
-    rows); NVIDIA Emerging-Optimizers ``muon_utils.newton_schulz`` (precision names); Dao AI Lab's
-    gram-newton-schulz (2025) (Gram Newton–Schulz in float16).
+    KellerJordan/Muon; torch.optim.Muon; Polar Express, arXiv 2505.16932; Dao-AILab/gram-newton-schulz.
 
     Examples
     --------
     >>> import torch, ortho_fast
-    >>> x = ortho_fast.newton_schulz(torch.randn(4, 16), "polar_express", safety=1.02, eps=1e-6)
-    >>> x.shape, x.dtype
-    (torch.Size([4, 16]), torch.float32)
+    >>> ortho_fast.newton_schulz(torch.randn(4, 16), "polar_express", safety=1.02, eps=1e-6).shape
+    torch.Size([4, 16])
     """
     check_matrix_tensor(g, "g")
     if g.requires_grad and torch.is_grad_enabled():
