@@ -2,7 +2,7 @@
 
 One float32 parameter of shape (1024, 4096) with a fixed gradient. Muon runs 5 Newton–
 Schulz steps (torch.optim.Muon's defaults, bf16 and float32 compute); Dion runs one power
-iteration with each QR method ``ortho_fast.dion.QR_METHODS`` provides. Each Dion timing
+iteration with each QR method ``ortho_fast.functional.qr.QR_METHODS`` provides. Each Dion timing
 is divided by the Muon timings taken in the same run.
 
 Run: python benchmarks/dion_vs_muon.py [--quick] [--min-run-time S] [--threads N]
@@ -14,7 +14,7 @@ import torch
 
 from _common import median_seconds, parser, print_table, setup
 from ortho_fast import Dion, Muon
-from ortho_fast.dion import QR_METHODS
+from ortho_fast.functional.qr import QR_METHODS
 
 SHAPE = (1024, 4096)
 RANK_FRACTIONS = (1.0, 1 / 4, 1 / 16)

@@ -23,11 +23,37 @@ import torch
 
 @dataclass(frozen=True)
 class CoefficientSchedule:
-    """A named Newton–Schulz schedule.
+    """A named Newton–Schulz schedule: its per-step odd-quintic rows, normalization and source.
 
-    Attributes: ``rows`` per-step (a, b, c); ``tail`` the row used after ``rows`` runs out;
-    ``default_steps`` the step count its source uses; ``safety``, ``eps`` its normalization;
-    ``source`` paper / code it comes from.
+    Step k maps X ← a_k·X + (b_k·A + c_k·A²)·X with A = X·Xᵀ; ``table(steps)`` gives the rows of a run
+    of ``steps`` steps. The registered schedules are ``ortho_fast.COEFFICIENTS``.
+
+    Parameters
+    ----------
+    name : str
+        The registry name ("jordan", "polar_express", ...).
+    rows : tuple of (a, b, c) float triples
+        The per-step coefficients, in order.
+    tail : (a, b, c) float triple
+        The row used after ``rows`` runs out.
+    default_steps : int
+        The step count its source uses.
+    safety, eps : float
+        Its normalization X₀ = G / (safety·‖G‖_F + eps).
+    source : str
+        The paper or code it comes from.
+
+    References
+    ----------
+    Each schedule's ``source`` (Jordan et al. 2024; Amsel et al. 2025, "The Polar Express",
+    arXiv 2505.16932; ...).
+
+    Examples
+    --------
+    >>> import ortho_fast
+    >>> schedule = ortho_fast.COEFFICIENTS["polar_express"]
+    >>> len(schedule.table(7)), schedule.safety
+    (7, 1.02)
     """
 
     name: str
@@ -39,7 +65,23 @@ class CoefficientSchedule:
     source: str
 
     def table(self, steps: int | None = None) -> list[tuple[float, float, float]]:
-        """Per-step rows for ``steps`` steps (default ``default_steps``); ValueError if steps < 1."""
+        """The per-step rows of a run of ``steps`` steps.
+
+        Parameters
+        ----------
+        steps : int, optional
+            The number of steps (≥ 1); None: ``default_steps``.
+
+        Returns
+        -------
+        list of (a, b, c) float triples
+            ``rows[:steps]``, then ``tail`` for the steps beyond ``rows``.
+
+        Raises
+        ------
+        ValueError
+            Naming ``steps`` when it is not an integer ≥ 1.
+        """
         t = self.default_steps if steps is None else steps
         if not isinstance(t, int) or isinstance(t, bool) or t < 1:
             raise ValueError(f"steps: expected an integer >= 1, got {steps!r}")
@@ -126,9 +168,20 @@ CoefficientsLike = Union[str, CoefficientSchedule, Sequence[Sequence[float]]]
 
 
 class UnknownScheduleError(KeyError, ValueError):
-    """An unknown schedule name: a KeyError (a failed registry look-up; what this package raised
-    before) that is also a ValueError (a bad argument value, what the house rules ask for).
-    ``str()`` gives the message without KeyError's quotes."""
+    """An unknown schedule name: both a KeyError (a failed registry look-up) and a ValueError.
+
+    ``str()`` gives the message without KeyError's quotes; the message names the argument and lists the
+    registered schedules (``ortho_fast.COEFFICIENTS``).
+
+    Examples
+    --------
+    >>> import torch, ortho_fast
+    >>> try:
+    ...     ortho_fast.newton_schulz(torch.eye(3), "nonexistent")
+    ... except ortho_fast.UnknownScheduleError as error:
+    ...     print(isinstance(error, ValueError) and isinstance(error, KeyError))
+    True
+    """
 
     __str__ = ValueError.__str__
 

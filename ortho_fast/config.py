@@ -13,10 +13,10 @@ from torch import nn
 
 from .coefficients import CoefficientsLike
 from .compat import DION_CONFIG_ALIASES, MUON_CONFIG_ALIASES, Alias, apply_aliases
-from .grouping import HYBRID_DEFAULTS, LION_SCALAR_BETAS, param_groups
 from .groups.dion import DION_DEFAULTS
 from .groups.muon import MUON_DEFAULTS
 from .hybrid_optimizer import HybridOptimizer
+from .param_assignment import HYBRID_DEFAULTS, LION_SCALAR_BETAS, param_groups
 
 
 def accepts_aliases(aliases: tuple[Alias, ...], algorithm_defaults: Mapping[str, Any], options_field: str,
@@ -64,7 +64,7 @@ def accepts_aliases(aliases: tuple[Alias, ...], algorithm_defaults: Mapping[str,
 class _HybridConfig:
     """Fields shared by ``MuonConfig`` and ``DionConfig`` (the scalar side and the grouping).
 
-    Every default not given here is the algorithm's row of ``ortho_fast.grouping.HYBRID_DEFAULTS``,
+    Every default not given here is the algorithm's row of ``ortho_fast.param_assignment.HYBRID_DEFAULTS``,
     the table ``param_groups`` takes its defaults from too (docs/compatibility.md, "Whole-model
     defaults"): ``build(model)`` and ``HybridOptimizer(param_groups(model, algorithm=..., ...))``
     with the same arguments give the same groups."""
@@ -109,18 +109,42 @@ class _HybridConfig:
 
 
 def meshes_from_world_mesh(mesh) -> dict:
-    """The distributed arguments of ``HybridOptimizer`` from a world DeviceMesh with named dims,
-    as OLMo-core builds its Dion: ``dp_replicate`` + ``dp_shard`` -> HSDP (replicate mesh, outer
-    shard mesh), any other single ``dp*`` dim -> the outer shard mesh (FSDP; DDP when the
-    parameters are plain tensors), ``tp`` -> the inner shard mesh; gradient sync left to FSDP /
-    DDP (``replicate_mesh_grad_sync=False``). Muon gets the same shard dim as ``distributed_mesh``
-    and ``tp`` as ``tp_mesh`` (its parameters are replicated over ``dp_replicate``, whose gradient
-    all-reduce FSDP does). Other dims (``cp``, ``pp``, ``ep``, ...) are not passed: a parameter
-    sharded on one raises at construction. None -> {} (one process).
-    Shapes: ``mesh`` an N-D DeviceMesh with ``mesh_dim_names``.
-    Source: allenai/OLMo-core ``DionConfig`` (``src/olmo_core/optim/dion.py``).
-    Raises: ValueError naming ``mesh`` for a mesh without dim names or with several ``dp*`` dims
-    other than the ``dp_replicate`` / ``dp_shard`` pair.
+    """The distributed arguments of ``HybridOptimizer`` from a world DeviceMesh with named dims.
+
+    As OLMo-core builds its Dion: ``dp_replicate`` + ``dp_shard`` -> HSDP (replicate mesh, outer shard
+    mesh), any other single ``dp*`` dim -> the outer shard mesh (FSDP; DDP when the parameters are plain
+    tensors), ``tp`` -> the inner shard mesh; gradient sync left to FSDP / DDP
+    (``replicate_mesh_grad_sync=False``). Muon gets the same shard dim as ``distributed_mesh`` and ``tp``
+    as ``tp_mesh`` (its parameters are replicated over ``dp_replicate``, whose gradient all-reduce FSDP
+    does). Other dims (``cp``, ``pp``, ``ep``, ...) are not passed: a parameter sharded on one raises at
+    construction.
+
+    Parameters
+    ----------
+    mesh : DeviceMesh or None
+        An N-D DeviceMesh with ``mesh_dim_names``; None for one process.
+
+    Returns
+    -------
+    dict
+        ``replicate_mesh``, ``outer_shard_mesh``, ``inner_shard_mesh``, ``replicate_mesh_grad_sync``,
+        ``distributed_mesh``, ``tp_mesh`` (1-D meshes or None); {} for ``mesh`` None.
+
+    Raises
+    ------
+    ValueError
+        Naming ``mesh``: no dim names, or several ``dp*`` dims other than the ``dp_replicate`` /
+        ``dp_shard`` pair.
+
+    References
+    ----------
+    allenai/OLMo-core ``DionConfig`` (``src/olmo_core/optim/dion.py``).
+
+    Examples
+    --------
+    >>> import ortho_fast
+    >>> ortho_fast.meshes_from_world_mesh(None)
+    {}
     """
     if mesh is None:
         return {}
@@ -147,25 +171,52 @@ def meshes_from_world_mesh(mesh) -> dict:
 class MuonConfig(_HybridConfig):
     """Muon for the matrices, AdamW (or Lion) for the rest, with torch's defaults.
 
-    Muon: torch.optim.Muon's defaults — lr 1e-3, weight_decay 0.1, momentum 0.95, nesterov,
-    Keller Jordan's coefficients ("jordan"), bf16 Newton–Schulz, "original" lr adjustment
-    √max(1, m/n) (torch's ``adjust_lr_fn=None``). ``ns_steps``, ``safety``, ``eps`` and
-    ``eps_mode`` None come from the schedule exactly as in ``Muon``: "jordan" runs 5 steps
-    with torch's X₀ = U / max(‖U‖_F, 1e-7) (bitwise torch.optim.Muon on CPU with
-    ``muon_options={"bitwise_torch": True}``), "polar_express" 5 steps with X₀ = U / (1.02‖U‖_F + 1e-6)
-    (microsoft/dion, nanochat), "you6" 6 steps.
-    ``muon_options``: any other ``MUON_DEFAULTS`` key (momentum_style, split_sizes, flatten, ...;
-    a field that is set wins over the same key there).
-    Scalars (``HYBRID_DEFAULTS["muon"]``, as ``param_groups(model, algorithm="muon")``):
-    torch.optim.AdamW's defaults — betas (0.9, 0.999), eps 1e-8, weight_decay 0.01 — at the Muon lr
-    (``scalar_lr`` None; 1e-3 is also AdamW's default); embeddings without
-    weight decay (OLMo-core); no output-head lr scaling (torch has none; "inv_sqrt_d_model"
-    for OLMo-core's). ``scalar_algorithm="lion"`` (recommended with Muon by Megatron /
-    Emerging-Optimizers) uses betas (0.95, 0.98) unless ``scalar_betas`` is given; Lion
-    wants an lr 3–10× below AdamW's (Chen et al. 2023), so set ``scalar_lr``.
-    ``build(model, mesh=None)`` -> ``HybridOptimizer`` over ``param_groups(model, ...)``; a named
-    world ``mesh`` distributes it (``meshes_from_world_mesh``; ``tp_mode`` for tensor parallelism).
-    Raises (at ``build``): what ``param_groups`` and ``HybridOptimizer`` raise.
+    ``build(model)`` returns a ``HybridOptimizer`` over ``param_groups(model, algorithm="muon", ...)``;
+    every default not given is ``HYBRID_DEFAULTS["muon"]`` (``ortho_fast.param_assignment``), the table
+    ``param_groups`` takes its defaults from, so both ways give the same groups. Also accepts the other
+    systems' names (``mu``, ``ns_coefficients``, ...). docs/optimizers.md, "MuonConfig and DionConfig".
+
+    Parameters
+    ----------
+    scalar_algorithm : {"adamw", "lion"}, default "adamw"
+        The algorithm of embeddings, vectors, scalars and the output head.
+    scalar_lr, scalar_betas, scalar_eps, scalar_weight_decay : float, (float, float), float, float, optional
+        Their lr (None: ``lr``), betas (AdamW (0.9, 0.999), Lion (0.95, 0.98)), eps (1e-8), decay (0.01).
+    embedding_weight_decay : float, default 0.0
+        Weight decay of the embeddings (OLMo-core).
+    lm_head_lr_scale, d_model : {"inv_sqrt_d_model", None}, int, default None, None
+        Output-head lr scale (OLMo-core's lr/√d_model); d_model None: the head's fan_in.
+    expert_keys, overrides : sequence of str, sequence of (glob or predicate, dict), default (), ()
+        Names of (experts, m, n) stacks; per-parameter option overrides (``param_groups``).
+    seed : int, default 0
+        ``HybridOptimizer``'s seed.
+    lr, weight_decay, momentum, nesterov : float, float, float, bool, default 1e-3, 0.1, 0.95, True
+        Muon's lr, decoupled weight decay, momentum and Nesterov momentum (torch.optim.Muon's).
+    coefficients, ns_steps, safety, eps, eps_mode : str or rows, int, float, float, str, default "jordan"
+        The Newton–Schulz schedule and normalization, as ``Muon``'s (None: the schedule's).
+    adjust_lr, tp_mode : str or None, str, default "original", "duplicated"
+        The per-matrix lr scale √max(1, m/n) (torch's); tensor-parallel mode of a distributed ``build``.
+    muon_options : dict, default {}
+        Any other ``Muon`` option (``momentum_style``, ``split_sizes``, ...); a field that is set wins.
+
+    Raises
+    ------
+    TypeError, ValueError
+        An unknown or conflicting name at construction; at ``build``, what ``param_groups`` and
+        ``HybridOptimizer`` raise.
+
+    References
+    ----------
+    ``torch.optim.Muon`` and ``torch.optim.AdamW``; allenai/OLMo-core ``src/olmo_core/optim`` (the
+    grouping); Megatron / NVIDIA-NeMo Emerging-Optimizers (Lion for the scalars of Muon).
+
+    Examples
+    --------
+    >>> import torch, ortho_fast
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    >>> opt = ortho_fast.MuonConfig(lr=0.02).build(model)
+    >>> sorted({group["algorithm"] for group in opt.param_groups})
+    ['adamw', 'muon']
     """
 
     lr: float = HYBRID_DEFAULTS["muon"]["lr"]
@@ -188,8 +239,20 @@ class MuonConfig(_HybridConfig):
                     nesterov=self.nesterov, coefficients=self.coefficients, adjust_lr=self.adjust_lr, **schedule)
 
     def build(self, model: nn.Module, mesh=None) -> HybridOptimizer:
-        """The optimizer for ``model`` (see the class docstring); ``mesh`` a named world
-        DeviceMesh of a distributed model (``meshes_from_world_mesh``), with ``tp_mode``."""
+        """The optimizer of ``model``, distributed over a named world mesh if one is given.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model whose trainable parameters are grouped (``param_groups``).
+        mesh : DeviceMesh, optional
+            A world mesh with named dims (``meshes_from_world_mesh``: OLMo-core's mapping).
+
+        Returns
+        -------
+        HybridOptimizer
+            Over ``param_groups(model, ...)`` with this configuration's options.
+        """
         return self._build(model, "muon", HYBRID_DEFAULTS["muon"]["scalar_options"]["adamw"]["betas"], mesh,
                            tp_mode=self.tp_mode)
 
@@ -199,21 +262,52 @@ class MuonConfig(_HybridConfig):
 class DionConfig(_HybridConfig):
     """Dion for the matrices, AdamW (or Lion) for the rest, with OLMo-core's defaults.
 
-    OLMo-core ``DionConfig`` (allenai/OLMo-core ``src/olmo_core/optim/dion.py``, the
-    ``MatrixAwareOptimConfig`` versions; the first version had lr 1e-3): lr 0.01, mu 0.95,
-    betas (0.9, 0.95) for AdamW, weight_decay 0.1 for every group but the
-    embeddings (0), rank_fraction 1.0; rank_multiple_of 1, epsilon 1e-8 and power_iters 1
-    from microsoft/dion's ``Dion``; AdamW eps = microsoft/dion's epsilon 1e-8. Grouping as
-    OLMo-core: matrices -> Dion, embeddings -> AdamW without weight decay, vectors -> AdamW,
-    output head -> AdamW at lr/√d_model; one lr for every group (``scalar_lr`` None). These
-    are ``HYBRID_DEFAULTS["dion"]``, as ``param_groups(model, algorithm="dion")``.
-    ``qr_method`` "randomized_cholesky_qr", microsoft/dion's default ("rcqr", oversample
-    1.25), which OLMo-core does not override; ``ortho_fast.Dion`` itself defaults to
-    "householder", the reference method.
-    ``dion_options``: any other ``DION_DEFAULTS`` key. Lion for the scalars: betas (0.95,
-    0.98) unless ``scalar_betas`` is given.
-    ``build(model, mesh=None)`` -> ``HybridOptimizer`` over ``param_groups(model, ...)``; a named
-    world ``mesh`` distributes it as OLMo-core does (``meshes_from_world_mesh``).
+    ``build(model)`` returns a ``HybridOptimizer`` over ``param_groups(model, algorithm="dion", ...)``;
+    every default not given is ``HYBRID_DEFAULTS["dion"]`` (``ortho_fast.param_assignment``): OLMo-core's
+    ``DionConfig`` with microsoft/dion's ``Dion`` defaults and QR ("randomized_cholesky_qr").
+    docs/optimizers.md, "MuonConfig and DionConfig", says where each default comes from.
+
+    Parameters
+    ----------
+    scalar_algorithm : {"adamw", "lion"}, default "adamw"
+        The algorithm of embeddings, vectors, scalars and the output head.
+    scalar_lr, scalar_betas, scalar_eps, scalar_weight_decay : float, (float, float), float, float, optional
+        Their lr (None: ``lr``), betas (None: ``betas``; Lion (0.95, 0.98)), eps (1e-8), decay (None: 0.1).
+    embedding_weight_decay : float, default 0.0
+        Weight decay of the embeddings (OLMo-core).
+    lm_head_lr_scale, d_model : {"inv_sqrt_d_model", None}, int, default "inv_sqrt_d_model", None
+        Output-head lr scale (OLMo-core's lr/√d_model); d_model None: the head's fan_in.
+    expert_keys, overrides : sequence of str, sequence of (glob or predicate, dict), default (), ()
+        Names of (experts, m, n) stacks; per-parameter option overrides (``param_groups``).
+    seed : int, default 0
+        The seed of Dion's Q0 and sketches.
+    lr, mu, betas, weight_decay : float, float, (float, float), float, default 0.01, 0.95, (0.9, 0.95), 0.1
+        Dion's lr and momentum; AdamW's betas; the weight decay of every group but the embeddings.
+    rank_fraction, rank_multiple_of, epsilon, power_iters : float, int, float, int, default 1.0, 1, 1e-8, 1
+        As ``Dion``'s.
+    qr_method : str, default "randomized_cholesky_qr"
+        microsoft/dion's default QR ("rcqr"), which OLMo-core keeps; ``Dion`` itself uses "householder".
+    dion_options : dict, default {}
+        Any other ``Dion`` option; a field that is set wins.
+
+    Raises
+    ------
+    TypeError, ValueError
+        An unknown or conflicting name at construction; at ``build``, what ``param_groups`` and
+        ``HybridOptimizer`` raise.
+
+    References
+    ----------
+    allenai/OLMo-core ``DionConfig`` (``src/olmo_core/optim/dion.py``); microsoft/dion ``Dion``;
+    Ahn et al. 2025, arXiv 2504.05295.
+
+    Examples
+    --------
+    >>> import torch, ortho_fast
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    >>> opt = ortho_fast.DionConfig(rank_fraction=0.5).build(model)
+    >>> sorted({group["algorithm"] for group in opt.param_groups})
+    ['adamw', 'dion']
     """
 
     lr: float = HYBRID_DEFAULTS["dion"]["lr"]
@@ -234,6 +328,18 @@ class DionConfig(_HybridConfig):
                     power_iters=self.power_iters, qr_method=self.qr_method)
 
     def build(self, model: nn.Module, mesh=None) -> HybridOptimizer:
-        """The optimizer for ``model`` (see the class docstring); ``mesh`` a named world
-        DeviceMesh of a distributed model (``meshes_from_world_mesh``: OLMo-core's mapping)."""
+        """The optimizer of ``model``, distributed over a named world mesh if one is given.
+
+        Parameters
+        ----------
+        model : torch.nn.Module
+            The model whose trainable parameters are grouped (``param_groups``).
+        mesh : DeviceMesh, optional
+            A world mesh with named dims (``meshes_from_world_mesh``: OLMo-core's mapping).
+
+        Returns
+        -------
+        HybridOptimizer
+            Over ``param_groups(model, ...)`` with this configuration's options.
+        """
         return self._build(model, "dion", self.betas, mesh)

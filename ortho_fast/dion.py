@@ -6,7 +6,7 @@ The class only owns state and grouping: the per-tensor math is in ``ortho_fast.f
 ``ortho_fast.functional.qr`` (``orthonormalize`` and the sketches), the param-group contract in
 ``ortho_fast.groups.dion`` (``DION_DEFAULTS``, ``normalize_dion_group``, ``check_dion_step``,
 ``dion_group_step``), the sharded step in ``ortho_fast.distributed.dion``
-(``Dion(..., outer_shard_mesh=...)``). Those names stay importable from here.
+(``Dion(..., outer_shard_mesh=...)``); import those names from there.
 """
 
 from __future__ import annotations
@@ -17,29 +17,8 @@ import torch
 from torch.optim import Optimizer
 
 from .compat import DION_ALIASES, aliases_used, apply_aliases, canonical_group, mixed_precision_dtypes, named_as_given
-from .functional.dion import RIGHT_FACTORS, DionUpdate, dion_rank, dion_right_factor, dion_update, initial_q
-from .functional.qr import (
-    CQR2_GRAM_DEVIATION,
-    QR_METHOD_ALIASES,
-    QR_METHODS,
-    RCQR_OVERSAMPLE,
-    WHOLE,
-    WholeDim,
-    gaussian_sketch,
-    orthonormalize,
-    sketch_generator,
-    sketch_rows,
-)
-from .groups.dion import (
-    DION_DEFAULTS,
-    DionGroups,
-    check_dion_step,
-    dion_group_step,
-    dion_state_dtype,
-    init_dion_state,
-    normalize_dion_group,
-    resolve_dion_options,
-)
+from .functional.qr import RCQR_OVERSAMPLE
+from .groups.dion import DION_DEFAULTS, DionGroups, dion_state_dtype, init_dion_state, normalize_dion_group
 from .groups.driver import (
     GroupRunner,
     SchedulerCalls,
@@ -55,11 +34,7 @@ from .groups.state import (
 )
 from .validation import is_dtensor
 
-__all__ = ["CQR2_GRAM_DEVIATION", "DION_DEFAULTS", "Dion", "DionUpdate", "QR_METHODS", "QR_METHOD_ALIASES",
-           "RCQR_OVERSAMPLE", "RIGHT_FACTORS", "WHOLE", "WholeDim", "check_dion_step", "dion_group_step", "dion_rank",
-           "dion_right_factor", "dion_runner", "dion_state_dtype", "dion_update", "gaussian_sketch",
-           "init_dion_groups", "init_dion_state", "initial_q", "normalize_dion_group", "orthonormalize",
-           "plan_dion_group", "resolve_dion_options", "resolve_meshes", "sketch_generator", "sketch_rows"]
+__all__ = ["Dion", "dion_runner", "init_dion_groups", "plan_dion_group", "resolve_meshes"]
 
 
 def resolve_meshes(replicate_mesh=None, outer_shard_mesh=None, inner_shard_mesh=None,
@@ -121,80 +96,66 @@ def init_dion_groups(groups, state, meshes, plans: dict, *, seed: int) -> None:
 
 
 class Dion(SchedulerCalls, Optimizer):
-    """Dion (DIstributed OrthoNormalization) for matrix parameters, in one process or over a
-    DeviceMesh / DTensor / ProcessGroup.
+    """Dion (DIstributed OrthoNormalization) for matrix parameters, one process or over meshes.
 
-    Args follow microsoft/dion, in its positional order ``Dion(params, replicate_mesh,
-    outer_shard_mesh, inner_shard_mesh, replicate_mesh_grad_sync, rank_fraction,
-    rank_multiple_of, lr, mu, betas, weight_decay, epsilon, power_iters, qr_method,
-    cqr_warmup_steps, rcqr_oversample, mixed_precision_config)``: lr 0.01, mu 0.95,
-    weight_decay 0.01, rank_fraction 1.0, rank_multiple_of 1, epsilon 1e-8, power_iters 1,
-    ``oversample`` 1.25 (``rcqr_oversample`` is its name), ``momentum_dtype`` / ``q_dtype``
-    (None = the parameter's dtype; ``mixed_precision_config``, its ``DionMixedPrecisionConfig``
-    or a dict, sets them from ``momentum_dtype`` / ``Q_dtype``; a ``variance_dtype`` is
-    rejected); ``betas`` (validated, unused: microsoft/dion applies them to its AdamW / Lion
-    groups, which run in ``HybridOptimizer`` here) and ``cqr_warmup_steps`` (ignored, as
-    microsoft/dion ignores it) are accepted so its calls work unchanged; other names: TypeError
-    with the closest one (docs/compatibility.md). Also: ``qr_method`` ("householder" default, "cholesky_qr",
-    "randomized_cholesky_qr"; aliases "qr", "rcqr"), ``right_factor`` ("column_norm" of the
-    paper, or "qr" for Orth-Dion), ``error_feedback`` (default True), ``flatten`` (ndim > 2
-    parameters as (shape[0], prod(rest)), as microsoft/dion's Muon), ``seed`` (Q0 and the
-    sketches are deterministic per parameter index, in the order of ``params``).
-    Every group key and default is in ``DION_DEFAULTS``; the group logic lives in
-    ``normalize_dion_group`` / ``check_dion_step`` / ``dion_group_step`` so a hybrid optimizer
-    can drive Dion groups.
+    Per matrix X (m, n) (transposed when m < n), rank r: B = M + G, P = orth(B·Q), R = Bᵀ·P, M ← B − (1 − μ)·P·Rᵀ
+    (error feedback), Q ← R / (‖R_j‖ + ε), X ← X·(1 − lr·wd) − lr·√(m/n)·P·Qᵀ. The signature is microsoft/dion's,
+    in its positional order; docs/optimizers.md, "Dion", explains every option.
 
-    Distributed (microsoft/dion's arguments; each mesh a 1-D DeviceMesh such as
-    ``world_mesh["dp_shard"]``, or a ProcessGroup): ``replicate_mesh`` (DDP, the replicate dim of
-    HSDP), ``outer_shard_mesh`` (FSDP: FSDP2 ``fully_shard``'s Shard(0)), ``inner_shard_mesh``
-    (TP: ``parallelize_module``'s colwise Shard(0) / rowwise Shard(1)); FSDP on top of colwise
-    TP (``_StridedShard``), HSDP + TP and uneven or empty shards work the same way. Parameters
-    are DTensors whose sharded mesh dims are among these meshes (plain tensors are whole on every
-    rank). ``process_group``: DDP over plain tensors (the replicate axis; excludes the meshes).
-    ``replicate_mesh_grad_sync`` (default True): the gradients differ between replicas and Dion
-    synchronizes them compressed (P and R averaged over the replicate axis, (m + n)·r per matrix
-    instead of m·n; each replica keeps its own momentum, whose mean is the momentum of one
-    process fed the mean gradient; weights and Q stay identical). False: the gradients are
-    already averaged (DDP, FSDP2's HSDP all-reduce) and there is no replicate communication.
-    With FSDP2 HSDP either disable FSDP's replicate all-reduce and keep True, or keep it and
-    pass False (OLMo-core's setting). The result equals one process on the full tensors to
-    rounding for every layout (the orientation and Q0 depend on the global shape only; see
-    ``ortho_fast.distributed.dion``). State of a DTensor parameter: ``momentum`` with its
-    layout, ``Q`` a DTensor on its mesh sharded like the working columns, so
-    ``torch.distributed.checkpoint`` saves and reshards both; call
-    ``synchronize_for_checkpoint()`` before saving, and ``init_state()`` on a fresh optimizer
-    before ``dcp.load(opt.state_dict())`` then ``opt.load_state_dict``.
+    Parameters
+    ----------
+    params : iterable of Tensor, (name, Tensor) pairs or dict
+        The ≥ 2-D parameters or param groups.
+    replicate_mesh, outer_shard_mesh, inner_shard_mesh : 1-D DeviceMesh or ProcessGroup, default None
+        The replicate (DDP, HSDP), outer shard (FSDP ``Shard(0)``) and inner shard (TP) axes.
+    replicate_mesh_grad_sync : bool, default True
+        Synchronize the replicas' gradients compressed (P and R averaged); False: already averaged.
+    rank_fraction, rank_multiple_of : float in (0, 1], int, default 1.0, 1
+        r = ⌈rank_fraction·min(m, n)⌉ rounded up to a multiple of ``rank_multiple_of`` (at most min(m, n)).
+    lr, mu : float, default 0.01, 0.95
+        Learning rate and momentum (error-feedback) coefficient.
+    betas : (float, float), optional
+        microsoft/dion's AdamW / Lion betas: validated, unused (those groups run in ``HybridOptimizer``).
+    weight_decay, epsilon : float, default 0.01, 1e-8
+        Decoupled weight decay; the epsilon of the column normalization.
+    power_iters : int, default 1
+        Power iterations per step.
+    qr_method : {"householder", "cholesky_qr", "randomized_cholesky_qr"}, default "householder"
+        How P is orthonormalized (aliases "qr", "rcqr").
+    cqr_warmup_steps, rcqr_oversample, mixed_precision_config : optional
+        microsoft/dion's: ignored; ``oversample``; its ``DionMixedPrecisionConfig`` (or a dict) of state dtypes.
+    error_feedback, oversample, right_factor : bool, float, str, default True, 1.25, "column_norm"
+        Keep (1 − μ)·P·Rᵀ out of M; sketch rows per rank of randomized QR; "column_norm" or "qr" (Orth-Dion).
+    momentum_dtype, q_dtype : torch.dtype, optional
+        State dtypes (None: the parameter's).
+    flatten, seed : bool, int, default False, 0
+        ≥ 3-D parameters as (shape[0], prod(rest)); the seed of Q0 and the sketches.
+    process_group : ProcessGroup, optional
+        DDP over plain tensors (instead of the meshes).
+    check_finite, capturable : bool, default True, False
+        Check every gradient finite (one host read); ``capturable`` must be False (the step reads the host).
+    **aliases
+        Other names of microsoft/dion and OLMo-core; an unknown one raises TypeError with the closest name.
 
-    ``capturable``: torch's option, only False: Dion's step reads its step counter on the host (the
-    sketch generator's seed), so it cannot be captured in a CUDA graph (ValueError naming ``capturable``).
-    ``check_finite`` (default True): every gradient must be finite, decided for the whole step by
-    one fused reduction on the device and one host read (a NaN / Inf raises ValueError naming the
-    parameter, before any change); False checks nothing and reads nothing from the device (a NaN
-    then propagates, as in torch.optim), which ``torch.compile(opt.step, fullgraph=True)`` needs;
-    a compiled Dion also needs ``init_state()`` first (Q0 comes from a seeded generator) and
-    ``qr_method="householder"`` (the Cholesky methods decide their Householder fallback on the
-    host; randomized Cholesky QR seeds a generator per step). B = 0 is decided on the device.
-    State per parameter: ``momentum``, ``Q``, ``step`` (see ``dion_group_step``); inject a known
-    Q through ``load_state_dict``. ``load_state_dict`` checks every saved state before anything
-    changes (``check_saved_state``: all three keys present, ``momentum`` / ``Q`` real floating,
-    of the right shape and finite, ``step`` a non-negative integer count; another optimizer's
-    keys are rejected naming the key) and keeps the configured state dtypes (torch would cast
-    them to the parameter's dtype).
-    Params: tensors, (name, tensor) pairs (``model.named_parameters()``: torch's
-    ``param_names``) or group dicts.
-    ``load_state_dict`` validates the saved groups first and never aliases the given tensors
-    (the ``step`` counter seeds the sketches: a shared one would advance both optimizers).
-    Source: Ahn et al., arXiv 2504.05295, Algorithm 1 and its distributed form (compressed
-    data-parallel sync, sharded weights); microsoft/dion.
-    Raises: TypeError naming ``seed`` unless an int (not a bool); ValueError / TypeError at
-    construction (or ``add_param_group`` / ``load_state_dict``) for bad hyperparameters or
-    parameters (1-D, ndim > 2 without flatten, non-floating); at construction, LayoutError (a
-    ValueError) / TypeError naming the argument for a mesh that is not 1-D or overlaps another,
-    ``process_group`` with a mesh or with DTensor parameters, a DTensor without any mesh, sharded
-    on a mesh dim the optimizer was not given or by the replicate mesh, with a Partial placement
-    or on a mesh this rank is not in; at ``step`` for hyperparameters edited since, non-finite
-    or mis-shaped gradients or mis-shaped state, before any parameter or state changes (in a
-    distributed step on every rank together: see ``sharded_dion_step``).
+    Raises
+    ------
+    ValueError, TypeError
+        A bad option, parameter, gradient or state, naming it, before any parameter or state changes.
+    LayoutError
+        A mesh or a DTensor placement the sharded step cannot use (a ValueError).
+
+    References
+    ----------
+    Ahn et al. 2025, "Dion: Distributed Orthonormalized Updates", arXiv 2504.05295, Algorithm 1 and
+    its distributed form; microsoft/dion ``dion/dion.py``.
+
+    Examples
+    --------
+    >>> import torch, ortho_fast
+    >>> w = torch.nn.Parameter(torch.randn(8, 4))
+    >>> opt = ortho_fast.Dion([w], lr=0.01, rank_fraction=0.5)
+    >>> w.grad = torch.randn(8, 4)
+    >>> opt.step()
     """
 
     def __init__(
@@ -282,10 +243,21 @@ class Dion(SchedulerCalls, Optimizer):
         plan_dion_group(group, self._meshes, self._plans)
 
     def add_param_group(self, param_group: dict) -> None:
-        """torch's add_param_group (defaults, (name, tensor) pairs, leaf and duplicate checks),
-        then ``normalize_dion_group`` and the layout checks; a rejected group is removed again.
+        """Add a param group: torch's checks, then the group's options and its parameters' layouts validated.
+
         microsoft/dion's names (``rcqr_oversample``) are taken for ours; a group naming another
-        ``algorithm`` or holding another algorithm's option is rejected."""
+        ``algorithm`` or holding another algorithm's option is rejected.
+
+        Parameters
+        ----------
+        param_group : dict
+            ``params`` and any option of the constructor.
+
+        Raises
+        ------
+        ValueError, TypeError
+            A bad option or parameter, naming it; a rejected group is removed again.
+        """
         used = aliases_used(param_group, DION_ALIASES)
         if isinstance(param_group, dict):
             param_group = canonical_group(dict(param_group), DION_ALIASES)
@@ -293,17 +265,33 @@ class Dion(SchedulerCalls, Optimizer):
             add_param_group_checked(self, param_group, self._normalize_group)
 
     def state_dict(self) -> dict:
-        """torch's ``state_dict`` with dtype options as names (``state_dict_with_dtype_names``)."""
+        """torch's ``state_dict``, with dtype options written as their names.
+
+        Returns
+        -------
+        dict
+            ``{"state": {index: {"momentum", "Q", "step"}}, "param_groups": [dict, ...]}``.
+        """
         return state_dict_with_dtype_names(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's ``load_state_dict`` through ``load_state_dict_checked``: saved groups
-        completed from the current ones and validated first, every state tensor a copy, and
-        ``momentum`` / ``Q`` restored from the saved tensors in the group's ``momentum_dtype``
-        / ``q_dtype`` (torch casts floating state to the parameter's dtype, which would round a
-        float32 momentum of a bfloat16 parameter). Distributed: the state of a DTensor
-        parameter must be DTensors with its layout (``torch.distributed.checkpoint`` into
-        ``init_state()``'s state), checked at the next step."""
+        """Load a state dict, checked before anything changes, keeping the configured state dtypes.
+
+        Saved groups are completed from the current ones and validated first; every state tensor is a
+        copy; ``momentum`` / ``Q`` are restored in the group's ``momentum_dtype`` / ``q_dtype`` (torch would
+        cast them to the parameter's dtype). A DTensor parameter's state must be DTensors with its layout
+        (``torch.distributed.checkpoint`` into ``init_state()``'s state), checked at the next step.
+
+        Parameters
+        ----------
+        state_dict : dict
+            As ``state_dict`` returns: per parameter ``momentum``, ``Q`` (finite, shaped) and ``step`` (an int ≥ 0).
+
+        Raises
+        ------
+        ValueError, TypeError
+            A bad group option, parameter id or state entry, naming the key, before anything changes.
+        """
         def spec(i: int, saved: dict, current: dict):
             canonical_group(saved, DION_ALIASES)
             check_group_algorithm(saved, "dion", "Dion")
@@ -314,20 +302,23 @@ class Dion(SchedulerCalls, Optimizer):
 
     @torch.no_grad()
     def init_state(self) -> None:
-        """Create the state of every parameter now, with or without a gradient, without changing
-        any parameter and without communication: ``momentum`` zeros, ``Q`` = Q0, ``step`` 0 —
-        exactly what the first step would create (existing entries are kept). Call it on a fresh
-        optimizer before ``torch.distributed.checkpoint.load(opt.state_dict(), ...)`` so there
-        are tensors (DTensors with the right placements) to load into, then ``load_state_dict``."""
+        """Create the state of every parameter now, as the first step would, changing no parameter.
+
+        ``momentum`` zeros, ``Q`` = Q0, ``step`` 0, without communication (existing entries are kept).
+        Call it on a fresh optimizer before ``torch.distributed.checkpoint.load(opt.state_dict(), ...)``,
+        so there are tensors (DTensors with the right placements) to load into, then ``load_state_dict``.
+        """
         init_dion_groups(self.param_groups, self.state, self._meshes, self._plans, seed=self.seed)
 
     @torch.no_grad()
     def synchronize_for_checkpoint(self) -> None:
-        """Make the state the same on every replica before a checkpoint is saved: with
-        compressed sync each replica's momentum is its own, this averages it over the replicate
-        axis (and broadcasts Q, already equal, from the first replica). A no-op in one process,
-        without a replicate axis or with ``replicate_mesh_grad_sync=False`` (as microsoft/dion).
-        See ``ortho_fast.distributed.dion.synchronize_replicas``."""
+        """Make the state the same on every replica before a checkpoint is saved.
+
+        With compressed sync each replica's momentum is its own: this averages it over the replicate
+        axis (and broadcasts Q, already equal, from the first replica). A no-op in one process, without a
+        replicate axis or with ``replicate_mesh_grad_sync=False`` (as microsoft/dion); see
+        ``ortho_fast.distributed.dion.synchronize_replicas``.
+        """
         if self._meshes is not None:
             from .distributed.dion import synchronize_replicas
 
@@ -336,9 +327,18 @@ class Dion(SchedulerCalls, Optimizer):
     @tracks_scheduler_calls
     @torch.no_grad()
     def step(self, closure=None):
-        """One Dion step for every parameter with a gradient: every group is checked first
-        (``check_dion_step``), then stepped (``dion_group_step``; distributed:
-        ``ortho_fast.distributed.dion.sharded_dion_step``). Returns the closure's loss."""
+        """One Dion step for every parameter with a gradient; every group is checked before any changes.
+
+        Parameters
+        ----------
+        closure : callable, optional
+            Re-evaluates the model and returns the loss (torch.optim's ``closure``).
+
+        Returns
+        -------
+        Tensor or None
+            The closure's loss, or None without a closure.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -33,7 +33,7 @@ from .groups.state import (
 )
 from .validation import is_dtensor
 
-__all__ = ["DION2_DEFAULTS", "DION2_POSITIONAL", "DION2_STATE", "Dion2"]
+__all__ = ["DION2_POSITIONAL", "DION2_STATE", "Dion2"]
 
 #: microsoft/dion ``Dion2``'s parameters after ``flatten``, in its positional order.
 DION2_POSITIONAL = ("use_triton", "use_polar_express", "use_gram_newton_schulz", "newton_schulz_func", "verbose",
@@ -45,55 +45,64 @@ DION2_STATE = STATE_SPECS["dion2"]
 
 
 class Dion2(SchedulerCalls, Optimizer):
-    """Dion2 (microsoft/dion): Muon-style orthogonalized updates of a selected fraction of the
-    rows or columns, with error feedback on the selected slices.
+    """Dion2: Muon-style orthogonalized updates of a selected fraction of the rows or columns.
 
-    Per matrix W (m, n) with gradient G and momentum M: B = M + G; the N = min(m, n) slices of
-    the shorter dimension (rows when m <= n) are ranked by L1 norm and the k = max(1,
-    ⌈fraction·N⌉) largest form S; M ← B with M[S] ← ef_decay·B[S]; O_S = Newton–Schulz(B_S) on the
-    (k, n) or (m, k) submatrix only; W ← W·(1 − lr·weight_decay), W[S] ← W[S] − lr·s·O_S with
-    s = √(m/n) ("spectral_norm"), 0.2·√max(m, n) ("rms_norm" = our "match_rms_adamw") or 1 (None).
+    Per matrix W (m, n) with gradient G and momentum M: B = M + G; of the min(m, n) slices of the shorter
+    dimension the k = max(1, ⌈fraction·min(m, n)⌉) largest in L1 norm form S; M ← B with M[S] ← ef_decay·B[S];
+    O_S = newton_schulz(B_S); W ← W·(1 − lr·wd), W[S] ← W[S] − lr·s·O_S. The signature is microsoft/dion's,
+    in its positional order; docs/optimizers.md, "Dion2", explains every option.
 
-    Args, in microsoft/dion's positional order ``Dion2(params, distributed_mesh, lr, fraction,
-    ef_decay, betas, weight_decay, epsilon, adjust_lr, flatten, use_triton, use_polar_express,
-    use_gram_newton_schulz, newton_schulz_func, verbose, triton_post_ortho, selection_scope)``
-    with its defaults (lr 0.01, fraction 0.25, ef_decay 0.95, weight_decay 0.01, epsilon 1e-8,
-    "spectral_norm", flatten False, Polar Express, selection_scope "local"): ``betas`` is
-    validated and unused (its AdamW / Lion groups run in ``HybridOptimizer`` here);
-    ``use_polar_express=False`` is ``coefficients="cesista5"``; ``use_triton``,
-    ``use_gram_newton_schulz``, ``triton_post_ortho`` must be False and ``newton_schulz_func``
-    None, ``verbose`` any bool (docs/compatibility.md). Ours: ``coefficients`` / ``ns_steps`` /
-    ``safety`` (None: the schedule's, 1.02 for "polar_express") / ``dtype`` (Newton–Schulz compute
-    dtype, bfloat16 as microsoft/dion), ``gram`` (Muon's: Gram Newton–Schulz on the selected
-    submatrix; None (default) for float32 / float64 compute from aspect ratio 2, so never in the
-    default bfloat16; True always, with ``dtype`` torch.float16 (Dao AI Lab's gram-newton-schulz
-    kernel, microsoft/dion's ``use_gram_newton_schulz``, restarting every second step),
-    torch.float32 or torch.float64 only; False never), ``check_finite`` and ``capturable`` (as ``Muon``: lr,
-    weight_decay and ef_decay as 0-dim device tensors; one process only). ``flatten``: ≥ 3-D
-    parameters as (shape[0], prod(rest)); False: batches of matrices.
-    ``selection_scope``: "global" (one top-k per matrix: every layout equals one process) or
-    "local" (a top-k per shard of the selected dimension, microsoft/dion's default: layout
-    dependent by design; on one process, or when that dimension is not sharded, "global").
-    Distributed (``ortho_fast.distributed.dion2``; every rank builds and steps the optimizer with
-    the same parameters in the same order): ``distributed_mesh`` a 1-D DeviceMesh (FSDP2's
-    ``Shard(0)``, or replicated parameters: DDP) or a ProcessGroup (DDP of plain tensors, whose
-    gradients are already averaged), ``tp_mesh`` a 1-D DeviceMesh of tensor parallelism (colwise
-    ``Shard(0)``, rowwise ``Shard(1)``, ``_StridedShard`` under FSDP), ``replicate_mesh`` the
-    replicate dim of HSDP (whole replicas; joins the cross-rank agreement only). The slices are
-    chosen by the global shape on every layout; "global" selection equals one process on every
-    layout (up to the summation order of the L1 norms, which matters only at near-ties).
-    State: ``momentum`` (the parameter's shape and dtype), as microsoft/dion; state dicts
-    round-trip bitwise and ``load_state_dict`` checks every saved entry before anything changes.
-    Source: microsoft/dion ``dion/dion2.py``; docs/math.md, "Dion2".
-    Raises: at construction / ``add_param_group`` / ``load_state_dict``, ValueError / TypeError
-    naming the option or "params"; TypeError for an unknown keyword (with the closest name);
-    at ``step``, ValueError for a bad gradient or state or an option edited since, before any
-    parameter or state changes (distributed: on every rank, after one agreement of an error flag,
-    the parameters, the options and which parameters have gradients: ``comm.raise_together``);
-    distributed construction: LayoutError (a ValueError) for a mesh that is not 1-D, overlaps
-    another or lacks this rank, a DTensor sharded on a mesh dim the optimizer was not given, or a
-    sharded ndim > 2 parameter without ``flatten``; ValueError for a DTensor without any mesh;
-    RuntimeError if torch.distributed is not initialized.
+    Parameters
+    ----------
+    params : iterable of Tensor, (name, Tensor) pairs or dict
+        The ≥ 2-D parameters or param groups.
+    distributed_mesh : 1-D DeviceMesh or ProcessGroup, optional
+        The data-parallel axis (FSDP2 ``Shard(0)``, or DDP of replicated parameters).
+    lr, fraction, ef_decay : float or 0-dim Tensor, float, float, default 0.01, 0.25, 0.95
+        Learning rate; the fraction of slices updated; the decay of the selected slices' momentum.
+    betas : (float, float), default (0.9, 0.95)
+        microsoft/dion's AdamW / Lion betas: validated, unused (those groups run in ``HybridOptimizer``).
+    weight_decay, epsilon : float, default 0.01, 1e-8
+        Decoupled weight decay; the Newton–Schulz normalization's epsilon.
+    adjust_lr : {"spectral_norm", "match_rms_adamw", None}, default "spectral_norm"
+        The lr scale s: √(m/n), 0.2·√max(m, n) (microsoft/dion's "rms_norm") or 1.
+    flatten : bool, default False
+        ≥ 3-D parameters as (shape[0], prod(rest)); False: batches of matrices.
+    *dion_positional
+        microsoft/dion's further positional arguments, from ``use_triton`` to ``selection_scope``.
+    coefficients, ns_steps, safety : str or rows, int, float, default "polar_express", None, None
+        The Newton–Schulz schedule; None: the schedule's steps and safety (1.02 for "polar_express").
+    dtype : torch.dtype or str, default torch.bfloat16
+        The Newton–Schulz compute dtype.
+    selection_scope : {"local", "global"}, default "local"
+        A top-k per shard of the selected dimension (microsoft/dion) or one per matrix.
+    gram : bool, optional
+        Gram Newton–Schulz on the selected submatrix, as ``Muon``'s ``gram``.
+    tp_mesh, replicate_mesh : 1-D DeviceMesh, optional
+        Tensor-parallel axis; the replicate axis of HSDP.
+    check_finite, capturable : bool, default True, False
+        Check every gradient finite (one host read); hyperparameters as device tensors for CUDA graphs.
+    **aliases
+        microsoft/dion's keywords (``use_polar_express``, ``verbose``, ...); an unknown one raises TypeError.
+
+    Raises
+    ------
+    ValueError, TypeError
+        A bad option, parameter, gradient or state, naming it, before any parameter or state changes.
+    LayoutError, RuntimeError
+        A mesh or DTensor layout the distributed step cannot use; torch.distributed not initialized.
+
+    References
+    ----------
+    microsoft/dion ``dion/dion2.py``; docs/math.md, "Dion2".
+
+    Examples
+    --------
+    >>> import torch, ortho_fast
+    >>> w = torch.nn.Parameter(torch.randn(8, 4))
+    >>> opt = ortho_fast.Dion2([w], lr=0.01, fraction=0.5)
+    >>> w.grad = torch.randn(8, 4)
+    >>> opt.step()
     """
 
     def __init__(
@@ -158,10 +167,21 @@ class Dion2(SchedulerCalls, Optimizer):
                 "check_finite": self.check_finite}
 
     def add_param_group(self, param_group: dict) -> None:
-        """torch's add_param_group (microsoft/dion's names mapped), then ``normalize_dion2_group``;
-        a rejected group is not added. A group may say ``algorithm="dion2"`` (microsoft/dion's); a group
-        naming another algorithm or holding another algorithm's option (Dion's ``rank_fraction``, Muon's
-        ``momentum``) raises ValueError naming it (``check_group_algorithm``)."""
+        """Add a param group (microsoft/dion's names mapped), then validate its options.
+
+        A group may say ``algorithm="dion2"`` (microsoft/dion's); a group naming another algorithm or
+        holding another algorithm's option (Dion's ``rank_fraction``, Muon's ``momentum``) is rejected.
+
+        Parameters
+        ----------
+        param_group : dict
+            ``params`` and any option of the constructor.
+
+        Raises
+        ------
+        ValueError, TypeError
+            A bad option or parameter, naming it; a rejected group is not added.
+        """
         if isinstance(param_group, dict):
             param_group = canonical_group(dict(param_group), DION2_ALIASES)
 
@@ -179,17 +199,32 @@ class Dion2(SchedulerCalls, Optimizer):
         add_param_group_checked(self, param_group, normalize)
 
     def state_dict(self) -> dict:
-        """torch's ``state_dict`` with the ``dtype`` option written as its name."""
+        """torch's ``state_dict``, with the ``dtype`` option written as its name.
+
+        Returns
+        -------
+        dict
+            ``{"state": {index: {"momentum": Tensor}}, "param_groups": [dict, ...]}``.
+        """
         return state_dict_with_dtype_names(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's load_state_dict, checked before anything changes: each saved group completed
-        from the current one, mapped (microsoft/dion's names) and normalized; each saved
-        parameter state a ``momentum`` of the parameter's shape, real floating and finite
-        (another optimizer's keys rejected naming the key); the state dict's ids and state keys must
-        match (``check_state_dict_ids``: JSON's string keys raise) and its groups hold no other
-        optimizer's options (a Muon state dict's ``momentum``: ``check_foreign_options``); the
-        loaded tensors are copies. Raises: ValueError / TypeError naming the key, before any change."""
+        """Load a state dict, checked before anything changes; the loaded tensors are copies.
+
+        Each saved group is completed from the current one, mapped (microsoft/dion's names) and
+        normalized; the ids and state keys must match (JSON's string keys raise) and the groups hold no
+        other optimizer's options (a Muon state dict's ``momentum``).
+
+        Parameters
+        ----------
+        state_dict : dict
+            As ``state_dict`` returns: every parameter state a finite ``momentum`` of the parameter's shape.
+
+        Raises
+        ------
+        ValueError, TypeError
+            A bad group option, parameter id or state entry, naming the key, before anything changes.
+        """
         def spec(i: int, saved: dict, current: dict):
             canonical_group(saved, DION2_ALIASES)
             return DION2_DEFAULTS, lambda trial: (check_fixed_in_group(trial, "dion2"), normalize_dion2_group(trial))
@@ -202,7 +237,18 @@ class Dion2(SchedulerCalls, Optimizer):
     @tracks_scheduler_calls
     @torch.no_grad()
     def step(self, closure=None):
-        """One Dion2 step for every parameter with a gradient. Returns the closure's loss."""
+        """One Dion2 step for every parameter with a gradient; every group is checked before any changes.
+
+        Parameters
+        ----------
+        closure : callable, optional
+            Re-evaluates the model and returns the loss (torch.optim's ``closure``).
+
+        Returns
+        -------
+        Tensor or None
+            The closure's loss, or None without a closure.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():

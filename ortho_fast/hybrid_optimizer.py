@@ -3,10 +3,10 @@
 ``HybridOptimizer`` drives param groups whose ``algorithm`` is "muon", "dion", "adamw" or
 "lion" through each algorithm's param-group contract (``ortho_fast.groups.algorithms``:
 ``<ALG>_DEFAULTS``, ``normalize_<alg>_group``, ``check_<alg>_step``, ``<alg>_group_step``) and the
-one check-then-step driver (``ortho_fast.groups.driver``). ``param_groups`` (``ortho_fast.grouping``)
-splits a model's parameters the way OLMo-core, Motif, Megatron and microsoft/dion do, and
+one check-then-step driver (``ortho_fast.groups.driver``). ``param_groups`` (``ortho_fast.param_assignment``)
+assigns a model's parameters the way OLMo-core, Motif, Megatron and microsoft/dion do, and
 ``MuonConfig`` / ``DionConfig`` (``ortho_fast.config``) build the optimizer with those systems'
-defaults; ``ortho_fast.hybrid`` gathers all of them.
+defaults; the three are importable from ``ortho_fast``.
 """
 
 from __future__ import annotations
@@ -99,63 +99,53 @@ def _check_foreign_keys(group: dict, algorithm: str) -> None:
 
 
 class HybridOptimizer(SchedulerCalls, Optimizer):
-    """One torch optimizer whose param groups each run their own ``algorithm``: "muon", "dion",
-    "dion2", "adamw" or "lion" (``ALGORITHMS``).
+    """One torch optimizer whose param groups each run their own algorithm: Muon, Dion, Dion2, AdamW or Lion.
 
-    A group's missing options come from ITS algorithm's defaults (``MUON_DEFAULTS``,
-    ``DION_DEFAULTS``, ``ADAMW_DEFAULTS``, ``LION_DEFAULTS``), overridden per algorithm by
-    ``defaults={"adamw": {...}, ...}``; groups without ``algorithm`` get ``algorithm=``
-    (default None: every group must name one). ``"capturable": True`` in a Muon, Dion2 or AdamW group
-    (torch's option): its hyperparameters as 0-dim device tensors and no host read in its step (``Muon``'s
-    ``capturable``); a Dion group refuses it (ValueError naming ``capturable``). ``step`` first runs every
-    group's check (a
-    NaN gradient anywhere: ValueError, nothing changed), then steps every group. Dion groups
-    number their parameters among the Dion parameters only, in group order, so ``seed`` and
-    that index draw the same Q0 as ``Dion(dion_groups, seed=seed)``; the seed is a
-    constructor argument and not in ``state_dict`` (build the resumed optimizer with the same
-    seed, as any other constructor argument). Groups from ``model.named_parameters()`` keep
-    ``param_names`` (torch's named-parameter support; Muon's ``expert_keys`` needs them).
+    Each group names its ``algorithm`` ("muon", "dion", "dion2", "adamw", "lion"); its missing options come
+    from that algorithm's defaults. ``step`` checks every group, then steps every group, so a bad gradient
+    anywhere changes nothing. docs/optimizers.md, "HybridOptimizer", has the details and microsoft/dion's
+    group conventions; ``param_groups`` / ``MuonConfig`` / ``DionConfig`` build the groups of a model.
 
-    microsoft/dion compatibility: its ``Dion`` / ``Muon`` take groups with ``algorithm``
-    "adamw" / "lion"; the same groups work here. Its ``beta1``/``beta2`` become ``betas`` and
-    its ``epsilon`` (AdamW) ``eps``; the state keys are torch.optim.AdamW's (``exp_avg``,
-    ``exp_avg_sq``, ``step``) where dion has ``momentum``, ``variance``, and Lion's
-    ``exp_avg`` is dion's ``momentum``. The AdamW step count is per parameter (torch)
-    where dion counts per group (they differ only for a parameter that skipped steps). Its
-    default betas (0.9, 0.95) are ``DionConfig``'s, not ``ADAMW_DEFAULTS`` (torch's).
-    Its Muon groups map to "muon" with ``momentum_style="classic", nesterov=False,
-    coefficients="polar_express", adjust_lr="spectral_norm"`` (dion's ``mu`` is our
-    ``momentum``), its Dion groups to "dion" (same keys; ``qr_method`` "rcqr" accepted).
+    Parameters
+    ----------
+    params_or_groups : iterable of Tensor, (name, Tensor) pairs or dict
+        The parameters or param groups (``param_groups(model)``).
+    seed : int, default 0
+        The seed of Dion's Q0 and sketches (Dion parameters numbered among themselves, in group order).
+    algorithm : str, optional
+        The algorithm of groups that name none (None: every group must name one).
+    defaults : dict of {algorithm: dict}, optional
+        Per-algorithm option overrides of the defaults.
+    replicate_mesh, outer_shard_mesh, inner_shard_mesh : 1-D DeviceMesh or ProcessGroup, optional
+        ``Dion``'s axes (Dion2 takes the shard meshes when ``distributed_mesh`` / ``tp_mesh`` are None).
+    replicate_mesh_grad_sync : bool, default True
+        ``Dion``'s compressed gradient synchronization over the replicate axis.
+    process_group : ProcessGroup, optional
+        ``Dion``'s DDP over plain tensors.
+    distributed_mesh, tp_mesh, tp_mode : DeviceMesh or ProcessGroup, DeviceMesh, str, default None, None, "duplicated"
+        ``Muon``'s (and Dion2's) data-parallel and tensor-parallel axes.
+    check_finite : bool, default True
+        Check every gradient finite (one host read); False for ``torch.compile(opt.step, fullgraph=True)``.
 
-    Args: ``params_or_groups`` an iterable of tensors, (name, tensor) pairs or group dicts;
-    ``seed`` (int) for Dion's Q0 and sketches; ``algorithm`` the algorithm of groups that
-    name none; ``defaults`` per-algorithm option overrides.
-    Distributed (every rank builds and steps the optimizer with the same groups): Dion groups
-    take ``Dion``'s ``replicate_mesh``, ``outer_shard_mesh``, ``inner_shard_mesh``,
-    ``replicate_mesh_grad_sync`` and ``process_group``; Muon groups take ``Muon``'s
-    ``distributed_mesh``, ``tp_mesh`` and ``tp_mode`` (``meshes_from_world_mesh`` derives both
-    from a named world mesh, as OLMo-core); Dion2 groups take Muon's ``distributed_mesh`` /
-    ``tp_mesh`` (else Dion's ``outer_shard_mesh`` / ``inner_shard_mesh``) and ``replicate_mesh``
-    (``ortho_fast.distributed.dion2.Dion2Sharding``). AdamW and Lion groups are elementwise and run on
-    DTensor parameters as they are. The step checks every group on every rank first (one small
-    all-reduce for the groups that do not communicate, then one per algorithm that does), so a
-    bad gradient on one rank raises on all of them before anything changes;
-    ``synchronize_for_checkpoint()`` acts on the Dion groups as ``Dion``'s does. For a ``torch.distributed.checkpoint``
-    load, torch's ``get_state_dict``
-    creates every group's state on a fresh optimizer (a step with zero gradients at lr 0, which
-    changes no parameter).
-    ``check_finite`` (default True): every gradient must be finite, decided for the whole step by
-    one fused reduction on the device and one host read (a NaN / Inf raises ValueError naming the
-    parameter, before any change); False checks nothing and reads nothing from the device (a NaN
-    then propagates, as in torch.optim), which ``torch.compile(opt.step, fullgraph=True)`` needs.
-    State: each algorithm's own (see its ``*_group_step``). ``load_state_dict`` checks that
-    the saved groups run the same algorithms, fills options missing from a saved group (a
-    torch.optim.AdamW / torch.optim.Muon checkpoint) from the current group, never aliases the
-    given state dict's tensors, and keeps Dion's ``momentum_dtype`` / ``q_dtype``.
-    Raises: TypeError / ValueError / KeyError naming "param group i (algorithm)" and the
-    option, for an unknown algorithm, a group without ``params``, an option of another
-    algorithm, or whatever the algorithm's normalize / check rejects; a rejected group is
-    not added and a rejected step changes nothing.
+    Raises
+    ------
+    ValueError, TypeError, KeyError
+        Naming "param group i (algorithm)" and the option: an unknown algorithm, a group without
+        ``params``, an option of another algorithm, or what the algorithm rejects; nothing changes.
+
+    References
+    ----------
+    microsoft/dion's ``Dion`` / ``Muon`` groups with ``algorithm`` "adamw" / "lion"; ``torch.optim.AdamW``;
+    Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms" (Lion), arXiv 2302.06675.
+
+    Examples
+    --------
+    >>> import torch, ortho_fast
+    >>> w, b = torch.nn.Parameter(torch.randn(8, 4)), torch.nn.Parameter(torch.zeros(8))
+    >>> opt = ortho_fast.HybridOptimizer([{"params": [w], "algorithm": "muon", "lr": 0.02},
+    ...                                   {"params": [b], "algorithm": "adamw", "lr": 1e-3}])
+    >>> w.grad, b.grad = torch.randn(8, 4), torch.randn(8)
+    >>> opt.step()
     """
 
     def __init__(
@@ -230,9 +220,20 @@ class HybridOptimizer(SchedulerCalls, Optimizer):
         return [g for g in self.param_groups if g["algorithm"] == algorithm]
 
     def add_param_group(self, param_group: dict) -> None:
-        """Fill the group from its algorithm's defaults, add it with torch's checks (leaf
-        tensors, no parameter in two groups, names on all groups or none), then validate it
-        with the algorithm's ``normalize``; a rejected group is removed again."""
+        """Add a param group: filled from its algorithm's defaults, torch's checks, then validated.
+
+        torch's checks: leaf tensors, no parameter in two groups, names on all groups or none.
+
+        Parameters
+        ----------
+        param_group : dict
+            ``params``, ``algorithm`` (else the constructor's) and any option of that algorithm.
+
+        Raises
+        ------
+        ValueError, TypeError, KeyError
+            Naming "param group i (algorithm)" and the option; a rejected group is removed again.
+        """
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group: expected a dict, got {type(param_group).__name__}")
         index = len(self.param_groups)
@@ -257,8 +258,20 @@ class HybridOptimizer(SchedulerCalls, Optimizer):
     @tracks_scheduler_calls
     @torch.no_grad()
     def step(self, closure=None):
-        """Check every group (``check_<alg>_step``), then step every group. Returns the
-        closure's loss. Raises before any change (see the class docstring)."""
+        """Check every group (gradients, state, options), then step every group.
+
+        Distributed, the checks agree across ranks first, so a bad gradient on one rank raises on all.
+
+        Parameters
+        ----------
+        closure : callable, optional
+            Re-evaluates the model and returns the loss (torch.optim's ``closure``).
+
+        Returns
+        -------
+        Tensor or None
+            The closure's loss, or None without a closure.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -306,10 +319,12 @@ class HybridOptimizer(SchedulerCalls, Optimizer):
 
     @torch.no_grad()
     def init_state(self) -> None:
-        """Create the Dion groups' state now (``Dion.init_state``: momentum zeros, Q = Q0, step 0,
-        no communication, no parameter changed); the other algorithms create theirs as zeros
-        in the step. Call it before ``torch.compile(opt.step, fullgraph=True)``: Q0 comes from a
-        seeded generator, which a graph cannot hold."""
+        """Create the Dion groups' state now, as ``Dion.init_state``, changing no parameter.
+
+        The other algorithms create theirs as zeros in the step. Call it before
+        ``torch.compile(opt.step, fullgraph=True)``: Q0 comes from a seeded generator, which a graph
+        cannot hold.
+        """
         init_dion_groups(self._groups("dion"), self.state, self._dion_meshes, self._dion_plans, seed=self.seed)
 
     @torch.no_grad()
@@ -321,17 +336,33 @@ class HybridOptimizer(SchedulerCalls, Optimizer):
             synchronize_replicas(self._groups("dion"), self.state, self._dion_meshes)
 
     def state_dict(self) -> dict:
-        """torch's ``state_dict`` with dtype options as names (``state_dict_with_dtype_names``)."""
+        """torch's ``state_dict``, with dtype options written as their names.
+
+        Returns
+        -------
+        dict
+            ``{"state": {index: dict}, "param_groups": [dict, ...]}``; each state is its algorithm's.
+        """
         return state_dict_with_dtype_names(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's load_state_dict through ``load_state_dict_checked``: the saved groups
-        checked and completed first (see the class docstring; a torch.optim.Muon group's settings
-        mapped as ``Muon.load_state_dict`` maps them), every saved parameter state checked against
-        its group's algorithm (``check_saved_state``: Muon's ``momentum_buffer``, Dion's
-        ``momentum`` / ``Q`` / ``step``, AdamW's ``exp_avg`` / ``exp_avg_sq`` / ``step``, Lion's
-        ``exp_avg``: every key present, no other, real floating, shaped, finite, counts
-        non-negative integers), all before anything changes; the loaded state owns its tensors."""
+        """Load a state dict, checked before anything changes; the loaded state owns its tensors.
+
+        The saved groups must run the same algorithms and are completed from the current ones (a
+        torch.optim.Muon group's settings mapped as ``Muon.load_state_dict`` maps them); every saved
+        parameter state is checked against its group's algorithm (Muon's ``momentum_buffer``, Dion's
+        ``momentum`` / ``Q`` / ``step``, AdamW's ``exp_avg`` / ``exp_avg_sq`` / ``step``, Lion's ``exp_avg``).
+
+        Parameters
+        ----------
+        state_dict : dict
+            As ``state_dict`` returns.
+
+        Raises
+        ------
+        ValueError, TypeError
+            A bad group option, parameter id or state entry, naming the key, before anything changes.
+        """
         load_state_dict_checked(self, state_dict, self._saved_group_spec,
                                 lambda group, key, p: dion_state_dtype(group, key, p) if group["algorithm"] == "dion"
                                 else None, algorithm_of=_state_algorithm)

@@ -4,7 +4,7 @@ The class only owns state and grouping: the per-tensor math is in ``ortho_fast.f
 (``muon_momentum``, ``orthogonalize``, ``muon_update``) and ``ortho_fast.functional.layout``
 (``muon_layout``), the param-group contract in ``ortho_fast.groups.muon`` (``MUON_DEFAULTS``,
 ``normalize_muon_group``, ``check_muon_step``, ``muon_group_step``), the distributed step in
-``ortho_fast.distributed.muon``. Those names stay importable from here.
+``ortho_fast.distributed.muon``; import those names from there.
 """
 
 from __future__ import annotations
@@ -25,27 +25,9 @@ from .compat import (
     named_as_given,
     to_torch_muon_group,
 )
-from .functional.layout import DROPPED_NAME_COMPONENTS, MuonLayout, is_expert_name, muon_layout
-from .functional.muon import (
-    ADJUST_LR_MODES,
-    MOMENTUM_STYLES,
-    adjusted_lr_scale,
-    muon_momentum,
-    muon_update,
-    orthogonalize,
-)
 from .groups.driver import SchedulerCalls, check_then_step, init_groups_if_compiling, tracks_scheduler_calls
 from .groups.first_state import init_first_state
-from .groups.muon import (
-    MUON_DEFAULTS,
-    MuonGroups,
-    check_muon_step,
-    default_eps_mode,
-    muon_group_step,
-    muon_state_algorithm,
-    normalize_muon_group,
-    resolve_muon_options,
-)
+from .groups.muon import MUON_DEFAULTS, MuonGroups, muon_state_algorithm, normalize_muon_group
 from .groups.qk_clip import check_qk_clip_group, fill_qk_clip_keys, take_qk_clip_options
 from .groups.state import (
     add_param_group_checked,
@@ -57,10 +39,7 @@ from .groups.state import (
 #: torch.optim.Muon's parameters after ``nesterov``, in its positional order.
 TORCH_POSITIONAL = ("ns_coefficients", "eps", "ns_steps", "adjust_lr_fn")
 
-__all__ = ["ADJUST_LR_MODES", "DROPPED_NAME_COMPONENTS", "MOMENTUM_STYLES", "MUON_DEFAULTS", "Muon", "MuonLayout",
-           "adjusted_lr_scale", "check_muon_step", "default_eps_mode", "is_expert_name", "muon_group_step",
-           "muon_layout", "muon_momentum", "muon_update", "normalize_muon_group", "orthogonalize",
-           "resolve_muon_options", "is_mesh"]
+__all__ = ["Muon", "is_mesh"]
 
 
 def is_mesh(value) -> bool:
@@ -69,116 +48,66 @@ def is_mesh(value) -> bool:
 
 
 class Muon(SchedulerCalls, Optimizer):
-    """Muon (MomentUm Orthogonalized by Newton–Schulz), one process.
+    """Muon (MomentUm Orthogonalized by Newton–Schulz), one process or distributed.
 
-    Per matrix W (m, n) of a parameter (``muon_layout``: 2-D as is, ≥ 4-D conv weights
-    flattened, experts one matrix each, fused projections split) with gradient G: momentum
-    (``momentum_style``, ``nesterov``), O = newton_schulz(U), W ← W·(1 − lr·weight_decay) −
-    lr·s·O with s = adjusted_lr_scale(adjust_lr, m, n)·extra_scale_factor.
+    Per matrix W (m, n) of a parameter with gradient G: momentum U, O = newton_schulz(U), W ← W·(1 − lr·wd)
+    − lr·s·O with s = adjusted_lr_scale(adjust_lr, m, n)·extra_scale_factor. Defaults are torch.optim.Muon's;
+    every option is also a param-group key, explained in docs/optimizers.md, "Muon".
 
-    Defaults follow ``torch.optim.Muon`` (lr 1e-3, weight_decay 0.1, momentum 0.95, nesterov,
-    Keller Jordan's coefficients, 5 steps, eps 1e-7 clamped, bf16 Newton–Schulz, "original"
-    lr adjustment). By default the step is the fast one: with bfloat16 / float16 Newton–Schulz
-    (the default dtype) same-shape matrices of a group are stacked into one batched call, and
-    the momentum and decay run as ``_foreach`` ops; the result is torch's step up to the
-    Newton–Schulz rounding (a batched ``bmm`` differs from torch's 2-D ``addmm`` in the last
-    bits; within ``ortho_verify.tolerances.ns_tolerance`` of the oracle). ``bitwise_torch=True``
-    orthogonalizes matrix by matrix with torch's calls: ``Muon(params, bitwise_torch=True)`` is
-    bit-identical to ``torch.optim.Muon(params)`` on CPU for any list of 2-D parameters
-    (docs/performance.md, "(b)", for the speed of each). The normalization follows the schedule:
-    ``eps_mode`` None is "clamp" (torch's U / max(‖U‖_F, eps)) for "jordan" and "add" (Keller
-    Jordan's original U / (s‖U‖_F + eps), as microsoft/dion, Moonlight, nanochat) for every
-    other schedule or table (``default_eps_mode``); ``safety`` / ``eps`` None are the named
-    schedule's (1.02 / 1e-6 for "polar_express"), else 1 / 1e-7. microsoft/dion's Muon:
-    ``momentum_style="classic", nesterov=False, coefficients="polar_express",
-    adjust_lr="spectral_norm"`` (its normalization comes from the schedule).
-    Megatron: ``momentum_style="ema", nesterov=False, coefficients="cesista5",
-    adjust_lr="spectral", dtype="medium"`` plus its split_qkv as ``split_sizes``/``split_groups``.
+    Parameters
+    ----------
+    params : iterable of Tensor, (name, Tensor) pairs or dict
+        The parameters or param groups; names (``model.named_parameters()``) feed ``expert_keys`` and QK-clip.
+    lr, weight_decay, momentum : float or 0-dim Tensor, default 1e-3, 0.1, 0.95
+        Learning rate, decoupled weight decay, momentum coefficient (a Tensor needs ``capturable=True``).
+    nesterov : bool, default True
+        Orthogonalize the Nesterov mix of G and M (U = G + μ(M − G) or G + μM) instead of M.
+    *torch_positional
+        torch.optim.Muon's positional ``ns_coefficients, eps, ns_steps, adjust_lr_fn``.
+    momentum_style : {"ema", "classic"}, default "ema"
+        torch's momentum M ← M + (1 − μ)(G − M), or microsoft/dion's M ← μM + G.
+    coefficients : str or sequence of (a, b, c), default "jordan"
+        A schedule of ``ortho_fast.COEFFICIENTS`` or per-step odd-quintic rows.
+    ns_steps, safety, eps, eps_mode : int, float, float, {"clamp", "add"}, default None
+        Steps and normalization X₀ = U / max(‖U‖_F, eps) or U / (safety·‖U‖_F + eps); None: the schedule's.
+    adjust_lr, extra_scale_factor : str or None, float, default "original", 1.0
+        The per-matrix lr multiplier s ("original" √max(1, m/n), "spectral_norm" √(m/n), ...) and a factor on it.
+    cautious_weight_decay, weight_decay_style : bool, str, default False, "decoupled"
+        Decay only where sign(O) = sign(W); "decoupled", "adjusted_lr" or "independent" decay.
+    dtype, banks, bitwise_torch, gram : torch.dtype or str, bool or None, bool, bool or None
+        Newton–Schulz compute dtype (bfloat16), stacking (None), torch's bits (False), Gram Newton–Schulz (None).
+    expert_keys, split_sizes, split_groups, num_heads, flatten : layout options, default (), None, 1, None, None
+        Which matrices a parameter holds: expert stacks, fused-projection splits, ≥ 3-D parameters.
+    row_equilibration, renormalize : bool or {"row", "column"}, bool, default False, False
+        MuonEq (arXiv 2603.28254) on U; Muon+ (arXiv 2602.21545): ‖O‖_F set to √min(m, n).
+    normuon_beta2, normuon_eps, normuon_eps_mode, normuon_dim : float or None, float, str, str
+        NorMuon (arXiv 2510.05491), off while ``normuon_beta2`` is None (1e-8, "add", "row").
+    distributed_mesh, tp_mesh, tp_mode : DeviceMesh or ProcessGroup, DeviceMesh, str, default None, None, "duplicated"
+        Data-parallel (FSDP / DDP) and tensor-parallel axes; "duplicated", "distributed" or "blockwise" TP.
+    check_finite, capturable : bool, default True, False
+        Check every gradient finite (one host read); hyperparameters as device tensors for CUDA graphs.
+    **aliases
+        torch's, microsoft/dion's and Megatron's names (``mu``, ``ns_coefficients``, ...) and ``qk_clip_*``.
 
-    Args (each is also a param-group key, see ``MUON_DEFAULTS``): ``coefficients`` registry
-    name or per-step rows; ``ns_steps``; ``safety``/``eps``/``eps_mode`` the normalization;
-    ``dtype`` the Newton–Schulz compute dtype (``newton_schulz``); ``extra_scale_factor``;
-    ``cautious_weight_decay`` decay only where sign(O) = sign(W) (Chen et al. 2025, arXiv
-    2510.12402, I(u⊙x ≥ 0)); ``weight_decay_style`` (names of ``ortho_ref.muon.WEIGHT_DECAY_STYLES``)
-    "decoupled" (default) W·(1 − lr·weight_decay), "adjusted_lr" W·(1 − lr·s·weight_decay) with the
-    matrix's lr multiplier s (nanochat), "independent" W·(1 − weight_decay); ``banks`` None (default): stack
-    equal-shaped matrices of a group
-    into one batched call when ``dtype`` is bfloat16 / float16 and not ``bitwise_torch``
-    (``MuonOptions.batched``), True / False: always / never;
-    ``bitwise_torch`` (default False) torch.optim.Muon's bits (see above); ``gram`` Gram
-    Newton–Schulz (``newton_schulz``'s ``gram``): None (default) for float32 / float64 compute (not "high")
-    on matrices with max(m, n) >= 2·min(m, n) (never with ``bitwise_torch``), True always
-    (float16 / float32 / float64 ``dtype`` only; ``dtype=torch.float16, gram=True`` is the float16
-    Gram kernel of Dao AI Lab's gram-newton-schulz, restarting every second step), False never; ``expert_keys``
-    names whose parameters are (experts, m, n) stacks (needs
-    ``Muon(model.named_parameters())``); ``split_sizes``, ``split_groups``, ``num_heads``
-    fused-projection splits (per group: put the QKV weights in their own param group);
-    ``flatten`` for ≥ 3-D parameters that are not experts: None flattens ≥ 4-D conv weights
-    and rejects 3-D (a conv1d weight or an unnamed expert stack: say which), True flattens
-    them (conv1d), False treats them as batches of matrices (microsoft/dion's ``flatten``).
-    Distributed (``ortho_fast.distributed.muon``; every rank constructs and steps the optimizer
-    with the same parameters in the same order): ``distributed_mesh`` a 1-D DeviceMesh or a
-    ProcessGroup (microsoft/dion's Muon argument): DTensor parameters sharded on it are FSDP
-    (each matrix gathered to one owner rank, round-robin by parameter index, orthogonalized
-    there and scattered back; the momentum stays a DTensor like the parameter), plain tensors and
-    parameters replicated on it are DDP (the owner orthogonalizes, every rank receives the
-    update by broadcast; gradients must already be averaged). ``tp_mesh`` a 1-D DeviceMesh of
-    tensor parallelism (``Shard(0)`` colwise, ``Shard(1)`` rowwise, ``_StridedShard`` under FSDP)
-    with ``tp_mode`` (Megatron / Emerging-Optimizers names): "duplicated" (all-gather, every TP
-    rank orthogonalizes the whole matrix), "distributed" (Newton–Schulz on the shards, the Gram
-    matrix all-reduced each step), "blockwise" (each TP shard orthogonalized alone and scaled
-    by its own shape: layout-dependent by design). FSDP + TP: ``distributed_mesh=mesh["dp"],
-    tp_mesh=mesh["tp"]``. FSDP, DDP and TP "duplicated" are bitwise the one-process update;
-    "distributed" equal to rounding (the distributed step orthogonalizes matrix by matrix: its bits are
-    those of the one-process step with ``banks=False``). Sharded parameters take no ``banks``, ``split_sizes`` /
-    ``split_groups`` / ``num_heads``, ``expert_keys`` or ``flatten=False`` batches (plain and
-    replicated ones take every option).
-    ``capturable`` (default False; torch's option name): lr, weight_decay and momentum reach the kernels
-    as 0-dim tensors on the parameters' device and the step reads nothing from the device (with
-    ``check_finite=False``; the finiteness check is its one host read), so a step captured in a CUDA
-    graph follows a scheduler: give ``lr`` (``weight_decay``, ``momentum``) as a 0-dim tensor on the
-    parameters' device, which torch's LR schedulers write with ``fill_``; a float is copied into a
-    device tensor with ``fill_`` at each step (followed in eager; a captured graph replays the value it
-    captured). A tensor lr without ``capturable=True`` is refused (ValueError naming ``lr``). The
-    update is eager's up to float32 roundoff (a product then a sum where eager passes the lr as a
-    kernel's ``alpha``: ``ortho_fast.functional.graph_scalars``). One process only.
-    ``check_finite`` (default True): every gradient must be finite, decided for the whole step by
-    one fused reduction on the device and one host read (a NaN / Inf raises ValueError naming the
-    parameter, before any change); False checks nothing and reads nothing from the device (a NaN
-    then propagates, as in torch.optim), which ``torch.compile(opt.step, fullgraph=True)`` needs.
-    Pipeline stages (nanochat's order: momentum → MuonEq → Newton–Schulz → Muon+ → NorMuon →
-    update; docs/math.md, "Muon pipeline stages"; ``ortho_fast.functional.muon_stages``), each off by
-    default: ``row_equilibration`` (MuonEq, arXiv 2603.28254: True / "row" rescales each row of U to
-    the root-mean-square row norm, "column" the columns); ``renormalize`` (Muon+, arXiv 2602.21545:
-    ‖O‖_F set to √min(m, n)); ``normuon_beta2`` (NorMuon, arXiv 2510.05491: a per-neuron EMA v of
-    mean(O⊙O), O divided by √v + ``normuon_eps`` ("add", microsoft/dion) or √max(v, eps) ("clamp",
-    nanochat) along ``normuon_dim`` ("row" as microsoft/dion and the paper, "by_shape" as nanochat,
-    "column"), then scaled back to ‖O‖_F; state ``variance_neuron``). ``ortho_fast.NorMuon`` is this
-    class with NorMuon on. The stages apply per matrix of the layout (per block, per head, per expert).
-    QK-clip (MuonClip, Kimi K2 arXiv 2507.20534; ``ortho_fast.groups.qk_clip``), per group:
-    ``qk_clip_threshold`` τ (None: off), ``qk_clip_alpha`` (0.5), ``qk_clip_num_heads``,
-    ``qk_clip_num_kv_heads`` (GQA), ``qk_clip_layout`` (fused QKV rows: "concatenated" or
-    Megatron's "grouped"), ``qk_clip_roles`` / ``qk_clip_layer`` (else read from the names:
-    ``Muon(model.named_parameters(), ...)``); the model reports per-head max logits with
-    ``step(qk_logits={layer: logits})`` (Motif) or ``record_max_logits(layer, logits)``, and
-    after the update each head over τ has its query rows × γ^α and key rows × γ^(1−α),
-    γ = τ / max logit (docs/math.md, "QK-clip (MuonClip)"); sharded weights clip their local rows
-    (``ortho_fast.distributed.qk_clip``).
-    State: ``momentum_buffer`` (the parameter's shape and dtype), as torch.optim.Muon, so its
-    checkpoints load (missing group keys are taken from the current groups); the loaded state
-    owns its tensors (``load_state_dict`` never aliases the given state dict).
-    Source: Jordan et al. 2024 (Muon blog); Liu et al. arXiv 2502.16982; torch.optim.Muon.
-    Raises: at construction / add_param_group / load_state_dict, ValueError / TypeError /
-    UnknownScheduleError from ``normalize_muon_group``; at ``step``, the same for an option
-    edited since, and ValueError for a bad gradient or state, from ``check_muon_step`` for
-    every group before any parameter or state changes (distributed: on every rank, after one
-    all-reduce of an error flag and of which parameters have a gradient, so a bad shard raises
-    everywhere instead of hanging its peers; also a gradient or ``momentum_buffer`` not laid out
-    as its parameter, and a parameter with a gradient on some ranks only — every rank must step
-    the same parameters);
-    at construction LayoutError (a ValueError) for a mesh or a parameter layout that cannot be
-    used (``ortho_fast.distributed.muon.MuonSharding``), ValueError naming ``tp_mode`` or an option
-    a sharded parameter cannot take; RuntimeError if torch.distributed is not initialized.
+    Raises
+    ------
+    ValueError, TypeError, UnknownScheduleError
+        A bad option, parameter, gradient or state, naming it, before any parameter or state changes.
+    LayoutError, RuntimeError
+        A mesh or parameter layout the distributed step cannot use; torch.distributed not initialized.
+
+    References
+    ----------
+    Jordan et al. 2024, "Muon" (blog; KellerJordan/Muon); Liu et al. 2025, "Muon is Scalable for LLM
+    Training" (Moonlight), arXiv 2502.16982; ``torch.optim.Muon``; microsoft/dion ``dion/muon.py``.
+
+    Examples
+    --------
+    >>> import torch, ortho_fast
+    >>> w = torch.nn.Parameter(torch.randn(8, 4))
+    >>> opt = ortho_fast.Muon([w], lr=0.02)
+    >>> w.grad = torch.randn(8, 4)
+    >>> opt.step()
     """
 
     def __init__(
@@ -278,8 +207,18 @@ class Muon(SchedulerCalls, Optimizer):
                 "check_finite": self.check_finite, "_qk_clip": self._qk_clip}
 
     def add_param_group(self, param_group: dict) -> None:
-        """torch's add_param_group, then ``normalize_muon_group`` and the distributed plan of its
-        parameters (``MuonSharding.add_group``); a rejected group is not added."""
+        """Add a param group: torch's checks, then the group's options validated and its distributed plan made.
+
+        Parameters
+        ----------
+        param_group : dict
+            ``params`` and any option of the constructor (torch's and microsoft/dion's names accepted).
+
+        Raises
+        ------
+        ValueError, TypeError
+            A bad option or parameter, naming it; a rejected group is not added.
+        """
 
         def normalize(group: dict) -> None:
             check_group_algorithm(group, "muon", "Muon")
@@ -295,13 +234,18 @@ class Muon(SchedulerCalls, Optimizer):
             add_param_group_checked(self, param_group, normalize)
 
     def state_dict(self) -> dict:
-        """torch's ``state_dict`` with dtype options as names (``state_dict_with_dtype_names``),
-        and in each group that torch.optim.Muon can express (``to_torch_muon_group``: EMA
-        momentum, torch's normalization, bfloat16 Newton–Schulz, one repeated coefficient row,
-        an lr adjustment torch has) torch's keys ``ns_coefficients`` / ``ns_steps`` /
-        ``adjust_lr_fn`` as well, so ``torch.optim.Muon.load_state_dict`` takes it and steps as
-        this optimizer does. Groups torch cannot express lack those keys (torch then fails
-        at its step with KeyError 'ns_coefficients')."""
+        """torch's ``state_dict``, with torch.optim.Muon's keys in every group it can express.
+
+        Dtype options are written as names; a group torch.optim.Muon can express (EMA momentum, torch's
+        normalization, bfloat16 Newton–Schulz, one repeated coefficient row, an lr adjustment torch has)
+        also carries ``ns_coefficients`` / ``ns_steps`` / ``adjust_lr_fn``, so torch loads it and steps
+        as this optimizer does (docs/optimizers.md, "State and checkpoints").
+
+        Returns
+        -------
+        dict
+            ``{"state": {index: {"momentum_buffer": Tensor}}, "param_groups": [dict, ...]}``.
+        """
         state_dict = state_dict_with_dtype_names(self)
         for saved, group in zip(state_dict["param_groups"], self.param_groups):
             torch_keys = to_torch_muon_group(group)
@@ -310,17 +254,22 @@ class Muon(SchedulerCalls, Optimizer):
         return state_dict
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's load_state_dict through ``load_state_dict_checked``, checked before anything
-        changes. A torch.optim.Muon group's settings are mapped (``from_torch_muon_group``:
-        ``ns_coefficients``, ``ns_steps``, ``eps``, ``adjust_lr_fn`` and torch's fixed
-        behaviour), other Muon keys missing from a saved group are taken from the current group;
-        every saved parameter state must be a ``momentum_buffer`` of the parameter's shape, real
-        floating and finite (``check_saved_state``; Dion's or AdamW's keys are rejected naming
-        the key); the state dict's parameter ids and state keys must match (a checkpoint whose keys
-        became strings through JSON raises, saying how to convert them: ``check_state_dict_ids``) and
-        its groups may not hold another optimizer's options (torch.optim.SGD's ``dampening``:
-        ``check_foreign_options``); the loaded ``momentum_buffer`` tensors are copies.
-        Raises: ValueError / TypeError naming the key or option, before anything changes."""
+        """Load a state dict of this class or of torch.optim.Muon, checked before anything changes.
+
+        A torch.optim.Muon group's settings are mapped; Muon keys missing from a saved group are taken
+        from the current group; the loaded ``momentum_buffer`` tensors are copies (docs/optimizers.md,
+        "State and checkpoints").
+
+        Parameters
+        ----------
+        state_dict : dict
+            As ``state_dict`` returns: every parameter state a finite ``momentum_buffer`` of its shape.
+
+        Raises
+        ------
+        ValueError, TypeError
+            A bad group option, parameter id or state entry, naming the key, before anything changes.
+        """
         def spec(i: int, saved: dict, current: dict):
             used = aliases_used(saved, MUON_ALIASES)
             canonical_group(from_torch_muon_group(fill_qk_clip_keys(saved, current)), MUON_ALIASES)
@@ -340,12 +289,25 @@ class Muon(SchedulerCalls, Optimizer):
     def record_max_logits(self, layer, max_logits: torch.Tensor) -> None:
         """Report one attention layer's per-head maximum logits for the next ``step``'s QK-clip.
 
-        ``layer``: the layer key of its query / key weights (the last integer in their names, as
-        Motif's ``qk_logits`` index, else the attention module's path, or the group's
-        ``qk_clip_layer``); ``max_logits``: (num_heads,) real tensor, max over the batch of
-        q·k/√d per query head. Several calls before a step keep the element-wise maximum; no host
-        sync. Raises: TypeError naming ``max_logits`` (further checks at ``step``).
-        Source: ``ortho_fast.groups.qk_clip.QKClipRunner.record``."""
+        Several calls before a step keep the element-wise maximum; no host synchronization.
+
+        Parameters
+        ----------
+        layer : int or str
+            The layer key of its query / key weights (the last integer in their names, as Motif's
+            ``qk_logits`` index, else the attention module's path, or the group's ``qk_clip_layer``).
+        max_logits : (num_heads,) real Tensor
+            The maximum over the batch of q·k/√d per query head.
+
+        Raises
+        ------
+        TypeError
+            ``max_logits`` is not a real tensor (further checks at ``step``).
+
+        References
+        ----------
+        Kimi K2, arXiv 2507.20534, Algorithm 1 (MuonClip); ``ortho_fast.groups.qk_clip.QKClipRunner.record``.
+        """
         self._qk_clip.record(layer, max_logits)
 
     def _init_group(self, group: dict) -> None:
@@ -371,9 +333,23 @@ class Muon(SchedulerCalls, Optimizer):
     @tracks_scheduler_calls
     @torch.no_grad()
     def step(self, closure=None, qk_logits=None):
-        """One Muon step for every parameter with a gradient, then QK-clip of every layer with
-        maximum logits (``qk_logits`` {layer: (num_heads,) tensor}, Motif's argument, and those
-        given to ``record_max_logits``). Returns the closure's loss."""
+        """One Muon step for every parameter with a gradient, then QK-clip of the layers with logits.
+
+        Every group is checked first (gradients, state, options), so a bad one raises before any
+        parameter or state changes.
+
+        Parameters
+        ----------
+        closure : callable, optional
+            Re-evaluates the model and returns the loss (torch.optim's ``closure``).
+        qk_logits : dict of {layer: (num_heads,) Tensor}, optional
+            Per-head maximum logits for QK-clip (Motif's argument), with those of ``record_max_logits``.
+
+        Returns
+        -------
+        Tensor or None
+            The closure's loss, or None without a closure.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():

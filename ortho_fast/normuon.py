@@ -42,23 +42,40 @@ DION_POSITIONAL = ("distributed_mesh", "lr", "mu", "muon_beta2", "betas", "weigh
 
 
 class NorMuon(Muon):
-    """NorMuon, one process or distributed as ``Muon``: momentum, Newton–Schulz, then
-    v ← β₂v + (1 − β₂)·mean(O⊙O) per neuron, O ⊘ (√v + eps) scaled back to ‖O‖_F, then the update.
+    """NorMuon: Muon with per-neuron second-moment normalization, with microsoft/dion's signature.
 
-    ``NorMuon(params)`` follows microsoft/dion's ``NorMuon(params)`` (``NORMUON_DEFAULTS``);
-    positional arguments after ``params`` in its order (``distributed_mesh, lr, mu, muon_beta2,
-    betas, weight_decay, cautious_wd, epsilon, nesterov, adjust_lr, flatten``); its names and ours
-    (``momentum``, ``normuon_beta2``, ``eps``, ``cautious_weight_decay``, ``coefficients``, ...)
-    by keyword; ``normuon_beta2=None`` is rejected (that is ``Muon``). nanochat's variant:
-    ``normuon_dim="by_shape", normuon_eps=1e-10, normuon_eps_mode="clamp"`` with
-    ``row_equilibration=True, renormalize=True`` (docs/math.md, "Muon pipeline stages").
-    State per parameter: ``momentum_buffer`` (dion calls it ``momentum``) and ``variance_neuron``
-    ((m, 1) for an (m, n) weight in the parameter's dtype, as microsoft/dion's); ``state_dict`` /
-    ``load_state_dict`` as ``Muon`` (checked before any change, round trip bitwise).
-    Source: Li et al. arXiv 2510.05491; microsoft/dion ``dion/normuon.py``.
-    Raises: TypeError for too many positional arguments or an unknown name (with the closest
-    one); ValueError naming the option for a bad value (``normuon_beta2`` outside [0, 1) or None),
-    and everything ``Muon`` raises, before any change.
+    Per matrix: momentum, O = newton_schulz(U), v ← β₂v + (1 − β₂)·mean(O⊙O) per neuron, O ⊘ (√v + eps)
+    scaled back to ‖O‖_F, then Muon's update. ``NorMuon`` is ``Muon`` with ``normuon_beta2`` set and
+    microsoft/dion's positional order and defaults (``NORMUON_DEFAULTS``); docs/optimizers.md, "NorMuon".
+
+    Parameters
+    ----------
+    params : iterable of Tensor, (name, Tensor) pairs or dict
+        The parameters or param groups, as ``Muon``'s.
+    *positional
+        microsoft/dion's order: ``distributed_mesh, lr, mu, muon_beta2, betas, weight_decay, cautious_wd,
+        epsilon, nesterov, adjust_lr, flatten``.
+    **options
+        Any keyword of ``Muon`` or microsoft/dion's ``NorMuon`` (defaults: lr 0.01, normuon_beta2 0.95, ...).
+
+    Raises
+    ------
+    TypeError
+        Too many positional arguments, or an unknown name (with the closest one).
+    ValueError
+        A bad value, naming the option (``normuon_beta2`` None or outside [0, 1)); and what ``Muon`` raises.
+
+    References
+    ----------
+    Li et al. 2025, "NorMuon", arXiv 2510.05491; microsoft/dion ``dion/normuon.py``.
+
+    Examples
+    --------
+    >>> import torch, ortho_fast
+    >>> w = torch.nn.Parameter(torch.randn(8, 4))
+    >>> opt = ortho_fast.NorMuon([w], lr=0.02)
+    >>> w.grad = torch.randn(8, 4)
+    >>> opt.step()
     """
 
     def __init__(self, params: Iterable, *positional, **options) -> None:

@@ -142,19 +142,46 @@ def _accepted(cls) -> set[str] | None:
 def optimizer_preset(name: str, params: Iterable, **overrides):
     """An ``ortho_fast`` optimizer configured as system ``name``'s current matrix step.
 
-    ``name``: one of ``preset_names()`` — "torch", "microsoft-dion-muon", "moonlight",
-    "megatron", "nanochat", "motif", "microsoft-dion-normuon", "microsoft-dion-dion2"
-    (values and sources: ``PRESETS``; docs/compatibility.md, "Presets"). ``params``: as the
-    optimizer takes them (a list, param groups, or ``model.named_parameters()`` — QK-clip roles
-    and expert names come from the names). ``overrides``: any constructor option of that
-    optimizer, replacing the preset's (e.g. ``lr``, ``distributed_mesh``, ``split_sizes``,
-    ``qk_clip_num_heads``). "motif" turns QK-clip on (τ = 100) only when ``qk_clip_num_heads``
-    is given, as Motif clips only the heads its ``clip_config`` names.
-    Returns: the optimizer (``Muon``, ``NorMuon`` or ``Dion2``).
-    Raises: ValueError naming the known presets for an unknown ``name``; TypeError naming the
-    preset and the option for an override the optimizer does not take; NotImplementedError for
-    a preset whose options or class this version lacks (``Preset.requires``); whatever the
-    constructor raises for a bad value.
+    The values and their sources are in ``ortho_fast.presets.PRESETS`` and docs/compatibility.md,
+    "Presets". "motif" turns QK-clip on (τ = 100) only when ``qk_clip_num_heads`` is given, as Motif
+    clips only the heads its ``clip_config`` names.
+
+    Parameters
+    ----------
+    name : str
+        One of ``preset_names()``: "torch", "microsoft-dion-muon", "moonlight", "megatron", "nanochat",
+        "motif", "microsoft-dion-normuon", "microsoft-dion-dion2".
+    params : iterable of Tensor, (name, Tensor) pairs or dict
+        As the optimizer takes them (``model.named_parameters()`` gives QK-clip roles and expert names).
+    **overrides
+        Any constructor option of that optimizer, replacing the preset's (``lr``, ``distributed_mesh``, ...).
+
+    Returns
+    -------
+    Muon, NorMuon or Dion2
+        The configured optimizer.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``name`` (the message lists the presets), or a bad value from the constructor.
+    TypeError
+        An override the optimizer does not take, naming the preset and the option.
+    NotImplementedError
+        A preset whose options or class this version lacks (``Preset.requires``).
+
+    References
+    ----------
+    torch.optim.Muon; microsoft/dion ``Muon`` / ``NorMuon`` / ``Dion2``; Liu et al. 2025 (Moonlight),
+    arXiv 2502.16982; Megatron-LM / NVIDIA-NeMo Emerging-Optimizers; karpathy/nanochat; Motif's Muon.
+
+    Examples
+    --------
+    >>> import torch, ortho_fast
+    >>> w = torch.nn.Parameter(torch.randn(8, 4))
+    >>> opt = ortho_fast.optimizer_preset("microsoft-dion-muon", [w], lr=0.02)
+    >>> type(opt).__name__, opt.param_groups[0]["coefficients"]
+    ('Muon', 'polar_express')
     """
     if name not in PRESETS:
         raise ValueError(f"name: unknown optimizer preset {name!r}; known: {list(PRESETS)}")

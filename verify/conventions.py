@@ -272,7 +272,7 @@ class Dion2Conventions:
 #: coefficients, eps 1e-7 clamped, bf16 Newton–Schulz, adjust_lr_fn None = "original").
 TORCH_MUON = MuonConventions(eps_mode="clamp")
 #: ortho_fast.Muon's defaults: torch's, including the clamped normalization that
-#: ``ortho_fast.default_eps_mode("jordan")`` resolves to.
+#: ``ortho_fast.groups.muon.default_eps_mode("jordan")`` resolves to.
 ORTHO_MUON = MuonConventions(eps_mode="clamp")
 #: microsoft/dion's NorMuon (and ``ortho_fast.NorMuon``'s defaults): classic momentum without Nesterov,
 #: Polar Express, "spectral_norm", bf16 Newton–Schulz, the second moment per row with √v + 1e-8.

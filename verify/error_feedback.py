@@ -15,7 +15,7 @@ R = BᵀP this guarantees, exactly:
 (vi)  without error feedback (M_new = μPRᵀ) the same checks hold in the form that mode
       defines, and they measure what is lost: ‖Σ(I − P_tP_tᵀ)B_t‖ of the gradient.
 
-Every check runs ``ortho_fast.dion_update`` (the fast side) step by step, reads its P and R
+Every check runs ``ortho_fast.functional.dion.dion_update`` (the fast side) step by step, reads its P and R
 and evaluates the identities in float64 from the fast values; the tolerances are in
 ``ortho_verify.tolerances.error_feedback``.
 """
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-import ortho_fast
 import ortho_ref
+from ortho_fast.functional.dion import dion_update
 from ortho_verify import tolerances as tol
 from ortho_verify.arrays import TORCH_DTYPES, as_float64 as _f64
 from ortho_verify.results import CheckResult, measured, no_claim
@@ -68,7 +68,7 @@ def _working(a: np.ndarray, transposed: bool) -> np.ndarray:
 
 def run_fast_dion(gradients, q0: np.ndarray, *, mu: float, dtype: str, error_feedback: bool = True,
                   m0: np.ndarray | None = None, reset_momentum: bool = False) -> DionTrace:
-    """Run ``ortho_fast.dion_update`` on ``gradients`` (each (m, n) float64, rounded to ``dtype``)
+    """Run ``ortho_fast.functional.dion.dion_update`` on ``gradients`` (each (m, n) float64, rounded to ``dtype``)
     from momentum ``m0`` (default 0) and right factor ``q0`` (min(m, n), r), lr = 0.
 
     ``reset_momentum``: start every step from M = m0 (with G fixed this is a fixed B, the
@@ -86,8 +86,8 @@ def run_fast_dion(gradients, q0: np.ndarray, *, mu: float, dtype: str, error_fee
             mom = start.clone()
         gt = torch.tensor(g, dtype=tdt)
         b = _f64(mom + gt)  # the same single rounding dion_update's add_ commits
-        upd = ortho_fast.dion_update(x, gt, mom, q, lr=0.0, mu=mu, weight_decay=0.0, epsilon=EPSILON,
-                                     error_feedback=error_feedback)
+        upd = dion_update(x, gt, mom, q, lr=0.0, mu=mu, weight_decay=0.0, epsilon=EPSILON,
+                          error_feedback=error_feedback)
         trace.G.append(_working(_f64(gt), transposed))
         trace.B.append(_working(b, transposed))
         trace.P.append(_f64(upd.P))

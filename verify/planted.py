@@ -17,6 +17,8 @@ from typing import Callable, Iterable
 import torch
 
 import ortho_fast
+from ortho_fast.functional.dion import dion_rank, dion_update, initial_q
+from ortho_fast.functional.muon import adjusted_lr_scale
 from ortho_verify.conventions import DionConventions, MuonConventions
 
 __all__ = ["GRAM_POLAR_EXPRESS", "GRAM_RESTARTS", "JORDAN", "PLANTED_BUGS", "PlantedBug", "SimpleDion", "SimpleMuon",
@@ -205,11 +207,11 @@ class SimpleMuon(torch.optim.Optimizer):
                     buf.div_(torch.linalg.vector_norm(buf))
                 mixed = p.grad.lerp_(buf, mu) if self.nesterov_in_place else p.grad.lerp(buf, mu)  # lerp_: planted
                 o = self.orthogonalizer(mixed if self.nesterov else buf)
-                p.mul_(1 - lr * wd).add_(o, alpha=-lr * ortho_fast.adjusted_lr_scale(self.adjust_lr, *p.shape))
+                p.mul_(1 - lr * wd).add_(o, alpha=-lr * adjusted_lr_scale(self.adjust_lr, *p.shape))
 
 
 class SimpleDion(torch.optim.Optimizer):
-    """A compact Dion built on ``ortho_fast.dion_update`` (Ahn et al., arXiv 2504.05295,
+    """A compact Dion built on ``ortho_fast.functional.dion.dion_update`` (Ahn et al., arXiv 2504.05295,
     Algorithm 1), with planted-bug switches: ``error_feedback_sign=-1`` keeps
     M = B + (1 − μ)PRᵀ instead of B − (1 − μ)PRᵀ; ``weight_noise`` > 0 adds that times N(0, 1)
     noise to the weights after each step.
@@ -238,11 +240,11 @@ class SimpleDion(torch.optim.Optimizer):
             m, n = p.shape
             state = self.state[p]
             if "Q" not in state:  # Q0 from (seed, parameter index), as ortho_fast.Dion
-                r = ortho_fast.dion_rank(m, n, group["rank_fraction"])
+                r = dion_rank(m, n, group["rank_fraction"])
                 state["momentum"] = torch.zeros_like(p)
-                state["Q"] = ortho_fast.initial_q((min(m, n), r), self.seed, index, p.dtype, p.device)
-            upd = ortho_fast.dion_update(p, p.grad, state["momentum"], state["Q"], lr=group["lr"], mu=group["mu"],
-                                         weight_decay=group["weight_decay"], epsilon=1e-8)
+                state["Q"] = initial_q((min(m, n), r), self.seed, index, p.dtype, p.device)
+            upd = dion_update(p, p.grad, state["momentum"], state["Q"], lr=group["lr"], mu=group["mu"],
+                              weight_decay=group["weight_decay"], epsilon=1e-8)
             if self.sign != 1:  # planted: flip the sign of the error-feedback term
                 pr = upd.P @ upd.R.mT
                 state["momentum"].add_((pr.mT if m < n else pr).to(p.dtype), alpha=2 * (1 - group["mu"]))

@@ -58,7 +58,7 @@ from ..groups.dion import (
 )
 from ..groups.driver import GroupRunner, describe_groups
 from ..groups.options import OptionsCache
-from ..validation import FiniteCheck
+from ..validation import FiniteCheck, is_dtensor, local_tensor
 from .comm import all_gather_blocks, all_reduce, all_reduce_axes, broadcast, raise_together
 from .layout import (
     LayoutError,
@@ -67,15 +67,12 @@ from .layout import (
     check_axes,
     dim_indices,
     flat_indices,
-    is_dtensor,
-    local_tensor,
     matrix_layout,
     mesh_axis,
 )
-from .volumes import dion_check_volume, dion_comm_volume
 
 __all__ = ["DionMeshes", "ShardedDim", "DionPlan", "ShardedDionGroups", "resolve_dion_meshes", "dion_plan",
-           "init_sharded_state", "sharded_dion_step", "synchronize_replicas", "dion_comm_volume", "dion_check_volume"]
+           "init_sharded_state", "sharded_dion_step", "synchronize_replicas"]
 
 
 @dataclass(frozen=True)
@@ -156,7 +153,7 @@ def resolve_dion_meshes(replicate_mesh=None, outer_shard_mesh=None, inner_shard_
 
 class ShardedDim(WholeDim):
     """One dimension of the working matrix sharded over mesh axes (the interface of
-    ``ortho_fast.dion.WholeDim``, here with collectives).
+    ``ortho_fast.functional.qr.WholeDim``, here with collectives).
 
     ``index``: this rank's global indices along the dimension (int64, possibly empty or
     strided); ``axes``: the axes sharding it, in mesh-dim order; ``length``: its global length.

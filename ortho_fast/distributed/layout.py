@@ -28,10 +28,9 @@ from typing import Mapping, NamedTuple, Sequence
 import torch
 import torch.distributed as dist
 
-from ..validation import is_dtensor, local_tensor  # re-exported: one definition for the package
+from ..validation import is_dtensor
 
-__all__ = ["ROLES", "LayoutError", "MeshAxis", "MatrixLayout", "mesh_axis", "check_axes", "matrix_layout",
-           "is_dtensor", "local_tensor"]
+__all__ = ["ROLES", "LayoutError", "MeshAxis", "MatrixLayout", "mesh_axis", "check_axes", "matrix_layout"]
 
 #: The optimizer's mesh arguments, in the order they are matched against a parameter's mesh dims.
 ROLES = ("replicate", "outer", "inner")

@@ -64,13 +64,12 @@ from ..groups.muon import (
 )
 from ..groups.muon_stages import VARIANCE_KEY, normuon_variances
 from ..groups.options import MuonOptions, OptionsCache
-from ..validation import FiniteCheck, check_choice
+from ..validation import FiniteCheck, check_choice, is_dtensor, local_tensor
 from . import comm
-from .layout import TP_MODES, LayoutError, MatrixLayout, check_axes, is_dtensor, local_tensor, matrix_layout, mesh_axis
+from .layout import TP_MODES, LayoutError, MatrixLayout, check_axes, matrix_layout, mesh_axis
 from .newton_schulz import newton_schulz_sharded
-from .volumes import muon_comm_volume
 
-__all__ = ["TP_MODES", "MuonSharding", "newton_schulz_sharded", "muon_comm_volume"]
+__all__ = ["MuonSharding"]
 
 _HINT = "pass its mesh dimension as distributed_mesh (FSDP) or tp_mesh (tensor parallelism)"
 

@@ -341,42 +341,43 @@ def newton_schulz(
 ) -> torch.Tensor:
     """Odd quintic Newton–Schulz iteration approximating the polar factor of each matrix.
 
-    X₀ = G / (safety·‖G‖_F + eps) (``eps_mode="add"``; ``"clamp"`` divides by
-    max(safety·‖G‖_F, eps) as torch.optim.Muon does), then per step (a, b, c):
-    X <- aX + (bA + cA²)X with A = XXᵀ, computed on the wide side (tall inputs are
-    transposed and transposed back). In exact arithmetic the result is U f(Σ̂) Vᵀ
-    (``ortho_ref.ns_map``), not the polar factor U Vᵀ.
+    X₀ = G / (safety·‖G‖_F + eps), then per step (a, b, c): X <- aX + (bA + cA²)X, A = XXᵀ; exactly U f(Σ̂) Vᵀ
+    (``ortho_ref.ns_map``) within ``ortho_verify.tolerances.ns_tolerance``. docs/math.md, §2.2b, has the details.
 
-    Shapes: g (..., m, n) -> (..., m, n); any number of leading dims, each matrix an
-    independent problem with its own Frobenius norm (a 2-D input takes the 2-D ``addmm``
-    path of torch.optim.Muon, a batch the ``bmm``/``baddbmm`` path; the two are equal in
-    exact arithmetic, not bit for bit). Dtypes: see the module docstring — computed in
-    ``dtype`` (bfloat16, float16, float32, float64, None = g.dtype, or Megatron's "medium" /
-    "high" / "highest"), returned in ``out_dtype`` (default g.dtype). Device: that of ``g``.
-    Args: ``coefficients`` a name in ``ortho_fast.COEFFICIENTS``, a ``CoefficientSchedule``,
-    or per-step rows (a list of (a, b, c) rows, or a (T, 3) tensor / array; one (a, b, c) row
-    alone is repeated for 5 steps); ``steps`` overrides the number of steps (last row
-    repeated beyond the table, fewer truncates); ``gram`` runs the steps on the small side's Gram
-    matrix (``gram_iterate``, Gram Newton–Schulz: the same polynomial, 0.6–0.92× the
-    multiply-adds from aspect ratio 2 up; restarts before steps ``gram_restarts(T)``): None
-    (default) chooses it for float32 / float64 compute with max(m, n) >= 2·min(m, n) (not with
-    "high", TF32), True forces it (float16, float32 or float64: the fast float16 Gram kernel of Dao
-    AI Lab's gram-newton-schulz is ``dtype=torch.float16, gram=True``), False never.
-    Works under ``torch.compile`` (fullgraph for torch dtypes; the "high"/"highest" names
-    switch a global setting around the call and are meant for eager use).
-    Source: Keller Jordan's Muon (2024) ``zeropower_via_newtonschulz5``; torch.optim.Muon
-    ``_zeropower_via_newtonschulz``; Amsel et al. 2025 (arXiv 2505.16932) for per-step rows;
-    NVIDIA Emerging-Optimizers ``muon_utils.newton_schulz`` for the precision names; Dao AI Lab's
-    gram-newton-schulz (2025) for Gram Newton–Schulz in float16.
-    Raises: TypeError for a non-tensor or non-float ``g``, an unsupported ``dtype``, an
-    ``out_dtype`` that is not a real floating torch.dtype, or a non-bool ``gram``; ValueError for
-    ``gram=True`` with bfloat16 or TF32 ("high") compute, fewer than 2 dims, an empty matrix, a ``g``
-    that requires grad while grad mode is on, a bad or divergent table, steps < 1, safety <= 0,
-    eps < 0, or an unknown ``eps_mode``; UnknownScheduleError (a KeyError and a ValueError) for
-    an unknown schedule name. NaN / Inf in
-    ``g`` propagate (the optimizers check gradients before calling this).
-    Contract: ‖result − ns_map(g)‖_F within ``ortho_verify.tolerances.ns_tolerance`` (per matrix; float16
-    Gram: per direction within ``ns_gram_singular_value_tolerances`` with ``gram_restarts``).
+    Parameters
+    ----------
+    g : (..., m, n) real floating Tensor
+        The matrices; any number of leading dims; must not require grad while grad mode is on.
+    coefficients, steps : str, CoefficientSchedule, (a, b, c) rows or (T, 3) Tensor, int, default "jordan", None
+        A name in ``ortho_fast.COEFFICIENTS``, a schedule or rows; the step count (None: the schedule's).
+    safety, eps : float, default 1.0, 1e-7
+        The normalization's divisor of ‖G‖_F (> 0; Polar Express 1.02) and its epsilon (≥ 0).
+    dtype : torch.dtype or {"medium", "high", "highest"} or None, default torch.bfloat16
+        The compute dtype (bfloat16, float16, float32, float64; None: g.dtype; Megatron's precision names).
+    eps_mode, out_dtype : {"add", "clamp"}, torch.dtype, default "add", None
+        Keller Jordan's / (s‖G‖_F + eps) or torch's / max(s‖G‖_F, eps); the result's dtype (None: g.dtype).
+    gram : bool, optional
+        Gram Newton–Schulz (``gram_iterate``): None for float32 / float64 compute at aspect ratio ≥ 2.
+
+    Returns
+    -------
+    (..., m, n) Tensor
+        The Newton–Schulz image of ``g``, in ``out_dtype``, on ``g``'s device.
+
+    Raises
+    ------
+    TypeError, ValueError, UnknownScheduleError
+        Naming the argument: a bad ``g`` (non-float, requires grad, < 2 dims, empty), dtype, table or name.
+
+    References
+    ----------
+    KellerJordan/Muon; torch.optim.Muon; Polar Express, arXiv 2505.16932; Dao-AILab/gram-newton-schulz.
+
+    Examples
+    --------
+    >>> import torch, ortho_fast
+    >>> ortho_fast.newton_schulz(torch.randn(4, 16), "polar_express", safety=1.02, eps=1e-6).shape
+    torch.Size([4, 16])
     """
     check_matrix_tensor(g, "g")
     if g.requires_grad and torch.is_grad_enabled():

@@ -2,7 +2,7 @@
 norms, biases, scalars and the output head, stepped by multi-tensor (``_foreach``) operations per
 (device, dtype). The math is in ``ortho_fast.functional.scalar``.
 
-Each algorithm implements the contract that ``ortho_fast.hybrid.HybridOptimizer`` drives
+Each algorithm implements the contract that ``ortho_fast.HybridOptimizer`` drives
 (the same as ``muon`` and ``dion``):
 
     <ALG>_DEFAULTS                     dict of the group options and their defaults

@@ -119,7 +119,7 @@ def _place(full: torch.Tensor, mesh, codes) -> torch.Tensor:
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    from ortho_fast.distributed.layout import is_dtensor
+    from ortho_fast.validation import is_dtensor
 
     return (t.full_tensor() if is_dtensor(t) else t).detach().to(F64, copy=True)
 

@@ -23,7 +23,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import ortho_fast
-from ortho_fast.distributed.dion import dion_check_volume, dion_comm_volume
+from ortho_fast.distributed.volumes import dion_check_volume, dion_comm_volume
+from ortho_fast.functional.dion import dion_rank
 from ortho_verify.tolerances import sharded_tolerance
 from ortho_verify.workers import run_workers
 from tests.distributed.dion_workers import CASES, F64, IN, MESHES, OUT, REP, Case, option_items, worker
@@ -41,8 +42,8 @@ def _layouts(draw) -> Case:
     shape = (draw(st.integers(1, 11)), draw(st.integers(1, 11)))
     b = draw(st.sampled_from(("R", "S0", "S1")))
     a = draw(st.sampled_from(("R", "S0", "S1") + (("SS0",) if b == "S0" else ())))
-    options = option_items(qr_method=draw(st.sampled_from(ortho_fast.dion.QR_METHODS)),
-                    right_factor=draw(st.sampled_from(ortho_fast.dion.RIGHT_FACTORS)),
+    options = option_items(qr_method=draw(st.sampled_from(ortho_fast.functional.qr.QR_METHODS)),
+                    right_factor=draw(st.sampled_from(ortho_fast.functional.dion.RIGHT_FACTORS)),
                     rank_fraction=draw(st.sampled_from((0.3, 0.5, 1.0))))
     return Case(f"random {shape} {a},{b} {dict(options)}", "ab", ((OUT, "a"), (IN, "b")), ((shape, (a, b)),), options)
 
@@ -104,7 +105,7 @@ def _analytic(case: Case, world: int) -> dict[str, int]:
     total: dict[str, int] = {}
     for pshape, codes in case.params:
         m, n = pshape[0], math.prod(pshape[1:])
-        r = ortho_fast.dion_rank(m, n, dict(case.options).get("rank_fraction", 1.0))
+        r = dion_rank(m, n, dict(case.options).get("rank_fraction", 1.0))
         sharded = [(c, shape[d]) for d, c in enumerate(codes or ()) if c != "R"]
         rows = [s for c, s in sharded if c.endswith("S0")]
         cols = [s for c, s in sharded if not c.endswith("S0")]

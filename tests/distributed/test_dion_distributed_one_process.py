@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import ortho_fast
-from ortho_fast.distributed.dion import dion_comm_volume
+from ortho_fast.distributed.volumes import dion_comm_volume
+from ortho_fast.functional.dion import initial_q
 from tests.distributed.dion_workers import F64, LR, SEED, seeded_tensor
 
 
@@ -52,7 +53,7 @@ def test_init_state_one_process():
     assert all(torch.equal(a, b) for a, b in zip(pa, pb))
     for i, (p, q_shape) in enumerate(zip(pb, ((4, 2), (3, 2)))):
         st = ob.state[p]
-        assert torch.equal(st["Q"], ortho_fast.initial_q(q_shape, SEED, i, F64, "cpu"))
+        assert torch.equal(st["Q"], initial_q(q_shape, SEED, i, F64, "cpu"))
         assert torch.equal(st["momentum"], torch.zeros_like(p)) and int(st["step"]) == 0
     ob.synchronize_for_checkpoint()
     for step in range(2):

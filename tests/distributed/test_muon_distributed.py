@@ -122,7 +122,7 @@ def _run_case(case: dict, meshes: dict, rank: int) -> dict:
 
     from ortho_fast import Muon
     from ortho_fast.distributed.comm import record_collectives
-    from ortho_fast.distributed.muon import muon_comm_volume
+    from ortho_fast.distributed.volumes import muon_comm_volume
 
     dtype = DTYPES[case["dtype"]]
     kw = dict(lr=0.05, weight_decay=0.1, dtype=torch.bfloat16 if case["dtype"] == "bf16" else dtype, **case["kw"])
@@ -406,7 +406,7 @@ def test_sharded_newton_schulz_on_one_rank_is_newton_schulz(example, sharded_dim
     """With the Gram matrix of either side (p(XXᵀ)X = X p(XᵀX)) and the normalization from the
     reduced max and sum of squares, the sharded iteration is the one-process one up to rounding."""
     from ortho_fast import newton_schulz
-    from ortho_fast.distributed.muon import newton_schulz_sharded
+    from ortho_fast.distributed.newton_schulz import newton_schulz_sharded
 
     x = torch.from_numpy(example[0])
     kw = dict(safety=1.02, eps=1e-6) if coefficients == "polar_express" else {}
@@ -416,7 +416,7 @@ def test_sharded_newton_schulz_on_one_rank_is_newton_schulz(example, sharded_dim
 
 
 def test_comm_volume_formulas():
-    from ortho_fast.distributed.muon import muon_comm_volume
+    from ortho_fast.distributed.volumes import muon_comm_volume
 
     assert muon_comm_volume((8, 12), dp="fsdp", dp_size=4) == {"gather": 96, "scatter": 96}
     assert muon_comm_volume((8, 12), dp="ddp", dp_size=2, owner=False) == {"broadcast": 96}

@@ -55,7 +55,7 @@ def _run(case, meshes):
 
     from ortho_fast import Muon
     from ortho_fast.distributed.comm import record_collectives
-    from ortho_fast.distributed.muon import muon_comm_volume
+    from ortho_fast.distributed.volumes import muon_comm_volume
     from ortho_fast.functional.muon_stages import normuon_variance_shape
 
     name, mesh_name, params, dp, tp, mode, options, expect = case

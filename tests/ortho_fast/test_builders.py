@@ -1,7 +1,7 @@
 """The two ways of building a whole model's optimizer agree: ``MuonConfig(...).build(model)`` /
 ``DionConfig(...).build(model)`` and ``HybridOptimizer(param_groups(model, algorithm=..., ...))``
 give every parameter the same group hyperparameters, with the defaults of the one table
-``ortho_fast.grouping.HYBRID_DEFAULTS`` — the table docs/compatibility.md states ("Whole-model
+``ortho_fast.param_assignment.HYBRID_DEFAULTS`` — the table docs/compatibility.md states ("Whole-model
 defaults")."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ortho_fast import DionConfig, HybridOptimizer, MuonConfig, param_groups
-from ortho_fast.grouping import HYBRID_DEFAULTS
+from ortho_fast.param_assignment import HYBRID_DEFAULTS
 from tests.ortho_fast.helpers import D_MODEL, gpt_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -223,7 +223,8 @@ def test_configs_built_from_aliases_equal_configs_from_our_names():
 
 
 def test_alias_tables_name_options_that_exist():
-    from ortho_fast import DION_DEFAULTS, MUON_DEFAULTS
+    from ortho_fast.groups.dion import DION_DEFAULTS
+    from ortho_fast.groups.muon import MUON_DEFAULTS
 
     assert {a.option for a in MUON_ALIASES} <= set(MUON_DEFAULTS) | {"tp_mode"}
     assert {a.option for a in DION_ALIASES} <= set(DION_DEFAULTS)

@@ -14,7 +14,8 @@ from hypothesis import given, settings, strategies as st
 import ortho_fast
 import ortho_ref
 from ortho_fast import Dion
-from ortho_fast.dion import sketch_rows
+from ortho_fast.functional.dion import dion_update, initial_q
+from ortho_fast.functional.qr import gaussian_sketch, sketch_generator, sketch_rows
 from ortho_verify import tolerances as tol
 from tests.ortho_fast.helpers import DION_SEED, rng_for, spectral_matrix
 
@@ -33,9 +34,9 @@ def _sketches(opts, shape, r, step, dtype, index=0):
     k = sketch_rows(r, opts.get("oversample", 1.25))
     if opts.get("qr_method") != "randomized_cholesky_qr" or k >= rows:
         return None
-    gen = ortho_fast.sketch_generator(DION_SEED, index, step, "cpu")
+    gen = sketch_generator(DION_SEED, index, step, "cpu")
     f_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-    return [ortho_fast.gaussian_sketch(gen, k, rows, f_dtype, "cpu").double().numpy()
+    return [gaussian_sketch(gen, k, rows, f_dtype, "cpu").double().numpy()
             for _ in range(opts.get("power_iters", 1))]
 
 
@@ -87,7 +88,7 @@ def _step_and_compare(shape, opts, *, param_dtype=torch.float64, momentum_dtype=
 
 OPTION_GRID = [
     dict(qr_method=qr, right_factor=rf, power_iters=pi)
-    for qr in ortho_fast.dion.QR_METHODS for rf in ortho_fast.dion.RIGHT_FACTORS for pi in (1, 2, 3)
+    for qr in ortho_fast.functional.qr.QR_METHODS for rf in ortho_fast.functional.dion.RIGHT_FACTORS for pi in (1, 2, 3)
 ]
 
 
@@ -106,7 +107,7 @@ def test_float64_matches_reference_for_every_option(shape, rank_fraction, rank_m
 
 
 @pytest.mark.parametrize("epsilon", [0.3, 5.0])
-@pytest.mark.parametrize("qr_method", ortho_fast.dion.QR_METHODS)
+@pytest.mark.parametrize("qr_method", ortho_fast.functional.qr.QR_METHODS)
 @pytest.mark.parametrize("power_iters", [1, 2])
 def test_float64_epsilon_matches_reference(epsilon, qr_method, power_iters):
     """The column normalization's ε at sizes comparable to ‖R_j‖ (‖B‖ ≈ 1 here), where a fast
@@ -124,7 +125,7 @@ def _warm_state(shape, r, g, rng):
     return 0.5 * g, np.linalg.qr(v + 0.1 * rng.standard_normal(v.shape))[0]
 
 
-@pytest.mark.parametrize("qr_method", ortho_fast.dion.QR_METHODS)
+@pytest.mark.parametrize("qr_method", ortho_fast.functional.qr.QR_METHODS)
 @pytest.mark.parametrize("momentum_dtype, q_dtype", [
     (torch.float32, None), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.bfloat16, None),
 ])
@@ -140,7 +141,7 @@ def test_mixed_precision_matches_float64_reference(momentum_dtype, q_dtype, qr_m
                       state=_warm_state, key="warm")
 
 
-@pytest.mark.parametrize("qr_method", ortho_fast.dion.QR_METHODS)
+@pytest.mark.parametrize("qr_method", ortho_fast.functional.qr.QR_METHODS)
 def test_float32_parameters(qr_method):
     _step_and_compare((24, 16), dict(qr_method=qr_method, rank_fraction=0.5), param_dtype=torch.float32, cond=10.0)
 
@@ -148,8 +149,8 @@ def test_float32_parameters(qr_method):
 @settings(deadline=None)
 @given(m=st.integers(1, 40), n=st.integers(1, 40), log_cond=st.floats(0.0, 5.0),
        rank_fraction=st.sampled_from([1.0, 0.5, 0.25, 1 / 16]), power_iters=st.integers(1, 3),
-       qr_method=st.sampled_from(ortho_fast.dion.QR_METHODS),
-       right_factor=st.sampled_from(ortho_fast.dion.RIGHT_FACTORS),
+       qr_method=st.sampled_from(ortho_fast.functional.qr.QR_METHODS),
+       right_factor=st.sampled_from(ortho_fast.functional.dion.RIGHT_FACTORS),
        error_feedback=st.booleans(), seed=st.integers(0, 2**16))
 def test_one_step_property(m, n, log_cond, rank_fraction, power_iters, qr_method, right_factor, error_feedback, seed):
     """Random shapes, spectra and options: compare with the oracle where the comparison is well
@@ -165,8 +166,8 @@ def test_one_step_property(m, n, log_cond, rank_fraction, power_iters, qr_method
     b = (mom + g).numpy()
     b = b.T if m < n else b
     gen = torch.Generator().manual_seed(seed)
-    upd = ortho_fast.dion_update(x, g, mom, q, lr=LR, mu=MU, weight_decay=WD, epsilon=1e-8, power_iters=power_iters,
-                                 qr_method=qr_method, right_factor=right_factor, generator=gen)
+    upd = dion_update(x, g, mom, q, lr=LR, mu=MU, weight_decay=WD, epsilon=1e-8, power_iters=power_iters,
+                      qr_method=qr_method, right_factor=right_factor, generator=gen)
     p, r_mat = upd.P.numpy(), upd.R.numpy()
     omega = float(np.linalg.norm(p.T @ p - np.eye(r)))
     if qr_method != "randomized_cholesky_qr":  # the randomized one's bound needs the sketch (test_dion_bitwise.py)
@@ -199,7 +200,7 @@ def test_several_steps_track_the_reference():
         st_ = opt.state.get(p, {})
         m_in = st_["momentum"].clone().numpy() if st_ else np.zeros(shape)
         q_in = (st_["Q"].clone().numpy() if st_
-                else ortho_fast.initial_q((24, r), DION_SEED, 1, torch.float64, "cpu").numpy())
+                else initial_q((24, r), DION_SEED, 1, torch.float64, "cpu").numpy())
         p.grad = torch.tensor(g)
         opt.step()
         ref_opts = {k: v for k, v in opts.items() if k != "rank_fraction"}

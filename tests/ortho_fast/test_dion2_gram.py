@@ -17,6 +17,7 @@ import ortho_fast
 import ortho_ref
 from ortho_fast.functional import dion2 as dion2_math
 from ortho_fast.functional.newton_schulz import frobenius_normalize_, gram_iterate, gram_restarts, power_of_two_scale
+from ortho_fast.groups.dion2 import DION2_DEFAULTS
 from ortho_verify.checks import compare_ns_output
 from ortho_verify.checks.dion2 import compare_dion2_step
 from ortho_verify.spectra import matrix_with_spectrum
@@ -57,7 +58,7 @@ def _judge_gram_float16(g, selected, rows, p, schedule) -> list:
     a = held[selected] if rows else held[:, selected]
     w = -p.detach().double().numpy()
     update = w[selected] if rows else w[:, selected]
-    return compare_ns_output(update, a, table, safety=sched.safety, eps=ortho_fast.DION2_DEFAULTS["epsilon"],
+    return compare_ns_output(update, a, table, safety=sched.safety, eps=DION2_DEFAULTS["epsilon"],
                              dtype="float16", input_name=f"{a.shape}", detail=f"Dion2 float16 gram {schedule}",
                              form="gram", restarts=gram_restarts(len(table)))
 

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 import ortho_fast
-from ortho_fast import DION_DEFAULTS, Dion, check_dion_step, dion_group_step, normalize_dion_group
-from ortho_fast.dion import sketch_rows
+from ortho_fast import Dion
+from ortho_fast.functional.dion import dion_rank, dion_update, initial_q
+from ortho_fast.functional.qr import gaussian_sketch, orthonormalize, sketch_generator, sketch_rows
+from ortho_fast.groups.dion import DION_DEFAULTS, check_dion_step, dion_group_step, normalize_dion_group
 from ortho_verify import tolerances as tol
 from ortho_verify.spectra import matrix_with_spectrum
 from tests.ortho_fast.helpers import DION_RANDOMIZED, DION_SEED, SHAPES, rng_for, spectral_matrix
@@ -34,9 +36,9 @@ def _tall(rows, r, cond, seed):
 def test_cholesky_qr2_falls_back_to_householder(dtype, cond):
     """κ(Y) beyond u^(-1/2) of the factorization dtype: CholeskyQR2 returns Householder's P bit for bit."""
     y = _tall(50, 10, cond, 0).to(dtype)
-    assert torch.equal(ortho_fast.orthonormalize(y, "cholesky_qr"), ortho_fast.orthonormalize(y))
+    assert torch.equal(orthonormalize(y, "cholesky_qr"), orthonormalize(y))
     y_ok = _tall(50, 10, 10.0, 0).to(dtype)
-    assert not torch.equal(ortho_fast.orthonormalize(y_ok, "cholesky_qr"), ortho_fast.orthonormalize(y_ok))
+    assert not torch.equal(orthonormalize(y_ok, "cholesky_qr"), orthonormalize(y_ok))
 
 
 def test_randomized_qr_sketch_and_fallback():
@@ -45,19 +47,19 @@ def test_randomized_qr_sketch_and_fallback():
     y = _tall(10, 8, 10.0, 1)
     gen = torch.Generator().manual_seed(3)
     before = gen.get_state()
-    assert torch.equal(ortho_fast.orthonormalize(y, "randomized_cholesky_qr", generator=gen),
-                       ortho_fast.orthonormalize(y))
+    assert torch.equal(orthonormalize(y, "randomized_cholesky_qr", generator=gen),
+                       orthonormalize(y))
     assert torch.equal(gen.get_state(), before)
     y = _tall(64, 6, 1e10, 2)  # far past CholeskyQR2: the sketch preconditions it
-    a, b, c = (ortho_fast.orthonormalize(y, "randomized_cholesky_qr", generator=torch.Generator().manual_seed(s))
+    a, b, c = (orthonormalize(y, "randomized_cholesky_qr", generator=torch.Generator().manual_seed(s))
                for s in (4, 4, 5))
     assert torch.equal(a, b) and not torch.equal(a, c)
-    sketch = ortho_fast.gaussian_sketch(torch.Generator().manual_seed(4), sketch_rows(6), 64, torch.float64, "cpu")
+    sketch = gaussian_sketch(torch.Generator().manual_seed(4), sketch_rows(6), 64, torch.float64, "cpu")
     ks = tol.sketch_condition(y.numpy(), sketch.numpy())
     omega = tol.qr_orthogonality_tolerance(64, 6, "randomized_cholesky_qr", sketch_condition=ks)
     assert np.linalg.norm(a.numpy().T @ a.numpy() - np.eye(6)) <= omega
     with pytest.raises(TypeError, match="^generator:"):
-        ortho_fast.orthonormalize(y, "randomized_cholesky_qr")
+        orthonormalize(y, "randomized_cholesky_qr")
 
 
 # =======================================================================================
@@ -105,15 +107,15 @@ def test_optimizer_step_is_dion_update_with_the_documented_generator():
     ps = [torch.nn.Parameter(torch.tensor(0.02 * rng.standard_normal(s))) for s in SHAPES]
     opt = Dion(ps, seed=DION_SEED, **DION_RANDOMIZED)
     x = ps[2].detach().clone()
-    r = ortho_fast.dion_rank(20, 20, 0.5)
-    mom, q = torch.zeros(20, 20, dtype=torch.float64), ortho_fast.initial_q((20, r), DION_SEED, 2, torch.float64, "cpu")
+    r = dion_rank(20, 20, 0.5)
+    mom, q = torch.zeros(20, 20, dtype=torch.float64), initial_q((20, r), DION_SEED, 2, torch.float64, "cpu")
     for t in (1, 2):
         for p in ps:
             p.grad = torch.tensor(spectral_matrix(tuple(p.shape), rng))
         opt.step()
-        ortho_fast.dion_update(x, ps[2].grad, mom, q, lr=0.01, mu=0.95, weight_decay=0.01, epsilon=1e-8,
-                               power_iters=2, qr_method="randomized_cholesky_qr", right_factor="qr",
-                               generator=ortho_fast.sketch_generator(DION_SEED, 2, t, "cpu"))
+        dion_update(x, ps[2].grad, mom, q, lr=0.01, mu=0.95, weight_decay=0.01, epsilon=1e-8,
+                    power_iters=2, qr_method="randomized_cholesky_qr", right_factor="qr",
+                    generator=sketch_generator(DION_SEED, 2, t, "cpu"))
         assert torch.equal(x, ps[2].detach()) and torch.equal(mom, opt.state[ps[2]]["momentum"])
         assert torch.equal(q, opt.state[ps[2]]["Q"])
 
@@ -142,14 +144,14 @@ def test_state_dict_round_trip_is_bitwise(param_dtype, extra):
 # =======================================================================================
 
 
-@pytest.mark.parametrize("qr_method", ortho_fast.dion.QR_METHODS)
-@pytest.mark.parametrize("right_factor", ortho_fast.dion.RIGHT_FACTORS)
+@pytest.mark.parametrize("qr_method", ortho_fast.functional.qr.QR_METHODS)
+@pytest.mark.parametrize("right_factor", ortho_fast.functional.dion.RIGHT_FACTORS)
 def test_zero_gradient_only_decays(qr_method, right_factor):
     p = torch.nn.Parameter(torch.ones(12, 8, dtype=torch.float64))
     opt = Dion([p], lr=0.1, weight_decay=0.5, rank_fraction=0.5, qr_method=qr_method, right_factor=right_factor, seed=2)
     p.grad = torch.zeros(12, 8, dtype=torch.float64)
     opt.step()
-    assert torch.equal(opt.state[p]["Q"], ortho_fast.initial_q((8, 4), 2, 0, torch.float64, "cpu"))
+    assert torch.equal(opt.state[p]["Q"], initial_q((8, 4), 2, 0, torch.float64, "cpu"))
     assert not opt.state[p]["momentum"].any() and torch.equal(p.detach(),
                                                               torch.full((12, 8), 0.95, dtype=torch.float64))
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-import ortho_fast
 import ortho_ref
 from ortho_fast import Dion
+from ortho_fast.functional.dion import dion_rank, dion_update, initial_q
 from ortho_verify import tolerances as tol
 from tests.ortho_fast.helpers import SHAPE_IDS, SHAPES, gradient_matrix, rng_for
 
@@ -61,8 +61,8 @@ def _check_dion_invariants(w_in, g, m_in, q_in, *, power_iters, error_feedback):
     feedback; M_new = μPRᵀ, (I − PPᵀ)M_new = 0 and PᵀM_new = μPᵀB without."""
     m, n = w_in.shape
     x, mom, q = torch.tensor(w_in), torch.tensor(m_in), torch.tensor(q_in)
-    upd = ortho_fast.dion_update(x, torch.tensor(g), mom, q, lr=DION_LR, mu=DION_MU, weight_decay=DION_WD,
-                                 epsilon=1e-8, power_iters=power_iters, error_feedback=error_feedback)
+    upd = dion_update(x, torch.tensor(g), mom, q, lr=DION_LR, mu=DION_MU, weight_decay=DION_WD,
+                      epsilon=1e-8, power_iters=power_iters, error_feedback=error_feedback)
     transposed = m < n
     b = (m_in + g).T if transposed else m_in + g
     m_new = mom.numpy().T if transposed else mom.numpy()
@@ -163,7 +163,7 @@ def test_dion_no_error_feedback_momentum_tolerance():
 def test_dion_q0_deterministic_and_shaped(shape, rank_fraction):
     m, n = shape
     r = ortho_ref.dion_rank(m, n, rank_fraction)
-    assert ortho_fast.dion_rank(m, n, rank_fraction) == r
+    assert dion_rank(m, n, rank_fraction) == r
 
     def q0_of(seed, n_params=2):
         ps = [torch.nn.Parameter(torch.ones(shape, dtype=torch.float64)) for _ in range(n_params)]
@@ -176,8 +176,8 @@ def test_dion_q0_deterministic_and_shaped(shape, rank_fraction):
     a, b = q0_of(3), q0_of(3)
     assert a[0].shape == (min(m, n), r) == ortho_ref.q_shape(m, n, r)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    assert torch.equal(a[0], ortho_fast.initial_q((min(m, n), r), 3, 0, torch.float64, "cpu"))
-    assert torch.equal(a[1], ortho_fast.initial_q((min(m, n), r), 3, 1, torch.float64, "cpu"))
+    assert torch.equal(a[0], initial_q((min(m, n), r), 3, 0, torch.float64, "cpu"))
+    assert torch.equal(a[1], initial_q((min(m, n), r), 3, 1, torch.float64, "cpu"))
     assert not torch.equal(a[0], a[1])  # a different parameter index draws a different Q0
     assert not torch.equal(a[0], q0_of(4)[0])  # a different seed too
     # the global RNG is not used
@@ -217,7 +217,7 @@ def test_dion_zero_gradient_zero_momentum(shape):
     w0 = torch.tensor(0.02 * rng_for("zero", shape).standard_normal(shape))
     p = torch.nn.Parameter(w0.clone())
     opt = Dion([p], lr=lr, weight_decay=wd, rank_fraction=0.5, seed=9)
-    q0 = ortho_fast.initial_q((min(m, n), ortho_fast.dion_rank(m, n, 0.5)), 9, 0, torch.float64, "cpu")
+    q0 = initial_q((min(m, n), dion_rank(m, n, 0.5)), 9, 0, torch.float64, "cpu")
     for step in range(2):
         p.grad = torch.zeros(shape, dtype=torch.float64)
         opt.step()

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 import ortho_fast
-from ortho_fast import ADAMW_DEFAULTS, HybridOptimizer
+from ortho_fast import HybridOptimizer
+from ortho_fast.groups.scalar import ADAMW_DEFAULTS
 
 # =======================================================================================
 # microsoft/dion groups, options, errors

@@ -11,8 +11,9 @@ import math
 import pytest
 from torch import nn
 
-import ortho_fast
 from ortho_fast import HybridOptimizer, param_groups
+from ortho_fast.groups.muon import MUON_DEFAULTS
+from ortho_fast.groups.scalar import ADAMW_DEFAULTS
 from tests.ortho_fast.helpers import D_MODEL, VOCAB, gpt_model, groups_by_name
 
 
@@ -73,9 +74,9 @@ def test_param_groups_defaults_follow_the_matrix_algorithm():
     scalars at the same lr with torch.optim.AdamW's weight decay, no head scaling), the
     embeddings weight decay 0."""
     groups = param_groups(gpt_model(), expert_keys=("experts",))
-    mu = ortho_fast.MUON_DEFAULTS
+    mu = MUON_DEFAULTS
     assert _assignment(groups) == _expected(mu["lr"], mu["lr"], mu["weight_decay"],
-                                            ortho_fast.ADAMW_DEFAULTS["weight_decay"],
+                                            ADAMW_DEFAULTS["weight_decay"],
                                             mu["lr"])
     without_experts = _assignment(param_groups(gpt_model()))
     assert without_experts["_orig_mod.moe.experts.b1"][0] == "muon"  # (E, 2d) counts as a matrix then
@@ -97,7 +98,7 @@ def test_param_groups_tied_embedding_is_an_embedding():
 def test_lm_head_lr_scale(scale, d_model, expected):
     groups = param_groups(gpt_model(), scalar_lr=1e-2, lm_head_lr_scale=scale, d_model=d_model)
     assert _assignment(groups)["_orig_mod.lm_head.weight"] == ("adamw", expected,
-                                                               ortho_fast.ADAMW_DEFAULTS["weight_decay"])
+                                                               ADAMW_DEFAULTS["weight_decay"])
 
 
 def test_head_names_only_at_the_top_except_lm_head():
@@ -112,7 +113,7 @@ def test_head_names_only_at_the_top_except_lm_head():
     net.lm_head.w_out = nn.Linear(D_MODEL, 2 * VOCAB, bias=False)
     got = _assignment(param_groups(nn.DataParallel(net), scalar_lr=1e-2, d_model=D_MODEL,
                                    lm_head_lr_scale="inv_sqrt_d_model"))
-    head = ("adamw", 1e-2 / math.sqrt(D_MODEL), ortho_fast.ADAMW_DEFAULTS["weight_decay"])
+    head = ("adamw", 1e-2 / math.sqrt(D_MODEL), ADAMW_DEFAULTS["weight_decay"])
     assert got["module.output.weight"] == got["module.lm_head.w_out.weight"] == head
     assert got["module.layer.output.weight"][0] == "muon" and got["module.layer.output.bias"][0] == "adamw"
     with pytest.raises(ValueError, match="d_model: output heads of different fan_in"):

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 import ortho_fast
-from ortho_fast import ADAMW_DEFAULTS, DionConfig, HybridOptimizer, MuonConfig, lion_group_step, normalize_lion_group
+from ortho_fast import DionConfig, HybridOptimizer, MuonConfig
+from ortho_fast.groups.scalar import ADAMW_DEFAULTS, lion_group_step, normalize_lion_group
 from tests.ortho_fast.helpers import D_MODEL, HYBRID_CONFIGS, assert_same_model, fill_grads, gpt_model, groups_by_name
 
 # =======================================================================================

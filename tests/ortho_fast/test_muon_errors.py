@@ -11,7 +11,8 @@ import copy
 import pytest
 import torch
 
-from ortho_fast import Muon, muon_momentum
+from ortho_fast import Muon
+from ortho_fast.functional.muon import muon_momentum
 from tests.ortho_fast.helpers import layout_optimizer, layout_params, rng_for
 from tests.round_trip import run_steps
 

@@ -13,9 +13,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-import ortho_fast
-from ortho_fast import Muon, is_expert_name, muon_layout, muon_momentum, newton_schulz
-from ortho_fast.muon import ADJUST_LR_MODES
+from ortho_fast import Muon, newton_schulz
+from ortho_fast.functional.layout import is_expert_name, muon_layout
+from ortho_fast.functional.muon import ADJUST_LR_MODES, muon_momentum
+from ortho_fast.param_assignment import normalize_name
 from tests.ortho_fast.helpers import (
     BASE,
     ROWS,
@@ -111,7 +112,7 @@ def test_expert_name_matching():
     with pytest.raises(TypeError, match="^expert_keys:"):
         is_expert_name("mlp.experts.w", [None])
     with pytest.raises(TypeError, match="^name:"):
-        ortho_fast.normalize_name(None)
+        normalize_name(None)
 
 
 def _split_rows(sizes, groups=1, heads=None):

@@ -17,8 +17,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import ortho_ref
-from ortho_fast import Muon, adjusted_lr_scale, newton_schulz
-from ortho_fast.muon import ADJUST_LR_MODES
+from ortho_fast import Muon, newton_schulz
+from ortho_fast.functional.muon import ADJUST_LR_MODES, adjusted_lr_scale
 from tests.ortho_fast.helpers import (
     BASE,
     ROWS,

@@ -13,6 +13,8 @@ import torch
 import ortho_fast
 import ortho_ref
 from ortho_fast import Muon
+from ortho_fast.functional.muon import adjusted_lr_scale
+from ortho_fast.groups.muon import default_eps_mode
 from ortho_verify import tolerances as tol
 from ortho_verify.registry import MUON_COMBOS  # momentum style x nesterov x adjust_lr x weight decay x coefficients
 from tests.ortho_fast.helpers import SHAPE_IDS, SHAPES, gradient_matrix, rng_for
@@ -92,7 +94,7 @@ def test_muon_normalization_defaults_follow_the_schedule(coefficients, expected)
     p = [torch.nn.Parameter(torch.ones(4, 6))]
     group = Muon(p, coefficients=coefficients).param_groups[0]
     assert (group["eps_mode"], group["safety"], group["eps"]) == expected
-    assert ortho_fast.default_eps_mode(coefficients) == expected[0]
+    assert default_eps_mode(coefficients) == expected[0]
     group = Muon(p, coefficients=coefficients, eps_mode="add", safety=1.5, eps=0.0).param_groups[0]
     assert (group["eps_mode"], group["safety"], group["eps"]) == ("add", 1.5, 0.0)
 
@@ -129,7 +131,7 @@ def test_muon_float64_matches_reference(style, nesterov, adjust_lr, weight_decay
         assert p.dtype == torch.float64 and opt.state[p]["momentum_buffer"].dtype == torch.float64
         assert w_err <= w_tol, f"{shape}: weight error {w_err:.3e} > {w_tol:.3e}"
         assert m_err <= m_tol, f"{shape}: momentum error {m_err:.3e} > {m_tol:.3e}"
-        assert ref.lr_scale == ortho_fast.adjusted_lr_scale(adjust_lr, *shape)
+        assert ref.lr_scale == adjusted_lr_scale(adjust_lr, *shape)
 
 
 def test_muon_zero_gradient_with_eps_zero_only_decays():

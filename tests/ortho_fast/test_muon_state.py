@@ -14,7 +14,8 @@ from collections import defaultdict
 import pytest
 import torch
 
-from ortho_fast import MUON_DEFAULTS, Muon, check_muon_step, muon_group_step, normalize_muon_group
+from ortho_fast import Muon
+from ortho_fast.groups.muon import MUON_DEFAULTS, check_muon_step, muon_group_step, normalize_muon_group
 from tests.ortho_fast.helpers import LAYOUT_SHAPES, layout_optimizer, layout_params, rng_for
 from tests.round_trip import assert_bitwise_same, round_trip, run_steps
 

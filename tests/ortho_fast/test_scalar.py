@@ -1,4 +1,4 @@
-"""ortho_fast.scalar (AdamW and Lion group steps): bitwise parity with torch.optim.AdamW,
+"""ortho_fast.groups.scalar (AdamW and Lion group steps): bitwise parity with torch.optim.AdamW,
 agreement with the float64 oracle (ortho_ref.adamw_step / lion_step) within
 ortho_verify.tolerances, and the error contract (checks before any change)."""
 
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import ortho_ref
-from ortho_fast import scalar
+from ortho_fast.groups import scalar
 from ortho_verify import tolerances as tol
 
 SHAPES = [(), (7,), (5, 3), (2, 3, 4)]

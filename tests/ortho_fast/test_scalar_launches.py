@@ -23,8 +23,9 @@ from hypothesis import given, strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ortho_ref
-from ortho_fast import HybridOptimizer, scalar
+from ortho_fast import HybridOptimizer
 from ortho_fast.functional.scalar import lion_update
+from ortho_fast.groups import scalar
 from ortho_verify import tolerances as tol
 from ortho_verify.tolerances import compiled_tolerance
 from tests.ortho_fast.helpers import HYBRID_CONFIGS, fill_grads, gpt_model

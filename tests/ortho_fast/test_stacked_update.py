@@ -130,7 +130,7 @@ def test_a_dion_group_with_a_zero_gradient_only_decays_that_parameter():
         p.grad = torch.zeros(12, 8, dtype=torch.float64) if i == 1 else torch.randn(12, 8, generator=gen,
                                                                                      dtype=torch.float64)
     opt.step()
-    assert torch.equal(opt.state[ps[1]]["Q"], ortho_fast.initial_q((8, 4), 2, 1, torch.float64, "cpu"))
+    assert torch.equal(opt.state[ps[1]]["Q"], dion_math.initial_q((8, 4), 2, 1, torch.float64, "cpu"))
     assert not opt.state[ps[1]]["momentum"].any()
     assert torch.equal(ps[1].detach(), torch.full((12, 8), 0.95, dtype=torch.float64))
     assert not torch.equal(ps[0].detach(), torch.full((12, 8), 0.95, dtype=torch.float64))

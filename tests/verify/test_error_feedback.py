@@ -6,14 +6,14 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-import ortho_fast
+from ortho_fast.functional.dion import dion_update
 from ortho_verify import error_feedback as ef
 from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
 
 GAPPED = ef.error_feedback_matrices()
 REAL_LIKE = MatrixCase("test/lowrank-plus-noise/40x24", matrix_with_spectrum(
     np.concatenate([np.geomspace(1, 0.1, 6), np.full(18, 1e-3)]), 40, 24, np.random.default_rng(1)), "synthetic", "t")
-_real_update = ortho_fast.dion_update
+_real_update = dion_update
 
 
 def _all(case, dtype):
@@ -54,7 +54,7 @@ def test_wrong_error_feedback_sign_is_caught(monkeypatch):
         m.add_(pr.mT if x.shape[0] < x.shape[1] else pr, alpha=2 * (1 - mu))
         return upd
 
-    monkeypatch.setattr(ortho_fast, "dion_update", flipped)
+    monkeypatch.setattr(ef, "dion_update", flipped)
     failed = _failed(ef.check_error_feedback(GAPPED[0], 0.25, "float32"))
     # M = B + (1 − μ)PRᵀ loses nothing outside span P; inside it grows as (2 − μ)PᵀB instead of μPᵀB
     assert {"dion_error_feedback", "ef_inside_subspace", "ef_bookkeeping"} <= failed
@@ -62,7 +62,7 @@ def test_wrong_error_feedback_sign_is_caught(monkeypatch):
 
 
 def test_error_feedback_switch_ignored_is_caught(monkeypatch):
-    monkeypatch.setattr(ortho_fast, "dion_update", lambda *a, error_feedback=True, **kw: _real_update(*a, **kw))
+    monkeypatch.setattr(ef, "dion_update", lambda *a, error_feedback=True, **kw: _real_update(*a, **kw))
     failed = _failed(ef.check_error_feedback(GAPPED[1], 0.25, "float64", error_feedback=False))
     assert {"dion_error_feedback", "ef_outside_subspace", "ef_bookkeeping"} <= failed
 
@@ -74,7 +74,7 @@ def test_right_factor_not_carried_over_is_caught(monkeypatch):
         q.copy_(keep)  # planted: the new Q is computed but not stored
         return upd
 
-    monkeypatch.setattr(ortho_fast, "dion_update", stale_q)
+    monkeypatch.setattr(ef, "dion_update", stale_q)
     assert _failed(ef.check_subspace_convergence(GAPPED[0], 0.25, "float64")) == {"ef_subspace_convergence"}
     assert "ef_full_rank_convergence" in _failed(ef.check_full_rank_polar(GAPPED[0], "float64"))
     assert "ef_full_rank_convergence" in _failed(ef.check_full_rank_polar(GAPPED[2], "float32"))

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 import ortho_fast
+from ortho_fast.groups.dion import DION_DEFAULTS
+from ortho_fast.groups.muon import MUON_DEFAULTS
 from ortho_verify import checks, cli, registry, reproduce, sharding
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,8 +34,8 @@ def test_every_configuration_is_accepted_by_ortho_fast():
     for config in registry.CONFIGS:
         if config.algorithm not in ("muon", "dion"):
             continue
-        cls, defaults = ((ortho_fast.Muon, ortho_fast.MUON_DEFAULTS) if config.algorithm == "muon"
-                         else (ortho_fast.Dion, ortho_fast.DION_DEFAULTS))
+        cls, defaults = ((ortho_fast.Muon, MUON_DEFAULTS) if config.algorithm == "muon"
+                         else (ortho_fast.Dion, DION_DEFAULTS))
         assert set(config.options) <= set(defaults) | {"lr", "weight_decay", "seed"}, config.name
         p = torch.nn.Parameter(torch.zeros(4, 3))
         cls([p], **{"lr": 0.01, **config.kwargs()})  # raises on a bad option

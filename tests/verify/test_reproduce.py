@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
-import ortho_fast
+from ortho_fast.functional.muon import adjusted_lr_scale
 from ortho_verify import cli, data, reproduce as rp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,7 +257,7 @@ def test_every_method_trains_the_same_matrices_with_its_own_options(method):
     (group,) = [g for g in groups if g["algorithm"] == method.family]
     if method.family == "muon":
         assert group["coefficients"] == method.coefficients and group["dtype"] == torch.bfloat16
-        scales = [ortho_fast.adjusted_lr_scale(group["adjust_lr"], m, n) for m, n in shapes.values()]
+        scales = [adjusted_lr_scale(group["adjust_lr"], m, n) for m, n in shapes.values()]
         assert scales == [math.sqrt(m / n) for m, n in shapes.values()]  # Dion's scale: only the orthogonalizer differs
         return
     if method.family == "dion2":  # checked in tests/verify/test_reproduce_methods.py

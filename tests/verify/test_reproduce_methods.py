@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 import ortho_fast
+from ortho_fast.groups.dion2 import DION2_DEFAULTS
+from ortho_fast.groups.muon import MUON_DEFAULTS
 from ortho_verify import data, registry, reproduce as rp
 from ortho_verify.reproduce.cache import code_files, method_fingerprint
 from ortho_verify.reproduce.scaling import DEFAULT_SWEEP, QUICK_SWEEP
@@ -19,7 +21,7 @@ from ortho_verify.reproduce.scaling import DEFAULT_SWEEP, QUICK_SWEEP
 SEEDS = (1, 2, 3)
 #: Per-seed noise shared by every method (the same batches): paired differences cancel it.
 NOISE = (0.03, -0.02, 0.01)
-HAS_NORMUON = "normuon_beta2" in ortho_fast.MUON_DEFAULTS
+HAS_NORMUON = "normuon_beta2" in MUON_DEFAULTS
 NEEDS_NORMUON = pytest.mark.skipif(not HAS_NORMUON, reason="ortho_fast's Muon has no normuon_beta2 option yet (NorMuon "
                                    "lands from another branch): the 'normuon' method is left out of METHODS")
 
@@ -138,7 +140,7 @@ def test_new_methods_take_their_sources_options():
     dion2 = rp.METHODS_BY_KEY["dion2-1/4"]
     assert (dion2.family, dion2.label, dion2.fraction, dion2.coefficients) == ("dion2", "Dion2 f=1/4", 0.25,
                                                                               "polar_express")
-    assert dion2.ef_decay == ortho_fast.DION2_DEFAULTS["ef_decay"] == 0.95  # microsoft/dion's default
+    assert dion2.ef_decay == DION2_DEFAULTS["ef_decay"] == 0.95  # microsoft/dion's default
     options = registry.get("reproduce/normuon").kwargs()
     assert options == {"nesterov": True, "coefficients": "polar_express", "normuon_beta2": 0.95}
     assert registry.get("reproduce/normuon").label == "NorMuon (Polar Express)"

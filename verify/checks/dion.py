@@ -13,6 +13,7 @@ import torch
 
 import ortho_fast
 import ortho_ref
+from ortho_fast.functional.qr import gaussian_sketch, sketch_generator
 from ortho_verify import error_feedback, registry, tolerances as tol
 from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, rounded
 from ortho_verify.checks.gauge import align_column_signs
@@ -68,16 +69,16 @@ def dion_sketches(opts: dict, seed: int, index: int, step: int, rows: int, rank:
 
     Shapes: one float64 (k, rows) array per power iteration, k = ``sketch_rows(rank,
     oversample)``, rows = max(m, n) (the working orientation); drawn as the optimizer does
-    (``ortho_fast.sketch_generator`` on the CPU, in ``dtype``, the momentum dtype, or float32 for
+    (``ortho_fast.functional.qr.sketch_generator`` on the CPU, in ``dtype``, the momentum dtype, or float32 for
     bfloat16 / float16). None when the optimizer draws none (another ``qr_method``, or k >= rows).
-    Source: microsoft/dion ``orthogonalize`` (rcqr); ``ortho_fast.dion.gaussian_sketch``.
+    Source: microsoft/dion ``orthogonalize`` (rcqr); ``ortho_fast.functional.qr.gaussian_sketch``.
     """
     k = ortho_ref.sketch_rows(rank, opts.get("oversample", ortho_ref.dion.RCQR_OVERSAMPLE))
     if opts.get("qr_method") != "randomized_cholesky_qr" or k >= rows:
         return None
-    gen = ortho_fast.sketch_generator(seed, index, step, "cpu")
+    gen = sketch_generator(seed, index, step, "cpu")
     fdt = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-    return [as_float64(ortho_fast.gaussian_sketch(gen, k, rows, fdt, "cpu")) for _ in range(opts.get("power_iters", 1))]
+    return [as_float64(gaussian_sketch(gen, k, rows, fdt, "cpu")) for _ in range(opts.get("power_iters", 1))]
 
 
 def check_dion(case: MatrixCase, rank_fraction: float, dtype: str, variant: str | None = None,

@@ -16,6 +16,7 @@ import torch
 
 import ortho_fast
 import ortho_ref
+from ortho_fast.groups.dion2 import DION2_DEFAULTS
 from ortho_ref.dion2 import dion2_num_selected, dion2_step
 from ortho_verify import registry
 from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array
@@ -35,7 +36,7 @@ def reference_options(options: dict) -> dict:
     """``ortho_fast.Dion2`` keywords -> ``dion2_step`` keywords (defaults of ``DION2_DEFAULTS``):
     the coefficient table and safety of the named schedule, ``epsilon`` as eps, "match_rms_adamw"
     as microsoft/dion's "rms_norm"."""
-    opts = {**ortho_fast.DION2_DEFAULTS, **options}
+    opts = {**DION2_DEFAULTS, **options}
     coefficients = opts["coefficients"]
     named = ortho_ref.SCHEDULES.get(coefficients) if isinstance(coefficients, str) else None
     table = ortho_ref.schedule(coefficients, opts["ns_steps"]) if named else np.asarray(coefficients, dtype=float)

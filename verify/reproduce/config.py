@@ -9,7 +9,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-import ortho_fast
+from ortho_fast.groups.dion import DION_DEFAULTS
+from ortho_fast.groups.dion2 import DION2_DEFAULTS
+from ortho_fast.groups.muon import MUON_DEFAULTS
 from ortho_verify import registry
 from ortho_verify.data import GPTConfig
 
@@ -27,7 +29,7 @@ CLOSE_MARGIN = 0.025
 SV_SCHEDULES = ("jordan", "polar_express")
 SV_DTYPES = ("float32", "bfloat16")
 NS_DTYPES = ("bfloat16", "float16", "float32", "float64")
-#: Muon's per-matrix lr scale (``ortho_fast.adjusted_lr_scale``): "spectral_norm" √(m/n), Dion's own
+#: Muon's per-matrix lr scale (``ortho_fast.functional.muon.adjusted_lr_scale``): "spectral_norm" √(m/n), Dion's own
 #: convention (microsoft/dion's Muon), so that Muon and Dion differ only in how they orthogonalize;
 #: "original" √max(1, m/n) (torch.optim.Muon, Keller Jordan), which gives an (m, n) matrix with m < n
 #: √(n/m) times Dion's step.
@@ -38,8 +40,8 @@ MUON_LR_CONVENTIONS = ("spectral_norm", "original")
 #: "adamw" trains every parameter) and the option defaults that say which options the installed
 #: ``ortho_fast`` knows.
 FAMILIES = ("adamw", "muon", "dion", "dion2")
-_FAMILY_DEFAULTS = {"muon": ortho_fast.MUON_DEFAULTS, "dion": ortho_fast.DION_DEFAULTS,
-                    "dion2": ortho_fast.DION2_DEFAULTS}
+_FAMILY_DEFAULTS = {"muon": MUON_DEFAULTS, "dion": DION_DEFAULTS,
+                    "dion2": DION2_DEFAULTS}
 
 
 @dataclass(frozen=True)

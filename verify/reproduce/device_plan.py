@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import ortho_fast
+from ortho_fast.functional.dion import dion_rank
 from ortho_verify.reproduce.config import METHODS_BY_KEY, ReproConfig
 from ortho_verify.reproduce.scaling import ModelSize, SizeSweep
 from ortho_verify.reproduce.study import study_methods
@@ -117,7 +117,7 @@ def optimizer_flops(key: str, shapes: list[tuple[int, int]]) -> tuple[float, flo
             k = max(1, math.ceil(method.fraction * m))
             bf16 += 5 * (4 * k * k * n + 2 * k ** 3)
         elif method.family == "dion":
-            r = ortho_fast.dion_rank(m, n, method.rank_fraction, 1)
+            r = dion_rank(m, n, method.rank_fraction, 1)
             fp32 += 8 * m * n * r + 2 * m * r * r
     return bf16, fp32
 

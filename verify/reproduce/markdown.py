@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 import ortho_fast
+from ortho_fast.functional.dion import dion_rank
 from ortho_verify.data import build_model
 from ortho_verify.reproduce.claims import CLAIM_RULES
 from ortho_verify.reproduce.config import (
@@ -175,7 +176,7 @@ def _config_of(results: Mapping) -> ReproConfig:
 
 def _ranks(config: ReproConfig) -> str:
     side = config.d_model  # min(m, n) of every hidden matrix: (3d, d), (d, d), (4d, d), (d, 4d)
-    return ", ".join(f"{name}: r = {ortho_fast.dion_rank(side, side, f, 1)}" for f, name in RANK_FRACTIONS)
+    return ", ".join(f"{name}: r = {dion_rank(side, side, f, 1)}" for f, name in RANK_FRACTIONS)
 
 
 def _plural(n: int, word: str) -> str:

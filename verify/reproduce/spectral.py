@@ -11,6 +11,7 @@ import torch
 
 import ortho_fast
 import ortho_ref
+from ortho_fast.groups.muon import default_eps_mode
 from ortho_verify.reproduce.config import SV_DTYPES, SV_SCHEDULES
 from ortho_verify.tables import BAND_INTERVAL
 
@@ -49,7 +50,7 @@ def singular_value_study(gradients: Mapping[int, list], ns_dtypes: Sequence[str]
     below = total = 0
     for name in SV_SCHEDULES:
         sched = ortho_fast.COEFFICIENTS[name]
-        eps_mode = ortho_fast.default_eps_mode(name)
+        eps_mode = default_eps_mode(name)
         table = ortho_ref.schedule(name)
         kinds = ("exact", *ns_dtypes)
         rms = {k: {s: [] for s in seeds} for k in kinds}

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-import ortho_fast
+from ortho_fast.functional.dion import dion_rank
 from ortho_verify.reproduce.claims import CLAIM_RULES
 from ortho_verify.reproduce.config import METHODS, METHODS_BY_KEY, RANK_FRACTIONS
 from ortho_verify.reproduce.statistics import mean_std_text, paired_difference, test_losses
@@ -89,7 +89,7 @@ def _rank_table(results: Mapping) -> list[str]:
             ef, noef = f"dion-{name}-ef", f"dion-{name}-noef"
             if ef not in r["evaluation"]:
                 continue
-            rank = ortho_fast.dion_rank(d, d, fraction, 1)
+            rank = dion_rank(d, d, fraction, 1)
             gap = paired_difference(test_losses(r, ef), muon)
             feedback = paired_difference(test_losses(r, noef), test_losses(r, ef))
             lines.append(f"| {METHODS_BY_KEY[ef].label} | {d} | {name} | {rank} | {_diff_cell(gap)} | "

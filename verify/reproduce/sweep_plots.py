@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-import ortho_fast
+from ortho_fast.functional.dion import dion_rank
 from ortho_verify.optional import pyplot
 from ortho_verify.reproduce.config import RANK_FRACTIONS
 from ortho_verify.reproduce.statistics import paired_difference, test_losses
@@ -69,7 +69,7 @@ def _plot_rank(results: Mapping, path: Path) -> Path:
         for fraction, name in RANK_FRACTIONS:
             gap = paired_difference(test_losses(r, f"dion-{name}-ef"), muon)
             if gap["finite"]:
-                ranks.append(ortho_fast.dion_rank(d, d, fraction, 1))
+                ranks.append(dion_rank(d, d, fraction, 1))
                 fractions.append(fraction)
                 gaps.append(gap["mean"])
                 spreads.append(gap["spread"] or 0.0)

@@ -22,8 +22,8 @@ with the one-process run in relative Frobenius norm against ``sharded_tolerance(
 
 Every collective of each step is recorded (``ortho_fast.distributed.comm.record_collectives``)
 and its elements are compared with the analytic volume of the layout (the Dion paper's Table 1
-refined per layout, ``ortho_fast.distributed.dion.dion_comm_volume`` /
-``ortho_fast.distributed.muon.muon_comm_volume``).
+refined per layout, ``ortho_fast.distributed.volumes.dion_comm_volume`` /
+``ortho_fast.distributed.volumes.muon_comm_volume``).
 
 ``run(world_size)`` starts gloo workers on CPU (``ortho_verify.workers.run_workers``); under
 ``torchrun`` (``RANK`` / ``WORLD_SIZE`` set, or a process group already initialized) the same

@@ -11,11 +11,11 @@ import itertools
 import numpy as np
 import torch
 
-import ortho_fast
 from ortho_fast.coefficients import resolve_coefficients, schedule_of
 from ortho_fast.distributed.layout import dim_indices
 from ortho_fast.functional import dion2 as dion2_math
 from ortho_fast.functional.newton_schulz import resolve_compute_dtype
+from ortho_fast.groups.dion2 import DION2_DEFAULTS
 from ortho_ref.dion2 import dion2_local_select
 from ortho_verify.sharding.inputs import gradient, initial_weight
 from ortho_verify.sharding.layouts import Layout, optimizer_options
@@ -46,7 +46,7 @@ def dion2_local_reference(layout: Layout, mesh_shape: tuple[int, ...], dtype: to
     B = M + G; the slice norms (``dion2_slice_norms``, in ``dtype``); per shard its top
     max(1, ⌈fraction·(largest shard)⌉) (``ortho_ref.dion2.dion2_local_select``); M[S] ← ef·B[S];
     O_S = ``orthogonalize_selected``(B_S); W ← W(1 − lr·wd), W[S] −= lr·s·O_S."""
-    opts = {**ortho_fast.DION2_DEFAULTS, **optimizer_options(layout, distributed=False)}
+    opts = {**DION2_DEFAULTS, **optimizer_options(layout, distributed=False)}
     table = tuple(resolve_coefficients(opts["coefficients"], opts["ns_steps"]))
     named = schedule_of(opts["coefficients"])
     safety = opts["safety"] if opts["safety"] is not None else named.safety if named else 1.0

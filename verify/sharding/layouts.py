@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import ortho_fast
+from ortho_fast.groups.dion import DION_DEFAULTS
+from ortho_fast.groups.dion2 import DION2_DEFAULTS
+from ortho_fast.groups.muon import MUON_DEFAULTS
 from ortho_verify import registry
 
 __all__ = ["DION2_OPTIONS", "DION_OPTIONS", "DOCS_PATH", "DOCS_WORLD_SIZES", "DTYPES", "LAYOUTS", "Layout", "MATRICES",
@@ -216,10 +218,10 @@ def layouts_for(world_size: int, names: Sequence[str] | None = None,
 def optimizer_options(layout: Layout, *, distributed: bool = True) -> dict:
     """Constructor arguments of the layout's optimizer: ``DION_OPTIONS`` / ``MUON_OPTIONS`` and the
     layout's ``options`` — all of them for the distributed optimizer, only the update's own
-    options (keys of ``ortho_fast.DION_DEFAULTS`` / ``MUON_DEFAULTS``, e.g. ``qr_method``) for the
+    options (keys of ``ortho_fast.groups.dion.DION_DEFAULTS`` / ``MUON_DEFAULTS``, e.g. ``qr_method``) for the
     one-process reference (not ``tp_mode`` / ``replicate_mesh_grad_sync``)."""
-    base, keys = {"dion": (DION_OPTIONS, ortho_fast.DION_DEFAULTS), "muon": (MUON_OPTIONS, ortho_fast.MUON_DEFAULTS),
-                  "dion2": (DION2_OPTIONS, ortho_fast.DION2_DEFAULTS),
-                  "normuon-stages": (NORMUON_OPTIONS, ortho_fast.MUON_DEFAULTS)}[layout.optimizer]
+    base, keys = {"dion": (DION_OPTIONS, DION_DEFAULTS), "muon": (MUON_OPTIONS, MUON_DEFAULTS),
+                  "dion2": (DION2_OPTIONS, DION2_DEFAULTS),
+                  "normuon-stages": (NORMUON_OPTIONS, MUON_DEFAULTS)}[layout.optimizer]
     extra = {k: v for k, v in layout.options if distributed or k in keys}
     return {**base, **extra}

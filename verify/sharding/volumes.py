@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import math
 
-import ortho_fast
-from ortho_fast.distributed.dion import dion_comm_volume
-from ortho_fast.distributed.muon import muon_comm_volume
-from ortho_fast.distributed.volumes import dion2_comm_volume
+from ortho_fast.distributed.volumes import dion2_comm_volume, dion_comm_volume, muon_comm_volume
+from ortho_fast.functional.dion import dion_rank
 from ortho_fast.functional.muon_stages import normuon_variance_shape
 from ortho_verify.sharding.layouts import Layout, optimizer_options
 
@@ -71,7 +69,7 @@ def analytic_volume(layout: Layout, mesh_shape: tuple[int, ...], shape: tuple[in
     variant = {k: opts[k] for k in ("qr_method", "right_factor", "power_iters", "oversample") if k in opts}
     replicas = max(_sharding(layout, mesh_shape, role)[0] for role in ("replicate_mesh", "process_group"))
     return sum(dion_comm_volume(
-        m, n, ortho_fast.dion_rank(*shape, opts["rank_fraction"]), row_shards=[s for s, d in shards if d == 0],
+        m, n, dion_rank(*shape, opts["rank_fraction"]), row_shards=[s for s, d in shards if d == 0],
         col_shards=[s for s, d in shards if d == 1], replicas=replicas,
         replicate_mesh_grad_sync=opts.get("replicate_mesh_grad_sync", True), **variant).values())
 

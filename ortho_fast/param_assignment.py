@@ -134,53 +134,88 @@ def param_groups(
     matrix_options: Mapping[str, Any] | None = None,
     scalar_options: Mapping[str, Any] | None = None,
 ) -> list[dict]:
-    """Split ``model``'s trainable parameters into ``HybridOptimizer`` groups.
+    """Assign ``model``'s trainable parameters to ``HybridOptimizer`` groups.
 
     Per parameter (names normalized by ``normalize_name``; the first rule that applies):
-    1. ``overrides``: (glob, options) or (predicate(param, name) -> bool, options) pairs, in
-       the spirit of Megatron's ParamKey; the first match wins. A glob is matched
-       (``fnmatch``, case-sensitive) against the normalized and the original name. The
-       options go on top of the options of the parameter's own category — or, if they set
-       ``algorithm`` to the other family, of that family's category ("matrix" or "scalar");
-       an ``algorithm`` other than the category's keeps only its lr and weight_decay.
-    2. "embedding": a parameter of an ``nn.Embedding`` / ``nn.EmbeddingBag``, or with a name
-       component in ``EMBEDDING_NAMES`` (a weight tied to the embedding, such as nanoGPT's
-       ``lm_head.weight``, is one) -> ``scalar_algorithm``, ``scalar_lr``,
-       ``embedding_weight_decay`` (OLMo-core: 0).
-    3. "head": an output-head weight with ≥ 2 dims (``HEAD_NAMES``, ``TOP_LEVEL_HEAD_NAMES``)
-       -> ``scalar_algorithm`` at ``scalar_lr``/√d_model when ``lm_head_lr_scale`` is
-       "inv_sqrt_d_model" (OLMo-core's DionConfig), ``scalar_lr`` when None. ``d_model``
-       None: the head weight's fan_in (shape[-1], as OLMo-core). Head biases and norms are
-       "scalar".
-    4. "matrix": ≥ 2 dims, counting one dim less for names matching ``expert_keys`` (Motif,
-       ``muon.is_expert_name``): 2-D weights, fused QKV, 3-D experts, 4-D conv ->
-       ``algorithm`` (Muon: experts via its ``expert_keys``, ≥ 4-D conv flattened; Dion: ≥ 4-D
-       conv with ``flatten=True``, experts rejected), ``lr``, ``weight_decay``. A 3-D
-       parameter that matches no expert key (a conv1d weight, or an expert stack whose key
-       is missing) is rejected by Muon and Dion when the optimizer is built: give
+
+    1. ``overrides``: (glob, options) or (predicate(param, name) -> bool, options) pairs, in the spirit
+       of Megatron's ParamKey; the first match wins. A glob is matched (``fnmatch``, case-sensitive)
+       against the normalized and the original name. The options go on top of the options of the
+       parameter's own category — or, if they set ``algorithm`` to the other family, of that family's
+       category ("matrix" or "scalar"); an ``algorithm`` other than the category's keeps only its lr and
+       weight_decay.
+    2. "embedding": a parameter of an ``nn.Embedding`` / ``nn.EmbeddingBag``, or with a name component in
+       ``EMBEDDING_NAMES`` (a weight tied to the embedding, such as nanoGPT's ``lm_head.weight``, is one)
+       -> ``scalar_algorithm``, ``scalar_lr``, ``embedding_weight_decay`` (OLMo-core: 0).
+    3. "head": an output-head weight with ≥ 2 dims (``HEAD_NAMES``, ``TOP_LEVEL_HEAD_NAMES``) ->
+       ``scalar_algorithm`` at ``scalar_lr``/√d_model when ``lm_head_lr_scale`` is "inv_sqrt_d_model"
+       (OLMo-core's DionConfig), ``scalar_lr`` when None. Head biases and norms are "scalar".
+    4. "matrix": ≥ 2 dims, counting one dim less for names matching ``expert_keys`` (Motif): 2-D
+       weights, fused QKV, 3-D experts, 4-D conv -> ``algorithm`` (Muon: experts via its ``expert_keys``,
+       ≥ 4-D conv flattened; Dion: ≥ 4-D conv with ``flatten=True``, experts rejected), ``lr``,
+       ``weight_decay``. A 3-D parameter that matches no expert key (a conv1d weight, or an expert stack
+       whose key is missing) is rejected by Muon and Dion when the optimizer is built: give
        ``expert_keys``, or an override with ``{"flatten": True}`` for conv1d.
     5. "scalar": everything else (norms, biases, gains, expert biases) -> ``scalar_algorithm``,
        ``scalar_lr``, ``scalar_weight_decay``.
-    Defaults (``lr``, ``weight_decay``, ``scalar_weight_decay``, ``embedding_weight_decay`` None,
-    ``lm_head_lr_scale`` ``DEFAULT``): ``HYBRID_DEFAULTS[algorithm]``, the table ``MuonConfig`` /
-    ``DionConfig`` take theirs from (docs/compatibility.md, "Whole-model defaults"): the same model
-    gets the same groups from ``param_groups`` + ``HybridOptimizer`` as from ``MuonConfig(...).build``
-    / ``DionConfig(...).build`` with the same arguments. ``scalar_lr`` None: ``lr`` (microsoft/dion
-    and OLMo-core use one lr for every group); ``scalar_weight_decay`` None: the table's, or
-    ``weight_decay`` where the table has none (Dion, Dion2).
-    ``matrix_options`` / ``scalar_options``: further options of every matrix / scalar group, on
-    top of the table's (Dion's ``qr_method``; Muon's / Dion2's ``dtype`` and ``gram``, e.g.
-    ``{"dtype": torch.float16, "gram": True}`` for float16 Gram Newton–Schulz; the AdamW / Lion betas and eps).
-    Parameters with ``requires_grad=False`` are left out.
 
-    Returns: groups {"params", "param_names" (original names), "algorithm", options...},
-    one per distinct (algorithm, options), in order of first appearance.
-    Source: OLMo-core ``DionConfig.default_group_overrides``; Motif Muon (name normalization,
-    expert_keys); Megatron ParamKey (overrides); microsoft/dion (``algorithm`` groups).
-    Raises: ValueError for an unknown algorithm (here or in an override) or
-    ``lm_head_lr_scale``, a d_model that is not a positive int, no trainable parameter,
-    heads of different fan_in without ``d_model``, expert weights with Dion; TypeError for an
-    override that is not a (glob or predicate, dict) pair.
+    Options left None come from ``HYBRID_DEFAULTS[algorithm]``, the table ``MuonConfig`` / ``DionConfig``
+    take theirs from (docs/compatibility.md, "Whole-model defaults"): the same model gets the same groups
+    from ``param_groups`` + ``HybridOptimizer`` as from ``MuonConfig(...).build`` / ``DionConfig(...).build``
+    with the same arguments. Parameters with ``requires_grad=False`` are left out.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model; its ``named_parameters()`` are assigned.
+    algorithm : {"muon", "dion", "dion2"}, default "muon"
+        The algorithm of the matrices.
+    scalar_algorithm : {"adamw", "lion"}, default "adamw"
+        The algorithm of embeddings, the output head and the scalar parameters.
+    lr, scalar_lr : float, optional
+        The matrices' lr (None: the table's); the others' (None: ``lr``, one lr for every group, as
+        microsoft/dion and OLMo-core).
+    weight_decay, scalar_weight_decay, embedding_weight_decay : float, optional
+        Decoupled weight decay of each category; None: the table's (scalar: ``weight_decay`` where the
+        table has none).
+    lm_head_lr_scale : {"inv_sqrt_d_model", None}, optional
+        The output head's lr scale; not given: the table's.
+    d_model : int, optional
+        The model width of the head's lr scale; None: the head weight's fan_in (shape[-1], as OLMo-core).
+    expert_keys : sequence of str, default ()
+        Name patterns of (experts, m, n) stacks.
+    overrides : sequence of (str or callable, dict), default ()
+        Per-parameter options (rule 1).
+    matrix_options, scalar_options : dict, optional
+        Further options of every matrix / scalar group, on top of the table's (Dion's ``qr_method``;
+        ``{"dtype": torch.float16, "gram": True}`` for float16 Gram Newton–Schulz; AdamW / Lion betas).
+
+    Returns
+    -------
+    list of dict
+        Groups ``{"params", "param_names" (original names), "algorithm", options...}``, one per distinct
+        (algorithm, options), in order of first appearance.
+
+    Raises
+    ------
+    ValueError
+        An unknown algorithm (here or in an override) or ``lm_head_lr_scale``, a ``d_model`` that is not a
+        positive int, no trainable parameter, heads of different fan_in without ``d_model``, expert weights
+        with Dion.
+    TypeError
+        An override that is not a (glob or predicate, dict) pair.
+
+    References
+    ----------
+    allenai/OLMo-core ``DionConfig.default_group_overrides``; Motif's Muon (name normalization,
+    ``expert_keys``); Megatron-LM ParamKey (overrides); microsoft/dion (``algorithm`` groups).
+
+    Examples
+    --------
+    >>> import torch, ortho_fast
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+    >>> [(group["algorithm"], group["param_names"]) for group in ortho_fast.param_groups(model)]
+    [('muon', ['0.weight', '2.weight']), ('adamw', ['0.bias', '1.weight', '1.bias', '2.bias'])]
     """
     if algorithm not in MATRIX_ALGORITHMS:
         raise ValueError(f"algorithm: expected one of {MATRIX_ALGORITHMS}, got {algorithm!r}")
