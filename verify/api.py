@@ -347,8 +347,8 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
         Maps a ``(..., m, n)`` tensor to its Newton–Schulz result (same shape; leading dims independent).
     coefficients : str or (T, 3) sequence of float, default "jordan"
         A schedule name of ``ortho_ref.SCHEDULES`` or the per-step odd-quintic rows (a, b, c).
-    dtype, compute_dtype : torch.dtype or str, default torch.float32, None
-        Input dtype (float64, float32, bfloat16, float16, "high" = TF32); the precision computed in, if other.
+    dtype : torch.dtype or str, default torch.float32
+        The input dtype: float64, float32, bfloat16, float16 or "high" (TF32: float32 storage).
     steps, safety, eps : int, float, float, optional
         Step count, safety divisor and eps of the normalization (default: the schedule's, else T, 1, 1e-7).
     eps_mode : {"add", "clamp"}, default "add"
@@ -357,14 +357,16 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
         Inputs replacing ``default_examples(dtype, seed)``; the seed of the default inputs.
     batched, max_batch_dims : bool, int, default True, None
         False: 2-D inputs only; at most ``max_batch_dims`` leading batch dimensions.
-    shapes : list of tuple of int, optional
-        ``(m, n)`` or ``(*batch, m, n)`` shapes at which the default families are drawn (compiled kernels).
     timeout_s : float or None, default DEFAULT_TIMEOUT_S
         Seconds one call may take; past it the example fails ``orthogonalizer_runs``. None: no limit.
     statistical : bool, optional
         Add ``ns_mean_deviation`` on batches of 256 matrices (default: on for the default inputs).
+    compute_dtype : torch.dtype or str, optional
+        The precision ``fn`` computes in when it differs from ``dtype`` (e.g. bfloat16 on float32 inputs).
     form, restarts : {"standard", "gram"}, sequence of int, default "standard", ()
         "gram": Gram Newton–Schulz with X ← QX, R ← XXᵀ before the 0-based ``restarts`` steps.
+    shapes : list of tuple of int, optional
+        ``(m, n)`` or ``(*batch, m, n)`` shapes at which the default families are drawn (compiled kernels).
     device : str or torch.device, optional
         Where ``fn`` runs (default CPU); outputs return to the CPU, where the oracle runs.
     allow_side_effects : iterable of str, default ()
