@@ -5,8 +5,9 @@ into ``tmp_path``: ``python -m sphinx -b html -c docs/api -W --keep-going -j 1 d
 configuration and the reference pages live in ``docs/api/`` (``docs/`` itself ships as ``ortho_fast.docs``,
 and a ``conf.py`` there would ship as a module). Each reference page documents every name of its package's
 ``__all__``. The build can fail: a temporary project with the same configuration and planted faults (a broken
-cross-reference, a broken link in a guide, a section numpydoc does not know, a section with a short underline)
-fails with a warning for each, and the same project without them builds clean.
+cross-reference, a broken link in a guide, unclosed emphasis, a section numpydoc does not know, a section with a
+short underline) fails with a warning for each, and the same project without them builds clean, plain-text math
+(``|x|``, ``(*batch, m, n)``) included.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ Target
 
 DOCSTRING = '''\
 def add_one(x):
-    """Add one: |x + 1| ≤ |x| + 1.
+    """Add one to x of shape (*batch, m, n): |x + 1| ≤ |x| + 1.
 
     Parameters
     ----------
@@ -126,6 +127,7 @@ PLANTS = [
     ("broken cross-reference", ":ref:`a-label-that-exists`", ":ref:`a-label-that-does-not-exist`",
      "undefined label"),
     ("broken link in a guide", "(#its-section)", "(#no-such-section)", "no-such-section"),
+    ("unclosed emphasis", "The input.", "The *input.", "Inline emphasis start-string without end-string"),
     ("section numpydoc does not know", "    Examples\n    --------", "    Exemples\n    --------",
      "Unknown section Exemples"),
     ("section with a short underline", "    Returns\n    -------", "    Returns\n    ---",
@@ -150,8 +152,8 @@ def _build_project(root: Path) -> subprocess.CompletedProcess:
 
 
 def test_a_clean_page_builds_clean(tmp_path):
-    """The control of the planted faults: the same project builds with no warning (``|x|`` in a docstring
-    is text, not a substitution)."""
+    """The control of the planted faults: the same project builds with no warning (``|x|`` and ``(*batch``
+    in a docstring are text, not a substitution or emphasis)."""
     run = _build_project(_project(tmp_path))
     assert run.returncode == 0 and "WARNING" not in run.stderr, run.stderr
 

@@ -103,15 +103,23 @@ def _numpydoc_complaints(app, what, name, obj, options, lines):
         logger.warning("%s: %s", name, complaint.message, type="numpydoc", subtype="docstring")
 
 
-#: Inline literals and interpreted text (``code``, `name`, :math:`...`): their bars are markup-free already.
+#: Inline literals and interpreted text (``code``, `name`, :math:`...`): markup-free already.
 _VERBATIM = re.compile(r"(``.*?``|`[^`]*`)")
+#: A star that opens a shape's batch dimensions, ``(*batch, m, n)`` or ``[*shape]``: text, not emphasis.
+_SHAPE_STAR = re.compile(r"(?<=[(\[])\*(?=[A-Za-z_])")
 
 
-def _bars_are_text(app, what, name, obj, options, lines):
-    """Docstrings write plain-text math, ``|x|`` for an absolute value, where reStructuredText reads a
-    substitution (and the build stops on "Undefined substitution referenced"). No docstring of these
-    packages uses a substitution, so a bar in running text is escaped to a literal bar; doctest lines,
-    inline literals and the indented body of a ``::`` block (literal block, ``.. math::``) are left as written.
+def _text(part: str) -> str:
+    return _SHAPE_STAR.sub(r"\\*", part.replace("|", r"\|"))
+
+
+def _plain_text_math(app, what, name, obj, options, lines):
+    """Docstrings write plain-text math where reStructuredText reads markup: ``|x|`` (an absolute value) as a
+    substitution, ``(*batch, m, n)`` (a shape) as the start of emphasis; the build would stop on "Undefined
+    substitution referenced" / "Inline emphasis start-string without end-string". No docstring of these
+    packages uses a substitution, nor emphasis right after a parenthesis, so in running text those bars and
+    stars are escaped; doctest lines, inline literals and the indented body of a ``::`` block (literal block,
+    ``.. math::``) are left as written.
     """
     block = None  # indentation of the line that opened a ``::`` block
     for i, line in enumerate(lines):
@@ -119,13 +127,13 @@ def _bars_are_text(app, what, name, obj, options, lines):
         if block is not None and (not line.strip() or indent > block):
             continue
         block = indent if line.rstrip().endswith("::") else None
-        if "|" in line and not line.lstrip().startswith((">>>", "...")):
+        if ("|" in line or "*" in line) and not line.lstrip().startswith((">>>", "...")):
             parts = _VERBATIM.split(line)
-            lines[i] = "".join(p if k % 2 else p.replace("|", r"\|") for k, p in enumerate(parts))
+            lines[i] = "".join(p if k % 2 else _text(p) for k, p in enumerate(parts))
 
 
 def setup(app):
     app.add_directive("ortho-all", AllNames)
     app.connect("autodoc-process-docstring", _numpydoc_complaints, priority=400)  # before numpydoc (500)
-    app.connect("autodoc-process-docstring", _bars_are_text, priority=600)  # after numpydoc's rendering (500)
+    app.connect("autodoc-process-docstring", _plain_text_math, priority=600)  # after numpydoc's rendering (500)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
