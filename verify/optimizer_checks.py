@@ -156,7 +156,7 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     seed : int, default 0
         Seed of the weights and gradients.
     allow_side_effects : iterable of str, default ()
-        Side effects accepted explicitly (``ortho_verify.results.SIDE_EFFECTS``, "grad_consumed").
+        Side effects accepted explicitly (``ortho_verify.kinds.SIDE_EFFECTS``, "grad_consumed").
     statistical_matrices : int, optional
         J ≥ 8 extra matrices for the row ``optimizer_mean_deviation`` (default: in bfloat16 / float16 only; 0: off).
     statistical_shape : tuple of int, optional

@@ -5,23 +5,25 @@ from __future__ import annotations
 
 import ast
 
-from ortho_verify.api import (
+# Relative imports from modules at the same place in every layout of the judge (its root and checks/)
+from .api import (
     DEFAULT_TIMEOUT_S,
+    CheckResult,
+    Failure,
+    build_example,
     check_optimizer,
     check_orthogonalizer_example,
     check_orthogonalizer_statistics,
     compute_name,
+    optimizer_inputs,
 )
-from ortho_verify.checks.statistical import StatisticalBatch, statistical_batch
-from ortho_verify.examples import build_example
-from ortho_verify.optimizer_checks import optimizer_inputs
-from ortho_verify.results import CheckResult, Failure
+from .checks.statistical import StatisticalBatch, statistical_batch
 
-#: The provenance calls ``replay_example`` rebuilds (no other code is evaluated).
+#: The provenance calls ``replay_example`` rebuilds (no other code is evaluated): each function under the
+#: module that defines it, and the public names the provenance strings use.
 _REBUILDERS = {"ortho_verify.strategies.build_example": build_example,
-               "ortho_verify.examples.build_example": build_example,
-               "ortho_verify.checks.statistical.statistical_batch": statistical_batch,
-               "ortho_verify.api.optimizer_inputs": optimizer_inputs}
+               "ortho_verify.api.optimizer_inputs": optimizer_inputs,
+               **{f"{f.__module__}.{f.__name__}": f for f in (build_example, statistical_batch)}}
 
 
 def _parse_provenance(provenance: str):
