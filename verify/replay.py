@@ -1,5 +1,7 @@
-"""Replay one failure of a report from its provenance: ``replay_example`` (docs/verification.md, "Replaying a
-failure"). Apart from ``ortho_verify.api`` so that the check's module stays within its length."""
+"""Replay one failure of a report from its provenance: ``replay_example``.
+
+docs/verification.md, "Replaying a failure". Apart from ``ortho_verify.api``, which stays within its length.
+"""
 
 from __future__ import annotations
 
