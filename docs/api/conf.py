@@ -56,6 +56,8 @@ numpydoc_show_class_members = False  # the methods are autodoc entries (:members
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False  # types stay text: torch / numpy types would need intersphinx (network)
 
+# no suppress_warnings: every warning category fails the build (-W)
+
 html_theme = "alabaster"
 html_static_path: list[str] = []
 html_copy_source = False
