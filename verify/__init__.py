@@ -2,8 +2,8 @@
 
 Public API (imported lazily, so ``import ortho_verify.tolerances`` stays light):
 ``check_orthogonalizer``, ``check_optimizer``, ``MuonConventions``, ``DionConventions``,
-``TORCH_MUON``, ``ORTHO_MUON``, ``DION``, ``VerificationReport``, ``replay_example`` (from
-``ortho_verify.api``);
+``TORCH_MUON``, ``ORTHO_MUON``, ``DION``, ``VerificationReport`` (from ``ortho_verify.api``);
+``replay_example`` (from ``ortho_verify.replay``);
 ``check_sharded_optimizer``, ``ShardedReport`` (from ``ortho_verify.sharded_check``);
 ``Dion2Conventions``, ``DION2`` (from ``ortho_verify.conventions``), ``check_dion2_optimizer``
 (from ``ortho_verify.checks.dion2``), ``identify_orthogonalizer`` and ``identify_optimizer`` (from
@@ -18,7 +18,7 @@ _API = ("check_orthogonalizer", "check_orthogonalizer_example", "check_optimizer
 _SHARDED = ("check_sharded_optimizer", "ShardedReport")
 #: Names of ``_API`` that live elsewhere: name -> module.
 _ELSEWHERE = {"Dion2Conventions": "ortho_verify.conventions", "DION2": "ortho_verify.conventions",
-              "check_dion2_optimizer": "ortho_verify.checks.dion2",
+              "replay_example": "ortho_verify.replay", "check_dion2_optimizer": "ortho_verify.checks.dion2",
               "identify_orthogonalizer": "ortho_verify.identify", "identify_optimizer": "ortho_verify.identify"}
 
 __all__ = list(_API)

@@ -1,26 +1,12 @@
-"""Check someone else's implementation: ``check_orthogonalizer`` and ``check_optimizer``.
+"""Check someone else's implementation: ``check_orthogonalizer`` (a kernel) and ``check_optimizer``.
 
-Both run the implementation on inputs with known spectra, compare every result with the exact
-oracle (``ortho_ref``) under the tolerances of ``ortho_verify.tolerances``, and return a
-``VerificationReport``: ``passed`` (False too when the report is inconclusive: nothing failed
-but some check compared nothing), the ``failures`` with the input that reproduces each, and
-error/tolerance for every case. A ten-line pytest test (``batched=False`` for a kernel that
-takes one (m, n) matrix only)::
-
-    import torch
-    from ortho_verify import check_orthogonalizer
-
-    def my_newton_schulz(g):                      # (..., m, n) -> (..., m, n)
-        ...
-
-    def test_my_newton_schulz():
-        report = check_orthogonalizer(my_newton_schulz, coefficients="jordan", dtype=torch.float32)
-        assert report.passed, report.summary()
+Both run the implementation on inputs with known spectra, compare every result with the exact oracle
+(``ortho_ref``) under the tolerances of ``ortho_verify.tolerances``, and return a ``VerificationReport``.
+A ten-line pytest test: docs/verification.md, "Five minutes: a test for your Newton–Schulz function".
 """
 
 from __future__ import annotations
 
-import ast
 import math
 from typing import Callable
 
@@ -65,7 +51,7 @@ __all__ = [
     "ORTHO_MUON", "RECOMPILE_LIMIT_FIX", "call_with_timeout", "check_orthogonalizer_statistics", "compute_name",
     "is_recompile_limit",
     "TORCH_MUON", "VerificationReport", "check_optimizer", "check_orthogonalizer", "check_orthogonalizer_example",
-    "default_examples", "dtype_name", "input_scale", "optimizer_inputs", "REPLAY_HINT", "replay_example",
+    "default_examples", "dtype_name", "input_scale", "optimizer_inputs", "REPLAY_HINT",
 ]
 
 
@@ -163,17 +149,45 @@ def _batch_limit(batched: bool, max_batch_dims: int | None) -> int | None:
 def default_examples(dtype="float32", seed: int = 0, batched: bool = True,
                      max_batch_dims: int | None = None, *, compute_dtype=None,
                      shapes=None) -> list[SpectralExample]:
-    """The inputs ``check_orthogonalizer`` uses by default (``DEFAULT_SPECS``), deterministic
-    for a seed; example i is drawn with seed ``seed + i``, grouped by shape ((m, n), then batch
-    dims; a compiled kernel compiles once per shape). ``batched=False`` leaves out the
-    inputs with batch dimensions; ``max_batch_dims=b`` those with more than b (1: a kernel that
-    takes (m, n) or (b, m, n) only). ``shapes`` (a list of (m, n) or (*batch, m, n)): every spec's
-    family and scale drawn at each of these shapes instead of its own (spec i at shape j with seed
-    ``seed + i``), for a kernel compiled for a few shapes. ``compute_dtype``: the precision the
-    kernel computes in, when it differs from the input ``dtype``; with float16 on either side the
-    scales are clipped into float16's range (``FLOAT16_MIN_SCALE``, ``MAX_SCALE``).
-    Raises: TypeError for a dtype other than float64 / float32 / bfloat16 / float16; ValueError for a
-    negative max_batch_dims or bad shapes."""
+    """The inputs ``check_orthogonalizer`` uses by default (``DEFAULT_SPECS``), deterministic for a seed.
+
+    Example i has seed ``seed + i``; the list is grouped by shape (a compiled kernel compiles once per shape).
+    With float16 on either side the scales stay in float16's range (``FLOAT16_MIN_SCALE``, ``MAX_SCALE``).
+
+    Parameters
+    ----------
+    dtype : torch.dtype or str, default "float32"
+        The input dtype: float64, float32, bfloat16 or float16.
+    seed : int, default 0
+        Seed of the first example.
+    batched, max_batch_dims : bool, int, default True, None
+        False: no batched inputs; at most ``max_batch_dims`` leading batch dimensions.
+    compute_dtype : torch.dtype or str, optional
+        The precision the kernel computes in, when it differs from ``dtype``.
+    shapes : list of tuple of int, optional
+        ``(m, n)`` or ``(*batch, m, n)``: every spec drawn at each of these shapes instead of its own.
+
+    Returns
+    -------
+    list of SpectralExample
+        Each with its matrix (or batch) in ``dtype`` and its provenance.
+
+    Raises
+    ------
+    TypeError
+        If ``dtype`` is not float64, float32, bfloat16 or float16.
+    ValueError
+        If ``max_batch_dims`` is negative or ``shapes`` is malformed.
+
+    References
+    ----------
+    docs/checks.md, "check_orthogonalizer"; ``ortho_verify.strategies`` (the spectrum families).
+
+    Examples
+    --------
+    >>> all(ex.matrix.ndim == 2 for ex in default_examples("float32", batched=False))
+    True
+    """
     name = _ns_dtype_name(dtype)
     compute = compute_name(dtype, compute_dtype)
     limit = _batch_limit(batched, max_batch_dims)
@@ -197,21 +211,47 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
                                  eps_mode: str = "add", record: list | None = None,
                                  timeout_s: float | None = DEFAULT_TIMEOUT_S, compute_dtype=None,
                                  form: str = "standard", restarts=None, device=None) -> list[CheckResult]:
-    """Run ``fn`` on one ``SpectralExample`` and compare each matrix of the result with
-    ``ortho_ref.ns_map`` (``ortho_verify.checks.compare_ns_output``), for use in hypothesis tests.
+    """Run ``fn`` on one ``SpectralExample`` and compare each output matrix with ``ortho_ref.ns_map``.
 
-    ``dtype`` (default the example's): the compute dtype ``fn`` declares. Other arguments as
-    ``check_orthogonalizer``. Rows: ``orthogonalizer_runs`` (fn raised; on a batched input the
-    note says so and points to ``batched=False``), ``input_unchanged`` (fn modified its input;
-    tolerance 0), ``output_shape``, then per matrix ``ns_vs_ns_map``, ``spread_in_band`` (and
-    ``ns_projected_singular_values`` for bfloat16 / float16 / tf32), or ``recompile_limit`` (a compiled
-    kernel hit dynamo's recompile limit: not judged, the fix in the note). ``timeout_s``: seconds fn may take
-    (``DEFAULT_TIMEOUT_S``; None: no limit); past it ``orthogonalizer_runs`` fails with "did not
-    return within ..." instead of hanging (``call_with_timeout``). ``compute_dtype``, ``form``,
-    ``restarts``, ``device``: as ``check_orthogonalizer`` (the input is made on the CPU and moved to
-    ``device``; the output is moved back).
-    Raises: TypeError for a dtype other than float64 / float32 / bfloat16 / float16 ("high": tf32);
-    ValueError for a bad form, restarts or device.
+    The building block of ``check_orthogonalizer`` for hypothesis tests: rows ``orthogonalizer_runs``,
+    ``input_unchanged``, ``output_shape``, then per matrix ``ns_vs_ns_map`` and ``spread_in_band`` (docs/checks.md).
+
+    Parameters
+    ----------
+    fn : callable
+        Maps a ``(..., m, n)`` tensor to its Newton–Schulz result of the same shape.
+    example : SpectralExample
+        The input (``default_examples``, ``ortho_verify.strategies``).
+    coefficients, dtype, steps, safety, eps, eps_mode : optional
+        As ``check_orthogonalizer``; ``dtype`` defaults to the example's.
+    record : list, optional
+        If given, each compared matrix's measurements are appended to it.
+    timeout_s, compute_dtype, form, restarts, device : optional
+        As ``check_orthogonalizer``.
+
+    Returns
+    -------
+    list of CheckResult
+        One row per check and matrix.
+
+    Raises
+    ------
+    TypeError
+        If ``dtype`` is not float64, float32, bfloat16, float16 or "high".
+    ValueError
+        If ``form``, ``restarts`` or ``device`` is invalid.
+
+    References
+    ----------
+    Amsel et al. 2025, "The Polar Express", arXiv 2505.16932, Sec. 2.
+
+    Examples
+    --------
+    >>> import ortho_fast
+    >>> rows = check_orthogonalizer_example(lambda g: ortho_fast.newton_schulz(g, dtype=g.dtype),
+    ...                                     default_examples("float32")[0])
+    >>> all(row.passed for row in rows)
+    True
     """
     compute = compute_name(example.dtype if dtype is None else dtype, compute_dtype)
     table, safety, eps = table_and_normalization(coefficients, steps, safety, eps)
@@ -257,17 +297,11 @@ def check_orthogonalizer_statistics(fn: Callable, batch: StatisticalBatch, *, co
                                     eps_mode: str = "add", batched: bool = True,
                                     timeout_s: float | None = DEFAULT_TIMEOUT_S, compute_dtype=None,
                                     device=None, form: str = "standard", restarts=None) -> list[CheckResult]:
-    """Run ``fn`` on a ``StatisticalBatch`` (one (J, m, n) call when ``batched``, else J calls of
-    (m, n)) and return the row ``ns_mean_deviation`` (``ortho_verify.checks.compare_ns_statistics``;
-    docs/verification.md, "Statistical power in low precision"), or ``orthogonalizer_runs`` failed
-    when fn raised or timed out. ``dtype``: bfloat16, float16 or float32 (the batch's values must
-    be representable in it: ``statistical_batch(..., dtype)``). ``compute_dtype``: the precision
-    the kernel computes in when it differs from ``dtype`` (the input dtype; bfloat16, float16 or
-    float32). ``device``: where fn runs (the batch is moved there, the outputs back). ``form="gram"``
-    with ``restarts``: a Gram kernel, judged with its own rounding model (``gram_rounding_moments``).
-    Other arguments as ``check_orthogonalizer``.
-    Raises: TypeError for a dtype outside the statistical model's (float64 and tf32 have none);
-    ValueError for a bad form or restarts."""
+    """``ns_mean_deviation`` of ``fn`` on a ``StatisticalBatch`` (one (J, m, n) call when ``batched``, else J calls),
+    or ``orthogonalizer_runs`` failed; arguments as ``check_orthogonalizer`` (docs/checks.md,
+    "check_orthogonalizer"). Raises: TypeError for a dtype outside bfloat16 / float16 / float32; ValueError for a
+    bad form or restarts.
+    """
     name = dtype_name(dtype, ("bfloat16", "float16", "float32"))
     compute = name if compute_dtype is None else dtype_name(compute_dtype, ("bfloat16", "float16", "float32"),
                                                             "compute_dtype")
@@ -302,58 +336,65 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
                          device=None, allow_side_effects=()) -> VerificationReport:
     """Check a Newton–Schulz function against the exact oracle.
 
-    ``fn`` maps a (..., m, n) tensor to its Newton–Schulz result of the same shape (leading dims
-    are independent matrices, each normalized by its own Frobenius norm). It is called on
-    ``default_examples(dtype, seed)`` (every spectrum family of ``ortho_verify.strategies``, tall / wide
-    / square / batched, scales 1e-30 to ``MAX_SCALE``, ‖G‖_F ≈ 1.6e-5 where eps matters; with
-    ``batched=False`` only the 2-D ones, for a kernel that takes one (m, n) matrix; with
-    ``max_batch_dims=1`` at most one batch dim, for a kernel that takes (m, n) or (b, m, n)), grouped by
-    shape, given in the input ``dtype`` (float64, float32, bfloat16 or float16: the kernel sees the
-    tensors it sees in training, so in-place work on its input is caught by ``input_unchanged``), and
-    each output matrix is compared with ``ortho_ref.ns_map`` for the
-    declared ``coefficients`` (a registry name or a (T, 3) table; ``steps`` truncates / extends
-    it), normalization X₀ = G/(safety‖G‖_F + eps) (``eps_mode="clamp"``: /max(safety‖G‖_F, eps);
-    defaults from the named schedule, else 1 and 1e-7) and the compute precision: ``compute_dtype``
-    when given (a kernel that takes float32 and computes in bfloat16 is judged with bfloat16's
-    model: ``dtype=torch.float32, compute_dtype=torch.bfloat16``), else ``dtype``; "high" (as
-    ``dtype`` or ``compute_dtype``) is TF32: float32 storage, products of 10-bit operands. float64,
-    float32: Frobenius ``ns_tolerance``; bfloat16, float16, tf32: per-direction singular values
-    (docs/tolerances.md). With float16 on either side the scales stay in float16's range
-    (``FLOAT16_MIN_SCALE`` to ``MAX_SCALE["float16"]``).
-    ``form="gram"``: the kernel is Gram Newton–Schulz (iterates R = XXᵀ and Q, touching X only at the
-    ``restarts``, 0-based step indices before which X ← QX and R ← XXᵀ, e.g. ``(2,)`` for Dao AI Lab's
-    gram-newton-schulz; default none), the same map judged with the Gram rounding model
-    (``ns_gram_singular_value_tolerances`` / ``ns_gram_tolerance``).
-    ``shapes``: a list of (m, n) or (*batch, m, n): the default families drawn at these shapes only,
-    for a kernel compiled for a few shapes (``torch.compile(dynamic=False)``); a kernel that hits
-    dynamo's recompile limit fails the row ``recompile_limit`` with the fix, not a wrong-result row.
-    ``device`` (str or torch.device, default CPU): where fn runs; the inputs are made on the CPU in
-    float64, rounded to ``dtype``, moved there, and the outputs moved back to the CPU, where the oracle
-    runs; the report's subject names the device, its name and the torch / CUDA versions.
-    ``timeout_s``: seconds one call of ``fn`` may take (default ``DEFAULT_TIMEOUT_S``; None: no
-    limit): a call past it fails its example (``orthogonalizer_runs``, "did not return within ...")
-    and the check goes on.
-    ``statistical`` (computing in bfloat16, float16 or float32, either form; default: True unless
-    ``examples`` are given, which are then the only inputs, or ``batched=False`` / ``max_batch_dims=0``):
-    also the row ``ns_mean_deviation`` on each batch of ``ortho_verify.checks.statistical.STATISTICAL_SPECS``
-    (256 matrices of one spectrum: the mean signed deviation per direction at a false-alarm probability
-    of 1e-6; ``check_orthogonalizer_statistics``; in float16 without the ‖G‖_F = 1.6e-5 batch, whose
-    entries are subnormal; a Gram kernel's row uses its own rounding model, ``gram_rounding_moments``
-    with the declared ``restarts``); its batches are given as (J, m, n) when ``max_batch_dims`` allows one
-    batch dim, else one matrix per call; with ``shapes`` they take the first shape's (m, n).
-    Failed rows carry a ``cause`` in words (``CheckResult.cause``, also at the head of the note).
-    ``allow_side_effects``: e.g. {"input_mutated"} accepts a kernel that writes into its input
-    (``ortho_verify.results.accept_side_effects``); kinds of failure: ``report.kinds``.
-    Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive, ``failures`` with
-    reproducing inputs, ratios; low-precision rows whose tolerance admits the zero output make no claim).
-    Raises: TypeError for an ``fn`` that is not callable (None: nothing to check) or a dtype /
-    compute_dtype other than float64 / float32 / bfloat16 / float16 / "high"; ValueError for an
-    unknown schedule, a bad table, a negative ``max_batch_dims``, a bad ``form`` / ``restarts`` /
-    ``shapes``, an unusable ``device`` (all before fn is called), or no example left (``examples``
-    empty, or only batched ones with ``batched=False``) — exceptions raised by ``fn`` are reported as
-    failed checks instead.
-    Source: the polynomial view of Newton–Schulz, Amsel et al. 2025 (arXiv 2505.16932), Sec. 2;
-    Gram Newton–Schulz: Dao AI Lab, gram-newton-schulz (2025).
+    ``fn(G)`` runs on inputs of every spectrum family, shape and scale (``default_examples``) and each output
+    matrix is compared with ``ortho_ref.ns_map``, the declared schedule applied to X₀ = G / (safety·‖G‖_F + eps):
+    in the Frobenius norm in float64 / float32, per singular direction and statistically in bfloat16, float16
+    and TF32 (docs/tolerances.md). Inputs, options and rows in detail: docs/checks.md, "check_orthogonalizer".
+
+    Parameters
+    ----------
+    fn : callable
+        Maps a ``(..., m, n)`` tensor to its Newton–Schulz result (same shape; leading dims independent).
+    coefficients : str or (T, 3) sequence of float, default "jordan"
+        A schedule name of ``ortho_ref.SCHEDULES`` or the per-step odd-quintic rows (a, b, c).
+    dtype : torch.dtype or str, default torch.float32
+        The input dtype: float64, float32, bfloat16, float16 or "high" (TF32: float32 storage).
+    steps, safety, eps : int, float, float, optional
+        Step count, safety divisor and eps of the normalization (default: the schedule's, else T, 1, 1e-7).
+    eps_mode : {"add", "clamp"}, default "add"
+        X₀ = G / (safety·‖G‖_F + eps), or G / max(safety·‖G‖_F, eps) as torch.optim.Muon.
+    examples, seed : list of SpectralExample, int, default None, 0
+        Inputs replacing ``default_examples(dtype, seed)``; the seed of the default inputs.
+    batched, max_batch_dims : bool, int, default True, None
+        False: 2-D inputs only; at most ``max_batch_dims`` leading batch dimensions.
+    timeout_s : float or None, default DEFAULT_TIMEOUT_S
+        Seconds one call may take; past it the example fails ``orthogonalizer_runs``. None: no limit.
+    statistical : bool, optional
+        Add ``ns_mean_deviation`` on batches of 256 matrices (default: on for the default inputs).
+    compute_dtype : torch.dtype or str, optional
+        The precision ``fn`` computes in when it differs from ``dtype`` (e.g. bfloat16 on float32 inputs).
+    form, restarts : {"standard", "gram"}, sequence of int, default "standard", ()
+        "gram": Gram Newton–Schulz with X ← QX, R ← XXᵀ before the 0-based ``restarts`` steps.
+    shapes : list of tuple of int, optional
+        ``(m, n)`` or ``(*batch, m, n)`` shapes at which the default families are drawn (compiled kernels).
+    device : str or torch.device, optional
+        Where ``fn`` runs (default CPU); outputs return to the CPU, where the oracle runs.
+    allow_side_effects : iterable of str, default ()
+        Side effects accepted explicitly, e.g. ``{"input_mutated"}``: their rows make no claim.
+
+    Returns
+    -------
+    VerificationReport
+        ``status`` "passed", "failed" or "inconclusive"; ``failures`` with reproducing inputs; ``kinds``.
+
+    Raises
+    ------
+    TypeError
+        If ``fn`` is not callable or a dtype is not one of the above (before ``fn`` runs).
+    ValueError
+        If the schedule, a batch limit, ``form``, ``restarts``, ``shapes``, ``device`` or ``allow_side_effects``
+        is invalid, or no example is left. What ``fn`` raises is a failed row, not raised.
+
+    References
+    ----------
+    Amsel et al. 2025, "The Polar Express", arXiv 2505.16932, Sec. 2; Dao AI Lab, gram-newton-schulz (2025).
+
+    Examples
+    --------
+    >>> import ortho_fast
+    >>> report = check_orthogonalizer(lambda g: ortho_fast.newton_schulz(g, dtype=g.dtype), coefficients="jordan")
+    >>> report.status
+    'passed'
     """
     if not callable(fn):  # before any work: None is a missing argument, not a failing kernel
         raise TypeError(f"fn: expected a callable mapping a (..., m, n) tensor to its Newton–Schulz result, got "
@@ -422,70 +463,3 @@ def _statistical_batches(name: str, compute: str, seed: int, shape=None) -> list
 #: Appended to the provenance of every input of ``check_orthogonalizer``: how to replay a failure
 #: (a Python comment, so the provenance stays an expression that rebuilds the input).
 REPLAY_HINT = "  # replay: ortho_verify.replay_example(fn, failure, <the check's arguments>)"
-
-#: The provenance calls ``replay_example`` rebuilds (no other code is evaluated).
-_REBUILDERS = {"ortho_verify.strategies.build_example": build_example,
-               "ortho_verify.examples.build_example": build_example,
-               "ortho_verify.checks.statistical.statistical_batch": statistical_batch,
-               "ortho_verify.api.optimizer_inputs": optimizer_inputs}
-
-
-def _parse_provenance(provenance: str):
-    """(function name, args, kwargs) of a provenance call, parsed with ``ast`` (literals only).
-    Raises: ValueError naming provenance for anything else."""
-    try:
-        call = ast.parse(provenance.strip(), mode="eval").body
-        name = ast.unparse(call.func) if isinstance(call, ast.Call) else None
-        if name not in _REBUILDERS:
-            raise ValueError(name)
-        args = [ast.literal_eval(a) for a in call.args]
-        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
-    except (SyntaxError, ValueError) as err:
-        raise ValueError(f"provenance: expected a call of one of {sorted(_REBUILDERS)} with literal arguments, "
-                         f"got {provenance!r}") from err
-    return name, args, kwargs
-
-
-def replay_example(fn, failure, *, check: str | None = None, input_name: str | None = None, coefficients="jordan",
-                   dtype=None, steps: int | None = None, safety: float | None = None, eps: float | None = None,
-                   eps_mode: str = "add", timeout_s: float | None = DEFAULT_TIMEOUT_S, conventions=None,
-                   compute_dtype=None, form: str = "standard", restarts=None, device=None,
-                   **optimizer_arguments) -> list[CheckResult]:
-    """Replay one failure of a report: rebuild its input from the provenance, run ``fn`` on it
-    again and return the rows of the same check on the same input (the same error and tolerance
-    for a deterministic ``fn``). docs/verification.md, "Replaying a failure".
-
-    ``failure``: a ``Failure`` of ``report.failures`` (check and input taken from it) or its
-    provenance string (then ``check`` and ``input_name`` select the rows; None: every row).
-    ``fn``: the kernel (orthogonalizer failures: inputs of ``build_example`` or
-    ``statistical_batch``) or the optimizer class (failures of ``check_optimizer``: inputs of
-    ``optimizer_inputs``, with ``conventions`` and any of its other arguments such as lr,
-    param_dtype in ``optimizer_arguments``). The other arguments are those of
-    ``check_orthogonalizer`` (``compute_dtype``, ``form``, ``restarts``, ``device`` included) and
-    must be the ones the report was made with.
-    Returns: the matching ``CheckResult`` rows (all rows of the replayed input if none match).
-    Raises: ValueError naming provenance when it is not a call this function rebuilds (it never
-    evaluates other code); TypeError for a bad dtype, as the checks.
-    """
-    if isinstance(failure, Failure):
-        provenance, check, input_name = failure.provenance, check or failure.result.check, \
-            input_name or failure.result.input
-    else:
-        provenance = str(failure)
-    name, args, kwargs = _parse_provenance(provenance)
-    built = _REBUILDERS[name](*args, **kwargs)
-    options = dict(coefficients=coefficients, steps=steps, safety=safety, eps=eps, eps_mode=eps_mode,
-                   timeout_s=timeout_s)
-    if name.endswith("optimizer_inputs"):
-        shapes, steps_run, cond, seed = (list(args) + [kwargs.get(k) for k in ("shapes", "steps", "cond", "seed")])[:4]
-        rows = check_optimizer(fn, conventions, shapes=shapes, steps=steps_run, cond=cond, seed=seed,
-                               **optimizer_arguments).results
-    elif isinstance(built, StatisticalBatch):
-        rows = check_orthogonalizer_statistics(fn, built, dtype=args[4], device=device, form=form, restarts=restarts,
-                                               compute_dtype=compute_name(args[4] if dtype is None else dtype,
-                                                                          compute_dtype), **options)
-    else:
-        rows = check_orthogonalizer_example(fn, built, dtype=dtype, compute_dtype=compute_dtype, form=form,
-                                            restarts=restarts, device=device, **options)
-    chosen = [r for r in rows if (check is None or r.check == check) and (input_name is None or r.input == input_name)]
-    return chosen or rows

@@ -69,47 +69,62 @@ def _choice(value, name: str, choices) -> None:
 class MuonConventions:
     """What a Muon-like optimizer computes, so that ``check_optimizer`` can build its reference.
 
-    momentum_style: "ema" (M ← μM + (1−μ)G; torch.optim.Muon, Keller Jordan, nanochat) or
-    "classic" (M ← μM + G; microsoft/dion, Moonlight); nesterov: U = mix of G and M as
-    ``ortho_ref.muon_step``; coefficients: schedule name or (T, 3) table, ns_steps, safety, eps,
-    eps_mode ("add": /(s‖U‖_F + eps), "clamp": /max(s‖U‖_F, eps) as torch.optim.Muon);
-    adjust_lr: any mode of ``ortho_ref.muon.ADJUST_LR_MODES`` — "original" √max(1, m/n) |
-    "match_rms_adamw" 0.2√max(m, n) | "spectral_norm" √(m/n) | None, and Megatron /
-    Emerging-Optimizers' names "shape_scaling" (= "original"), "spectral" √max(m, n),
-    "unit_rms_norm" (= "spectral_norm"); extra_scale_factor: a further constant factor on the
-    update (Megatron's ``extra_scale_factor``; 0.2 with "spectral" is Moonlight's scale);
-    the Muon pipeline stages (docs/math.md, "Muon pipeline stages"; ``ortho_ref.muon.muon_pipeline_step``):
-    row_equilibration (MuonEq: False, True = "row", "column"), renormalize (Muon+: ‖O‖_F = √min(m, n)),
-    normuon_beta2 (NorMuon's EMA, None: off) with normuon_eps, normuon_eps_mode ("add" √v + eps,
-    microsoft/dion; "clamp" √max(v, eps), nanochat), normuon_dim ("row", "column", "by_shape") and
-    normuon_state_key (the ``optimizer.state[p]`` key of its second moment, microsoft/dion's
-    "variance_neuron"; None if it keeps none the judge can read);
-    cautious_weight_decay: decay only where sign(O)·sign(W) ≥ 0 (Chen et al. 2025, arXiv
-    2510.12402; nanochat); qk_clip_threshold / qk_clip_alpha: QK-clip of the attention
-    projections after the step (MuonClip, Kimi K2 arXiv 2507.20534; ``ortho_ref.qk_clip``;
-    None: none); ns_dtype: the dtype the Newton–Schulz iteration runs in;
-    momentum_state_key: the ``optimizer.state[p]`` key of the momentum buffer (None if it has
-    none: the reference then tracks its own); hyperparameter_names: constructor keyword for each
-    of lr, momentum, weight_decay; extra_kwargs: further constructor keywords.
-    nesterov_form: "mix" (the default: the lerp of each momentum style) or "full_grad"
-    (U = G + μM_new beside an EMA momentum; ``ortho_ref.muon.NESTEROV_FORMS``);
-    weight_decay_style: "decoupled" W ← W(1 − lr·wd) with the unscaled lr (torch, dion,
-    Moonlight; the default), "adjusted_lr" W(1 − lr·s·wd) with the update's lr multiplier s
-    (nanochat), "independent" W(1 − wd), "l2" G ← G + wd·W before the momentum
-    (``ortho_ref.muon.WEIGHT_DECAY_STYLES``); bias_correction: the EMA momentum debiased as Adam's
-    in the matrix that is orthogonalized, at the 1-based step t: U = μ·M_t/(1−μ^(t+1)) +
-    (1−μ)·G_t/(1−μ^t) with Nesterov ("mix"), U = M_t/(1−μ^t) without, the stored M_t uncorrected
-    (optax ``contrib.muon`` / ``scale_by_muon``; ``ortho_ref.muon.momentum_update``; only with
-    momentum_style "ema" and, with Nesterov, nesterov_form "mix"); form / restarts: "standard" or Gram Newton–Schulz
-    ("gram", with the steps before which R is recomputed), the same map with its own rounding model.
-    momentum_state_key may be a tuple path into nested state dicts (``("muon", "momentum_buffer")``);
-    a hyperparameter name may be a tuple entry (``{"momentum": "betas[0]"}``: the first entry of the
-    ``betas`` keyword, the others from extra_kwargs or the signature's default).
-    The names other libraries use for these options are tabled in docs/verification.md,
-    "Conventions: names in other libraries".
-    Raises: ValueError naming the field for an unknown momentum_style, eps_mode or adjust_lr, or
-    extra_scale_factor <= 0; ValueError naming ``bias_correction`` for a non-bool or where it is not
-    defined (the "classic" style, the "full_grad" form).
+    The reference step is ``ortho_ref.muon.muon_pipeline_step``: momentum M and Nesterov input U from the
+    gradient G, O = NS(U) (+ the declared stages), W ← d(W) − lr·s·O with the adjust_lr scale s and the decay d.
+    Every option, with the names other libraries use: docs/checks.md, "MuonConventions".
+
+    Parameters
+    ----------
+    momentum_style : {"ema", "classic"}, default "ema"
+        "ema" M ← μM + (1−μ)G (torch.optim.Muon, Keller Jordan); "classic" M ← μM + G (microsoft/dion).
+    nesterov : bool, default True
+        Nesterov's U from G and the new M (the form: ``nesterov_form``).
+    coefficients, ns_steps : str or (T, 3) sequence of float, int, default "jordan", None
+        The Newton–Schulz schedule (``ortho_ref.SCHEDULES`` name or rows) and its step count (None: its own).
+    safety, eps, eps_mode : float, float, {"add", "clamp"}, default None, None, "add"
+        Normalization U / (safety·‖U‖_F + eps), or / max(safety·‖U‖_F, eps); None: the schedule's.
+    adjust_lr : str or None, default "original"
+        The lr scale s (``ortho_ref.muon.ADJUST_LR_MODES``; "original" √max(1, m/n)).
+    ns_dtype : torch.dtype, default torch.bfloat16
+        The dtype the Newton–Schulz iteration runs in.
+    momentum_state_key : str, tuple of str or None, default "momentum_buffer"
+        The ``optimizer.state[p]`` key (or path) of the momentum (None: the reference keeps its own).
+    hyperparameter_names, extra_kwargs : dict, dict
+        Constructor keywords of lr, momentum, weight_decay (``"betas[0]"``: a tuple entry); more keywords.
+    extra_scale_factor : float, default 1.0
+        A further constant factor on the update (Megatron's ``extra_scale_factor``).
+    cautious_weight_decay : bool, default False
+        Decay only where sign(O)·sign(W) ≥ 0 (Chen et al. 2025, arXiv 2510.12402).
+    qk_clip_threshold, qk_clip_alpha : float or None, float, default None, 0.5
+        QK-clip of attention projections after the step (MuonClip): τ (None: off) and α.
+    row_equilibration, renormalize : bool or {"row", "column"}, bool, default False, False
+        The MuonEq stage before Newton–Schulz; Muon+'s ‖O‖_F = √min(m, n) after it.
+    normuon_beta2, normuon_eps, normuon_eps_mode : float or None, float, {"add", "clamp"}, default None, 1e-8, "add"
+        NorMuon's second-moment EMA (None: off), its eps, and √v + eps or √max(v, eps).
+    normuon_dim, normuon_state_key : {"row", "column", "by_shape"}, str or None, default "row", "variance_neuron"
+        The axis of NorMuon's second moment and its ``optimizer.state[p]`` key (None: not read).
+    nesterov_form : {"mix", "full_grad"}, default "mix"
+        U as the lerp of G and M, or U = G + μM beside an EMA momentum (``ortho_ref.muon.NESTEROV_FORMS``).
+    weight_decay_style : str, default "decoupled"
+        The decay d(W) (``ortho_ref.muon.WEIGHT_DECAY_STYLES``: W(1 − lr·wd), "adjusted_lr", "independent", "l2").
+    bias_correction : bool, default False
+        U from the EMA momentum debiased as Adam's at the 1-based step (optax ``contrib.muon``).
+    form, restarts : {"standard", "gram"}, tuple of int, default "standard", ()
+        Gram Newton–Schulz and its 0-based restart steps: the same map, its own rounding model.
+
+    Raises
+    ------
+    ValueError
+        Naming the field, for a value outside its choices or range, or ``bias_correction`` where undefined.
+
+    References
+    ----------
+    Jordan et al. 2024, "Muon" (kellerjordan.github.io/posts/muon); torch.optim.Muon; docs/math.md, "Muon".
+
+    Examples
+    --------
+    >>> MuonConventions(momentum_style="classic", nesterov=False, adjust_lr="spectral_norm").eps_mode
+    'add'
     """
 
     momentum_style: str = "ema"
@@ -190,7 +205,14 @@ class MuonConventions:
             self.normuon_beta2 is not None
 
     def stage_kwargs(self) -> dict:
-        """The stage keywords of ``ortho_ref.muon.muon_pipeline_step`` these conventions declare."""
+        """The stage keywords of ``ortho_ref.muon.muon_pipeline_step`` these conventions declare.
+
+        Returns
+        -------
+        dict
+            ``row_equilibration``, ``renormalize``, ``normuon_beta2``, ``normuon_eps``, ``normuon_eps_mode`` and
+            ``normuon_dim``, as the fields.
+        """
         return dict(row_equilibration=self.row_equilibration, renormalize=self.renormalize,
                     normuon_beta2=self.normuon_beta2, normuon_eps=self.normuon_eps,
                     normuon_eps_mode=self.normuon_eps_mode, normuon_dim=self.normuon_dim)
@@ -198,21 +220,48 @@ class MuonConventions:
 
 @dataclass(frozen=True)
 class DionConventions:
-    """What a Dion-like optimizer computes (Ahn et al., arXiv 2504.05295, Algorithm 1, as
-    ``ortho_ref.dion_step``): error_feedback (M ← B − (1−μ)PRᵀ, else μPRᵀ), epsilon of the
-    column normalization, power_iters; qr_method (``ortho_ref.QR_METHODS``: "householder",
-    "cholesky_qr" = CholeskyQR2, "randomized_cholesky_qr" = microsoft/dion's "rcqr", whose
-    sketches the reference draws itself: the tolerance then takes the reference's sketch) and
-    right_factor ("column_norm" or Orth-Dion's "qr"); orthonormalize_dtype: the dtype Y = BQ, its
-    QR and P are computed in when it differs from the state's (e.g. torch.float32 for float64
-    parameters; None: the momentum's dtype); orientation: "min_side" (the transpose when m < n,
-    Q (min(m, n), r)) or "never_transpose" (Q (n, r) for every matrix); the ``optimizer.state[p]``
-    keys of the momentum (m, n) and the right factor Q; constructor keywords for lr, momentum (μ)
-    and weight_decay, and extra_kwargs. The update is −lr·√(m/n)·PQᵀ with decoupled weight decay.
-    Column signs of P and Q need no declaration: the comparison is gauge-invariant
-    (docs/verification.md, "Gauge invariance").
-    Raises: ValueError naming the field for an unknown qr_method, right_factor or orientation,
-    or power_iters < 1.
+    """What a Dion-like optimizer computes, so that ``check_optimizer`` can build its reference.
+
+    The reference is ``ortho_ref.dion_step`` (Ahn et al., Algorithm 1): B = M + G; P = orth(BQ); R = BᵀP;
+    M ← B − (1−μ)PRᵀ; Q ← R with normalized columns; W ← (1 − lr·wd)W − lr·√(m/n)·PQᵀ. Column signs of P and Q
+    need no declaration (docs/verification.md, "Gauge invariance"); details: docs/checks.md, "DionConventions".
+
+    Parameters
+    ----------
+    error_feedback : bool, default True
+        M ← B − (1−μ)PRᵀ; False: M ← μPRᵀ (the rank-r residual is discarded).
+    epsilon : float, default 1e-8
+        Added to each column norm of R.
+    power_iters : int, default 1
+        Power iterations per step (≥ 1).
+    momentum_state_key, q_state_key : str, default "momentum", "Q"
+        The ``optimizer.state[p]`` keys of the momentum (m, n) and the right factor Q.
+    hyperparameter_names : dict, default {"lr": "lr", "momentum": "mu", "weight_decay": "weight_decay"}
+        Constructor keywords of lr, μ and weight decay.
+    extra_kwargs : dict, default {}
+        Further constructor keywords.
+    qr_method : str, default "householder"
+        ``ortho_ref.QR_METHODS``: "householder", "cholesky_qr" (CholeskyQR2), "randomized_cholesky_qr".
+    right_factor : {"column_norm", "qr"}, default "column_norm"
+        Q from R by column normalization, or Orth-Dion's Q = orth(R).
+    orthonormalize_dtype : torch.dtype, optional
+        The dtype of Y = BQ, its QR and P when it differs from the state's (None: the momentum's).
+    orientation : {"min_side", "never_transpose"}, default "min_side"
+        "min_side": Bᵀ when m < n, Q (min(m, n), r); "never_transpose": Q (n, r) for every matrix.
+
+    Raises
+    ------
+    ValueError
+        Naming the field, for an unknown qr_method, right_factor or orientation, or power_iters < 1.
+
+    References
+    ----------
+    Ahn, Xu, Abreu, Langford 2025, "Dion", arXiv 2504.05295, Algorithm 1; microsoft/dion ``dion_simple.py``.
+
+    Examples
+    --------
+    >>> DionConventions(qr_method="cholesky_qr").hyperparameter_names["momentum"]
+    'mu'
     """
 
     error_feedback: bool = True
@@ -240,16 +289,48 @@ class DionConventions:
 
 @dataclass(frozen=True)
 class Dion2Conventions:
-    """What a Dion2-like optimizer computes (microsoft/dion ``Dion2``, as ``ortho_ref.dion2.dion2_step``
-    with "global" selection on one process): the Newton–Schulz schedule of the selected submatrix
-    (``coefficients`` a registry name or (T, 3) rows, ``ns_steps``, ``safety`` None = the schedule's,
-    ``epsilon`` added to s·‖B_S‖_F) and the dtype it runs in (``ns_dtype``: the tolerance takes the
-    coarser of it and the parameters' dtype), ``adjust_lr`` ("spectral_norm" √(m/n), "rms_norm"
-    0.2·√max(m, n), None), the ``optimizer.state[p]`` key of the momentum, and the constructor
-    keywords for lr, fraction, ef_decay and weight_decay plus ``extra_kwargs``. Ties of the slice
-    norms need no declaration: the check treats them as a gauge (docs/tolerances.md, "Dion2").
-    Raises: ValueError naming ``adjust_lr`` for an unknown mode; TypeError naming ``ns_dtype`` for a
-    dtype without a unit roundoff here.
+    """What a Dion2-like optimizer computes, so that ``check_dion2_optimizer`` can build its reference.
+
+    The reference is ``ortho_ref.dion2.dion2_step`` with "global" selection on one process: the fraction of
+    slices of B = M + G with the largest norms is orthogonalized by Newton–Schulz and applied, the momentum of
+    the selected slices decays by ef_decay. Ties of the slice norms are a gauge (docs/tolerances.md, "Dion2").
+
+    Parameters
+    ----------
+    coefficients : str or (T, 3) sequence of float, default "polar_express"
+        The Newton–Schulz schedule of the selected submatrix.
+    ns_steps : int, optional
+        Its step count (None: the schedule's).
+    safety : float, optional
+        Divides the Frobenius-normalized submatrix (None: the schedule's).
+    epsilon : float, default 1e-8
+        Added to safety·‖B_S‖_F.
+    adjust_lr : {"spectral_norm", "rms_norm", "match_rms_adamw", None}, default "spectral_norm"
+        The lr scale: √(m/n), or 0.2·√max(m, n) ("rms_norm" = "match_rms_adamw"), or none.
+    ns_dtype : torch.dtype, default torch.bfloat16
+        The Newton–Schulz dtype; the tolerance takes the coarser of it and the parameters' dtype.
+    momentum_state_key : str, default "momentum"
+        The ``optimizer.state[p]`` key of the momentum.
+    hyperparameter_names : dict
+        Constructor keywords of lr, fraction, ef_decay and weight_decay (default: those names).
+    extra_kwargs : dict, default {}
+        Further constructor keywords.
+
+    Raises
+    ------
+    ValueError
+        Naming ``adjust_lr``, for an unknown mode.
+    TypeError
+        Naming ``ns_dtype``, for a dtype without a unit roundoff here.
+
+    References
+    ----------
+    microsoft/dion ``dion/dion2.py`` (class ``Dion2``); docs/math.md, "5a. Dion2".
+
+    Examples
+    --------
+    >>> Dion2Conventions(ns_steps=5).coefficients
+    'polar_express'
     """
 
     coefficients: object = "polar_express"

@@ -127,63 +127,66 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
                     device=None) -> VerificationReport:
     """Check a Muon- or Dion-like optimizer step by step against the oracle.
 
-    ``optimizer``: a class or factory called as ``optimizer(params, **{names[k]: v}, **extra_kwargs)``
-    with the lr, momentum and weight_decay given here under the conventions' keyword names.
-    ``conventions``: ``MuonConventions`` or ``DionConventions`` (default for torch.optim.Muon,
-    ortho_fast.Muon and ortho_fast.Dion: ``TORCH_MUON``, ``ORTHO_MUON``, ``DION``).
-    One parameter per shape in ``shapes``, ``steps`` steps with well-conditioned gradients
-    (``cond``), in ``param_dtype`` (a torch dtype; default None: both ``DEFAULT_PARAM_DTYPES``,
-    float32 and bfloat16, one run each, the bfloat16 rows' inputs named "... bfloat16 step t": an
-    optimizer whose bfloat16 path differs, e.g. normalizes its momentum buffer in place, is
-    exercised by default). After every step the gradient it was given must be unchanged
-    (``gradient_unchanged``, tolerance 0: the algorithm reads G, it does not write it) and no state
-    tensor may share storage with the parameter or its gradient (``state_not_aliased``); every
-    buffer the conventions declare is compared with the oracle's (below). Each step is compared from
-    the optimizer's own state before it:
-    Muon: the update O = (W(1 − lr·wd) − W_new)/(lr·s) against ns_map(U) of ``ortho_ref.muon_step``
-    (``compare_ns_output`` in the coarser of ns_dtype and param_dtype, with the weight's rounding
-    as extra allowance; checks ``muon_update/...``) and the momentum buffer (``muon_momentum``);
-    Dion (from step 2: Q_0 is the optimizer's own draw): weight, momentum and Q against
-    ``ortho_ref.dion_step`` (``dion_vs_reference``, ``ortho_verify.tolerances.dion_variant_tolerances``
-    with B, P, R in the momentum state's dtype, as microsoft/dion's mixed precision) where P is
-    determined by B in that dtype — not with bfloat16 state (δ_P ≈ 0.9), where the step is left
-    out and said so in the notes — and at every step the invariants that need no P
-    (``ortho_verify.error_feedback.observed_step_rows``: ``dion_update_structure``,
-    ``dion_momentum_split``).
-    Muon also steps a decay probe (``optimizer_steps.DECAY_PROBE_SHAPE``, N(0, 1) entries, a zero
-    gradient at every step): row ``muon_weight_decay``, W_new against d·W of the declared
-    ``weight_decay_style`` (``tolerances.weight_decay_tolerance``; a claim where its power
-    ``tolerances.weight_decay_power`` ≤ ``WEIGHT_DECAY_POWER_LIMIT``, i.e. not in bfloat16; docs/verification.md,
-    "Optimizers"). Every parameter has a gradient at every step; a gradient the step sets to None is
-    the row ``gradient_kept`` (a side effect of its own).
-    Kinds of failure (``ortho_verify.results.FAILURE_KINDS``, counted apart in ``report.kinds``
-    and named in the verdict): "wrong math" (update, state), "side effect" (``gradient_unchanged``,
-    ``gradient_kept``, ``state_not_aliased``), "unsupported": an exception from the optimizer (its
-    constructor or a step) is not raised out of the check but becomes a failing ``optimizer_runs`` row
-    named after the parameter being stepped, naming the exception and the last traceback frame in the
-    user's code (``ortho_verify.results.user_frame``);
-    that dtype's run stops there and the other dtypes still run.
-    ``allow_side_effects``: names of ``ortho_verify.results.SIDE_EFFECTS`` ("grad_mutated",
-    "input_mutated", "state_aliased") and "grad_consumed" (``gradient_kept``) accepted explicitly: their
-    rows make no claim and say so.
-    ``statistical_matrices``: J >= 8, or None (default: ``STATISTICAL_MATRICES`` where the coarser of
-    the parameters' and the declared Newton–Schulz dtype is bfloat16 / float16 — with both default
-    parameter dtypes in the bfloat16 run only — else none), adds J parameters of ``statistical_shape`` (default
-    ``STATISTICAL_SHAPE``, tall) to the same optimizer and the row ``optimizer_mean_deviation``:
-    the per-direction mean over the J matrices of the first step's measured update against the
-    declared one (``ortho_verify.checks.statistical``, false alarm <= 1e-6 per row;
-    docs/verification.md, "Statistical rows of check_optimizer"); 0 turns it off.
-    ``device``: where the parameters live (torch device or name; default None: "cpu"); they are
-    built on the CPU in float64, rounded to ``param_dtype`` and moved.
-    Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive); each failure
-    carries the initial weight and gradients.
-    Raises: TypeError without conventions for an unknown class or for a dtype outside float64 /
-    float32 / bfloat16 / float16; ValueError naming the argument for steps < 1 (Dion: < 2), lr, momentum
-    or weight_decay not finite or out of range (lr > 0, 0 <= momentum < 1, weight_decay >= 0), a
-    hyperparameter name neither a keyword nor a tuple entry ("betas[0]"), ``shapes`` not a
-    non-empty sequence of (m, n) pairs of positive integers, ``cond`` not a finite number >= 1, an
-    unknown name in ``allow_side_effects``, statistical_matrices outside {0} ∪ [8, ∞), a CUDA
-    ``device`` without CUDA, or when the state lacks a declared key (after the first step).
+    The optimizer steps one parameter per shape ``steps`` times on seeded gradients; each step is recomputed
+    by ``ortho_ref`` from the optimizer's own state before it. Muon: the update O = (d(W) − W_new)/(lr·s)
+    against ns_map(U) and the momentum buffer; Dion (from step 2): weight, momentum and Q against
+    ``ortho_ref.dion_step``. Side effects (a written gradient, aliased state) are rows of their own; an
+    exception is a failed ``optimizer_runs`` row. The rows in detail: docs/checks.md, "check_optimizer".
+
+    Parameters
+    ----------
+    optimizer : type or callable
+        Called as ``optimizer(params, **{names[k]: v}, **extra_kwargs)`` with the conventions' keyword names.
+    conventions : MuonConventions or DionConventions, optional
+        What it computes (default for torch.optim.Muon, ortho_fast.Muon, ortho_fast.Dion: their own).
+    lr : float, default 0.02
+        Learning rate (> 0).
+    momentum : float, default 0.95
+        Momentum μ, in [0, 1).
+    weight_decay : float, default 0.1
+        Weight decay (≥ 0), applied as the conventions' ``weight_decay_style``.
+    steps : int, default 3
+        Steps per run (Muon ≥ 1, Dion ≥ 2: Q₀ is the optimizer's own draw).
+    param_dtype : torch.dtype, optional
+        The parameters' dtype (default: one run in float32, one in bfloat16).
+    shapes : sequence of (m, n) tuple of int, default DEFAULT_SHAPES
+        One matrix parameter per shape.
+    cond : float, default 10.0
+        Condition number (≥ 1) of the gradients.
+    seed : int, default 0
+        Seed of the weights and gradients.
+    allow_side_effects : iterable of str, default ()
+        Side effects accepted explicitly (``ortho_verify.kinds.SIDE_EFFECTS``, "grad_consumed").
+    statistical_matrices : int, optional
+        J ≥ 8 extra matrices for the row ``optimizer_mean_deviation`` (default: in bfloat16 / float16 only; 0: off).
+    statistical_shape : tuple of int, optional
+        Their shape (m, n) (default ``STATISTICAL_SHAPE``).
+    device : str or torch.device, optional
+        Where the parameters live (default CPU).
+
+    Returns
+    -------
+    VerificationReport
+        ``status`` "passed", "failed" or "inconclusive"; each failure carries the initial weight and gradients.
+
+    Raises
+    ------
+    TypeError
+        Without conventions for an unknown class, or for a dtype outside float64 / float32 / bfloat16 / float16.
+    ValueError
+        Naming the argument: steps, lr, momentum, weight_decay, a hyperparameter name, shapes, cond,
+        allow_side_effects, statistical_matrices or device out of range, or a declared state key missing.
+
+    References
+    ----------
+    Jordan et al. 2024, "Muon"; torch.optim.Muon; Ahn et al. 2025, "Dion", arXiv 2504.05295, Algorithm 1;
+    docs/math.md, "4. Muon" and "5. Dion".
+
+    Examples
+    --------
+    >>> import torch
+    >>> check_optimizer(torch.optim.Muon, TORCH_MUON, shapes=[(8, 4)], steps=2).status
+    'passed'
     """
     _check_problem_arguments(shapes, cond)
     check_seed(seed)

@@ -1,10 +1,5 @@
-"""Result types of the judge: one measured comparison (``CheckResult``), the verdict over many,
-a user-facing ``VerificationReport``, and the report files (``report.json``, ``report.md``).
-
-Shared by the checks (``ortho_verify.checks``, ``ortho_verify.error_feedback``,
-``ortho_verify.golden``, ``ortho_verify.baseline``), ``ortho_verify.api`` and the reports
-(``write_reports``). numpy only: no torch, no rich, no matplotlib.
-"""
+"""Result types of the judge: one comparison (``CheckResult``), the verdict over many, ``VerificationReport``, the
+report files (``report.json``, ``report.md``); numpy only (docs/checks.md, "Rows and reports")."""
 
 from __future__ import annotations
 
@@ -39,18 +34,9 @@ __all__ = [
 
 @dataclass
 class CheckResult:
-    """One measured comparison. ``ratio`` = error / tolerance; with tolerance 0 (an exact check: bitwise
-    equality, a bound that must hold with no slack) it is 0 when the row holds (error <= 0) and inf when not.
+    """One measured comparison: ``ratio`` = error / tolerance (tolerance 0, an exact check: 0 if it holds, else inf).
 
-    ``passed``: no violation was found. ``claimed``: the row is evidence — False for a
-    comparison that was not made (ill-posed: P not determined by B) or whose tolerance cannot
-    reject a wrong result (infinite, or admitting the zero output); such a row passed vacuously,
-    its ``status`` is "no claim" and reports count it apart (``verdict``). A failed row is always
-    claimed. ``extra``: optional named measurements shown in the report (e.g. the fraction of the
-    gradient lost without error feedback); they change no verdict. ``cause``: for a failed row,
-    the likely cause in words (``ortho_verify.checks.diagnoses``), empty when none is known.
-    ``kind``: what kind of failure the row is (``FAILURE_KINDS``: "wrong math", "side effect",
-    "unsupported"); empty: derived from the check's name (``failure_kind``).
+    ``passed``, ``claimed`` (evidence), ``status``, ``extra``, ``cause``, ``kind``: docs/checks.md, "Rows and reports".
     """
 
     check: str
@@ -359,21 +345,32 @@ class Failure:
 
 @dataclass
 class VerificationReport:
-    """Result of ``check_orthogonalizer`` / ``check_optimizer``.
+    """Result of ``check_orthogonalizer`` / ``check_optimizer``: every measured row and the verdict.
 
-    ``results``: every CheckResult (error, tolerance, ratio = error/tolerance per case);
-    ``inputs``: input name -> (arrays, provenance). ``bool(report)`` is ``report.passed``.
-    ``status`` (``verdict``): "passed", "failed", or "inconclusive" — nothing
-    failed but some check made no claim on any input (e.g. every Dion step ill-posed in the
-    dtype), or nothing was compared at all; an inconclusive report is not ``passed``.
+    ``status`` is "passed", "failed" or "inconclusive" (nothing failed, but some check made no claim on any
+    input, or nothing was compared: not ``passed``); ``bool(report)`` is ``report.passed``.
+
+    Parameters
+    ----------
+    subject : str
+        What was checked, e.g. "newton_schulz (jordan, float32)".
+    results : list of CheckResult
+        Every row: error, tolerance and ratio error/tolerance per input.
+    inputs : dict
+        Input name -> (arrays, provenance): what reproduces each failure.
+    device : str, default ""
+        Where it ran (device, torch and CUDA versions; not in ``subject``: baselines hold across machines) or "".
+
+    Examples
+    --------
+    >>> from ortho_verify.api import measured
+    >>> VerificationReport("kernel", [measured("ns_vs_ns_map", "input 0", "float32", 1e-9, 1e-6)], {}).status
+    'passed'
     """
 
     subject: str
     results: list
     inputs: dict
-    #: where the checked code ran (``ortho_verify.devices.device_label``: device, its name, torch and
-    #: CUDA versions); "" when not recorded. Not part of ``subject``, so a baseline keyed by the
-    #: subject holds across machines and torch versions.
     device: str = ""
 
     @property
@@ -422,9 +419,18 @@ class VerificationReport:
         return max((r.ratio for r in self.results if r.claimed), default=0.0)
 
     def summary(self, max_rows: int = 12) -> str:
-        """Plain-text verdict with the counts of passed / failed / no-claim rows, why an
-        inconclusive report is one, the worst case per check, the first failures with
-        provenance and the first rows that made no claim (at most ``max_rows`` of each)."""
+        """Plain-text verdict: counts, the worst case per check, the first failures and no-claim rows.
+
+        Parameters
+        ----------
+        max_rows : int, default 12
+            At most this many failures, and as many no-claim rows, are listed.
+
+        Returns
+        -------
+        str
+            The summary, one item per line; failures with the provenance that reproduces them.
+        """
         status, reasons = verdict(self.results)
         counts = {k: sum(r.status == k for r in self.results) for k in ("pass", "fail", "no claim")}
         kinds = ", ".join(f"{k}: {n}" for k, n in failure_kinds(self.results).items() if n)
@@ -472,9 +478,18 @@ class VerificationReport:
             raise AssertionError(self.summary())
 
     def save(self, out_dir) -> Path:
-        """Write ``report.json``, ``report.md`` (``write_reports`` with every row: a report of one
-        kernel or optimizer is small) and ``failures.npz`` (the reproducing inputs of the failures,
-        keyed ``<input>/<array>``) to ``out_dir``; returns it."""
+        """Write report.json, report.md, provenance.json and failures.npz (the failures' inputs) to ``out_dir``.
+
+        Parameters
+        ----------
+        out_dir : str or os.PathLike
+            The folder (created if missing).
+
+        Returns
+        -------
+        pathlib.Path
+            ``out_dir``.
+        """
         out = Path(out_dir)
         write_reports(self.results, out, {"subject": self.subject}, all_rows=True)
         arrays = {f"{f.result.input}/{k}": v for f in self.failures for k, v in f.inputs.items()}

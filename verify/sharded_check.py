@@ -1,23 +1,7 @@
-"""Check anyone's distributed Muon or Dion: ``check_sharded_optimizer(factory)`` steps the same
-seeded matrices on every mesh layout (DDP, FSDP Shard(0) / Shard(1), TP colwise / rowwise, HSDP,
-FSDP + TP with ``_StridedShard``, HSDP + TP; ``ortho_verify.sharding.SHARDED_LAYOUTS``) and in one
-process, and compares the full weights step by step under the layout contract
-(``ortho_verify.tolerances.sharded_tolerance``; docs/design.md, "Distributed layouts and the
-layout contract"). A ten-line test of a user's FSDP2 Muon::
-
-    import torch
-    from ortho_verify import check_sharded_optimizer
-    from my_project import DistributedMuon
-
-    def factory(params, layout):       # layout None: one process on plain tensors
-        mesh = None if layout is None else layout.shard_mesh
-        return DistributedMuon(params, lr=0.02, distributed_mesh=mesh)
-
-    def test_muon_every_layout():
-        report = check_sharded_optimizer(factory, world_size=4)
-        assert report.passed, report.summary()
-
-The full section, with microsoft/dion's Dion constructor: docs/verification.md, "Distributed
+"""Check anyone's distributed Muon or Dion: ``check_sharded_optimizer(factory)`` steps the same seeded matrices
+on every mesh layout (``ortho_verify.sharding.SHARDED_LAYOUTS``) and in one process, and compares the full
+weights step by step under the layout contract (docs/design.md, "Distributed layouts and the layout contract").
+A ten-line test of a user's FSDP2 Muon, and microsoft/dion's Dion: docs/verification.md, "Distributed
 optimizers". Command line: ``ortho-verify sharding --optimizer package.module:factory``.
 """
 
@@ -67,16 +51,34 @@ HANG_FACTOR = 5.0
 
 @dataclass
 class ShardedReport(VerificationReport):
-    """``VerificationReport`` of ``check_sharded_optimizer`` with the disagreements explained.
+    """``VerificationReport`` of ``check_sharded_optimizer``, with the disagreements explained.
 
-    ``results``: rows "sharded_vs_one_process" (per layout, shape and step: relative Frobenius
-    difference of the full weights, tolerance the layout contract), "ranks_agree" (every rank's
-    full weights bitwise equal rank 0's), "state_gathers" (the assembled state has one process's
-    keys and shapes: a checkpoint moves between layouts), "layout_runs" (the factory raised, hung,
-    lost the placements; "no claim" when it returned None) and, with conventions, the rows of
-    ``check_optimizer`` on the one-process run. ``disagreements``: per failing (layout, shape)
-    a dict with "layout", "shape", "worst", "bound", "step" (the first failing one) and "cause";
-    ``patterns``: which mesh role the failing layouts share; ``layouts``: the layouts run.
+    Rows: "sharded_vs_one_process" (per layout, shape and step), "ranks_agree", "state_gathers", "layout_runs"
+    and, with conventions, those of ``check_optimizer`` (docs/checks.md, "check_sharded_optimizer").
+
+    Parameters
+    ----------
+    subject, results, inputs, device : str, list of CheckResult, dict, str
+        As ``VerificationReport``.
+    world_size : int, default 0
+        Number of ranks.
+    layouts : list of str
+        The layouts run.
+    disagreements : list of dict
+        Per failing (layout, shape): "layout", "shape", "worst", "bound", "step" (the first failing) and "cause".
+    patterns : list of str
+        Which mesh role the failing layouts share.
+    crashes : dict
+        Kind of crash ("raises on empty shards", "hung", ...) -> the layouts or "layout / shape" pairs.
+    compute : str, default ""
+        The compute dtype judged and why.
+    limits : dict
+        Per layout: its per-launch time limit and its wall time, in seconds.
+
+    Examples
+    --------
+    >>> ShardedReport("factory", [], {}, world_size=2).inconclusive
+    True
     """
 
     world_size: int = 0
@@ -94,7 +96,18 @@ class ShardedReport(VerificationReport):
     limits: dict = field(default_factory=dict)
 
     def summary(self, max_rows: int = 12) -> str:
-        """The layouts and shapes that disagree, by how much and why, then ``VerificationReport.summary``."""
+        """The layouts and shapes that disagree, by how much and why, then ``VerificationReport.summary``.
+
+        Parameters
+        ----------
+        max_rows : int, default 12
+            Passed on to ``VerificationReport.summary``; at most twice as many disagreements are listed.
+
+        Returns
+        -------
+        str
+            The summary, one item per line.
+        """
         lines = [f"{len(self.layouts)} layouts at world size {self.world_size}: {', '.join(self.layouts)}"]
         if self.compute:
             lines.append(f"compute: {self.compute}")
@@ -279,62 +292,64 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
                             compute_dtype=None, hang_floor: float = 5.0) -> ShardedReport:
     """Check a distributed optimizer on every mesh layout against its own one-process run.
 
-    ``factory(params, layout)`` builds the optimizer: ``layout`` None for the one-process run on
-    plain ``torch.nn.Parameter`` tensors; else a ``ShardedLayout`` (``name``, ``mesh``,
-    ``placements``, ``replicate_mesh`` / ``outer_shard_mesh`` / ``inner_shard_mesh``: 1-D
-    sub-meshes or None, microsoft/dion's names; ``process_group`` for DDP-style optimizers;
-    ``shard_mesh``), with the parameters DTensors of those placements (plain replicated tensors
-    for DDP). It may return None for a layout it does not support (a "no claim" row).
-    Each parameter (m, n) of ``shapes`` (default ``DEFAULT_SHARDED_SHAPES``: repeated shapes in
-    counts that do not divide the world size, shapes seen once, uneven and empty shards; a
-    sequence of (m, n) or (label, (m, n)), or a string "16x8,16x8,32x16"; labels made unique,
-    "16x8#0", "16x8#1") starts from the same seeded full tensor in ``dtype`` (float64 or float32)
-    and gets the same gradients on every rank (``ortho_verify.sharding.initial_weight`` /
-    ``gradient``) for ``steps`` steps.
-    ``layouts``: names of ``SHARDED_LAYOUTS`` entries that fit ``world_size`` (case-insensitive;
-    a full name selects that layout alone, a part of a name every layout containing it).
-    ``conventions``: ``MuonConventions`` / ``DionConventions``: the one-process run is also
-    checked against the oracle (``check_optimizer``, hyperparameters from its param group), and a
-    Dion's disagreement is replayed in both orientations (``ortho_verify.sharding.diagnosis``).
-    ``compute_dtype``: the dtype the optimizer's Newton–Schulz runs in ("float64", "float32",
-    "bfloat16", "float16" or a torch dtype); None: the conventions' ``ns_dtype``, else bfloat16
-    for torch.optim.Muon, else the parameter dtype. Where it is bfloat16 / float16 below
-    ``dtype``, each step's update (read out of the weights with the conventions' lr scale and
-    weight decay; torch.optim.Muon's conventions for it, else ``MuonConventions()``) is compared
-    with one process's under ``ortho_verify.tolerances.sharded_compute_tolerance`` (two
-    evaluations of the same map in that precision that differ in reduction order); else the full
-    weights under the layout contract ``sharded_tolerance(dtype)`` (float32 / float64 agreement).
-    ``report.compute`` says which and why.
-    ``state_placement``: "replicated", "sharded", "owner" (ZeRO-1: the full state on the rank that
-    owns the parameter) or None (recognized per parameter from what the ranks hold); the state is
-    compared as the union over ranks (keys and full shapes of one process's); a declared
-    placement the ranks do not hold fails ``state_gathers``.
-    Each layout runs as its own launch of ``world_size`` forked gloo workers on CPU; under
-    torchrun in-process on the launched ranks (NCCL on GPUs; no time limit there). A launch is
-    killed once every rank sits idle (blocked in a collective; ``ortho_verify.workers.run_workers``'s
-    ``idle_timeout``) after ``HANG_FACTOR`` times the slowest layout so far (until one completes:
-    a second, warm one-process run's time times ``world_size``), at least ``hang_floor`` seconds;
-    ranks still computing run on to ``timeout`` (``report.limits``); a hung layout is a failing
-    row and the others run.
-    A launch that raises is a failing ``layout_runs`` row of kind "unsupported" with the error
-    and the frame in the user's code (``ortho_verify.sharding.crashes.user_frame_in``); an
-    error naming a feature the backend lacks ("Work::getFuture not implemented" on gloo) is
-    "unsupported on this backend" (run with NCCL on GPUs: ``device="cuda"`` or torchrun). Else
-    the layout is rerun one distinct shape at a time to localize the crash: the shapes that run
-    are judged, each that raises gets its own row, headlined "raises on empty shards" / "raises
-    on uneven shards" / "does not take TP placements" only where the runs that completed confirm
-    it (else "raises on this layout"), and a combined crash that no shape alone reproduces is
-    "raises on this mix of parameters" (``report.crashes``).
-    ``device``: None or "cpu" (gloo workers on CPU, as above) or "cuda": one spawned rank per GPU
-    (rank r on cuda:r) with the NCCL backend (the factory must then be picklable: defined at
-    module level); under torchrun the launched ranks are used as they are.
-    Returns: ``ShardedReport`` (rows, ``disagreements`` with their causes, ``patterns``,
-    ``crashes``, ``compute``, ``limits``; ``summary()``).
-    Raises: TypeError for a non-callable factory, conventions of another type, or a dtype other
-    than float64 / float32; ValueError for world_size < 1, steps < 1 (< 2 with DionConventions),
-    timeout <= 0, hang_floor <= 0, bad shapes, an unknown state_placement or compute_dtype, or a
-    ``layouts`` filter matching nothing. What the factory raises in the one-process run is
-    re-raised (there is nothing to compare with).
+    The same seeded matrices and gradients are stepped on each layout (DDP, FSDP, TP, HSDP and their mixes;
+    ``ortho_verify.sharding.SHARDED_LAYOUTS``) in ``world_size`` forked gloo workers on CPU (NCCL on GPUs), and the
+    full weights after each step are compared with the one-process run under the layout contract
+    (``ortho_verify.tolerances.sharded_tolerance``; with a bfloat16 / float16 compute dtype, each step's update under
+    ``sharded_compute_tolerance``). Crashes and hangs are rows of their own; details: docs/checks.md,
+    "check_sharded_optimizer".
+
+    Parameters
+    ----------
+    factory : callable
+        ``factory(params, layout)`` builds the optimizer: ``layout`` None for the one-process run on plain
+        tensors, else a ``ShardedLayout`` (``mesh``, ``placements``, ``shard_mesh``, ...); None: unsupported.
+    conventions : MuonConventions or DionConventions, optional
+        Also check the one-process run against the oracle (``check_optimizer``).
+    world_size : int, default 4
+        Number of ranks.
+    layouts : sequence of str, optional
+        Names (or parts of names, case-insensitive) of the layouts to run (default: every one that fits).
+    shapes : sequence or str, optional
+        (m, n), (label, (m, n)) or "16x8,32x16" (default ``DEFAULT_SHARDED_SHAPES``: uneven and empty shards).
+    dtype : torch.dtype, default torch.float64
+        The parameters' dtype: float64 or float32.
+    steps : int, default 3
+        Steps per layout (≥ 2 with ``DionConventions``).
+    timeout : float, default 120.0
+        Seconds a launch's ranks may compute before it is killed.
+    device : {None, "cpu", "cuda"}, optional
+        "cuda": one spawned rank per GPU with NCCL (the factory must be picklable); under torchrun, its ranks.
+    state_placement : {"replicated", "sharded", "owner"}, optional
+        Where the optimizer keeps its state (default: recognized per parameter).
+    compute_dtype : torch.dtype or str, optional
+        The dtype of the optimizer's Newton–Schulz (default: the conventions' ``ns_dtype``, else inferred).
+    hang_floor : float, default 5.0
+        Seconds, at least, before a launch whose ranks sit idle in a collective counts as hung.
+
+    Returns
+    -------
+    ShardedReport
+        The rows, ``disagreements`` with their causes, ``patterns``, ``crashes``, ``compute`` and ``limits``.
+
+    Raises
+    ------
+    TypeError
+        For a non-callable factory, conventions of another type, or a dtype other than float64 / float32.
+    ValueError
+        Naming the argument: world_size, steps, timeout, hang_floor, shapes, state_placement, compute_dtype,
+        or a ``layouts`` filter matching nothing. What the factory raises in the one-process run is re-raised.
+
+    References
+    ----------
+    docs/design.md, "Distributed layouts and the layout contract"; microsoft/dion's mesh names
+    (``replicate_mesh``, ``outer_shard_mesh``, ``inner_shard_mesh``).
+
+    Examples
+    --------
+    >>> from ortho_verify.sharding import muon_factory
+    >>> check_sharded_optimizer(muon_factory, world_size=2, layouts=["DDP"], shapes="16x8,8x16", steps=1).status
+    'passed'
     """
     import time
 

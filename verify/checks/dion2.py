@@ -139,15 +139,57 @@ def check_dion2_optimizer(optimizer, conventions=None, *, lr: float = 0.02, frac
                           ef_decay: float = 0.95, weight_decay: float = 0.01, steps: int = 3,
                           param_dtype: torch.dtype = torch.float32, shapes=((16, 40), (40, 16), (24, 24)),
                           seed: int = 0) -> list[CheckResult]:
-    """Check any Dion2-like optimizer class against ``ortho_ref.dion2`` under ``conventions``
-    (a ``Dion2Conventions``; default ``ortho_verify.conventions.DION2``, ortho_fast's and
-    microsoft/dion's): built on parameters of ``shapes`` in ``param_dtype`` with the given
-    hyperparameters under the conventions' keyword names, stepped ``steps`` times on seeded
-    gradients; each step compared from the optimizer's own weight and momentum before it
-    (``compare_dion2_step``, tolerances for the coarser of ``param_dtype`` and the conventions'
-    ``ns_dtype``). Returns the rows (selection, weight, momentum per matrix and step).
-    Raises: TypeError for conventions that are not ``Dion2Conventions``; KeyError naming the
-    momentum state key when the optimizer does not keep it."""
+    """Check a Dion2-like optimizer class step by step against ``ortho_ref.dion2``.
+
+    Built on parameters of ``shapes`` with the hyperparameters under the conventions' keyword names and stepped
+    ``steps`` times on seeded gradients; each step is recomputed from the optimizer's own weight and momentum
+    before it (``compare_dion2_step``, tolerances for the coarser of ``param_dtype`` and ``ns_dtype``).
+
+    Parameters
+    ----------
+    optimizer : type or callable
+        Called as ``optimizer(params, **{names[k]: v}, **extra_kwargs)``.
+    conventions : Dion2Conventions, optional
+        What it computes (default ``DION2``: ortho_fast's and microsoft/dion's).
+    lr : float, default 0.02
+        Learning rate.
+    fraction : float, default 0.25
+        Fraction of the slices selected per step, in (0, 1].
+    ef_decay : float, default 0.95
+        Decay of the selected slices' momentum (error feedback).
+    weight_decay : float, default 0.01
+        Decoupled weight decay.
+    steps : int, default 3
+        Number of steps.
+    param_dtype : torch.dtype, default torch.float32
+        The parameters' dtype.
+    shapes : sequence of (m, n) tuple of int, default ((16, 40), (40, 16), (24, 24))
+        One matrix parameter per shape.
+    seed : int, default 0
+        Seed of the weights and gradients.
+
+    Returns
+    -------
+    list of CheckResult
+        Selection, weight and momentum rows per matrix and step.
+
+    Raises
+    ------
+    TypeError
+        If ``conventions`` is not a ``Dion2Conventions``.
+    KeyError
+        Naming the momentum state key, when the optimizer does not keep it.
+
+    References
+    ----------
+    microsoft/dion ``dion/dion2.py`` (class ``Dion2``); docs/math.md, "5a. Dion2".
+
+    Examples
+    --------
+    >>> import ortho_fast
+    >>> all(row.passed for row in check_dion2_optimizer(ortho_fast.Dion2, DION2, shapes=[(8, 4)], steps=2))
+    True
+    """
     from ortho_verify.conventions import DION2, Dion2Conventions, coarser_dtype, dtype_name
 
     conventions = DION2 if conventions is None else conventions
