@@ -13,7 +13,8 @@ import torch
 
 import ortho_ref
 from ortho_ref import muon_stages
-from ortho_verify import tolerances as tol
+
+from . import tolerances as tol
 
 __all__ = ["DION", "DION2", "Dion2Conventions", "DION_ORIENTATIONS", "DionConventions", "MuonConventions",
            "NORMUON", "ORTHO_MUON", "TORCH_MUON", "coarser_dtype", "dtype_name", "table_and_normalization"]

@@ -141,7 +141,7 @@ def verify_orthogonalizer(request):
     """``verify_orthogonalizer(fn, coefficients=..., dtype=..., device=...)``: ``ortho_verify.check_orthogonalizer``
     that fails the test with the report's summary; returns the report when it passed. ``device``
     defaults to ``--ortho-device`` (else the CPU)."""
-    from ortho_verify.api import check_orthogonalizer
+    from .api import check_orthogonalizer
 
     default_device = request.config.getoption("--ortho-device", default=None)
 
@@ -157,7 +157,7 @@ def verify_orthogonalizer(request):
 def verify_optimizer(request):
     """``verify_optimizer(optimizer_class, conventions, ...)``: ``ortho_verify.check_optimizer`` that
     fails the test with the report's summary; returns the report when it passed."""
-    from ortho_verify.api import check_optimizer
+    from .api import check_optimizer
 
     return _checker(request, check_optimizer)
 
@@ -173,7 +173,7 @@ def ortho_baseline(request):
     ``<test file's folder>/ortho-baselines/<module>/<class::test[params] or name>.json``, the
     same from any working directory; ``--ortho-baseline-dir DIR``:
     ``DIR/<test file relative to the rootdir>/<test id>.json``."""
-    from ortho_verify.baseline import baseline_path_for_test, compare_with_baseline, legacy_baseline_path, save_baseline
+    from .report.baseline import baseline_path_for_test, compare_with_baseline, legacy_baseline_path, save_baseline
 
     option = request.config.getoption("--ortho-baseline-dir")
     update = request.config.getoption("--ortho-update-baseline")

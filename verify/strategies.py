@@ -42,7 +42,7 @@ import math
 
 import numpy as np
 
-from ortho_verify.examples import (
+from .inputs.examples import (
     DTYPES,
     LAYOUTS,
     MAX_SCALE,
@@ -52,8 +52,8 @@ from ortho_verify.examples import (
     build_example,
     make_spectrum,
 )
-from ortho_verify.optional import require
-from ortho_verify.spectra import haar_orthogonal, matrix_with_spectrum
+from .inputs.spectra import haar_orthogonal, matrix_with_spectrum
+from .optional import require
 
 _hypothesis = require("hypothesis", "ortho_verify.strategies")
 st = require("hypothesis.strategies", "ortho_verify.strategies")

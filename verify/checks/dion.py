@@ -13,11 +13,13 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from ortho_verify import error_feedback, registry, tolerances as tol
-from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, rounded
-from ortho_verify.checks.gauge import align_column_signs
-from ortho_verify.results import CheckResult, measured, no_claim
-from ortho_verify.spectra import MatrixCase
+
+from .. import registry, tolerances as tol
+from ..inputs.arrays import TORCH_DTYPES, as_float64, case_array, rounded
+from ..inputs.spectra import MatrixCase
+from ..report.results import CheckResult, measured, no_claim
+from . import error_feedback
+from .gauge import align_column_signs
 
 __all__ = ["DION_VARIANTS", "check_dion", "dion_reference_rows", "dion_sketches", "never_transposed_dion_step"]
 

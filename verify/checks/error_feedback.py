@@ -31,10 +31,11 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from ortho_verify import tolerances as tol
-from ortho_verify.arrays import TORCH_DTYPES, as_float64 as _f64
-from ortho_verify.results import CheckResult, measured, no_claim
-from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
+
+from .. import tolerances as tol
+from ..inputs.arrays import TORCH_DTYPES, as_float64 as _f64
+from ..inputs.spectra import MatrixCase, matrix_with_spectrum
+from ..report.results import CheckResult, measured, no_claim
 
 __all__ = [
     "DionTrace", "check_error_feedback", "check_full_rank_polar", "check_subspace_convergence",

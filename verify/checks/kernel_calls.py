@@ -118,8 +118,8 @@ def raised_row(err: BaseException, x, input_name: str, what: str):
     raised it (``ortho_verify.kinds.user_frame``: never a frame of torch or an installed library)."""
     import math
 
-    from ortho_verify.checks.diagnoses import with_cause
-    from ortho_verify.results import measured, user_frame
+    from ..report.results import measured, user_frame
+    from .diagnoses import with_cause
 
     if is_recompile_limit(err):
         return with_cause(measured("recompile_limit", input_name, what, math.inf, 0.0,
@@ -133,7 +133,7 @@ def raised_row(err: BaseException, x, input_name: str, what: str):
 def check_examples(examples) -> None:
     """``examples=`` is None or a list / tuple of ``SpectralExample``. Raises: TypeError naming examples and the
     expected type (a bare tensor or array is the common mistake: wrap it with ``build_example``)."""
-    from ortho_verify.examples import SpectralExample
+    from ..inputs.examples import SpectralExample
 
     if examples is None:
         return

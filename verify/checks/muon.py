@@ -13,10 +13,11 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from ortho_verify import registry, tolerances as tol
-from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, case_rng
-from ortho_verify.results import CheckResult, measured
-from ortho_verify.spectra import MatrixCase
+
+from .. import registry, tolerances as tol
+from ..inputs.arrays import TORCH_DTYPES, as_float64, case_array, case_rng
+from ..inputs.spectra import MatrixCase
+from ..report.results import CheckResult, measured
 
 __all__ = ["LAYOUT_BANK", "LAYOUT_HEADS", "MUON_CONFIGS", "check_muon", "check_muon_layouts", "check_torch_muon"]
 

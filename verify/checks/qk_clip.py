@@ -29,11 +29,12 @@ import torch
 import ortho_fast
 import ortho_ref.qk_clip as ref_qk
 from ortho_fast.functional import qk_clip as fast_qk
-from ortho_verify import registry
-from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, case_rng
-from ortho_verify.results import CheckResult, measured, no_claim
-from ortho_verify.spectra import MatrixCase
-from ortho_verify.tolerances.qk_clip import qk_clip_tolerance
+
+from .. import registry
+from ..inputs.arrays import TORCH_DTYPES, as_float64, case_array, case_rng
+from ..inputs.spectra import MatrixCase
+from ..report.results import CheckResult, measured, no_claim
+from ..tolerances.qk_clip import qk_clip_tolerance
 
 __all__ = ["QK_CLIP_CONTROL", "QK_CLIP_HEADS", "QK_CLIP_LAYOUTS", "QK_CLIP_PLANTED", "QK_CLIP_THRESHOLD",
            "check_qk_clip", "qk_clip_jobs", "qk_clip_logits"]

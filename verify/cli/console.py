@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from ortho_verify.optional import EXTRA, EXTRA_MODULES, INSTALL_HINT, missing_extra_modules
+from ..optional import EXTRA, EXTRA_MODULES, INSTALL_HINT, missing_extra_modules
 
 __all__ = ["console_main"]
 
@@ -20,7 +20,7 @@ def console_main(argv: list[str] | None = None) -> int:
     missing = missing_extra_modules()
     if not missing:
         try:
-            from ortho_verify.cli import main
+            from .main import main
         except ModuleNotFoundError as err:  # a module of the extra that is found but does not import
             if (err.name or "").partition(".")[0] not in EXTRA_MODULES:
                 raise

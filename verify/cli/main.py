@@ -12,7 +12,7 @@ baseline, and exits 0 when every check passed, 1 when a check failed or the run 
 usage error (``ortho_verify.arguments``). Subcommands: ``sharding``, ``reproduce``, ``identify``.
 """
 
-from __future__ import annotations  # noqa: I001  (sorted as isort; its one-name-a-line wrapping: over 500 lines)
+from __future__ import annotations
 
 import argparse
 import importlib
@@ -27,22 +27,24 @@ import torch
 from threadpoolctl import threadpool_limits
 
 import ortho_fast
-from ortho_verify import (annotations, baseline, checks, data, error_feedback, junit, measured, plots, presets,
-                          registry, report)
-from ortho_verify.arguments import (EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file,
-                                    check_readable_file)
-from ortho_verify.checks.newton_schulz import kernel_suffix
-from ortho_verify.checks.qk_clip import qk_clip_jobs
-from ortho_verify.checks.stages import stage_jobs
-from ortho_verify.checks.statistical import (CLI_QUICK_STATISTICAL_SCHEDULES, CLI_STATISTICAL_MATRICES,
-                                             check_ns_statistics)
-from ortho_verify.corpus import corpus_identity
-from ortho_verify.devices import describe_device, resolve_device
-from ortho_verify.optional import require
-from ortho_verify.results import REPORT_SCHEMA_VERSION, CheckResult
-from ortho_verify.spectra import synthetic_matrices
-from ortho_verify.tables import print_words
-from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
+
+from .. import checks, presets, registry
+from ..checks import error_feedback
+from ..checks.newton_schulz import kernel_suffix
+from ..checks.qk_clip import qk_clip_jobs
+from ..checks.stages import stage_jobs
+from ..checks.statistical import CLI_QUICK_STATISTICAL_SCHEDULES, CLI_STATISTICAL_MATRICES, check_ns_statistics
+from ..devices import describe_device, resolve_device
+from ..inputs import data
+from ..inputs.corpus import corpus_identity
+from ..inputs.spectra import synthetic_matrices
+from ..optional import require
+from ..report import annotations, baseline, junit, plots, terminal as report
+from ..report.results import REPORT_SCHEMA_VERSION, CheckResult
+from ..report.tables import print_words
+from ..tolerances import BASELINE_FLOOR, BASELINE_GROWTH
+from . import measured
+from .arguments import EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file, check_readable_file
 
 DTYPES = ("float64", "float32", "bfloat16")
 EF_DTYPES = ("float64", "float32")
@@ -180,7 +182,7 @@ def _golden_job():
     """The golden-file check of ``ortho_verify.golden`` if that module is installed, else None; an
     exception while reading the files becomes one failed row (the run goes on)."""
     try:
-        from ortho_verify import golden
+        from ..checks import golden
     except ImportError:
         return None
 

@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 import ortho_ref
-from ortho_verify.arrays import TORCH_DTYPES
-from ortho_verify.kernel_calls import call_with_timeout
-from ortho_verify.spectra import matrix_with_spectrum
+
+from ..checks.kernel_calls import call_with_timeout
+from ..inputs.arrays import TORCH_DTYPES
+from ..inputs.spectra import matrix_with_spectrum
 
 __all__ = ["MAIN_SHAPE", "Probe", "ProbeRun", "call_probe", "main_probes", "read_map", "tiny_probes"]
 

@@ -12,7 +12,7 @@ import zlib
 import numpy as np
 import torch
 
-from ortho_verify.spectra import MatrixCase
+from .spectra import MatrixCase
 
 __all__ = ["TORCH_DTYPES", "as_float64", "case_array", "case_rng", "rounded"]
 

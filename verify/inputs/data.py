@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ortho_verify.corpus import CORPUS_BYTES, corpus_identity, pinned_corpus
-from ortho_verify.gradient_cache import cache_path, load, save
-from ortho_verify.spectra import MatrixCase
+from .corpus import CORPUS_BYTES, corpus_identity, pinned_corpus
+from .gradient_cache import cache_path, load, save
+from .spectra import MatrixCase
 
 __all__ = ["CorpusSplit", "GPTConfig", "capture_in_background", "last_run_info", "quick_config", "quick_step",
            "real_gradients", "stdlib_corpus", "stdlib_split", "train_and_capture"]

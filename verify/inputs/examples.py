@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
+from .spectra import MatrixCase, matrix_with_spectrum
 
 __all__ = ["DTYPES", "LAYOUTS", "MAX_SCALE", "MIN_SCALE", "SPECTRUM_KINDS", "SpectralExample", "build_example",
            "make_spectrum"]

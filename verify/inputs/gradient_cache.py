@@ -20,8 +20,8 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from ortho_verify.corpus import corpus_identity
-from ortho_verify.spectra import MatrixCase
+from .corpus import corpus_identity
+from .spectra import MatrixCase
 
 __all__ = ["CACHE_FORMAT", "cache_path", "default_cache_dir", "load", "save"]
 

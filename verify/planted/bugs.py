@@ -17,7 +17,8 @@ from typing import Callable, Iterable
 import torch
 
 import ortho_fast
-from ortho_verify.conventions import DionConventions, MuonConventions
+
+from ..conventions import DionConventions, MuonConventions
 
 __all__ = ["GRAM_POLAR_EXPRESS", "GRAM_RESTARTS", "JORDAN", "PLANTED_BUGS", "PlantedBug", "SimpleDion", "SimpleMuon",
            "gram_newton_schulz_kernel", "newton_schulz_kernel", "round_to_tf32", "tf32_newton_schulz_kernel"]

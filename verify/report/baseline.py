@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ortho_verify.results import CheckResult, VerificationReport, measured, no_claim
-from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
+from ..tolerances import BASELINE_FLOOR, BASELINE_GROWTH
+from .results import CheckResult, VerificationReport, measured, no_claim
 
 __all__ = ["BASELINE_FOLDER", "FORMAT", "GOLDEN_DIR", "READABLE_FORMATS", "allowed_ratio", "compare",
            "compare_with_baseline", "golden_hashes", "load", "save_baseline", "baseline_path_for_test", "write"]

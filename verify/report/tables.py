@@ -12,7 +12,8 @@ import re
 import numpy as np
 
 import ortho_ref
-from ortho_verify.optional import require
+
+from ..optional import require
 
 #: The narrowest a wrapped text column gets (an elided cell keeps its first and last characters).
 MIN_TEXT_WIDTH = 8

@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 import shutil
 
-from ortho_verify.optional import require
-from ortho_verify.results import (
+from ..optional import require
+from .results import (
     CheckResult,
     error_feedback_table,
     failure_kind,
@@ -23,7 +23,7 @@ from ortho_verify.results import (
     worst_per_group,
     write_reports,
 )
-from ortho_verify.tables import print_fitted
+from .tables import print_fitted
 
 __all__ = ["FAILURES_SHOWN", "error_feedback_table", "make_console", "print_failures", "print_summary", "print_table",
            "progress_columns", "summary", "terminal_width", "worst_per_group", "write_reports"]

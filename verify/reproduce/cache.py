@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 import ortho_fast
-from ortho_verify.reproduce.config import FAMILIES, METHODS, Method, ReproConfig, method_options
+
+from .config import FAMILIES, METHODS, Method, ReproConfig, method_options
 
 __all__ = ["CACHE_FORMAT", "CachedRunner", "RunCache", "code_files", "default_cache_dir", "method_fingerprint",
            "method_fingerprints", "run_key"]

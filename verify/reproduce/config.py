@@ -10,8 +10,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 import ortho_fast
-from ortho_verify import registry
-from ortho_verify.data import GPTConfig
+
+from .. import registry
+from ..inputs.data import GPTConfig
 
 __all__ = ["FAMILIES", "FLAT_REFERENCE", "TREND_SERIES", "TrendSeries", "UNAVAILABLE_METHODS", "missing_options",
            "CLOSE_MARGIN", "MATCH_MARGIN", "METHODS", "METHODS_BY_KEY", "MUON_LR_CONVENTIONS", "Method", "NS_DTYPES",

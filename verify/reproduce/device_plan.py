@@ -34,10 +34,11 @@ import math
 from dataclasses import replace
 
 import ortho_fast
-from ortho_verify.reproduce.config import METHODS_BY_KEY, ReproConfig
-from ortho_verify.reproduce.scaling import ModelSize, SizeSweep
-from ortho_verify.reproduce.study import study_methods
-from ortho_verify.reproduce.training import corpus
+
+from .config import METHODS_BY_KEY, ReproConfig
+from .scaling import ModelSize, SizeSweep
+from .study import study_methods
+from .training import corpus
 
 __all__ = ["BF16_FLOPS", "BUDGET_SECONDS", "DRY_RUN_SWEEP", "FP32_FLOPS", "GPU_METHODS", "GPU_SWEEP",
            "LAYER_OVERHEAD_S", "STEP_OVERHEAD_S", "UTILIZATION", "dry_run_sweep", "estimate_plan", "model_shapes",

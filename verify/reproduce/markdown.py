@@ -11,9 +11,10 @@ from pathlib import Path
 import torch
 
 import ortho_fast
-from ortho_verify.data import build_model
-from ortho_verify.reproduce.claims import CLAIM_RULES
-from ortho_verify.reproduce.config import (
+
+from ..inputs.data import build_model
+from .claims import CLAIM_RULES
+from .config import (
     CLOSE_MARGIN,
     MATCH_MARGIN,
     METHODS,
@@ -24,11 +25,11 @@ from ortho_verify.reproduce.config import (
     ReproConfig,
     gpt_config,
 )
-from ortho_verify.reproduce.device_plan import GPU_SWEEP, estimate_plan, plan_lines
-from ortho_verify.reproduce.plots import write_plots
-from ortho_verify.reproduce.statistics import mean_std_text, paired_difference, rule_derivation_lines, test_losses
-from ortho_verify.reproduce.sweep_markdown import render_sweep_sections
-from ortho_verify.reproduce.sweep_plots import write_sweep_plots
+from .device_plan import GPU_SWEEP, estimate_plan, plan_lines
+from .plots import write_plots
+from .statistics import mean_std_text, paired_difference, rule_derivation_lines, test_losses
+from .sweep_markdown import render_sweep_sections
+from .sweep_plots import write_sweep_plots
 
 __all__ = ["render_markdown", "write_report"]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ortho_verify.optional import pyplot, require
-from ortho_verify.plots import singular_value_map
-from ortho_verify.reproduce.config import METHODS, METHODS_BY_KEY, SV_DTYPES, SV_SCHEDULES
+from ..optional import pyplot, require
+from ..report.plots import singular_value_map
+from .config import METHODS, METHODS_BY_KEY, SV_DTYPES, SV_SCHEDULES
 
 __all__ = ["write_plots"]
 

@@ -11,8 +11,9 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from ortho_verify.reproduce.config import SV_DTYPES, SV_SCHEDULES
-from ortho_verify.tables import BAND_INTERVAL
+
+from ..report.tables import BAND_INTERVAL
+from .config import SV_DTYPES, SV_SCHEDULES
 
 __all__ = ["singular_value_study"]
 

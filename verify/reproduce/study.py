@@ -17,13 +17,13 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from ortho_verify.optional import require
-from ortho_verify.reproduce.claims import evaluate_claims
-from ortho_verify.reproduce.config import METHODS, RESULTS_FORMAT, SV_DTYPES, Method, ReproConfig
-from ortho_verify.reproduce.pool import Runner, init_worker
-from ortho_verify.reproduce.spectral import singular_value_study
-from ortho_verify.reproduce.sweep import best_learning_rate, sweep_learning_rates
-from ortho_verify.reproduce.training import corpus
+from ..optional import require
+from .claims import evaluate_claims
+from .config import METHODS, RESULTS_FORMAT, SV_DTYPES, Method, ReproConfig
+from .pool import Runner, init_worker
+from .spectral import singular_value_study
+from .sweep import best_learning_rate, sweep_learning_rates
+from .training import corpus
 
 __all__ = ["MODES", "cpu_model", "environment", "run_study", "study_methods"]
 

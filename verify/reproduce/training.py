@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 import ortho_fast
-from ortho_verify.data import VOCAB_SIZE, build_model, stdlib_split
-from ortho_verify.reproduce.config import METHODS_BY_KEY, Method, ReproConfig, gpt_config, lr_multiplier, method_options
+
+from ..inputs.data import VOCAB_SIZE, build_model, stdlib_split
+from .config import METHODS_BY_KEY, Method, ReproConfig, gpt_config, lr_multiplier, method_options
 
 __all__ = ["autocast", "build_optimizer", "corpus", "heldout_loss", "train_run"]
 

@@ -8,11 +8,11 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ortho_verify.sharding.layouts import DTYPES, MATRICES, QUICK_MATRICES, QUICK_STEPS, STEPS, TIMEOUT, layouts_for
-from ortho_verify.sharding.planted import PLANTS
-from ortho_verify.sharding.steps import Plan, worker
-from ortho_verify.tolerances import sharded_tolerance
-from ortho_verify.workers import run_workers
+from ..tolerances import sharded_tolerance
+from .layouts import DTYPES, MATRICES, QUICK_MATRICES, QUICK_STEPS, STEPS, TIMEOUT, layouts_for
+from .planted import PLANTS
+from .steps import Plan, worker
+from .workers import run_workers
 
 __all__ = ["run", "run_gpu_workers", "under_torchrun"]
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Sequence
 
 import ortho_fast
-from ortho_verify import registry
+
+from .. import registry
 
 __all__ = ["DION2_OPTIONS", "DION_OPTIONS", "DOCS_PATH", "DOCS_WORLD_SIZES", "DTYPES", "LAYOUTS", "Layout", "MATRICES",
            "MUON_OPTIONS", "NORMUON_OPTIONS", "QUICK_MATRICES", "QUICK_STEPS", "SEED", "SHARDED_LAYOUTS", "STATE_KEYS",

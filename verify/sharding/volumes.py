@@ -10,7 +10,8 @@ from ortho_fast.distributed.dion import dion_comm_volume
 from ortho_fast.distributed.muon import muon_comm_volume
 from ortho_fast.distributed.volumes import dion2_comm_volume
 from ortho_fast.functional.muon_stages import normuon_variance_shape
-from ortho_verify.sharding.layouts import Layout, optimizer_options
+
+from .layouts import Layout, optimizer_options
 
 __all__ = ["analytic_volume", "comm_verdict", "padded_shape"]
 

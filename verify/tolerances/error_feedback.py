@@ -9,13 +9,8 @@ import math
 
 import numpy as np
 
-from ortho_verify.tolerances.dion import (
-    FIRST_ORDER_LIMIT,
-    error_feedback_tolerance,
-    orthonormality_tolerance,
-    qr_orthogonality_tolerance,
-)
-from ortho_verify.tolerances.roundoff import C_NS, U64, matmul_roundoff, unit_roundoff
+from .dion import FIRST_ORDER_LIMIT, error_feedback_tolerance, orthonormality_tolerance, qr_orthogonality_tolerance
+from .roundoff import C_NS, U64, matmul_roundoff, unit_roundoff
 
 __all__ = [
     "dion_observed_step_tolerances", "ef_bookkeeping_tolerance", "ef_subspace_tolerances", "full_rank_polar_bounds",

@@ -9,8 +9,9 @@ import math
 import numpy as np
 
 import ortho_ref
-from ortho_verify.tolerances.newton_schulz import gains_and_sizes
-from ortho_verify.tolerances.roundoff import C_NS, U64, unit_roundoff
+
+from .newton_schulz import gains_and_sizes
+from .roundoff import C_NS, U64, unit_roundoff
 
 __all__ = [
     "LAPACK_SVD_TOLMUL", "POLAR_VALIDITY", "SCALAR_STEP_ROUNDINGS", "mp_accuracy", "mp_agreement_tolerance",
