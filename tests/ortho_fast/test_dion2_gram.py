@@ -19,7 +19,7 @@ from ortho_fast.functional import dion2 as dion2_math
 from ortho_fast.functional.newton_schulz import frobenius_normalize_, gram_iterate, gram_restarts, power_of_two_scale
 from ortho_verify.checks import compare_ns_output
 from ortho_verify.checks.dion2 import compare_dion2_step
-from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.inputs.spectra import matrix_with_spectrum
 
 
 def _planted_gradient(m: int, n: int, k: int, rng: np.random.Generator, flat: bool):

@@ -17,7 +17,7 @@ import ortho_fast
 from ortho_fast import DION_DEFAULTS, Dion, check_dion_step, dion_group_step, normalize_dion_group
 from ortho_fast.dion import sketch_rows
 from ortho_verify import tolerances as tol
-from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.inputs.spectra import matrix_with_spectrum
 from tests.ortho_fast.helpers import DION_RANDOMIZED, DION_SEED, SHAPES, rng_for, spectral_matrix
 from tests.round_trip import round_trip
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 import ortho_ref
 from ortho_fast import COEFFICIENTS, newton_schulz, resolve_coefficients
 from ortho_verify import tolerances as tol
-from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.inputs.spectra import matrix_with_spectrum
 from tests.ortho_fast.helpers import MAX_DIM, SCHEDULE_NAMES, matrix_shapes
 
 # ---------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import ortho_fast
-from ortho_verify import checks, cli, registry, reproduce, sharding
+from ortho_verify import checks, registry, reproduce, sharding
+from ortho_verify.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import ortho_fast
 import ortho_verify
 from ortho_verify import MuonConventions, check_optimizer, check_orthogonalizer
 from ortho_verify.api import REPLAY_HINT, replay_example
-from ortho_verify.planted import SimpleMuon, newton_schulz_kernel
+from ortho_verify.planted.bugs import SimpleMuon, newton_schulz_kernel
 from ortho_verify.strategies import build_example
 
 CASES = [build_example("geometric", {"log_cond": 1.0}, shape=(2, 12, 8), dtype="float32", seed=4)]
