@@ -1,4 +1,6 @@
-"""Kinds of failure (docs/verification.md, "Kinds of failure"): what a failed row is —
+"""Kinds of failure: what a failed row is, how a report counts it, how a user accepts a side effect.
+
+Kinds of failure (docs/verification.md, "Kinds of failure"): what a failed row is —
 wrong math, a side effect, an unsupported input — how a report counts them, how a user accepts a
 side effect explicitly, the user's frame of an exception, and the one cause a report leads with.
 
