@@ -4,7 +4,7 @@ Public API (imported lazily, so ``import ortho_verify.tolerances`` stays light):
 ``check_orthogonalizer``, ``check_optimizer``, ``MuonConventions``, ``DionConventions``,
 ``TORCH_MUON``, ``ORTHO_MUON``, ``DION``, ``VerificationReport``, ``replay_example`` (from
 ``ortho_verify.api``);
-``check_sharded_optimizer``, ``ShardedReport`` (from ``ortho_verify.sharded_check``);
+``check_sharded_optimizer``, ``ShardedReport`` (from ``ortho_verify.sharding.sharded_check``);
 ``Dion2Conventions``, ``DION2`` (from ``ortho_verify.conventions``), ``check_dion2_optimizer``
 (from ``ortho_verify.checks.dion2``), ``identify_orthogonalizer`` and ``identify_optimizer`` (from
 ``ortho_verify.identify``).

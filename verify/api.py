@@ -66,7 +66,7 @@ __all__ = [
 
 def _ns_dtype_name(dtype) -> str:
     """The input dtype of an orthogonalizer check: float64, float32, bfloat16 or float16 (the dtypes of
-    ``ortho_verify.examples.DTYPES``, whose inputs are defined); "high" is float32 (TF32 products);
+    ``ortho_verify.inputs.examples.DTYPES``, whose inputs are defined); "high" is float32 (TF32 products);
     TypeError otherwise."""
     return "float32" if isinstance(dtype, str) and dtype in ("high", "tf32") else dtype_name(dtype, DTYPES)
 
@@ -338,7 +338,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
     batch dim, else one matrix per call; with ``shapes`` they take the first shape's (m, n).
     Failed rows carry a ``cause`` in words (``CheckResult.cause``, also at the head of the note).
     ``allow_side_effects``: e.g. {"input_mutated"} accepts a kernel that writes into its input
-    (``ortho_verify.results.accept_side_effects``); kinds of failure: ``report.kinds``.
+    (``ortho_verify.report.results.accept_side_effects``); kinds of failure: ``report.kinds``.
     Returns: ``VerificationReport`` (``status`` passed / failed / inconclusive, ``failures`` with
     reproducing inputs, ratios; low-precision rows whose tolerance admits the zero output make no claim).
     Raises: TypeError for an ``fn`` that is not callable (None: nothing to check) or a dtype /
@@ -420,7 +420,7 @@ REPLAY_HINT = "  # replay: ortho_verify.replay_example(fn, failure, <the check's
 
 #: The provenance calls ``replay_example`` rebuilds (no other code is evaluated).
 _REBUILDERS = {"ortho_verify.strategies.build_example": build_example,
-               "ortho_verify.examples.build_example": build_example,
+               "ortho_verify.inputs.examples.build_example": build_example,
                "ortho_verify.checks.statistical.statistical_batch": statistical_batch,
                "ortho_verify.api.optimizer_inputs": optimizer_inputs}
 

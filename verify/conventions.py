@@ -2,7 +2,7 @@
 
 What a Muon- or Dion-like optimizer computes (``MuonConventions``, ``DionConventions``) and the
 conventions of the optimizers the judge knows (``TORCH_MUON``, ``ORTHO_MUON``, ``DION``), with the
-dtype and coefficient-table helpers that ``ortho_verify.api`` and ``ortho_verify.optimizer_checks``
+dtype and coefficient-table helpers that ``ortho_verify.api`` and ``ortho_verify.checks.optimizer_checks``
 share (docs/design.md, "Muon", "Dion" and "Conventions").
 """
 

@@ -99,7 +99,7 @@ def preset_hyperparameters(name: str) -> dict[str, float]:
 
 def check_preset(name: str, param_dtype=torch.float32, steps: int = 2) -> list[CheckResult]:
     """``ortho_fast.optimizer_preset(name, ...)`` against the oracle with the judge's conventions
-    (``ortho_verify.optimizer_checks.check_optimizer`` with the preset's own hyperparameters) in
+    (``ortho_verify.checks.optimizer_checks.check_optimizer`` with the preset's own hyperparameters) in
     ``param_dtype``. Rows: those of ``check_optimizer``, their detail prefixed with the preset.
     Raises: NotImplementedError for a preset this version cannot build or judge."""
     import ortho_fast
@@ -120,7 +120,7 @@ def check_preset(name: str, param_dtype=torch.float32, steps: int = 2) -> list[C
 
 
 def preset_jobs(dtypes=None) -> list[tuple[str, callable]]:
-    """(label, thunk) of every preset row of ``ortho-verify`` (for ``ortho_verify.cli.plan_jobs``):
+    """(label, thunk) of every preset row of ``ortho-verify`` (for ``ortho_verify.cli.main.plan_jobs``):
     each preset this version can build and judge, in each of ``dtypes`` (default
     ``ortho_verify.registry.PRESET_DTYPES``). Presets still missing their options or conventions
     (NotImplementedError) get no row, so they leave the verdict alone."""

@@ -24,10 +24,10 @@ Fixtures: ``verify_orthogonalizer`` and ``verify_optimizer`` — ``ortho_verify.
 ``ortho_verify.check_optimizer`` that fail the test with the report's summary; with
 ``--ortho-report DIR`` each report is also saved under DIR/<test name>/. ``ortho_baseline`` —
 ``ortho_baseline(report, name=None)`` compares a report with its stored baseline
-(``ortho_verify.baseline.compare_with_baseline``) and fails the test on a regression, or with
+(``ortho_verify.report.baseline.compare_with_baseline``) and fails the test on a regression, or with
 ``--ortho-update-baseline`` writes it (``save_baseline``); one JSON file per full test id, beside the
 test file (``ortho-baselines/<module>/<class::test[params]>.json``) or under ``--ortho-baseline-dir``
-(``ortho_verify.baseline.baseline_path_for_test``); a baseline found only at the former path
+(``ortho_verify.report.baseline.baseline_path_for_test``); a baseline found only at the former path
 (``<rootdir>/ortho-baselines/<test name>.json``) fails the test naming the file to move.
 """
 
@@ -169,7 +169,7 @@ def ortho_baseline(request):
     0.1)) or a check of the baseline is missing; returns the compared report. With
     ``--ortho-update-baseline`` it writes the baseline instead (the report must have passed). A
     missing baseline fails the test with the command that writes it.
-    The file is keyed by the full test id (``ortho_verify.baseline.baseline_path_for_test``):
+    The file is keyed by the full test id (``ortho_verify.report.baseline.baseline_path_for_test``):
     ``<test file's folder>/ortho-baselines/<module>/<class::test[params] or name>.json``, the
     same from any working directory; ``--ortho-baseline-dir DIR``:
     ``DIR/<test file relative to the rootdir>/<test id>.json``."""

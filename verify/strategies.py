@@ -1,7 +1,7 @@
 """Hypothesis strategies: matrices with prescribed singular spectra, for testing orthogonalizers.
 
 Every example is U diag(s) Vᵀ with Haar-random U, V (QR of a Gaussian with the sign fix,
-``ortho_verify.spectra.haar_orthogonal``) and a spectrum s from one of six families, so the
+``ortho_verify.inputs.spectra.haar_orthogonal``) and a spectrum s from one of six families, so the
 singular values are known exactly and the singular vectors are in general position.
 ``hypothesis.extra.numpy.arrays`` is not used for matrices: its draws are mostly low rank
 and never ill-conditioned in a controlled way.

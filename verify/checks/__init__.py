@@ -1,8 +1,8 @@
 """The checks of ``ortho-verify``: the fast side measured against the oracle.
 
-Each check returns ``CheckResult`` rows (``ortho_verify.results``): what was measured, on which
+Each check returns ``CheckResult`` rows (``ortho_verify.report.results``): what was measured, on which
 input, the error, the tolerance from ``ortho_verify.tolerances`` and whether it passed. Inputs
-are float64 numpy matrices (``ortho_verify.spectra.MatrixCase``); the fast side runs in the dtype
+are float64 numpy matrices (``ortho_verify.inputs.spectra.MatrixCase``); the fast side runs in the dtype
 under test. By subject:
 
 - ``ortho_verify.checks.newton_schulz``: coefficient registries, ``newton_schulz`` vs ``ns_map``

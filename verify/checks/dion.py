@@ -91,7 +91,7 @@ def check_dion(case: MatrixCase, rank_fraction: float, dtype: str, variant: str 
 
     Default options (``variant`` and ``state_dtype`` None): rows ``dion_vs_reference``
     within ``dion_tolerances``, plus the error-feedback identity M_new = B − (1−μ)PRᵀ and
-    PᵀP = I measured on the fast side's own P and R (``ortho_verify.error_feedback.identity_rows``).
+    PᵀP = I measured on the fast side's own P and R (``ortho_verify.checks.error_feedback.identity_rows``).
     Otherwise the options of ``DION_VARIANTS[variant]`` on both sides (the reference's own
     sketches from ``seed``; the tolerance takes κ₂(Y R_s⁻¹) of the sketches the optimizer drew,
     ``dion_sketches``) and mixed precision (``state_dtype`` as microsoft/dion's

@@ -255,7 +255,7 @@ def check_full_rank_polar(case: MatrixCase, dtype: str, *, steps: int = 24, mu: 
     Rows ``ef_full_rank_polar`` (fixed point) and ``ef_full_rank_convergence`` (worst t over the
     steps with a finite bound; the note names the others). An input whose fixed-point bound is
     not first-order valid (δ_P ≥ 0.1: B too ill-conditioned for the dtype), or whose convergence
-    bound is infinite at every step, gives a "no claim" row (``ortho_verify.results.no_claim``).
+    bound is infinite at every step, gives a "no claim" row (``ortho_verify.report.results.no_claim``).
     """
     b, (u, s, vt), transposed = _fixed_b(case, dtype)
     m, n = b.shape

@@ -138,12 +138,13 @@ def check_examples(examples) -> None:
     if examples is None:
         return
     if not isinstance(examples, (list, tuple)):
-        raise TypeError(f"examples: expected a list of ortho_verify.examples.SpectralExample (from default_examples "
-                        f"or build_example), got {type(examples).__name__}")
+        raise TypeError("examples: expected a list of ortho_verify.inputs.examples.SpectralExample (from "
+                        f"default_examples or build_example), got {type(examples).__name__}")
     bad = [type(ex).__name__ for ex in examples if not isinstance(ex, SpectralExample)]
     if bad:
-        raise TypeError(f"examples: expected a list of ortho_verify.examples.SpectralExample (from default_examples "
-                        f"or build_example; a tensor of your own is not one), got an element of type {bad[0]}")
+        raise TypeError("examples: expected a list of ortho_verify.inputs.examples.SpectralExample (from "
+                        "default_examples or build_example; a tensor of your own is not one), got an element of type "
+                        f"{bad[0]}")
 
 
 def check_seed(seed) -> int:

@@ -25,7 +25,7 @@ __all__ = ["LAYOUT_BANK", "LAYOUT_HEADS", "MUON_CONFIGS", "check_muon", "check_m
 #: ``ortho_verify.registry.MUON_CONFIGS`` (their sources are in ``ortho_verify.registry.CONFIGS``).
 MUON_CONFIGS = registry.MUON_CONFIGS
 
-#: Heads per q / k / v block in ``check_muon_layouts`` (the n_heads of ``ortho_verify.data``'s GPT,
+#: Heads per q / k / v block in ``check_muon_layouts`` (the n_heads of ``ortho_verify.inputs.data``'s GPT,
 #: whose fused qkv weight is (3·d, d) with rows ordered q heads, k heads, v heads).
 LAYOUT_HEADS = 4
 #: Same-shape matrices stacked into one bank in ``check_muon_layouts``.

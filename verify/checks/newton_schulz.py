@@ -1,7 +1,7 @@
 """Newton–Schulz checks of ``ortho-verify``: the coefficient registries and ``ortho_fast.newton_schulz``
 against the oracle's ``ns_map`` and exact band (Amsel et al., arXiv 2505.16932, Sec. 2).
 
-Inputs are float64 numpy matrices (``ortho_verify.spectra.MatrixCase``); the fast side runs in
+Inputs are float64 numpy matrices (``ortho_verify.inputs.spectra.MatrixCase``); the fast side runs in
 the dtype under test; tolerances from ``ortho_verify.tolerances``.
 """
 

@@ -149,7 +149,7 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     with B, P, R in the momentum state's dtype, as microsoft/dion's mixed precision) where P is
     determined by B in that dtype — not with bfloat16 state (δ_P ≈ 0.9), where the step is left
     out and said so in the notes — and at every step the invariants that need no P
-    (``ortho_verify.error_feedback.observed_step_rows``: ``dion_update_structure``,
+    (``ortho_verify.checks.error_feedback.observed_step_rows``: ``dion_update_structure``,
     ``dion_momentum_split``).
     Muon also steps a decay probe (``optimizer_steps.DECAY_PROBE_SHAPE``, N(0, 1) entries, a zero
     gradient at every step): row ``muon_weight_decay``, W_new against d·W of the declared
@@ -157,14 +157,14 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
     ``tolerances.weight_decay_power`` ≤ ``WEIGHT_DECAY_POWER_LIMIT``, i.e. not in bfloat16; docs/verification.md,
     "Optimizers"). Every parameter has a gradient at every step; a gradient the step sets to None is
     the row ``gradient_kept`` (a side effect of its own).
-    Kinds of failure (``ortho_verify.results.FAILURE_KINDS``, counted apart in ``report.kinds``
+    Kinds of failure (``ortho_verify.report.results.FAILURE_KINDS``, counted apart in ``report.kinds``
     and named in the verdict): "wrong math" (update, state), "side effect" (``gradient_unchanged``,
     ``gradient_kept``, ``state_not_aliased``), "unsupported": an exception from the optimizer (its
     constructor or a step) is not raised out of the check but becomes a failing ``optimizer_runs`` row
     named after the parameter being stepped, naming the exception and the last traceback frame in the
-    user's code (``ortho_verify.results.user_frame``);
+    user's code (``ortho_verify.report.results.user_frame``);
     that dtype's run stops there and the other dtypes still run.
-    ``allow_side_effects``: names of ``ortho_verify.results.SIDE_EFFECTS`` ("grad_mutated",
+    ``allow_side_effects``: names of ``ortho_verify.report.results.SIDE_EFFECTS`` ("grad_mutated",
     "input_mutated", "state_aliased") and "grad_consumed" (``gradient_kept``) accepted explicitly: their
     rows make no claim and say so.
     ``statistical_matrices``: J >= 8, or None (default: ``STATISTICAL_MATRICES`` where the coarser of

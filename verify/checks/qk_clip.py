@@ -167,7 +167,7 @@ def check_qk_clip(case: MatrixCase, dtype: str, layout: str = "qkv concatenated"
 
 
 def qk_clip_jobs(cases, dtypes=registry.QK_CLIP_DTYPES) -> list[tuple[str, callable]]:
-    """(label, thunk) of every QK-clip row of ``ortho-verify`` (for ``ortho_verify.cli.plan_jobs``)."""
+    """(label, thunk) of every QK-clip row of ``ortho-verify`` (for ``ortho_verify.cli.main.plan_jobs``)."""
     return [(f"QK-clip {layout}/{dtype} {case.name}",
              lambda c=case, d=dtype, lay=layout: check_qk_clip(c, d, lay))
             for case in cases for layout in QK_CLIP_LAYOUTS for dtype in dtypes]

@@ -11,7 +11,7 @@ __all__ = ["console_main"]
 
 
 def console_main(argv: list[str] | None = None) -> int:
-    """Run ``ortho_verify.cli.main(argv)`` and return its exit code.
+    """Run ``ortho_verify.cli.main.main(argv)`` and return its exit code.
 
     Without the extra, prints one line to stderr naming it —
     ``ortho-verify needs the extra 'verify' (missing: threadpoolctl): pip install 'ortho-optim[verify]'`` —

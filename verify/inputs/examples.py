@@ -4,7 +4,7 @@
 ``ortho_verify.strategies`` draws the same examples with hypothesis and re-exports every name
 here; ``ortho_verify.api`` builds its default inputs from this module, so checking an
 orthogonalizer needs no hypothesis. Every example is U diag(s) Vᵀ with Haar-random U, V
-(``ortho_verify.spectra.haar_orthogonal``) and a spectrum s from one of six families (see
+(``ortho_verify.inputs.spectra.haar_orthogonal``) and a spectrum s from one of six families (see
 ``ortho_verify.strategies`` for the table).
 """
 

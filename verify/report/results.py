@@ -1,8 +1,8 @@
 """Result types of the judge: one measured comparison (``CheckResult``), the verdict over many,
 a user-facing ``VerificationReport``, and the report files (``report.json``, ``report.md``).
 
-Shared by the checks (``ortho_verify.checks``, ``ortho_verify.error_feedback``,
-``ortho_verify.golden``, ``ortho_verify.baseline``), ``ortho_verify.api`` and the reports
+Shared by the checks (``ortho_verify.checks``, ``ortho_verify.checks.error_feedback``,
+``ortho_verify.checks.golden``, ``ortho_verify.report.baseline``), ``ortho_verify.api`` and the reports
 (``write_reports``). numpy only: no torch, no rich, no matplotlib.
 """
 

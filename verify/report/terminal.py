@@ -4,7 +4,7 @@ The default output is a summary: one row per check (rows passed / failed / made 
 counted apart; worst error/tolerance and where), then the failing (check, input) pairs only,
 then the verdict and where the full report is; ``--verbose`` adds ``print_table`` (worst case of
 every check and input). The file writers and the summary live with the result types in
-``ortho_verify.results`` and are re-exported here; rich is imported only when something is printed.
+``ortho_verify.report.results`` and are re-exported here; rich is imported only when something is printed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Research reproduction: the papers' claims on Muon, NorMuon, Dion, Dion2 and Polar Express, re-measured on real text.
 
 ``ortho-verify reproduce`` (or ``python -m ortho_verify.reproduce``) trains the byte-level GPT of
-``ortho_verify.data`` on the running Python's standard-library sources, split by file into train,
-validation and test (``ortho_verify.data.stdlib_split``), with AdamW, Muon (Keller Jordan's and the
+``ortho_verify.inputs.data`` on the running Python's standard-library sources, split by file into train,
+validation and test (``ortho_verify.inputs.data.stdlib_split``), with AdamW, Muon (Keller Jordan's and the
 Polar Express coefficients), NorMuon, Dion at rank fractions 1, 1/4 and 1/16 with and without error
 feedback, and Dion2 at fraction 1/4. Protocol:
 

@@ -2,7 +2,7 @@
 
 Writes under ``--out`` (default ``./ortho-verify-out``, as the other commands); ``--write-docs``
 writes the repository's ``docs/reproduction.md`` instead (``DOCS_DIR``), never by default. Every
-argument is checked before any work (exit 2 naming it, ``ortho_verify.arguments``).
+argument is checked before any work (exit 2 naming it, ``ortho_verify.cli.arguments``).
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ def _gpu_plan(args: argparse.Namespace) -> bool:
 
 
 def say(text: str) -> None:
-    """Print ``text`` at the terminal's width (``ortho_verify.report.terminal_width``) with
-    ``ortho_verify.tables.print_plain``: words whole, numbers with their units, markdown table rows
+    """Print ``text`` at the terminal's width (``ortho_verify.report.terminal.terminal_width``) with
+    ``ortho_verify.report.tables.print_plain``: words whole, numbers with their units, markdown table rows
     (the GPU plan) whole."""
     print_plain(text, terminal_width())
 

@@ -102,8 +102,8 @@ def _setup(results: Mapping) -> list[str]:
         f"{corpus['files']['validation']} / {corpus['files']['test']} files, {corpus['bytes']['train']:,} / "
         f"{corpus['bytes']['validation']:,} / {corpus['bytes']['test']:,} bytes), so held-out text is never part of a "
         "training file. Tokens are bytes (vocabulary 256).",
-        "- **Model**: the byte-level GPT-2-style decoder of `ortho_verify.data` (pre-norm blocks, fused qkv, 4× GELU "
-        f"MLP, untied lm_head): d_model {c['d_model']}, {_plural(c['n_layers'], 'layer')}, "
+        "- **Model**: the byte-level GPT-2-style decoder of `ortho_verify.inputs.data` (pre-norm blocks, fused qkv, "
+        f"4× GELU MLP, untied lm_head): d_model {c['d_model']}, {_plural(c['n_layers'], 'layer')}, "
         f"{_plural(c['n_heads'], 'head')}, context {c['context']} bytes; {params}.",
         f"- **Training**: {c['steps']} steps of {c['batch_size']} random windows ({c['batch_size'] * c['context']} "
         "bytes) per step, the same for every method; for a given seed every method starts from the same weights "

@@ -38,7 +38,7 @@ LR_SWEEP_MODES = ("each", "shared", "matrix-shared")
 
 @dataclass(frozen=True)
 class ModelSize:
-    """One model of the sweep: ``d_model``, ``n_layers``, ``n_heads`` of ``ortho_verify.data``'s GPT,
+    """One model of the sweep: ``d_model``, ``n_layers``, ``n_heads`` of ``ortho_verify.inputs.data``'s GPT,
     ``steps`` (None: the base configuration's)."""
 
     d_model: int

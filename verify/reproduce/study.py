@@ -132,7 +132,7 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
     own_runner = runner is None
     runner = Runner(config, device, jobs, threads, log) if own_runner else runner
     seconds_before = runner.seconds
-    # One BLAS thread for the oracle's SVDs, as ortho_verify.cli: two OpenBLAS threads on a 2-core machine that
+    # One BLAS thread for the oracle's SVDs, as ortho_verify.cli.main: two OpenBLAS threads on a 2-core machine that
     # other processes use made this study's SVDs take minutes instead of seconds.
     blas = threadpool_limits(limits=1, user_api="blas")
     try:
@@ -184,7 +184,7 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
         "format": RESULTS_FORMAT,
         "config": asdict(config),
         "methods": [asdict(m) for m in chosen],
-        "corpus": {"source": "standard-library .py files of the running Python (ortho_verify.data.stdlib_split)",
+        "corpus": {"source": "standard-library .py files of the running Python (ortho_verify.inputs.data.stdlib_split)",
                    "heldout_every": config.heldout_every, "files": split["files"],
                    "bytes": {k: len(v) for k, v in split["tensors"].items()}},
         "environment": env,

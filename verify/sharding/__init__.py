@@ -25,7 +25,7 @@ and its elements are compared with the analytic volume of the layout (the Dion p
 refined per layout, ``ortho_fast.distributed.dion.dion_comm_volume`` /
 ``ortho_fast.distributed.muon.muon_comm_volume``).
 
-``run(world_size)`` starts gloo workers on CPU (``ortho_verify.workers.run_workers``); under
+``run(world_size)`` starts gloo workers on CPU (``ortho_verify.sharding.workers.run_workers``); under
 ``torchrun`` (``RANK`` / ``WORLD_SIZE`` set, or a process group already initialized) the same
 code runs in-process, with NCCL on CUDA when available. ``main(argv)`` is the command line.
 
@@ -101,7 +101,7 @@ __all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory
            "DION_OPTIONS", "DOCS_WORLD_SIZES", "FLAG_TAGS", "HEADERS", "MUON_OPTIONS", "Plan", "QUICK_STEPS", "SEED",
            "STATE_KEYS", "STEPS", "TIMEOUT", "build_parser", "check_layout", "comm_verdict", "dtensor_placements",
            "markdown_tables", "padded_shape", "planted", "print_table", "table_rows", "tp_blocks", "worker",
-           # check_sharded_optimizer's mechanism (ortho_verify.sharded_check)
+           # check_sharded_optimizer's mechanism (ortho_verify.sharding.sharded_check)
            "SHARDED_LAYOUTS", "ShardedLayout", "sharded_layout", "FactoryPlan", "hyperparameters", "layout_rank_run",
            "one_process_run", "FEATURES", "dion_replay", "layout_features", "layout_pattern", "moved_fraction",
            "dion_factory", "muon_factory", "MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon",

@@ -311,7 +311,7 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
     placement the ranks do not hold fails ``state_gathers``.
     Each layout runs as its own launch of ``world_size`` forked gloo workers on CPU; under
     torchrun in-process on the launched ranks (NCCL on GPUs; no time limit there). A launch is
-    killed once every rank sits idle (blocked in a collective; ``ortho_verify.workers.run_workers``'s
+    killed once every rank sits idle (blocked in a collective; ``ortho_verify.sharding.workers.run_workers``'s
     ``idle_timeout``) after ``HANG_FACTOR`` times the slowest layout so far (until one completes:
     a second, warm one-process run's time times ``world_size``), at least ``hang_floor`` seconds;
     ranks still computing run on to ``timeout`` (``report.limits``); a hung layout is a failing
