@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "GPUs; under torchrun the launched ranks decide)")
     parser.add_argument("--shapes", metavar="MxN,...",
                         help="with --optimizer: the parameters' shapes, e.g. 16x8,16x8,32x16 (repeats allowed; "
-                             "default: ortho_verify.sharding.sharded_check.DEFAULT_SHARDED_SHAPES)")
+                             "default: DEFAULT_SHARDED_SHAPES of ortho_verify.sharding.sharded_check)")
     parser.add_argument("--state-placement", choices=("replicated", "sharded", "owner"),
                         help="with --optimizer: where the optimizer keeps its state (default: recognized from what "
                              "the ranks hold)")
