@@ -23,7 +23,7 @@ import ortho_fast  # noqa: E402
 import ortho_ref  # noqa: E402
 import ortho_verify  # noqa: E402
 from ortho_fast import Dion, Dion2, HybridOptimizer, Muon, NorMuon  # noqa: E402
-from ortho_verify.optimizer_checks import check_optimizer  # noqa: E402
+from ortho_verify.checks.optimizer_checks import check_optimizer  # noqa: E402
 
 SHAPES = ((6, 4), (4, 5), (3, 3))
 def params(seed=0):

@@ -195,7 +195,7 @@ def precision_power():
     import functools
 
     from ortho_fast.functional.newton_schulz import gram_iterate
-    from ortho_verify.planted import (
+    from ortho_verify.planted.bugs import (
         GRAM_POLAR_EXPRESS,
         JORDAN as JORDAN_ROWS,
         gram_newton_schulz_kernel,
@@ -283,8 +283,8 @@ def precision_false_alarms(runs: int, matrices: int, parts=("user", "ortho_fast"
     import functools
 
     from ortho_verify.api import DEFAULT_SPECS, check_orthogonalizer_example, input_scale
-    from ortho_verify.examples import build_example
-    from ortho_verify.planted import GRAM_POLAR_EXPRESS, gram_newton_schulz_kernel, newton_schulz_kernel
+    from ortho_verify.inputs.examples import build_example
+    from ortho_verify.planted.bugs import GRAM_POLAR_EXPRESS, gram_newton_schulz_kernel, newton_schulz_kernel
 
     lines = []
     kernels = {"user kernel (float16)": functools.partial(newton_schulz_kernel, dtype=torch.float16),

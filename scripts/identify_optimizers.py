@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import preset_compare as pc  # noqa: E402  (the systems' loaders)
 from ortho_verify.conventions import MuonConventions  # noqa: E402
 from ortho_verify.identify.optimizer import identify_optimizer  # noqa: E402
-from ortho_verify.results import verdict_text  # noqa: E402
+from ortho_verify.report.results import verdict_text  # noqa: E402
 
 START, END = "<!-- identify:optimizers:start -->", "<!-- identify:optimizers:end -->"
 
@@ -104,7 +104,7 @@ def hand_written(label: str, factory, found) -> str:
     from the identification)."""
     import dataclasses
 
-    from ortho_verify.optimizer_checks import check_optimizer
+    from ortho_verify.checks.optimizer_checks import check_optimizer
     from ortho_verify.presets import preset_conventions
 
     if label not in PRESETS:

@@ -1,7 +1,7 @@
 """Power and false alarms of ``check_optimizer`` on optimizer-level errors (docs/verification.md,
 "Statistical rows of check_optimizer").
 
-(a) Power: each plant of ``ortho_verify.planted_muon.PLANTS`` (NorMuon as Muon, safety 1.01 for
+(a) Power: each plant of ``ortho_verify.planted.muon.PLANTS`` (NorMuon as Muon, safety 1.01 for
 1.02, eps added vs clamped, a wrong lr scale, Nesterov as g + μ·buf, coefficient b off by 1%) and
 the correct ``TorchStyleMuon``, checked with ``check_optimizer`` in bfloat16 and float32
 parameters (bfloat16 Newton–Schulz, as declared), ``--matrices`` statistical matrices: the
@@ -29,7 +29,7 @@ import torch
 
 import ortho_fast
 from ortho_verify import ORTHO_MUON, check_optimizer
-from ortho_verify.planted_muon import (
+from ortho_verify.planted.muon import (
     JORDAN_CONVENTIONS,
     PLANTS,
     TORCH_STYLE_CONVENTIONS,
@@ -90,7 +90,7 @@ def markdown(power: list[dict], alarms: list[dict], args) -> str:
     lines += [f"| {a['optimizer']} | {a['runs']} | {a['claims']} | {a['failures']} | {a['worst']:.3f} | "
               f"{a['seconds']:.0f} s |" for a in alarms]
     lines += ["", "Power: `check_optimizer(..., statistical_matrices=J)` with the default shapes and "
-              "steps; the plants of `ortho_verify.planted_muon.PLANTS` in `TorchStyleMuon` (bfloat16 Newton–Schulz "
+              "steps; the plants of `ortho_verify.planted.muon.PLANTS` in `TorchStyleMuon` (bfloat16 Newton–Schulz "
               "declared, as torch.optim.Muon), checked against the correct conventions. \"statistical\" is the "
               "`optimizer_mean_deviation` row, \"per-step rows\" the worst claimed row of the others "
               "(error/tolerance > 1 fails).", "",

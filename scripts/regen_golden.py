@@ -1,5 +1,5 @@
 """Regenerate the golden files of ``ortho_ref/golden/data`` (or a given directory), recording
-in each sidecar the float64 oracle's tolerance from ``ortho_verify.golden.golden_tolerances``.
+in each sidecar the float64 oracle's tolerance from ``ortho_verify.checks.golden.golden_tolerances``.
 
 Usage: ``python scripts/regen_golden.py [directory]`` (about 10 s; mpmath at 50 digits).
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ortho_ref.golden import DATA, generate  # noqa: E402
-from ortho_verify.golden import golden_tolerances  # noqa: E402
+from ortho_verify.checks.golden import golden_tolerances  # noqa: E402
 
 
 def main(argv: list[str]) -> None:

@@ -192,7 +192,7 @@ def truth_rank(rank, world, case, layout_name, shapes, mode):
 def truth(case, layout_name, shapes, world):
     """{"float32": rel. weight difference, "bfloat16": rel. 3-step update difference, "local": the
     per-shard reference's, "raised": the error} of a case on a layout."""
-    from ortho_verify.workers import WorkerError, run_workers
+    from ortho_verify.sharding.workers import WorkerError, run_workers
 
     name, factory = case
     weights, grads = _inputs(shapes)
@@ -227,7 +227,7 @@ def truth_verdict(t: dict) -> str:
 
 
 def check_verdict(report, layout_name: str) -> tuple[str, str]:
-    from ortho_verify.results import failure_kind
+    from ortho_verify.report.results import failure_kind
 
     rows = [r for r in report.results if r.input == layout_name or r.input.startswith(layout_name + " / ")]
     failed = [r for r in rows if not r.passed]

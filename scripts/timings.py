@@ -9,12 +9,12 @@ the child, ``resource.getrusage(RUSAGE_CHILDREN)``: less affected by other proce
 machine) per command, the phases and seconds per check from each run's report.json.
 
     python scripts/timings.py                  # measure and print the JSON
-    python scripts/timings.py --write-docs     # and rewrite the marked regions and verify/timings.json
+    python scripts/timings.py --write-docs     # and rewrite the marked regions and verify/cli/timings.json
     python scripts/timings.py --only reproduce_quick --write-docs   # one command; the others kept
 
 ``--write-docs`` replaces the text between ``<!-- timings:NAME:start -->`` and
 ``<!-- timings:NAME:end -->`` in README.md and docs/*.md with ``render(timings)[NAME]``, and writes
-``verify/timings.json`` (the numbers ``ortho-verify --help`` quotes). No timing in those files is typed
+``verify/cli/timings.json`` (the numbers ``ortho-verify --help`` quotes). No timing in those files is typed
 by hand: tests/test_timings_doc.py checks that the regions exist and that the writer round-trips.
 Run time: about 2 minutes plus the test suite (5 minutes) on 2 CPU cores.
 """
@@ -37,8 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: Files whose marked regions ``--write-docs`` rewrites.
 DOC_FILES = ("README.md", "docs/verification.md", "docs/tolerances.md")
-#: The generated data file with the numbers of ``ortho-verify --help`` (read by ``ortho_verify.measured``).
-MEASURED_FILE = ROOT / "verify" / "timings.json"
+#: The generated data file with the numbers of ``ortho-verify --help`` (read by ``ortho_verify.cli.measured``).
+MEASURED_FILE = ROOT / "verify" / "cli" / "timings.json"
 #: A run's temporary folders, which the data file writes as ``$TMP`` (no machine path ships).
 TEMPORARY = re.compile(r"/\S*?/ortho-timings-[A-Za-z0-9_]+")
 START, END = "<!-- timings:{}:start -->", "<!-- timings:{}:end -->"
@@ -273,12 +273,12 @@ def portable(value):
 
 
 def data_text(t: dict) -> str:
-    """The text of ``verify/timings.json``: the measurement, portable, as indented JSON."""
+    """The text of ``verify/cli/timings.json``: the measurement, portable, as indented JSON."""
     return json.dumps(portable(t), indent=1, ensure_ascii=False) + "\n"
 
 
 def write_docs(t: dict, root: Path = ROOT) -> list[Path]:
-    """Rewrite the marked regions of ``DOC_FILES`` under ``root`` and ``verify/timings.json``; the changed paths."""
+    """Rewrite the marked regions of ``DOC_FILES`` under ``root`` and ``verify/cli/timings.json``; the changed paths."""
     regions, changed = render(t), []
     for name in DOC_FILES:
         path = root / name
@@ -294,20 +294,22 @@ def write_docs(t: dict, root: Path = ROOT) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write-docs", action="store_true", help="rewrite the marked regions and verify/timings.json")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="rewrite the marked regions and verify/cli/timings.json")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--skip-pytest", action="store_true",
-                       help="do not run the test suite (keep its previous measurement from verify/timings.json)")
+                       help="do not run the test suite (keep its previous measurement from verify/cli/timings.json)")
     which.add_argument("--pytest-only", action="store_true",
-                       help="run only the test suite; keep the other measurements from verify/timings.json")
+                       help="run only the test suite; keep the other measurements from verify/cli/timings.json")
     which.add_argument("--only", metavar="KEYS",
                        help="measure only these commands (comma-separated; of "
-                            f"{', '.join(k for k, *_ in REPRODUCE_RUNS)}) and keep the others from verify/timings.json")
+                            f"{', '.join(k for k, *_ in REPRODUCE_RUNS)}) and keep the others from "
+                            "verify/cli/timings.json")
     which.add_argument("--from-json", type=Path, metavar="FILE",
                        help="measure nothing: take the measurement this script printed to FILE (the test suite's "
-                            "from verify/timings.json when FILE has none)")
+                            "from verify/cli/timings.json when FILE has none)")
     args = parser.parse_args(argv)
-    from ortho_verify.measured import TIMINGS as previous
+    from ortho_verify.cli.measured import TIMINGS as previous
     if args.only:
         try:
             t = measure_only(args.only.split(","), previous)
@@ -317,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         t = json.loads(args.from_json.read_text())
         if "pytest" not in t["commands"] and "pytest" in previous.get("commands", {}):
             t["commands"]["pytest"] = previous["commands"]["pytest"]
-    elif args.pytest_only:  # the other commands' numbers stay; with none yet, only verify/timings.json is written
+    elif args.pytest_only:  # the other commands' numbers stay; with none yet, only verify/cli/timings.json is written
         t = {**previous, "commands": {**previous.get("commands", {}), "pytest": measure_pytest()}}
         if "default_first" not in t["commands"]:
             print(json.dumps(t, indent=1))

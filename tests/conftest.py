@@ -1,6 +1,6 @@
 """Test-session settings.
 
-- One BLAS thread for the oracle's small SVDs (see ortho_verify.cli.main): with two OpenBLAS
+- One BLAS thread for the oracle's small SVDs (see ortho_verify.cli.main.main): with two OpenBLAS
   threads competing with torch's, small SVDs run 100× slower on 2 cores.
 - Tests marked ``slow`` are skipped unless selected with ``-m slow`` (or any ``-m``
   expression naming them) — the default run is what CI runs on 2 cores.

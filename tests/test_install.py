@@ -116,7 +116,7 @@ def test_wheel_holds_every_module_py_typed_and_the_license(dists):
     assert docs and [d for d in docs if f"ortho_fast/docs/{d}" not in names] == []  # the documents messages cite
     assert not [n for n in names if n.startswith("ortho_fast/docs/api/")]  # the docs build's configuration stays out
     scripts = archive.read(f"{info}/entry_points.txt").decode()
-    assert "ortho-verify = ortho_verify.console:console_main" in scripts
+    assert "ortho-verify = ortho_verify.cli.console:console_main" in scripts
 
 
 def test_sdist_holds_tests_docs_benchmarks_scripts_license_citation(dists):

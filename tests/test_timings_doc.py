@@ -1,7 +1,7 @@
 """The timings in README.md, docs/*.md and ``ortho-verify --help`` are written by
 ``scripts/timings.py --write-docs`` from a measurement, never typed: the marked regions exist, the
 writer round-trips on a fake measurement, and the committed docs are what the writer makes of the
-committed measurement (``ortho_verify.measured``)."""
+committed measurement (``ortho_verify.cli.measured``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ortho_verify import cli, measured
+from ortho_verify.cli import main as cli, measured
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("timings_script", ROOT / "scripts" / "timings.py")
@@ -97,10 +97,10 @@ def test_write_docs_writes_the_files_and_the_module_that_help_quotes(tmp_path, m
     for file in timings.DOC_FILES:
         (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / file, tmp_path / file)
-    (tmp_path / "verify").mkdir()
+    (tmp_path / "verify" / "cli").mkdir(parents=True)
     changed = timings.write_docs(FAKE, tmp_path)
-    assert tmp_path / "verify" / "timings.json" in changed
-    assert json.loads((tmp_path / "verify" / "timings.json").read_text()) == timings.portable(FAKE)
+    assert tmp_path / "verify" / "cli" / "timings.json" in changed
+    assert json.loads((tmp_path / "verify" / "cli" / "timings.json").read_text()) == timings.portable(FAKE)
     assert "12 s the first time" in (tmp_path / "README.md").read_text()
     monkeypatch.setattr(measured, "TIMINGS", FAKE)
     text = cli.build_parser().format_help()
@@ -109,7 +109,7 @@ def test_write_docs_writes_the_files_and_the_module_that_help_quotes(tmp_path, m
 
 
 def test_the_committed_docs_are_the_writer_s_output_of_the_committed_measurement():
-    """No timing typed by hand: the regions equal ``render(ortho_verify.measured.TIMINGS)``."""
+    """No timing typed by hand: the regions equal ``render(ortho_verify.cli.measured.TIMINGS)``."""
     values = timings.render(measured.TIMINGS)
     for file in timings.DOC_FILES:
         for name, content in timings.regions_of((ROOT / file).read_text()).items():

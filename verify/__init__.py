@@ -4,7 +4,7 @@ Public API (imported lazily, so ``import ortho_verify.tolerances`` stays light):
 ``check_orthogonalizer``, ``check_optimizer``, ``MuonConventions``, ``DionConventions``,
 ``TORCH_MUON``, ``ORTHO_MUON``, ``DION``, ``VerificationReport`` (from ``ortho_verify.api``);
 ``replay_example`` (from ``ortho_verify.replay``);
-``check_sharded_optimizer``, ``ShardedReport`` (from ``ortho_verify.sharded_check``);
+``check_sharded_optimizer``, ``ShardedReport`` (from ``ortho_verify.sharding.sharded_check``);
 ``Dion2Conventions``, ``DION2`` (from ``ortho_verify.conventions``), ``check_dion2_optimizer``
 (from ``ortho_verify.checks.dion2``), ``identify_orthogonalizer`` and ``identify_optimizer`` (from
 ``ortho_verify.identify``).
@@ -14,27 +14,26 @@ _API = ("check_orthogonalizer", "check_orthogonalizer_example", "check_optimizer
         "DionConventions", "TORCH_MUON", "ORTHO_MUON", "DION", "VerificationReport", "default_examples",
         "check_sharded_optimizer", "ShardedReport", "Dion2Conventions", "DION2", "check_dion2_optimizer",
         "replay_example", "identify_orthogonalizer", "identify_optimizer")
-#: Names of ``_API`` that live in ``ortho_verify.sharded_check`` (the distributed check).
+#: Names of ``_API`` that live in ``ortho_verify.sharding.sharded_check`` (the distributed check).
 _SHARDED = ("check_sharded_optimizer", "ShardedReport")
-#: Names of ``_API`` that live elsewhere: name -> module.
-_ELSEWHERE = {"Dion2Conventions": "ortho_verify.conventions", "DION2": "ortho_verify.conventions",
-              "replay_example": "ortho_verify.replay", "check_dion2_optimizer": "ortho_verify.checks.dion2",
-              "identify_orthogonalizer": "ortho_verify.identify", "identify_optimizer": "ortho_verify.identify"}
+#: Names of ``_API`` that live elsewhere: name -> module, relative to this package.
+_ELSEWHERE = {"Dion2Conventions": ".conventions", "DION2": ".conventions", "check_dion2_optimizer": ".checks.dion2",
+              "identify_orthogonalizer": ".identify", "identify_optimizer": ".identify", "replay_example": ".replay"}
 
 __all__ = list(_API)
 
 
 def __getattr__(name):
     if name in _SHARDED:
-        from ortho_verify import sharded_check
+        from .sharding import sharded_check
 
         return getattr(sharded_check, name)
     if name in _ELSEWHERE:
         import importlib
 
-        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
+        return getattr(importlib.import_module(_ELSEWHERE[name], __name__), name)
     if name in _API:
-        from ortho_verify import api
+        from . import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'ortho_verify' has no attribute {name!r}")

@@ -2,6 +2,6 @@
 
 import sys
 
-from ortho_verify.console import console_main
+from .cli.console import console_main
 
 sys.exit(console_main())

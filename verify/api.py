@@ -12,28 +12,8 @@ from typing import Callable
 
 import torch
 
-from ortho_verify.arrays import as_float64 as _as_f64
-from ortho_verify.checks.diagnoses import with_cause
-from ortho_verify.checks.newton_schulz import compare_ns_output
-from ortho_verify.checks.orientation import confined_cause
-from ortho_verify.checks.statistical import (
-    STATISTICAL_SPECS,
-    StatisticalBatch,
-    compare_ns_statistics,
-    statistical_batch,
-)
-from ortho_verify.conventions import (
-    DION,
-    ORTHO_MUON,
-    TORCH_MUON,
-    DionConventions,
-    MuonConventions,
-    dtype_name,
-    table_and_normalization,
-)
-from ortho_verify.devices import describe_device, device_label, resolve_device
-from ortho_verify.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
-from ortho_verify.kernel_calls import (
+from .checks.diagnoses import with_cause
+from .checks.kernel_calls import (
     DEFAULT_TIMEOUT_S,
     RECOMPILE_LIMIT_FIX,
     call_with_timeout,
@@ -42,9 +22,24 @@ from ortho_verify.kernel_calls import (
     is_recompile_limit,
     raised_row,
 )
-from ortho_verify.optimizer_checks import DEFAULT_SHAPES, check_optimizer, optimizer_inputs
-from ortho_verify.results import CheckResult, Failure, VerificationReport, accept_side_effects, measured
-from ortho_verify.tolerances import NS_FORMS, validate_restarts
+from .checks.newton_schulz import compare_ns_output
+from .checks.optimizer_checks import DEFAULT_SHAPES, check_optimizer, optimizer_inputs
+from .checks.orientation import confined_cause
+from .checks.statistical import STATISTICAL_SPECS, StatisticalBatch, compare_ns_statistics, statistical_batch
+from .conventions import (
+    DION,
+    ORTHO_MUON,
+    TORCH_MUON,
+    DionConventions,
+    MuonConventions,
+    dtype_name,
+    table_and_normalization,
+)
+from .devices import describe_device, device_label, resolve_device
+from .inputs.arrays import as_float64 as _as_f64
+from .inputs.examples import DTYPES, MAX_SCALE, SpectralExample, build_example
+from .report.results import CheckResult, Failure, VerificationReport, accept_side_effects, measured
+from .tolerances import NS_FORMS, validate_restarts
 
 __all__ = [
     "DEFAULT_SHAPES", "DEFAULT_SPECS", "DEFAULT_TIMEOUT_S", "DION", "DionConventions", "Failure", "MuonConventions",
@@ -57,7 +52,7 @@ __all__ = [
 
 def _ns_dtype_name(dtype) -> str:
     """The input dtype of an orthogonalizer check: float64, float32, bfloat16 or float16 (the dtypes of
-    ``ortho_verify.examples.DTYPES``, whose inputs are defined); "high" is float32 (TF32 products);
+    ``ortho_verify.inputs.examples.DTYPES``, whose inputs are defined); "high" is float32 (TF32 products);
     TypeError otherwise."""
     return "float32" if isinstance(dtype, str) and dtype in ("high", "tf32") else dtype_name(dtype, DTYPES)
 

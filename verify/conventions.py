@@ -1,6 +1,8 @@
-"""What a Muon- or Dion-like optimizer computes (``MuonConventions``, ``DionConventions``) and the
+"""Conventions: what a Muon- or Dion-like optimizer computes, as the checks take it.
+
+What a Muon- or Dion-like optimizer computes (``MuonConventions``, ``DionConventions``) and the
 conventions of the optimizers the judge knows (``TORCH_MUON``, ``ORTHO_MUON``, ``DION``), with the
-dtype and coefficient-table helpers that ``ortho_verify.api`` and ``ortho_verify.optimizer_checks``
+dtype and coefficient-table helpers that ``ortho_verify.api`` and ``ortho_verify.checks.optimizer_checks``
 share (docs/design.md, "Muon", "Dion" and "Conventions").
 """
 
@@ -13,7 +15,8 @@ import torch
 
 import ortho_ref
 from ortho_ref import muon_stages
-from ortho_verify import tolerances as tol
+
+from . import tolerances as tol
 
 __all__ = ["DION", "DION2", "Dion2Conventions", "DION_ORIENTATIONS", "DionConventions", "MuonConventions",
            "NORMUON", "ORTHO_MUON", "TORCH_MUON", "coarser_dtype", "dtype_name", "table_and_normalization"]

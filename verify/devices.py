@@ -1,6 +1,6 @@
 """Where the checked code runs: ``device=`` of the checks and ``ortho-verify --device``.
 
-The judge's inputs are made on the CPU in float64 (``ortho_verify.examples``), rounded to the
+The judge's inputs are made on the CPU in float64 (``ortho_verify.inputs.examples``), rounded to the
 input dtype, moved to the device for the call, and the results moved back: the oracle
 (``ortho_ref``) always runs on the CPU in float64. ``resolve_device`` rejects a device that
 cannot run before any work; ``describe_device`` names it in the report (device, its name, the

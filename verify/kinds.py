@@ -1,8 +1,10 @@
-"""Kinds of failure (docs/verification.md, "Kinds of failure"): what a failed row is —
+"""Kinds of failure: what a failed row is, how a report counts it, how a user accepts a side effect.
+
+Kinds of failure (docs/verification.md, "Kinds of failure"): what a failed row is —
 wrong math, a side effect, an unsupported input — how a report counts them, how a user accepts a
 side effect explicitly, the user's frame of an exception, and the one cause a report leads with.
 
-No imports from the rest of the judge (``ortho_verify.results`` re-exports every name).
+No imports from the rest of the judge (``ortho_verify.report.results`` re-exports every name).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ __all__ = ["FAILURE_KINDS", "INSTALLED_MARKERS", "OWN_KIND_CHECKS", "SIDE_EFFECT
 #: change (its input, the gradient) or shares state storage with the parameter;
 #: "unsupported" — the code raised (or hung) on an input it does not take (a dtype, a shape, a layout);
 #: "recompile limit" — a compiled kernel hit torch.compile's recompile limit: the input was not judged (not a
-#: wrong result; the fix is in the row's note, ``ortho_verify.kernel_calls.RECOMPILE_LIMIT_FIX``).
+#: wrong result; the fix is in the row's note, ``ortho_verify.checks.kernel_calls.RECOMPILE_LIMIT_FIX``).
 FAILURE_KINDS = ("wrong math", "side effect", "unsupported", "recompile limit")
 
 #: Checks whose failures are of their own kind, by check name.

@@ -1,4 +1,6 @@
-"""The judge's optional dependencies: matplotlib (plots), rich (terminal tables) and hypothesis
+"""The judge's optional dependencies (matplotlib, rich, hypothesis), imported at the place of use.
+
+The judge's optional dependencies: matplotlib (plots), rich (terminal tables) and hypothesis
 (strategies), installed with the extra ``verify`` (``pip install 'ortho-optim[verify]'``).
 
 Every import of them in ``ortho_verify`` goes through ``require`` (or ``pyplot``), at the

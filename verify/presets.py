@@ -16,8 +16,8 @@ import functools
 
 import torch
 
-from ortho_verify.conventions import DionConventions, MuonConventions
-from ortho_verify.results import CheckResult
+from .conventions import DionConventions, MuonConventions
+from .report.results import CheckResult
 
 __all__ = ["JUDGE_PRESETS", "check_preset", "preset_conventions", "preset_hyperparameters", "preset_jobs"]
 
@@ -74,7 +74,7 @@ def preset_conventions(name: str) -> MuonConventions | DionConventions:
     """The conventions of preset ``name`` (what its step computes), from the judge's own table.
     Raises: ValueError listing the presets for an unknown name; NotImplementedError naming the
     convention fields (or class) this version of the judge lacks."""
-    from ortho_verify import conventions
+    from . import conventions
 
     kind, fields, _, _ = _known(name)
     cls = getattr(conventions, kind, None)
@@ -99,16 +99,17 @@ def preset_hyperparameters(name: str) -> dict[str, float]:
 
 def check_preset(name: str, param_dtype=torch.float32, steps: int = 2) -> list[CheckResult]:
     """``ortho_fast.optimizer_preset(name, ...)`` against the oracle with the judge's conventions
-    (``ortho_verify.optimizer_checks.check_optimizer`` with the preset's own hyperparameters) in
+    (``ortho_verify.checks.optimizer_checks.check_optimizer`` with the preset's own hyperparameters) in
     ``param_dtype``. Rows: those of ``check_optimizer``, their detail prefixed with the preset.
     Raises: NotImplementedError for a preset this version cannot build or judge."""
     import ortho_fast
-    from ortho_verify.optimizer_checks import check_optimizer
+
+    from .checks.optimizer_checks import check_optimizer
 
     conventions = preset_conventions(name)
     factory = functools.partial(ortho_fast.optimizer_preset, name)
     if type(conventions).__name__ == "Dion2Conventions":
-        from ortho_verify.checks.dion2 import check_dion2_optimizer
+        from .checks.dion2 import check_dion2_optimizer
 
         rows = check_dion2_optimizer(factory, conventions, param_dtype=param_dtype, steps=steps,
                                      **preset_hyperparameters(name))
@@ -119,12 +120,13 @@ def check_preset(name: str, param_dtype=torch.float32, steps: int = 2) -> list[C
 
 
 def preset_jobs(dtypes=None) -> list[tuple[str, callable]]:
-    """(label, thunk) of every preset row of ``ortho-verify`` (for ``ortho_verify.cli.plan_jobs``):
+    """(label, thunk) of every preset row of ``ortho-verify`` (for ``ortho_verify.cli.main.plan_jobs``):
     each preset this version can build and judge, in each of ``dtypes`` (default
     ``ortho_verify.registry.PRESET_DTYPES``). Presets still missing their options or conventions
     (NotImplementedError) get no row, so they leave the verdict alone."""
     import ortho_fast
-    from ortho_verify import registry
+
+    from . import registry
 
     dtypes = registry.PRESET_DTYPES if dtypes is None else dtypes
     jobs = []

@@ -24,10 +24,10 @@ Fixtures: ``verify_orthogonalizer`` and ``verify_optimizer`` — ``ortho_verify.
 ``ortho_verify.check_optimizer`` that fail the test with the report's summary; with
 ``--ortho-report DIR`` each report is also saved under DIR/<test name>/. ``ortho_baseline`` —
 ``ortho_baseline(report, name=None)`` compares a report with its stored baseline
-(``ortho_verify.baseline.compare_with_baseline``) and fails the test on a regression, or with
+(``ortho_verify.report.baseline.compare_with_baseline``) and fails the test on a regression, or with
 ``--ortho-update-baseline`` writes it (``save_baseline``); one JSON file per full test id, beside the
 test file (``ortho-baselines/<module>/<class::test[params]>.json``) or under ``--ortho-baseline-dir``
-(``ortho_verify.baseline.baseline_path_for_test``); a baseline found only at the former path
+(``ortho_verify.report.baseline.baseline_path_for_test``); a baseline found only at the former path
 (``<rootdir>/ortho-baselines/<test name>.json``) fails the test naming the file to move.
 """
 
@@ -141,7 +141,7 @@ def verify_orthogonalizer(request):
     """``verify_orthogonalizer(fn, coefficients=..., dtype=..., device=...)``: ``ortho_verify.check_orthogonalizer``
     that fails the test with the report's summary; returns the report when it passed. ``device``
     defaults to ``--ortho-device`` (else the CPU)."""
-    from ortho_verify.api import check_orthogonalizer
+    from .api import check_orthogonalizer
 
     default_device = request.config.getoption("--ortho-device", default=None)
 
@@ -157,7 +157,7 @@ def verify_orthogonalizer(request):
 def verify_optimizer(request):
     """``verify_optimizer(optimizer_class, conventions, ...)``: ``ortho_verify.check_optimizer`` that
     fails the test with the report's summary; returns the report when it passed."""
-    from ortho_verify.api import check_optimizer
+    from .api import check_optimizer
 
     return _checker(request, check_optimizer)
 
@@ -169,11 +169,11 @@ def ortho_baseline(request):
     0.1)) or a check of the baseline is missing; returns the compared report. With
     ``--ortho-update-baseline`` it writes the baseline instead (the report must have passed). A
     missing baseline fails the test with the command that writes it.
-    The file is keyed by the full test id (``ortho_verify.baseline.baseline_path_for_test``):
+    The file is keyed by the full test id (``ortho_verify.report.baseline.baseline_path_for_test``):
     ``<test file's folder>/ortho-baselines/<module>/<class::test[params] or name>.json``, the
     same from any working directory; ``--ortho-baseline-dir DIR``:
     ``DIR/<test file relative to the rootdir>/<test id>.json``."""
-    from ortho_verify.baseline import baseline_path_for_test, compare_with_baseline, legacy_baseline_path, save_baseline
+    from .report.baseline import baseline_path_for_test, compare_with_baseline, legacy_baseline_path, save_baseline
 
     option = request.config.getoption("--ortho-baseline-dir")
     update = request.config.getoption("--ortho-update-baseline")

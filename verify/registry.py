@@ -7,7 +7,7 @@ whose behaviour it reproduces (docs/design.md, "Systems our users come from"). R
 - ``ortho_verify.checks`` (``MUON_CONFIGS``: one Muon step per system; ``STAGE_CONFIGS``: the Muon
   pipeline stages, nanochat's and microsoft/dion NorMuon's steps; ``DION_VARIANTS``: Dion's
   QR methods, Orth-Dion and power iterations),
-- ``ortho_verify.cli`` (``DION_VARIANT_RUNS``: which variant runs in which dtypes),
+- ``ortho_verify.cli.main`` (``DION_VARIANT_RUNS``: which variant runs in which dtypes),
 - ``ortho_verify.sharding`` (``SHARDING_DION`` / ``SHARDING_MUON``, the options of every
   layout, and the Dion variants some layouts add),
 - ``ortho_verify.reproduce`` (``REPRODUCTION_METHODS``: each method's optimizer options),

@@ -1,13 +1,12 @@
 """Replay one failure of a report from its provenance: ``replay_example``.
 
-docs/verification.md, "Replaying a failure". Apart from ``ortho_verify.api``, which stays within its length.
+docs/verification.md, "Replaying a failure".
 """
 
 from __future__ import annotations
 
 import ast
 
-# Relative imports from modules at the same place in every layout of the judge (its root and checks/)
 from .api import (
     DEFAULT_TIMEOUT_S,
     CheckResult,

@@ -1,7 +1,7 @@
 """Hypothesis strategies: matrices with prescribed singular spectra, for testing orthogonalizers.
 
 Every example is U diag(s) Vᵀ with Haar-random U, V (QR of a Gaussian with the sign fix,
-``ortho_verify.spectra.haar_orthogonal``) and a spectrum s from one of six families, so the
+``ortho_verify.inputs.spectra.haar_orthogonal``) and a spectrum s from one of six families, so the
 singular values are known exactly and the singular vectors are in general position.
 ``hypothesis.extra.numpy.arrays`` is not used for matrices: its draws are mostly low rank
 and never ill-conditioned in a controlled way.
@@ -42,7 +42,7 @@ import math
 
 import numpy as np
 
-from ortho_verify.examples import (
+from .inputs.examples import (
     DTYPES,
     LAYOUTS,
     MAX_SCALE,
@@ -52,8 +52,8 @@ from ortho_verify.examples import (
     build_example,
     make_spectrum,
 )
-from ortho_verify.optional import require
-from ortho_verify.spectra import haar_orthogonal, matrix_with_spectrum
+from .inputs.spectra import haar_orthogonal, matrix_with_spectrum
+from .optional import require
 
 _hypothesis = require("hypothesis", "ortho_verify.strategies")
 st = require("hypothesis.strategies", "ortho_verify.strategies")

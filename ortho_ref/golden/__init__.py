@@ -249,7 +249,7 @@ def generate(directory=None, *, only=None, tolerance=None) -> list[pathlib.Path]
     ``<name>.npz`` and ``<name>.json`` into ``directory`` (default: the package's data folder).
 
     ``tolerance``: optional callable ``Golden -> dict`` (output name -> {"formula", "value"}),
-    recorded in the sidecar; ``scripts/regen_golden.py`` passes ``ortho_verify.golden.golden_tolerances``.
+    recorded in the sidecar; ``scripts/regen_golden.py`` passes ``ortho_verify.checks.golden.golden_tolerances``.
     Returns the paths written. Raises: KeyError for an unknown name in ``only``.
     About 10 s for all cases with the pure-Python mpmath backend.
     """
@@ -282,7 +282,7 @@ def generate(directory=None, *, only=None, tolerance=None) -> list[pathlib.Path]
         }
         golden = Golden(name, spec.function, spec.arguments, inputs, outputs, meta)
         meta["tolerance"] = tolerance(golden) if tolerance is not None else {
-            "function": "ortho_verify.golden.golden_tolerances", "values": None}
+            "function": "ortho_verify.checks.golden.golden_tolerances", "values": None}
         arrays = {f"in_{k}": v for k, v in inputs.items()}
         for k, (hi, lo) in outputs.items():
             arrays[f"hi_{k}"], arrays[f"lo_{k}"] = hi, lo

@@ -5,7 +5,7 @@ layouts and the layout contract": DDP (both sync modes), FSDP Shard(0), TP colwi
 rowwise, HSDP (compressed sync and FSDP-synced gradients), FSDP + TP with ``_StridedShard``,
 HSDP + TP, with tall and wide matrices, uneven and empty shards, the three QR methods,
 Orth-Dion, two power iterations, flattened ndim > 2 weights and mixed precision. ``worker``
-is the function ``ortho_verify.workers.run_workers`` forks on every rank: it steps each case
+is the function ``ortho_verify.sharding.workers.run_workers`` forks on every rank: it steps each case
 sharded and, on rank 0, in one process, and adds the world-4 extras (FSDP2 over a tensor
 parallel module, bad construction, a bad step on one rank, a DCP checkpoint round trip). It
 returns plain data; the tests in test_dion_distributed.py judge it. ``seeded_tensor`` (a

@@ -3,15 +3,15 @@ parameter lists of different lengths, shapes of equal numel, another lr or qr_me
 (the replicas would silently diverge), and a NaN on one rank of a Dion over a ``process_group`` whose
 gradients arrive synced (``replicate_mesh_grad_sync=False``: the replicas still raise together).
 A zero gradient after a nonzero one (B = M != 0) still steps, sharded as in one process.
-One launch of 2 gloo ranks for the module (``ortho_verify.workers.run_workers``)."""
+One launch of 2 gloo ranks for the module (``ortho_verify.sharding.workers.run_workers``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from ortho_verify.sharding.workers import run_workers
 from ortho_verify.tolerances import sharded_tolerance
-from ortho_verify.workers import run_workers
 
 
 def _params(rank: int, shapes):

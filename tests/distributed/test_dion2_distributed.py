@@ -14,8 +14,8 @@ from hypothesis import given, settings, strategies as st
 
 import ortho_fast
 from ortho_verify import sharding
+from ortho_verify.sharding.workers import run_workers
 from ortho_verify.tolerances import sharded_tolerance
-from ortho_verify.workers import run_workers
 
 WORLD = 4
 NAMES = [f"dion2/{lay.name}" for lay, _ in sharding.layouts_for(WORLD, ["dion2/"])]

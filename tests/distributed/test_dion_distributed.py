@@ -25,8 +25,8 @@ from hypothesis import given, settings, strategies as st
 import ortho_fast
 from ortho_fast.distributed.volumes import dion_check_volume, dion_comm_volume
 from ortho_fast.functional.dion import dion_rank
+from ortho_verify.sharding.workers import run_workers
 from ortho_verify.tolerances import sharded_tolerance
-from ortho_verify.workers import run_workers
 from tests.distributed.dion_workers import CASES, F64, IN, MESHES, OUT, REP, Case, option_items, worker
 
 # ---------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ortho_fast
-from ortho_verify.workers import run_workers
+from ortho_verify.sharding.workers import run_workers
 
 OPTIMIZERS = {
     "muon": lambda params, mesh: ortho_fast.Muon(params, dtype=torch.float32, distributed_mesh=mesh),

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from ortho_verify.workers import WorkerError, run_workers
+from ortho_verify.sharding.workers import WorkerError, run_workers
 from tests.distributed.placements import placement
 
 WORLD = 4

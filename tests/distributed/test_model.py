@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import ortho_fast
+from ortho_verify.sharding.workers import run_workers
 from ortho_verify.tolerances import sharded_tolerance
-from ortho_verify.workers import run_workers
 
 WORLD = 4
 D_MODEL, HEADS, HIDDEN, VOCAB, LAYERS = 32, 2, 66, 17, 2

@@ -20,8 +20,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
+from ortho_verify.sharding.workers import run_workers
 from ortho_verify.tolerances import sharded_tolerance
-from ortho_verify.workers import run_workers
 from tests.distributed.placements import placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
 from tests.strategies import spectral_matrices
 

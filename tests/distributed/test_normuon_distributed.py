@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ortho_verify.workers import run_workers
+from ortho_verify.sharding.workers import run_workers
 
 STEPS = 3
 STAGES = dict(row_equilibration=True, renormalize=True, normuon_beta2=0.9, normuon_dim="by_shape",

@@ -1,4 +1,4 @@
-"""Three distributed guarantees, one launch of 2 gloo ranks (``ortho_verify.workers.run_workers``):
+"""Three distributed guarantees, one launch of 2 gloo ranks (``ortho_verify.sharding.workers.run_workers``):
 
 - sharded Dion's column norms cannot overflow: a float32 gradient with entries of 1e19..1e20 (the
   squares pass float32's 3.4e38) steps on the FSDP and TP layouts as the one-process float32 Dion
@@ -18,8 +18,8 @@ import copy
 import pytest
 import torch
 
+from ortho_verify.sharding.workers import run_workers
 from ortho_verify.tolerances import sharded_tolerance
-from ortho_verify.workers import run_workers
 
 SHAPES = [(16, 8), (8, 12)]  # tall and wide: the working columns are the short side either way
 

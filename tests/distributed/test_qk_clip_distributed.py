@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ortho_verify.workers import run_workers
+from ortho_verify.sharding.workers import run_workers
 from tests.distributed.placements import placement  # placement codes: R, S<d>, SS<d> (_StridedShard)
 
 HEADS = dict(qk_clip_threshold=5.0, qk_clip_num_heads=4, qk_clip_num_kv_heads=2)

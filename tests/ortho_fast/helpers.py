@@ -25,7 +25,7 @@ from torch import nn
 import ortho_ref
 from ortho_fast import COEFFICIENTS, DionConfig, Muon, MuonConfig
 from ortho_verify import tolerances as tol
-from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.inputs.spectra import matrix_with_spectrum
 
 # =======================================================================================
 # Seeds and test matrices
@@ -46,7 +46,7 @@ def spectral_matrix(shape, rng, cond=1e2, scale=1.0):
 def stage_case(name: str, m: int, n: int, seed: int = 0, cond: float = 1e2):
     """A ``MatrixCase`` for the stage checks: singular values geomspace(1, 1/cond), Haar vectors
     from ``seed``; ``name`` prefixes its identifier."""
-    from ortho_verify.spectra import MatrixCase
+    from ortho_verify.inputs.spectra import MatrixCase
 
     s = np.geomspace(1.0, 1.0 / cond, min(m, n))
     return MatrixCase(f"{name}/{m}x{n}/{seed}", matrix_with_spectrum(s, m, n, np.random.default_rng(seed)),

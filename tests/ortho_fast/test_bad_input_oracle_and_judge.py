@@ -10,7 +10,7 @@ import torch
 import ortho_fast
 import ortho_ref
 import ortho_verify
-from ortho_verify.optimizer_checks import check_optimizer
+from ortho_verify.checks.optimizer_checks import check_optimizer
 
 JORDAN = [(3.4445, -4.7750, 2.0315)]
 

@@ -20,7 +20,7 @@ from ortho_fast.functional.newton_schulz import frobenius_normalize_, gram_itera
 from ortho_fast.groups.dion2 import DION2_DEFAULTS
 from ortho_verify.checks import compare_ns_output
 from ortho_verify.checks.dion2 import compare_dion2_step
-from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.inputs.spectra import matrix_with_spectrum
 
 
 def _planted_gradient(m: int, n: int, k: int, rng: np.random.Generator, flat: bool):

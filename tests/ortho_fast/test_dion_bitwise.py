@@ -19,7 +19,7 @@ from ortho_fast.functional.dion import dion_rank, dion_update, initial_q
 from ortho_fast.functional.qr import gaussian_sketch, orthonormalize, sketch_generator, sketch_rows
 from ortho_fast.groups.dion import DION_DEFAULTS, check_dion_step, dion_group_step, normalize_dion_group
 from ortho_verify import tolerances as tol
-from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.inputs.spectra import matrix_with_spectrum
 from tests.ortho_fast.helpers import DION_RANDOMIZED, DION_SEED, SHAPES, rng_for, spectral_matrix
 from tests.round_trip import round_trip
 

@@ -12,7 +12,7 @@ import ortho_ref
 from ortho_fast import Muon, NorMuon
 from ortho_fast.functional.newton_schulz import gram_restarts, use_gram
 from ortho_verify.checks import compare_ns_output
-from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.inputs.spectra import matrix_with_spectrum
 
 SCHEDULE = "polar_express"
 SHAPES = ((16, 64), (96, 24), (16, 64))  # wide (aspect 4), tall, and a second wide one: a bank of two

@@ -79,7 +79,7 @@ def _distributed_hybrid(rank: int, world: int) -> dict:
 
 @pytest.fixture(scope="module")
 def distributed_hybrid():
-    from ortho_verify.workers import run_workers
+    from ortho_verify.sharding.workers import run_workers
 
     return run_workers(2, _distributed_hybrid, timeout=120)
 

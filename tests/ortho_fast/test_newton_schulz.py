@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 import ortho_ref
 from ortho_fast import COEFFICIENTS, newton_schulz
 from ortho_verify import tolerances as tol
-from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.inputs.spectra import matrix_with_spectrum
 from tests.ortho_fast.helpers import MAX_DIM, SCHEDULE_NAMES, matrix_shapes
 
 TORCH = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

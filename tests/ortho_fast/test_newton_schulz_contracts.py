@@ -17,7 +17,7 @@ import ortho_ref
 from ortho_fast import COEFFICIENTS, newton_schulz
 from ortho_fast.coefficients import resolve_coefficients
 from ortho_verify import tolerances as tol
-from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.inputs.spectra import matrix_with_spectrum
 from tests.ortho_fast.helpers import MAX_DIM, SCHEDULE_NAMES, matrix_shapes
 
 # ---------------------------------------------------------------------------------------

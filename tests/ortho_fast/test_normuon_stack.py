@@ -24,8 +24,8 @@ from ortho_fast.functional.muon import adjusted_lr_scale
 from ortho_fast.groups.muon_budget import stage_nbytes, state_bytes
 from ortho_fast.groups.muon_stages import normuon_variances, stacked_stage_update_
 from ortho_fast.normuon import NORMUON_DEFAULTS
-from ortho_verify.arrays import TORCH_DTYPES, as_float64
 from ortho_verify.checks.stages import STAGE_CONFIGS, StageRun, stage_errors
+from ortho_verify.inputs.arrays import TORCH_DTYPES, as_float64
 from ortho_verify.tolerances import compiled_tolerance
 from ortho_verify.tolerances.roundoff import unit_roundoff
 from ortho_verify.tolerances.stages import scaled_product_update_bound

@@ -130,7 +130,7 @@ def test_a_preset_missing_a_stage_fails_the_judge(monkeypatch, drop):
     import dataclasses
     import functools
 
-    from ortho_verify.optimizer_checks import check_optimizer
+    from ortho_verify.checks.optimizer_checks import check_optimizer
 
     conv = dataclasses.replace(preset_conventions("nanochat"), ns_dtype=torch.float64)
     hyper = preset_hyperparameters("nanochat")

@@ -20,8 +20,8 @@ from hypothesis import given, settings, strategies as st
 import ortho_fast
 from ortho_fast import Muon
 from ortho_fast.functional.muon import WEIGHT_DECAY_STYLES
+from ortho_verify.checks.optimizer_checks import check_optimizer
 from ortho_verify.conventions import ORTHO_MUON
-from ortho_verify.optimizer_checks import check_optimizer
 from tests.ortho_fast.helpers import BASE, ROWS, check_against_muon_reference, rng_for, run_one_muon_step
 
 SHAPES = [(24, 16), (16, 24), (20, 20), (24, 16), (16, 24)]  # tall, wide, square; two of a shape stack

@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 import ortho_ref
 from ortho_ref.dion import CQR2_GRAM_DEVIATION
 from ortho_verify import tolerances as tol
-from ortho_verify.spectra import matrix_with_spectrum
+from ortho_verify.inputs.spectra import matrix_with_spectrum
 from tests.strategies import spectral_matrices
 
 METHODS = ortho_ref.QR_METHODS

@@ -10,7 +10,7 @@ import pytest
 
 from ortho_ref import golden, mp
 from ortho_verify import tolerances as tol
-from ortho_verify.golden import check_golden_files, golden_tolerances
+from ortho_verify.checks.golden import check_golden_files, golden_tolerances
 
 SIDECAR_KEYS = {"name", "function", "arguments", "inputs", "outputs", "digits", "generator", "mpmath_version",
                 "mpmath_backend", "numpy_version", "date", "provenance", "accuracy", "tolerance"}

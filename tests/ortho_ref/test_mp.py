@@ -70,7 +70,7 @@ def test_float64_agrees_with_50_digits_deep(case, name, eps_mode):
 
 
 def _ill_conditioned(m, n, cond, seed):
-    from ortho_verify.spectra import matrix_with_spectrum
+    from ortho_verify.inputs.spectra import matrix_with_spectrum
 
     return matrix_with_spectrum(np.geomspace(1.0, 1.0 / cond, min(m, n)), m, n, np.random.default_rng(seed))
 

@@ -1,15 +1,16 @@
 """A first ``ortho-verify`` run trains the GPT in a second process while it checks the synthetic
-inputs (``ortho_verify.data.capture_in_background``): the child writes the same cache an in-process
+inputs (``ortho_verify.inputs.data.capture_in_background``): the child writes the same cache an in-process
 run writes, and the report is the one of a run in plan order."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ortho_verify import cli, data
-from ortho_verify.data import GPTConfig, capture_in_background, real_gradients
-from ortho_verify.results import CheckResult
-from ortho_verify.spectra import MatrixCase, synthetic_matrices
+from ortho_verify.cli import main as cli
+from ortho_verify.inputs import data
+from ortho_verify.inputs.data import GPTConfig, capture_in_background, real_gradients
+from ortho_verify.inputs.spectra import MatrixCase, synthetic_matrices
+from ortho_verify.report.results import CheckResult
 
 TINY = GPTConfig(d_model=16, n_layers=1, n_heads=2, context=16, batch_size=4, steps=4, capture_steps=(2, 4),
                  corpus_bytes=4096)

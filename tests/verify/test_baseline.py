@@ -1,12 +1,13 @@
-"""ortho_verify.baseline: the regression margin, coverage and golden-file rows."""
+"""ortho_verify.report.baseline: the regression margin, coverage and golden-file rows."""
 
 import json
 import math
 
 import pytest
 
-from ortho_verify import baseline, checks
+from ortho_verify import checks
 from ortho_verify.checks import CheckResult
+from ortho_verify.report import baseline
 from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
 
 MODE = {"quick": True, "real_inputs_used": False, "seed": 0}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ortho_verify.baseline import BASELINE_FOLDER, baseline_path_for_test, legacy_baseline_path
+from ortho_verify.report.baseline import BASELINE_FOLDER, baseline_path_for_test, legacy_baseline_path
 from tests.verify.test_docs_example import _pytest
 
 #: A user's test: its report's one ratio comes from the environment (RATIO_<folder>), so a run can
@@ -16,7 +16,7 @@ TEST = '''
 import os
 from pathlib import Path
 
-from ortho_verify.results import VerificationReport, measured
+from ortho_verify.report.results import VerificationReport, measured
 
 
 def test_kernel(ortho_baseline):

@@ -7,9 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from ortho_verify import baseline, checks, cli, tolerances as tol
-from ortho_verify.results import VerificationReport, measured
-from ortho_verify.spectra import MatrixCase
+from ortho_verify import checks, tolerances as tol
+from ortho_verify.cli import main as cli
+from ortho_verify.inputs.spectra import MatrixCase
+from ortho_verify.report import baseline
+from ortho_verify.report.results import VerificationReport, measured
 
 CORPUS_A = {"name": "ortho-pseudo-python-v1", "bytes": 10, "sha256": "a" * 64}
 CORPUS_B = {"name": "ortho-pseudo-python-v2", "bytes": 10, "sha256": "b" * 64}
@@ -96,7 +98,7 @@ def test_api_baseline_of_a_users_report(tmp_path):
 
 
 FIXTURE_TEST = '''
-from ortho_verify.results import VerificationReport, measured
+from ortho_verify.report.results import VerificationReport, measured
 import os
 
 def test_kernel(ortho_baseline):

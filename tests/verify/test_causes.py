@@ -11,9 +11,9 @@ from hypothesis import given, settings, strategies as st
 import ortho_ref
 from ortho_verify import check_optimizer, check_orthogonalizer
 from ortho_verify.checks.diagnoses import headline_cause, lr_scale_pair, map_fit_cause, ns_output_cause
-from ortho_verify.planted import newton_schulz_kernel
-from ortho_verify.planted_muon import TORCH_STYLE_CONVENTIONS, TorchStyleMuon, planted
-from ortho_verify.results import CheckResult
+from ortho_verify.planted.bugs import newton_schulz_kernel
+from ortho_verify.planted.muon import TORCH_STYLE_CONVENTIONS, TorchStyleMuon, planted
+from ortho_verify.report.results import CheckResult
 
 JORDAN = ortho_ref.schedule("jordan")
 FAST = dict(steps=2, statistical_matrices=0, param_dtype=torch.float32)

@@ -12,7 +12,7 @@ import ortho_fast.functional.layout as fast_layout  # muon_layout
 import ortho_fast.functional.muon as fast_muon  # patch points: orthogonalize, adjusted_lr_scale
 import ortho_fast.functional.qr as fast_qr  # patch point: cholesky_solve
 from ortho_verify import checks
-from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
+from ortho_verify.inputs.spectra import MatrixCase, matrix_with_spectrum
 
 fast_ns = importlib.import_module("ortho_fast.functional.newton_schulz")  # the module, not the function of that name
 

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from ortho_verify import checks, cli, tables, tolerances as tol
+from ortho_verify import checks, tolerances as tol
+from ortho_verify.cli import main as cli
+from ortho_verify.report import tables
 
 ROOT = Path(__file__).resolve().parents[2]
 

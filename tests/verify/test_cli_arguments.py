@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ortho_verify import cli
+from ortho_verify.cli import main as cli
 from ortho_verify.reproduce import cli as reproduce_cli
 from ortho_verify.sharding import cli as sharding_cli
 

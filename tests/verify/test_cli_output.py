@@ -7,8 +7,9 @@ import xml.etree.ElementTree as ET
 import pytest
 from hypothesis import given, strategies as st
 
-from ortho_verify import annotations, cli, junit, report
-from ortho_verify.results import REPORT_SCHEMA_VERSION, CheckResult, measured, no_claim, summary
+from ortho_verify.cli import main as cli
+from ortho_verify.report import annotations, junit, terminal as report
+from ortho_verify.report.results import REPORT_SCHEMA_VERSION, CheckResult, measured, no_claim, summary
 
 # Rows of three checks over two inputs: one failure, one check with a no-claim row beside a claim.
 ROWS = [

@@ -19,12 +19,12 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ortho_verify import cli
-from ortho_verify.arguments import SuggestingParser
+from ortho_verify.cli import main as cli
+from ortho_verify.cli.arguments import SuggestingParser
 from ortho_verify.identify import cli as identify_cli
+from ortho_verify.report.tables import wrap_words
 from ortho_verify.reproduce import cli as reproduce_cli
 from ortho_verify.sharding import cli as sharding_cli
-from ortho_verify.tables import wrap_words
 from tests.strategies import profile_examples
 
 rich_console = pytest.importorskip("rich.console")
@@ -143,7 +143,7 @@ def test_a_typo_is_named_once(capsys):
 @pytest.mark.parametrize("width", WIDTHS)
 def test_progress_bar_keeps_its_count_and_times(width):
     progress_mod = pytest.importorskip("rich.progress")
-    from ortho_verify.report import progress_columns
+    from ortho_verify.report.terminal import progress_columns
 
     console = rich_console.Console(width=width, color_system=None)
     progress = progress_mod.Progress(*progress_columns(width), console=console, expand=True)

@@ -10,7 +10,7 @@ import torch._dynamo
 
 from ortho_verify import check_orthogonalizer
 from ortho_verify.api import DEFAULT_SPECS, RECOMPILE_LIMIT_FIX, default_examples, is_recompile_limit
-from ortho_verify.planted import newton_schulz_kernel
+from ortho_verify.planted.bugs import newton_schulz_kernel
 
 
 @pytest.fixture

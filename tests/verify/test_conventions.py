@@ -11,7 +11,7 @@ import torch
 import ortho_fast
 from ortho_verify import DionConventions, MuonConventions, check_optimizer, check_orthogonalizer
 from ortho_verify.api import default_examples
-from ortho_verify.planted import newton_schulz_kernel
+from ortho_verify.planted.bugs import newton_schulz_kernel
 
 
 @pytest.mark.parametrize("options, conventions", [

@@ -1,4 +1,4 @@
-"""ortho_verify.corpus: the pinned training text of the real-gradient inputs is the same bytes on every
+"""ortho_verify.inputs.corpus: the pinned training text of the real-gradient inputs is the same bytes on every
 interpreter (its hash is pinned here), a prefix-consistent stream, from a reference SplitMix64."""
 
 import hashlib
@@ -6,7 +6,7 @@ import hashlib
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ortho_verify import corpus, data
+from ortho_verify.inputs import corpus, data
 
 
 def test_pinned_corpus_hash_is_the_recorded_one():

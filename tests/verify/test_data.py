@@ -1,4 +1,4 @@
-"""Tests for ortho_verify.data: stdlib corpus, GPT gradient capture and the on-disk cache."""
+"""Tests for ortho_verify.inputs.data: stdlib corpus, GPT gradient capture and the on-disk cache."""
 
 import json
 import math
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from ortho_verify import data
-from ortho_verify.data import GPTConfig, last_run_info, real_gradients, stdlib_corpus, train_and_capture
+from ortho_verify.inputs import data
+from ortho_verify.inputs.data import GPTConfig, last_run_info, real_gradients, stdlib_corpus, train_and_capture
 
 TINY = GPTConfig(
     d_model=16, n_layers=1, n_heads=2, context=16, batch_size=4, steps=5, capture_steps=(1, 5), corpus_bytes=20_000

@@ -12,10 +12,10 @@ from ortho_verify import check_orthogonalizer
 from ortho_verify.api import check_orthogonalizer_statistics, default_examples
 from ortho_verify.checks.newton_schulz import check_newton_schulz
 from ortho_verify.checks.statistical import check_ns_statistics, statistical_batch
-from ortho_verify.cli import build_parser, validate
+from ortho_verify.cli.main import build_parser, validate
 from ortho_verify.devices import describe_device, device_label, resolve_device
-from ortho_verify.planted import newton_schulz_kernel
-from ortho_verify.spectra import synthetic_matrices
+from ortho_verify.inputs.spectra import synthetic_matrices
+from ortho_verify.planted.bugs import newton_schulz_kernel
 
 
 @pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu")])
@@ -117,7 +117,7 @@ def test_cli_device_option(tmp_path):
 
 
 def test_cli_unusable_device_is_a_usage_error_naming_the_option(tmp_path, capsys):
-    from ortho_verify.cli import main
+    from ortho_verify.cli.main import main
 
     with pytest.raises(SystemExit) as err:
         main(["--device", "meta", "--no-real", "--out", str(tmp_path / "out")])
@@ -158,7 +158,7 @@ def test_ortho_device_option_is_the_fixture_default():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without enough GPUs")
 def test_sharding_device_cuda_without_gpus_is_a_usage_error_before_any_launch(capsys):
-    from ortho_verify.cli import main
+    from ortho_verify.cli.main import main
 
     with pytest.raises(SystemExit) as exc:
         main(["sharding", "--device", "cuda", "--world-size", "2", "--quick"])

@@ -14,7 +14,7 @@ import torch
 
 import ortho_fast
 from ortho_verify import check_orthogonalizer
-from ortho_verify.planted import GRAM_POLAR_EXPRESS, gram_newton_schulz_kernel, newton_schulz_kernel
+from ortho_verify.planted.bugs import GRAM_POLAR_EXPRESS, gram_newton_schulz_kernel, newton_schulz_kernel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

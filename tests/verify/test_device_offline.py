@@ -21,15 +21,16 @@ def _run(code_or_args, tmp_path):
 
 
 def test_ortho_verify_resolves_to_the_checkout_and_runs_a_check(tmp_path):
-    code = ("import sys, ortho_verify, ortho_verify.cli; from ortho_verify import check_orthogonalizer; "
-            "from ortho_verify.planted import newton_schulz_kernel; from ortho_verify.api import default_examples; "
+    code = ("import sys, ortho_verify, ortho_verify.cli.main; from ortho_verify import check_orthogonalizer; "
+            "from ortho_verify.planted.bugs import newton_schulz_kernel; "
+            "from ortho_verify.api import default_examples; "
             "assert not any('editable' in m for m in sys.modules), sorted(m for m in sys.modules if 'editable' in m); "
             "r = check_orthogonalizer(newton_schulz_kernel, examples=default_examples('float32')[:2], device='cpu'); "
-            "print(ortho_verify.__file__, ortho_verify.cli.__file__, r.status)")
+            "print(ortho_verify.__file__, ortho_verify.cli.main.__file__, r.status)")
     run = _run(["-c", code], tmp_path)
     assert run.returncode == 0, run.stderr
     init, cli, status = run.stdout.split()
-    assert Path(init) == ROOT / "verify" / "__init__.py" and Path(cli) == ROOT / "verify" / "cli.py"
+    assert Path(init) == ROOT / "verify" / "__init__.py" and Path(cli) == ROOT / "verify" / "cli" / "main.py"
     assert status == "passed"
 
 

@@ -11,7 +11,7 @@ import torch
 from ortho_verify import MuonConventions, check_optimizer, check_orthogonalizer
 from ortho_verify.api import call_with_timeout
 from ortho_verify.checks.diagnoses import momentum_cause, scale_cause
-from ortho_verify.planted import JORDAN, SimpleMuon, newton_schulz_kernel
+from ortho_verify.planted.bugs import JORDAN, SimpleMuon, newton_schulz_kernel
 from ortho_verify.strategies import build_example
 
 FLOAT32_MUON = MuonConventions(ns_dtype=torch.float32)

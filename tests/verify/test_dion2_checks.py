@@ -12,7 +12,7 @@ import pytest
 import ortho_ref
 from ortho_ref.dion2 import dion2_step
 from ortho_verify.checks.dion2 import DION2_CONFIGS, check_dion2, compare_dion2_step, reference_options
-from ortho_verify.spectra import synthetic_matrices
+from ortho_verify.inputs.spectra import synthetic_matrices
 from ortho_verify.tolerances.dion2 import dion2_step_tolerances
 
 OPTIONS = {"lr": 0.05, "fraction": 0.3, "ef_decay": 0.9, "weight_decay": 0.1, "adjust_lr": "spectral_norm"}

@@ -12,8 +12,8 @@ import torch
 
 import ortho_fast
 from ortho_verify import check_optimizer, check_orthogonalizer, default_examples
-from ortho_verify.optimizer_checks import DEFAULT_PARAM_DTYPES
-from ortho_verify.planted import CORRECT_OPTIMIZERS, SimpleMuon, newton_schulz_kernel
+from ortho_verify.checks.optimizer_checks import DEFAULT_PARAM_DTYPES
+from ortho_verify.planted.bugs import CORRECT_OPTIMIZERS, SimpleMuon, newton_schulz_kernel
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)

@@ -1,4 +1,4 @@
-"""ortho_verify.error_feedback: Dion's error-feedback invariants hold for ortho_fast, and planted bugs
+"""ortho_verify.checks.error_feedback: Dion's error-feedback invariants hold for ortho_fast, and planted bugs
 (wrong sign, Q not carried over, error feedback ignored) are caught."""
 
 import numpy as np
@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from ortho_fast.functional.dion import dion_update
-from ortho_verify import error_feedback as ef
-from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
+from ortho_verify.checks import error_feedback as ef
+from ortho_verify.inputs.spectra import MatrixCase, matrix_with_spectrum
 
 GAPPED = ef.error_feedback_matrices()
 REAL_LIKE = MatrixCase("test/lowrank-plus-noise/40x24", matrix_with_spectrum(

@@ -14,8 +14,8 @@ import ortho_ref
 from ortho_verify import check_orthogonalizer
 from ortho_verify.api import FLOAT16_MIN_SCALE, check_orthogonalizer_statistics, compute_name, default_examples
 from ortho_verify.checks.statistical import statistical_batch
-from ortho_verify.examples import MAX_SCALE
-from ortho_verify.planted import JORDAN, newton_schulz_kernel
+from ortho_verify.inputs.examples import MAX_SCALE
+from ortho_verify.planted.bugs import JORDAN, newton_schulz_kernel
 from ortho_verify.tolerances import ns_singular_value_tolerances, per_product_roundoff
 
 FP16 = functools.partial(newton_schulz_kernel, dtype=torch.float16)

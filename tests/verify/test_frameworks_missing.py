@@ -37,7 +37,7 @@ def test_entry_points_name_the_extra(monkeypatch, missing):
 def test_torch_checks_run_without_jax():
     code = ("import sys\nsys.modules['jax'] = None\nsys.modules['jaxlib'] = None\nsys.modules['optax'] = None\n"
             "import functools, torch\nimport ortho_verify, ortho_verify.frameworks\n"
-            "from ortho_verify.planted import newton_schulz_kernel\n"
+            "from ortho_verify.planted.bugs import newton_schulz_kernel\n"
             "r = ortho_verify.check_orthogonalizer(newton_schulz_kernel, shapes=[(9, 5)], statistical=False)\n"
             "assert r.passed, r.summary()\n"
             "r = ortho_verify.check_optimizer(torch.optim.Muon, steps=1, param_dtype=torch.float32, shapes=[(9, 5)],\n"

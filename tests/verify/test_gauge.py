@@ -13,8 +13,8 @@ import ortho_ref
 from ortho_verify import DION, DionConventions, check_optimizer, tolerances as tol
 from ortho_verify.checks.dion import never_transposed_dion_step
 from ortho_verify.checks.gauge import align_column_signs, projector_distance
-from ortho_verify.planted_dion import NEVER_TRANSPOSE_CONVENTIONS, FreeSignDion
-from ortho_verify.spectra import haar_orthogonal
+from ortho_verify.inputs.spectra import haar_orthogonal
+from ortho_verify.planted.dion import NEVER_TRANSPOSE_CONVENTIONS, FreeSignDion
 
 
 @pytest.mark.parametrize("param_dtype", [torch.float32, torch.float64], ids=str)

@@ -20,8 +20,8 @@ from ortho_fast.functional.newton_schulz import (
 )
 from ortho_verify import check_orthogonalizer
 from ortho_verify.api import check_orthogonalizer_example
-from ortho_verify.cli import plan_jobs
-from ortho_verify.spectra import synthetic_matrices
+from ortho_verify.cli.main import plan_jobs
+from ortho_verify.inputs.spectra import synthetic_matrices
 from ortho_verify.strategies import spectral_examples
 
 SCHEDULES = sorted(ortho_fast.COEFFICIENTS)

@@ -13,7 +13,7 @@ import ortho_ref
 from ortho_fast.functional.newton_schulz import gram_iterate
 from ortho_verify import check_orthogonalizer
 from ortho_verify.api import default_examples
-from ortho_verify.planted import GRAM_POLAR_EXPRESS, GRAM_RESTARTS, gram_newton_schulz_kernel
+from ortho_verify.planted.bugs import GRAM_POLAR_EXPRESS, GRAM_RESTARTS, gram_newton_schulz_kernel
 from ortho_verify.tolerances import (
     gram_point_gains,
     gram_rounding_points,

@@ -16,9 +16,9 @@ from ortho_fast.functional.newton_schulz import frobenius_normalize_, gram_itera
 from ortho_verify import check_orthogonalizer
 from ortho_verify.api import check_orthogonalizer_statistics
 from ortho_verify.checks.statistical import CLI_STATISTICAL_MATRICES, check_ns_statistics, statistical_batch
-from ortho_verify.cli import plan_jobs
-from ortho_verify.examples import build_example
-from ortho_verify.planted import gram_newton_schulz_kernel
+from ortho_verify.cli.main import plan_jobs
+from ortho_verify.inputs.examples import build_example
+from ortho_verify.planted.bugs import gram_newton_schulz_kernel
 from ortho_verify.tolerances import gram_point_gains, gram_rounding_points
 from ortho_verify.tolerances.gram_statistical import gram_node_kinds, gram_pair_curvatures, gram_rounding_moments
 
@@ -154,7 +154,7 @@ def test_row_passes_the_published_algorithm(dtype, norm):
     """Dao AI Lab's algorithm as the planted user kernel writes it (every intermediate stored, restart
     before step 3), in float16 and float32 (at ‖G‖_F = 1.6e-5 too)."""
     kernel = lambda g: gram_newton_schulz_kernel(g, dtype=getattr(torch, dtype))  # noqa: E731
-    from ortho_verify.planted import GRAM_POLAR_EXPRESS, GRAM_RESTARTS
+    from ortho_verify.planted.bugs import GRAM_POLAR_EXPRESS, GRAM_RESTARTS
     batch = statistical_batch(1.0, (40, 24), norm, CLI_STATISTICAL_MATRICES["default"], dtype, 0)
     [row] = check_orthogonalizer_statistics(kernel, batch, coefficients=np.array(GRAM_POLAR_EXPRESS), dtype=dtype,
                                             safety=1.0, eps=1e-7, form="gram", restarts=GRAM_RESTARTS)

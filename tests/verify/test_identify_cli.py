@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ortho_verify.cli import main as ortho_verify_main
+from ortho_verify.cli.main import main as ortho_verify_main
 
 
 def _run(argv, capsys, monkeypatch, columns=80):
@@ -18,7 +18,7 @@ def _run(argv, capsys, monkeypatch, columns=80):
 
 
 def test_a_correct_kernel_passes_within_80_columns(tmp_path, capsys, monkeypatch):
-    code, out, _ = _run(["ortho_verify.planted:newton_schulz_kernel", "--json", str(tmp_path / "id.json")], capsys,
+    code, out, _ = _run(["ortho_verify.planted.bugs:newton_schulz_kernel", "--json", str(tmp_path / "id.json")], capsys,
                         monkeypatch)
     assert code == 0 and out.startswith("PASSED: orthogonalizer identified")
     assert max(len(line) for line in out.splitlines()) <= 80
@@ -29,7 +29,7 @@ def test_a_correct_kernel_passes_within_80_columns(tmp_path, capsys, monkeypatch
 
 def test_a_kernel_with_a_changed_table_fails(tmp_path, capsys, monkeypatch):
     (tmp_path / "my_kernels.py").write_text(
-        "import functools\nfrom ortho_verify.planted import newton_schulz_kernel\n"
+        "import functools\nfrom ortho_verify.planted.bugs import newton_schulz_kernel\n"
         "typo = functools.partial(newton_schulz_kernel, coefficients=((3.4445, -4.7750, 2.0415),) * 5)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -39,8 +39,8 @@ def test_a_kernel_with_a_changed_table_fails(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("target, message", [
     ("no_such_module_here:f", "cannot import 'no_such_module_here'"),
-    ("ortho_verify.planted:nothing", "has no attribute 'nothing'"),
-    ("ortho_verify.planted", "expected module:attr"),
+    ("ortho_verify.planted.bugs:nothing", "has no attribute 'nothing'"),
+    ("ortho_verify.planted.bugs", "expected module:attr"),
 ])
 def test_usage_errors_exit_2(target, message, capsys, monkeypatch):
     with pytest.raises(SystemExit) as err:

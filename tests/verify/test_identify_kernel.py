@@ -15,7 +15,7 @@ import ortho_ref
 from ortho_verify import identify_orthogonalizer
 from ortho_verify.identify.kernel import DECLARABLE
 from ortho_verify.identify.known import known_normalization
-from ortho_verify.planted import JORDAN, PLANTED_BUGS, gram_newton_schulz_kernel, newton_schulz_kernel
+from ortho_verify.planted.bugs import JORDAN, PLANTED_BUGS, gram_newton_schulz_kernel, newton_schulz_kernel
 from tests.strategies import profile_examples
 
 KERNEL_BUGS = [b for b in PLANTED_BUGS if b.kind == "orthogonalizer"]

@@ -12,8 +12,8 @@ import torch
 import ortho_fast
 from ortho_verify.conventions import MuonConventions
 from ortho_verify.identify.optimizer import identify_optimizer
-from ortho_verify.planted import PLANTED_BUGS
-from ortho_verify.planted_muon import PLANTS, JordanStyleMuon, TorchStyleMuon, planted
+from ortho_verify.planted.bugs import PLANTED_BUGS
+from ortho_verify.planted.muon import PLANTS, JordanStyleMuon, TorchStyleMuon, planted
 
 
 def _fields(conv: MuonConventions, names) -> dict:
@@ -134,7 +134,7 @@ def test_planted_optimizer_bugs_are_not_passed_from_identification_alone(bug):
 
 
 def test_dion_written_differently_passes_and_a_planted_dion_does_not():
-    from ortho_verify.planted_dion import FreeSignDion
+    from ortho_verify.planted.dion import FreeSignDion
 
     found = identify_optimizer(FreeSignDion)
     assert found.kind == "dion" and found.passed, found.summary()

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from ortho_verify import check_orthogonalizer
-from ortho_verify.examples import build_example
-from ortho_verify.kernel_calls import raised_row
+from ortho_verify.checks.kernel_calls import raised_row
+from ortho_verify.inputs.examples import build_example
 from ortho_verify.kinds import FAILURE_KINDS, failure_kind, user_frame
-from ortho_verify.planted import newton_schulz_kernel
+from ortho_verify.planted.bugs import newton_schulz_kernel
 
 FAST = dict(statistical=False)
 
@@ -121,5 +121,5 @@ def test_a_kernel_calling_sys_exit_fails_a_row_instead_of_crashing_the_judge():
 
 @pytest.mark.parametrize("examples", [[torch.randn(6, 9)], torch.randn(6, 9)])
 def test_examples_of_the_wrong_type_get_a_type_error_naming_examples(examples):
-    with pytest.raises(TypeError, match="examples: expected a list of ortho_verify.examples.SpectralExample"):
+    with pytest.raises(TypeError, match="examples: expected a list of ortho_verify.inputs.examples.SpectralExample"):
         check_orthogonalizer(newton_schulz_kernel, examples=examples)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ortho_verify import check_optimizer, check_orthogonalizer
-from ortho_verify.planted_muon import (
+from ortho_verify.planted.muon import (
     JORDAN_CONVENTIONS,
     TORCH_STYLE_CONVENTIONS,
     JordanStyleMuon,
@@ -16,7 +16,7 @@ from ortho_verify.planted_muon import (
     inplace_kernel,
     planted,
 )
-from ortho_verify.results import FAILURE_KINDS, CheckResult, failure_kind, verdict_text
+from ortho_verify.report.results import FAILURE_KINDS, CheckResult, failure_kind, verdict_text
 
 FAST = dict(steps=2, statistical_matrices=0, shapes=((12, 8), (8, 12)))
 

@@ -16,14 +16,14 @@ import torch
 import ortho_fast
 from ortho_verify import ORTHO_MUON, MuonConventions, check_optimizer
 from ortho_verify.conventions import NORMUON
-from ortho_verify.planted_muon import (
+from ortho_verify.planted.muon import (
     JORDAN_CONVENTIONS,
     TORCH_STYLE_CONVENTIONS,
     JordanStyleMuon,
     TorchStyleMuon,
     planted,
 )
-from ortho_verify.results import verdict
+from ortho_verify.report.results import verdict
 
 STAT = dict(shapes=((4, 2),), steps=2, param_dtype=torch.bfloat16, statistical_matrices=16, statistical_shape=(24, 16))
 

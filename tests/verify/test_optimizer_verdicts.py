@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from ortho_verify import tolerances as tol
+from ortho_verify.checks.optimizer_checks import check_optimizer
 from ortho_verify.conventions import MuonConventions
-from ortho_verify.optimizer_checks import check_optimizer
-from ortho_verify.planted_muon import (
+from ortho_verify.planted.muon import (
     JORDAN_CONVENTIONS,
     TORCH_STYLE_CONVENTIONS,
     JordanStyleMuon,

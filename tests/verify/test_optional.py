@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ortho_verify import optional, plots, report
-from ortho_verify.results import measured
+from ortho_verify import optional
+from ortho_verify.report import plots, terminal as report
+from ortho_verify.report.results import measured
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRA = "pip install 'ortho-optim[verify]'"
@@ -57,7 +58,8 @@ def test_light_modules_need_no_optional_dependency():
     """tolerances and registry import with matplotlib, rich and hypothesis missing; the checks and
     the orthogonalizer check too (hypothesis only for the strategies)."""
     code = ("import ortho_verify.tolerances, ortho_verify.registry\n"
-            "import ortho_verify.api, ortho_verify.checks, ortho_verify.report, ortho_verify.plots, ortho_verify.cli\n"
+            "import ortho_verify.api, ortho_verify.checks, ortho_verify.report.terminal, ortho_verify.report.plots\n"
+            "import ortho_verify.cli.main\n"
             "assert not any(m in sys.modules for m in ('matplotlib.pyplot', 'rich.console'))\n"
             "try:\n"
             "    import ortho_verify.strategies\n"
@@ -70,7 +72,7 @@ def test_light_modules_need_no_optional_dependency():
 
 
 def test_ortho_verify_command_without_rich_says_which_extra():
-    run = _run_without("from ortho_verify.cli import main\nmain(['--quick', '--no-real', '--no-plots', '--out', "
+    run = _run_without("from ortho_verify.cli.main import main\nmain(['--quick', '--no-real', '--no-plots', '--out', "
                        "'/nonexistent/never-written'])\n", "rich")
     assert run.returncode != 0 and "needs rich" in run.stderr and EXTRA in run.stderr
 
@@ -93,7 +95,7 @@ sys.meta_path.insert(0, _Uninstalled())
 @pytest.mark.parametrize("entry", ["console_main", "python -m"])
 def test_command_without_the_extra_is_one_line_and_exit_2(blocked, entry):
     """``ortho-verify`` installed without the extra: one line naming it on stderr, exit 2, no traceback."""
-    run_it = ("from ortho_verify.console import console_main\nsys.exit(console_main(['--quick']))\n"
+    run_it = ("from ortho_verify.cli.console import console_main\nsys.exit(console_main(['--quick']))\n"
               if entry == "console_main" else "import runpy\nrunpy.run_module('ortho_verify', run_name='__main__')\n")
     run = subprocess.run([sys.executable, "-c", BLOCKER.format(blocked=set(blocked)) + run_it], cwd=ROOT,
                          capture_output=True, text=True, timeout=180)
@@ -112,4 +114,4 @@ def test_extra_modules_are_the_extra_of_pyproject():
     declared = [r.split(">")[0].split("=")[0].strip() for r in project["optional-dependencies"][optional.EXTRA]]
     assert sorted(declared) == sorted(optional.EXTRA_MODULES)
     assert project["name"] == optional.DISTRIBUTION
-    assert project["scripts"]["ortho-verify"] == "ortho_verify.console:console_main"
+    assert project["scripts"]["ortho-verify"] == "ortho_verify.cli.console:console_main"

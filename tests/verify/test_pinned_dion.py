@@ -19,7 +19,7 @@ import pytest
 import ortho_ref
 from ortho_verify import tolerances as tol
 from ortho_verify.checks.dion import dion_reference_rows
-from ortho_verify.error_feedback import DionTrace, identity_rows
+from ortho_verify.checks.error_feedback import DionTrace, identity_rows
 
 #: Plant sizes relative to the pinned tolerance: beyond (must fail) and inside (must pass).
 #: Both are within 10x of 1, so a tolerance loosened or tightened 10x flips one verdict.

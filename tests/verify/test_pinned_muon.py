@@ -18,8 +18,8 @@ import ortho_ref
 from ortho_verify.api import check_optimizer, optimizer_inputs
 from ortho_verify.checks.muon import MUON_CONFIGS, check_muon
 from ortho_verify.checks.newton_schulz import compare_ns_output
-from ortho_verify.planted import CORRECT_OPTIMIZERS, SimpleMuon
-from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
+from ortho_verify.inputs.spectra import MatrixCase, matrix_with_spectrum
+from ortho_verify.planted.bugs import CORRECT_OPTIMIZERS, SimpleMuon
 
 BEYOND, INSIDE = 2.0, 0.5
 U32, U64 = 2.0**-24, 2.0**-53

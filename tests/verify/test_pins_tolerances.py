@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import ortho_ref
-from ortho_verify import baseline, tolerances as tol
-from ortho_verify.results import CheckResult, measured
+from ortho_verify import tolerances as tol
+from ortho_verify.report import baseline
+from ortho_verify.report.results import CheckResult, measured
 
 BEYOND, INSIDE = 2.0, 0.5
 PLANTS = [(BEYOND, False), (INSIDE, True)]
@@ -30,7 +31,7 @@ PIN_EF_BOOKKEEPING = 6.72e-06
 
 
 def _passes(error: float, tolerance: float) -> bool:
-    """The judge's comparison (``ortho_verify.results.measured``)."""
+    """The judge's comparison (``ortho_verify.report.results.measured``)."""
     return measured("pin", "pinned", "", error, tolerance).passed
 
 

@@ -18,7 +18,7 @@ from ortho_verify import (
     check_orthogonalizer,
     check_orthogonalizer_example,
 )
-from ortho_verify.planted import CORRECT_OPTIMIZERS, PLANTED_BUGS, newton_schulz_kernel
+from ortho_verify.planted.bugs import CORRECT_OPTIMIZERS, PLANTED_BUGS, newton_schulz_kernel
 from ortho_verify.strategies import build_example, spectral_examples, target_worst_ratio
 
 

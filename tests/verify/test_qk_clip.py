@@ -12,7 +12,7 @@ from ortho_verify.checks.qk_clip import (
     qk_clip_jobs,
     qk_clip_logits,
 )
-from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
+from ortho_verify.inputs.spectra import MatrixCase, matrix_with_spectrum
 
 DTYPES = ("float64", "float32", "bfloat16")
 

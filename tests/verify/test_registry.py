@@ -12,7 +12,8 @@ import pytest
 import ortho_fast
 from ortho_fast.groups.dion import DION_DEFAULTS
 from ortho_fast.groups.muon import MUON_DEFAULTS
-from ortho_verify import checks, cli, registry, reproduce, sharding
+from ortho_verify import checks, registry, reproduce, sharding
+from ortho_verify.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import ortho_fast
 import ortho_verify
 from ortho_verify import MuonConventions, check_optimizer, check_orthogonalizer
 from ortho_verify.api import REPLAY_HINT
-from ortho_verify.planted import SimpleMuon, newton_schulz_kernel
+from ortho_verify.planted.bugs import SimpleMuon, newton_schulz_kernel
 from ortho_verify.replay import replay_example
 from ortho_verify.strategies import build_example
 

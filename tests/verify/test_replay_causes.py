@@ -12,7 +12,7 @@ import torch
 import ortho_ref
 from ortho_verify import check_orthogonalizer
 from ortho_verify.checks.replay_causes import reshaped_cause, stored_precision
-from ortho_verify.planted import newton_schulz_kernel
+from ortho_verify.planted.bugs import newton_schulz_kernel
 
 JORDAN = ortho_ref.schedule("jordan")
 

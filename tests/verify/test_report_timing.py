@@ -8,8 +8,8 @@ import math
 
 from hypothesis import given, strategies as st
 
-from ortho_verify import cli
-from ortho_verify.results import format_worst_ratio, measured, report_body, summary, write_reports
+from ortho_verify.cli import main as cli
+from ortho_verify.report.results import format_worst_ratio, measured, report_body, summary, write_reports
 
 
 def test_an_exact_check_that_holds_has_ratio_0_and_shows_exact():

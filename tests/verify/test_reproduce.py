@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 from ortho_fast.functional.muon import adjusted_lr_scale
-from ortho_verify import cli, data, reproduce as rp
+from ortho_verify import reproduce as rp
+from ortho_verify.cli import main as cli
+from ortho_verify.inputs import data
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = (1, 2, 3)

@@ -14,7 +14,8 @@ from hypothesis import given, strategies as st
 import ortho_fast
 from ortho_fast.groups.dion2 import DION2_DEFAULTS
 from ortho_fast.groups.muon import MUON_DEFAULTS
-from ortho_verify import data, registry, reproduce as rp
+from ortho_verify import registry, reproduce as rp
+from ortho_verify.inputs import data
 from ortho_verify.reproduce.cache import code_files, method_fingerprint
 from ortho_verify.reproduce.scaling import DEFAULT_SWEEP, QUICK_SWEEP
 

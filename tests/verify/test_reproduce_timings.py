@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ortho_verify import measured
+from ortho_verify.cli import measured
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("timings_script", ROOT / "scripts" / "timings.py")

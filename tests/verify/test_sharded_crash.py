@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from ortho_verify import check_sharded_optimizer
-from ortho_verify.results import failure_kind
-from ortho_verify.sharded_check import DEFAULT_SHARDED_SHAPES, crash_kind
+from ortho_verify.report.results import failure_kind
 from ortho_verify.sharding.layouts import SHARDED_LAYOUTS
 from ortho_verify.sharding.planted_optimizers import crashing_muon_factory
+from ortho_verify.sharding.sharded_check import DEFAULT_SHARDED_SHAPES, crash_kind
 
 LAYOUTS = {lay.name: lay for lay in SHARDED_LAYOUTS}
 

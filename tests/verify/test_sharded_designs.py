@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ortho_verify import check_sharded_optimizer
-from ortho_verify.results import failure_kind
+from ortho_verify.report.results import failure_kind
 from ortho_verify.sharding.crashes import BACKEND_KIND, COMBINED_KIND
 from ortho_verify.sharding.planted_designs import future_muon_factory, owner_batch_muon_factory
 from ortho_verify.sharding.planted_optimizers import planted_muon_conventions, planted_muon_factory

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ortho_verify.sharded_check import DEFAULT_SHARDED_SHAPES, labelled_shapes, parse_shapes
 from ortho_verify.sharding.crashes import backend_feature, headline, user_frame_in
 from ortho_verify.sharding.layouts import SHARDED_LAYOUTS
+from ortho_verify.sharding.sharded_check import DEFAULT_SHARDED_SHAPES, labelled_shapes, parse_shapes
 
 LAYOUTS = {lay.name: lay for lay in SHARDED_LAYOUTS}
 

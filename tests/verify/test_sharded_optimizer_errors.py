@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from ortho_verify import MuonConventions, check_sharded_optimizer
-from ortho_verify.sharded_check import load_factory
 from ortho_verify.sharding import PlantedMuon, planted_muon_factory
+from ortho_verify.sharding.sharded_check import load_factory
 
 SHAPES = ((8, 6),)
 

@@ -13,8 +13,8 @@ from hypothesis import given, strategies as st
 
 from ortho_verify import sharding
 from ortho_verify.sharding import LAYOUTS, Layout, analytic_volume, layouts_for
+from ortho_verify.sharding.workers import run_workers
 from ortho_verify.tolerances import sharded_tolerance
-from ortho_verify.workers import run_workers
 
 # ---------------------------------------------------------------------------------------
 # The layout list (no processes)

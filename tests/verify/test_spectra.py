@@ -1,10 +1,10 @@
-"""Tests for ortho_verify.spectra: Haar matrices and matrices with prescribed spectra."""
+"""Tests for ortho_verify.inputs.spectra: Haar matrices and matrices with prescribed spectra."""
 
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from ortho_verify.spectra import MatrixCase, haar_orthogonal, matrix_with_spectrum, synthetic_matrices
+from ortho_verify.inputs.spectra import MatrixCase, haar_orthogonal, matrix_with_spectrum, synthetic_matrices
 from ortho_verify.tolerances import U64 as U, prescribed_spectrum_tolerance
 
 

@@ -14,7 +14,7 @@ import torch
 
 import ortho_fast.functional.muon_stages as fast_stages  # patch points: equilibrate, renormalize_factor, normuon_factor
 from ortho_verify.checks import stages as stage_checks
-from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
+from ortho_verify.inputs.spectra import MatrixCase, matrix_with_spectrum
 
 
 def _case(m, n, cond=1e2, seed=0):

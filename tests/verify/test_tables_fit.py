@@ -10,9 +10,9 @@ import re
 import pytest
 from hypothesis import given, strategies as st
 
-from ortho_verify import report
-from ortho_verify.results import measured, no_claim
-from ortho_verify.tables import ELLIPSIS, column_widths, wrap_cell
+from ortho_verify.report import terminal as report
+from ortho_verify.report.results import measured, no_claim
+from ortho_verify.report.tables import ELLIPSIS, column_widths, wrap_cell
 
 rich_console = pytest.importorskip("rich.console")
 

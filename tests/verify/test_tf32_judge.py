@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from ortho_verify import check_orthogonalizer
 from ortho_verify.api import default_examples
-from ortho_verify.planted import JORDAN, round_to_tf32, tf32_newton_schulz_kernel
+from ortho_verify.planted.bugs import JORDAN, round_to_tf32, tf32_newton_schulz_kernel
 from ortho_verify.tolerances import TF32_UNIT_ROUNDOFF, operand_roundings, per_product_roundoff, unit_roundoff
 
 finite32 = st.floats(-2.0**127, 2.0**127, allow_nan=False, width=32)

@@ -1,8 +1,8 @@
 """The checks of ``ortho-verify``: the fast side measured against the oracle.
 
-Each check returns ``CheckResult`` rows (``ortho_verify.results``): what was measured, on which
+Each check returns ``CheckResult`` rows (``ortho_verify.report.results``): what was measured, on which
 input, the error, the tolerance from ``ortho_verify.tolerances`` and whether it passed. Inputs
-are float64 numpy matrices (``ortho_verify.spectra.MatrixCase``); the fast side runs in the dtype
+are float64 numpy matrices (``ortho_verify.inputs.spectra.MatrixCase``); the fast side runs in the dtype
 under test. By subject:
 
 - ``ortho_verify.checks.newton_schulz``: coefficient registries, ``newton_schulz`` vs ``ns_map``
@@ -15,27 +15,20 @@ The option sets come from ``ortho_verify.registry``. Every name below stays impo
 ``ortho_verify.checks`` (the result types and ``as_float64`` / ``TORCH_DTYPES`` too).
 """
 
-from ortho_verify.arrays import TORCH_DTYPES, as_float64
-from ortho_verify.checks.dion import DION_VARIANTS, check_dion, dion_reference_rows, dion_sketches
-from ortho_verify.checks.dion2 import DION2_CONFIGS, check_dion2, check_dion2_optimizer, compare_dion2_step
-from ortho_verify.checks.muon import (
-    LAYOUT_BANK,
-    LAYOUT_HEADS,
-    MUON_CONFIGS,
-    check_muon,
-    check_muon_layouts,
-    check_torch_muon,
-)
-from ortho_verify.checks.newton_schulz import (
+from ..inputs.arrays import TORCH_DTYPES, as_float64
+from ..report.results import CheckResult, measured, no_claim, verdict
+from .dion import DION_VARIANTS, check_dion, dion_reference_rows, dion_sketches
+from .dion2 import DION2_CONFIGS, check_dion2, check_dion2_optimizer, compare_dion2_step
+from .muon import LAYOUT_BANK, LAYOUT_HEADS, MUON_CONFIGS, check_muon, check_muon_layouts, check_torch_muon
+from .newton_schulz import (
     SHARP_SINGULAR_VALUE_TOLERANCE,
     case_svd,
     check_coefficient_registries,
     check_newton_schulz,
     compare_ns_output,
 )
-from ortho_verify.checks.qk_clip import QK_CLIP_PLANTED, check_qk_clip, qk_clip_jobs
-from ortho_verify.checks.stages import check_muon_stages, stage_jobs
-from ortho_verify.results import CheckResult, measured, no_claim, verdict
+from .qk_clip import QK_CLIP_PLANTED, check_qk_clip, qk_clip_jobs
+from .stages import check_muon_stages, stage_jobs
 
 __all__ = [
     "check_muon_stages", "stage_jobs",

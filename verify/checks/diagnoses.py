@@ -14,8 +14,9 @@ import dataclasses
 import numpy as np
 
 import ortho_ref
-from ortho_verify.kinds import headline_cause
-from ortho_verify.results import CheckResult
+
+from ..kinds import headline_cause
+from ..report.results import CheckResult
 
 __all__ = ["CAUSE_TEXT", "LR_SCALE_ALIASES", "headline_cause", "lr_scale_pair", "map_candidates",
            "momentum_form_candidates", "map_fit_cause", "momentum_cause", "ns_output_cause", "scale_cause",

@@ -14,11 +14,13 @@ import torch
 import ortho_fast
 import ortho_ref
 from ortho_fast.functional.qr import gaussian_sketch, sketch_generator
-from ortho_verify import error_feedback, registry, tolerances as tol
-from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, rounded
-from ortho_verify.checks.gauge import align_column_signs
-from ortho_verify.results import CheckResult, measured, no_claim
-from ortho_verify.spectra import MatrixCase
+
+from .. import registry, tolerances as tol
+from ..inputs.arrays import TORCH_DTYPES, as_float64, case_array, rounded
+from ..inputs.spectra import MatrixCase
+from ..report.results import CheckResult, measured, no_claim
+from . import error_feedback
+from .gauge import align_column_signs
 
 __all__ = ["DION_VARIANTS", "check_dion", "dion_reference_rows", "dion_sketches", "never_transposed_dion_step"]
 
@@ -90,7 +92,7 @@ def check_dion(case: MatrixCase, rank_fraction: float, dtype: str, variant: str 
 
     Default options (``variant`` and ``state_dtype`` None): rows ``dion_vs_reference``
     within ``dion_tolerances``, plus the error-feedback identity M_new = B − (1−μ)PRᵀ and
-    PᵀP = I measured on the fast side's own P and R (``ortho_verify.error_feedback.identity_rows``).
+    PᵀP = I measured on the fast side's own P and R (``ortho_verify.checks.error_feedback.identity_rows``).
     Otherwise the options of ``DION_VARIANTS[variant]`` on both sides (the reference's own
     sketches from ``seed``; the tolerance takes κ₂(Y R_s⁻¹) of the sketches the optimizer drew,
     ``dion_sketches``) and mixed precision (``state_dtype`` as microsoft/dion's

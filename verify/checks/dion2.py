@@ -18,11 +18,12 @@ import ortho_fast
 import ortho_ref
 from ortho_fast.groups.dion2 import DION2_DEFAULTS
 from ortho_ref.dion2 import dion2_num_selected, dion2_step
-from ortho_verify import registry
-from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array
-from ortho_verify.results import CheckResult, measured, no_claim
-from ortho_verify.spectra import MatrixCase
-from ortho_verify.tolerances.dion2 import dion2_norm_tolerances, dion2_selection_violation, dion2_step_tolerances
+
+from .. import registry
+from ..inputs.arrays import TORCH_DTYPES, as_float64, case_array
+from ..inputs.spectra import MatrixCase
+from ..report.results import CheckResult, measured, no_claim
+from ..tolerances.dion2 import dion2_norm_tolerances, dion2_selection_violation, dion2_step_tolerances
 
 __all__ = ["DION2_CONFIGS", "check_dion2", "check_dion2_optimizer", "compare_dion2_step", "dion2_inputs",
            "fast_dion2_step", "infer_selection",
@@ -190,7 +191,7 @@ def check_dion2_optimizer(optimizer, conventions=None, *, lr: float = 0.02, frac
     >>> all(row.passed for row in check_dion2_optimizer(ortho_fast.Dion2, DION2, shapes=[(8, 4)], steps=2))
     True
     """
-    from ortho_verify.conventions import DION2, Dion2Conventions, coarser_dtype, dtype_name
+    from ..conventions import DION2, Dion2Conventions, coarser_dtype, dtype_name
 
     conventions = DION2 if conventions is None else conventions
     if not isinstance(conventions, Dion2Conventions):

@@ -13,10 +13,11 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from ortho_verify import registry, tolerances as tol
-from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, case_rng
-from ortho_verify.results import CheckResult, measured
-from ortho_verify.spectra import MatrixCase
+
+from .. import registry, tolerances as tol
+from ..inputs.arrays import TORCH_DTYPES, as_float64, case_array, case_rng
+from ..inputs.spectra import MatrixCase
+from ..report.results import CheckResult, measured
 
 __all__ = ["LAYOUT_BANK", "LAYOUT_HEADS", "MUON_CONFIGS", "check_muon", "check_muon_layouts", "check_torch_muon"]
 
@@ -24,7 +25,7 @@ __all__ = ["LAYOUT_BANK", "LAYOUT_HEADS", "MUON_CONFIGS", "check_muon", "check_m
 #: ``ortho_verify.registry.MUON_CONFIGS`` (their sources are in ``ortho_verify.registry.CONFIGS``).
 MUON_CONFIGS = registry.MUON_CONFIGS
 
-#: Heads per q / k / v block in ``check_muon_layouts`` (the n_heads of ``ortho_verify.data``'s GPT,
+#: Heads per q / k / v block in ``check_muon_layouts`` (the n_heads of ``ortho_verify.inputs.data``'s GPT,
 #: whose fused qkv weight is (3·d, d) with rows ordered q heads, k heads, v heads).
 LAYOUT_HEADS = 4
 #: Same-shape matrices stacked into one bank in ``check_muon_layouts``.

@@ -1,7 +1,7 @@
 """Newton–Schulz checks of ``ortho-verify``: the coefficient registries and ``ortho_fast.newton_schulz``
 against the oracle's ``ns_map`` and exact band (Amsel et al., arXiv 2505.16932, Sec. 2).
 
-Inputs are float64 numpy matrices (``ortho_verify.spectra.MatrixCase``); the fast side runs in
+Inputs are float64 numpy matrices (``ortho_verify.inputs.spectra.MatrixCase``); the fast side runs in
 the dtype under test; tolerances from ``ortho_verify.tolerances``.
 """
 
@@ -15,12 +15,13 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from ortho_verify import tolerances as tol
-from ortho_verify.arrays import TORCH_DTYPES
-from ortho_verify.checks.diagnoses import ns_output_cause, with_cause
-from ortho_verify.checks.replay_causes import replay_cause
-from ortho_verify.results import CheckResult, measured
-from ortho_verify.spectra import MatrixCase
+
+from .. import tolerances as tol
+from ..inputs.arrays import TORCH_DTYPES
+from ..inputs.spectra import MatrixCase
+from ..report.results import CheckResult, measured
+from .diagnoses import ns_output_cause, with_cause
+from .replay_causes import replay_cause
 
 __all__ = ["SHARP_SINGULAR_VALUE_TOLERANCE", "case_svd", "check_coefficient_registries", "check_newton_schulz",
            "compare_ns_output"]

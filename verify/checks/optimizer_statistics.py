@@ -21,18 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 import ortho_ref
-from ortho_verify.checks.diagnoses import (
-    CAUSE_TEXT,
-    lr_scale_pair,
-    map_candidates,
-    momentum_form_candidates,
-    with_cause,
-)
-from ortho_verify.checks.statistical import worst_direction
-from ortho_verify.results import CheckResult, measured
-from ortho_verify.spectra import matrix_with_spectrum
-from ortho_verify.tolerances import statistical as stat
-from ortho_verify.tolerances.optimizer_statistical import optimizer_rounding_moments
+
+from ..inputs.spectra import matrix_with_spectrum
+from ..report.results import CheckResult, measured
+from ..tolerances import statistical as stat
+from ..tolerances.optimizer_statistical import optimizer_rounding_moments
+from .diagnoses import CAUSE_TEXT, lr_scale_pair, map_candidates, momentum_form_candidates, with_cause
+from .statistical import worst_direction
 
 __all__ = ["MIN_STATISTICAL_MATRICES", "STATISTICAL_GRADIENT_NORM", "STATISTICAL_MATRICES", "STATISTICAL_SHAPE",
            "STATISTICAL_STEPS", "StatisticalInputs", "optimizer_mean_deviation", "statistical_inputs"]

@@ -6,9 +6,9 @@ Used by ``check_orthogonalizer`` after its rows are made. docs/verification.md, 
 
 from __future__ import annotations
 
-from ortho_verify.checks.diagnoses import with_cause
-from ortho_verify.checks.replay_causes import RESHAPED_CAUSE, STORED_PRECISION_CAUSE
-from ortho_verify.kinds import failure_kind
+from ..kinds import failure_kind
+from .diagnoses import with_cause
+from .replay_causes import RESHAPED_CAUSE, STORED_PRECISION_CAUSE
 
 #: Row causes from a replay (``ortho_verify.checks.replay_causes``): kept after the confined cause.
 REPLAY_CAUSES = (RESHAPED_CAUSE, STORED_PRECISION_CAUSE)

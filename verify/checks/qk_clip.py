@@ -29,11 +29,12 @@ import torch
 import ortho_fast
 import ortho_ref.qk_clip as ref_qk
 from ortho_fast.functional import qk_clip as fast_qk
-from ortho_verify import registry
-from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, case_rng
-from ortho_verify.results import CheckResult, measured, no_claim
-from ortho_verify.spectra import MatrixCase
-from ortho_verify.tolerances.qk_clip import qk_clip_tolerance
+
+from .. import registry
+from ..inputs.arrays import TORCH_DTYPES, as_float64, case_array, case_rng
+from ..inputs.spectra import MatrixCase
+from ..report.results import CheckResult, measured, no_claim
+from ..tolerances.qk_clip import qk_clip_tolerance
 
 __all__ = ["QK_CLIP_CONTROL", "QK_CLIP_HEADS", "QK_CLIP_LAYOUTS", "QK_CLIP_PLANTED", "QK_CLIP_THRESHOLD",
            "check_qk_clip", "qk_clip_jobs", "qk_clip_logits"]
@@ -166,7 +167,7 @@ def check_qk_clip(case: MatrixCase, dtype: str, layout: str = "qkv concatenated"
 
 
 def qk_clip_jobs(cases, dtypes=registry.QK_CLIP_DTYPES) -> list[tuple[str, callable]]:
-    """(label, thunk) of every QK-clip row of ``ortho-verify`` (for ``ortho_verify.cli.plan_jobs``)."""
+    """(label, thunk) of every QK-clip row of ``ortho-verify`` (for ``ortho_verify.cli.main.plan_jobs``)."""
     return [(f"QK-clip {layout}/{dtype} {case.name}",
              lambda c=case, d=dtype, lay=layout: check_qk_clip(c, d, lay))
             for case in cases for layout in QK_CLIP_LAYOUTS for dtype in dtypes]

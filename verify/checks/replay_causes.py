@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 import ortho_ref
-from ortho_verify.checks.diagnoses import map_candidates
+
+from .diagnoses import map_candidates
 
 __all__ = ["COARSER_PRECISIONS", "RESHAPED_CAUSE", "STORED_PRECISION_CAUSE", "STORED_PRECISIONS",
            "precision_cause", "replay_cause", "reshaped_cause", "stored_precision"]

@@ -15,12 +15,13 @@ import torch
 import ortho_fast
 import ortho_ref
 from ortho_ref import muon_stages as ref_stages
-from ortho_verify import registry, tolerances as tol
-from ortho_verify.arrays import TORCH_DTYPES, as_float64, case_array, rounded
-from ortho_verify.conventions import table_and_normalization
-from ortho_verify.results import CheckResult, measured
-from ortho_verify.spectra import MatrixCase
-from ortho_verify.tolerances.stages import equilibration_error, stage_tolerances
+
+from .. import registry, tolerances as tol
+from ..conventions import table_and_normalization
+from ..inputs.arrays import TORCH_DTYPES, as_float64, case_array, rounded
+from ..inputs.spectra import MatrixCase
+from ..report.results import CheckResult, measured
+from ..tolerances.stages import equilibration_error, stage_tolerances
 
 __all__ = ["STAGE_CONFIGS", "STAGE_DTYPES", "StageRun", "StepInputs", "check_muon_stages", "fast_stage_step",
            "stage_errors", "stage_jobs", "stage_map_errors", "stage_reference", "stage_step_rows"]

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 import ortho_ref
-from ortho_verify.checks.diagnoses import map_fit_cause, ns_output_cause, with_cause
-from ortho_verify.results import CheckResult, measured
-from ortho_verify.spectra import matrix_with_spectrum
-from ortho_verify.tolerances import NS_FORMS, statistical as stat
-from ortho_verify.tolerances.gram_statistical import gram_rounding_moments
+
+from ..inputs.spectra import matrix_with_spectrum
+from ..report.results import CheckResult, measured
+from ..tolerances import NS_FORMS, statistical as stat
+from ..tolerances.gram_statistical import gram_rounding_moments
+from .diagnoses import map_fit_cause, ns_output_cause, with_cause
 
 __all__ = ["CLI_QUICK_STATISTICAL_SCHEDULES", "CLI_STATISTICAL_MATRICES", "STATISTICAL_SPECS", "StatisticalBatch",
            "check_ns_statistics",

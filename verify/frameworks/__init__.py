@@ -14,8 +14,8 @@ missing (``require``).
 
 from __future__ import annotations
 
-from ortho_verify.frameworks.extra import EXTRA, INSTALL_HINT, require
-from ortho_verify.frameworks.kernel import jax_kernel
-from ortho_verify.frameworks.optax_adapter import OptaxOptimizer, optax_optimizer
+from .extra import EXTRA, INSTALL_HINT, require
+from .kernel import jax_kernel
+from .optax_adapter import OptaxOptimizer, optax_optimizer
 
 __all__ = ["EXTRA", "INSTALL_HINT", "OptaxOptimizer", "jax_kernel", "optax_optimizer", "require"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ortho_verify.frameworks.extra import require
+from .extra import require
 
 __all__ = ["DTYPES", "to_jax", "to_torch"]
 

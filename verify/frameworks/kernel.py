@@ -8,8 +8,8 @@ from typing import Callable
 
 import torch
 
-from ortho_verify.frameworks.convert import to_jax, to_torch
-from ortho_verify.frameworks.extra import require
+from .convert import to_jax, to_torch
+from .extra import require
 
 __all__ = ["jax_kernel"]
 

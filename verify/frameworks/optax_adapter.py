@@ -11,9 +11,9 @@ from typing import Callable
 
 import torch
 
-from ortho_verify.frameworks.convert import to_jax, to_torch
-from ortho_verify.frameworks.extra import require
-from ortho_verify.frameworks.pytrees import attach_state, key_tuple, params_tree, path_name, restore_inactive
+from .convert import to_jax, to_torch
+from .extra import require
+from .pytrees import attach_state, key_tuple, params_tree, path_name, restore_inactive
 
 __all__ = ["LAYOUTS", "MOMENTUM_NAMES", "OptaxOptimizer", "optax_optimizer"]
 

@@ -19,7 +19,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ortho_verify.arguments import EXIT_FAILED, EXIT_PASSED, EXIT_USAGE, SuggestingParser, check_output_file
+from ..cli.arguments import EXIT_FAILED, EXIT_PASSED, EXIT_USAGE, SuggestingParser, check_output_file
 
 __all__ = ["build_parser", "identification_json", "main", "resolve", "wrap"]
 
@@ -111,7 +111,7 @@ def _is_optimizer_class(obj) -> bool:
 def identify(obj, args):
     """``identify_orthogonalizer`` or ``identify_optimizer`` on ``obj`` (see the module docstring).
     Raises: ValueError when ``obj`` is neither (the message names what was probed and what came back)."""
-    from ortho_verify.identify.kernel import identify_orthogonalizer
+    from .kernel import identify_orthogonalizer
 
     if not callable(obj):
         raise ValueError(f"{type(obj).__name__} is not callable: expected a kernel, an optimizer class or a factory")
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``ortho-verify identify``; returns the exit code (0 passed, 1 failed, 2 usage error)."""
     import torch
 
-    from ortho_verify.report import terminal_width
+    from ..report.terminal import terminal_width
 
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))

@@ -10,9 +10,10 @@ import math
 import numpy as np
 import torch
 
-from ortho_verify.arrays import TORCH_DTYPES
-from ortho_verify.identify.kernel_fit import closest_variant, fit_normalizers, fit_schedules, normalization_spread
-from ortho_verify.identify.kernel_probe import (
+from ..checks.kernel_calls import DEFAULT_TIMEOUT_S
+from ..inputs.arrays import TORCH_DTYPES
+from .kernel_fit import closest_variant, fit_normalizers, fit_schedules, normalization_spread
+from .kernel_probe import (
     choose_precision,
     eps_evidence,
     form_evidence,
@@ -22,11 +23,10 @@ from ortho_verify.identify.kernel_probe import (
     statistical_outputs,
     statistical_ratio,
 )
-from ortho_verify.identify.known import KNOWN_NORMALIZATIONS, known_normalization, known_schedule
-from ortho_verify.identify.probes import MAIN_SHAPE, Probe, call_probe, main_probes, read_map, tiny_probes
-from ortho_verify.identify.result import Evidence, Identification
-from ortho_verify.identify.snippet import declaration_snippet
-from ortho_verify.kernel_calls import DEFAULT_TIMEOUT_S
+from .known import KNOWN_NORMALIZATIONS, known_normalization, known_schedule
+from .probes import MAIN_SHAPE, Probe, call_probe, main_probes, read_map, tiny_probes
+from .result import Evidence, Identification
+from .snippet import declaration_snippet
 
 __all__ = ["DECLARABLE", "identify_orthogonalizer"]
 
@@ -37,15 +37,15 @@ DECLARABLE = ("coefficients", "steps", "safety", "eps", "eps_mode", "dtype", "co
 
 def _input_dtype(declared: dict) -> str:
     """The probes' dtype: the declared ``dtype`` (float32 by default; "high" / "tf32" take float32)."""
-    from ortho_verify.conventions import dtype_name
-    from ortho_verify.examples import DTYPES
+    from ..conventions import dtype_name
+    from ..inputs.examples import DTYPES
 
     dtype = declared.get("dtype", torch.float32)
     return "float32" if isinstance(dtype, str) and dtype in ("high", "tf32") else dtype_name(dtype, DTYPES)
 
 
 def _pinned_compute(declared: dict) -> str | None:
-    from ortho_verify.api import compute_name
+    from ..api import compute_name
 
     if "compute_dtype" in declared or "dtype" in declared:
         return compute_name(declared.get("dtype", torch.float32), declared.get("compute_dtype"))
@@ -286,7 +286,7 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
         decl.pop("steps", None)
     report = None
     if judge:
-        from ortho_verify.api import check_orthogonalizer
+        from ..api import check_orthogonalizer
 
         report = check_orthogonalizer(fn, seed=seed, device=device, timeout_s=timeout_s, **decl)
     return Identification("orthogonalizer", fitted, decl, declaration_snippet(fn, decl), evidence, report, diffs)

@@ -28,7 +28,7 @@ GRID_RANGE = 100.0
 
 
 def _table(name: str, steps: int) -> np.ndarray:
-    from ortho_verify.identify.known import known_schedule
+    from .known import known_schedule
 
     return known_schedule(name).table(steps)
 
@@ -103,7 +103,7 @@ def fit_schedules(maps, names=None, max_steps: int = MAX_STEPS) -> list[MapFit]:
     left every fit has rms inf."""
     usable = [m for m in maps if np.all(np.isfinite(m[1]))]
     out = []
-    from ortho_verify.identify.known import schedule_names
+    from .known import schedule_names
 
     for name in names or schedule_names():
         for steps in range(1, max_steps + 1):

@@ -11,12 +11,12 @@ import math
 import numpy as np
 import torch
 
-from ortho_verify.arrays import TORCH_DTYPES
-from ortho_verify.checks.newton_schulz import compare_ns_output
-from ortho_verify.checks.statistical import STATISTICAL_SPECS, compare_ns_statistics, statistical_batch
-from ortho_verify.conventions import table_and_normalization
-from ortho_verify.identify.probes import Probe, call_probe
-from ortho_verify.identify.result import Evidence
+from ..checks.newton_schulz import compare_ns_output
+from ..checks.statistical import STATISTICAL_SPECS, compare_ns_statistics, statistical_batch
+from ..conventions import table_and_normalization
+from ..inputs.arrays import TORCH_DTYPES
+from .probes import Probe, call_probe
+from .result import Evidence
 
 __all__ = ["PRECISION_ORDER", "declared_table", "eps_evidence", "form_evidence", "precision_candidates",
            "probe_ratio", "safety_candidates", "statistical_outputs", "statistical_ratio"]
@@ -127,8 +127,8 @@ def eps_evidence(probes, outputs, decl, compute, table, safety, known_eps) -> tu
     side, each in both modes. A candidate's discrepancy is maxⱼ |log(ν_pred,j / νⱼ)|; the chosen one has the
     smallest among those whose rows reproduce the probes (``probe_ratio`` ≤ 1: the judge's own tolerance,
     which in bfloat16 cannot tell a 10× eps apart in the directions it moves), the runner-up the next."""
-    from ortho_verify.identify.kernel_fit import fit_normalizers
-    from ortho_verify.identify.probes import read_map
+    from .kernel_fit import fit_normalizers
+    from .probes import read_map
 
     usable = [(p, y) for p, y in zip(probes, outputs) if y is not None and np.all(np.isfinite(y))]
     if not usable:

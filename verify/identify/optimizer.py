@@ -10,10 +10,11 @@ import numpy as np
 import torch
 
 import ortho_ref
-from ortho_verify.conventions import MuonConventions
-from ortho_verify.identify import optimizer_fit as fit
-from ortho_verify.identify.optimizer_probes import Prober, hyperparameter_names, spectrum_matrix
-from ortho_verify.identify.result import Evidence, Identification
+
+from ..conventions import MuonConventions
+from . import optimizer_fit as fit
+from .optimizer_probes import Prober, hyperparameter_names, spectrum_matrix
+from .result import Evidence, Identification
 
 __all__ = ["PROBE_LR", "PROBE_MOMENTUM", "PROBE_SHAPES", "identify_optimizer"]
 
@@ -148,7 +149,7 @@ def _stage_fallback(first_step, schedule, eps_mode, form, evidence, differences,
     pipeline stages (``optimizer_stages.fit_stages``): adopted when their relative error is below half
     of plain Muon's; the schedule probe's differences are then replaced by the stages' evidence.
     Returns (schedule, mode, factor, stage fields) or None."""
-    from ortho_verify.identify import optimizer_stages as st
+    from . import optimizer_stages as st
 
     probe_diffs = [d for d in differences if d.startswith(("the update's scale", "the Newton-Schulz output",
                                                            "ns_dtype", "coefficients"))]
@@ -302,11 +303,11 @@ def _dtypes(prober, rng) -> tuple:
 def _dion_family(optimizer, prober, defaults, kwargs, rng, evidence, differences, *, judge, seed):
     """The Identification of a Dion2 (its signature) or Dion (a right factor Q in its state after a step)
     optimizer; None for anything else."""
-    from ortho_verify.identify import optimizer_dion as dion
+    from . import optimizer_dion as dion
 
     if dion.is_dion2(defaults):
-        from ortho_verify.devices import describe_device, device_label
-        from ortho_verify.results import VerificationReport
+        from ..devices import describe_device, device_label
+        from ..report.results import VerificationReport
 
         conv, rows = dion.identify_dion2(optimizer, defaults, kwargs, evidence, differences, seed=seed)
         report = VerificationReport(f"{_name(optimizer)} (Dion2Conventions)", rows, {},
@@ -324,7 +325,7 @@ def _dion_family(optimizer, prober, defaults, kwargs, rng, evidence, differences
     conv = dion.identify_dion(prober, defaults, rng, evidence, differences)
     report = None
     if judge:
-        from ortho_verify.optimizer_checks import check_optimizer
+        from ..checks.optimizer_checks import check_optimizer
         report = check_optimizer(optimizer, conv, seed=seed)
     snippet = ("import torch\nfrom ortho_verify import check_optimizer\nfrom ortho_verify.conventions import "
                f"DionConventions\n# optimizer = {_name(optimizer)}\nconventions = {conv!r}\n"
@@ -448,7 +449,7 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
     fits = all(e.fits for e in evidence) and not differences
     report = None
     if judge:
-        from ortho_verify.optimizer_checks import check_optimizer
+        from ..checks.optimizer_checks import check_optimizer
         report = check_optimizer(optimizer, conv, seed=seed, **check_kwargs)
     return Identification("muon", fits, conv, snippet_for(optimizer, conv, check_kwargs, allowed), evidence, report,
                           differences)

@@ -12,9 +12,10 @@ import numpy as np
 import torch
 
 import ortho_ref
-from ortho_verify.conventions import Dion2Conventions, DionConventions, table_and_normalization
-from ortho_verify.identify.optimizer_probes import Prober, spectrum_matrix
-from ortho_verify.identify.result import Evidence
+
+from ..conventions import Dion2Conventions, DionConventions, table_and_normalization
+from .optimizer_probes import Prober, spectrum_matrix
+from .result import Evidence
 
 __all__ = ["DION_QR_NAMES", "dion_q_key", "identify_dion", "identify_dion2", "is_dion2"]
 
@@ -50,7 +51,7 @@ def identify_dion(prober: Prober, defaults: dict, rng, evidence: list, differenc
     candidate (error feedback, right factor, orientation, power iterations) replayed from the observed
     state before step 2 (``ortho_ref.dion_step``) against the weight after it; the qr method and
     epsilon are the signature's (every QR method gives the same P up to column signs: not observable)."""
-    from ortho_verify.checks.dion import never_transposed_dion_step
+    from ..checks.dion import never_transposed_dion_step
 
     if "rank_fraction" in defaults and "rank_fraction" not in prober.extra_kwargs:
         prober = Prober(prober.optimizer, prober.names, {**prober.extra_kwargs, "rank_fraction": 0.5})
@@ -106,7 +107,7 @@ def identify_dion2(optimizer, defaults: dict, extra_kwargs: dict, evidence: list
     """(Dion2Conventions, rows) by judging each candidate (adjust_lr × the registered schedules' closest two)
     with ``check_dion2_optimizer`` for one step and keeping the one with the smallest worst error /
     tolerance; rows: the chosen one's three-step check."""
-    from ortho_verify.checks.dion2 import check_dion2_optimizer
+    from ..checks.dion2 import check_dion2_optimizer
 
     names = {k: k for k in ("lr", "fraction", "ef_decay", "weight_decay")}
     ranked = []

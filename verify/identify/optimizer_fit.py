@@ -14,8 +14,9 @@ import math
 import numpy as np
 
 import ortho_ref
-from ortho_verify import tolerances as tol
-from ortho_verify.conventions import table_and_normalization
+
+from .. import tolerances as tol
+from ..conventions import table_and_normalization
 
 __all__ = ["SCALE_MODES", "fit_decay", "fit_eps", "fit_momentum_form", "fit_scale", "fit_schedule",
            "fit_schedule_directions", "ns_prediction",

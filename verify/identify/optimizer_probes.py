@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ortho_verify.arrays import as_float64
-from ortho_verify.identify.optimizer_kwargs import constructor_kwargs, signature_defaults
-from ortho_verify.optimizer_steps import flat_state
-from ortho_verify.spectra import matrix_with_spectrum
+from ..checks.optimizer_steps import flat_state
+from ..inputs.arrays import as_float64
+from ..inputs.spectra import matrix_with_spectrum
+from .optimizer_kwargs import constructor_kwargs, signature_defaults
 
 __all__ = ["HYPERPARAMETER_CANDIDATES", "ProbeRun", "Prober", "hyperparameter_names", "spectrum_matrix"]
 

@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 import ortho_ref
-from ortho_verify.identify import optimizer_fit as fit
+
+from . import optimizer_fit as fit
 
 __all__ = ["STAGE_COMBINATIONS", "fit_stages", "stage_fields"]
 

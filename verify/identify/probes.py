@@ -1,7 +1,7 @@
 """Designed inputs for identifying a Newton–Schulz kernel, and reading its scalar map.
 
 A probe is a matrix A = U diag(σ) Vᵀ with a prescribed spectrum and Haar singular vectors
-(``ortho_verify.spectra.matrix_with_spectrum``), rounded to the input dtype the kernel is given.
+(``ortho_verify.inputs.spectra.matrix_with_spectrum``), rounded to the input dtype the kernel is given.
 The kernel's output Y is read along the singular directions of the rounded input: yᵢ = uᵢᵀ Y vᵢ is,
 to first order, the map f applied to σᵢ (Stewart & Sun 1990, ch. V), and ‖Y − U diag(y) Vᵀ‖_F / ‖Y‖_F
 says whether Y is a function of the singular values at all. docs/identification.md, "Probes".
@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 import ortho_ref
-from ortho_verify.arrays import TORCH_DTYPES
-from ortho_verify.kernel_calls import call_with_timeout
-from ortho_verify.spectra import matrix_with_spectrum
+
+from ..checks.kernel_calls import call_with_timeout
+from ..inputs.arrays import TORCH_DTYPES
+from ..inputs.spectra import matrix_with_spectrum
 
 __all__ = ["MAIN_SHAPE", "Probe", "ProbeRun", "call_probe", "main_probes", "read_map", "tiny_probes"]
 

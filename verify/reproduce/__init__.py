@@ -1,8 +1,8 @@
 """Research reproduction: the papers' claims on Muon, NorMuon, Dion, Dion2 and Polar Express, re-measured on real text.
 
 ``ortho-verify reproduce`` (or ``python -m ortho_verify.reproduce``) trains the byte-level GPT of
-``ortho_verify.data`` on the running Python's standard-library sources, split by file into train,
-validation and test (``ortho_verify.data.stdlib_split``), with AdamW, Muon (Keller Jordan's and the
+``ortho_verify.inputs.data`` on the running Python's standard-library sources, split by file into train,
+validation and test (``ortho_verify.inputs.data.stdlib_split``), with AdamW, Muon (Keller Jordan's and the
 Polar Express coefficients), NorMuon, Dion at rank fractions 1, 1/4 and 1/16 with and without error
 feedback, and Dion2 at fraction 1/4. Protocol:
 
@@ -40,7 +40,7 @@ al., arXiv 2504.05295 (Dion); Amsel et al., arXiv 2505.16932 (Polar Express); Li
 2510.05491 (NorMuon); Ahn, Amsel, Langford, arXiv 2512.16928 (Dion2).
 """
 
-from ortho_verify.reproduce.cache import (
+from .cache import (
     CACHE_FORMAT,
     CachedRunner,
     RunCache,
@@ -50,7 +50,7 @@ from ortho_verify.reproduce.cache import (
     method_fingerprints,
     run_key,
 )
-from ortho_verify.reproduce.claims import (
+from .claims import (
     CLAIM_RULES,
     CLAIMS,
     MEASURED,
@@ -65,8 +65,8 @@ from ortho_verify.reproduce.claims import (
     claim_polar_express_more_accurate,
     evaluate_claims,
 )
-from ortho_verify.reproduce.cli import build_parser, main, verdict_lines
-from ortho_verify.reproduce.config import (
+from .cli import build_parser, main, verdict_lines
+from .config import (
     CLOSE_MARGIN,
     FAMILIES,
     FLAT_REFERENCE,
@@ -91,7 +91,7 @@ from ortho_verify.reproduce.config import (
     method_options,
     missing_options,
 )
-from ortho_verify.reproduce.device_plan import (
+from .device_plan import (
     DRY_RUN_SWEEP,
     GPU_METHODS,
     GPU_SWEEP,
@@ -100,11 +100,11 @@ from ortho_verify.reproduce.device_plan import (
     plan_lines,
     plan_parameter_counts,
 )
-from ortho_verify.reproduce.markdown import render_markdown, write_report
-from ortho_verify.reproduce.plots import write_plots
-from ortho_verify.reproduce.pool import Runner, init_worker
-from ortho_verify.reproduce.rejudge import load_results, rejudge
-from ortho_verify.reproduce.scaling import (
+from .markdown import render_markdown, write_report
+from .plots import write_plots
+from .pool import Runner, init_worker
+from .rejudge import load_results, rejudge
+from .scaling import (
     DEFAULT_SWEEP,
     LR_SWEEP_MODES,
     QUICK_SWEEP,
@@ -116,8 +116,8 @@ from ortho_verify.reproduce.scaling import (
     series_differences,
     size_trends,
 )
-from ortho_verify.reproduce.spectral import singular_value_study
-from ortho_verify.reproduce.statistics import (
+from .spectral import singular_value_study
+from .statistics import (
     ALPHA,
     POWER,
     decide_lower,
@@ -131,12 +131,12 @@ from ortho_verify.reproduce.statistics import (
     test_losses,
     within_verdict,
 )
-from ortho_verify.reproduce.study import MODES, cpu_model, environment, run_study, study_methods
-from ortho_verify.reproduce.sweep import best_learning_rate, sweep_learning_rates
-from ortho_verify.reproduce.sweep_markdown import SWEEP_PLOTS, render_sweep_sections, trend_rule_text
-from ortho_verify.reproduce.sweep_plots import write_sweep_plots
-from ortho_verify.reproduce.training import build_optimizer, corpus, heldout_loss, train_run
-from ortho_verify.reproduce.trend import FLAT_MARGIN, TRENDS, seed_slopes, trend_verdict
+from .study import MODES, cpu_model, environment, run_study, study_methods
+from .sweep import best_learning_rate, sweep_learning_rates
+from .sweep_markdown import SWEEP_PLOTS, render_sweep_sections, trend_rule_text
+from .sweep_plots import write_sweep_plots
+from .training import build_optimizer, corpus, heldout_loss, train_run
+from .trend import FLAT_MARGIN, TRENDS, seed_slopes, trend_verdict
 
 __all__ = [
     "CLAIMS", "CLOSE_MARGIN", "Claim", "MATCH_MARGIN", "METHODS", "Method", "QUICK", "ReproConfig", "VERDICTS",

@@ -3,6 +3,6 @@ functions from the importable modules (``ortho_verify.reproduce.pool``), not fro
 
 import sys
 
-from ortho_verify.reproduce.cli import main
+from .cli import main
 
 sys.exit(main())

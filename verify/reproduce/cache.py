@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 import ortho_fast
-from ortho_verify.reproduce.config import FAMILIES, METHODS, Method, ReproConfig, method_options
+
+from .config import FAMILIES, METHODS, Method, ReproConfig, method_options
 
 __all__ = ["CACHE_FORMAT", "CachedRunner", "RunCache", "code_files", "default_cache_dir", "method_fingerprint",
            "method_fingerprints", "run_key"]
@@ -53,7 +54,7 @@ def default_cache_dir() -> Path:
 
 def code_files(family: str) -> list[Path]:
     """Source files a run of a method family executes: ``ortho_verify.reproduce``'s training,
-    configuration and ``ortho_verify.data`` (model, corpus) for every family, and for "muon" /
+    configuration and ``ortho_verify.inputs.data`` (model, corpus) for every family, and for "muon" /
     "dion" / "dion2" the ``ortho_fast`` package without ``distributed/`` and without the files
     only another family executes (Dion2: without Dion's math, with Newton–Schulz). Patch point: ``method_fingerprint``
     looks it up on this module at every call, so a test
@@ -62,7 +63,7 @@ def code_files(family: str) -> list[Path]:
     if family not in FAMILIES:
         raise ValueError(f"family: expected one of {FAMILIES}, got {family!r}")
     here = Path(__file__).resolve().parent
-    files = [here / "training.py", here / "config.py", here.parent / "data.py"]
+    files = [here / "training.py", here / "config.py", here.parent / "inputs" / "data.py"]
     if family != "adamw":
         root = Path(ortho_fast.__file__).resolve().parent
         files += [p for p in sorted(root.rglob("*.py")) if "distributed" not in p.relative_to(root).parts

@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ortho_verify.reproduce.config import CLOSE_MARGIN, MATCH_MARGIN, METHODS_BY_KEY, SV_SCHEDULES
-from ortho_verify.reproduce.statistics import (
+from .config import CLOSE_MARGIN, MATCH_MARGIN, METHODS_BY_KEY, SV_SCHEDULES
+from .statistics import (
     decide_lower,
     decide_within,
     difference_text,

@@ -2,7 +2,7 @@
 
 Writes under ``--out`` (default ``./ortho-verify-out``, as the other commands); ``--write-docs``
 writes the repository's ``docs/reproduction.md`` instead (``DOCS_DIR``), never by default. Every
-argument is checked before any work (exit 2 naming it, ``ortho_verify.arguments``).
+argument is checked before any work (exit 2 naming it, ``ortho_verify.cli.arguments``).
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from pathlib import Path
 
 import torch
 
-from ortho_verify.arguments import SuggestingParser, check_folder
-from ortho_verify.report import terminal_width
-from ortho_verify.reproduce.claims import MEASURED
-from ortho_verify.reproduce.config import QUICK, ReproConfig
-from ortho_verify.reproduce.device_plan import DRY_RUN_SWEEP, GPU_SWEEP, estimate_plan, plan_lines
-from ortho_verify.reproduce.markdown import write_report
-from ortho_verify.reproduce.rejudge import load_results, rejudge
-from ortho_verify.reproduce.scaling import run_size_sweep
-from ortho_verify.reproduce.study import run_study
-from ortho_verify.reproduce.sweep_cli import add_sweep_arguments, cache_folder, sweep_from_arguments
-from ortho_verify.tables import print_plain
+from ..cli.arguments import SuggestingParser, check_folder
+from ..report.tables import print_plain
+from ..report.terminal import terminal_width
+from .claims import MEASURED
+from .config import QUICK, ReproConfig
+from .device_plan import DRY_RUN_SWEEP, GPU_SWEEP, estimate_plan, plan_lines
+from .markdown import write_report
+from .rejudge import load_results, rejudge
+from .scaling import run_size_sweep
+from .study import run_study
+from .sweep_cli import add_sweep_arguments, cache_folder, sweep_from_arguments
 
 __all__ = ["DOCS_DIR", "build_parser", "main", "verdict_lines"]
 
@@ -128,8 +128,8 @@ def _gpu_plan(args: argparse.Namespace) -> bool:
 
 
 def say(text: str) -> None:
-    """Print ``text`` at the terminal's width (``ortho_verify.report.terminal_width``) with
-    ``ortho_verify.tables.print_plain``: words whole, numbers with their units, markdown table rows
+    """Print ``text`` at the terminal's width (``ortho_verify.report.terminal.terminal_width``) with
+    ``ortho_verify.report.tables.print_plain``: words whole, numbers with their units, markdown table rows
     (the GPU plan) whole."""
     print_plain(text, terminal_width())
 

@@ -12,8 +12,9 @@ import numpy as np
 from ortho_fast.groups.dion import DION_DEFAULTS
 from ortho_fast.groups.dion2 import DION2_DEFAULTS
 from ortho_fast.groups.muon import MUON_DEFAULTS
-from ortho_verify import registry
-from ortho_verify.data import GPTConfig
+
+from .. import registry
+from ..inputs.data import GPTConfig
 
 __all__ = ["FAMILIES", "FLAT_REFERENCE", "TREND_SERIES", "TrendSeries", "UNAVAILABLE_METHODS", "missing_options",
            "CLOSE_MARGIN", "MATCH_MARGIN", "METHODS", "METHODS_BY_KEY", "MUON_LR_CONVENTIONS", "Method", "NS_DTYPES",
@@ -151,14 +152,14 @@ def _check_grid(name: str, grid) -> None:
 class ReproConfig:
     """Sizes, schedule, seeds and learning-rate grids of the reproduction.
 
-    Model (``ortho_verify.data``'s GPT): ``d_model``, ``n_layers``, ``n_heads``, ``context`` (bytes).
+    Model (``ortho_verify.inputs.data``'s GPT): ``d_model``, ``n_layers``, ``n_heads``, ``context`` (bytes).
     Training: ``steps`` optimizer steps of ``batch_size`` random windows of the train split,
     every lr on the schedule of ``lr_multiplier``: linear warm-up over ``warmup_fraction`` of the
     steps, then cosine decay to ``final_lr_fraction`` of the peak (the same for every method).
     Held-out loss (nats per byte): mean next-byte cross-entropy over ``eval_windows`` evenly
     spaced windows of the validation (sweep) or test (evaluation) split, recorded at
     ``curve_points`` + 1 evenly spaced steps (step 0 included) of the evaluation runs.
-    ``heldout_every``: one file in k validation, one test (``ortho_verify.data.stdlib_split``).
+    ``heldout_every``: one file in k validation, one test (``ortho_verify.inputs.data.stdlib_split``).
     Seeds: ``sweep_seed`` for the lr sweep, ``seeds`` for the evaluation (disjoint).
     Grids: ``adamw_lrs``, ``muon_lrs`` (Muon and NorMuon; scaled per matrix by ``muon_adjust_lr``,
     one of ``MUON_LR_CONVENTIONS``; default Dion's √(m/n)), ``dion_lrs`` (Dion and Dion2, both
@@ -290,6 +291,6 @@ def lr_multiplier(index: int, config: ReproConfig) -> float:
 
 
 def gpt_config(config: ReproConfig) -> GPTConfig:
-    """The ``ortho_verify.data.GPTConfig`` of the study's model (sizes, batch and steps of ``config``)."""
+    """The ``ortho_verify.inputs.data.GPTConfig`` of the study's model (sizes, batch and steps of ``config``)."""
     return GPTConfig(d_model=config.d_model, n_layers=config.n_layers, n_heads=config.n_heads, context=config.context,
                      batch_size=config.batch_size, steps=config.steps, capture_steps=(config.steps,))

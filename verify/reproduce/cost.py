@@ -11,9 +11,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ortho_verify.data import VOCAB_SIZE, build_model
-from ortho_verify.reproduce.config import METHODS_BY_KEY, ReproConfig, gpt_config
-from ortho_verify.reproduce.training import autocast, build_optimizer, corpus
+from ..inputs.data import VOCAB_SIZE, build_model
+from .config import METHODS_BY_KEY, ReproConfig, gpt_config
+from .training import autocast, build_optimizer, corpus
 
 __all__ = ["time_steps"]
 

@@ -34,10 +34,11 @@ import math
 from dataclasses import replace
 
 from ortho_fast.functional.dion import dion_rank
-from ortho_verify.reproduce.config import METHODS_BY_KEY, ReproConfig
-from ortho_verify.reproduce.scaling import ModelSize, SizeSweep
-from ortho_verify.reproduce.study import study_methods
-from ortho_verify.reproduce.training import corpus
+
+from .config import METHODS_BY_KEY, ReproConfig
+from .scaling import ModelSize, SizeSweep
+from .study import study_methods
+from .training import corpus
 
 __all__ = ["BF16_FLOPS", "BUDGET_SECONDS", "DRY_RUN_SWEEP", "FP32_FLOPS", "GPU_METHODS", "GPU_SWEEP",
            "LAYER_OVERHEAD_S", "STEP_OVERHEAD_S", "UTILIZATION", "dry_run_sweep", "estimate_plan", "model_shapes",
@@ -89,14 +90,14 @@ DRY_RUN_SWEEP = dry_run_sweep(GPU_SWEEP)
 
 
 def model_shapes(config: ReproConfig) -> list[tuple[int, int]]:
-    """(m, n) of every matrix Muon / Dion train in ``ortho_verify.data``'s GPT at ``config``'s size:
+    """(m, n) of every matrix Muon / Dion train in ``ortho_verify.inputs.data``'s GPT at ``config``'s size:
     per layer attention qkv (3d, d) and projection (d, d), MLP fc (4d, d) and projection (d, 4d)."""
     d = config.d_model
     return [shape for _ in range(config.n_layers) for shape in ((3 * d, d), (d, d), (4 * d, d), (d, 4 * d))]
 
 
 def plan_parameter_counts(config: ReproConfig) -> dict:
-    """{"total", "matrices"} of ``ortho_verify.data``'s GPT at ``config``'s size, counted from its shapes
+    """{"total", "matrices"} of ``ortho_verify.inputs.data``'s GPT at ``config``'s size, counted from its shapes
     (``scaling.parameter_counts`` builds the model; this does not, so an 86 M-parameter plan costs
     nothing): embeddings 256·d + context·d, per layer 12·d² in matrices and two LayerNorms (4·d), the
     final LayerNorm 2·d and lm_head 256·d."""

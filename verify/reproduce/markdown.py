@@ -12,9 +12,10 @@ import torch
 
 import ortho_fast
 from ortho_fast.functional.dion import dion_rank
-from ortho_verify.data import build_model
-from ortho_verify.reproduce.claims import CLAIM_RULES
-from ortho_verify.reproduce.config import (
+
+from ..inputs.data import build_model
+from .claims import CLAIM_RULES
+from .config import (
     CLOSE_MARGIN,
     MATCH_MARGIN,
     METHODS,
@@ -25,11 +26,11 @@ from ortho_verify.reproduce.config import (
     ReproConfig,
     gpt_config,
 )
-from ortho_verify.reproduce.device_plan import GPU_SWEEP, estimate_plan, plan_lines
-from ortho_verify.reproduce.plots import write_plots
-from ortho_verify.reproduce.statistics import mean_std_text, paired_difference, rule_derivation_lines, test_losses
-from ortho_verify.reproduce.sweep_markdown import render_sweep_sections
-from ortho_verify.reproduce.sweep_plots import write_sweep_plots
+from .device_plan import GPU_SWEEP, estimate_plan, plan_lines
+from .plots import write_plots
+from .statistics import mean_std_text, paired_difference, rule_derivation_lines, test_losses
+from .sweep_markdown import render_sweep_sections
+from .sweep_plots import write_sweep_plots
 
 __all__ = ["render_markdown", "write_report"]
 
@@ -102,8 +103,8 @@ def _setup(results: Mapping) -> list[str]:
         f"{corpus['files']['validation']} / {corpus['files']['test']} files, {corpus['bytes']['train']:,} / "
         f"{corpus['bytes']['validation']:,} / {corpus['bytes']['test']:,} bytes), so held-out text is never part of a "
         "training file. Tokens are bytes (vocabulary 256).",
-        "- **Model**: the byte-level GPT-2-style decoder of `ortho_verify.data` (pre-norm blocks, fused qkv, 4× GELU "
-        f"MLP, untied lm_head): d_model {c['d_model']}, {_plural(c['n_layers'], 'layer')}, "
+        "- **Model**: the byte-level GPT-2-style decoder of `ortho_verify.inputs.data` (pre-norm blocks, fused qkv, "
+        f"4× GELU MLP, untied lm_head): d_model {c['d_model']}, {_plural(c['n_layers'], 'layer')}, "
         f"{_plural(c['n_heads'], 'head')}, context {c['context']} bytes; {params}.",
         f"- **Training**: {c['steps']} steps of {c['batch_size']} random windows ({c['batch_size'] * c['context']} "
         "bytes) per step, the same for every method; for a given seed every method starts from the same weights "

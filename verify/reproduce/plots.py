@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ortho_verify.optional import pyplot, require
-from ortho_verify.plots import singular_value_map
-from ortho_verify.reproduce.config import METHODS, METHODS_BY_KEY, SV_DTYPES, SV_SCHEDULES
+from ..optional import pyplot, require
+from ..report.plots import singular_value_map
+from .config import METHODS, METHODS_BY_KEY, SV_DTYPES, SV_SCHEDULES
 
 __all__ = ["write_plots"]
 
@@ -109,7 +109,7 @@ def _plot_sweep(results: Mapping, path: Path) -> Path:
 
 def write_plots(results: Mapping, points: Mapping, folder: Path) -> list[Path]:
     """PNG plots of a study into ``folder``: ``loss_curves.png``, ``test_loss.png``,
-    ``lr_sweep.png`` and ``sv_map_<schedule>.png`` (``ortho_verify.plots.singular_value_map``).
+    ``lr_sweep.png`` and ``sv_map_<schedule>.png`` (``ortho_verify.report.plots.singular_value_map``).
     Returns the written paths; [] if matplotlib is not installed."""
     try:
         pyplot(_WHAT)

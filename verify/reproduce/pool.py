@@ -9,8 +9,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import torch
 
-from ortho_verify.reproduce.config import METHODS_BY_KEY, ReproConfig
-from ortho_verify.reproduce.training import train_run
+from .config import METHODS_BY_KEY, ReproConfig
+from .training import train_run
 
 __all__ = ["Runner", "init_worker"]
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from ortho_verify.reproduce.claims import evaluate_claims
-from ortho_verify.reproduce.scaling import size_trends
+from .claims import evaluate_claims
+from .scaling import size_trends
 
 __all__ = ["load_results", "rejudge"]
 

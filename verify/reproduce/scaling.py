@@ -17,14 +17,15 @@ import numpy as np
 import torch
 
 import ortho_fast
-from ortho_verify.data import build_model
-from ortho_verify.reproduce.cache import CachedRunner, RunCache
-from ortho_verify.reproduce.config import FLAT_REFERENCE, QUICK, TREND_SERIES, ReproConfig, TrendSeries, gpt_config
-from ortho_verify.reproduce.cost import time_steps
-from ortho_verify.reproduce.pool import Runner
-from ortho_verify.reproduce.statistics import test_losses
-from ortho_verify.reproduce.study import MODES, environment, run_study, study_methods
-from ortho_verify.reproduce.trend import FLAT_MARGIN, trend_verdict
+
+from ..inputs.data import build_model
+from .cache import CachedRunner, RunCache
+from .config import FLAT_REFERENCE, QUICK, TREND_SERIES, ReproConfig, TrendSeries, gpt_config
+from .cost import time_steps
+from .pool import Runner
+from .statistics import test_losses
+from .study import MODES, environment, run_study, study_methods
+from .trend import FLAT_MARGIN, trend_verdict
 
 __all__ = ["DEFAULT_SWEEP", "LR_SWEEP_MODES", "ModelSize", "QUICK_SWEEP", "SizeSweep", "cost_table",
            "parameter_counts", "run_size_sweep", "series_differences", "size_trends"]
@@ -37,7 +38,7 @@ LR_SWEEP_MODES = ("each", "shared", "matrix-shared")
 
 @dataclass(frozen=True)
 class ModelSize:
-    """One model of the sweep: ``d_model``, ``n_layers``, ``n_heads`` of ``ortho_verify.data``'s GPT,
+    """One model of the sweep: ``d_model``, ``n_layers``, ``n_heads`` of ``ortho_verify.inputs.data``'s GPT,
     ``steps`` (None: the base configuration's)."""
 
     d_model: int

@@ -12,8 +12,9 @@ import torch
 import ortho_fast
 import ortho_ref
 from ortho_fast.groups.muon import default_eps_mode
-from ortho_verify.reproduce.config import SV_DTYPES, SV_SCHEDULES
-from ortho_verify.tables import BAND_INTERVAL
+
+from ..report.tables import BAND_INTERVAL
+from .config import SV_DTYPES, SV_SCHEDULES
 
 __all__ = ["singular_value_study"]
 
@@ -29,13 +30,13 @@ def singular_value_study(gradients: Mapping[int, list], ns_dtypes: Sequence[str]
     of ``ns_dtypes`` on ``device``. Per "exact" and per dtype: ``rms`` = ‖X − U Vᵀ‖_F / √k, the
     distance to the polar factor of G (exact: ‖f(σ̂) − 1‖₂ / √k), averaged over the gradients
     of each seed; ``worst_in_band`` = max |uᵢᵀ X vᵢ − 1| (exact: |f(σ̂ᵢ) − 1|) over the
-    directions with σ̂ᵢ in ``ortho_verify.tables.BAND_INTERVAL`` [1e-3, 1], over all gradients.
+    directions with σ̂ᵢ in ``ortho_verify.report.tables.BAND_INTERVAL`` [1e-3, 1], over all gradients.
 
     Returns: (stats, points). stats = {"seeds", "gradients" (count per seed), "names",
     "steps", "below_band_fraction" (σ̂ < 1e-3), "schedules": {schedule: {"safety", "eps",
     "eps_mode", "steps", kind: {"rms_by_seed", "rms_mean", "worst_in_band"}}}} with kind in
     ("exact", *ns_dtypes); points = {(schedule, dtype): [(σ̂, uᵢᵀ X vᵢ)]} for
-    ``ortho_verify.plots.singular_value_map``.
+    ``ortho_verify.report.plots.singular_value_map``.
     Source: Amsel et al., arXiv 2505.16932, Sec. 2 (NS as a polynomial of the singular values).
     Raises: ValueError for no gradients.
     """

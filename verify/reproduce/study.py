@@ -17,13 +17,13 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from ortho_verify.optional import require
-from ortho_verify.reproduce.claims import evaluate_claims
-from ortho_verify.reproduce.config import METHODS, RESULTS_FORMAT, SV_DTYPES, Method, ReproConfig
-from ortho_verify.reproduce.pool import Runner, init_worker
-from ortho_verify.reproduce.spectral import singular_value_study
-from ortho_verify.reproduce.sweep import best_learning_rate, sweep_learning_rates
-from ortho_verify.reproduce.training import corpus
+from ..optional import require
+from .claims import evaluate_claims
+from .config import METHODS, RESULTS_FORMAT, SV_DTYPES, Method, ReproConfig
+from .pool import Runner, init_worker
+from .spectral import singular_value_study
+from .sweep import best_learning_rate, sweep_learning_rates
+from .training import corpus
 
 __all__ = ["MODES", "cpu_model", "environment", "run_study", "study_methods"]
 
@@ -132,7 +132,7 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
     own_runner = runner is None
     runner = Runner(config, device, jobs, threads, log) if own_runner else runner
     seconds_before = runner.seconds
-    # One BLAS thread for the oracle's SVDs, as ortho_verify.cli: two OpenBLAS threads on a 2-core machine that
+    # One BLAS thread for the oracle's SVDs, as ortho_verify.cli.main: two OpenBLAS threads on a 2-core machine that
     # other processes use made this study's SVDs take minutes instead of seconds.
     blas = threadpool_limits(limits=1, user_api="blas")
     try:
@@ -184,7 +184,7 @@ def run_study(config: ReproConfig, *, device: str = "cpu", jobs: int = 1, thread
         "format": RESULTS_FORMAT,
         "config": asdict(config),
         "methods": [asdict(m) for m in chosen],
-        "corpus": {"source": "standard-library .py files of the running Python (ortho_verify.data.stdlib_split)",
+        "corpus": {"source": "standard-library .py files of the running Python (ortho_verify.inputs.data.stdlib_split)",
                    "heldout_every": config.heldout_every, "files": split["files"],
                    "bytes": {k: len(v) for k, v in split["tensors"].items()}},
         "environment": env,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ortho_verify.reproduce.config import Method
-from ortho_verify.reproduce.pool import Runner
+from .config import Method
+from .pool import Runner
 
 __all__ = ["best_learning_rate", "sweep_learning_rates"]
 

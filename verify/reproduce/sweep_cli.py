@@ -8,8 +8,8 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from ortho_verify.reproduce.cache import default_cache_dir
-from ortho_verify.reproduce.scaling import DEFAULT_SWEEP, LR_SWEEP_MODES, QUICK_SWEEP, ModelSize, SizeSweep
+from .cache import default_cache_dir
+from .scaling import DEFAULT_SWEEP, LR_SWEEP_MODES, QUICK_SWEEP, ModelSize, SizeSweep
 
 __all__ = ["HEAD_SIZE", "add_sweep_arguments", "cache_folder", "sweep_from_arguments"]
 

@@ -9,10 +9,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ortho_fast.functional.dion import dion_rank
-from ortho_verify.reproduce.claims import CLAIM_RULES
-from ortho_verify.reproduce.config import METHODS, METHODS_BY_KEY, RANK_FRACTIONS
-from ortho_verify.reproduce.statistics import mean_std_text, paired_difference, test_losses
-from ortho_verify.reproduce.trend import FLAT_MARGIN
+
+from .claims import CLAIM_RULES
+from .config import METHODS, METHODS_BY_KEY, RANK_FRACTIONS
+from .statistics import mean_std_text, paired_difference, test_losses
+from .trend import FLAT_MARGIN
 
 __all__ = ["SWEEP_PLOTS", "render_sweep_sections", "trend_rule_text"]
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from ortho_fast.functional.dion import dion_rank
-from ortho_verify.optional import pyplot
-from ortho_verify.reproduce.config import RANK_FRACTIONS
-from ortho_verify.reproduce.statistics import paired_difference, test_losses
+
+from ..optional import pyplot
+from .config import RANK_FRACTIONS
+from .statistics import paired_difference, test_losses
 
 __all__ = ["write_sweep_plots"]
 

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 import ortho_fast
-from ortho_verify.data import VOCAB_SIZE, build_model, stdlib_split
-from ortho_verify.reproduce.config import METHODS_BY_KEY, Method, ReproConfig, gpt_config, lr_multiplier, method_options
+
+from ..inputs.data import VOCAB_SIZE, build_model, stdlib_split
+from .config import METHODS_BY_KEY, Method, ReproConfig, gpt_config, lr_multiplier, method_options
 
 __all__ = ["autocast", "build_optimizer", "corpus", "heldout_loss", "train_run"]
 
@@ -63,7 +64,7 @@ def build_optimizer(method: Method, model: torch.nn.Module, lr: float, scalar_lr
 @lru_cache(maxsize=2)
 def corpus(heldout_every: int) -> dict:
     """{"tensors": uint8 tensors of the train / validation / test splits of
-    ``ortho_verify.data.stdlib_split(heldout_every)``, "files": their file counts} (read once per
+    ``ortho_verify.inputs.data.stdlib_split(heldout_every)``, "files": their file counts} (read once per
     process)."""
     split = stdlib_split(heldout_every)
     tensors = {name: torch.frombuffer(bytearray(getattr(split, name)), dtype=torch.uint8)
@@ -102,7 +103,7 @@ def train_run(config: ReproConfig, method_key: str, lr: float, seed: int, *, sca
     """Train one model with one method at one lr and seed; return its losses.
 
     The initialization and the batches come from one ``torch.Generator`` seeded with ``seed``
-    (``ortho_verify.data.build_model``, then ``batch_size`` uniform window starts per step), so two
+    (``ortho_verify.inputs.data.build_model``, then ``batch_size`` uniform window starts per step), so two
     methods with the same seed see the same initial weights and the same batches; the global
     RNG is not used. A non-finite training loss, gradient or held-out loss stops the run:
     ``diverged``.

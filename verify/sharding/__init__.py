@@ -25,7 +25,7 @@ and its elements are compared with the analytic volume of the layout (the Dion p
 refined per layout, ``ortho_fast.distributed.volumes.dion_comm_volume`` /
 ``ortho_fast.distributed.volumes.muon_comm_volume``).
 
-``run(world_size)`` starts gloo workers on CPU (``ortho_verify.workers.run_workers``); under
+``run(world_size)`` starts gloo workers on CPU (``ortho_verify.sharding.workers.run_workers``); under
 ``torchrun`` (``RANK`` / ``WORLD_SIZE`` set, or a process group already initialized) the same
 code runs in-process, with NCCL on CUDA when available. ``main(argv)`` is the command line.
 
@@ -45,15 +45,15 @@ communication), ``markdown`` (reports, docs/layouts.md from the package data fil
 ``layouts_template.md``), ``cli``. Every public name is importable from ``ortho_verify.sharding``.
 """
 
-from ortho_verify.sharding.cli import build_parser, main
-from ortho_verify.sharding.crashes import backend_feature, headline, user_frame_in
-from ortho_verify.sharding.diagnosis import FEATURES, dion_replay, layout_features, layout_pattern, moved_fraction
-from ortho_verify.sharding.dion2_reference import dion2_local_reference, selected_dim_shards
-from ortho_verify.sharding.factories import dion_factory, muon_factory
-from ortho_verify.sharding.factory_run import FactoryPlan, hyperparameters, layout_rank_run, one_process_run
-from ortho_verify.sharding.inputs import gradient, initial_weight, mean_gradient
-from ortho_verify.sharding.launch import run, under_torchrun
-from ortho_verify.sharding.layouts import (
+from .cli import build_parser, main
+from .crashes import backend_feature, headline, user_frame_in
+from .diagnosis import FEATURES, dion_replay, layout_features, layout_pattern, moved_fraction
+from .dion2_reference import dion2_local_reference, selected_dim_shards
+from .factories import dion_factory, muon_factory
+from .factory_run import FactoryPlan, hyperparameters, layout_rank_run, one_process_run
+from .inputs import gradient, initial_weight, mean_gradient
+from .launch import run, under_torchrun
+from .layouts import (
     DION_OPTIONS,
     DOCS_PATH,
     DOCS_WORLD_SIZES,
@@ -72,25 +72,13 @@ from ortho_verify.sharding.layouts import (
     layouts_for,
     optimizer_options,
 )
-from ortho_verify.sharding.markdown import (
-    HEADERS,
-    layouts_doc,
-    markdown_report,
-    markdown_tables,
-    print_table,
-    table_rows,
-)
-from ortho_verify.sharding.mesh_layout import ShardedLayout, sharded_layout
-from ortho_verify.sharding.placement import STATE_PLACEMENTS, recognize
-from ortho_verify.sharding.planted import PLANTS, planted
-from ortho_verify.sharding.planted_designs import (
-    FutureMuon,
-    OwnerBatchMuon,
-    future_muon_factory,
-    owner_batch_muon_factory,
-)
-from ortho_verify.sharding.planted_dion2 import DION2_BUGS, PlantedDion2, dion2_factory, planted_dion2_factory
-from ortho_verify.sharding.planted_optimizers import (
+from .markdown import HEADERS, layouts_doc, markdown_report, markdown_tables, print_table, table_rows
+from .mesh_layout import ShardedLayout, sharded_layout
+from .placement import STATE_PLACEMENTS, recognize
+from .planted import PLANTS, planted
+from .planted_designs import FutureMuon, OwnerBatchMuon, future_muon_factory, owner_batch_muon_factory
+from .planted_dion2 import DION2_BUGS, PlantedDion2, dion2_factory, planted_dion2_factory
+from .planted_optimizers import (
     CRASHES,
     MUON_BUGS,
     ORIENTATIONS,
@@ -100,9 +88,9 @@ from ortho_verify.sharding.planted_optimizers import (
     crashing_muon_factory,
     planted_muon_factory,
 )
-from ortho_verify.sharding.steps import FLAG_TAGS, Plan, check_layout, dtensor_placements, reference, tp_blocks, worker
-from ortho_verify.sharding.tensors import digest, full_copy, is_dtensor, place, relative_difference
-from ortho_verify.sharding.volumes import analytic_volume, comm_verdict, padded_shape
+from .steps import FLAG_TAGS, Plan, check_layout, dtensor_placements, reference, tp_blocks, worker
+from .tensors import digest, full_copy, is_dtensor, place, relative_difference
+from .volumes import analytic_volume, comm_verdict, padded_shape
 
 __all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory", "dion2_local_reference",
            "selected_dim_shards", "Layout", "LAYOUTS", "MATRICES", "QUICK_MATRICES", "DTYPES", "PLANTS", "DOCS_PATH",
@@ -113,7 +101,7 @@ __all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory
            "DION_OPTIONS", "DOCS_WORLD_SIZES", "FLAG_TAGS", "HEADERS", "MUON_OPTIONS", "Plan", "QUICK_STEPS", "SEED",
            "STATE_KEYS", "STEPS", "TIMEOUT", "build_parser", "check_layout", "comm_verdict", "dtensor_placements",
            "markdown_tables", "padded_shape", "planted", "print_table", "table_rows", "tp_blocks", "worker",
-           # check_sharded_optimizer's mechanism (ortho_verify.sharded_check)
+           # check_sharded_optimizer's mechanism (ortho_verify.sharding.sharded_check)
            "SHARDED_LAYOUTS", "ShardedLayout", "sharded_layout", "FactoryPlan", "hyperparameters", "layout_rank_run",
            "one_process_run", "FEATURES", "dion_replay", "layout_features", "layout_pattern", "moved_fraction",
            "dion_factory", "muon_factory", "MUON_BUGS", "ORIENTATIONS", "PlantedDion", "PlantedMuon",

@@ -2,6 +2,6 @@
 
 import sys
 
-from ortho_verify.sharding.cli import main
+from .cli import main
 
 sys.exit(main())

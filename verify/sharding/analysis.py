@@ -7,11 +7,11 @@ import math
 
 import torch
 
-from ortho_verify.conventions import DionConventions
-from ortho_verify.results import measured, no_claim
-from ortho_verify.sharding.diagnosis import dion_replay, moved_fraction
-from ortho_verify.sharding.inputs import gradient, input_name
-from ortho_verify.sharding.tensors import relative_difference
+from ..conventions import DionConventions
+from ..report.results import measured, no_claim
+from .diagnosis import dion_replay, moved_fraction
+from .inputs import gradient, input_name
+from .tensors import relative_difference
 
 __all__ = ["input_name", "layout_rows"]
 
@@ -156,7 +156,7 @@ def _cause(plan, i: int, runs: list[dict], reference: dict, conventions, tol: fl
 
 def plan_initial(plan, i: int) -> torch.Tensor:
     """Parameter i's initial weight (float64)."""
-    from ortho_verify.sharding.inputs import initial_weight
+    from .inputs import initial_weight
 
     return initial_weight(i, plan.shapes[i][1], getattr(torch, plan.dtype)).double()
 
@@ -171,8 +171,8 @@ def layout_rows(plan, runs: list[dict] | None, error: str | None, reference: dic
     ``ComputeModel``; where low (bfloat16 / float16) each step's update is compared under
     ``sharded_compute_tolerance`` (``ortho_verify.sharding.compute.update_rows``) instead of the
     weights under ``tol``."""
-    from ortho_verify.sharding.compute import update_rows
-    from ortho_verify.sharding.placement import recognize
+    from .compute import update_rows
+    from .placement import recognize
 
     name = plan.layout.name
     if error is not None:

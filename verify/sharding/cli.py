@@ -14,10 +14,11 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ortho_verify.arguments import SuggestingParser, check_folder
-from ortho_verify.report import make_console
-from ortho_verify.sharding.launch import run, under_torchrun
-from ortho_verify.sharding.layouts import (
+from ..cli.arguments import SuggestingParser, check_folder
+from ..report.tables import print_words
+from ..report.terminal import make_console
+from .launch import run, under_torchrun
+from .layouts import (
     DOCS_PATH,
     DOCS_WORLD_SIZES,
     DTYPES,
@@ -28,10 +29,9 @@ from ortho_verify.sharding.layouts import (
     TIMEOUT,
     layouts_for,
 )
-from ortho_verify.sharding.markdown import layouts_doc, markdown_report, print_table
-from ortho_verify.sharding.user_cli import optimizer_main
-from ortho_verify.tables import print_words
-from ortho_verify.workers import WorkerError
+from .markdown import layouts_doc, markdown_report, print_table
+from .user_cli import optimizer_main
+from .workers import WorkerError
 
 __all__ = ["build_parser", "main"]
 
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "GPUs; under torchrun the launched ranks decide)")
     parser.add_argument("--shapes", metavar="MxN,...",
                         help="with --optimizer: the parameters' shapes, e.g. 16x8,16x8,32x16 (repeats allowed; "
-                             "default: ortho_verify.sharded_check.DEFAULT_SHARDED_SHAPES)")
+                             "default: DEFAULT_SHARDED_SHAPES of ortho_verify.sharding.sharded_check)")
     parser.add_argument("--state-placement", choices=("replicated", "sharded", "owner"),
                         help="with --optimizer: where the optimizer keeps its state (default: recognized from what "
                              "the ranks hold)")
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"{max(args.world_size)} GPUs, {gpus} available")
     check_folder(build_parser(), "--out", args.out)  # before any launch
     if args.shapes is not None:
-        from ortho_verify.sharded_check import parse_shapes
+        from .sharded_check import parse_shapes
 
         try:
             args.shapes = parse_shapes(args.shapes)

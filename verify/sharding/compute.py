@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ortho_verify.conventions import table_and_normalization
-from ortho_verify.results import measured
-from ortho_verify.sharding.inputs import gradient, initial_weight, input_name
-from ortho_verify.sharding.tensors import relative_difference
+from ..conventions import table_and_normalization
+from ..report.results import measured
+from .inputs import gradient, initial_weight, input_name
+from .tensors import relative_difference
 
 __all__ = ["COMPUTE_DTYPES", "ComputeModel", "resolve_compute", "update_rows"]
 
@@ -53,7 +53,7 @@ def resolve_compute(compute_dtype, conventions, optimizer_type, param_dtype: str
     torch.optim.Muon's (``TORCH_MUON``) for torch.optim.Muon, else ``MuonConventions()`` (EMA
     momentum, Nesterov, Keller Jordan's schedule). Raises: ValueError naming compute_dtype for an
     unknown dtype, or a low one with ``DionConventions`` or an "l2" weight-decay style."""
-    from ortho_verify.conventions import TORCH_MUON, MuonConventions
+    from ..conventions import TORCH_MUON, MuonConventions
 
     torch_muon = getattr(torch.optim, "Muon", None)
     is_torch_muon = torch_muon is not None and optimizer_type is not None and issubclass(optimizer_type, torch_muon)
@@ -93,7 +93,7 @@ def _bound(u_bytes: bytes, shape: tuple, table_bytes: bytes, rows: int, dtype: s
            eps_mode: str, safety: float) -> tuple[float, float]:
     """``sharded_compute_tolerance`` memoized on its exact inputs: every layout of a check asks it for
     the same (matrix, step) inputs."""
-    from ortho_verify.tolerances import sharded_compute_tolerance
+    from ..tolerances import sharded_compute_tolerance
 
     u = np.frombuffer(u_bytes, dtype=np.float64).reshape(shape).copy()
     table = np.frombuffer(table_bytes, dtype=np.float64).reshape(rows, 3)

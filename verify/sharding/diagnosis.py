@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 import ortho_ref
-from ortho_verify.sharding.layouts import Layout
+
+from .layouts import Layout
 
 __all__ = ["FEATURES", "dion_replay", "layout_features", "layout_pattern", "moved_fraction"]
 

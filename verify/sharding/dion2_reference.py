@@ -17,9 +17,10 @@ from ortho_fast.functional import dion2 as dion2_math
 from ortho_fast.functional.newton_schulz import resolve_compute_dtype
 from ortho_fast.groups.dion2 import DION2_DEFAULTS
 from ortho_ref.dion2 import dion2_local_select
-from ortho_verify.sharding.inputs import gradient, initial_weight
-from ortho_verify.sharding.layouts import Layout, optimizer_options
-from ortho_verify.sharding.tensors import dtensor_placements
+
+from .inputs import gradient, initial_weight
+from .layouts import Layout, optimizer_options
+from .tensors import dtensor_placements
 
 __all__ = ["dion2_local_reference", "selected_dim_shards"]
 

@@ -6,7 +6,8 @@ Options: ``ortho_verify.registry.SHARDING_DION`` / ``SHARDING_MUON``."""
 from __future__ import annotations
 
 import ortho_fast
-from ortho_verify.sharding.layouts import DION_OPTIONS, MUON_OPTIONS
+
+from .layouts import DION_OPTIONS, MUON_OPTIONS
 
 __all__ = ["dion_factory", "muon_factory"]
 

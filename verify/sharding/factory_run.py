@@ -9,10 +9,10 @@ from typing import Callable
 
 import torch
 
-from ortho_verify.sharding.inputs import gradient, initial_weight
-from ortho_verify.sharding.layouts import Layout
-from ortho_verify.sharding.mesh_layout import sharded_layout
-from ortho_verify.sharding.tensors import full_copy, is_dtensor, place
+from .inputs import gradient, initial_weight
+from .layouts import Layout
+from .mesh_layout import sharded_layout
+from .tensors import full_copy, is_dtensor, place
 
 __all__ = ["FactoryPlan", "hyperparameters", "layout_rank_run", "one_process_run"]
 
@@ -142,7 +142,7 @@ def layout_rank_run(rank: int, world_size: int, plan: FactoryPlan) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ortho_verify.sharding.tensors import relative_difference
+    from .tensors import relative_difference
 
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")

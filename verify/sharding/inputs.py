@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from ortho_verify.sharding.layouts import SEED
+from .layouts import SEED
 
 __all__ = ["gradient", "initial_weight", "input_name", "mean_gradient"]
 

@@ -8,11 +8,11 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ortho_verify.sharding.layouts import DTYPES, MATRICES, QUICK_MATRICES, QUICK_STEPS, STEPS, TIMEOUT, layouts_for
-from ortho_verify.sharding.planted import PLANTS
-from ortho_verify.sharding.steps import Plan, worker
-from ortho_verify.tolerances import sharded_tolerance
-from ortho_verify.workers import run_workers
+from ..tolerances import sharded_tolerance
+from .layouts import DTYPES, MATRICES, QUICK_MATRICES, QUICK_STEPS, STEPS, TIMEOUT, layouts_for
+from .planted import PLANTS
+from .steps import Plan, worker
+from .workers import run_workers
 
 __all__ = ["run", "run_gpu_workers", "under_torchrun"]
 
@@ -38,7 +38,7 @@ def run(world_size: int | None = None, *, dtypes: Sequence[str] = DTYPES, quick:
     rows on rank 0, [] elsewhere. ``plant``: a key of ``PLANTS`` (a bug the checks must catch).
     Raises: ValueError for a bad ``world_size``, an unknown dtype or plant, a ``device`` other than
     "cpu" / "cuda" (or "cuda" with fewer GPUs than ranks), or a filter matching no layout;
-    TimeoutError / ortho_verify.workers.WorkerError from the launch.
+    TimeoutError / ortho_verify.sharding.workers.WorkerError from the launch.
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device: expected 'cpu' (gloo workers) or 'cuda' (one NCCL rank per GPU), got {device!r}")
@@ -71,10 +71,10 @@ def run(world_size: int | None = None, *, dtypes: Sequence[str] = DTYPES, quick:
 
 def run_gpu_workers(world_size: int, fn, *args, timeout: float = TIMEOUT) -> list:
     """``fn(rank, world_size, *args)`` on ``world_size`` spawned NCCL ranks, one per GPU (rank r
-    on cuda:r; ``ortho_verify.workers.run_workers`` with backend "nccl"); results in rank order.
+    on cuda:r; ``ortho_verify.sharding.workers.run_workers`` with backend "nccl"); results in rank order.
     ``fn`` and ``args`` must pickle (spawn: a factory defined at module level). Raises: ValueError
     naming ``device`` with fewer GPUs than ranks; TimeoutError after ``timeout`` seconds (children
-    killed); ortho_verify.workers.WorkerError if a rank raised."""
+    killed); ortho_verify.sharding.workers.WorkerError if a rank raised."""
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if available < world_size:
         raise ValueError(f"device: 'cuda' runs one rank per GPU: world_size {world_size} needs {world_size} GPUs, "

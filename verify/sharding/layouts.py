@@ -13,7 +13,8 @@ from typing import Sequence
 from ortho_fast.groups.dion import DION_DEFAULTS
 from ortho_fast.groups.dion2 import DION2_DEFAULTS
 from ortho_fast.groups.muon import MUON_DEFAULTS
-from ortho_verify import registry
+
+from .. import registry
 
 __all__ = ["DION2_OPTIONS", "DION_OPTIONS", "DOCS_PATH", "DOCS_WORLD_SIZES", "DTYPES", "LAYOUTS", "Layout", "MATRICES",
            "MUON_OPTIONS", "NORMUON_OPTIONS", "QUICK_MATRICES", "QUICK_STEPS", "SEED", "SHARDED_LAYOUTS", "STATE_KEYS",

@@ -7,10 +7,10 @@ import functools
 from importlib import resources
 from typing import Sequence
 
-from ortho_verify.optional import require
-from ortho_verify.sharding.layouts import DION_OPTIONS, DTYPES, MUON_OPTIONS
-from ortho_verify.tables import print_fitted
-from ortho_verify.tolerances import sharded_tolerance
+from ..optional import require
+from ..report.tables import print_fitted
+from ..tolerances import sharded_tolerance
+from .layouts import DION_OPTIONS, DTYPES, MUON_OPTIONS
 
 __all__ = ["HEADERS", "TEMPLATE", "layouts_doc", "markdown_report", "markdown_tables", "print_table", "table_rows"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ortho_verify.sharding.layouts import Layout
-from ortho_verify.sharding.tensors import dtensor_placements
+from .layouts import Layout
+from .tensors import dtensor_placements
 
 __all__ = ["ShardedLayout", "sharded_layout"]
 

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from ortho_verify.sharding.planted_optimizers import newton_schulz_jordan
+from .planted_optimizers import newton_schulz_jordan
 
 __all__ = ["FutureMuon", "OwnerBatchMuon", "future_muon_factory", "owner_batch_muon_factory"]
 

@@ -18,8 +18,9 @@ import math
 import torch
 
 import ortho_fast
-from ortho_verify.sharding.layouts import DION2_OPTIONS
-from ortho_verify.sharding.tensors import full_value, is_dtensor, write_full
+
+from .layouts import DION2_OPTIONS
+from .tensors import full_value, is_dtensor, write_full
 
 __all__ = ["DION2_BUGS", "PlantedDion2", "dion2_factory", "planted_dion2_factory"]
 

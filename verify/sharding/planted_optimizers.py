@@ -15,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ortho_verify.sharding.tensors import full_value, is_dtensor, write_full
+from .tensors import full_value, is_dtensor, write_full
 
 __all__ = ["CRASHES", "MUON_BUGS", "ORIENTATIONS", "CrashingMuon", "PlantedDion", "PlantedMuon",
            "crashing_muon_factory",
@@ -215,7 +215,7 @@ def planted_muon_factory(bug: str | None = None, ns_dtype=None):
 #: schedule, U/(‖U‖_F + 1e-7), √max(1, m/n), decoupled weight decay) with Newton–Schulz in ``ns_dtype``.
 def planted_muon_conventions(ns_dtype=torch.bfloat16):
     """``MuonConventions`` of ``PlantedMuon`` with its Newton–Schulz in ``ns_dtype``."""
-    from ortho_verify.conventions import MuonConventions
+    from ..conventions import MuonConventions
 
     return MuonConventions(momentum_style="classic", nesterov=True, eps=1e-7, eps_mode="add", ns_dtype=ns_dtype)
 

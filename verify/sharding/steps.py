@@ -11,13 +11,14 @@ import torch
 import torch.distributed as dist
 
 import ortho_fast
-from ortho_verify.sharding.dion2_reference import dion2_local_reference
-from ortho_verify.sharding.inputs import gradient, initial_weight, mean_gradient
-from ortho_verify.sharding.layouts import DTYPES, MATRICES, STATE_KEYS, STEPS, Layout, optimizer_options
-from ortho_verify.sharding.planted import planted
-from ortho_verify.sharding.tensors import digest, dtensor_placements, full_copy, place, relative_difference
-from ortho_verify.sharding.volumes import analytic_volume, comm_verdict
-from ortho_verify.tolerances import sharded_tolerance
+
+from ..tolerances import sharded_tolerance
+from .dion2_reference import dion2_local_reference
+from .inputs import gradient, initial_weight, mean_gradient
+from .layouts import DTYPES, MATRICES, STATE_KEYS, STEPS, Layout, optimizer_options
+from .planted import planted
+from .tensors import digest, dtensor_placements, full_copy, place, relative_difference
+from .volumes import analytic_volume, comm_verdict
 
 __all__ = ["FLAG_TAGS", "OPTIMIZERS", "Plan", "check_layout", "dtensor_placements", "reference", "tp_blocks", "worker"]
 

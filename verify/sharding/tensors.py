@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from ortho_verify.sharding.layouts import Layout
+from .layouts import Layout
 
 __all__ = ["digest", "dtensor_placements", "full_copy", "full_value", "is_dtensor", "place", "relative_difference",
            "write_full"]

@@ -17,9 +17,9 @@ def optimizer_main(args, dtypes) -> int:
     ``--shapes``, ``--state-placement``, ``--compute-dtype``); print each summary, write
     ``args.out / "sharded_optimizer.json"``; returns 0 if every report passed, else 1 (2 when the
     factory cannot be imported, or ``--layout`` matches nothing)."""
-    from ortho_verify.report import terminal_width
-    from ortho_verify.sharded_check import check_sharded_optimizer, load_factory
-    from ortho_verify.tables import print_plain
+    from ..report.tables import print_plain
+    from ..report.terminal import terminal_width
+    from .sharded_check import check_sharded_optimizer, load_factory
 
     try:
         factory = load_factory(args.optimizer)

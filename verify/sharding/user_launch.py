@@ -8,10 +8,10 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 
-from ortho_verify.sharding.crashes import backend_feature, user_frame_in
-from ortho_verify.sharding.factory_run import FactoryPlan, layout_rank_run
-from ortho_verify.sharding.launch import under_torchrun
-from ortho_verify.workers import WorkerError, run_workers
+from .crashes import backend_feature, user_frame_in
+from .factory_run import FactoryPlan, layout_rank_run
+from .launch import under_torchrun
+from .workers import WorkerError, run_workers
 
 __all__ = ["LaunchResult", "run_layout"]
 
@@ -62,7 +62,7 @@ def run_layout(plan: FactoryPlan, world_size: int, timeout: float, gpu: bool = F
     backend = "nccl" if gpu else "gloo"
     try:
         if gpu:
-            from ortho_verify.sharding.launch import run_gpu_workers
+            from .launch import run_gpu_workers
 
             return LaunchResult(run_gpu_workers(world_size, layout_rank_run, plan, timeout=timeout), backend=backend)
         return LaunchResult(run_workers(world_size, layout_rank_run, plan, timeout=timeout, idle_timeout=idle_timeout),

@@ -8,7 +8,8 @@ import math
 from ortho_fast.distributed.volumes import dion2_comm_volume, dion_comm_volume, muon_comm_volume
 from ortho_fast.functional.dion import dion_rank
 from ortho_fast.functional.muon_stages import normuon_variance_shape
-from ortho_verify.sharding.layouts import Layout, optimizer_options
+
+from .layouts import Layout, optimizer_options
 
 __all__ = ["analytic_volume", "comm_verdict", "padded_shape"]
 

@@ -30,9 +30,9 @@ Notation: u = unit roundoff of the compute dtype (2⁻⁵³ float64, 2⁻²⁴ f
 2⁻¹¹ float16), u64 = 2⁻⁵³ (the float64 oracle), k = min(m, n), d = max(m, n).
 """
 
-from ortho_verify.tolerances.baselines import BASELINE_FLOOR, BASELINE_GROWTH
-from ortho_verify.tolerances.compiled import compiled_tolerance
-from ortho_verify.tolerances.dion import (
+from .baselines import BASELINE_FLOOR, BASELINE_GROWTH
+from .compiled import compiled_tolerance
+from .dion import (
     FIRST_ORDER_LIMIT,
     dion_ideal_step_tolerances,
     dion_tolerances,
@@ -44,13 +44,8 @@ from ortho_verify.tolerances.dion import (
     qr_orthogonality_tolerance,
     sketch_condition,
 )
-from ortho_verify.tolerances.dion2 import (
-    FIRST_ORDER_FRACTION,
-    dion2_norm_tolerances,
-    dion2_selection_violation,
-    dion2_step_tolerances,
-)
-from ortho_verify.tolerances.error_feedback import (
+from .dion2 import FIRST_ORDER_FRACTION, dion2_norm_tolerances, dion2_selection_violation, dion2_step_tolerances
+from .error_feedback import (
     dion_observed_step_tolerances,
     ef_bookkeeping_tolerance,
     ef_subspace_tolerances,
@@ -59,8 +54,8 @@ from ortho_verify.tolerances.error_feedback import (
     subspace_iteration_bounds,
     subspace_perturbation,
 )
-from ortho_verify.tolerances.gram_statistical import gram_rounding_moments
-from ortho_verify.tolerances.muon import (
+from .gram_statistical import gram_rounding_moments
+from .muon import (
     TORCH_MUON_TOLERANCE,
     WEIGHT_DECAY_POWER_LIMIT,
     cautious_weight_decay_tolerance,
@@ -69,7 +64,7 @@ from ortho_verify.tolerances.muon import (
     weight_decay_power,
     weight_decay_tolerance,
 )
-from ortho_verify.tolerances.newton_schulz import (
+from .newton_schulz import (
     COEFFICIENT_REGISTRY_TOLERANCE,
     NS_FORMS,
     gains_and_sizes,
@@ -83,7 +78,7 @@ from ortho_verify.tolerances.newton_schulz import (
     per_product_roundoff,
     validate_restarts,
 )
-from ortho_verify.tolerances.polar import (
+from .polar import (
     LAPACK_SVD_TOLMUL,
     POLAR_VALIDITY,
     SCALAR_STEP_ROUNDINGS,
@@ -96,8 +91,8 @@ from ortho_verify.tolerances.polar import (
     prescribed_spectrum_tolerance,
     svd_residual_tolerance,
 )
-from ortho_verify.tolerances.qk_clip import POW_ULPS, QK_CLIP_FIRST_ORDER, qk_clip_tolerance
-from ortho_verify.tolerances.roundoff import (
+from .qk_clip import POW_ULPS, QK_CLIP_FIRST_ORDER, qk_clip_tolerance
+from .roundoff import (
     C_NS,
     COMPUTE_PRECISIONS,
     PER_DIRECTION_PRECISIONS,
@@ -111,15 +106,10 @@ from ortho_verify.tolerances.roundoff import (
     operand_roundings,
     unit_roundoff,
 )
-from ortho_verify.tolerances.scalar import adamw_tolerances, lion_tolerances
-from ortho_verify.tolerances.sharded import SHARDED_RTOL, newton_schulz_in, sharded_compute_tolerance, sharded_tolerance
-from ortho_verify.tolerances.stages import equilibration_error, normuon_amplification, scaling_error, stage_tolerances
-from ortho_verify.tolerances.statistical import (
-    FALSE_ALARM_PROBABILITY,
-    hoeffding_lambda,
-    ns_mean_deviation_tolerances,
-    ns_rounding_moments,
-)
+from .scalar import adamw_tolerances, lion_tolerances
+from .sharded import SHARDED_RTOL, newton_schulz_in, sharded_compute_tolerance, sharded_tolerance
+from .stages import equilibration_error, normuon_amplification, scaling_error, stage_tolerances
+from .statistical import FALSE_ALARM_PROBABILITY, hoeffding_lambda, ns_mean_deviation_tolerances, ns_rounding_moments
 
 __all__ = [
     "COMPUTE_PRECISIONS", "NS_FORMS", "PER_DIRECTION_PRECISIONS", "TF32_UNIT_ROUNDOFF", "compute_precision",

@@ -1,4 +1,4 @@
-"""The baseline regression margin of ``ortho-verify --baseline`` (``ortho_verify.baseline``).
+"""The baseline regression margin of ``ortho-verify --baseline`` (``ortho_verify.report.baseline``).
 """
 
 from __future__ import annotations

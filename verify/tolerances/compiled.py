@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ortho_verify.tolerances.sharded import sharded_tolerance
+from .sharded import sharded_tolerance
 
 __all__ = ["compiled_tolerance"]
 

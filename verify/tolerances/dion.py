@@ -10,16 +10,9 @@ import math
 import numpy as np
 
 import ortho_ref
-from ortho_verify.tolerances.polar import svd_residual_tolerance
-from ortho_verify.tolerances.roundoff import (
-    C_NS,
-    U64,
-    UNIT_ROUNDOFF,
-    condition_number,
-    factor_roundoff,
-    matmul_roundoff,
-    unit_roundoff,
-)
+
+from .polar import svd_residual_tolerance
+from .roundoff import C_NS, U64, UNIT_ROUNDOFF, condition_number, factor_roundoff, matmul_roundoff, unit_roundoff
 
 __all__ = [
     "FIRST_ORDER_LIMIT", "dion_ideal_step_tolerances", "dion_tolerances", "dion_variant_tolerances",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortho_verify.tolerances.muon import momentum_tolerance, muon_tolerance
-from ortho_verify.tolerances.newton_schulz import ns_tolerance
-from ortho_verify.tolerances.roundoff import U64, unit_roundoff
+from .muon import momentum_tolerance, muon_tolerance
+from .newton_schulz import ns_tolerance
+from .roundoff import U64, unit_roundoff
 
 __all__ = ["FIRST_ORDER_FRACTION", "dion2_norm_tolerances", "dion2_selection_violation", "dion2_step_tolerances"]
 

@@ -1,4 +1,4 @@
-"""Tolerances of Dion's error-feedback checks (``ortho_verify.error_feedback``): the invariants on the
+"""Tolerances of Dion's error-feedback checks (``ortho_verify.checks.error_feedback``): the invariants on the
 fast side's own factors, subspace iteration, the full-rank polar limit and the invariants of an
 observed step (``check_optimizer``).
 """
@@ -9,13 +9,8 @@ import math
 
 import numpy as np
 
-from ortho_verify.tolerances.dion import (
-    FIRST_ORDER_LIMIT,
-    error_feedback_tolerance,
-    orthonormality_tolerance,
-    qr_orthogonality_tolerance,
-)
-from ortho_verify.tolerances.roundoff import C_NS, U64, matmul_roundoff, unit_roundoff
+from .dion import FIRST_ORDER_LIMIT, error_feedback_tolerance, orthonormality_tolerance, qr_orthogonality_tolerance
+from .roundoff import C_NS, U64, matmul_roundoff, unit_roundoff
 
 __all__ = [
     "dion_observed_step_tolerances", "ef_bookkeeping_tolerance", "ef_subspace_tolerances", "full_rank_polar_bounds",
@@ -25,7 +20,7 @@ __all__ = [
 
 # --- verify product: error feedback and user checks ---
 #
-# Dion's error-feedback invariants (ortho_verify.error_feedback) measured on the fast side's own
+# Dion's error-feedback invariants (ortho_verify.checks.error_feedback) measured on the fast side's own
 # P, R, B and M in the working orientation (m' × n', m' ≥ n', rank r); the checks evaluate
 # the identities in float64 from the fast values, so only the fast side's roundings and the
 # u64 of the evaluation count. δ_o = ``orthonormality_tolerance(m', r)`` bounds ‖I − PᵀP‖_F
@@ -198,7 +193,7 @@ def dion_observed_step_tolerances(*, weight_norms: tuple[float, float], decay: f
                                   b_norm: float, sigma_r: float, mu: float, rows: int, dtype,
                                   error_feedback: bool = True) -> dict:
     """Tolerances for the invariants of one Dion step seen only through what it leaves behind
-    (``ortho_verify.error_feedback.observed_step_rows``): no P, and none of P's conditioning.
+    (``ortho_verify.checks.error_feedback.observed_step_rows``): no P, and none of P's conditioning.
 
     Working orientation (m', n'), rank r; O = (decay·W − W_new)/step (step = lr·s, decay = 1 − lr·wd)
     is P Qᵀ with Q (n', r) the stored right factor; B = M + G from the stored momentum and the gradient.

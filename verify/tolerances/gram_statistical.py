@@ -66,9 +66,10 @@ from __future__ import annotations
 import numpy as np
 
 import ortho_ref
-from ortho_verify.tolerances.newton_schulz import gram_point_gains, validate_restarts
-from ortho_verify.tolerances.roundoff import UNIT_ROUNDOFF, unit_roundoff
-from ortho_verify.tolerances.statistical import STATISTICAL_DTYPES, accumulation_roundoff
+
+from .newton_schulz import gram_point_gains, validate_restarts
+from .roundoff import UNIT_ROUNDOFF, unit_roundoff
+from .statistical import STATISTICAL_DTYPES, accumulation_roundoff
 
 __all__ = ["BOX_SPREAD", "GRAM_SECOND_ORDER_STEP", "SIGNIFICAND_BITS", "gram_node_kinds", "gram_pair_curvatures",
            "gram_rounding_moments", "round_to_dtype"]

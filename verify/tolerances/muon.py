@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ortho_verify.tolerances.roundoff import U64, unit_roundoff
+from .roundoff import U64, unit_roundoff
 
 __all__ = ["TORCH_MUON_TOLERANCE", "WEIGHT_DECAY_POWER_LIMIT", "cautious_weight_decay_tolerance", "momentum_tolerance",
            "muon_tolerance", "weight_decay_power", "weight_decay_tolerance"]

@@ -11,7 +11,8 @@ import math
 import numpy as np
 
 import ortho_ref
-from ortho_verify.tolerances.roundoff import C_NS, U64, UNIT_ROUNDOFF, operand_roundings, unit_roundoff
+
+from .roundoff import C_NS, U64, UNIT_ROUNDOFF, operand_roundings, unit_roundoff
 
 __all__ = [
     "COEFFICIENT_REGISTRY_TOLERANCE", "NS_FORMS", "ROUNDINGS_PER_STEP", "gains_and_sizes", "gram_point_gains",

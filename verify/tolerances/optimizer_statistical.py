@@ -29,8 +29,9 @@ from __future__ import annotations
 import numpy as np
 
 import ortho_ref
-from ortho_verify.tolerances.roundoff import unit_roundoff
-from ortho_verify.tolerances.statistical import divided_differences
+
+from .roundoff import unit_roundoff
+from .statistical import divided_differences
 
 __all__ = ["optimizer_rounding_moments"]
 

@@ -9,8 +9,9 @@ import math
 import numpy as np
 
 import ortho_ref
-from ortho_verify.tolerances.newton_schulz import gains_and_sizes
-from ortho_verify.tolerances.roundoff import C_NS, U64, unit_roundoff
+
+from .newton_schulz import gains_and_sizes
+from .roundoff import C_NS, U64, unit_roundoff
 
 __all__ = [
     "LAPACK_SVD_TOLMUL", "POLAR_VALIDITY", "SCALAR_STEP_ROUNDINGS", "mp_accuracy", "mp_agreement_tolerance",
@@ -45,7 +46,7 @@ def svd_residual_tolerance(shape: tuple[int, int], scale: float = 1.0, dtype="fl
 
 
 def prescribed_spectrum_tolerance(shape: tuple[int, int], sigma_max: float = 1.0) -> float:
-    """Absolute tolerance on the singular values of ``ortho_verify.spectra.matrix_with_spectrum``
+    """Absolute tolerance on the singular values of ``ortho_verify.inputs.spectra.matrix_with_spectrum``
     (and on ‖QᵀQ − I‖₂ of ``haar_orthogonal`` with sigma_max = 1), float64.
 
     The matrix is fl(Û S V̂ᵀ): (1) Û, V̂ from Householder QR are orthogonal to O(d·u)

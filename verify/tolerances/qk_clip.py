@@ -17,7 +17,7 @@ large ones. Rows of heads at or below τ get the factor 1.0 exactly on both side
 
 from __future__ import annotations
 
-from ortho_verify.tolerances.roundoff import U64, unit_roundoff
+from .roundoff import U64, unit_roundoff
 
 __all__ = ["POW_ULPS", "QK_CLIP_FIRST_ORDER", "qk_clip_tolerance"]
 

@@ -9,7 +9,8 @@ import math
 import numpy as np
 
 import ortho_ref
-from ortho_verify.tolerances.roundoff import U64, unit_roundoff
+
+from .roundoff import U64, unit_roundoff
 
 __all__ = ["adamw_tolerances", "lion_tolerances"]
 

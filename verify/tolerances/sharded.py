@@ -163,7 +163,7 @@ def sharded_compute_tolerance(u, coefficients, compute_dtype, world_size: int, p
     other than bfloat16 / float16 (float32 and float64 keep ``sharded_tolerance``), or
     world_size < 1.
     """
-    from ortho_verify.tolerances.roundoff import C_NS
+    from .roundoff import C_NS
 
     name = str(compute_dtype).removeprefix("torch.")
     if name not in ("bfloat16", "float16"):

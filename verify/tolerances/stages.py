@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ortho_verify.tolerances.roundoff import C_NS, U64, UNIT_ROUNDOFF, unit_roundoff
+from .roundoff import C_NS, U64, UNIT_ROUNDOFF, unit_roundoff
 
 __all__ = ["StageTolerances", "equilibration_error", "normuon_amplification", "scaled_product_update_bound",
            "scaling_error",

@@ -32,7 +32,8 @@ import math
 import numpy as np
 
 import ortho_ref
-from ortho_verify.tolerances.roundoff import U64, UNIT_ROUNDOFF, unit_roundoff
+
+from .roundoff import U64, UNIT_ROUNDOFF, unit_roundoff
 
 __all__ = [
     "FALSE_ALARM_PROBABILITY", "STATISTICAL_DTYPES", "STATISTIC_FIRST_ORDER_LIMIT", "accumulation_roundoff",

@@ -26,7 +26,8 @@ import math
 import torch
 
 import ortho_ref
-from ortho_verify.conventions import MuonConventions
+
+from ..conventions import MuonConventions
 
 __all__ = ["JORDAN_CONVENTIONS", "JordanStyleMuon", "PLANTS", "POLAR_CONVENTIONS", "RejectsBfloat16Muon",
            "TORCH_STYLE_CONVENTIONS", "TorchStyleMuon", "inplace_kernel"]

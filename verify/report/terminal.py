@@ -4,7 +4,7 @@ The default output is a summary: one row per check (rows passed / failed / made 
 counted apart; worst error/tolerance and where), then the failing (check, input) pairs only,
 then the verdict and where the full report is; ``--verbose`` adds ``print_table`` (worst case of
 every check and input). The file writers and the summary live with the result types in
-``ortho_verify.results`` and are re-exported here; rich is imported only when something is printed.
+``ortho_verify.report.results`` and are re-exported here; rich is imported only when something is printed.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 import shutil
 
-from ortho_verify.optional import require
-from ortho_verify.results import (
+from ..optional import require
+from .results import (
     CheckResult,
     error_feedback_table,
     failure_kind,
@@ -23,7 +23,7 @@ from ortho_verify.results import (
     worst_per_group,
     write_reports,
 )
-from ortho_verify.tables import print_fitted
+from .tables import print_fitted
 
 __all__ = ["FAILURES_SHOWN", "error_feedback_table", "make_console", "print_failures", "print_summary", "print_table",
            "progress_columns", "summary", "terminal_width", "worst_per_group", "write_reports"]

@@ -1,6 +1,6 @@
 """Real gradients: a small byte-level GPT trained on a pinned, generated corpus of Python-like text.
 
-The training text of the ``ortho-verify`` inputs is ``ortho_verify.corpus.pinned_corpus``:
+The training text of the ``ortho-verify`` inputs is ``ortho_verify.inputs.corpus.pinned_corpus``:
 generated deterministically, the same bytes on every interpreter, identified by its SHA-256
 (``corpus_identity``), so the same package gives the same inputs everywhere and nothing is
 downloaded (docs/design.md, "Real input"). The running interpreter's standard library
@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ortho_verify.corpus import CORPUS_BYTES, corpus_identity, pinned_corpus
-from ortho_verify.gradient_cache import cache_path, load, save
-from ortho_verify.spectra import MatrixCase
+from .corpus import CORPUS_BYTES, corpus_identity, pinned_corpus
+from .gradient_cache import cache_path, load, save
+from .spectra import MatrixCase
 
 __all__ = ["CorpusSplit", "GPTConfig", "capture_in_background", "last_run_info", "quick_config", "quick_step",
            "real_gradients", "stdlib_corpus", "stdlib_split", "train_and_capture"]
@@ -142,7 +142,7 @@ def stdlib_files() -> Iterator[bytes]:
 
     Patch point: ``stdlib_corpus`` and ``stdlib_split`` read the files through this function
     (looked up on this module at call time), so a test may replace it with
-    ``monkeypatch.setattr(ortho_verify.data, "stdlib_files", ...)``."""
+    ``monkeypatch.setattr(ortho_verify.inputs.data, "stdlib_files", ...)``."""
     for path in _stdlib_sources():
         try:
             yield path.read_bytes()
@@ -164,7 +164,7 @@ class GPTConfig:
         steps: number of optimizer steps.
         capture_steps: 1-based steps at which gradients are recorded, each in [1, steps].
         corpus_bytes: size of the training corpus, a prefix of
-            ``ortho_verify.corpus.pinned_corpus``.
+            ``ortho_verify.inputs.corpus.pinned_corpus``.
 
     Raises:
         ValueError: on non-positive sizes, ``d_model % n_heads != 0``, empty or
@@ -381,7 +381,7 @@ def last_run_info() -> dict | None:
     Returns:
         None before the first call, else a dict with keys ``config`` (dict),
         ``seed``, ``torch_version``, ``python_version`` (of the run that trained),
-        ``corpus`` (``ortho_verify.corpus.corpus_identity``: name, bytes, sha256),
+        ``corpus`` (``ortho_verify.inputs.corpus.corpus_identity``: name, bytes, sha256),
         ``corpus_bytes`` (int),
         ``initial_loss`` (loss at step 1, nats/byte; ln 256 = 5.545 is chance),
         ``final_loss`` (mean loss over the last 10 steps, nats/byte),

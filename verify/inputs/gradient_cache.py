@@ -1,4 +1,4 @@
-"""The on-disk cache of the byte-level GPT's captured gradients (``ortho_verify.data.real_gradients``):
+"""The on-disk cache of the byte-level GPT's captured gradients (``ortho_verify.inputs.data.real_gradients``):
 where it lives, the key of a run, and atomic writes of the ``.npz`` file and its ``.json`` sidecar.
 
 The key hashes (config, seed, torch version, the corpus identity, cache format); a file whose
@@ -20,8 +20,8 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from ortho_verify.corpus import corpus_identity
-from ortho_verify.spectra import MatrixCase
+from .corpus import corpus_identity
+from .spectra import MatrixCase
 
 __all__ = ["CACHE_FORMAT", "cache_path", "default_cache_dir", "load", "save"]
 

@@ -4,7 +4,7 @@
 ``ortho_verify.strategies`` draws the same examples with hypothesis and re-exports every name
 here; ``ortho_verify.api`` builds its default inputs from this module, so checking an
 orthogonalizer needs no hypothesis. Every example is U diag(s) Vᵀ with Haar-random U, V
-(``ortho_verify.spectra.haar_orthogonal``) and a spectrum s from one of six families (see
+(``ortho_verify.inputs.spectra.haar_orthogonal``) and a spectrum s from one of six families (see
 ``ortho_verify.strategies`` for the table).
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
+from .spectra import MatrixCase, matrix_with_spectrum
 
 __all__ = ["DTYPES", "LAYOUTS", "MAX_SCALE", "MIN_SCALE", "SPECTRUM_KINDS", "SpectralExample", "build_example",
            "make_spectrum"]

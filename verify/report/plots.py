@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 
 import ortho_ref
-from ortho_verify.optional import pyplot, require
-from ortho_verify.results import CheckResult
-from ortho_verify.tables import BAND_INTERVAL
-from ortho_verify.tolerances import BASELINE_FLOOR
+
+from ..optional import pyplot, require
+from ..tolerances import BASELINE_FLOOR
+from .results import CheckResult
+from .tables import BAND_INTERVAL
 
 __all__ = ["ratio_distribution", "singular_value_map", "write_plots"]
 

@@ -118,8 +118,8 @@ def raised_row(err: BaseException, x, input_name: str, what: str):
     raised it (``ortho_verify.kinds.user_frame``: never a frame of torch or an installed library)."""
     import math
 
-    from ortho_verify.checks.diagnoses import with_cause
-    from ortho_verify.results import measured, user_frame
+    from ..report.results import measured, user_frame
+    from .diagnoses import with_cause
 
     if is_recompile_limit(err):
         return with_cause(measured("recompile_limit", input_name, what, math.inf, 0.0,
@@ -133,17 +133,18 @@ def raised_row(err: BaseException, x, input_name: str, what: str):
 def check_examples(examples) -> None:
     """``examples=`` is None or a list / tuple of ``SpectralExample``. Raises: TypeError naming examples and the
     expected type (a bare tensor or array is the common mistake: wrap it with ``build_example``)."""
-    from ortho_verify.examples import SpectralExample
+    from ..inputs.examples import SpectralExample
 
     if examples is None:
         return
     if not isinstance(examples, (list, tuple)):
-        raise TypeError(f"examples: expected a list of ortho_verify.examples.SpectralExample (from default_examples "
-                        f"or build_example), got {type(examples).__name__}")
+        raise TypeError("examples: expected a list of ortho_verify.inputs.examples.SpectralExample (from "
+                        f"default_examples or build_example), got {type(examples).__name__}")
     bad = [type(ex).__name__ for ex in examples if not isinstance(ex, SpectralExample)]
     if bad:
-        raise TypeError(f"examples: expected a list of ortho_verify.examples.SpectralExample (from default_examples "
-                        f"or build_example; a tensor of your own is not one), got an element of type {bad[0]}")
+        raise TypeError("examples: expected a list of ortho_verify.inputs.examples.SpectralExample (from "
+                        "default_examples or build_example; a tensor of your own is not one), got an element of type "
+                        f"{bad[0]}")
 
 
 def check_seed(seed) -> int:

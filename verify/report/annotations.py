@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ortho_verify.results import CheckResult, format_number, verdict, worst_per_group
+from .results import CheckResult, format_number, verdict, worst_per_group
 
 __all__ = ["MAX_ANNOTATIONS", "escape_data", "escape_property", "github_annotations", "in_github_actions"]
 

@@ -19,7 +19,8 @@ import torch
 import ortho_fast
 from ortho_fast.functional.dion import dion_rank, dion_update, initial_q
 from ortho_fast.functional.muon import adjusted_lr_scale
-from ortho_verify.conventions import DionConventions, MuonConventions
+
+from ..conventions import DionConventions, MuonConventions
 
 __all__ = ["GRAM_POLAR_EXPRESS", "GRAM_RESTARTS", "JORDAN", "PLANTED_BUGS", "PlantedBug", "SimpleDion", "SimpleMuon",
            "gram_newton_schulz_kernel", "newton_schulz_kernel", "round_to_tf32", "tf32_newton_schulz_kernel"]

@@ -16,19 +16,19 @@ from typing import Callable, Sequence
 
 import torch
 
-from ortho_verify.conventions import DionConventions, MuonConventions, dtype_name
-from ortho_verify.results import VerificationReport, measured
-from ortho_verify.sharding.analysis import input_name, layout_rows
-from ortho_verify.sharding.compute import resolve_compute
-from ortho_verify.sharding.crashes import BACKEND_KIND, COMBINED_KIND, crash_kind, headline
-from ortho_verify.sharding.diagnosis import layout_pattern
-from ortho_verify.sharding.factory_run import FactoryPlan, one_process_run
-from ortho_verify.sharding.inputs import initial_weight
-from ortho_verify.sharding.launch import under_torchrun
-from ortho_verify.sharding.layouts import SHARDED_LAYOUTS, layouts_for
-from ortho_verify.sharding.placement import state_placement as _checked_placement
-from ortho_verify.sharding.user_launch import LaunchResult, run_layout
-from ortho_verify.tolerances import sharded_tolerance
+from ..conventions import DionConventions, MuonConventions, dtype_name
+from ..report.results import VerificationReport, measured
+from ..tolerances import sharded_tolerance
+from .analysis import input_name, layout_rows
+from .compute import resolve_compute
+from .crashes import BACKEND_KIND, COMBINED_KIND, crash_kind, headline
+from .diagnosis import layout_pattern
+from .factory_run import FactoryPlan, one_process_run
+from .inputs import initial_weight
+from .launch import under_torchrun
+from .layouts import SHARDED_LAYOUTS, layouts_for
+from .placement import state_placement as _checked_placement
+from .user_launch import LaunchResult, run_layout
 
 __all__ = ["DEFAULT_SHARDED_SHAPES", "HANG_FACTOR", "ShardedReport", "check_sharded_optimizer", "crash_kind",
            "labelled_shapes", "load_factory", "parse_shapes"]
@@ -197,7 +197,7 @@ def _select(world_size: int, names) -> list:
 def _oracle_rows(factory: Callable, conventions, reference: dict, shapes, dtype, steps: int) -> list:
     """``check_optimizer`` on the one-process run (its own inputs), the hyperparameters read from
     the factory's param group under the conventions' names."""
-    from ortho_verify.optimizer_checks import check_optimizer
+    from ..checks.optimizer_checks import check_optimizer
 
     names = conventions.hyperparameter_names
     missing = [names[k] for k in ("lr", "momentum", "weight_decay") if names[k] not in reference["hyper"]]
@@ -369,7 +369,7 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
     shapes = labelled_shapes(shapes)
     if compute_dtype is not None:
         resolve_compute(compute_dtype, None, None, name)  # ValueError naming compute_dtype, before any launch
-    from ortho_verify.devices import resolve_device
+    from ..devices import resolve_device
 
     dev = resolve_device(device)  # TypeError / ValueError naming device
     gpu = dev.type == "cuda" and not under_torchrun()

@@ -14,8 +14,9 @@ import numpy as np
 
 import ortho_ref
 from ortho_ref import golden as golden_files
-from ortho_verify import tolerances as tol
-from ortho_verify.results import CheckResult, measured, no_claim
+
+from .. import tolerances as tol
+from ..report.results import CheckResult, measured, no_claim
 
 CHECK = "golden"
 DION_OUTPUTS = ("weight", "momentum", "Q", "P")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import sys
 
-from ortho_verify.optional import EXTRA, EXTRA_MODULES, INSTALL_HINT, missing_extra_modules
+from ..optional import EXTRA, EXTRA_MODULES, INSTALL_HINT, missing_extra_modules
 
 __all__ = ["console_main"]
 
 
 def console_main(argv: list[str] | None = None) -> int:
-    """Run ``ortho_verify.cli.main(argv)`` and return its exit code.
+    """Run ``ortho_verify.cli.main.main(argv)`` and return its exit code.
 
     Without the extra, prints one line to stderr naming it —
     ``ortho-verify needs the extra 'verify' (missing: threadpoolctl): pip install 'ortho-optim[verify]'`` —
@@ -20,7 +20,7 @@ def console_main(argv: list[str] | None = None) -> int:
     missing = missing_extra_modules()
     if not missing:
         try:
-            from ortho_verify.cli import main
+            from .main import main
         except ModuleNotFoundError as err:  # a module of the extra that is found but does not import
             if (err.name or "").partition(".")[0] not in EXTRA_MODULES:
                 raise

@@ -1,7 +1,7 @@
 """The pinned training text of the real-gradient inputs: Python-like source generated deterministically.
 
 The real-gradient inputs of ``ortho-verify`` are gradients of a small byte-level GPT
-(``ortho_verify.data``). Trained on the running interpreter's standard library, they changed with
+(``ortho_verify.inputs.data``). Trained on the running interpreter's standard library, they changed with
 the Python version, so a baseline written with one Python failed with another. This module
 generates the training text instead: a stream of Python-like modules (docstrings, imports,
 classes, functions, loops, conditionals, comments) whose words are drawn with Zipf-like
@@ -13,7 +13,7 @@ the same package version gives the same bytes everywhere, identified by ``CORPUS
 
 Change the generator only together with ``CORPUS_NAME`` and ``CORPUS_SHA256``: the hash is
 recorded in every report and baseline, and a baseline of another corpus is not compared
-(``ortho_verify.baseline``).
+(``ortho_verify.report.baseline``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ __all__ = ["CORPUS_BYTES", "CORPUS_NAME", "CORPUS_SHA256", "SplitMix64", "corpus
 
 #: Name and version of the generator (part of every report's and baseline's corpus identity).
 CORPUS_NAME = "ortho-pseudo-python-v1"
-#: Bytes of the default corpus (``ortho_verify.data.GPTConfig.corpus_bytes``).
+#: Bytes of the default corpus (``ortho_verify.inputs.data.GPTConfig.corpus_bytes``).
 CORPUS_BYTES = 2_000_000
 #: SHA-256 of ``pinned_corpus(CORPUS_BYTES)``.
 CORPUS_SHA256 = "bb3bc76e8c46991e0685b08c41813363f51b64a0a3a1f527d0b3e093ef184efa"

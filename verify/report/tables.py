@@ -1,4 +1,4 @@
-"""Tables: the ones quoted in the docs, computed by the oracle (``python -m ortho_verify.tables``
+"""Tables: the ones quoted in the docs, computed by the oracle (``python -m ortho_verify.report.tables``
 prints them; docs/tolerances.md embeds the output verbatim and a test regenerates it, so the
 numbers in the docs are the ones the code computes), and the layout of the terminal tables of
 ``ortho-verify`` (``print_fitted``: rich draws them; the column widths and where a cell breaks
@@ -12,7 +12,8 @@ import re
 import numpy as np
 
 import ortho_ref
-from ortho_verify.optional import require
+
+from ..optional import require
 
 #: The narrowest a wrapped text column gets (an elided cell keeps its first and last characters).
 MIN_TEXT_WIDTH = 8

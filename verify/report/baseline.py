@@ -10,7 +10,7 @@ run into ``baseline_regression`` rows (one per check name, the worst key), a ``b
 row (golden files changed or removed). A ratio regresses when
 r_new > max(BASELINE_GROWTH·r_old, BASELINE_FLOOR) (``ortho_verify.tolerances``: 2 and 0.1).
 
-Inputs: the baseline records the identity of the real-gradient corpus (``ortho_verify.corpus
+Inputs: the baseline records the identity of the real-gradient corpus (``ortho_verify.inputs.corpus
 .corpus_identity``: name, size, SHA-256). When a run's corpus differs, its real-input rows are not
 compared (they measure other matrices) and one ``baseline_inputs`` row that made no claim says so —
 the run's verdict is "inconclusive" (exit 1), never a regression.
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ortho_verify.results import CheckResult, VerificationReport, measured, no_claim
-from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
+from ..tolerances import BASELINE_FLOOR, BASELINE_GROWTH
+from .results import CheckResult, VerificationReport, measured, no_claim
 
 __all__ = ["BASELINE_FOLDER", "FORMAT", "GOLDEN_DIR", "READABLE_FORMATS", "allowed_ratio", "compare",
            "compare_with_baseline", "golden_hashes", "load", "save_baseline", "baseline_path_for_test", "write"]
@@ -41,7 +41,7 @@ __all__ = ["BASELINE_FOLDER", "FORMAT", "GOLDEN_DIR", "READABLE_FORMATS", "allow
 FORMAT = 3
 #: Formats ``load`` reads (a format-2 baseline has no corpus identity: its real inputs are not compared).
 READABLE_FORMATS = (2, 3)
-GOLDEN_DIR = Path(__file__).resolve().parents[1] / "ortho_ref" / "golden" / "data"
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "ortho_ref" / "golden" / "data"
 #: The folder of the ``ortho_baseline`` fixture's files, beside each test file.
 BASELINE_FOLDER = "ortho-baselines"
 

@@ -1,18 +1,18 @@
 """``ortho-verify``: check the fast Muon / Dion implementations against the exact oracle.
 
-The default run trains a small byte-level GPT on the pinned corpus (``ortho_verify.corpus``;
+The default run trains a small byte-level GPT on the pinned corpus (``ortho_verify.inputs.corpus``;
 cached), captures real gradient matrices, adds synthetic matrices with prescribed spectra, runs
-every check of ``ortho_verify.checks``, the error-feedback checks of ``ortho_verify.error_feedback``
-and the oracle's golden files (``ortho_verify.golden``), prints a summary (one row per check, then
+every check of ``ortho_verify.checks``, the error-feedback checks of ``ortho_verify.checks.error_feedback``
+and the oracle's golden files (``ortho_verify.checks.golden``), prints a summary (one row per check, then
 the failing rows; ``--verbose``: every check and input), writes ``report.json`` (schema
-``ortho_verify.results.REPORT_SCHEMA_VERSION``), ``report.md``, PNG plots and optionally JUnit XML,
+``ortho_verify.report.results.REPORT_SCHEMA_VERSION``), ``report.md``, PNG plots and optionally JUnit XML,
 prints GitHub Actions annotations when ``GITHUB_ACTIONS=true``, optionally compares with a
 baseline, and exits 0 when every check passed, 1 when a check failed or the run was inconclusive
 (a check made no claim on any of its inputs; rows that made no claim are counted apart), 2 on a
-usage error (``ortho_verify.arguments``). Subcommands: ``sharding``, ``reproduce``, ``identify``.
+usage error (``ortho_verify.cli.arguments``). Subcommands: ``sharding``, ``reproduce``, ``identify``.
 """
 
-from __future__ import annotations  # noqa: I001  (sorted as isort; its one-name-a-line wrapping: over 500 lines)
+from __future__ import annotations
 
 import argparse
 import importlib
@@ -27,22 +27,24 @@ import torch
 from threadpoolctl import threadpool_limits
 
 import ortho_fast
-from ortho_verify import (annotations, baseline, checks, data, error_feedback, junit, measured, plots, presets,
-                          registry, report)
-from ortho_verify.arguments import (EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file,
-                                    check_readable_file)
-from ortho_verify.checks.newton_schulz import kernel_suffix
-from ortho_verify.checks.qk_clip import qk_clip_jobs
-from ortho_verify.checks.stages import stage_jobs
-from ortho_verify.checks.statistical import (CLI_QUICK_STATISTICAL_SCHEDULES, CLI_STATISTICAL_MATRICES,
-                                             check_ns_statistics)
-from ortho_verify.corpus import corpus_identity
-from ortho_verify.devices import describe_device, resolve_device
-from ortho_verify.optional import require
-from ortho_verify.results import REPORT_SCHEMA_VERSION, CheckResult
-from ortho_verify.spectra import synthetic_matrices
-from ortho_verify.tables import print_words
-from ortho_verify.tolerances import BASELINE_FLOOR, BASELINE_GROWTH
+
+from .. import checks, presets, registry
+from ..checks import error_feedback
+from ..checks.newton_schulz import kernel_suffix
+from ..checks.qk_clip import qk_clip_jobs
+from ..checks.stages import stage_jobs
+from ..checks.statistical import CLI_QUICK_STATISTICAL_SCHEDULES, CLI_STATISTICAL_MATRICES, check_ns_statistics
+from ..devices import describe_device, resolve_device
+from ..inputs import data
+from ..inputs.corpus import corpus_identity
+from ..inputs.spectra import synthetic_matrices
+from ..optional import require
+from ..report import annotations, baseline, junit, plots, terminal as report
+from ..report.results import REPORT_SCHEMA_VERSION, CheckResult
+from ..report.tables import print_words
+from ..tolerances import BASELINE_FLOOR, BASELINE_GROWTH
+from . import measured
+from .arguments import EXIT_FAILED, EXIT_PASSED, SuggestingParser, check_folder, check_output_file, check_readable_file
 
 DTYPES = ("float64", "float32", "bfloat16")
 EF_DTYPES = ("float64", "float32")
@@ -72,7 +74,7 @@ SUBCOMMAND_HELP = {"sharding": "distributed layouts of Dion and Muon equal to on
 
 
 def measured_text(what: str) -> str:
-    """The measured cost that ``--help`` quotes, from ``ortho_verify.measured`` (written by
+    """The measured cost that ``--help`` quotes, from ``ortho_verify.cli.measured`` (written by
     ``python scripts/timings.py --write-docs``): "quick" -> the ``--quick`` run's wall time, "threads" ->
     ``--quick`` with 1 and 2 threads. "not measured" when the measurement lacks it."""
     c = measured.TIMINGS.get("commands", {})
@@ -177,10 +179,10 @@ def error_feedback_inputs(cases) -> list:
 
 
 def _golden_job():
-    """The golden-file check of ``ortho_verify.golden`` if that module is installed, else None; an
+    """The golden-file check of ``ortho_verify.checks.golden`` if that module is installed, else None; an
     exception while reading the files becomes one failed row (the run goes on)."""
     try:
-        from ortho_verify import golden
+        from ..checks import golden
     except ImportError:
         return None
 
@@ -279,7 +281,7 @@ def plan_jobs(cases, quick: bool, sv_points: dict | None = None, device=None) ->
 
 def main(argv: list[str] | None = None) -> int:
     """Run the checks; returns the exit code: 0 every check passed, 1 a check failed or the run
-    was inconclusive (``ortho_verify.results.verdict``), 2 a usage error (raised as SystemExit(2)
+    was inconclusive (``ortho_verify.report.results.verdict``), 2 a usage error (raised as SystemExit(2)
     by argparse, before any work)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in SUBCOMMANDS:  # ortho-verify sharding ... / ortho-verify reproduce ...

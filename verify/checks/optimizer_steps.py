@@ -13,19 +13,15 @@ import numpy as np
 import torch
 
 import ortho_ref
-from ortho_verify import error_feedback, tolerances as tol
-from ortho_verify.arrays import as_float64 as _as_f64
-from ortho_verify.checks.diagnoses import momentum_cause, momentum_form_candidates, with_cause
-from ortho_verify.checks.dion import dion_reference_rows, never_transposed_dion_step
-from ortho_verify.checks.newton_schulz import compare_ns_output
-from ortho_verify.conventions import (
-    DionConventions,
-    MuonConventions,
-    coarser_dtype,
-    dtype_name,
-    table_and_normalization,
-)
-from ortho_verify.results import measured, no_claim
+
+from .. import tolerances as tol
+from ..conventions import DionConventions, MuonConventions, coarser_dtype, dtype_name, table_and_normalization
+from ..inputs.arrays import as_float64 as _as_f64
+from ..report.results import measured, no_claim
+from . import error_feedback
+from .diagnoses import momentum_cause, momentum_form_candidates, with_cause
+from .dion import dion_reference_rows, never_transposed_dion_step
+from .newton_schulz import compare_ns_output
 
 __all__ = ["DECAY_PROBE_SHAPE", "buffer_rows", "decay_probe_rows", "dion_step_rows", "flat_state", "has_state",
            "muon_step_rows", "state_value"]
@@ -195,7 +191,7 @@ def muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, l
         if bad:
             return bad, None
     if conv.has_stages:  # MuonEq / Muon+ / NorMuon: the pipeline oracle (ortho_verify.checks.stages)
-        from ortho_verify.checks.stages import StepInputs, stage_step_rows
+        from .stages import StepInputs, stage_step_rows
 
         vkey = conv.normuon_state_key if conv.normuon_beta2 is not None else None
         v_prev = state_prev.get(vkey) if vkey else None

@@ -14,16 +14,8 @@ import torch
 
 import ortho_fast
 import ortho_ref
-from ortho_verify.arrays import as_float64 as _as_f64
-from ortho_verify.checks.diagnoses import with_cause
-from ortho_verify.checks.optimizer_statistics import (
-    MIN_STATISTICAL_MATRICES,
-    STATISTICAL_MATRICES,
-    STATISTICAL_SHAPE,
-    optimizer_mean_deviation,
-    statistical_inputs,
-)
-from ortho_verify.conventions import (
+
+from ..conventions import (
     DION,
     ORTHO_MUON,
     TORCH_MUON,
@@ -33,10 +25,21 @@ from ortho_verify.conventions import (
     dtype_name,
     table_and_normalization,
 )
-from ortho_verify.devices import describe_device, device_label, resolve_device
-from ortho_verify.identify.optimizer_kwargs import constructor_kwargs, split_name
-from ortho_verify.kernel_calls import check_seed
-from ortho_verify.optimizer_steps import (
+from ..devices import describe_device, device_label, resolve_device
+from ..identify.optimizer_kwargs import constructor_kwargs, split_name
+from ..inputs.arrays import as_float64 as _as_f64
+from ..inputs.spectra import matrix_with_spectrum
+from ..report.results import VerificationReport, accept_side_effects, measured, user_frame
+from .diagnoses import with_cause
+from .kernel_calls import check_seed
+from .optimizer_statistics import (
+    MIN_STATISTICAL_MATRICES,
+    STATISTICAL_MATRICES,
+    STATISTICAL_SHAPE,
+    optimizer_mean_deviation,
+    statistical_inputs,
+)
+from .optimizer_steps import (
     DECAY_PROBE_SHAPE,
     buffer_rows,
     decay_probe_rows,
@@ -46,8 +49,6 @@ from ortho_verify.optimizer_steps import (
     muon_step_rows,
     state_value,
 )
-from ortho_verify.results import VerificationReport, accept_side_effects, measured, user_frame
-from ortho_verify.spectra import matrix_with_spectrum
 
 __all__ = ["DEFAULT_PARAM_DTYPES", "DEFAULT_SHAPES", "check_optimizer", "optimizer_inputs"]
 
@@ -370,7 +371,7 @@ def _statistical_row(opt, params, conv, before, batch, t, *, lr, mu, wd, pdt, su
     """``optimizer_mean_deviation`` of step ``t`` of the statistical parameters
     (``ortho_verify.checks.optimizer_statistics``); a row that makes no claim for conventions with
     pipeline stages or cautious weight decay (the per-direction model is of plain Muon)."""
-    from ortho_verify.results import no_claim
+    from ..report.results import no_claim
 
     J, (m, n) = len(params), batch.weights.shape[-2:]
     name = f"statistical {J}x({m}x{n}){suffix} step {t + 1}"

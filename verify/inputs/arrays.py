@@ -1,7 +1,7 @@
 """Moving arrays between the fast side (torch) and the oracle (float64 numpy), and the
 deterministic auxiliary arrays of a check input.
 
-Lower than every check module (``ortho_verify.checks``, ``ortho_verify.error_feedback``,
+Lower than every check module (``ortho_verify.checks``, ``ortho_verify.checks.error_feedback``,
 ``ortho_verify.api``), which all use it.
 """
 
@@ -12,7 +12,7 @@ import zlib
 import numpy as np
 import torch
 
-from ortho_verify.spectra import MatrixCase
+from .spectra import MatrixCase
 
 __all__ = ["TORCH_DTYPES", "as_float64", "case_array", "case_rng", "rounded"]
 

@@ -13,7 +13,7 @@ from typing import Iterable
 
 import torch
 
-from ortho_verify.conventions import DionConventions
+from ..conventions import DionConventions
 
 __all__ = ["FreeSignDion", "NEVER_TRANSPOSE_CONVENTIONS", "FREE_SIGN_DION_CONVENTIONS"]
 

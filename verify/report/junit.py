@@ -13,7 +13,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ortho_verify.results import CheckResult, format_number, worst_per_group
+from .results import CheckResult, format_number, worst_per_group
 
 __all__ = ["junit_tree", "write_junit_xml"]
 

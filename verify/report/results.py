@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ortho_verify.kinds import (
+from ..kinds import (
     FAILURE_KINDS,
     SIDE_EFFECTS,
     UNSUPPORTED_CHECKS,

@@ -31,10 +31,11 @@ import torch
 
 import ortho_ref
 from ortho_fast.functional.dion import dion_update
-from ortho_verify import tolerances as tol
-from ortho_verify.arrays import TORCH_DTYPES, as_float64 as _f64
-from ortho_verify.results import CheckResult, measured, no_claim
-from ortho_verify.spectra import MatrixCase, matrix_with_spectrum
+
+from .. import tolerances as tol
+from ..inputs.arrays import TORCH_DTYPES, as_float64 as _f64
+from ..inputs.spectra import MatrixCase, matrix_with_spectrum
+from ..report.results import CheckResult, measured, no_claim
 
 __all__ = [
     "DionTrace", "check_error_feedback", "check_full_rank_polar", "check_subspace_convergence",
@@ -254,7 +255,7 @@ def check_full_rank_polar(case: MatrixCase, dtype: str, *, steps: int = 24, mu: 
     Rows ``ef_full_rank_polar`` (fixed point) and ``ef_full_rank_convergence`` (worst t over the
     steps with a finite bound; the note names the others). An input whose fixed-point bound is
     not first-order valid (δ_P ≥ 0.1: B too ill-conditioned for the dtype), or whose convergence
-    bound is infinite at every step, gives a "no claim" row (``ortho_verify.results.no_claim``).
+    bound is infinite at every step, gives a "no claim" row (``ortho_verify.report.results.no_claim``).
     """
     b, (u, s, vt), transposed = _fixed_b(case, dtype)
     m, n = b.shape
