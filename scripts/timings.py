@@ -67,7 +67,14 @@ def timed(argv: list[str], env: dict | None = None) -> dict:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"argv": " ".join(argv[2:] if argv[1] == "-m" else argv), "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-            "rc": proc.returncode, "tail": proc.stdout[-2000:]}
+            "rc": proc.returncode, "tail": proc.stdout[-2000:], "date": datetime.date.today().isoformat(),
+            "cores": os.cpu_count()}
+
+
+def _where_of(run: dict, t: dict) -> str:
+    """Where and when one command was timed: its own date (a command timed alone by ``--only``), else the run's."""
+    return (f"{run.get('cores', t['cores'])} CPU cores, {run.get('date', t['date'])}, measured by "
+            "`python scripts/timings.py --write-docs`")
 
 
 #: The test of the committed docs against the committed measurement: the run is about to rewrite both.
@@ -99,15 +106,32 @@ def measure_reproduce(work: Path) -> dict:
 
 
 def measure_only(keys: list[str], previous: dict) -> dict:
-    """The commands ``keys`` (of ``REPRODUCE_RUNS``) timed now, every other measurement kept from
-    ``previous``. Raises: ValueError naming a key that cannot be measured alone."""
-    alone = {k for k, *_ in REPRODUCE_RUNS}
+    """The commands ``keys`` (of ``REPRODUCE_RUNS`` and ``SHARDING_RUNS``) timed now, every other
+    measurement kept from ``previous``. Raises: ValueError naming a key that cannot be measured alone."""
+    alone = {k for k, *_ in REPRODUCE_RUNS} | {k for k, _ in SHARDING_RUNS}
     unknown = [k for k in keys if k not in alone]
     if unknown:
         raise ValueError(f"--only: {unknown} cannot be measured alone; expected some of {sorted(alone)}")
     work = Path(tempfile.mkdtemp(prefix="ortho-timings-"))
-    fresh = {k: v for k, v in measure_reproduce(work).items() if k in keys}
+    fresh = {}
+    if any(k in keys for k, *_ in REPRODUCE_RUNS):
+        fresh.update(measure_reproduce(work))
+    fresh.update(measure_sharding(work, [k for k in keys if k in dict(SHARDING_RUNS)]))
+    fresh = {k: v for k, v in fresh.items() if k in keys}
     return {**previous, "commands": {**previous.get("commands", {}), **fresh}}
+
+
+def measure_sharding(work: Path, keys=None) -> dict:
+    """``ortho-verify sharding`` of each factory of ``SHARDING_RUNS`` (those in ``keys``; None: all), timed."""
+    out = {}
+    for key, factory in SHARDING_RUNS:
+        if keys is not None and key not in keys:
+            continue
+        run = timed([sys.executable, "-m", "ortho_verify", "sharding", "--optimizer",
+                     f"ortho_verify.sharding:{factory}",
+                     "--world-size", "4", "--out", str(work / key)])
+        out[key] = {k: v for k, v in run.items() if k != "tail" or run["rc"]}
+    return out
 
 
 def measure(skip_pytest: bool = False, previous: dict | None = None) -> dict:
@@ -139,11 +163,7 @@ def measure(skip_pytest: bool = False, previous: dict | None = None) -> dict:
         out["commands"][key] = {k: v for k, v in run.items() if k != "tail"}
         if run["rc"] != 0:
             out["commands"][key]["tail"] = run["tail"]
-    for key, factory in SHARDING_RUNS:
-        run = timed([sys.executable, "-m", "ortho_verify", "sharding", "--optimizer",
-                     f"ortho_verify.sharding:{factory}",
-                     "--world-size", "4", "--out", str(work / key)])
-        out["commands"][key] = {k: v for k, v in run.items() if k != "tail" or run["rc"]}
+    out["commands"].update(measure_sharding(work))
     out["commands"].update(measure_reproduce(work))
     if skip_pytest and previous and "pytest" in previous.get("commands", {}):
         out["commands"]["pytest"] = previous["commands"]["pytest"]
@@ -224,7 +244,8 @@ def render(t: dict) -> dict[str, str]:
         "default-checks": checks_table(t),
         "reproduce-quick": _reproduce_text(c.get("reproduce_quick"), t),
         "sharding": (f"{_seconds(c['sharding_muon']['wall_s'])} for ortho_fast's Muon and "
-                     f"{_seconds(c['sharding_dion']['wall_s'])} for its Dion ({where}: `ortho-verify sharding "
+                     f"{_seconds(c['sharding_dion']['wall_s'])} for its Dion ({_where_of(c['sharding_muon'], t)}: "
+                     "`ortho-verify sharding "
                      "--optimizer ortho_verify.sharding:muon_factory --world-size 4`, and `dion_factory`)"
                      if "sharding_muon" in c and "sharding_dion" in c else "(not measured)"),
     }
