@@ -20,6 +20,7 @@ import torch
 from ..coefficients import resolve_coefficients, schedule_of
 from ..functional import dion2 as dion2_math, stacked as stacked_math
 from ..functional.dion2 import DION2_ADJUST_LR_MODES, SELECTION_SCOPES
+from ..functional.graph_scalars import CPU_ROUNDED_FACTOR_DTYPES
 from ..functional.newton_schulz import resolve_compute_dtype
 from ..validation import (
     FiniteCheck,
@@ -220,9 +221,8 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None, wo
     Source: microsoft/dion ``dion2_update_megabatch_async`` (unsharded path)."""
     options = resolve_dion2_options(group) if options is None else options
     workspace = stacked_math.Workspace() if workspace is None else workspace
-    plan = plan_dion2_group(group, options)
-    run_dion2_plan(plan.live, plan.families, plan.chunks, plan.reserve, state, options.lr, options.weight_decay,
-                   options.ef_decay, options.table, options, workspace)
+    run_dion2_plan(plan_dion2_group(group, options), state, options.lr, options.weight_decay, options.ef_decay,
+                   workspace)
 
 
 #: The device-memory bytes one kernel launch weighs in the cost model of docs/performance.md
@@ -265,9 +265,11 @@ def _chunk_of(params: list[torch.Tensor], shape: tuple, options: Dion2Options) -
 class Dion2Plan:
     """What a Dion2 group's step reads, resolved once per change of the group (``plan_dion2_group``):
     its options, the parameters with a gradient (``live``) and their (shape, dtype, device)
-    (``layouts``), their names for errors, ``families`` (the live parameters by dtype and device:
-    the group-wide ``_foreach`` ops), the chunks (``Dion2Chunk``) and the workspace to reserve per
-    device (``reserve``: the largest first chunk of a shape). ``snapshot``: the option values
+    (``layouts``), their names for errors, ``local`` (a DTensor among them: stepped on its local
+    copy), ``families`` (the positions in ``live`` by dtype and device, each with whether its
+    decay takes ``foreach_scale_``'s own ``mul_``: the group-wide ``_foreach`` ops), the chunks
+    (``Dion2Chunk``) and the workspace to reserve per device (``reserve``: the largest first chunk
+    of a shape). ``snapshot``: the option values
     other than lr / weight_decay / ef_decay it was planned from; ``hypers`` those three, validated
     (``hyper_values``: as the group held them)."""
 
@@ -276,6 +278,7 @@ class Dion2Plan:
     live: list
     layouts: list
     names: list
+    local: bool
     families: list
     chunks: list
     reserve: dict
@@ -314,10 +317,10 @@ def plan_dion2_group(group: dict, options: Dion2Options, live: list | None = Non
     chunks (``dion2_chunks``) within the group's budget (``dion2_budget``)."""
     live = [p for p in group["params"] if p.grad is not None] if live is None else live
     batches: dict[tuple, list[torch.Tensor]] = defaultdict(list)
-    families: dict[tuple, list[torch.Tensor]] = defaultdict(list)
-    for p in live:
+    families: dict[tuple, list[int]] = defaultdict(list)
+    for i, p in enumerate(live):
         batches[(tuple(p.shape), p.dtype, p.device)].append(p)
-        families[(p.dtype, local_tensor(p).device)].append(p)
+        families[(p.dtype, local_tensor(p).device)].append(i)
     budget = dion2_budget(live, options) if live else None
     chunks, reserve = [], {}
     for (shape, _, _), params in batches.items():
@@ -325,12 +328,17 @@ def plan_dion2_group(group: dict, options: Dion2Options, live: list | None = Non
         chunks += cut  # the pool sized once for the largest chunk: no growth mid-step, no second pool
         reserve[cut[0].device] = max(reserve.get(cut[0].device, 0), cut[0].nbytes)
     index = {id(p): i for i, p in enumerate(group["params"])}
+    slot = {id(p): i for i, p in enumerate(live)}
+    for chunk in chunks:
+        chunk.slots = [slot[id(p)] for p in chunk.params]
     try:
         snapshot = tuple(_freeze(group[k]) for k in _PLAN_KEYS)
     except _Uncacheable:
         snapshot = ()
     return Dion2Plan(group=group, options=options, live=live, layouts=[(p.shape, p.dtype, p.device) for p in live],
-                     names=[_name(group, index[id(p)], p) for p in live], families=list(families.values()),
+                     names=[_name(group, index[id(p)], p) for p in live], local=any(is_dtensor(p) for p in live),
+                     families=[(slots, device.type == "cpu" and dtype in CPU_ROUNDED_FACTOR_DTYPES)
+                               for (dtype, device), slots in families.items()],
                      chunks=chunks, reserve=reserve, snapshot=snapshot,
                      hyper_values=tuple(group[k] for k in DION2_DEVICE_HYPERS),
                      hypers=(options.lr, options.weight_decay, options.ef_decay))
@@ -363,7 +371,11 @@ class Dion2Groups(GroupRunner):
             plan = self.plan(group)
             for p, name in zip(plan.live, plan.names):
                 check_grad(p, name, "Dion2", finite)
-                check_param_shaped_state(state, p, "momentum", name)
+                st = state.get(p)
+                buf = None if st is None else st.get("momentum")
+                if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape
+                                        or buf.dtype != p.dtype):
+                    check_param_shaped_state(state, p, "momentum", name)  # raises, naming it
             if not torch.compiler.is_compiling():
                 self.checked[id(group)] = plan
 
@@ -378,8 +390,7 @@ class Dion2Groups(GroupRunner):
             device = self.scalars.options(group, dataclasses.replace(options, lr=lr, weight_decay=weight_decay,
                                                                      ef_decay=ef_decay))
             lr, weight_decay, ef_decay = device.lr, device.weight_decay, device.ef_decay
-        run_dion2_plan(plan.live, plan.families, plan.chunks, plan.reserve, state, lr, weight_decay, ef_decay,
-                       options.table, options, self.workspace)
+        run_dion2_plan(plan, state, lr, weight_decay, ef_decay, self.workspace)
 
     def reset(self) -> None:
         super().reset()

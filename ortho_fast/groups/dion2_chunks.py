@@ -10,6 +10,7 @@ Source: microsoft/dion ``dion2_update_megabatch_async`` (unsharded path); docs/p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -81,7 +82,8 @@ class Dion2Chunk:
     selected per matrix), ``scale`` (the lr multiplier), ``flatten``, ``local`` (a DTensor among
     them: stepped on its local copy), the stack's and the submatrix's shapes (``stack_shape``
     (0,) for a chunk of one: the buffer itself), ``batched_update`` (``batched_update_pays``),
-    ``nbytes`` (its workspace) and ``views`` (views of its workspace stack, kept while the
+    ``nbytes`` (its workspace), ``slots`` (the parameters' positions among the group's
+    live parameters) and ``views`` (views of its workspace stack, kept while the
     workspace hands out the same bytes)."""
 
     params: list
@@ -98,6 +100,7 @@ class Dion2Chunk:
     device: torch.device
     nbytes: int
     batched_update: bool
+    slots: list = field(default_factory=list)  # the parameters' positions in the plan's live list
     views: dict = field(default_factory=dict)
 
 
@@ -113,43 +116,72 @@ def _unbound(chunk: Dion2Chunk, b: torch.Tensor) -> list[torch.Tensor]:
     return hit[1]
 
 
+def _stack_and_sub(chunk: Dion2Chunk, workspace: stacked_math.Workspace, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk's (c, m, n) stack and (c, k, n) / (c, m, k) submatrix buffers, both of its dtype: one
+    workspace request holding the two at ``stacked.ALIGN``-aligned offsets (the bytes two requests
+    would give), the views kept in ``chunk.views`` while the workspace gives the same bytes."""
+    dtype, size = chunk.dtype, chunk.dtype.itemsize
+    if torch.compiler.is_compiling():
+        return (workspace.get("dion2_stack", chunk.stack_shape, dtype, device),
+                workspace.get("dion2_sub", chunk.sub_shape, dtype, device))
+    stack_bytes = math.prod(chunk.stack_shape) * size
+    start = -(-stack_bytes // stacked_math.ALIGN) * stacked_math.ALIGN
+    end = start + math.prod(chunk.sub_shape) * size
+    region = workspace.get("dion2", (end,), torch.uint8, device)
+    key = (region.data_ptr(), region.device)
+    hit = chunk.views.get("buffers")
+    if hit is None or hit[0] != key:
+        hit = chunk.views["buffers"] = (key, (region[:stack_bytes].view(dtype).view(chunk.stack_shape),
+                                              region[start:end].view(dtype).view(chunk.sub_shape)))
+    return hit[1]
+
+
 @torch.no_grad()
-def run_dion2_plan(live: list, families: list, chunks: list[Dion2Chunk], reserve: dict, state, lr, weight_decay,
-                   ef_decay, table, options, workspace: stacked_math.Workspace) -> None:
-    """One Dion2 step of a planned group: the momentum of every parameter of ``live`` created where
-    missing, B = M + G and the decay W ← W·(1 − lr·wd) of each of ``families`` (lists of parameters
-    of one dtype and device: one ``_foreach`` op each), the workspace reserved (``reserve``: bytes
-    per device), then ``chunk_step`` per chunk. ``options``: the group's ``Dion2Options`` (the
-    Newton–Schulz settings); ``table`` its coefficient rows. The same bits as the step per chunk
-    (each entry's decay and accumulation are elementwise, before any read of it)."""
+def run_dion2_plan(plan, state, lr, weight_decay, ef_decay, workspace: stacked_math.Workspace) -> None:
+    """One Dion2 step of a planned group (``ortho_fast.groups.dion2.Dion2Plan``): the momentum of
+    every parameter of ``plan.live`` created where missing, B = M + G and the decay W ← W·(1 − lr·wd)
+    of each of ``plan.families`` (positions in ``live`` of one dtype and device: one ``_foreach`` op
+    each), the workspace reserved (``plan.reserve``: bytes per device), then ``chunk_step`` per
+    chunk. The same bits as the step per chunk (each entry's decay and accumulation are
+    elementwise, before any read of it)."""
+    live, local = plan.live, plan.local
+    moms = []
     for p in live:
         st = state[p]
-        if "momentum" not in st:
-            st["momentum"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-    for family in families:
-        moms = [local_tensor(state[p]["momentum"]) for p in family]
-        torch._foreach_add_(moms, [local_tensor(p.grad).to(b.dtype) for p, b in zip(family, moms)])
-        foreach_scale_([local_tensor(p) for p in family], 1 - lr * weight_decay)  # dion2_update's decay
+        m = st.get("momentum")
+        if m is None:
+            m = st["momentum"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        moms.append(local_tensor(m) if local else m)
+    decay = 1 - lr * weight_decay
+    for slots, own in plan.families:  # own: bfloat16 / float16 on the CPU (``foreach_scale_``'s own ``mul_``)
+        if local:
+            ps, gs = [local_tensor(live[i]) for i in slots], [local_tensor(live[i].grad) for i in slots]
+        else:
+            ps, gs = [live[i] for i in slots], [live[i].grad for i in slots]
+        torch._foreach_add_([moms[i] for i in slots], gs)  # dion2_accumulate (checked: one dtype)
+        if own or torch.compiler.is_compiling():
+            foreach_scale_(ps, decay)  # dion2_update's decay
+        else:
+            torch._foreach_mul_(ps, decay)  # foreach_scale_'s call for these tensors
     if not torch.compiler.is_compiling():  # under torch.compile every request is a fresh buffer
-        for device, nbytes in reserve.items():
+        for device, nbytes in plan.reserve.items():
             workspace.reserve(nbytes, device)
-    for chunk in chunks:
-        chunk_step(chunk, state, lr, ef_decay, table, options, workspace)
+    options = plan.options
+    for chunk in plan.chunks:
+        chunk_step(chunk, [moms[i] for i in chunk.slots], lr, ef_decay, options, workspace)
 
 
-def chunk_step(chunk: Dion2Chunk, state, lr, ef_decay, table, options, workspace) -> None:
-    """Dion2 on one chunk whose momentum holds B and whose weights are decayed (``run_dion2_plan``):
-    the (c, m, n) stack of B, the top-k slices by L1 norm, B_S gathered, M[S] ← ef_decay·B[S],
-    O_S = Newton–Schulz(B_S) and W[S] −= lr·s·O_S (three batched launches where
-    ``chunk.batched_update``, else one ``scatter_add_`` per matrix: the same bits)."""
+def chunk_step(chunk: Dion2Chunk, moms: list, lr, ef_decay, options, workspace) -> None:
+    """Dion2 on one chunk whose momentum ``moms`` (local tensors) holds B and whose weights are
+    decayed (``run_dion2_plan``): the (c, m, n) stack of B, the top-k slices by L1 norm, B_S
+    gathered, M[S] ← ef_decay·B[S], O_S = Newton–Schulz(B_S) and W[S] −= lr·s·O_S (three batched
+    launches where ``chunk.batched_update``, else one ``scatter_add_`` per matrix: the same bits).
+    ``options``: the group's ``Dion2Options`` (its Newton–Schulz settings)."""
     params, rows, flatten = chunk.params, chunk.rows, chunk.flatten
-    if chunk.local or flatten:
-        buffers = [matrices(local_tensor(state[p]["momentum"]), flatten) for p in params]
-    else:
-        buffers = [state[p]["momentum"] for p in params]
+    buffers = [matrices(m, flatten) for m in moms] if flatten else moms
     dim = -2 if rows else -1
     # the chunk's frame of the workspace starts here, stacked or not (``Workspace.get``)
-    b = workspace.get("dion2_stack", chunk.stack_shape, chunk.dtype, buffers[0].device)
+    b, sub = _stack_and_sub(chunk, workspace, buffers[0].device)
     stacked = len(buffers) > 1
     if stacked:
         torch.stack(buffers, out=b)
@@ -157,9 +189,8 @@ def chunk_step(chunk: Dion2Chunk, state, lr, ef_decay, table, options, workspace
         b = buffers[0].unsqueeze(0)
     indices = dion2_math.dion2_select(dion2_math.dion2_slice_norms(b, rows), chunk.k)
     index = dion2_math.expand_indices(indices, b, rows)
-    sub = workspace.get("dion2_sub", chunk.sub_shape, b.dtype, b.device)
     torch.gather(b, dim, index, out=sub)  # dion2_gather
-    ortho = dion2_math.orthogonalize_selected(sub, table, safety=options.safety, eps=options.epsilon,
+    ortho = dion2_math.orthogonalize_selected(sub, options.table, safety=options.safety, eps=options.epsilon,
                                               compute_dtype=options.compute_dtype, precision=options.precision,
                                               gram=options.gram, workspace=workspace if sub.ndim == 3 else None)
     # the error feedback on the stack (dion2_error_feedback, with ef_decay·B[S] formed in sub's
@@ -168,8 +199,8 @@ def chunk_step(chunk: Dion2Chunk, state, lr, ef_decay, table, options, workspace
     if stacked:
         torch._foreach_copy_(buffers, _unbound(chunk, b))
     if chunk.local or flatten:
-        for p, buf in zip(params, buffers):
-            write_back(local_tensor(state[p]["momentum"]), buf)
+        for m, buf in zip(moms, buffers):
+            write_back(m, buf)
         weights = [matrices(local_tensor(p), flatten) for p in params]
     else:
         weights = params
