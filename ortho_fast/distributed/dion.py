@@ -48,16 +48,14 @@ import torch.distributed as dist
 from ..functional.dion import initial_q
 from ..functional.qr import WHOLE, WholeDim, householder
 from ..groups.dion import (
-    DION_OPTION_KEYS,
-    check_dion_step,
+    cached_dion_plan,
+    check_planned,
     dion_state_dtype,
     init_dion_state,
     param_rank,
-    resolve_dion_options,
     step_block,
 )
 from ..groups.driver import GroupRunner, describe_groups
-from ..groups.options import OptionsCache
 from ..validation import FiniteCheck
 from .comm import all_gather_blocks, all_reduce, all_reduce_axes, broadcast, raise_together
 from .layout import (
@@ -357,7 +355,8 @@ class ShardedDionGroups(GroupRunner):
     """Runs a distributed ``Dion``'s groups (``GroupRunner`` of ``ortho_fast.groups.driver``):
     ``check`` on every rank together, then ``step`` per group on each rank's block.
 
-    ``check(groups, state, finite)``: on every rank, the group checks (``check_dion_step`` without
+    ``check(groups, state, finite)``: on every rank, the group checks (``check_dion_step``'s, from the
+    group's plan kept in ``step_plans`` (``groups.dion.cached_dion_plan``), without
     the finiteness test), the gradient's and state's layouts, the finiteness of this rank's
     gradient blocks (``finite``, one host sync), and whether B != 0 on each block; then
     ``comm.raise_together`` over ``meshes.check_axes`` (the replicate axis included without
@@ -377,11 +376,15 @@ class ShardedDionGroups(GroupRunner):
 
     def __init__(self, plans: dict, meshes: DionMeshes, seed: int) -> None:
         self.plans, self.meshes, self.seed = plans, meshes, seed
-        self.cache = OptionsCache()
+        self.step_plans: dict = {}  # id(group) -> its ``groups.dion.DionPlan`` (options, live parameters, kwargs)
         self._nonzero: dict[int, bool] = {}
 
     def options(self, group: dict):
-        return self.cache.get(group, DION_OPTION_KEYS, resolve_dion_options)
+        return cached_dion_plan(self.step_plans, group).options
+
+    def reset(self) -> None:
+        super().reset()
+        self.step_plans.clear()
 
     def agree(self, error: BaseException | None, device=None) -> None:
         """Make a local verdict global (``load_state_dict``: a corrupt shard on one rank): raise
@@ -401,7 +404,7 @@ class ShardedDionGroups(GroupRunner):
         error = None
         try:
             for group in groups:
-                check_dion_step(group, state, finite=False, options=self.options(group))
+                check_planned(cached_dion_plan(self.step_plans, group), state, False)
             for k, (group, p) in enumerate(entries):
                 if p.grad is not None:
                     st = state.get(p, {})
@@ -424,16 +427,15 @@ class ShardedDionGroups(GroupRunner):
         self._nonzero = {id(p): nz for (_, p), nz in zip(entries, nonzero)}
 
     def step(self, group: dict, state, first_index: int) -> None:
-        options = self.options(group)
-        for i, p in enumerate(group["params"]):
-            if p.grad is None:
-                continue
+        group_plan = cached_dion_plan(self.step_plans, group)
+        options, kwargs = group_plan.options, group_plan.kwargs
+        for i, p in group_plan.live:
             plan, st, k = self.plans[p], state[p], first_index + i
             init_sharded_state(p, st, group, plan, seed=self.seed, index=k)
             step_block(local_tensor(p), local_tensor(p.grad), local_tensor(st["momentum"]), local_tensor(st["Q"]), st,
                        options, seed=self.seed, index=k, shape=plan.shape, local_shape=plan.local_shape,
                        rows=plan.rows, cols=plan.cols, replica_mean=self.meshes.replica_mean,
-                       nonzero=self._nonzero[id(p)])
+                       nonzero=self._nonzero[id(p)], kwargs=kwargs)
 
 
 def sharded_dion_step(groups: Sequence[dict], state, plans, meshes: DionMeshes, *, seed: int) -> None:

@@ -289,6 +289,19 @@ DION_OPTION_KEYS = tuple(DION_DEFAULTS)
 _PLAN_KEYS = tuple(k for k in DION_OPTION_KEYS if k not in DION_SCALARS)
 
 
+def cached_dion_plan(store: dict, group: dict) -> DionPlan:
+    """The plan of ``group`` kept in ``store`` (id(group) -> plan), planned again when the group changed
+    (``DionPlan.holds``; options resolved and validated then). Under ``torch.compile`` planned at every
+    trace (``id()`` of a dict is not traced; the plan is Python, gone from the graph)."""
+    if torch.compiler.is_compiling():
+        return plan_dion_group(group, resolve_dion_options(group))
+    live = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None]
+    plan = store.get(id(group))
+    if plan is None or not plan.holds(group, live):
+        plan = store[id(group)] = plan_dion_group(group, resolve_dion_options(group), live)
+    return plan
+
+
 class DionGroups(GroupRunner):
     """Runs the Dion groups of one optimizer in one process, each from its plan (``DionPlan``, kept in
     ``step_plans`` while the group's parameters and options but lr / mu / weight_decay stay; cleared
@@ -304,14 +317,8 @@ class DionGroups(GroupRunner):
         return self.plan(group).options
 
     def plan(self, group: dict) -> DionPlan:
-        """The group's plan, planned again when the group changed (options resolved and validated then)."""
-        if torch.compiler.is_compiling():  # id() of a dict is not traced: planned at every trace (gone from the graph)
-            return plan_dion_group(group, resolve_dion_options(group))
-        live = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None]
-        plan = self.step_plans.get(id(group))
-        if plan is None or not plan.holds(group, live):
-            plan = self.step_plans[id(group)] = plan_dion_group(group, resolve_dion_options(group), live)
-        return plan
+        """The group's plan (``cached_dion_plan``)."""
+        return cached_dion_plan(self.step_plans, group)
 
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         for group in groups:

@@ -49,7 +49,7 @@ from .options import DeviceHypers, _freeze, _Uncacheable, check_device_hyper, ch
 __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options", "check_dion2_step",
            "LAUNCH_BYTES", "batched_update_pays", "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks",
            "dion2_small_nbytes", "dion2_group_step",
-           "dion2_matrix_shape", "matrices", "normalize_dion2_group", "plan_dion2_group",
+           "dion2_matrix_shape", "matrices", "normalize_dion2_group", "plan_dion2_group", "cached_dion2_plan",
            "resolve_dion2_options", "write_back", "Dion2Plan"]
 
 #: Every key of a Dion2 param group with its default: microsoft/dion ``Dion2``'s defaults
@@ -303,6 +303,7 @@ class Dion2Plan:
         values = tuple(group[k] for k in DION2_DEVICE_HYPERS)
         if any(a is not b for a, b in zip(values, self.hyper_values)):
             hypers = _device_hypers(group, self.options.capturable)
+            self.options = dataclasses.replace(self.options, **hypers)
             self.hypers, self.hyper_values = tuple(hypers[k] for k in DION2_DEVICE_HYPERS), values
         return True
 
@@ -344,6 +345,20 @@ def plan_dion2_group(group: dict, options: Dion2Options, live: list | None = Non
                      hypers=(options.lr, options.weight_decay, options.ef_decay))
 
 
+def cached_dion2_plan(store: dict, group: dict, keep=None) -> Dion2Plan:
+    """The plan of ``group`` kept in ``store`` (id(group) -> plan), planned again when the group changed
+    (``Dion2Plan.holds``; options resolved and validated then) for its parameters with a gradient
+    (``keep``: only those for which ``keep(p)`` is true). Under ``torch.compile`` planned at every
+    trace (``id()`` of a dict is not traced; the plan is Python, gone from the graph)."""
+    live = [p for p in group["params"] if p.grad is not None and (keep is None or keep(p))]
+    if torch.compiler.is_compiling():
+        return plan_dion2_group(group, resolve_dion2_options(group), live)
+    plan = store.get(id(group))
+    if plan is None or not plan.holds(group, live):
+        plan = store[id(group)] = plan_dion2_group(group, resolve_dion2_options(group), live)
+    return plan
+
+
 class Dion2Groups(GroupRunner):
     """Runs the Dion2 groups of one optimizer in one process, each from its plan (``Dion2Plan``, kept in
     ``step_plans`` while the group's parameters and options but lr / weight_decay / ef_decay stay;
@@ -356,14 +371,8 @@ class Dion2Groups(GroupRunner):
         self.checked: dict[int, Dion2Plan] = {}  # the plans ``check`` found valid, for the step that follows
 
     def plan(self, group: dict) -> Dion2Plan:
-        """The group's plan, planned again when the group changed (options resolved and validated then)."""
-        if torch.compiler.is_compiling():  # id() of a dict is not traced: planned at every trace (gone from the graph)
-            return plan_dion2_group(group, resolve_dion2_options(group))
-        live = [p for p in group["params"] if p.grad is not None]
-        plan = self.step_plans.get(id(group))
-        if plan is None or not plan.holds(group, live):
-            plan = self.step_plans[id(group)] = plan_dion2_group(group, resolve_dion2_options(group), live)
-        return plan
+        """The group's plan (``cached_dion2_plan``)."""
+        return cached_dion2_plan(self.step_plans, group)
 
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         finite = finite if finite is not None else False
