@@ -20,7 +20,7 @@ from ..functional.dion import RIGHT_FACTORS, dion_rank, initial_q
 from ..functional.qr import QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, sketch_generator
 from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper, is_dtensor
 from .driver import GroupRunner
-from .options import DionOptions, _freeze, _Uncacheable
+from .options import DionOptions, freeze_values
 
 #: Every key of a Dion param group with its default (microsoft/dion ``Dion`` defaults, except
 #: ``qr_method``: the reference Householder QR here, microsoft/dion's default is "rcqr").
@@ -156,7 +156,7 @@ class DionPlan:
     q_shapes: list
     batched: bool
     kwargs: dict
-    snapshot: tuple = ()
+    snapshot: tuple | None = None
     scalar_values: tuple = ()
 
     def holds(self, group: dict, live: list) -> bool:
@@ -167,10 +167,8 @@ class DionPlan:
             return False
         if [(p.shape, p.dtype, p.device) for _, p in live] != self.layouts:
             return False
-        try:
-            if tuple(_freeze(group[k]) for k in _PLAN_KEYS) != self.snapshot:
-                return False
-        except _Uncacheable:
+        snapshot = freeze_values(group[k] for k in _PLAN_KEYS)  # None: a tensor option, planned at every step
+        if snapshot is None or snapshot != self.snapshot:
             return False
         values = tuple(group[k] for k in DION_SCALARS)
         if any(a is not b for a, b in zip(values, self.scalar_values)):
@@ -185,10 +183,7 @@ def plan_dion_group(group: dict, options: DionOptions, live: list | None = None)
     with a gradient (``live``; None: read from the group)."""
     live = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None] if live is None else live
     shapes = [matrix_shape(p) for _, p in live]
-    try:
-        snapshot = tuple(_freeze(group[k]) for k in _PLAN_KEYS)
-    except _Uncacheable:
-        snapshot = ()
+    snapshot = freeze_values(group[k] for k in _PLAN_KEYS)
     return DionPlan(group=group, options=options, live=live, layouts=[(p.shape, p.dtype, p.device) for _, p in live],
                     shapes=shapes, q_shapes=[torch.Size((min(m, n), param_rank(p, options)))
                                              for (m, n), (_, p) in zip(shapes, live)],

@@ -44,7 +44,7 @@ from .dion2_chunks import (
     write_back,
 )
 from .driver import GroupRunner
-from .options import DeviceHypers, _freeze, _Uncacheable, check_device_hyper, check_gram_option
+from .options import DeviceHypers, check_device_hyper, check_gram_option, freeze_values
 
 __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options", "check_dion2_step",
            "LAUNCH_BYTES", "batched_update_pays", "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks",
@@ -282,7 +282,7 @@ class Dion2Plan:
     families: list
     chunks: list
     reserve: dict
-    snapshot: tuple = ()
+    snapshot: tuple | None = None
     hyper_values: tuple = ()
     hypers: tuple = ()
 
@@ -295,10 +295,8 @@ class Dion2Plan:
             return False
         if [(p.shape, p.dtype, p.device) for p in live] != self.layouts:
             return False
-        try:
-            if tuple(_freeze(group[k]) for k in _PLAN_KEYS) != self.snapshot:
-                return False
-        except _Uncacheable:  # a tensor table: planned again at every step, as the options cache resolves it
+        snapshot = freeze_values(group[k] for k in _PLAN_KEYS)  # None: a tensor table, planned at every step
+        if snapshot is None or snapshot != self.snapshot:
             return False
         values = tuple(group[k] for k in DION2_DEVICE_HYPERS)
         if any(a is not b for a, b in zip(values, self.hyper_values)):
@@ -332,10 +330,7 @@ def plan_dion2_group(group: dict, options: Dion2Options, live: list | None = Non
     slot = {id(p): i for i, p in enumerate(live)}
     for chunk in chunks:
         chunk.slots = [slot[id(p)] for p in chunk.params]
-    try:
-        snapshot = tuple(_freeze(group[k]) for k in _PLAN_KEYS)
-    except _Uncacheable:
-        snapshot = ()
+    snapshot = freeze_values(group[k] for k in _PLAN_KEYS)
     return Dion2Plan(group=group, options=options, live=live, layouts=[(p.shape, p.dtype, p.device) for p in live],
                      names=[_name(group, index[id(p)], p) for p in live], local=any(is_dtensor(p) for p in live),
                      families=[(slots, device.type == "cpu" and dtype in CPU_ROUNDED_FACTOR_DTYPES)
