@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from ..functional import dion2 as dion2_math
 from ..functional.stacked import Workspace
-from ..groups.dion2 import Dion2Options, cached_dion2_plan, check_dion2_step
+from ..groups.dion2 import Dion2Options, cached_dion2_plan, check_dion2_planned
 from ..groups.dion2_chunks import run_dion2_plan
 from ..groups.driver import INPUT_ERRORS, GroupRunner, describe_groups
 from ..validation import FiniteCheck, is_dtensor, local_tensor
@@ -149,6 +149,7 @@ class Dion2Sharding(GroupRunner):
         #: id(group) -> the ``groups.dion2.Dion2Plan`` of its plain and replicated parameters (their
         #: one-process step) with the group's options; cleared by ``reset``
         self.step_plans: dict = {}
+        self.checked: dict = {}  # the plans ``check`` used, for the steps that follow
         self.workspace = Workspace()  # the one-process step's buffers, kept between steps
 
     def agree(self, error: BaseException | None, device=None) -> None:
@@ -167,11 +168,16 @@ class Dion2Sharding(GroupRunner):
 
     def plan(self, group: dict):
         """The group's plan over its parameters that are not sharded (``groups.dion2.cached_dion2_plan``)."""
-        return cached_dion2_plan(self.step_plans, group, keep=lambda p: p not in self.layouts)
+        return cached_dion2_plan(self.step_plans, group, keep=self.keep)
+
+    def keep(self, p: torch.Tensor) -> bool:
+        """Whether parameter ``p`` takes the one-process step (it is not sharded)."""
+        return p not in self.layouts
 
     def reset(self) -> None:
         super().reset()
         self.step_plans.clear()
+        self.checked.clear()
 
     def add_group(self, group: dict) -> None:
         """Lay out every parameter of a normalized Dion2 group; nothing is kept if one fails."""
@@ -196,7 +202,8 @@ class Dion2Sharding(GroupRunner):
         has_grad = []
         try:
             for group in groups:
-                check_dion2_step(group, state, self.options(group), finite if finite is not None else False)
+                self.checked[id(group)] = check_dion2_planned(self.step_plans, group, state,
+                                                              finite if finite is not None else False, self.keep)
                 for i, p in enumerate(group["params"]):
                     g = p.grad
                     has_grad.append(g is not None)
@@ -224,7 +231,9 @@ class Dion2Sharding(GroupRunner):
 
     @torch.no_grad()
     def step(self, group: dict, state, first_index: int) -> None:
-        plan = self.plan(group)
+        plan = self.checked.pop(id(group), None)
+        if plan is None or plan.group is not group:
+            plan = self.plan(group)
         options = plan.options
         if plan.live:
             run_dion2_plan(plan, state, options.lr, options.weight_decay, options.ef_decay, self.workspace)

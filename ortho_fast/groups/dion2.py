@@ -50,6 +50,7 @@ __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options",
            "LAUNCH_BYTES", "batched_update_pays", "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks",
            "dion2_small_nbytes", "dion2_group_step",
            "dion2_matrix_shape", "matrices", "normalize_dion2_group", "plan_dion2_group", "cached_dion2_plan",
+           "check_dion2_planned",
            "resolve_dion2_options", "write_back", "Dion2Plan"]
 
 #: Every key of a Dion2 param group with its default: microsoft/dion ``Dion2``'s defaults
@@ -351,6 +352,14 @@ def cached_dion2_plan(store: dict, group: dict, keep=None) -> Dion2Plan:
     plan = store.get(id(group))
     if plan is None or not plan.holds(group, live):
         plan = store[id(group)] = plan_dion2_group(group, resolve_dion2_options(group), live)
+    return plan
+
+
+def check_dion2_planned(store: dict, group: dict, state, finite: FiniteCheck | None | bool, keep=None) -> Dion2Plan:
+    """``check_dion2_step`` of ``group`` with the options of its plan (``cached_dion2_plan(store, group,
+    keep)``, made or kept here); returns the plan. Raises what both raise."""
+    plan = cached_dion2_plan(store, group, keep)
+    check_dion2_step(group, state, plan.options, finite)
     return plan
 
 
