@@ -4,7 +4,9 @@ The contract every optimizer owning Dion groups drives (``Dion``, ``HybridOptimi
 step of ``ortho_fast.distributed.dion``): ``DION_DEFAULTS``, ``resolve_dion_options``,
 ``normalize_dion_group``, ``check_dion_step``, ``init_dion_state``, ``dion_group_step``, and
 ``step_block`` (one parameter's step on its block, the same code in one process and sharded);
-``DionGroups`` runs them with the options cached. The math is in ``ortho_fast.functional.dion``.
+``DionGroups`` runs them from a plan per group (``DionPlan``, ``cached_dion_plan``: options, live
+parameters, shapes, step keyword arguments), made again only when the group changes. The math is in
+``ortho_fast.functional.dion``.
 """
 
 from __future__ import annotations
