@@ -24,6 +24,7 @@ from .groups.driver import (
     SchedulerCalls,
     check_then_step,
     init_groups_if_compiling,
+    one_algorithm,
     tracks_scheduler_calls,
 )
 from .groups.state import (
@@ -344,7 +345,7 @@ class Dion(SchedulerCalls, Optimizer):
             with torch.enable_grad():
                 loss = closure()
         init_groups_if_compiling(self)
-        check_then_step(self.param_groups, self.state, {"dion": self._runner}, lambda group: "dion",
+        check_then_step(self.param_groups, self.state, {"dion": self._runner}, one_algorithm("dion"),
                         check_finite=self.check_finite)
         return loss
 

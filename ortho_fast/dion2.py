@@ -22,7 +22,13 @@ from .compat import (
     named_as_given,
 )
 from .groups.dion2 import DION2_DEFAULTS, Dion2Groups, normalize_dion2_group
-from .groups.driver import SchedulerCalls, check_then_step, init_groups_if_compiling, tracks_scheduler_calls
+from .groups.driver import (
+    SchedulerCalls,
+    check_then_step,
+    init_groups_if_compiling,
+    one_algorithm,
+    tracks_scheduler_calls,
+)
 from .groups.first_state import init_first_state
 from .groups.state import (
     STATE_SPECS,
@@ -254,7 +260,7 @@ class Dion2(SchedulerCalls, Optimizer):
             with torch.enable_grad():
                 loss = closure()
         init_groups_if_compiling(self)
-        check_then_step(self.param_groups, self.state, {"dion2": self._runner}, lambda group: "dion2",
+        check_then_step(self.param_groups, self.state, {"dion2": self._runner}, one_algorithm("dion2"),
                         check_finite=self.check_finite)
         return loss
 

@@ -48,16 +48,14 @@ import torch.distributed as dist
 from ..functional.dion import initial_q
 from ..functional.qr import WHOLE, WholeDim, householder
 from ..groups.dion import (
-    DION_OPTION_KEYS,
-    check_dion_step,
+    cached_dion_plan,
+    check_planned,
     dion_state_dtype,
     init_dion_state,
     param_rank,
-    resolve_dion_options,
     step_block,
 )
 from ..groups.driver import GroupRunner, describe_groups
-from ..groups.options import OptionsCache
 from ..validation import FiniteCheck, is_dtensor, local_tensor
 from .comm import all_gather_blocks, all_reduce, all_reduce_axes, broadcast, raise_together
 from .layout import (
@@ -341,11 +339,11 @@ def _check_block(p: torch.Tensor, st: dict, plan: DionPlan, finite: FiniteCheck 
     return block
 
 
-def _nonzero(block: torch.Tensor, st: dict, group: dict, p: torch.Tensor) -> torch.Tensor:
+def _nonzero(block: torch.Tensor, st: dict, dtype: torch.dtype) -> torch.Tensor:
     """Whether B = momentum + grad is nonzero on this block (a bool tensor, no host sync), without
     forming B: the rounded sum m + g is zero exactly when m == −g (IEEE addition; the grad cast
-    to the momentum dtype)."""
-    g = block.to(dion_state_dtype(group, "momentum", p))
+    to the momentum dtype, ``dtype``)."""
+    g = block.to(dtype)
     mom = st.get("momentum")
     return g.any() if mom is None else (local_tensor(mom) != g.neg()).any()
 
@@ -354,7 +352,8 @@ class ShardedDionGroups(GroupRunner):
     """Runs a distributed ``Dion``'s groups (``GroupRunner`` of ``ortho_fast.groups.driver``):
     ``check`` on every rank together, then ``step`` per group on each rank's block.
 
-    ``check(groups, state, finite)``: on every rank, the group checks (``check_dion_step`` without
+    ``check(groups, state, finite)``: on every rank, the group checks (``check_dion_step``'s, from the
+    group's plan kept in ``step_plans`` (``groups.dion.cached_dion_plan``), without
     the finiteness test), the gradient's and state's layouts, the finiteness of this rank's
     gradient blocks (``finite``, one host sync), and whether B != 0 on each block; then
     ``comm.raise_together`` over ``meshes.check_axes`` (the replicate axis included without
@@ -374,11 +373,17 @@ class ShardedDionGroups(GroupRunner):
 
     def __init__(self, plans: dict, meshes: DionMeshes, seed: int) -> None:
         self.plans, self.meshes, self.seed = plans, meshes, seed
-        self.cache = OptionsCache()
+        self.step_plans: dict = {}  # id(group) -> its ``groups.dion.DionPlan`` (options, live parameters, kwargs)
+        self.checked: dict = {}  # the plans the last ``check`` used, for the steps that follow
         self._nonzero: dict[int, bool] = {}
 
     def options(self, group: dict):
-        return self.cache.get(group, DION_OPTION_KEYS, resolve_dion_options)
+        return cached_dion_plan(self.step_plans, group).options
+
+    def reset(self) -> None:
+        super().reset()
+        self.step_plans.clear()
+        self.checked = {}
 
     def agree(self, error: BaseException | None, device=None) -> None:
         """Make a local verdict global (``load_state_dict``: a corrupt shard on one rank): raise
@@ -397,14 +402,17 @@ class ShardedDionGroups(GroupRunner):
         flags = torch.zeros(1 + 2 * len(entries), dtype=torch.float64, device=device)
         error = None
         try:
+            planned = {}
             for group in groups:
-                check_dion_step(group, state, finite=False, options=self.options(group))
+                planned[id(group)] = cached_dion_plan(self.step_plans, group)
+                check_planned(planned[id(group)], state, False)
             for k, (group, p) in enumerate(entries):
                 if p.grad is not None:
                     st = state.get(p, {})
                     block = _check_block(p, st, self.plans[p], finite)
                     flags[1 + 2 * k] = 1.0
-                    flags[2 + 2 * k] = _nonzero(block, st, group, p).to(flags.device)
+                    dtype = planned[id(group)].options.momentum_dtype or p.dtype  # ``dion_state_dtype``
+                    flags[2 + 2 * k] = _nonzero(block, st, dtype).to(flags.device)
             if finite is not None:
                 error = finite.error()  # this rank's gradient blocks, one host sync
         except (ValueError, TypeError) as e:
@@ -419,18 +427,21 @@ class ShardedDionGroups(GroupRunner):
                              f"on others; every rank must step the same parameters")
         nonzero = (flags[2::2] > 0).tolist()
         self._nonzero = {id(p): nz for (_, p), nz in zip(entries, nonzero)}
+        self.checked = planned  # the plans this check used, for the steps that follow
 
     def step(self, group: dict, state, first_index: int) -> None:
-        options = self.options(group)
-        for i, p in enumerate(group["params"]):
-            if p.grad is None:
-                continue
+        group_plan = self.checked.pop(id(group), None)
+        if group_plan is None or group_plan.group is not group:
+            group_plan = cached_dion_plan(self.step_plans, group)
+        options, kwargs = group_plan.options, group_plan.kwargs
+        for i, p in group_plan.live:
             plan, st, k = self.plans[p], state[p], first_index + i
-            init_sharded_state(p, st, group, plan, seed=self.seed, index=k)
+            if "step" not in st or "Q" not in st or "momentum" not in st:
+                init_sharded_state(p, st, group, plan, seed=self.seed, index=k)
             step_block(local_tensor(p), local_tensor(p.grad), local_tensor(st["momentum"]), local_tensor(st["Q"]), st,
                        options, seed=self.seed, index=k, shape=plan.shape, local_shape=plan.local_shape,
                        rows=plan.rows, cols=plan.cols, replica_mean=self.meshes.replica_mean,
-                       nonzero=self._nonzero[id(p)])
+                       nonzero=self._nonzero[id(p)], kwargs=kwargs)
 
 
 def sharded_dion_step(groups: Sequence[dict], state, plans, meshes: DionMeshes, *, seed: int) -> None:

@@ -24,7 +24,7 @@ Per sharded matrix W (m, n) (``ortho_fast.distributed.layout.matrix_layout``: th
    block, W ← W·(1 − lr·wd), W[S] −= lr·s·O_S, with s from the global shape.
 
 Plain tensors and parameters replicated on every mesh dim (DDP, with gradients already averaged)
-take the one-process step (``dion2_group_step``) on every rank: no communication. Communication
+take the one-process step (``dion2_group_step``'s, from the group's plan) on every rank: no communication. Communication
 per sharded matrix and step (``volumes.dion2_comm_volume``): N + k·(other dimension) elements
 all-reduced per sharding axis, plus the agreement of ``comm.raise_together`` before the step.
 Source: microsoft/dion ``dion/dion2.py`` (its "global" scope assembles whole matrices; this
@@ -41,15 +41,10 @@ import torch
 import torch.distributed as dist
 
 from ..functional import dion2 as dion2_math
-from ..groups.dion2 import (
-    DION2_OPTION_KEYS,
-    Dion2Options,
-    check_dion2_step,
-    dion2_group_step,
-    resolve_dion2_options,
-)
+from ..functional.stacked import Workspace
+from ..groups.dion2 import Dion2Options, cached_dion2_plan, check_dion2_planned
+from ..groups.dion2_chunks import run_dion2_plan
 from ..groups.driver import INPUT_ERRORS, GroupRunner, describe_groups
-from ..groups.options import OptionsCache
 from ..validation import FiniteCheck, is_dtensor, local_tensor
 from .comm import all_reduce_axes, raise_together
 from .layout import LayoutError, MatrixLayout, MeshAxis, check_axes, matrix_layout, mesh_axis
@@ -151,7 +146,11 @@ class Dion2Sharding(GroupRunner):
         self.axes = [a for a in given if a is not None]
         self.active = any(x is not None for x in (distributed_mesh, tp_mesh, replicate_mesh))
         self.layouts: dict[torch.Tensor, MatrixLayout] = {}
-        self.cache = OptionsCache()
+        #: id(group) -> the ``groups.dion2.Dion2Plan`` of its plain and replicated parameters (their
+        #: one-process step) with the group's options; cleared by ``reset``
+        self.step_plans: dict = {}
+        self.checked: dict = {}  # the plans ``check`` used, for the steps that follow
+        self.workspace = Workspace()  # the one-process step's buffers, kept between steps
 
     def agree(self, error: BaseException | None, device=None) -> None:
         """Make a local verdict global (``load_state_dict``: a corrupt shard on one rank): raise
@@ -165,7 +164,20 @@ class Dion2Sharding(GroupRunner):
         return list(self.axes)
 
     def options(self, group: dict) -> Dion2Options:
-        return self.cache.get(group, DION2_OPTION_KEYS, resolve_dion2_options)
+        return self.plan(group).options
+
+    def plan(self, group: dict):
+        """The group's plan over its parameters that are not sharded (``groups.dion2.cached_dion2_plan``)."""
+        return cached_dion2_plan(self.step_plans, group, keep=self.keep)
+
+    def keep(self, p: torch.Tensor) -> bool:
+        """Whether parameter ``p`` takes the one-process step (it is not sharded)."""
+        return p not in self.layouts
+
+    def reset(self) -> None:
+        super().reset()
+        self.step_plans.clear()
+        self.checked.clear()
 
     def add_group(self, group: dict) -> None:
         """Lay out every parameter of a normalized Dion2 group; nothing is kept if one fails."""
@@ -190,7 +202,8 @@ class Dion2Sharding(GroupRunner):
         has_grad = []
         try:
             for group in groups:
-                check_dion2_step(group, state, self.options(group), finite if finite is not None else False)
+                self.checked[id(group)] = check_dion2_planned(self.step_plans, group, state,
+                                                              finite if finite is not None else False, self.keep)
                 for i, p in enumerate(group["params"]):
                     g = p.grad
                     has_grad.append(g is not None)
@@ -218,10 +231,12 @@ class Dion2Sharding(GroupRunner):
 
     @torch.no_grad()
     def step(self, group: dict, state, first_index: int) -> None:
-        options = self.options(group)
-        plain = [p for p in group["params"] if p.grad is not None and p not in self.layouts]
-        if plain:
-            dion2_group_step({**group, "params": plain}, state, options)
+        plan = self.checked.pop(id(group), None)
+        if plan is None or plan.group is not group:
+            plan = self.plan(group)
+        options = plan.options
+        if plan.live:
+            run_dion2_plan(plan, state, options.lr, options.weight_decay, options.ef_decay, self.workspace)
         for p in group["params"]:
             if p.grad is not None and p in self.layouts:
                 sharded_dion2_step(p, state[p], self.layouts[p], options)

@@ -18,7 +18,7 @@ import math
 import torch
 
 from .muon import adjusted_lr_scale
-from .newton_schulz import newton_schulz_resolved, newton_schulz_stacked
+from .newton_schulz import newton_schulz_resolved, newton_schulz_stack, newton_schulz_stacked
 
 __all__ = ["DION2_ADJUST_LR_MODES", "SELECTION_SCOPES", "dion2_accumulate", "dion2_error_feedback",
            "dion2_gather", "dion2_lr_scale", "dion2_num_selected", "dion2_select", "dion2_select_rows",
@@ -104,6 +104,9 @@ def orthogonalize_selected(sub: torch.Tensor, table, *, safety: float, eps: floa
     allocated here). A patch point (module docstring; a planted replacement takes ``workspace``).
     Shapes: sub (..., k, n) or (..., m, k) -> the same shape, ``compute_dtype``."""
     dtype = sub.dtype if compute_dtype is None else compute_dtype
+    if workspace is not None and sub.ndim == 3 and sub.is_contiguous():  # newton_schulz_stacked on one stack
+        return newton_schulz_stack(sub, table, safety=safety, eps=eps, eps_mode="add", compute_dtype=dtype,
+                                   precision=precision, gram=gram, workspace=workspace)
     if workspace is not None and sub.ndim == 3:  # the same calls as newton_schulz_resolved's batch path
         return newton_schulz_stacked([sub], table, safety=safety, eps=eps, eps_mode="add", compute_dtype=dtype,
                                      precision=precision, gram=gram, workspace=workspace)[0]

@@ -4,11 +4,15 @@ The contract every optimizer owning Dion groups drives (``Dion``, ``HybridOptimi
 step of ``ortho_fast.distributed.dion``): ``DION_DEFAULTS``, ``resolve_dion_options``,
 ``normalize_dion_group``, ``check_dion_step``, ``init_dion_state``, ``dion_group_step``, and
 ``step_block`` (one parameter's step on its block, the same code in one process and sharded);
-``DionGroups`` runs them with the options cached. The math is in ``ortho_fast.functional.dion``.
+``DionGroups`` runs them from a plan per group (``DionPlan``, ``cached_dion_plan``: options, live
+parameters, shapes, step keyword arguments), made again only when the group changes. The math is in
+``ortho_fast.functional.dion``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
@@ -18,7 +22,7 @@ from ..functional.dion import RIGHT_FACTORS, dion_rank, initial_q
 from ..functional.qr import QR_METHOD_ALIASES, QR_METHODS, RCQR_OVERSAMPLE, sketch_generator
 from ..validation import FiniteCheck, check_choice, check_count, check_filled, check_grad, check_hyper, is_dtensor
 from .driver import GroupRunner
-from .options import DionOptions, OptionsCache
+from .options import DionOptions, freeze_values
 
 #: Every key of a Dion param group with its default (microsoft/dion ``Dion`` defaults, except
 #: ``qr_method``: the reference Householder QR here, microsoft/dion's default is "rcqr").
@@ -112,21 +116,82 @@ def check_dion_step(group: dict, state: Mapping[torch.Tensor, dict], *, finite: 
     for the caller to decide at once (one host sync per step). Changes nothing.
     ``options``: the group's current resolved options (skips their validation).
     Raises: ValueError / TypeError naming the key ("grad ...", "Q: ...")."""
-    options = resolve_dion_options(group) if options is None else options
-    for p in group["params"]:
-        g = p.grad
-        if g is None:
+    plan = plan_dion_group(group, resolve_dion_options(group) if options is None else options)
+    check_planned(plan, state, finite)
+
+
+def check_planned(plan: DionPlan, state: Mapping[torch.Tensor, dict], finite: bool | FiniteCheck) -> None:
+    """``check_dion_step``'s checks of the gradients and state of a planned group."""
+    for (_, p), want_q in zip(plan.live, plan.q_shapes):
+        name = f"parameter with shape {tuple(p.shape)}"
+        check_grad(p, name, "Dion", finite)
+        st = state.get(p)
+        if not st:
             continue
-        check_grad(p, f"parameter with shape {tuple(p.shape)}", "Dion", finite)
-        st = state.get(p, {})
-        m, n = matrix_shape(p)
-        want_q = (min(m, n), param_rank(p, options))
-        for key, want in (("momentum", tuple(p.shape)), ("Q", want_q)):
-            if key in st and (tuple(st[key].shape) != want or not st[key].is_floating_point()):
-                raise ValueError(f"{key}: expected a floating tensor of shape {want} for parameter of shape "
-                                 f"{tuple(p.shape)}, got {tuple(st[key].shape)} {st[key].dtype}")
+        for key, want in (("momentum", p.shape), ("Q", want_q)):
+            t = st.get(key)
+            if t is not None and (t.shape != want or not t.is_floating_point()):
+                raise ValueError(f"{key}: expected a floating tensor of shape {tuple(want)} for parameter of shape "
+                                 f"{tuple(p.shape)}, got {tuple(t.shape)} {t.dtype}")
         if "step" in st and not (torch.is_tensor(st["step"]) and st["step"].numel() == 1):
             raise ValueError(f"step: expected a one-element tensor, got {st['step']!r}")
+
+
+#: The hyperparameters a scheduler may change at every step: validated again when they change, the plan kept.
+DION_SCALARS = ("lr", "mu", "weight_decay")
+
+
+@dataclass
+class DionPlan:
+    """What a Dion group's step reads, resolved once per change of the group (``plan_dion_group``):
+    its options, the (index, parameter) pairs with a gradient (``live``) with their (shape, dtype,
+    device) (``layouts``), matrix shapes and Q shapes, whether the group's elementwise start is
+    batched (``dion_prepare``), and ``kwargs`` (``DionOptions.step_kwargs``; the options and kwargs
+    follow lr, mu and weight_decay, validated when they change: ``scalar_values`` as the group held them).
+    ``snapshot``: the frozen values of the other options."""
+
+    group: dict
+    options: DionOptions
+    live: list
+    layouts: list
+    shapes: list
+    q_shapes: list
+    batched: bool
+    kwargs: dict
+    snapshot: tuple | None = None
+    scalar_values: tuple = ()
+
+    def holds(self, group: dict, live: list) -> bool:
+        """Whether this plan is ``group``'s for the (index, parameter) pairs ``live`` (lr, mu and
+        weight_decay validated here when they changed). Raises: ValueError naming a bad one."""
+        if self.group is not group or len(live) != len(self.live) or any(
+                i != j or p is not q for (i, p), (j, q) in zip(live, self.live)):
+            return False
+        if [(p.shape, p.dtype, p.device) for _, p in live] != self.layouts:
+            return False
+        snapshot = freeze_values(group[k] for k in _PLAN_KEYS)  # None: a tensor option, planned at every step
+        if snapshot is None or snapshot != self.snapshot:
+            return False
+        values = tuple(group[k] for k in DION_SCALARS)
+        if any(a is not b for a, b in zip(values, self.scalar_values)):
+            scalars = {k: check_hyper(group[k], k, high=1.0 if k == "mu" else None) for k in DION_SCALARS}
+            self.options = dataclasses.replace(self.options, **scalars)
+            self.kwargs, self.scalar_values = self.options.step_kwargs(), values
+        return True
+
+
+def plan_dion_group(group: dict, options: DionOptions, live: list | None = None) -> DionPlan:
+    """The ``DionPlan`` of ``group`` with its resolved ``options`` for its (index, parameter) pairs
+    with a gradient (``live``; None: read from the group)."""
+    live = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None] if live is None else live
+    shapes = [matrix_shape(p) for _, p in live]
+    snapshot = freeze_values(group[k] for k in _PLAN_KEYS)
+    return DionPlan(group=group, options=options, live=live, layouts=[(p.shape, p.dtype, p.device) for _, p in live],
+                    shapes=shapes, q_shapes=[torch.Size((min(m, n), param_rank(p, options)))
+                                             for (m, n), (_, p) in zip(shapes, live)],
+                    batched=len(live) > 1 and not any(is_dtensor(p) or p.numel() == 0 for _, p in live),
+                    kwargs=options.step_kwargs(), snapshot=snapshot,
+                    scalar_values=tuple(group[k] for k in DION_SCALARS))
 
 
 def matrix_view(t: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor, bool]:
@@ -161,19 +226,20 @@ def init_dion_state(p: torch.Tensor, st: dict, group: dict, *, seed: int, index:
 @torch.no_grad()
 def step_block(x_t: torch.Tensor, g_t: torch.Tensor, m_t: torch.Tensor, q: torch.Tensor, st: dict,
                options: DionOptions, *, seed: int, index: int, shape: tuple[int, int], local_shape: tuple[int, int],
-               **sharding) -> None:
+               kwargs: dict | None = None, **sharding) -> None:
     """One step of parameter ``index`` on its block: x_t, g_t, m_t (any shape of ``local_shape``'s
     size) viewed as the (|I|, |J|) block of the (m, n) = ``shape`` matrix with the group's
     ``options``; ``sharding`` passed to ``ortho_fast.functional.dion.dion_apply`` (``rows``,
-    ``cols``, ``replica_mean``, ``nonzero``; nothing: one process)."""
+    ``cols``, ``replica_mean``, ``nonzero``; nothing: one process); ``kwargs``: ``options.step_kwargs()``
+    already formed (a plan's, ``DionPlan.kwargs``)."""
     st["step"] += 1
     gen = None
     if options.qr_method == "randomized_cholesky_qr":
         gen = sketch_generator(seed, index, int(st["step"]), m_t.device)
     x, x_copied = matrix_view(x_t, local_shape)
     mom, m_copied = matrix_view(m_t, local_shape)
-    dion_math.dion_apply(x, g_t.reshape(local_shape), mom, q, shape=shape, generator=gen, **options.step_kwargs(),
-                         **sharding)
+    dion_math.dion_apply(x, g_t.reshape(local_shape), mom, q, shape=shape, generator=gen,
+                         **(options.step_kwargs() if kwargs is None else kwargs), **sharding)
     for target, copy, copied in ((x_t, x, x_copied), (m_t, mom, m_copied)):
         if copied:
             target.copy_(copy.view(target.shape))
@@ -190,41 +256,81 @@ def dion_group_step(group: dict, state, *, seed: int, first_index: int, options:
     the same sketches). ``state`` is the optimizer's defaultdict(dict); ``options`` the group's
     resolved options (resolved here when absent).
     """
-    options = resolve_dion_options(group) if options is None else options
-    live = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None]
-    for i, p in live:
-        init_dion_state(p, state[p], group, seed=seed, index=first_index + i)
-    batched = {}  # M ← M + G, the decay and B ≠ 0 for the whole group: a few launches, not three per matrix
-    if len(live) > 1 and not any(is_dtensor(p) or p.numel() == 0 for _, p in live):
-        flags = dion_math.dion_prepare([p for _, p in live], [p.grad for _, p in live],
-                                       [state[p]["momentum"] for _, p in live], lr=options.lr,
-                                       weight_decay=options.weight_decay)
-        batched = {i: dict(prepared=True, nonzero=flag) for (i, _), flag in zip(live, flags)}
+    plan = plan_dion_group(group, resolve_dion_options(group) if options is None else options)
+    run_dion_plan(plan, state, seed=seed, first_index=first_index)
+
+
+def run_dion_plan(plan: DionPlan, state, *, seed: int, first_index: int) -> None:
+    """``dion_group_step`` of a planned group."""
+    live, options = plan.live, plan.options
     for i, p in live:
         st = state[p]
-        shape = matrix_shape(p)
+        if "step" not in st or "Q" not in st or "momentum" not in st:
+            init_dion_state(p, st, plan.group, seed=seed, index=first_index + i)
+    kwargs = plan.kwargs
+    batched = {}  # M ← M + G, the decay and B ≠ 0 for the whole group: a few launches, not three per matrix
+    if plan.batched:
+        flags = dion_math.dion_prepare([p for _, p in live], [p.grad for _, p in live],
+                                       [state[p]["momentum"] for _, p in live], lr=kwargs["lr"],
+                                       weight_decay=kwargs["weight_decay"])
+        batched = {i: dict(prepared=True, nonzero=flag) for (i, _), flag in zip(live, flags)}
+    for (i, p), shape in zip(live, plan.shapes):
+        st = state[p]
         step_block(p, p.grad, st["momentum"], st["Q"], st, options, seed=seed, index=first_index + i, shape=shape,
-                   local_shape=shape, **batched.get(i, {}))
+                   local_shape=shape, kwargs=kwargs, **batched.get(i, {}))
 
 
 #: The group keys a ``DionOptions`` is resolved from.
 DION_OPTION_KEYS = tuple(DION_DEFAULTS)
+#: The option keys a plan depends on (all but the hyperparameters a scheduler changes).
+_PLAN_KEYS = tuple(k for k in DION_OPTION_KEYS if k not in DION_SCALARS)
+
+
+def cached_dion_plan(store: dict, group: dict) -> DionPlan:
+    """The plan of ``group`` kept in ``store`` (id(group) -> plan), planned again when the group changed
+    (``DionPlan.holds``; options resolved and validated then). Under ``torch.compile`` planned at every
+    trace (``id()`` of a dict is not traced; the plan is Python, gone from the graph)."""
+    if torch.compiler.is_compiling():
+        return plan_dion_group(group, resolve_dion_options(group))
+    live = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None]
+    plan = store.get(id(group))
+    if plan is None or not plan.holds(group, live):
+        plan = store[id(group)] = plan_dion_group(group, resolve_dion_options(group), live)
+    return plan
 
 
 class DionGroups(GroupRunner):
-    """Runs the Dion groups of one optimizer in one process with their options cached: ``check`` /
-    ``step`` as ``check_dion_step`` / ``dion_group_step`` (``seed`` the optimizer's)."""
+    """Runs the Dion groups of one optimizer in one process, each from its plan (``DionPlan``, kept in
+    ``step_plans`` while the group's parameters and options but lr / mu / weight_decay stay; cleared
+    by ``reset``): ``check`` / ``step`` as ``check_dion_step`` / ``dion_group_step`` (``seed`` the
+    optimizer's)."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
-        self.cache = OptionsCache()
+        self.step_plans: dict[int, DionPlan] = {}  # id(group) -> its plan
+        self.checked: dict[int, DionPlan] = {}  # the plans ``check`` found valid, for the step that follows
 
     def options(self, group: dict) -> DionOptions:
-        return self.cache.get(group, DION_OPTION_KEYS, resolve_dion_options)
+        return self.plan(group).options
+
+    def plan(self, group: dict) -> DionPlan:
+        """The group's plan (``cached_dion_plan``)."""
+        return cached_dion_plan(self.step_plans, group)
 
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         for group in groups:
-            check_dion_step(group, state, options=self.options(group), finite=finite if finite is not None else False)
+            plan = self.plan(group)
+            check_planned(plan, state, finite if finite is not None else False)
+            if not torch.compiler.is_compiling():
+                self.checked[id(group)] = plan
 
     def step(self, group: dict, state, first_index: int) -> None:
-        dion_group_step(group, state, seed=self.seed, first_index=first_index, options=self.options(group))
+        plan = None if torch.compiler.is_compiling() else self.checked.pop(id(group), None)
+        if plan is None or plan.group is not group:
+            plan = self.plan(group)
+        run_dion_plan(plan, state, seed=self.seed, first_index=first_index)
+
+    def reset(self) -> None:
+        super().reset()
+        self.step_plans.clear()
+        self.checked.clear()

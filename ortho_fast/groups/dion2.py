@@ -3,12 +3,14 @@
 The contract every optimizer owning Dion2 groups drives (``Dion2``, ``HybridOptimizer``):
 ``DION2_DEFAULTS``, ``resolve_dion2_options`` (a frozen ``Dion2Options``),
 ``normalize_dion2_group``, ``check_dion2_step`` (before any change) and ``dion2_group_step``;
-``Dion2Groups`` runs them with the options cached (``OptionsCache``). The math is in
+``Dion2Groups`` runs them from a plan per group (``Dion2Plan``, ``plan_dion2_group``), made again
+only when the group changes; the kernels of a planned step are in ``ortho_fast.groups.dion2_chunks``. The math is in
 ``ortho_fast.functional.dion2``. Source: microsoft/dion ``dion/dion2.py``; docs/math.md, "Dion2".
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping
@@ -18,7 +20,7 @@ import torch
 from ..coefficients import resolve_coefficients, schedule_of
 from ..functional import dion2 as dion2_math, stacked as stacked_math
 from ..functional.dion2 import DION2_ADJUST_LR_MODES, SELECTION_SCOPES
-from ..functional.graph_scalars import foreach_scale_
+from ..functional.graph_scalars import CPU_ROUNDED_FACTOR_DTYPES
 from ..functional.newton_schulz import resolve_compute_dtype
 from ..validation import (
     FiniteCheck,
@@ -28,16 +30,28 @@ from ..validation import (
     check_grad,
     check_hyper,
     check_param_shaped_state,
+    is_dtensor,
     local_tensor,
 )
+from .dion2_chunks import (
+    Dion2Chunk,
+    dion2_budget,
+    dion2_chunk_nbytes,
+    dion2_small_nbytes,
+    matrices,
+    matrices_per,
+    run_dion2_plan,
+    write_back,
+)
 from .driver import GroupRunner
-from .options import DeviceHypers, OptionsCache, check_device_hyper, check_gram_option
+from .options import DeviceHypers, check_device_hyper, check_gram_option, freeze_values
 
 __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options", "check_dion2_step",
            "LAUNCH_BYTES", "batched_update_pays", "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks",
            "dion2_small_nbytes", "dion2_group_step",
-           "dion2_matrix_shape", "matrices", "normalize_dion2_group",
-           "resolve_dion2_options", "write_back"]
+           "dion2_matrix_shape", "matrices", "normalize_dion2_group", "plan_dion2_group", "cached_dion2_plan",
+           "check_dion2_planned",
+           "resolve_dion2_options", "write_back", "Dion2Plan"]
 
 #: Every key of a Dion2 param group with its default: microsoft/dion ``Dion2``'s defaults
 #: (lr 0.01, fraction 0.25, ef_decay 0.95, weight_decay 0.01, epsilon 1e-8, adjust_lr
@@ -82,6 +96,21 @@ class Dion2Options:
     capturable: bool = False
 
 
+#: The ranges ``check_hyper`` checks for Dion2's float hyperparameters.
+_HYPER_RANGES = {"lr": {}, "fraction": {"high": 1.0, "low_open": True}, "ef_decay": {"high": 1.0},
+                 "weight_decay": {}, "epsilon": {}}
+
+
+def _device_hypers(group: dict, capturable) -> dict:
+    """lr, weight_decay and ef_decay of ``group`` validated: a 0-dim tensor with ``capturable``
+    (``check_device_hyper``), else a float in its range. Raises naming the key."""
+    hypers = {}
+    for key in DION2_DEVICE_HYPERS:
+        value = check_device_hyper(group[key], key, capturable)
+        hypers[key] = value if isinstance(value, torch.Tensor) else check_hyper(value, key, **_HYPER_RANGES[key])
+    return hypers
+
+
 def resolve_dion2_options(group: dict) -> Dion2Options:
     """Validate every option of a Dion2 group filled with ``DION2_DEFAULTS``, changing nothing.
     Raises: ValueError / TypeError whose message starts with the key; UnknownScheduleError for an
@@ -89,11 +118,9 @@ def resolve_dion2_options(group: dict) -> Dion2Options:
     check_filled(group, DION2_DEFAULTS, "Dion2")
     if not isinstance(group["capturable"], bool):
         raise TypeError(f"capturable: expected a bool, got {group['capturable']!r}")
-    hypers = {key: check_device_hyper(group[key], key, group["capturable"]) for key in DION2_DEVICE_HYPERS}
-    for key, kw in (("lr", {}), ("fraction", {"high": 1.0, "low_open": True}), ("ef_decay", {"high": 1.0}),
-                    ("weight_decay", {}), ("epsilon", {})):
-        if key not in DION2_DEVICE_HYPERS or not isinstance(group[key], torch.Tensor):
-            hypers[key] = check_hyper(group[key], key, **kw)
+    hypers = _device_hypers(group, group["capturable"])
+    for key in ("fraction", "epsilon"):
+        hypers[key] = check_hyper(group[key], key, **_HYPER_RANGES[key])
     if not isinstance(group["flatten"], bool):
         raise TypeError(f"flatten: expected a bool, got {group['flatten']!r}")
     check_choice(group["adjust_lr"], "adjust_lr", DION2_ADJUST_LR_MODES)
@@ -156,39 +183,6 @@ def check_dion2_step(group: dict, state: Mapping[torch.Tensor, dict], options: D
         check_param_shaped_state(state, p, "momentum", name)
 
 
-def matrices(t: torch.Tensor, flatten: bool) -> torch.Tensor:
-    """A view of a parameter-shaped tensor as (..., m, n) matrices (``dion2_matrix_shape``); a
-    non-contiguous ≥ 3-D tensor with ``flatten`` gives a copy (``write_back`` stores it)."""
-    return t.reshape(t.shape[0], -1) if flatten and t.ndim > 2 else t
-
-
-def write_back(t: torch.Tensor, mats: torch.Tensor) -> None:
-    """Store ``mats`` (from ``matrices(t, ...)``) into ``t`` when it was a copy, not a view."""
-    if mats is not t and mats.data_ptr() != t.data_ptr():
-        t.copy_(mats.reshape(t.shape))
-
-
-def dion2_chunk_nbytes(c: int, m: int, n: int, k: int, rows: bool, dtype: torch.dtype,
-                       compute_dtype: torch.dtype) -> int:
-    """Workspace bytes of one chunk of c (m, n) matrices of ``dtype`` whose k rows (``rows``) or
-    columns are selected: the momentum stack (``dtype``), the selected submatrix (``dtype``) and
-    ``stacked.chunk_nbytes``'s Newton–Schulz buffers on the (c, k, n) / (c, m, k) submatrix (two
-    ``compute_dtype`` stacks and the polynomial), each buffer aligned as ``stacked.Workspace``
-    places it."""
-    sub_m, sub_n = (k, n) if rows else (m, k)
-    def align(nbytes):
-        return -(-nbytes // stacked_math.ALIGN) * stacked_math.ALIGN
-    return (align(c * m * n * dtype.itemsize) + align(c * sub_m * sub_n * dtype.itemsize)
-            + stacked_math.chunk_nbytes(c, sub_m, sub_n, None, compute_dtype))
-
-
-def dion2_small_nbytes(c: int, m: int, n: int, k: int, rows: bool, dtype: torch.dtype) -> int:
-    """Bytes a chunk of c (m, n) matrices allocates beside the workspace at once: the L1 norms
-    of its m rows or n columns (``dtype``), and the top-k values (``dtype``) and int64 indices with
-    their sorted copies (``dion2_select``)."""
-    return c * ((m if rows else n) * dtype.itemsize + k * (dtype.itemsize + 3 * 8))
-
-
 def dion2_chunks(params: list[torch.Tensor], options: Dion2Options, budget: int | None) -> list[list[torch.Tensor]]:
     """``params`` (one shape, dtype and device) cut, in order, into chunks whose workspace
     (``dion2_chunk_nbytes``) and other temporaries (``dion2_small_nbytes``) sum to at most
@@ -207,23 +201,6 @@ def dion2_chunks(params: list[torch.Tensor], options: Dion2Options, budget: int 
     while c < len(params) and cost(c + 1) <= budget:
         c += 1
     return [params[i:i + c] for i in range(0, len(params), c)]
-
-
-def matrices_per(shape, flatten: bool) -> int:
-    """How many (m, n) matrices one parameter of ``shape`` holds (its leading dims; 1 flattened)."""
-    return 1 if flatten or len(shape) == 2 else int(torch.Size(shape[:-2]).numel())
-
-
-def dion2_budget(params: list[torch.Tensor], options: Dion2Options) -> int:
-    """The workspace budget of a Dion2 group (``stacked.workspace_budget``, Muon's): from its
-    momentum (torch.optim.Muon's state for the same parameters) and torch.optim.Muon's
-    temporaries for its largest matrix."""
-    state = sum(p.numel() * p.element_size() for p in params)
-    temporaries = 0  # (no max(..., default=): torch.compile does not take it)
-    for p in params:
-        temporaries = max(temporaries, stacked_math.torch_temporaries_nbytes(
-            *dion2_matrix_shape(p.shape, options.flatten), p.dtype))
-    return stacked_math.workspace_budget(state, temporaries)
 
 
 @torch.no_grad()
@@ -245,32 +222,8 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None, wo
     Source: microsoft/dion ``dion2_update_megabatch_async`` (unsharded path)."""
     options = resolve_dion2_options(group) if options is None else options
     workspace = stacked_math.Workspace() if workspace is None else workspace
-    batches: dict[tuple, list[torch.Tensor]] = defaultdict(list)
-    for p in group["params"]:
-        if p.grad is None:
-            continue
-        st = state[p]
-        if "momentum" not in st:
-            st["momentum"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        batches[(tuple(p.shape), p.dtype, p.device)].append(p)
-    budget = dion2_budget([p for ps in batches.values() for p in ps], options) if batches else None
-    plans = [(shape, dion2_chunks(params, options, budget)) for (shape, _, _), params in batches.items()]
-    largest: dict[torch.device, int] = {}
-    for shape, chunks in plans:  # the pool sized once for the largest chunk: no growth mid-step, no second pool
-        m, n = dion2_matrix_shape(shape, options.flatten)
-        rows = dion2_math.dion2_select_rows(m, n)
-        k = dion2_math.dion2_num_selected(options.fraction, m if rows else n)
-        p = chunks[0][0]
-        device = local_tensor(p).device
-        largest[device] = max(largest.get(device, 0), dion2_chunk_nbytes(
-            len(chunks[0]) * matrices_per(shape, options.flatten), m, n, k, rows, p.dtype,
-            options.compute_dtype or p.dtype))
-    if not torch.compiler.is_compiling():  # under torch.compile every request is a fresh buffer
-        for device, nbytes in largest.items():
-            workspace.reserve(nbytes, device)
-    for shape, chunks in plans:
-        for chunk in chunks:
-            _chunk_step(chunk, shape, state, options, workspace)
+    run_dion2_plan(plan_dion2_group(group, options), state, options.lr, options.weight_decay, options.ef_decay,
+                   workspace)
 
 
 #: The device-memory bytes one kernel launch weighs in the cost model of docs/performance.md
@@ -291,79 +244,171 @@ def batched_update_pays(stack: torch.Tensor, sub: torch.Tensor) -> bool:
     return launches_saved * LAUNCH_BYTES >= extra_bytes
 
 
-def _chunk_step(params: list[torch.Tensor], shape, state, options: Dion2Options, workspace) -> None:
-    """``dion2_group_step`` on one chunk of parameters of one shape, dtype and device."""
+def _chunk_of(params: list[torch.Tensor], shape: tuple, options: Dion2Options) -> Dion2Chunk:
+    """The ``Dion2Chunk`` of ``params`` (one shape, dtype and device, in this order)."""
     m, n = dion2_matrix_shape(shape, options.flatten)
     rows = dion2_math.dion2_select_rows(m, n)
     k = dion2_math.dion2_num_selected(options.fraction, m if rows else n)
-    buffers = [matrices(local_tensor(state[p]["momentum"]), options.flatten) for p in params]
-    grads = [matrices(local_tensor(p.grad), options.flatten) for p in params]
-    torch._foreach_add_(buffers, [g.to(b.dtype) for g, b in zip(grads, buffers)])  # dion2_accumulate, batched
-    # the chunk's frame of the workspace starts here, stacked or not (``Workspace.get``)
-    b = workspace.get("dion2_stack", (len(buffers), *buffers[0].shape) if len(buffers) > 1 else (0,),
-                      buffers[0].dtype, buffers[0].device)
-    if len(buffers) > 1:
-        torch.stack(buffers, out=b)
-    else:
-        b = buffers[0].unsqueeze(0)
-    indices = dion2_math.dion2_select(dion2_math.dion2_slice_norms(b, rows), k)
-    sub = workspace.get("dion2_sub", (*b.shape[:-2], k, n) if rows else (*b.shape[:-1], k), b.dtype, b.device)
-    torch.gather(b, -2 if rows else -1, dion2_math.expand_indices(indices, b, rows), out=sub)  # dion2_gather
-    ortho = dion2_math.orthogonalize_selected(sub, options.table, safety=options.safety, eps=options.epsilon,
-                                              compute_dtype=options.compute_dtype, precision=options.precision,
-                                              gram=options.gram, workspace=workspace if sub.ndim == 3 else None)
-    scale = dion2_math.dion2_lr_scale(options.adjust_lr, m, n)
-    # the error feedback on the stack (dion2_error_feedback, with ef_decay·B[S] formed in sub's
-    # bytes: the same multiply), written back into every buffer with one copy
-    b.scatter_(-2 if rows else -1, dion2_math.expand_indices(indices, b, rows), sub.mul_(options.ef_decay))
-    if len(buffers) > 1:
-        torch._foreach_copy_(buffers, list(b.unbind(0)))
-    for p, buf in zip(params, buffers):
-        write_back(local_tensor(state[p]["momentum"]), buf)
-    weights = [matrices(local_tensor(p), options.flatten) for p in params]
-    decay = 1 - options.lr * options.weight_decay
-    foreach_scale_(weights, decay)  # dion2_update's decay, batched (the same bits)
-    # delta = ortho.to(W's dtype) · (−lr·s), formed in sub's bytes where it has W's dtype
-    if sub.dtype == weights[0].dtype:
-        delta = sub.copy_(ortho).mul_(-options.lr * scale) if ortho.dtype != sub.dtype else \
-            torch.mul(ortho, -options.lr * scale, out=sub)
-    else:
-        delta = ortho.to(weights[0].dtype) * (-options.lr * scale)
-    if len(weights) > 1 and b.dtype == delta.dtype and batched_update_pays(b, sub):
-        # W[S] -= lr·s·O_S for the batch: three launches, not one per matrix
-        b.fill_(-0.0)  # the stack is copied back already; w + (-0.0) is w, bit for bit
-        b.scatter_(-2 if rows else -1, dion2_math.expand_indices(indices, b, rows), delta)
-        torch._foreach_add_(weights, list(b.unbind(0)))
-    else:  # one matrix, a stack of another dtype than the update, or a chunk whose bytes outweigh its
-        # launches (``batched_update_pays``): one scatter_add_ per matrix, the same bits
-        for j, w in enumerate(weights):
-            w.scatter_add_(-2 if rows else -1, dion2_math.expand_indices(indices[j], w, rows), delta[j])
-    for p, w in zip(params, weights):
-        write_back(local_tensor(p), w)
+    mats = (m, n) if options.flatten and len(shape) > 2 else shape
+    stack_shape = (len(params), *mats)
+    sub_shape = (*stack_shape[:-2], k, n) if rows else (*stack_shape[:-1], k)
+    p = params[0]
+    meta = [torch.empty(s, dtype=p.dtype, device="meta") for s in (stack_shape, sub_shape)]
+    return Dion2Chunk(params=params, m=m, n=n, rows=rows, k=k, scale=dion2_math.dion2_lr_scale(options.adjust_lr, m, n),
+                      flatten=options.flatten and len(shape) > 2, local=any(is_dtensor(q) for q in params),
+                      stack_shape=stack_shape if len(params) > 1 else (0,), sub_shape=sub_shape, dtype=p.dtype,
+                      device=local_tensor(p).device, batched_update=len(params) > 1 and batched_update_pays(*meta),
+                      nbytes=dion2_chunk_nbytes(len(params) * matrices_per(shape, options.flatten), m, n, k, rows,
+                                                p.dtype, options.compute_dtype or p.dtype))
+
+
+@dataclass
+class Dion2Plan:
+    """What a Dion2 group's step reads, resolved once per change of the group (``plan_dion2_group``):
+    its options, the parameters with a gradient (``live``) and their (shape, dtype, device)
+    (``layouts``), their names for errors, ``local`` (a DTensor among them: stepped on its local
+    copy), ``families`` (the positions in ``live`` by dtype and device, each with whether its
+    decay takes ``foreach_scale_``'s own ``mul_``: the group-wide ``_foreach`` ops), the chunks
+    (``Dion2Chunk``) and the workspace to reserve per device (``reserve``: the largest first chunk
+    of a shape). ``snapshot``: the option values
+    other than lr / weight_decay / ef_decay it was planned from; ``hypers`` those three, validated
+    (``hyper_values``: as the group held them)."""
+
+    group: dict
+    options: Dion2Options
+    live: list
+    layouts: list
+    names: list
+    local: bool
+    families: list
+    chunks: list
+    reserve: dict
+    snapshot: tuple | None = None
+    hyper_values: tuple = ()
+    hypers: tuple = ()
+
+    def holds(self, group: dict, live: list) -> bool:
+        """Whether this plan is ``group``'s for the parameters ``live`` (the same tensors, shapes,
+        dtypes and devices, the same option values but for lr / weight_decay / ef_decay, which are
+        validated here when they changed). Raises: ValueError / TypeError naming a bad lr,
+        weight_decay or ef_decay (the plan unchanged)."""
+        if self.group is not group or len(live) != len(self.live) or any(p is not q for p, q in zip(live, self.live)):
+            return False
+        if [(p.shape, p.dtype, p.device) for p in live] != self.layouts:
+            return False
+        snapshot = freeze_values(group[k] for k in _PLAN_KEYS)  # None: a tensor table, planned at every step
+        if snapshot is None or snapshot != self.snapshot:
+            return False
+        values = tuple(group[k] for k in DION2_DEVICE_HYPERS)
+        if any(a is not b for a, b in zip(values, self.hyper_values)):
+            hypers = _device_hypers(group, self.options.capturable)
+            self.options = dataclasses.replace(self.options, **hypers)
+            self.hypers, self.hyper_values = tuple(hypers[k] for k in DION2_DEVICE_HYPERS), values
+        return True
+
+
+#: The option keys a plan depends on (all but the hyperparameters a scheduler changes).
+_PLAN_KEYS = tuple(k for k in DION2_OPTION_KEYS if k not in DION2_DEVICE_HYPERS)
+
+
+def plan_dion2_group(group: dict, options: Dion2Options, live: list | None = None) -> Dion2Plan:
+    """The ``Dion2Plan`` of ``group`` with its resolved ``options`` for its parameters with a gradient
+    (``live``; None: read from the group): batched by shape, dtype and device, each batch cut into
+    chunks (``dion2_chunks``) within the group's budget (``dion2_budget``)."""
+    live = [p for p in group["params"] if p.grad is not None] if live is None else live
+    batches: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    families: dict[tuple, list[int]] = defaultdict(list)
+    for i, p in enumerate(live):
+        batches[(tuple(p.shape), p.dtype, p.device)].append(p)
+        families[(p.dtype, local_tensor(p).device)].append(i)
+    budget = dion2_budget(live, options) if live else None
+    chunks, reserve = [], {}
+    for (shape, _, _), params in batches.items():
+        cut = [_chunk_of(part, shape, options) for part in dion2_chunks(params, options, budget)]
+        chunks += cut  # the pool sized once for the largest chunk: no growth mid-step, no second pool
+        reserve[cut[0].device] = max(reserve.get(cut[0].device, 0), cut[0].nbytes)
+    index = {id(p): i for i, p in enumerate(group["params"])}
+    slot = {id(p): i for i, p in enumerate(live)}
+    for chunk in chunks:
+        chunk.slots = [slot[id(p)] for p in chunk.params]
+    snapshot = freeze_values(group[k] for k in _PLAN_KEYS)
+    return Dion2Plan(group=group, options=options, live=live, layouts=[(p.shape, p.dtype, p.device) for p in live],
+                     names=[_name(group, index[id(p)], p) for p in live], local=any(is_dtensor(p) for p in live),
+                     families=[(slots, device.type == "cpu" and dtype in CPU_ROUNDED_FACTOR_DTYPES)
+                               for (dtype, device), slots in families.items()],
+                     chunks=chunks, reserve=reserve, snapshot=snapshot,
+                     hyper_values=tuple(group[k] for k in DION2_DEVICE_HYPERS),
+                     hypers=(options.lr, options.weight_decay, options.ef_decay))
+
+
+def cached_dion2_plan(store: dict, group: dict, keep=None) -> Dion2Plan:
+    """The plan of ``group`` kept in ``store`` (id(group) -> plan), planned again when the group changed
+    (``Dion2Plan.holds``; options resolved and validated then) for its parameters with a gradient
+    (``keep``: only those for which ``keep(p)`` is true). Under ``torch.compile`` planned at every
+    trace (``id()`` of a dict is not traced; the plan is Python, gone from the graph)."""
+    live = [p for p in group["params"] if p.grad is not None and (keep is None or keep(p))]
+    if torch.compiler.is_compiling():
+        return plan_dion2_group(group, resolve_dion2_options(group), live)
+    plan = store.get(id(group))
+    if plan is None or not plan.holds(group, live):
+        plan = store[id(group)] = plan_dion2_group(group, resolve_dion2_options(group), live)
+    return plan
+
+
+def check_dion2_planned(store: dict, group: dict, state, finite: FiniteCheck | None | bool, keep=None) -> Dion2Plan:
+    """``check_dion2_step`` of ``group`` with the options of its plan (``cached_dion2_plan(store, group,
+    keep)``, made or kept here); returns the plan. Raises what both raise."""
+    plan = cached_dion2_plan(store, group, keep)
+    check_dion2_step(group, state, plan.options, finite)
+    return plan
 
 
 class Dion2Groups(GroupRunner):
-    """Runs the Dion2 groups of one optimizer in one process with their options cached:
-    ``check`` / ``step`` as ``check_dion2_step`` / ``dion2_group_step``."""
+    """Runs the Dion2 groups of one optimizer in one process, each from its plan (``Dion2Plan``, kept in
+    ``step_plans`` while the group's parameters and options but lr / weight_decay / ef_decay stay;
+    cleared by ``reset``): ``check`` / ``step`` as ``check_dion2_step`` / ``dion2_group_step``."""
 
     def __init__(self) -> None:
-        self.cache = OptionsCache()
         self.workspace = stacked_math.Workspace()
         self.scalars = DeviceHypers(DION2_DEVICE_HYPERS)  # capturable groups' device scalars (cleared by ``reset``)
+        self.step_plans: dict[int, Dion2Plan] = {}  # id(group) -> its plan
+        self.checked: dict[int, Dion2Plan] = {}  # the plans ``check`` found valid, for the step that follows
 
-    def options(self, group: dict) -> Dion2Options:
-        return self.cache.get(group, DION2_OPTION_KEYS, resolve_dion2_options)
+    def plan(self, group: dict) -> Dion2Plan:
+        """The group's plan (``cached_dion2_plan``)."""
+        return cached_dion2_plan(self.step_plans, group)
 
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
+        finite = finite if finite is not None else False
         for group in groups:
-            check_dion2_step(group, state, self.options(group), finite if finite is not None else False)
+            plan = self.plan(group)
+            for p, name in zip(plan.live, plan.names):
+                check_grad(p, name, "Dion2", finite)
+                st = state.get(p)
+                buf = None if st is None else st.get("momentum")
+                if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape
+                                        or buf.dtype != p.dtype):
+                    check_param_shaped_state(state, p, "momentum", name)  # raises, naming it
+            if not torch.compiler.is_compiling():
+                self.checked[id(group)] = plan
 
     def step(self, group: dict, state, first_index: int) -> None:
-        options = self.options(group)
+        plan = None if torch.compiler.is_compiling() else self.checked.pop(id(group), None)
+        if plan is None or plan.group is not group:
+            plan = self.plan(group)
+        options = plan.options
+        lr, weight_decay, ef_decay = plan.hypers
         # compiled: lr a graph input (dynamo marks groups capturable)
         if options.capturable and not torch.compiler.is_compiling():
-            options = self.scalars.options(group, options)
-        dion2_group_step(group, state, options, self.workspace)
+            device = self.scalars.options(group, dataclasses.replace(options, lr=lr, weight_decay=weight_decay,
+                                                                     ef_decay=ef_decay))
+            lr, weight_decay, ef_decay = device.lr, device.weight_decay, device.ef_decay
+        run_dion2_plan(plan, state, lr, weight_decay, ef_decay, self.workspace)
+
+    def reset(self) -> None:
+        super().reset()
+        self.step_plans.clear()
+        self.checked.clear()
 
     @property
     def workspace_nbytes(self) -> int:

@@ -123,6 +123,13 @@ def compile_hint_error() -> RuntimeError:
         "step (a NaN / Inf gradient then propagates, as in torch.optim), or call the step uncompiled")
 
 
+def one_algorithm(name: str) -> Callable[[dict], str]:
+    """``check_then_step``'s ``algorithm_of`` for an optimizer of one algorithm: every group is ``name``'s."""
+    def algorithm_of(group: dict) -> str:
+        return name
+    return algorithm_of
+
+
 def labelled(index: int, algorithm: str, fn: Callable, *args, **kwargs):
     """Call fn; a ValueError / TypeError / KeyError gets "param group i (algorithm): " in front
     (same type; the original chained as its cause)."""

@@ -40,6 +40,15 @@ def _freeze(value: Any) -> Any:
     return type(value), value  # typed: True == 1 and 1 == 1.0, but a bool option set to 1 must be re-checked
 
 
+def freeze_values(values) -> tuple | None:
+    """A value-comparable snapshot of option values (``_freeze`` of each, in order), or None when one
+    cannot be compared by value (a tensor or an array: it may change in place)."""
+    try:
+        return tuple(_freeze(v) for v in values)
+    except _Uncacheable:
+        return None
+
+
 @dataclass
 class CacheEntry:
     """What the cache keeps for one group: the group itself (so an id is never reused), the
