@@ -37,6 +37,25 @@ def test_reduction_orders_pass_and_a_step_beyond_fails(m, n, seed, w):
     assert float((bad - one).norm() / one.norm()) > tol
 
 
+@settings(deadline=None, **profile_examples(3))
+@given(m=st.integers(3, 16), n=st.integers(3, 16), seed=st.integers(0, 10**6))
+def test_the_sharded_runs_own_l2_input_is_covered(m, n, seed):
+    """U_s = U + wd·ΔW (the sharded run's weight off one process's by lr·s times a bfloat16 update
+    difference): the sharded evaluation at U_s, rows and columns permuted, within the bound given U_s; the
+    term vanishes for U_s = U. (A step beyond the bound fails: the test above and test_sharded_l2.py.)"""
+    rng = np.random.default_rng(seed)
+    u, dw = _u(m, n, seed), rng.standard_normal((m, n))
+    u_s = u + 0.1 * 0.02 * 0.05 * dw * np.sqrt(min(m, n)) / np.linalg.norm(dw)  # wd·lr·5%·‖O‖_F
+    tol, sim = sharded_compute_tolerance(u, JORDAN, "bfloat16", 2, "float32", u_sharded=u_s)
+    assert tol >= sharded_compute_tolerance(u, JORDAN, "bfloat16", 2, "float32")[0]
+    assert sharded_compute_tolerance(u, JORDAN, "bfloat16", 2, "float32", u_sharded=u.copy()) == \
+        sharded_compute_tolerance(u, JORDAN, "bfloat16", 2, "float32")
+    one = newton_schulz_in(u, JORDAN, "bfloat16")
+    rows, cols = rng.permutation(m), rng.permutation(n)
+    other = newton_schulz_in(u_s[rows][:, cols], JORDAN, "bfloat16")[np.argsort(rows)][:, np.argsort(cols)]
+    assert float((other - one).norm() / one.norm()) <= tol
+
+
 def test_newton_schulz_per_local_shard_exceeds_the_bound():
     u = _u(16, 8, 3)
     tol, _ = sharded_compute_tolerance(u, JORDAN, "bfloat16", 2, "float32")
@@ -45,12 +64,13 @@ def test_newton_schulz_per_local_shard_exceeds_the_bound():
     assert float((local - one).norm() / one.norm()) > 3 * tol
 
 
-@pytest.mark.parametrize("bad", [dict(compute_dtype="float32"), dict(world_size=0)])
+@pytest.mark.parametrize("bad", [dict(compute_dtype="float32"), dict(world_size=0), dict(u_sharded=_u(3, 4, 0))])
 def test_bad_arguments_name_themselves(bad):
-    kw = dict(compute_dtype="bfloat16", world_size=2)
+    kw = dict(compute_dtype="bfloat16", world_size=2, u_sharded=None)
     kw.update(bad)
     with pytest.raises(ValueError, match=next(iter(bad))):
-        sharded_compute_tolerance(_u(4, 3, 0), JORDAN, kw["compute_dtype"], kw["world_size"], "float32")
+        sharded_compute_tolerance(_u(4, 3, 0), JORDAN, kw["compute_dtype"], kw["world_size"], "float32",
+                                  u_sharded=kw["u_sharded"])
 
 
 def _run(rank, state, kinds=None, local=(8, 8)):

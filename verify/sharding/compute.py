@@ -52,7 +52,7 @@ def resolve_compute(compute_dtype, conventions, optimizer_type, param_dtype: str
     parameter dtype. Low precision (bfloat16 / float16) needs a Muon model: the conventions given,
     torch.optim.Muon's (``TORCH_MUON``) for torch.optim.Muon, else ``MuonConventions()`` (EMA
     momentum, Nesterov, Keller Jordan's schedule). Raises: ValueError naming compute_dtype for an
-    unknown dtype, or a low one with ``DionConventions`` or an "l2" weight-decay style."""
+    unknown dtype, or a low one with ``DionConventions``."""
     from ..conventions import TORCH_MUON, MuonConventions
 
     torch_muon = getattr(torch.optim, "Muon", None)
@@ -71,9 +71,6 @@ def resolve_compute(compute_dtype, conventions, optimizer_type, param_dtype: str
         raise ValueError(f"compute_dtype: the {name} bound models Newton–Schulz (MuonConventions); "
                          f"got {type(conventions).__name__}")
     model = conventions if conventions is not None else (TORCH_MUON if is_torch_muon else MuonConventions())
-    if getattr(model, "weight_decay_style", "decoupled") == "l2":
-        raise ValueError("compute_dtype: the low-precision bound reads the update out of the weights, which "
-                         "weight_decay_style 'l2' mixes into the gradient; declare float32 or use another style")
     return ComputeModel(name, why, model)
 
 
@@ -90,14 +87,17 @@ def _hyper(conv, hyper: dict) -> tuple[float, float, float] | None:
 
 @functools.lru_cache(maxsize=2048)
 def _bound(u_bytes: bytes, shape: tuple, table_bytes: bytes, rows: int, dtype: str, world: int, param: str, eps: float,
-           eps_mode: str, safety: float) -> tuple[float, float]:
+           eps_mode: str, safety: float, us_bytes: bytes | None = None) -> tuple[float, float]:
     """``sharded_compute_tolerance`` memoized on its exact inputs: every layout of a check asks it for
-    the same (matrix, step) inputs."""
+    the same (matrix, step) inputs. ``us_bytes``: the sharded run's own input (an "l2" style), None
+    where it is one process's."""
     from ..tolerances import sharded_compute_tolerance
 
     u = np.frombuffer(u_bytes, dtype=np.float64).reshape(shape).copy()
+    u_s = None if us_bytes is None else np.frombuffer(us_bytes, dtype=np.float64).reshape(shape).copy()
     table = np.frombuffer(table_bytes, dtype=np.float64).reshape(rows, 3)
-    return sharded_compute_tolerance(u, table, dtype, world, param, eps=eps, eps_mode=eps_mode, safety=safety)
+    return sharded_compute_tolerance(u, table, dtype, world, param, eps=eps, eps_mode=eps_mode, safety=safety,
+                                     u_sharded=u_s)
 
 
 def update_rows(plan, runs: list[dict], reference: dict, model: ComputeModel, world_size: int
@@ -106,7 +106,9 @@ def update_rows(plan, runs: list[dict], reference: dict, model: ComputeModel, wo
     O_t = (c·W_{t−1} − W_t)/(lr·s) read out of rank 0's weights and out of one process's (c the
     decay factor, s the lr scale, of ``model.conventions``), relative Frobenius, against
     ``sharded_compute_tolerance`` on the step's Newton–Schulz input U_t, rebuilt from the seeded
-    gradients with the conventions' momentum. Returns (rows, disagreements, any failing)."""
+    gradients with the conventions' momentum. Under the "l2" style (G ← G + wd·W) each run's U_t
+    takes wd times its own previous weight: one process's and rank 0's (two momentum chains), the
+    second passed as the bound's ``u_sharded``. Returns (rows, disagreements, any failing)."""
     from ortho_ref.muon import decay_factor, lr_scale, momentum_update
 
     conv = model.conventions
@@ -131,17 +133,23 @@ def update_rows(plan, runs: list[dict], reference: dict, model: ComputeModel, wo
         c = decay_factor(conv.weight_decay_style, lr=lr, weight_decay=wd, scale=scale)
         seed = plan.seed(i)
         prev = [initial_weight(seed, shape, dt).double()] * 2
-        mom = np.zeros(shape)
+        l2 = conv.weight_decay_style == "l2"
+        moms = [np.zeros(shape)] * (2 if l2 else 1)  # one process's [and the sharded run's] momentum
         worst, first_bad, bound_at = 0.0, None, 0.0
         for t in range(plan.steps):
             g = gradient(seed, t, 0, shape, dt).double().numpy()
-            if conv.weight_decay_style == "l2":  # the decay coupled into the gradient, on one process's weight
-                g = g + wd * prev[1].double().numpy()
-            mom, u = momentum_update(g, mom, mu=mu, nesterov=conv.nesterov, momentum_style=conv.momentum_style,
-                                     nesterov_form=conv.nesterov_form, bias_correction=conv.bias_correction,
-                                     step=t + 1)
-            tol, sim = _bound(np.ascontiguousarray(u).tobytes(), tuple(u.shape), tab.tobytes(), tab.shape[0],
-                              model.dtype, world_size, plan.dtype, float(eps), conv.eps_mode, float(safety))
+            # the decay coupled into the gradient: each run's own previous weight (one process's first)
+            seen = [g + wd * prev[1].numpy(), g + wd * prev[0].numpy()] if l2 else [g]
+            us = []
+            for k, gk in enumerate(seen):
+                moms[k], uk = momentum_update(gk, moms[k], mu=mu, nesterov=conv.nesterov,
+                                              momentum_style=conv.momentum_style, nesterov_form=conv.nesterov_form,
+                                              bias_correction=conv.bias_correction, step=t + 1)
+                us.append(np.ascontiguousarray(uk))
+            u = us[0]
+            u_s = us[1].tobytes() if l2 and not np.array_equal(us[0], us[1]) else None
+            tol, sim = _bound(u.tobytes(), tuple(u.shape), tab.tobytes(), tab.shape[0], model.dtype, world_size,
+                              plan.dtype, float(eps), conv.eps_mode, float(safety), u_s)
             w_s, w_1 = runs[0]["weights"][t][i], reference["weights"][t][i]
             o_s, o_1 = (c * prev[0] - w_s) / (lr * scale), (c * prev[1] - w_1) / (lr * scale)
             err = relative_difference(o_s, o_1)
@@ -149,7 +157,8 @@ def update_rows(plan, runs: list[dict], reference: dict, model: ComputeModel, wo
                                  f"update O, step {t + 1}, {model.dtype} compute ({model.why})", err, tol,
                                  f"bound {tol:.2e} = C_NS·{sim:.2e} (the judge's {model.dtype} Newton–Schulz with "
                                  f"the inner sums split in 2..{world_size} rounded partial sums, against one "
-                                 f"process's order) + the {plan.dtype} layout contract"))
+                                 f"process's order" + (", plus at the sharded run's own L2 input" if u_s else "")
+                                 + f") + the {plan.dtype} layout contract"))
             if not err <= tol and first_bad is None:
                 first_bad, bound_at = t, tol
             worst = max(worst, err) if math.isfinite(err) else math.inf

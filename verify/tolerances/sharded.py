@@ -121,18 +121,26 @@ def newton_schulz_in(u, coefficients, compute_dtype, parts: int = 1, *, eps: flo
 
 
 def sharded_compute_tolerance(u, coefficients, compute_dtype, world_size: int, param_dtype, *, eps: float = 1e-7,
-                              eps_mode: str = "add", safety: float = 1.0) -> tuple[float, float]:
+                              eps_mode: str = "add", safety: float = 1.0, u_sharded=None) -> tuple[float, float]:
     """Relative Frobenius bound ‖O_sharded − O_one‖_F / ‖O_one‖_F for the orthogonalized update of
     a Muon whose Newton–Schulz runs in ``compute_dtype`` (bfloat16 / float16) below the
     parameter dtype, on ``world_size`` ranks, for the Newton–Schulz input ``u`` (m, n).
-    Returns (bound, the reduction-order difference of the judge's evaluations it is built on).
+    Returns (bound, the difference of the judge's evaluations it is built on: the reduction-order
+    one, plus the input one where ``u_sharded`` is given).
 
-        τ = C_NS · max_{p = 2..world_size, o ∈ SPLIT_ORDERS} ‖NS_{p,o}(U) − NS_1(U)‖_F / ‖NS_1(U)‖_F
+        τ = C_NS · (max_{p = 2..world_size, o ∈ SPLIT_ORDERS} ‖NS_{p,o}(U) − NS_1(U)‖_F / ‖NS_1(U)‖_F
+                    + ‖NS_1(U_s) − NS_1(U)‖_F / ‖NS_1(U)‖_F)
             + sharded_tolerance(param_dtype)
 
     with NS_{p,o} the judge's evaluation of the same map in ``compute_dtype`` with every
     product's inner sum split in p blocks (contiguous, strided, or summed in reverse: ``o``),
-    each rounded to the compute precision and summed in it (``newton_schulz_in``).
+    each rounded to the compute precision and summed in it (``newton_schulz_in``), and U_s =
+    ``u_sharded`` the sharded run's own Newton–Schulz input where it differs from one process's
+    (default U: the second term is 0). It differs under a weight-coupled decay
+    (``weight_decay_style`` "l2", G ← G + wd·W): the sharded run adds wd times its own weight,
+    which differs from one process's by the earlier steps' update differences and the layout
+    contract, so U_s − U = wd·Σ_k (momentum weight of step k)·(W_s,k − W_1,k), rebuilt by the
+    caller from both runs' weights.
 
     Derivation. Where the sharded run and one process evaluate the same map in the same
     precision, they differ only in reduction order: a product over a sharded dimension forms
@@ -159,9 +167,25 @@ def sharded_compute_tolerance(u, coefficients, compute_dtype, world_size: int, p
     remainder of the step. A per-shard Newton–Schulz evaluates another map (the polar factor of
     each block, scaled by the block's shape) and stays off by 0.4–0.75 in bfloat16 and in
     float32 alike.
-    Shapes: u (m, n) array or tensor; coefficients (T, 3). Raises: ValueError for a compute dtype
-    other than bfloat16 / float16 (float32 and float64 keep ``sharded_tolerance``), or
-    world_size < 1.
+
+    The input term (``u_sharded``). The sharded run evaluates its map at U_s, one process at U, so
+    O_s − O_1 = [NS_s(U_s) − NS_s(U)] + [NS_s(U) − NS_1(U)]: the second bracket is the
+    reduction-order difference above; the first is the same evaluation at two inputs, which
+    the order term does not contain (its realizations all start from U). It cannot be
+    absorbed into the layout contract: W_s − W_1 is lr·s times the previous steps' update
+    differences (each up to τ·‖O‖, a few percent in bfloat16), not a float32 rounding. In the
+    compute dtype the input enters Newton–Schulz rounded, fl(U_s) and fl(U) (every later operation
+    is a function of the rounded matrix), so the first bracket is J·(fl(U_s) − fl(U)) plus the
+    response of the later roundings to that change (J the Fréchet derivative of the map at U).
+    fl(U_s) − fl(U) is realized exactly by the judge (it rounds the same values the same way, up
+    to the parameter dtype's rounding of U, which the contract term covers); so is its first-order
+    response at the actual spectrum; the later roundings' response is realized once along one
+    process's order, and C_NS covers one more realization along the sharded run's order, as for
+    the order term. A sharded run that adds the decay on a wrong weight (the local shard, a stale
+    copy) or drops it evaluates at another input than U_s, and that difference is not in τ.
+    Shapes: u (m, n) array or tensor; coefficients (T, 3); u_sharded (m, n) or None. Raises:
+    ValueError for a compute dtype other than bfloat16 / float16 (float32 and float64 keep
+    ``sharded_tolerance``), world_size < 1, or a ``u_sharded`` of another shape than ``u``.
     """
     from .roundoff import C_NS
 
@@ -170,9 +194,13 @@ def sharded_compute_tolerance(u, coefficients, compute_dtype, world_size: int, p
         raise ValueError(f"compute_dtype: the reduction-order bound is for bfloat16 / float16, got {compute_dtype!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
+    if u_sharded is not None and tuple(u_sharded.shape) != tuple(u.shape):
+        raise ValueError(f"u_sharded: expected the shape of u {tuple(u.shape)}, got {tuple(u_sharded.shape)}")
     kw = dict(eps=eps, eps_mode=eps_mode, safety=safety)
     one = newton_schulz_in(u, coefficients, name, 1, **kw)
     den = float(one.norm()) or 1.0
     diff = max((float((newton_schulz_in(u, coefficients, name, p, order=o, **kw) - one).norm()) / den
                 for p in range(2, world_size + 1) for o in SPLIT_ORDERS), default=0.0)
+    if u_sharded is not None:
+        diff += float((newton_schulz_in(u_sharded, coefficients, name, 1, **kw) - one).norm()) / den
     return C_NS * diff + sharded_tolerance(param_dtype), diff
