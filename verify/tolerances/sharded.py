@@ -181,8 +181,14 @@ def sharded_compute_tolerance(u, coefficients, compute_dtype, world_size: int, p
     to the parameter dtype's rounding of U, which the contract term covers); so is its first-order
     response at the actual spectrum; the later roundings' response is realized once along one
     process's order, and C_NS covers one more realization along the sharded run's order, as for
-    the order term. A sharded run that adds the decay on a wrong weight (the local shard, a stale
-    copy) or drops it evaluates at another input than U_s, and that difference is not in τ.
+    the order term. That response dominates: once one entry of fl(U) flips, every later rounding
+    of a bfloat16 Newton–Schulz lands elsewhere, so the term is the size of another rounding
+    realization (0 on 43% of 300 random 3..16 × 3..16 inputs with ‖U_s − U‖_F/‖U‖_F ≈
+    1e-4/√max(m, n), 1.5e-2 median, 5.7e-2 max; the order term 3.4–7.5e-2, 5–95%), not of
+    ‖U_s − U‖: two
+    realizations (order and input) where C_NS covers one, hence its own term. A sharded run that
+    adds the decay on a wrong weight (the local shard, a stale copy) or drops it evaluates at
+    another input than U_s, and that difference is not in τ.
     Shapes: u (m, n) array or tensor; coefficients (T, 3); u_sharded (m, n) or None. Raises:
     ValueError for a compute dtype other than bfloat16 / float16 (float32 and float64 keep
     ``sharded_tolerance``), world_size < 1, or a ``u_sharded`` of another shape than ``u``.
