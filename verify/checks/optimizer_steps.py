@@ -179,6 +179,11 @@ def _shape_row(name: str, key: str, value: np.ndarray, expected: tuple) -> list:
                        f"conventions give {tuple(expected)} (another layout or orientation than declared)")]
 
 
+#: The decayed weight the update is read against, per ``weight_decay_style`` (``ortho_ref.muon.decay_factor``).
+DECAYED_WEIGHT = {"decoupled": "W(1-lr wd)", "adjusted_lr": "W(1-lr s wd)", "independent": "W(1-wd)",
+                  "l2": "W (wd W in the gradient)"}
+
+
 def muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, lr, mu, wd, pdt, name):
     w_prev, state_prev = before
     key = conv.momentum_state_key
@@ -230,7 +235,8 @@ def muon_step_rows(opt, p, conv: MuonConventions, before, grad, tracked, t, *, l
     extra = 4 * u * (float(np.linalg.norm(w_prev)) + step * float(np.linalg.norm(ref.update))) / step + ambiguous
     rows = compare_ns_output(measured_update, ref.ns_input, table, safety=safety, eps=eps, eps_mode=conv.eps_mode,
                              dtype=ns_dt, input_name=name,
-                             detail=f"update (W(1-lr wd) - W_new)/(lr s), s = {ref.lr_scale:.4g}", extra=extra,
+                             detail=f"update ({DECAYED_WEIGHT[conv.weight_decay_style]} - W_new)/(lr s), "
+                                    f"s = {ref.lr_scale:.4g}", extra=extra,
                              prefix="muon_update/", lr_shape=w_prev.shape, form=conv.form,
                              restarts=tuple(conv.restarts))
     if not all(r.passed for r in rows) and np.all(np.isfinite(measured_update)):
