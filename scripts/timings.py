@@ -199,8 +199,8 @@ def checks_table(t: dict) -> str:
         rows.append(f"| {label} | {c['total']} | {c['no_claim']} | {worst} |")
     head = (f"`ortho-verify` (default run, seed {inputs.get('seed', 0)}, {inputs.get('total', '?')} inputs, "
             f"{inputs.get('real', '?')} of them real gradients of the GPT on the pinned corpus): {total} checks, "
-            f"{no_claim} of them without a claim; {t['cores']} CPU cores, {t['date']}, measured by `python scripts/timings.py "
-            "--write-docs`. Worst error/tolerance over the rows that claim:")
+            f"{no_claim} of them without a claim; {t['cores']} CPU cores, {t['date']}, measured by "
+            "`python scripts/timings.py --write-docs`. Worst error/tolerance over the rows that claim:")
     return "\n".join(["", head, "", *rows, ""])
 
 
