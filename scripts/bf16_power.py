@@ -23,7 +23,10 @@ Run time on 2 shared cores: about 5 minutes with the defaults (1,000 runs of 32 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
 import pathlib
+import sys
 import time
 
 import numpy as np
@@ -349,6 +352,13 @@ def precision_markdown(power_lines, fa_lines, runs, matrices) -> str:
     ])
 
 
+def run_line(script: str, argv: list[str]) -> str:
+    """The run a generated section comes from: date, CPU cores, load average, torch, the command."""
+    return (f"Run: {datetime.date.today().isoformat()}, {os.cpu_count()} CPU cores, load average "
+            f"{os.getloadavg()[0]:.1f} at the end, torch {torch.__version__}, "
+            f"`python scripts/{script} {' '.join(argv)}`.")
+
+
 def _write_block(begin: str, end: str, text: str) -> None:
     doc = DOCS.read_text()
     if begin in doc and end in doc:
@@ -370,12 +380,14 @@ def main(argv=None) -> int:
                         help="with --precisions: which parts to run (comma-separated of power, user, ortho_fast, gram; "
                              "run them as separate processes on a loaded machine and join the printed rows)")
     args = parser.parse_args(argv)
+    command = list(sys.argv[1:] if argv is None else argv)
     torch.manual_seed(0)
     if args.precisions:
         parts = set(args.parts.split(","))
         power = precision_power() if "power" in parts else []
         text = precision_markdown(power, precision_false_alarms(args.runs, args.matrices, parts), args.runs,
                                   args.matrices)
+        text = text.replace(PEND, "\n" + run_line("bf16_power.py", command) + "\n" + PEND)
         print(text)
         if args.write_docs:
             _write_block(PBEGIN, PEND, text)
@@ -383,6 +395,7 @@ def main(argv=None) -> int:
     power = power_table()
     fa = false_alarms(args.runs, args.matrices)
     text = markdown(fa, power, args.runs, args.matrices)
+    text = text.replace(END, "\n" + run_line("bf16_power.py", command) + "\n" + END)
     print(text)
     if args.write_docs:
         _write_block(BEGIN, END, text)

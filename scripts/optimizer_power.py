@@ -21,8 +21,11 @@ Run time on 2 shared cores: about 0.2â€“0.3 s per false-alarm run (1 thread), 2â
 from __future__ import annotations
 
 import argparse
+import datetime
 import math
+import os
 import pathlib
+import sys
 import time
 
 import torch
@@ -107,6 +110,13 @@ def markdown(power: list[dict], alarms: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+def run_line(script: str, argv: list[str]) -> str:
+    """The run a generated section comes from: date, CPU cores, load average, torch, the command."""
+    return (f"Run: {datetime.date.today().isoformat()}, {os.cpu_count()} CPU cores, load average "
+            f"{os.getloadavg()[0]:.1f} at the end, torch {torch.__version__}, "
+            f"`python scripts/{script} {' '.join(argv)}`.")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=1000, help="false-alarm runs in all (split over 3 optimizers)")
@@ -130,7 +140,8 @@ def main(argv=None) -> int:
                 power[-1]["matrices"] = count
                 print(power[-1]["plant"], dtype, count, power[-1]["verdict"], flush=True)
     alarms = false_alarm_runs(args.runs, args.fa_matrices, args.fa_shape)
-    text = markdown(power, alarms, args)
+    command = list(sys.argv[1:] if argv is None else argv)
+    text = markdown(power, alarms, args) + "\n\n" + run_line("optimizer_power.py", command)
     print(text)
     if args.write_docs:
         doc = DOCS.read_text()

@@ -1,7 +1,7 @@
 """Regenerate the golden files of ``ortho_ref/golden/data`` (or a given directory), recording
 in each sidecar the float64 oracle's tolerance from ``ortho_verify.checks.golden.golden_tolerances``.
 
-Usage: ``python scripts/regen_golden.py [directory]`` (about 10 s; mpmath at 50 digits).
+Usage: ``python scripts/regen_golden.py [directory]`` (mpmath at 50 digits; it prints its time).
 """
 
 import sys

@@ -198,9 +198,9 @@ def checks_table(t: dict) -> str:
                  else f"{c['worst_ratio']:.3f}")
         rows.append(f"| {label} | {c['total']} | {c['no_claim']} | {worst} |")
     head = (f"`ortho-verify` (default run, seed {inputs.get('seed', 0)}, {inputs.get('total', '?')} inputs, "
-            f"{inputs.get('real', '?')} of them real gradients of the stdlib GPT): {total} checks, {no_claim} of them "
-            f"without a claim; {t['cores']} CPU cores, {t['date']}, measured by `python scripts/timings.py "
-            "--write-docs`. Worst error/tolerance over the rows that claim:")
+            f"{inputs.get('real', '?')} of them real gradients of the GPT on the pinned corpus): {total} checks, "
+            f"{no_claim} of them without a claim; {t['cores']} CPU cores, {t['date']}, measured by "
+            "`python scripts/timings.py --write-docs`. Worst error/tolerance over the rows that claim:")
     return "\n".join(["", head, "", *rows, ""])
 
 
@@ -232,15 +232,14 @@ def render(t: dict) -> dict[str, str]:
                        ""])
     stages = sum(v or 0.0 for k, v in t.get("checks_s", {}).items() if k.startswith("muon_stages"))
     return {
-        "capture": f"{_seconds(c['default_first']['train_s'])} the first time on {t['cores']} CPU cores",
+        "capture": f"{_seconds(c['default_first']['train_s'])} the first time ({where})",
         "commands": table,
         "quick": f"{_seconds(c['quick']['wall_s'])} with the gradients cached, {_seconds(c['quick_first']['wall_s'])} "
                  f"the first time ({where})",
-        "default-cached": f"{_seconds(c['default']['wall_s'])} on {t['cores']} CPU cores with the model cached "
-                          f"({t['date']})",
+        "default-cached": f"{_seconds(c['default']['wall_s'])} with the model cached ({where})",
         "statistical-rows": f"{_seconds(t.get('checks_s', {}).get('ns_mean_deviation') or 0.0)} of the default run "
                             f"({where})",
-        "stage-rows": f"{_seconds(stages)} of the default run on {t['cores']} CPU cores ({t['date']})",
+        "stage-rows": f"{_seconds(stages)} of the default run ({where})",
         "default-checks": checks_table(t),
         "reproduce-quick": _reproduce_text(c.get("reproduce_quick"), t),
         "sharding": (f"{_seconds(c['sharding_muon']['wall_s'])} for ortho_fast's Muon and "

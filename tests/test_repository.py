@@ -103,10 +103,15 @@ def test_the_distribution_name_is_used_everywhere():
 
 
 #: Words about how the work was organized, not about the code (built from parts, so that this file
-#: does not match itself): an issue number, a pending marker, a former version, a past habit.
+#: does not match itself): an issue number, a pending marker, a former version, a past habit, a
+#: history of the text (a "History" heading, "added after", "before this", "was N, now M"), a halt of the work.
 PROCESS_WORDS = re.compile("|".join([r"\b" + "iss" + r"ue\s+#?\d+", "(?-i:PEND" + "ING)", "earlier " + "version",
                                      r"\bused " + r"to\b(?! (?:rebuild|build|make|read|run|compute))",
-                                     "this " + "session", "session " + "had"]), re.IGNORECASE)
+                                     "this " + "session", "session " + "had", "(?-i:Hist" + "ory:)",
+                                     r"\b(?:was|were) " + r"added after\b", "before this " + "change",
+                                     r"\bwhen (?:these|this|it|they)(?: \w+)? (?:was|were) " + r"added\b",
+                                     r"\bwas [-+]?\d[\d.e×x-]*, " + r"now\b",
+                                     r"\bwork " + r"stop\b", r"\bstopped " + r"here\b"]), re.IGNORECASE)
 
 
 def test_no_process_words_in_tracked_files():

