@@ -118,8 +118,19 @@ def update_momentum_buffers(grads: Sequence[torch.Tensor], bufs: Sequence[torch.
         torch._foreach_add_(bufs, grads)
 
 
+def momentum_into_rounds(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor],
+                         free: torch.Tensor | None, *, nesterov: bool):
+    """The rounds ``momentum_into`` takes with ``free`` (``stacked.momentum_rounds``), or None where it
+    takes none (no ``free``, no Nesterov, ``out`` of the gradients' dtype, under ``torch.compile``, no
+    round paying). The rounds hold views of ``free``: valid while its bytes are free at that step."""
+    out = list(out)
+    if not out or not nesterov or free is None or torch.compiler.is_compiling() or out[0].dtype == grads[0].dtype:
+        return None
+    return momentum_rounds(free, list(grads), out + list(grads) + list(bufs))
+
+
 def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor], *,
-                  mu: float, nesterov: bool, style: str, free: torch.Tensor | None = None) -> None:
+                  mu: float, nesterov: bool, style: str, free: torch.Tensor | None = None, rounds=...) -> None:
     """The other half: writes U (the matrix to orthogonalize) into ``out[i]`` from the updated
     ``bufs[i]`` — G + μ(M − G) ("ema", ``lerp``) / G + μM ("classic") with ``nesterov``, else M —
     the same bits as ``muon_momentum_foreach``'s results (the same kernels, in place on a copy
@@ -132,6 +143,7 @@ def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bu
     ``torch.compile``, no round paying; and for the tensors
     after the last round) one ``out=`` call per tensor (no temporary of U). Either way the bits
     of ``muon_momentum_foreach``'s results cast to ``out``'s dtype. Changes the bytes of ``free``.
+    ``rounds``: ``momentum_into_rounds``' result made ahead (a chunk's plan keeps it; ``free`` unused).
     Shapes: ``out[i]``, ``grads[i]``, ``bufs[i]`` of one shape per i; ``grads[i]``, ``bufs[i]``
     of one dtype.
     Source: torch.optim's ``_multi_tensor_*`` steps (``_foreach`` ops); docs/performance.md (e)."""
@@ -144,9 +156,8 @@ def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bu
         return
     grads, bufs = list(grads), list(bufs)
     if out[0].dtype != grads[0].dtype:
-        rounds = None
-        if free is not None and not torch.compiler.is_compiling():
-            rounds = momentum_rounds(free, grads, out + grads + bufs)
+        if rounds is ...:
+            rounds = momentum_into_rounds(out, grads, bufs, free, nesterov=nesterov)
         if rounds is None:
             for o, g, b in zip(out, grads, bufs):
                 if style == "ema":
@@ -157,7 +168,7 @@ def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bu
         for lo, hi, scratch in rounds:
             _nesterov_in_place(scratch, grads[lo:hi], bufs[lo:hi], mu=mu, style=style)
             torch._foreach_copy_(out[lo:hi], scratch)
-        momentum_into(out[hi:], grads[hi:], bufs[hi:], mu=mu, nesterov=nesterov, style=style)
+        momentum_into(out[hi:], grads[hi:], bufs[hi:], mu=mu, nesterov=nesterov, style=style, rounds=None)
         return
     _nesterov_in_place(out, grads, bufs, mu=mu, style=style)
 

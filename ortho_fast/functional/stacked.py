@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from .graph_scalars import foreach_add_scaled_
+from .graph_scalars import foreach_add_scaled_, is_device_scalar
 
 #: Most matrix entries one stack (one chunk) holds: 2^25 (128 MiB of float32 U where that stack is kept, 64 MiB per
 #: bfloat16 stack). Larger shape groups are cut into chunks of whole matrices (a chunk holds at
@@ -286,7 +286,7 @@ def product_rounds(free, stack: torch.Tensor, counts: list[int], dtype: torch.dt
 
 
 def add_update_(params: list[torch.Tensor], outs: list[torch.Tensor], alpha: float, free: torch.Tensor | None,
-                stack: torch.Tensor | None) -> None:
+                stack: torch.Tensor | None, cache: dict | None = None) -> None:
     """params[i] ← params[i] + alpha·outs[i] (``graph_scalars.foreach_add_scaled_``), with the
     result cast to the parameters' dtype in rounds packed into workspace bytes the step no longer
     reads (``update_rounds``: the free stack ``free``, then the result's added matrices) where
@@ -295,16 +295,28 @@ def add_update_(params: list[torch.Tensor], outs: list[torch.Tensor], alpha: flo
     bits are the same: the cast to a wider float is exact and the sum is computed in the
     parameters' dtype either way. ``outs``: views of ``stack`` (k, m, n) in order; ``free``: a
     stack of the workspace not holding the result (None: the plain add). Changes the bytes of
-    ``free`` and ``stack``."""
+    ``free`` and ``stack``. ``cache``: a dict keeping the rounds, their views shaped as ``outs``, from
+    step to step (a chunk's plan: ``free`` and ``stack`` are then the same bytes at every step)."""
     dtype = params[0].dtype
-    rounds = None
-    if not torch.compiler.is_compiling() and free is not None and stack is not None and outs[0].dtype != dtype:
-        rounds = update_rounds(free, stack, [o.numel() for o in outs], dtype)
+    if cache is not None and "update_rounds" in cache:
+        rounds = cache["update_rounds"]
+    else:
+        rounds = None
+        if not torch.compiler.is_compiling() and free is not None and stack is not None and outs[0].dtype != dtype:
+            rounds = update_rounds(free, stack, [o.numel() for o in outs], dtype)
+            rounds = rounds and [(lo, hi, [b.view(o.shape) for b, o in zip(views, outs[lo:hi])])
+                                 for lo, hi, views in rounds]
+        if cache is not None:
+            cache["update_rounds"] = rounds
     if rounds is None:
         foreach_add_scaled_(params, outs, alpha)
         return
     for lo, hi, views in rounds:
-        foreach_add_scaled_(params[lo:hi], outs[lo:hi], alpha, buffers=views)
+        if is_device_scalar(alpha):
+            foreach_add_scaled_(params[lo:hi], outs[lo:hi], alpha, buffers=views)
+        else:  # ``foreach_add_scaled_`` with the buffers: the cast copy, then the add (its kernels)
+            torch._foreach_copy_(views, outs[lo:hi])
+            torch._foreach_add_(params[lo:hi], views, alpha=alpha)
 
 
 def scale_and_cast(u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

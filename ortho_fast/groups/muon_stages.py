@@ -96,7 +96,8 @@ def check_stage_state(st: dict, p: torch.Tensor, layout: MuonLayout, options, na
         raise ValueError(f"{VARIANCE_KEY}: expected a tensor of shape {want} and dtype {p.dtype}, got {got} ({name})")
 
 
-def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: float, free=()) -> None:
+def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: float, free=(),
+                          cache: dict | None = None) -> None:
     """Muon+ / NorMuon and the update of one chunk of the stacked step (``ortho_fast.groups.muon``):
     ``members`` (parameter, layout, index) whose matrices are the consecutive slices of the
     (k, m, n) Newton–Schulz result ``stack``. The stages' factors f (``post_factors`` on the whole
@@ -108,7 +109,9 @@ def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: floa
     added matrices, each round one batched product and one same-dtype ``_foreach_add_``; where
     that does not fit or pay (or ``free`` is empty), one ``_foreach_addcmul_`` (Ô computed in
     float32 inside it, never stored). No O-sized temporary either way.
-    The decay is done before (``decay_weights``); the parameters are contiguous (``plan_stacks``)."""
+    The decay is done before (``decay_weights``); the parameters are contiguous (``plan_stacks``).
+    ``cache``: a dict keeping the members' (k, m, n) views, counts and rounds from step to step (a chunk's
+    plan: the same parameters and workspace bytes at every step)."""
     m, n = stack.shape[-2:]
     variances = parts = None
     if options.normuon_beta2 is not None:
@@ -117,7 +120,11 @@ def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: floa
     factor = stage_math.post_factors([stack], variances, **options.post_orthogonalize_kwargs())[0]
     if parts is not None:
         torch._foreach_copy_(parts, split_stack(variances[0], parts))
-    counts = [p.numel() // (m * n) for p, _, _ in members]
+    key = [p.data_ptr() for p, _, _ in members] if cache is not None else None  # views of the same bytes
+    held = cache.get("stage_dsts") if cache is not None else None
+    if held is None or held[2] != key:
+        held = ([p.view(-1, m, n) for p, _, _ in members], [p.numel() // (m * n) for p, _, _ in members], key)
+        if cache is not None:
+            cache["stage_dsts"] = held
     scale = adjusted_lr_scale(options.adjust_lr, m, n) * options.extra_scale_factor
-    stage_math.add_scaled_product_([p.view(-1, m, n) for p, _, _ in members], stack, factor, counts,
-                                   -lr * scale, free)
+    stage_math.add_scaled_product_(held[0], stack, factor, held[1], -lr * scale, free, cache=cache)
