@@ -8,7 +8,7 @@ only those of frames that hold the group dict (an argument or local that *is* th
 stay in a file an earlier stay was in. Prints the stays (file and line events), the files and the
 returns: the fewer, the more of the group's handling is resolved into a plan before the step.
 
-    python scripts/follow_group.py [--optimizer muon|normuon|hybrid|dion|dion2] [--d 4] [--layers 12]
+    python scripts/follow_group.py [--optimizer muon|normuon|hybrid|dion|dion2] [--d 4] [--layers 12] [--scheduler]
 """
 
 from __future__ import annotations
@@ -68,16 +68,20 @@ def follow(step, group: dict) -> list[tuple[str, int]]:
     return [(path, count) for path, count in stays]
 
 
-def measure(name: str, d: int = 4, layers: int = 12) -> dict:
-    """Stays, files and returns of one steady-state step of optimizer ``name`` (see the module docstring)."""
+def measure(name: str, d: int = 4, layers: int = 12, scheduler: bool = False) -> dict:
+    """Stays, files and returns of one steady-state step of optimizer ``name`` (see the module docstring);
+    ``scheduler``: a ``LambdaLR`` sets a new lr after every step (the traced step's lr is new)."""
     gen = torch.Generator().manual_seed(0)
     shapes = [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * layers
     params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen)
     opt = build(name, params)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1 / (1 + t)) if scheduler else None
     for _ in range(3):
         opt.step()
+        if sched is not None:
+            sched.step()
     stays = follow(opt.step, opt.param_groups[0])
     seen: set[str] = set()
     returns = 0
@@ -92,9 +96,10 @@ def main(argv=None) -> None:
     p.add_argument("--optimizer", default="muon", choices=("muon", "normuon", "hybrid", "dion", "dion2"))
     p.add_argument("--d", type=int, default=4)
     p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--scheduler", action="store_true", help="a LambdaLR changes lr at every step")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    out = measure(args.optimizer, args.d, args.layers)
+    out = measure(args.optimizer, args.d, args.layers, args.scheduler)
     for path, count in out["stays"]:
         print(f"  {path}: {count} line events")
     print(f"{args.optimizer}: {len(out['stays'])} stays, {len(out['files'])} files, {out['returns']} returns")

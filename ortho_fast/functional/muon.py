@@ -216,29 +216,32 @@ def decay_amount(style: str, *, lr: float, weight_decay: float, scale: float = 1
     raise AssertionError("unreachable")
 
 
-def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: float) -> None:
+def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: float, split=None) -> None:
     """Decoupled weight decay W ← W·(1 − lr·wd) on every tensor of ``params`` in place, with one
     ``_foreach_mul_`` (``graph_scalars.foreach_scale_``: the bits of ``W.mul_(1 - lr * wd)``; nothing when lr·wd = 0).
+    ``split``: ``graph_scalars.split_rounded(params)`` made ahead.
     Source: torch.optim.Muon / AdamW (decoupled decay with the unscaled lr)."""
     if is_device_scalar(lr) or is_device_scalar(weight_decay):  # capturable: applied, never compared on the host
-        foreach_scale_(params, 1 - lr * weight_decay)
+        foreach_scale_(params, 1 - lr * weight_decay, split)
         return
     factor = 1 - float(lr) * float(weight_decay)
     if factor != 1.0 and params:
-        foreach_scale_(params, factor)
+        foreach_scale_(params, factor, split)
 
 
 def decay_by_style(items: Sequence[tuple[torch.Tensor, Sequence[tuple[int, ...]]]], *, style: str, lr: float,
-                   weight_decay: float, adjust_lr: str | None, extra_scale_factor: float = 1.0) -> set[int]:
+                   weight_decay: float, adjust_lr: str | None, extra_scale_factor: float = 1.0,
+                   split=None) -> set[int]:
     """The weight decay of a step as ``_foreach`` ops (``decay_weights``) on the parameters of
     ``items`` ((parameter, the matrix shapes of its layout) pairs), in place: one op for "decoupled"
     / "independent"; for "adjusted_lr" one per lr multiplier s, over the parameters whose matrices
     share one s (``decay_amount``). Returns the ids of the parameters it left undecayed ("adjusted_lr"
-    with blocks of different s: ``muon_update`` decays them per block)."""
+    with blocks of different s: ``muon_update`` decays them per block). ``split``: for "decoupled" /
+    "independent", ``graph_scalars.split_rounded`` of the parameters made ahead."""
     if style != "adjusted_lr":
         amount = decay_amount(style, lr=lr, weight_decay=weight_decay)
         lr, wd = (lr, weight_decay) if style == "decoupled" else (1.0, amount)
-        decay_weights([p for p, _ in items], lr=lr, weight_decay=wd)  # 1 − lr·wd: the bits of mul_
+        decay_weights([p for p, _ in items], lr=lr, weight_decay=wd, split=split)  # 1 − lr·wd: the bits of mul_
         return set()
     by_scale: dict[float, list[torch.Tensor]] = {}
     left = set()

@@ -44,6 +44,18 @@ MIN_WORKSPACE_BYTES = 32 << 20
 #: The fewest tensors a round of ``momentum_rounds`` holds: its three launches then beat one per tensor.
 MIN_MOMENTUM_ROUND = 4
 
+#: What one kernel launch weighs in bytes of device traffic in the cost model of docs/performance.md
+#: ("Bytes and the cost model": τ·W, 4.5 µs of host time per eager operation at an H100's 3.35 TB/s).
+#: A round that saves launches by passing through workspace bytes is taken where the launches it
+#: saves times this exceed the bytes it adds (``rounds_pay``).
+LAUNCH_BYTES = 15 << 20
+
+
+def rounds_pay(launches_saved: int, extra_bytes: int) -> bool:
+    """Whether rounds that save ``launches_saved`` launches and move ``extra_bytes`` more bytes than
+    one operation per tensor pay in the cost model (``LAUNCH_BYTES`` per launch)."""
+    return launches_saved > 0 and launches_saved * LAUNCH_BYTES >= extra_bytes
+
 #: Byte alignment of every workspace buffer (the CUDA caching allocator's block size).
 ALIGN = 512
 
@@ -174,7 +186,8 @@ def update_rounds(free: torch.Tensor, stack: torch.Tensor, sizes: list[int], dty
     ``sizes[i]`` entries each) packed into the free stack ``free`` and, from the second round, into
     the bytes of the result's matrices already added (a prefix of ``stack``). None when ``free``
     shares bytes with ``stack`` or when the rounds (two launches each) would not beat one launch
-    per matrix. ``sizes``: entries of each matrix, in the stack's order."""
+    per matrix, or not pay for the bytes they add (``rounds_pay``: 2 per entry and parameter byte).
+    ``sizes``: entries of each matrix, in the stack's order."""
     lo_f, hi_f = free.data_ptr(), free.data_ptr() + free.numel() * free.element_size()
     lo_s, hi_s = stack.data_ptr(), stack.data_ptr() + stack.numel() * stack.element_size()
     if not (hi_f <= lo_s or hi_s <= lo_f) or not (free.is_contiguous() and stack.is_contiguous()):
@@ -192,7 +205,11 @@ def update_rounds(free: torch.Tensor, stack: torch.Tensor, sizes: list[int], dty
             return None
         rounds.append((done, hi, views))
         done = hi
-    return rounds if done == len(sizes) else None
+    if done != len(sizes):
+        return None
+    # the cast copy and a same-dtype add move 2 bytes more per entry and parameter byte than one mixed
+    # add per matrix (read the result, read and write the parameter)
+    return rounds if rounds_pay(len(sizes) - 2 * len(rounds), 2 * dtype.itemsize * sum(sizes)) else None
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -214,7 +231,9 @@ def momentum_rounds(free: torch.Tensor, grads: list[torch.Tensor],
     after the other from the start of ``free``, which every round reuses: a round's results are
     written out before the next starts). A round costs three launches (the copy of G, the
     ``lerp_`` / ``add_``, the cast), so only rounds of at least ``MIN_MOMENTUM_ROUND`` tensors are
-    kept: they cover the tensors before the last ``hi``, the others keep one launch each. None
+    kept, and only where the launches they save pay for the bytes they add (``rounds_pay``: 4 bytes
+    per entry and gradient byte, the copy of G and the cast): they cover the tensors before the last
+    ``hi``, the others keep one launch each. None
     when there is no such round or when ``free`` shares bytes with a tensor of ``keep`` (the
     gradients, the buffers and the destination). Host work: a few calls per tensor (the step at
     small d is bound by the host's launches, not by the device)."""
@@ -234,7 +253,10 @@ def momentum_rounds(free: torch.Tensor, grads: list[torch.Tensor],
             while hi < len(grads) and used + sizes[hi] <= flat.numel():
                 used, hi = used + sizes[hi], hi + 1
             views = [v.view(g.shape) for v, g in zip(flat[:used].split(sizes[lo:hi]), grads[lo:hi])]
-        if hi - lo < MIN_MOMENTUM_ROUND:
+        # the copy of G into the scratch and its cast move 4 bytes more per entry and gradient byte than
+        # one ``lerp(..., out=)`` per tensor (read G, read M, write U)
+        entries = (hi - lo) * per if sizes is None else sum(sizes[lo:hi])
+        if hi - lo < MIN_MOMENTUM_ROUND or not rounds_pay(hi - lo - 3, 4 * grads[0].element_size() * entries):
             break
         rounds.append((lo, hi, views))
         lo = hi
@@ -253,7 +275,8 @@ def product_rounds(free, stack: torch.Tensor, counts: list[int], dtype: torch.dt
     added before the next starts), and from the second round the bytes of the stack's matrices
     already added (a prefix of ``stack``). A round costs one launch per part and one
     ``_foreach_add_``: None when the rounds would not beat one launch per member (the per-tensor
-    ``_foreach_addcmul_``), or when a member fits in no region. Host work only."""
+    ``_foreach_addcmul_``) or not pay for the bytes they add (``rounds_pay``: Ô written and read, 2
+    per entry and parameter byte), or when a member fits in no region. Host work only."""
     m, n = stack.shape[-2:]
     per, size = m * n, dtype.itemsize
     lo_s, hi_s = _span(stack)
@@ -282,7 +305,8 @@ def product_rounds(free, stack: torch.Tensor, counts: list[int], dtype: torch.dt
             return None
         rounds.append((lo, hi, parts))
         lo = hi
-    return rounds
+    # Ô written and read back: 2 bytes more per entry and parameter byte than the ``_foreach_addcmul_``
+    return rounds if rounds_pay(len(counts) - launches, 2 * size * starts[-1] * per) else None
 
 
 def add_update_(params: list[torch.Tensor], outs: list[torch.Tensor], alpha: float, free: torch.Tensor | None,
@@ -344,8 +368,9 @@ def iterate_stack(x: torch.Tensor, table, *, tall: bool, workspace: Workspace) -
     s = n if tall else m
     other = workspace.get("stack_b", (k, m, n), x.dtype, x.device)
     poly = workspace.get("poly", (k, s, s), x.dtype, x.device)
+    grams = {id(t): t.view(-1)[:k * s * s].view(k, s, s) for t in (x, other)}  # s <= m, n: fits in either
     for a, b, c in table:
-        gram = other.view(-1)[:k * s * s].view(k, s, s)  # s <= m, n: fits in other
+        gram = grams[id(other)]
         torch.bmm(x.mT, x, out=gram) if tall else torch.bmm(x, x.mT, out=gram)
         if c == 0.0:  # baddbmm's alpha == 0 quirk (``newton_schulz.quintic_step``)
             torch.mul(gram, b, out=poly)

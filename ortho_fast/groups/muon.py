@@ -371,15 +371,11 @@ def plan_stacks(live, layout, options: MuonOptions, budget_from: tuple[int, int,
     return [c for c in chunks if id(c) not in lone], rest
 
 
-class MuonGroups(GroupRunner):
-    """Runs the Muon groups of one optimizer in one process, each by its ``MuonPlan``
-    (``ortho_fast.groups.muon_plan``: options, layouts, checks and stack plan resolved when the group
-    changes): ``check`` / ``step`` as ``check_muon_step`` / ``muon_group_step``."""
+class MuonPlans:
+    """The ``MuonPlan`` of each Muon group a runner steps (``step_plans``, per group; cleared by
+    ``GroupRunner.reset``): ``MuonGroups`` and the distributed ``MuonSharding``."""
 
-    def __init__(self) -> None:
-        self.step_plans: dict[int, MuonPlan] = {}  # per group (cleared by ``reset``)
-        self.workspace = Workspace()
-        self.scalars = DeviceHypers(DEVICE_HYPERS)  # capturable groups' device scalars (cleared by ``reset``)
+    step_plans: dict
 
     def plan(self, group: dict) -> MuonPlan:
         """The group's plan: the kept one while the group holds the same parameters and option values
@@ -416,6 +412,16 @@ class MuonGroups(GroupRunner):
         if frozen is not None:  # an array option (compared by nothing): resolved at every step
             self.step_plans[id(group)] = fresh
         return fresh
+
+class MuonGroups(MuonPlans, GroupRunner):
+    """Runs the Muon groups of one optimizer in one process, each by its ``MuonPlan``
+    (``ortho_fast.groups.muon_plan``: options, layouts, checks and stack plan resolved when the group
+    changes): ``check`` / ``step`` as ``check_muon_step`` / ``muon_group_step``."""
+
+    def __init__(self) -> None:
+        self.step_plans: dict[int, MuonPlan] = {}  # per group (cleared by ``reset``)
+        self.workspace = Workspace()
+        self.scalars = DeviceHypers(DEVICE_HYPERS)  # capturable groups' device scalars (cleared by ``reset``)
 
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         for group in groups:

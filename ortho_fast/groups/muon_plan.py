@@ -20,6 +20,7 @@ import weakref
 import torch
 
 from ..functional import stacked as stacked_math
+from ..functional.graph_scalars import split_rounded
 from ..validation import check_grad, check_param_shaped_state
 from .muon_budget import step_plan
 from .muon_stages import VARIANCE_KEY, check_stage_state
@@ -100,6 +101,7 @@ class MuonPlan:
         self.checked: list = [None] * len(self.params)
         self.stack_key = None
         self.stack_plan = None
+        self.decay_split = None  # ``split_rounded`` of the live parameters
         self.epoch = 0  # counts the changes of a parameter's shape, dtype, device or contiguity
         self.ready = None  # what the last check found: (live, momentum buffers), for the step after it
 
@@ -179,6 +181,7 @@ class MuonPlan:
             where = {i: k for k, (i, _) in enumerate(live)}
             positions = [where[i] for chunk in chunks for _, _, i in chunk.members]
             self.stack_plan = (chunks, batches, stacked, sizes, positions)
+            self.decay_split = split_rounded([p for _, p in live])
             self.stack_key = key
         return self.stack_plan
 

@@ -13,12 +13,13 @@ Source: docs/design.md, "Muon"; docs/math.md, "Muon pipeline stages".
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
 from ..functional import muon_stages as stage_math
 from ..functional.layout import MuonLayout
-from ..functional.muon import adjusted_lr_scale, split_stack
+from ..functional.muon import adjusted_lr_scale
 from ..functional.muon_stages import NORMUON_DIMS, NORMUON_EPS_MODES, equilibration_side, normuon_variance_shape
 from ..validation import check_choice, check_hyper
 
@@ -115,11 +116,19 @@ def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: floa
     m, n = stack.shape[-2:]
     variances = parts = None
     if options.normuon_beta2 is not None:
-        parts = [normuon_variances(p, state, lay, options.normuon_dim)[0] for p, lay, _ in members]
-        variances = [torch.cat([v.view(-1, *v.shape[-2:]) for v in parts])]
+        parts = [state[p].get(VARIANCE_KEY) for p, _, _ in members]
+        if any(v is None for v in parts):  # created at the first step
+            parts = [normuon_variances(p, state, lay, options.normuon_dim)[0] for p, lay, _ in members]
+        flat = cache.get("variances") if cache is not None else None  # (the parts, their (c, a, b) views, counts)
+        if flat is None or len(flat[0]) != len(parts) or not all(map(operator.is_, parts, flat[0])):
+            views = [v.view(-1, *v.shape[-2:]) for v in parts]
+            flat = (parts, views, [v.shape[0] for v in views])
+            if cache is not None:
+                cache["variances"] = flat
+        variances = [torch.cat(flat[1])]
     factor = stage_math.post_factors([stack], variances, **options.post_orthogonalize_kwargs())[0]
-    if parts is not None:
-        torch._foreach_copy_(parts, split_stack(variances[0], parts))
+    if parts is not None:  # written back: one copy of the same entries
+        torch._foreach_copy_(flat[1], torch.split_with_sizes(variances[0], flat[2]))
     key = [p.data_ptr() for p, _, _ in members] if cache is not None else None  # views of the same bytes
     held = cache.get("stage_dsts") if cache is not None else None
     if held is None or held[2] != key:

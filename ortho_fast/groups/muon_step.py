@@ -35,15 +35,16 @@ def run_plan(plan: MuonPlan, state, options: MuonOptions, workspace: Workspace, 
     live, bufs, checked = plan.live(state)
     chunks, batches, stacked, sizes, positions = plan.stacks(live, plan_stacks, checked)
     run_steps((chunks, batches, stacked, sizes), state, options, plan.layout, live, [bufs[k] for k in positions],
-               workspace)
+              workspace, plan.decay_split)
 
 
-def run_steps(plan, state, options: MuonOptions, layout, live, bufs, workspace: Workspace) -> None:
+def run_steps(plan, state, options: MuonOptions, layout, live, bufs, workspace: Workspace, split=None) -> None:
     """The kernels of one group step: the decay, the rest's batches, the stacks' momentum and chunks
-    (``plan``: ``step_plan``'s; ``bufs``: the stacked parameters' momentum buffers, in order)."""
+    (``plan``: ``step_plan``'s; ``bufs``: the stacked parameters' momentum buffers, in order; ``split``:
+    ``graph_scalars.split_rounded`` of the live parameters, made ahead)."""
     chunks, batches, stacked, sizes = plan
     update = options.update_kwargs()
-    left = _decay_up_front(live, layout, options)  # the others: in ``muon_update``
+    left = _decay_up_front(live, layout, options, split)  # the others: in ``muon_update``
     # before the stacks (at a first step their temporaries come and go before the workspace), in
     # batches within the stacks' workspace budget
     for batch in batches:
@@ -61,7 +62,7 @@ def run_steps(plan, state, options: MuonOptions, layout, live, bufs, workspace: 
             start = end
 
 
-def _decay_up_front(live, layout, options: MuonOptions) -> set[int]:
+def _decay_up_front(live, layout, options: MuonOptions, split=None) -> set[int]:
     """``decay_by_style`` of the live (index, parameter) pairs before the step, unless the decay is
     cautious; the ids of the parameters left for ``muon_update`` to decay."""
     if options.cautious_weight_decay:
@@ -69,7 +70,8 @@ def _decay_up_front(live, layout, options: MuonOptions) -> set[int]:
     shaped = options.weight_decay_style == "adjusted_lr"  # the other styles read no shape
     return muon_math.decay_by_style([(p, layout(i, p).matrix_shapes() if shaped else ()) for i, p in live],
                                     style=options.weight_decay_style, lr=options.lr, weight_decay=options.weight_decay,
-                                    adjust_lr=options.adjust_lr, extra_scale_factor=options.extra_scale_factor)
+                                    adjust_lr=options.adjust_lr, extra_scale_factor=options.extra_scale_factor,
+                                    split=split)
 
 
 def _rest_step(state, options: MuonOptions, layout, rest, update: dict, left: set[int]) -> None:
