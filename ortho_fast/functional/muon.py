@@ -104,9 +104,10 @@ def muon_momentum_foreach(grads: Sequence[torch.Tensor], bufs: Sequence[torch.Te
 
 
 def update_momentum_buffers(grads: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor], *, mu: float,
-                            style: str) -> None:
+                            style: str, split=None) -> None:
     """The buffer half of ``muon_momentum_foreach``: every ``bufs[i]`` updated in place ("ema":
-    M ← M + (1−μ)(G − M); "classic": M ← μM + G), the same bits. Raises: ValueError naming ``style``."""
+    M ← M + (1−μ)(G − M); "classic": M ← μM + G), the same bits. ``split``: "classic"'s
+    ``graph_scalars.split_rounded(bufs)`` made ahead. Raises: ValueError naming ``style``."""
     check_choice(style, "style", MOMENTUM_STYLES)
     grads, bufs = list(grads), list(bufs)
     if not grads:
@@ -114,7 +115,7 @@ def update_momentum_buffers(grads: Sequence[torch.Tensor], bufs: Sequence[torch.
     if style == "ema":
         torch._foreach_lerp_(bufs, grads, lerp_weight(1 - mu, len(bufs)))
     else:
-        foreach_scale_(bufs, mu)
+        foreach_scale_(bufs, mu, split)
         torch._foreach_add_(bufs, grads)
 
 

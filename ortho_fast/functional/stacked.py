@@ -122,6 +122,7 @@ class Workspace:
     def __init__(self) -> None:
         self._pool: dict[torch.device, torch.Tensor] = {}
         self._frame: dict[torch.device, tuple[set, int]] = {}
+        self.generation = 0  # counts the pools made: views of the pools stay valid while it is unchanged
 
     def reserve(self, nbytes: int, device: torch.device) -> None:
         """Grow the pool of ``device`` to at least ``nbytes`` (the smaller one released first)."""
@@ -131,6 +132,7 @@ class Workspace:
             self._pool.pop(device, None)
             self._frame.pop(device, None)
             self._pool[device] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            self.generation += 1
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         if torch.compiler.is_compiling():
@@ -143,6 +145,7 @@ class Workspace:
         if device not in self._pool or self._pool[device].numel() < end:
             self._pool.pop(device, None)
             self._pool[device] = torch.empty(end, dtype=torch.uint8, device=device)
+            self.generation += 1
         self._frame[device] = (names | {name}, _aligned(end))
         return self._pool[device][offset:end].view(dtype).view(shape)
 
@@ -168,9 +171,10 @@ class Workspace:
     def clear(self) -> None:
         self._pool.clear()
         self._frame.clear()
+        self.generation += 1
 
     def __getstate__(self) -> dict:  # a copied optimizer allocates its own buffers
-        return {"_pool": {}, "_frame": {}}
+        return {"_pool": {}, "_frame": {}, "generation": self.generation + 1}
 
 
 def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -30,11 +30,12 @@ from .options import MuonOptions
 class Replay:
     """A ``stacked.Workspace`` seen by one chunk's step: the first run forwards every ``get`` and
     ``spare`` to the workspace and records what it handed out; later runs get the recorded views (the
-    workspace hands a chunk the same bytes at every step while its pools stay: ``key``)."""
+    workspace hands a chunk the same bytes at every step while its pools stay: ``key``, the workspace's
+    ``generation``)."""
 
     def __init__(self, workspace: stacked_math.Workspace) -> None:
         self.workspace = workspace
-        self.key = tuple(workspace.data_ptrs())
+        self.key = getattr(workspace, "generation", None)
         self.buffers: dict[tuple, torch.Tensor] = {}
         self.spares: list = []
         self.next_spare = 0
@@ -65,7 +66,7 @@ class Replay:
         return out
 
     def data_ptrs(self) -> list[int]:
-        return list(self.key)
+        return self.workspace.data_ptrs()
 
 
 def chunk_run(chunk, workspace: stacked_math.Workspace) -> Replay | stacked_math.Workspace:
@@ -74,7 +75,7 @@ def chunk_run(chunk, workspace: stacked_math.Workspace) -> Replay | stacked_math
     if torch.compiler.is_compiling():
         return workspace
     run = chunk.views.get("run")
-    if run is None or run.workspace is not workspace or run.key != tuple(workspace.data_ptrs()):
+    if run is None or run.workspace is not workspace or run.key != getattr(workspace, "generation", None):
         run = chunk.views["run"] = Replay(workspace)
     return run.start()
 

@@ -16,7 +16,7 @@ from ..functional import muon as muon_math, muon_stages as stage_math, stacked a
 from ..functional.graph_scalars import as_operand
 from ..functional.newton_schulz import newton_schulz_stack
 from ..functional.stacked import Workspace
-from .muon_budget import cached_views, writes_compute_dtype
+from .muon_budget import writes_compute_dtype
 from .muon_plan import MuonPlan, chunk_run
 from .muon_stages import normuon_variances, stacked_stage_update_
 from .options import MuonOptions
@@ -26,6 +26,17 @@ if TYPE_CHECKING:
 
 #: The one ``orthogonalize`` (a patched one is called instead of the stacked path's direct call).
 ORTHOGONALIZE = muon_math.orthogonalize
+
+
+def _kept(kept: dict | None, name, make):
+    """``make()``, kept in ``kept`` (a chunk's ``Replay.cache``: views of the buffers the workspace hands
+    the chunk at every step) under ``name``; None (under ``torch.compile``): made every time."""
+    if kept is None:
+        return make()
+    hit = kept.get(name)
+    if hit is None:
+        hit = kept[name] = make()
+    return hit
 
 
 def run_plan(plan: MuonPlan, state, options: MuonOptions, workspace: Workspace, plan_stacks) -> None:
@@ -51,7 +62,8 @@ def run_steps(plan, state, options: MuonOptions, layout, live, bufs, workspace: 
         _rest_step(state, options, layout, batch, update, left)
     if chunks:
         muon_math.update_momentum_buffers([p.grad for p in stacked], bufs, mu=options.momentum,
-                                          style=options.momentum_style)
+                                          style=options.momentum_style,  # the buffers have the parameters' dtypes
+                                          split=([], bufs) if split is not None and not split[0] else None)
         if not torch.compiler.is_compiling():
             for device, nbytes in sizes.items():
                 workspace.reserve(nbytes, device)
@@ -113,8 +125,7 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
     run = chunk_run(chunk, workspace)
     kept = getattr(run, "cache", None)
     u = run.get("momentum", shape, options.compute_dtype if direct else params[0].dtype, params[0].device)
-    pools = () if torch.compiler.is_compiling() else workspace.data_ptrs()  # what ``cached_views`` may keep
-    views = cached_views(chunk.views, "u", u, lambda: muon_math.split_stack(u, params), pools)
+    views = _kept(kept, "u", lambda: muon_math.split_stack(u, params))
     bufs = [state[p]["momentum_buffer"] for p in params] if bufs is None else bufs
     grads = [p.grad for p in params]
     free = run.spare(u.device)
@@ -127,8 +138,8 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
                                                                            nesterov=options.nesterov)
     muon_math.momentum_into(views, grads, bufs, mu=options.momentum, nesterov=options.nesterov,
                             style=options.momentum_style, rounds=rounds)  # U in rounds
-    mats = muon_math.MatrixStack(cached_views(chunk.views, "mats", u, lambda: [
-        v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)], pools), u, scratch=True)
+    mats = muon_math.MatrixStack(_kept(kept, "mats", lambda: [
+        v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)]), u, scratch=True)
     pre = u if options.equilibration is None else stage_math.pre_orthogonalize(
         [u], equilibration=options.equilibration)[0]
     if pre is not u:
@@ -142,8 +153,11 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
     else:  # MuonEq's result, or a patched ``orthogonalize`` (a documented patch point)
         outs = muon_math.orthogonalize(mats, options.table, **kwargs)
         stack = getattr(outs, "stack", None)
-    if hasattr(run, "done"):
+    if kept is not None:
         run.done()
+    # the rounds and splits of the result are kept only where it is a buffer the workspace hands out at every
+    # step (not a new tensor: Gram Newton–Schulz, a patched ``orthogonalize``)
+    kept = kept if kept is not None and any(stack is b for b in run.buffers.values()) else None
     stages = options.renormalize or options.normuon_beta2 is not None
     if stack is None:  # a plain list (a patched ``orthogonalize``): the stages per parameter, as the rest
         outs = [(stage_math.post_orthogonalize([o], None if options.normuon_beta2 is None else normuon_variances(
@@ -154,7 +168,7 @@ def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: d
             stacked_stage_update_(chunk.members, stack, state, options, as_operand(update["lr"]),
                                   free=(u, run.spare(u.device)), cache=kept)  # Ô in rounds in free bytes
             return
-        outs = cached_views(chunk.views, "outs", stack, lambda: muon_math.split_stack(stack, params), pools)
+        outs = _kept(kept, ("outs", id(stack)), lambda: muon_math.split_stack(stack, params))
     scale = muon_math.adjusted_lr_scale(options.adjust_lr, chunk.m, chunk.n) * options.extra_scale_factor
     stacked_math.add_update_(params, outs, -as_operand(update["lr"]) * scale, None if stages else u, stack,
                              cache=kept)
