@@ -347,16 +347,24 @@ def add_update_(params: list[torch.Tensor], outs: list[torch.Tensor], alpha: flo
             torch._foreach_add_(params[lo:hi], views, alpha=alpha)
 
 
-def scale_and_cast(u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def scale_and_cast(u: torch.Tensor, out: torch.Tensor, kept: dict | None = None) -> torch.Tensor:
     """``out`` ← U/β cast to ``out``'s dtype, with β = 2^e per matrix and max|U| in [2^(e−1), 2^e)
     (``newton_schulz.power_of_two_scale``: e capped at the largest finite power of two, β = 1 for
     a zero matrix); returns β, shape (k, 1, 1) in u's dtype. U/β is exact and below 2 in
     magnitude, so the cast cannot overflow (float32 gradients above 65504 into float16 did).
-    Shapes: u (k, m, n), out (k, m, n). Five operations for the whole stack."""
+    Shapes: u (k, m, n), out (k, m, n). Five operations for the whole stack (four with ``kept``: a dict
+    keeping the (k, 1, 1) ones from call to call, a chunk's plan).
+    """
     amax = torch.linalg.vector_norm(u, ord=math.inf, dim=(-2, -1), keepdim=True)
     largest = math.floor(math.log2(torch.finfo(u.dtype).max))
     exponent = torch.frexp(amax).exponent.clamp_(max=largest)
-    beta = torch.ldexp(torch.ones_like(amax), exponent)
+    key = ("ones", amax.shape, amax.dtype, amax.device)
+    ones = kept.get(key) if kept is not None else None
+    if ones is None:
+        ones = torch.ones_like(amax)
+        if kept is not None:
+            kept[key] = ones
+    beta = torch.ldexp(ones, exponent)
     torch.div(u, beta, out=out)
     return beta
 

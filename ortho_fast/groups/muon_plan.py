@@ -97,6 +97,7 @@ class MuonPlan:
         self.params = tuple(group["params"])
         self.names = [param_name(group, i, p) for i, p in enumerate(self.params)]
         self.grad_names = [f"grad of {name}" for name in self.names]
+        self.pairs = list(enumerate(self.params))  # (index, parameter), as the live list holds them
         self._layout_of = lambda i, p: param_layout(group, options, i, p)
         self.layout_cache: dict = {}  # index -> (parameter, shape, layout), as ``cached_layout``
         self.checked: list = [None] * len(self.params)
@@ -128,8 +129,10 @@ class MuonPlan:
         Records the live parameters and their buffers for the step. Raises as ``check_muon_step``."""
         self.ready = None
         live, bufs = [], []
-        checked, names, grad_names, options = self.checked, self.names, self.grad_names, self.options
-        for i, p in enumerate(self.params):
+        checked, names, options = self.checked, self.names, self.options
+        add = finite.add if finite else None
+        for pair, name, grad_name in zip(self.pairs, names, self.grad_names):
+            i, p = pair
             g = p.grad
             if g is None:
                 continue
@@ -139,17 +142,16 @@ class MuonPlan:
                 buf, var = st.get("momentum_buffer"), st.get(VARIANCE_KEY)
             sig = (p.shape, p.dtype, p.device, p.is_contiguous(), g.shape, g.dtype, g.device, g.layout)
             hit = checked[i]
-            if (hit is None or hit[0]() is not g or hit[1] is not buf or hit[2] is not var or hit[3] != sig
-                    or hit[4] is not p):
-                check_grad(p, names[i], "Muon", False)
-                check_param_shaped_state(state, p, "momentum_buffer", names[i])
-                check_stage_state(st or {}, p, self.layout(i, p), options, names[i])
-                if hit is None or hit[3] != sig or hit[4] is not p:  # what the stack plan depends on
+            if hit is None or hit[0]() is not g or hit[1] is not buf or hit[2] is not var or hit[3] != sig:
+                check_grad(p, name, "Muon", False)
+                check_param_shaped_state(state, p, "momentum_buffer", name)
+                check_stage_state(st or {}, p, self.layout(i, p), options, name)
+                if hit is None or hit[3] != sig:  # what the stack plan depends on
                     self.epoch += 1
-                checked[i] = (weakref.ref(g), buf, var, sig, p)
-            if finite:
-                finite.add(g, grad_names[i])
-            live.append((i, p))
+                checked[i] = (weakref.ref(g), buf, var, sig)
+            if add is not None:
+                add(g, grad_name)
+            live.append(pair)
             bufs.append(buf)
         self.ready = (live, bufs)
 
