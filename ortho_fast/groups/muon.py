@@ -377,6 +377,9 @@ class MuonPlans:
 
     step_plans: dict
 
+    def __getstate__(self) -> dict:  # a copied optimizer plans its own groups again
+        return {**self.__dict__, "step_plans": {}}
+
     def plan(self, group: dict) -> MuonPlan:
         """The group's plan: the kept one while the group holds the same parameters and option values
         (compared by identity; lists and dicts by value); new lr / weight decay / momentum values only
