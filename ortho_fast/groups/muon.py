@@ -29,11 +29,10 @@ from ..validation import (FiniteCheck, check_bool_option, check_choice, check_co
 from .driver import GroupRunner
 from .muon_budget import cached_plan, stage_nbytes, step_plan, writes_compute_dtype
 from .muon_plan import MuonPlan
-from .muon_step import run_plan, run_steps, stacked_chunk_step  # noqa: F401
+from .muon_step import run_plan, run_steps
 from .muon_stages import (STAGE_DEFAULTS, check_stage_state, resolve_stage_options,
                           variance_shape)
-from .options import (DeviceHypers, MuonOptions, _freeze, _Uncacheable, check_device_hyper,  # noqa: F401
-                      check_gram_option)
+from .options import DeviceHypers, MuonOptions, Uncacheable, check_device_hyper, check_gram_option, freeze_value
 
 #: Every Muon param-group key with its default (torch.optim.Muon's defaults where torch has the option).
 MUON_DEFAULTS: dict[str, object] = {
@@ -371,6 +370,12 @@ def plan_stacks(live, layout, options: MuonOptions, budget_from: tuple[int, int,
     return [c for c in chunks if id(c) not in lone], rest
 
 
+def _new_plan(group: dict, options: MuonOptions, values: tuple, frozen: dict) -> MuonPlan:
+    """A ``MuonPlan`` of ``group`` with its parameters' names and layouts (``param_name``, ``param_layout``)."""
+    return MuonPlan(group, options, values, frozen, [param_name(group, i, p) for i, p in enumerate(group["params"])],
+                    lambda i, p: param_layout(group, options, i, p))
+
+
 class MuonPlans:
     """The ``MuonPlan`` of each Muon group a runner steps (``step_plans``, per group; cleared by
     ``GroupRunner.reset``): ``MuonGroups`` and the distributed ``MuonSharding``."""
@@ -386,7 +391,7 @@ class MuonPlans:
         replace those scalars; any other change resolves the group again (raising as
         ``resolve_muon_options``). Under ``torch.compile`` resolved afresh (a traced lr stays symbolic)."""
         if torch.compiler.is_compiling():
-            return MuonPlan(group, resolve_muon_options(group), MUON_OPTION_KEYS, (), {})
+            return _new_plan(group, resolve_muon_options(group), (), {})
         values = tuple(map(group.get, MUON_OPTION_KEYS))
         plan = self.step_plans.get(id(group))
         params = group["params"]
@@ -399,8 +404,8 @@ class MuonPlans:
         same = (plan is not None and plan.group is group and len(group["params"]) == len(plan.params)
                 and all(map(operator.is_, group["params"], plan.params)))
         try:
-            frozen = {k: _freeze(v) for k, v in zip(MUON_OPTION_KEYS, values) if isinstance(v, (list, dict))}
-        except _Uncacheable:
+            frozen = {k: freeze_value(v) for k, v in zip(MUON_OPTION_KEYS, values) if isinstance(v, (list, dict))}
+        except Uncacheable:
             frozen = None
         changed = [k for k, v, old in zip(MUON_OPTION_KEYS, values, plan.values) if v is not old] if same else None
         if same and frozen is not None and frozen == plan.frozen and set(changed) <= set(DEVICE_HYPERS):
@@ -411,7 +416,7 @@ class MuonPlans:
                     scalars[key] = check_hyper(group[key], key, **({"high": 1.0} if key == "momentum" else {}))
             return plan.with_scalars(dataclasses.replace(plan.options, **scalars), values)
         self.step_plans.pop(id(group), None)
-        fresh = MuonPlan(group, resolve_muon_options(group), MUON_OPTION_KEYS, values, frozen or {})
+        fresh = _new_plan(group, resolve_muon_options(group), values, frozen or {})
         if frozen is not None:  # an array option (compared by nothing): resolved at every step
             self.step_plans[id(group)] = fresh
         return fresh

@@ -82,23 +82,22 @@ def chunk_run(chunk, workspace: stacked_math.Workspace) -> Replay | stacked_math
 
 class MuonPlan:
     """The plan of one Muon param group (see the module docstring). ``options``: the group's resolved
-    options; ``values``: the group's option values it was resolved from (``keys``' order), compared by
-    identity at every step; ``frozen``: value snapshots of the options that may change in place (lists,
-    dicts), compared by value."""
+    options; ``values``: the group's option values it was resolved from (``MUON_OPTION_KEYS``' order),
+    compared by identity at every step; ``frozen``: value snapshots of the options that may change in
+    place (lists, dicts), compared by value; ``names``: how errors name each parameter;
+    ``layout_of(i, p)``: the layout of parameter i (``groups.muon.param_layout``)."""
 
-    def __init__(self, group: dict, options: MuonOptions, keys, values: tuple, frozen: dict) -> None:
-        from .muon import param_layout, param_name
-
+    def __init__(self, group: dict, options: MuonOptions, values: tuple, frozen: dict, names: list[str],
+                 layout_of) -> None:
         self.group = group  # held: its id is not reused while the plan is kept
         self.options = options
-        self.keys = keys
         self.values = values
         self.frozen = frozen
         self.params = tuple(group["params"])
-        self.names = [param_name(group, i, p) for i, p in enumerate(self.params)]
+        self.names = names
         self.grad_names = [f"grad of {name}" for name in self.names]
         self.pairs = list(enumerate(self.params))  # (index, parameter), as the live list holds them
-        self._layout_of = lambda i, p: param_layout(group, options, i, p)
+        self._layout_of = layout_of
         self.layout_cache: dict = {}  # index -> (parameter, shape, layout), as ``cached_layout``
         self.checked: list = [None] * len(self.params)
         self.stack_key = None

@@ -8,8 +8,6 @@ Source: docs/performance.md, "(e)"; docs/design.md, "Muon".
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..functional import muon as muon_math, muon_stages as stage_math, stacked as stacked_math
@@ -20,9 +18,6 @@ from .muon_budget import writes_compute_dtype
 from .muon_plan import MuonPlan, chunk_run
 from .muon_stages import normuon_variances, stacked_stage_update_
 from .options import MuonOptions
-
-if TYPE_CHECKING:
-    from .muon import StackChunk
 
 #: The one ``orthogonalize`` (a patched one is called instead of the stacked path's direct call).
 ORTHOGONALIZE = muon_math.orthogonalize
@@ -106,19 +101,19 @@ def _rest_step(state, options: MuonOptions, layout, rest, update: dict, left: se
         muon_math.muon_update(p, lay, post, **(update if id(p) in left else {**update, "weight_decay": 0.0}))
 
 
-def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: dict, workspace: Workspace,
+def stacked_chunk_step(chunk, state, options: MuonOptions, update: dict, workspace: Workspace,
                        bufs: list | None = None) -> None:
-    """The Muon step of one chunk (its momentum buffers ``bufs``, in the members' order, already updated,
-    ``functional.muon.update_momentum_buffers``; None: read from ``state``): U (Nesterov or the buffer)
-    written into one (k, m, n) workspace stack, of the compute dtype where ``writes_compute_dtype``
-    (rounded once on the write) else of the parameters' dtype, MuonEq on it, ``orthogonalize`` of it as a
-    scratch ``MatrixStack`` (the iteration starts in it when it has the compute dtype), the update
-    as one ``_foreach_add_`` with the chunk's lr·s, or with Muon+ / NorMuon the stack times their
-    per-neuron factor added in rounds in the free workspace (``stacked_stage_update_``). A fixed
-    number of operations whatever the chunk's size, but for the matrices the rounds of the U write
-    and of the update leave to one operation each (chunks of fewer than 4 or 5 matrices). The
-    workspace's views, the rounds and the splits are made at the chunk's first step and kept while the
-    workspace hands out the same bytes (``muon_plan.chunk_run``)."""
+    """The Muon step of one chunk (``groups.muon.StackChunk``; its momentum buffers ``bufs``, in the members'
+    order, already updated, ``functional.muon.update_momentum_buffers``; None: read from ``state``): U (Nesterov
+    or the buffer) written into one (k, m, n) workspace stack, of the compute dtype where
+    ``writes_compute_dtype`` (rounded once on the write) else of the parameters' dtype, MuonEq on it,
+    ``orthogonalize`` of it as a scratch ``MatrixStack`` (the iteration starts in it when it has the compute
+    dtype), the update as one ``_foreach_add_`` with the chunk's lr·s, or with Muon+ / NorMuon the stack times
+    their per-neuron factor added in rounds in the free workspace (``stacked_stage_update_``). A fixed number of
+    operations whatever the chunk's size, but for the matrices the rounds of the U write and of the update leave
+    to one operation each (chunks of fewer than 4 or 5 matrices). The workspace's views, the rounds and the
+    splits are made at the chunk's first step and kept while the workspace hands out the same bytes
+    (``muon_plan.chunk_run``)."""
     params = [p for p, _, _ in chunk.members]
     shape = (chunk.count, chunk.m, chunk.n)
     direct = writes_compute_dtype(options, params[0].dtype)

@@ -21,22 +21,22 @@ import torch
 from ..functional.newton_schulz import check_gram
 
 
-class _Uncacheable(Exception):
+class Uncacheable(Exception):
     """A group value that cannot be compared by value (a tensor: it may change in place)."""
 
 
-def _freeze(value: Any) -> Any:
+def freeze_value(value: Any) -> Any:
     """A value-comparable snapshot of a group option: each scalar with its type, sequences as
-    tuples, dicts as sorted item tuples; a tensor or an array raises ``_Uncacheable`` (resolved
+    tuples, dicts as sorted item tuples; a tensor or an array raises ``Uncacheable`` (resolved
     again at every step: it may change in place)."""
     if isinstance(value, torch.Tensor):
-        raise _Uncacheable
+        raise Uncacheable
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
+        return tuple(freeze_value(v) for v in value)
     if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+        return tuple(sorted((k, freeze_value(v)) for k, v in value.items()))
     if hasattr(value, "__array__") and not isinstance(value, (str, bytes)):  # numpy tables
-        raise _Uncacheable
+        raise Uncacheable
     return type(value), value  # typed: True == 1 and 1 == 1.0, but a bool option set to 1 must be re-checked
 
 
@@ -75,8 +75,8 @@ class OptionsCache:
         if torch.compiler.is_compiling():
             return CacheEntry(group, (), resolve(group))
         try:
-            snapshot = tuple(_freeze(group.get(k)) for k in keys)
-        except _Uncacheable:
+            snapshot = tuple(freeze_value(group.get(k)) for k in keys)
+        except Uncacheable:
             self._entries.pop(id(group), None)
             return CacheEntry(group, (), resolve(group))
         cached = self._entries.get(id(group))
