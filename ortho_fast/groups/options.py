@@ -158,32 +158,6 @@ class DeviceHypers:
         return {"keys": self.keys, "_held": {}}
 
 
-class GroupPlans:
-    """Per param group, a cache (a dict: Muon's layouts and step plan) kept while the group's resolved
-    options other than ``volatile`` (lr, weight_decay, momentum: what a scheduler changes at every step)
-    stay equal. ``get(group, entry)``: the dict (``entry`` the group's ``OptionsCache`` entry); under
-    ``torch.compile`` the entry's own ``per_param`` (dynamo does not trace ``id`` of a dict)."""
-
-    def __init__(self, volatile: Sequence[str]) -> None:
-        self.volatile = tuple(volatile)
-        self._held: dict[int, tuple[dict, Any, dict]] = {}
-
-    def get(self, group: dict, entry: CacheEntry) -> dict:
-        if torch.compiler.is_compiling():
-            return entry.per_param
-        key = dataclasses.replace(entry.options, **{k: 0.0 for k in self.volatile})  # no tensor compared
-        held = self._held.get(id(group))
-        if held is None or held[0] is not group or held[1] != key:
-            held = self._held[id(group)] = (group, key, {})
-        return held[2]
-
-    def clear(self) -> None:
-        self._held.clear()
-
-    def __getstate__(self) -> dict:  # a copied optimizer plans its own groups again
-        return {"volatile": self.volatile, "_held": {}}
-
-
 @dataclass(frozen=True)
 class MuonOptions:
     """A Muon group's options, validated and resolved (``ortho_fast.groups.muon.resolve_muon_options``).
@@ -233,7 +207,7 @@ class MuonOptions:
     normuon_eps_mode: str = "add"
     normuon_dim: str = "row"
     #: torch's ``capturable``: lr, weight_decay, momentum reach the kernels as 0-dim device tensors
-    #: (``MuonGroups.device_options``); with it they may be tensors here.
+    #: (``DeviceHypers.options`` in ``MuonGroups.step``); with it they may be tensors here.
     capturable: bool = False
 
     def post_orthogonalize_kwargs(self) -> dict:
