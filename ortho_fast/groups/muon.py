@@ -293,7 +293,9 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
     for _, p in live:
         if "momentum_buffer" not in state[p]:
             state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-    plan = cached_plan(layouts, live, lambda: step_plan(live, layout, options, plan_stacks))
+    plan = cached_plan(layouts, live, lambda: step_plan(live, layout, options, plan_stacks),
+                       None if layouts is None else dataclasses.replace(options, lr=0.0, weight_decay=0.0,
+                                                                         momentum=0.0))
     run_steps(plan, state, options, layout, live, [state[p]["momentum_buffer"] for p in plan[2]],
                Workspace() if workspace is None else workspace)
 

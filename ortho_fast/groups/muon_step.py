@@ -133,20 +133,25 @@ def stacked_chunk_step(chunk, state, options: MuonOptions, update: dict, workspa
                                                                            nesterov=options.nesterov)
     muon_math.momentum_into(views, grads, bufs, mu=options.momentum, nesterov=options.nesterov,
                             style=options.momentum_style, rounds=rounds)  # U in rounds
-    mats = muon_math.MatrixStack(_kept(kept, "mats", lambda: [
-        v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)]), u, scratch=True)
     pre = u if options.equilibration is None else stage_math.pre_orthogonalize(
         [u], equilibration=options.equilibration)[0]
-    if pre is not u:
-        mats = muon_math.MatrixStack(muon_math.split_stack(pre, mats), pre)
-    kwargs = {**options.orthogonalize_kwargs(), "banks": True, "workspace": run}
     if muon_math.orthogonalize is ORTHOGONALIZE and pre is u:  # the stack itself (no split of the result)
-        kwargs.pop("banks")
-        kwargs["compute_dtype"] = u.dtype if options.compute_dtype is None else options.compute_dtype
+        kwargs = kept.get("ns_kwargs") if kept is not None else None  # options other than lr: fixed per plan
+        if kwargs is None:
+            kwargs = {**options.orthogonalize_kwargs(), "workspace": run}
+            kwargs.pop("banks")
+            kwargs["compute_dtype"] = u.dtype if options.compute_dtype is None else options.compute_dtype
+            if kept is not None:
+                kept["ns_kwargs"] = kwargs
         stack = newton_schulz_stack(u, options.table, **kwargs, overwrite=True)
         outs = None
     else:  # MuonEq's result, or a patched ``orthogonalize`` (a documented patch point)
-        outs = muon_math.orthogonalize(mats, options.table, **kwargs)
+        mats = muon_math.MatrixStack(_kept(kept, "mats", lambda: [
+            v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)]), u, scratch=True)
+        if pre is not u:
+            mats = muon_math.MatrixStack(muon_math.split_stack(pre, mats), pre)
+        outs = muon_math.orthogonalize(mats, options.table,
+                                       **{**options.orthogonalize_kwargs(), "banks": True, "workspace": run})
         stack = getattr(outs, "stack", None)
     if kept is not None:
         run.done()
