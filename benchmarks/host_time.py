@@ -2,13 +2,16 @@
 width d where the arithmetic is negligible (d = 4 by default: fused QKV (3d, d), proj (d, d), MLP up
 (4d, d), MLP down (d, 4d); fp32 parameters), one thread, so what is timed is the Python and the
 dispatch of a step, the floor of a launch-bound GPU step. Every optimizer steps the same gradients;
-the median of ``torch.utils.benchmark``'s blocked autorange, printed as ms and as the ratio to
-torch.optim.Muon (goals: docs/performance.md, (d)).
+the median of ``torch.utils.benchmark``'s blocked autorange, taken for every optimizer back to back in
+each of ``--rounds`` rounds (the order rotated), printed as the median ms and the median of the
+within-round ratio to torch.optim.Muon (goals: docs/performance.md, (d)).
 
-    python benchmarks/host_time.py [--d 4] [--layers 12] [--threads 1]
+    python benchmarks/host_time.py [--d 4] [--layers 12] [--threads 1] [--rounds 5]
 """
 
 from __future__ import annotations
+
+import statistics
 
 import torch
 
@@ -47,12 +50,13 @@ def main(argv=None) -> None:
     p = parser(__doc__.split("\n\n")[0])
     p.add_argument("--d", type=int, default=4, help="model width (default 4)")
     p.add_argument("--layers", type=int, default=12, help="GPT blocks (default 12)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of every variant back to back (default 5)")
     p.set_defaults(threads=1)
     args = p.parse_args(argv)
     setup(args)
     d = args.d
     shapes = [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * (1 if args.quick else args.layers)
-    rows, base = [], None
+    steppers = {}
     for name, build in variants().items():
         gen = torch.Generator().manual_seed(0)
         ps = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in shapes]
@@ -61,10 +65,20 @@ def main(argv=None) -> None:
         opt = build(ps)
         for _ in range(3):  # state and workspace created, the plan built
             opt.step()
-        seconds = median_seconds(opt.step, args.min_run_time)
-        base = seconds if base is None else base
-        rows.append([name, f"{seconds * 1e3:.3f}", f"{seconds / base:.2f}"])
-    print_table(f"host time of a step: {len(shapes)} matrices, d = {d}", ["optimizer", "ms", "÷ torch"], rows)
+        steppers[name] = opt.step
+    names = list(steppers)
+    seconds = {name: [] for name in names}
+    ratios = {name: [] for name in names}
+    for r in range(1 if args.quick else args.rounds):  # each round times all, the order rotated
+        order = names[r % len(names):] + names[:r % len(names)]
+        timed = {name: median_seconds(steppers[name], args.min_run_time / max(1, args.rounds)) for name in order}
+        for name in names:
+            seconds[name].append(timed[name])
+            ratios[name].append(timed[name] / timed[names[0]])
+    rows = [[name, f"{statistics.median(seconds[name]) * 1e3:.3f}", f"{statistics.median(ratios[name]):.2f}"]
+            for name in names]
+    print_table(f"host time of a step: {len(shapes)} matrices, d = {d} (ratios: median over rounds of the "
+                f"ratio within a round)", ["optimizer", "ms", "÷ torch"], rows)
 
 
 if __name__ == "__main__":

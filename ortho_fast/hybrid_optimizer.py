@@ -11,6 +11,7 @@ defaults; the three are importable from ``ortho_fast``.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -276,15 +277,15 @@ class HybridOptimizer(SchedulerCalls, Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for i, group in enumerate(self.param_groups):
-            if group.get("algorithm") not in ALGORITHMS:
+        for i, algorithm in enumerate(map(operator.methodcaller("get", "algorithm"), self.param_groups)):
+            if algorithm not in ALGORITHMS:
                 raise ValueError(f"param group {i}: algorithm: expected one of {sorted(ALGORITHMS)}, got "
-                                 f"{group.get('algorithm')!r}")
+                                 f"{algorithm!r}")
         axes = {a.ranks: a for a in (self._muon_sharding.dp, self._muon_sharding.tp,
                                      *(self._dion_meshes.check_axes if self._dion_meshes else ()))
                 if a is not None and a.size > 1}
         init_groups_if_compiling(self)
-        check_then_step(self.param_groups, self.state, self._runners, lambda group: group["algorithm"], label=True,
+        check_then_step(self.param_groups, self.state, self._runners, operator.itemgetter("algorithm"), label=True,
                         agree=self._agree(list(axes.values())) if axes else None, check_finite=self.check_finite)
         return loss
 

@@ -356,6 +356,6 @@ class Muon(SchedulerCalls, Optimizer):
                 loss = closure()
         init_groups_if_compiling(self)
         with self._qk_clip.around_step(self.param_groups, qk_logits, self.check_finite):
-            check_then_step(self.param_groups, self.state, {"muon": self._runner}, lambda group: "muon",
+            check_then_step(self.param_groups, self.state, {"muon": self._runner}, "muon",
                             check_finite=self.check_finite)
         return loss

@@ -145,7 +145,8 @@ class FiniteCheck:
             return None
         maxima = max_abs(tensors)
         device = maxima[0].device
-        if bool((torch.stack([m.to(device) for m in maxima]) < math.inf).all()):  # NaN < inf is False
+        # NaN < inf is False; a maximum on the device already is not copied
+        if bool((torch.stack([m if m.device == device else m.to(device) for m in maxima]) < math.inf).all()):
             return None
         for name, m in zip(names, maxima):  # rare: name the first that is not finite
             if not bool(torch.isfinite(m)):

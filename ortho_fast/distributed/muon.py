@@ -53,17 +53,9 @@ import torch.distributed as dist
 from ..functional import muon as muon_math, muon_stages as stage_math
 from ..functional.layout import MuonLayout, is_expert_name
 from ..groups.driver import GroupRunner, describe_groups
-from ..groups.muon import (
-    MUON_OPTION_KEYS,
-    cached_layout,
-    check_muon_step,
-    momentum_of,
-    param_layout,
-    param_name,
-    resolve_muon_options,
-)
+from ..groups.muon import MuonPlans, momentum_of, param_layout, param_name, resolve_muon_options
 from ..groups.muon_stages import VARIANCE_KEY, normuon_variances
-from ..groups.options import MuonOptions, OptionsCache
+from ..groups.options import MuonOptions
 from ..validation import FiniteCheck, check_choice, is_dtensor, local_tensor
 from . import comm
 from .layout import TP_MODES, LayoutError, MatrixLayout, check_axes, matrix_layout, mesh_axis
@@ -123,7 +115,7 @@ def _same_set(parts: list[torch.Tensor], whole: torch.Tensor) -> bool:
     return len(joined) == len(whole) and torch.equal(joined.sort().values, whole.sort().values)
 
 
-class MuonSharding(GroupRunner):
+class MuonSharding(MuonPlans, GroupRunner):
     """The distributed plan of a ``Muon`` optimizer: its meshes, and per parameter who owns it and
     where its blocks live (see the module docstring for the algorithm).
 
@@ -150,7 +142,7 @@ class MuonSharding(GroupRunner):
         self.dp_is_group = isinstance(distributed_mesh, dist.ProcessGroup)
         self.active = distributed_mesh is not None or tp_mesh is not None
         self.plans: dict[torch.Tensor, _Plan] = {}
-        self.cache = OptionsCache()
+        self.step_plans: dict = {}  # each group's ``MuonPlan`` (``MuonPlans``; cleared by ``reset``)
 
     def agree(self, error: BaseException | None, device=None) -> None:
         """Make a local verdict global (``load_state_dict``: a corrupt shard on one rank): raise
@@ -166,8 +158,9 @@ class MuonSharding(GroupRunner):
         return [a for a in (self.dp, self.tp) if a is not None] if self.active else []
 
     def entry(self, group: dict):
-        """The group's options cache entry (resolved again when an option changed)."""
-        return self.cache.entry(group, MUON_OPTION_KEYS, resolve_muon_options)
+        """The group's ``MuonPlan`` (``MuonPlans.plan``: options, layouts and gradient checks resolved
+        when the group changes)."""
+        return self.plan(group)
 
     # -- construction --------------------------------------------------------------------
 
@@ -252,7 +245,7 @@ class MuonSharding(GroupRunner):
         try:
             for group in groups:
                 entry = self.entry(group)
-                check_muon_step(group, state, entry.options, entry.per_param, finite if finite is not None else False)
+                entry.check(state, finite if finite is not None else False)  # ``check_muon_step``, kept per tensor
                 for i, p in enumerate(group["params"]):
                     if p.grad is None:
                         continue
@@ -329,7 +322,7 @@ class MuonSharding(GroupRunner):
 
     def _param_layout(self, group: dict, entry, i: int, p: torch.Tensor) -> MuonLayout:
         """The one-process layout of a plain / replicated parameter, cached with the group's options."""
-        return cached_layout(group, entry.options, entry.per_param, i, p)
+        return entry.layout(i, p)
 
     def _owner_phase(self, items: list[_Item], group: dict, options: MuonOptions, state) -> None:
         """Phase 3 on the owner: TP all-gathers ("duplicated"), then every whole-matrix

@@ -94,18 +94,26 @@ def foreach_add_scaled_(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tenso
 CPU_ROUNDED_FACTOR_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def foreach_scale_(ts: Sequence[torch.Tensor], factor: float | torch.Tensor) -> None:
+def split_rounded(ts: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``ts`` as (own, rest): the bfloat16 / float16 tensors on the CPU (``CPU_ROUNDED_FACTOR_DTYPES``),
+    which ``foreach_scale_`` scales one by one, and the others, scaled by one ``_foreach_mul_``."""
+    ts = list(ts)
+    own = [t for t in ts if t.device.type == "cpu" and t.dtype in CPU_ROUNDED_FACTOR_DTYPES]
+    return own, ([t for t in ts if not (t.device.type == "cpu" and t.dtype in CPU_ROUNDED_FACTOR_DTYPES)]
+                 if own else ts)
+
+
+def foreach_scale_(ts: Sequence[torch.Tensor], factor: float | torch.Tensor, split=None) -> None:
     """ts[i] ← factor·ts[i] in place, for every i, with the bits of ``ts[i].mul_(factor)``: one
     ``_foreach_mul_`` in eager, except for bfloat16 / float16 tensors on the CPU, which take their
-    own ``mul_`` (``CPU_ROUNDED_FACTOR_DTYPES``; on the CPU a launch costs nothing)."""
-    ts = list(ts)
+    own ``mul_`` (``CPU_ROUNDED_FACTOR_DTYPES``; on the CPU a launch costs nothing). ``split``:
+    ``split_rounded(ts)`` made ahead (a plan keeps it)."""
     if torch.compiler.is_compiling():
         for t in ts:
             t.mul_(factor)
         return
-    own = [t for t in ts if t.device.type == "cpu" and t.dtype in CPU_ROUNDED_FACTOR_DTYPES]
+    own, rest = split_rounded(ts) if split is None else split
     for t in own:
         t.mul_(factor)
-    rest = [t for t in ts if not (t.device.type == "cpu" and t.dtype in CPU_ROUNDED_FACTOR_DTYPES)] if own else ts
     if rest:
         torch._foreach_mul_(rest, factor)

@@ -104,9 +104,10 @@ def muon_momentum_foreach(grads: Sequence[torch.Tensor], bufs: Sequence[torch.Te
 
 
 def update_momentum_buffers(grads: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor], *, mu: float,
-                            style: str) -> None:
+                            style: str, split=None) -> None:
     """The buffer half of ``muon_momentum_foreach``: every ``bufs[i]`` updated in place ("ema":
-    M ← M + (1−μ)(G − M); "classic": M ← μM + G), the same bits. Raises: ValueError naming ``style``."""
+    M ← M + (1−μ)(G − M); "classic": M ← μM + G), the same bits. ``split``: "classic"'s
+    ``graph_scalars.split_rounded(bufs)`` made ahead. Raises: ValueError naming ``style``."""
     check_choice(style, "style", MOMENTUM_STYLES)
     grads, bufs = list(grads), list(bufs)
     if not grads:
@@ -114,12 +115,23 @@ def update_momentum_buffers(grads: Sequence[torch.Tensor], bufs: Sequence[torch.
     if style == "ema":
         torch._foreach_lerp_(bufs, grads, lerp_weight(1 - mu, len(bufs)))
     else:
-        foreach_scale_(bufs, mu)
+        foreach_scale_(bufs, mu, split)
         torch._foreach_add_(bufs, grads)
 
 
+def momentum_into_rounds(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor],
+                         free: torch.Tensor | None, *, nesterov: bool):
+    """The rounds ``momentum_into`` takes with ``free`` (``stacked.momentum_rounds``), or None where it
+    takes none (no ``free``, no Nesterov, ``out`` of the gradients' dtype, under ``torch.compile``, no
+    round paying). The rounds hold views of ``free``: valid while its bytes are free at that step."""
+    out = list(out)
+    if not out or not nesterov or free is None or torch.compiler.is_compiling() or out[0].dtype == grads[0].dtype:
+        return None
+    return momentum_rounds(free, list(grads), out + list(grads) + list(bufs))
+
+
 def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor], *,
-                  mu: float, nesterov: bool, style: str, free: torch.Tensor | None = None) -> None:
+                  mu: float, nesterov: bool, style: str, free: torch.Tensor | None = None, rounds=...) -> None:
     """The other half: writes U (the matrix to orthogonalize) into ``out[i]`` from the updated
     ``bufs[i]`` — G + μ(M − G) ("ema", ``lerp``) / G + μM ("classic") with ``nesterov``, else M —
     the same bits as ``muon_momentum_foreach``'s results (the same kernels, in place on a copy
@@ -132,6 +144,7 @@ def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bu
     ``torch.compile``, no round paying; and for the tensors
     after the last round) one ``out=`` call per tensor (no temporary of U). Either way the bits
     of ``muon_momentum_foreach``'s results cast to ``out``'s dtype. Changes the bytes of ``free``.
+    ``rounds``: ``momentum_into_rounds``' result made ahead (a chunk's plan keeps it; ``free`` unused).
     Shapes: ``out[i]``, ``grads[i]``, ``bufs[i]`` of one shape per i; ``grads[i]``, ``bufs[i]``
     of one dtype.
     Source: torch.optim's ``_multi_tensor_*`` steps (``_foreach`` ops); docs/performance.md (e)."""
@@ -144,9 +157,8 @@ def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bu
         return
     grads, bufs = list(grads), list(bufs)
     if out[0].dtype != grads[0].dtype:
-        rounds = None
-        if free is not None and not torch.compiler.is_compiling():
-            rounds = momentum_rounds(free, grads, out + grads + bufs)
+        if rounds is ...:
+            rounds = momentum_into_rounds(out, grads, bufs, free, nesterov=nesterov)
         if rounds is None:
             for o, g, b in zip(out, grads, bufs):
                 if style == "ema":
@@ -157,7 +169,7 @@ def momentum_into(out: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], bu
         for lo, hi, scratch in rounds:
             _nesterov_in_place(scratch, grads[lo:hi], bufs[lo:hi], mu=mu, style=style)
             torch._foreach_copy_(out[lo:hi], scratch)
-        momentum_into(out[hi:], grads[hi:], bufs[hi:], mu=mu, nesterov=nesterov, style=style)
+        momentum_into(out[hi:], grads[hi:], bufs[hi:], mu=mu, nesterov=nesterov, style=style, rounds=None)
         return
     _nesterov_in_place(out, grads, bufs, mu=mu, style=style)
 
@@ -205,29 +217,32 @@ def decay_amount(style: str, *, lr: float, weight_decay: float, scale: float = 1
     raise AssertionError("unreachable")
 
 
-def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: float) -> None:
+def decay_weights(params: Sequence[torch.Tensor], *, lr: float, weight_decay: float, split=None) -> None:
     """Decoupled weight decay W ← W·(1 − lr·wd) on every tensor of ``params`` in place, with one
     ``_foreach_mul_`` (``graph_scalars.foreach_scale_``: the bits of ``W.mul_(1 - lr * wd)``; nothing when lr·wd = 0).
+    ``split``: ``graph_scalars.split_rounded(params)`` made ahead.
     Source: torch.optim.Muon / AdamW (decoupled decay with the unscaled lr)."""
     if is_device_scalar(lr) or is_device_scalar(weight_decay):  # capturable: applied, never compared on the host
-        foreach_scale_(params, 1 - lr * weight_decay)
+        foreach_scale_(params, 1 - lr * weight_decay, split)
         return
     factor = 1 - float(lr) * float(weight_decay)
     if factor != 1.0 and params:
-        foreach_scale_(params, factor)
+        foreach_scale_(params, factor, split)
 
 
 def decay_by_style(items: Sequence[tuple[torch.Tensor, Sequence[tuple[int, ...]]]], *, style: str, lr: float,
-                   weight_decay: float, adjust_lr: str | None, extra_scale_factor: float = 1.0) -> set[int]:
+                   weight_decay: float, adjust_lr: str | None, extra_scale_factor: float = 1.0,
+                   split=None) -> set[int]:
     """The weight decay of a step as ``_foreach`` ops (``decay_weights``) on the parameters of
     ``items`` ((parameter, the matrix shapes of its layout) pairs), in place: one op for "decoupled"
     / "independent"; for "adjusted_lr" one per lr multiplier s, over the parameters whose matrices
     share one s (``decay_amount``). Returns the ids of the parameters it left undecayed ("adjusted_lr"
-    with blocks of different s: ``muon_update`` decays them per block)."""
+    with blocks of different s: ``muon_update`` decays them per block). ``split``: for "decoupled" /
+    "independent", ``graph_scalars.split_rounded`` of the parameters made ahead."""
     if style != "adjusted_lr":
         amount = decay_amount(style, lr=lr, weight_decay=weight_decay)
         lr, wd = (lr, weight_decay) if style == "decoupled" else (1.0, amount)
-        decay_weights([p for p, _ in items], lr=lr, weight_decay=wd)  # 1 − lr·wd: the bits of mul_
+        decay_weights([p for p, _ in items], lr=lr, weight_decay=wd, split=split)  # 1 − lr·wd: the bits of mul_
         return set()
     by_scale: dict[float, list[torch.Tensor]] = {}
     left = set()

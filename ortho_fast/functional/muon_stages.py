@@ -229,7 +229,8 @@ def foreach_addcmul_scaled_(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.T
 
 
 def add_scaled_product_(dsts: Sequence[torch.Tensor], stack: torch.Tensor, factor: torch.Tensor,
-                        counts: Sequence[int], alpha: float, free: Sequence[torch.Tensor | None] = ()) -> None:
+                        counts: Sequence[int], alpha: float, free: Sequence[torch.Tensor | None] = (),
+                        cache: dict | None = None) -> None:
     """dsts[i] ← dsts[i] + alpha·Ô_i, Ô = stack·factor, dsts[i] the i-th ``counts[i]`` consecutive
     matrices of the (k, m, n) ``stack`` (dsts[i] (counts[i], m, n) contiguous): the stacked step's
     update with the stages' factors. Where the dsts have the promoted dtype of the three (float32
@@ -244,24 +245,38 @@ def add_scaled_product_(dsts: Sequence[torch.Tensor], stack: torch.Tensor, facto
     u·|W| + 5u·|α·O·f| of W + α·O·f (u the dsts' unit roundoff; α's cast, O·f and α·Ô, then the
     sum: u·|W| + 4u(1 + u)²·|α·O·f|), the fused form within u·|W| + 3u·|α·O·f|. Otherwise, and under ``torch.compile``,
     ``foreach_addcmul_scaled_``. Changes the bytes of ``free`` and of ``stack``.
+    ``cache``: a dict keeping the rounds and their splits from step to step (a chunk's plan: ``free``,
+    ``stack`` and ``factor``'s shape the same at every step).
     Shapes: stack (k, m, n); factor (k, m, 1), (k, 1, n) or (k, 1, 1); sum(counts) = k."""
     from .graph_scalars import foreach_add_scaled_
     from .stacked import product_rounds
 
     dsts, counts = list(dsts), list(counts)
     dtype = dsts[0].dtype
-    rounds = None
-    if not torch.compiler.is_compiling() and all(d.dtype == dtype for d in dsts) and _widest(dtype, stack, factor):
-        rounds = product_rounds(list(free), stack, counts, dtype)
+    if cache is not None and "product_rounds" in cache:
+        rounds = cache["product_rounds"]
+    else:
+        rounds = None
+        if not torch.compiler.is_compiling() and all(d.dtype == dtype for d in dsts) and _widest(dtype, stack, factor):
+            rounds = product_rounds(list(free), stack, counts, dtype)
+        if rounds is not None:  # each part's stack slice and its matrices' views, made once
+            planned = []
+            for lo, hi, parts in rounds:
+                made, srcs = [], []
+                for a, b, out in parts:
+                    made.append((a, b, stack[a:b], out))
+                    srcs += _split(out, counts[len(srcs) + lo:hi])
+                planned.append((lo, hi, made, srcs[:hi - lo]))
+            rounds = planned
+        if cache is not None:
+            cache["product_rounds"] = rounds
     if rounds is None:
         foreach_addcmul_scaled_(dsts, _split(stack, counts), _split(factor, counts), alpha)
         return
-    for lo, hi, parts in rounds:
-        srcs = []
-        for a, b, out in parts:
-            torch.mul(stack[a:b], factor[a:b], out=out)
-            srcs += _split(out, counts[len(srcs) + lo:hi])
-        foreach_add_scaled_(dsts[lo:hi], srcs[:hi - lo], alpha)
+    for lo, hi, made, srcs in rounds:
+        for a, b, part, out in made:
+            torch.mul(part, factor[a:b], out=out)
+        foreach_add_scaled_(dsts[lo:hi], srcs, alpha)
 
 
 def _widest(dtype: torch.dtype, *ts: torch.Tensor) -> bool:

@@ -13,10 +13,9 @@ Dtype policy (``newton_schulz(g, dtype=..., out_dtype=...)``):
 * Megatron / NVIDIA Emerging-Optimizers ``fp32_matmul_prec`` names are accepted as compute
   dtypes: ``"medium"`` runs in bfloat16 (Emerging-Optimizers casts to bfloat16 for "medium";
   it normalizes in float32 before the cast, we normalize after it, as torch.optim.Muon),
-  ``"high"`` runs in float32 with ``torch.set_float32_matmul_precision("high")`` (TF32 on
-  CUDA) for the duration of the call, ``"highest"`` in float32 with full-precision matmuls.
-  The precision switch is process-global while the call runs (as Emerging-Optimizers'
-  ``fp32_matmul_precision`` context); it is restored afterwards.
+  ``"high"`` runs in float32 with ``torch.set_float32_matmul_precision("high")`` (TF32 on CUDA;
+  process-global while the call runs, then restored, as Emerging-Optimizers'
+  ``fp32_matmul_precision`` context), ``"highest"`` in float32 with full-precision matmuls.
 * The result is cast to ``out_dtype`` (default: the input dtype) once, at the end.
 """
 
@@ -305,11 +304,13 @@ def normalize_and_iterate(x: torch.Tensor, beta: torch.Tensor, table, safety: fl
     return x
 
 
-def frobenius_normalize_(x: torch.Tensor, beta: torch.Tensor, safety: float, eps: float, eps_mode: str) -> torch.Tensor:
+def frobenius_normalize_(x: torch.Tensor, beta: torch.Tensor, safety: float, eps: float, eps_mode: str,
+                         kept: dict | None = None) -> torch.Tensor:
     """X/β ← (X/β) / (s·‖X/β‖_F + eps/β) (or / max(s·‖X/β‖_F, eps/β)) per matrix, in place, in
     x's dtype; returns x. The normalization of ``normalize_and_iterate`` (see there), shared by
     the stacked path (``newton_schulz_stacked``). Shapes: x (m, n) or (batch, m, n); beta () or
-    (batch, 1, 1)."""
+    (batch, 1, 1). ``kept``: a dict keeping eps rounded to x's dtype (a tensor of beta's shape) from call
+    to call (a chunk's plan: the same shapes at every step)."""
     if x.dtype in (torch.bfloat16, torch.float16):  # torch.optim.Muon's own norm: bitwise parity
         norm = x.norm() if x.ndim == 2 else torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
     else:  # torch's CPU float32 norm accumulates serially: 3.0e-5 relative off on a 1024 x 2048
@@ -319,7 +320,12 @@ def frobenius_normalize_(x: torch.Tensor, beta: torch.Tensor, safety: float, eps
         norm = norm * safety
     # eps rounded to x's dtype, divided by β in the promoted dtype of the two (holds both; no float64 on
     # MPS), exact unless it underflows, then back in x's dtype
-    eps_rounded = torch.full_like(beta, eps, dtype=x.dtype)
+    key = ("eps", eps, beta.shape, x.dtype, beta.device)
+    eps_rounded = kept.get(key) if kept is not None else None
+    if eps_rounded is None:
+        eps_rounded = torch.full_like(beta, eps, dtype=x.dtype)
+        if kept is not None:
+            kept[key] = eps_rounded
     eps_scaled = torch.div(eps_rounded, beta).to(x.dtype)
     denom = norm + eps_scaled if eps_mode == "add" else torch.maximum(norm, eps_scaled)
     if eps == 0.0:  # a zero matrix maps to zero (as ns_map), not to 0/0
@@ -485,9 +491,10 @@ def newton_schulz_stack(u: torch.Tensor, table, *, safety: float, eps: float, ep
     tall = m > n
     x = u if overwrite and u.dtype == compute_dtype else workspace.get("stack_a", tuple(u.shape),
                                                                        compute_dtype, u.device)
-    beta = scale_and_cast(u, x)  # exact division by β, then one cast into the stack
+    kept = getattr(workspace, "cache", None)  # a chunk's ``groups.muon_plan.Replay``: its constants kept
+    beta = scale_and_cast(u, x, kept)  # exact division by β, then one cast into the stack
     with float32_matmul_precision(precision) if precision is not None else contextlib.nullcontext():
-        x = frobenius_normalize_(x, beta, safety, eps, eps_mode)
+        x = frobenius_normalize_(x, beta, safety, eps, eps_mode, kept)
         if use_gram(gram, m, n, compute_dtype, precision):
             return gram_iterate(x, table, tall=tall)
         return iterate_stack(x, table, tall=tall, workspace=workspace)

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from .graph_scalars import foreach_add_scaled_
+from .graph_scalars import foreach_add_scaled_, is_device_scalar
 
 #: Most matrix entries one stack (one chunk) holds: 2^25 (128 MiB of float32 U where that stack is kept, 64 MiB per
 #: bfloat16 stack). Larger shape groups are cut into chunks of whole matrices (a chunk holds at
@@ -43,6 +43,18 @@ MIN_WORKSPACE_BYTES = 32 << 20
 
 #: The fewest tensors a round of ``momentum_rounds`` holds: its three launches then beat one per tensor.
 MIN_MOMENTUM_ROUND = 4
+
+#: What one kernel launch weighs in bytes of device traffic in the cost model of docs/performance.md
+#: ("Bytes and the cost model": τ·W, 4.5 µs of host time per eager operation at an H100's 3.35 TB/s).
+#: A round that saves launches by passing through workspace bytes is taken where the launches it
+#: saves times this exceed the bytes it adds (``rounds_pay``).
+LAUNCH_BYTES = 15 << 20
+
+
+def rounds_pay(launches_saved: int, extra_bytes: int) -> bool:
+    """Whether rounds that save ``launches_saved`` launches and move ``extra_bytes`` more bytes than
+    one operation per tensor pay in the cost model (``LAUNCH_BYTES`` per launch)."""
+    return launches_saved > 0 and launches_saved * LAUNCH_BYTES >= extra_bytes
 
 #: Byte alignment of every workspace buffer (the CUDA caching allocator's block size).
 ALIGN = 512
@@ -110,6 +122,7 @@ class Workspace:
     def __init__(self) -> None:
         self._pool: dict[torch.device, torch.Tensor] = {}
         self._frame: dict[torch.device, tuple[set, int]] = {}
+        self.generation = 0  # counts the pools made: views of the pools stay valid while it is unchanged
 
     def reserve(self, nbytes: int, device: torch.device) -> None:
         """Grow the pool of ``device`` to at least ``nbytes`` (the smaller one released first)."""
@@ -119,6 +132,7 @@ class Workspace:
             self._pool.pop(device, None)
             self._frame.pop(device, None)
             self._pool[device] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            self.generation += 1
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         if torch.compiler.is_compiling():
@@ -131,6 +145,7 @@ class Workspace:
         if device not in self._pool or self._pool[device].numel() < end:
             self._pool.pop(device, None)
             self._pool[device] = torch.empty(end, dtype=torch.uint8, device=device)
+            self.generation += 1
         self._frame[device] = (names | {name}, _aligned(end))
         return self._pool[device][offset:end].view(dtype).view(shape)
 
@@ -156,9 +171,10 @@ class Workspace:
     def clear(self) -> None:
         self._pool.clear()
         self._frame.clear()
+        self.generation += 1
 
     def __getstate__(self) -> dict:  # a copied optimizer allocates its own buffers
-        return {"_pool": {}, "_frame": {}}
+        return {"_pool": {}, "_frame": {}, "generation": self.generation + 1}
 
 
 def _as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -174,7 +190,8 @@ def update_rounds(free: torch.Tensor, stack: torch.Tensor, sizes: list[int], dty
     ``sizes[i]`` entries each) packed into the free stack ``free`` and, from the second round, into
     the bytes of the result's matrices already added (a prefix of ``stack``). None when ``free``
     shares bytes with ``stack`` or when the rounds (two launches each) would not beat one launch
-    per matrix. ``sizes``: entries of each matrix, in the stack's order."""
+    per matrix, or not pay for the bytes they add (``rounds_pay``: 2 per entry and parameter byte).
+    ``sizes``: entries of each matrix, in the stack's order."""
     lo_f, hi_f = free.data_ptr(), free.data_ptr() + free.numel() * free.element_size()
     lo_s, hi_s = stack.data_ptr(), stack.data_ptr() + stack.numel() * stack.element_size()
     if not (hi_f <= lo_s or hi_s <= lo_f) or not (free.is_contiguous() and stack.is_contiguous()):
@@ -192,7 +209,11 @@ def update_rounds(free: torch.Tensor, stack: torch.Tensor, sizes: list[int], dty
             return None
         rounds.append((done, hi, views))
         done = hi
-    return rounds if done == len(sizes) else None
+    if done != len(sizes):
+        return None
+    # the cast copy and a same-dtype add move 2 bytes more per entry and parameter byte than one mixed
+    # add per matrix (read the result, read and write the parameter)
+    return rounds if rounds_pay(len(sizes) - 2 * len(rounds), 2 * dtype.itemsize * sum(sizes)) else None
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -214,7 +235,9 @@ def momentum_rounds(free: torch.Tensor, grads: list[torch.Tensor],
     after the other from the start of ``free``, which every round reuses: a round's results are
     written out before the next starts). A round costs three launches (the copy of G, the
     ``lerp_`` / ``add_``, the cast), so only rounds of at least ``MIN_MOMENTUM_ROUND`` tensors are
-    kept: they cover the tensors before the last ``hi``, the others keep one launch each. None
+    kept, and only where the launches they save pay for the bytes they add (``rounds_pay``: 4 bytes
+    per entry and gradient byte, the copy of G and the cast): they cover the tensors before the last
+    ``hi``, the others keep one launch each. None
     when there is no such round or when ``free`` shares bytes with a tensor of ``keep`` (the
     gradients, the buffers and the destination). Host work: a few calls per tensor (the step at
     small d is bound by the host's launches, not by the device)."""
@@ -234,7 +257,10 @@ def momentum_rounds(free: torch.Tensor, grads: list[torch.Tensor],
             while hi < len(grads) and used + sizes[hi] <= flat.numel():
                 used, hi = used + sizes[hi], hi + 1
             views = [v.view(g.shape) for v, g in zip(flat[:used].split(sizes[lo:hi]), grads[lo:hi])]
-        if hi - lo < MIN_MOMENTUM_ROUND:
+        # the copy of G into the scratch and its cast move 4 bytes more per entry and gradient byte than
+        # one ``lerp(..., out=)`` per tensor (read G, read M, write U)
+        entries = (hi - lo) * per if sizes is None else sum(sizes[lo:hi])
+        if hi - lo < MIN_MOMENTUM_ROUND or not rounds_pay(hi - lo - 3, 4 * grads[0].element_size() * entries):
             break
         rounds.append((lo, hi, views))
         lo = hi
@@ -253,7 +279,8 @@ def product_rounds(free, stack: torch.Tensor, counts: list[int], dtype: torch.dt
     added before the next starts), and from the second round the bytes of the stack's matrices
     already added (a prefix of ``stack``). A round costs one launch per part and one
     ``_foreach_add_``: None when the rounds would not beat one launch per member (the per-tensor
-    ``_foreach_addcmul_``), or when a member fits in no region. Host work only."""
+    ``_foreach_addcmul_``) or not pay for the bytes they add (``rounds_pay``: Ô written and read, 2
+    per entry and parameter byte), or when a member fits in no region. Host work only."""
     m, n = stack.shape[-2:]
     per, size = m * n, dtype.itemsize
     lo_s, hi_s = _span(stack)
@@ -282,11 +309,12 @@ def product_rounds(free, stack: torch.Tensor, counts: list[int], dtype: torch.dt
             return None
         rounds.append((lo, hi, parts))
         lo = hi
-    return rounds
+    # Ô written and read back: 2 bytes more per entry and parameter byte than the ``_foreach_addcmul_``
+    return rounds if rounds_pay(len(counts) - launches, 2 * size * starts[-1] * per) else None
 
 
 def add_update_(params: list[torch.Tensor], outs: list[torch.Tensor], alpha: float, free: torch.Tensor | None,
-                stack: torch.Tensor | None) -> None:
+                stack: torch.Tensor | None, cache: dict | None = None) -> None:
     """params[i] ← params[i] + alpha·outs[i] (``graph_scalars.foreach_add_scaled_``), with the
     result cast to the parameters' dtype in rounds packed into workspace bytes the step no longer
     reads (``update_rounds``: the free stack ``free``, then the result's added matrices) where
@@ -295,28 +323,48 @@ def add_update_(params: list[torch.Tensor], outs: list[torch.Tensor], alpha: flo
     bits are the same: the cast to a wider float is exact and the sum is computed in the
     parameters' dtype either way. ``outs``: views of ``stack`` (k, m, n) in order; ``free``: a
     stack of the workspace not holding the result (None: the plain add). Changes the bytes of
-    ``free`` and ``stack``."""
+    ``free`` and ``stack``. ``cache``: a dict keeping the rounds, their views shaped as ``outs``, from
+    step to step (a chunk's plan: ``free`` and ``stack`` are then the same bytes at every step)."""
     dtype = params[0].dtype
-    rounds = None
-    if not torch.compiler.is_compiling() and free is not None and stack is not None and outs[0].dtype != dtype:
-        rounds = update_rounds(free, stack, [o.numel() for o in outs], dtype)
+    if cache is not None and "update_rounds" in cache:
+        rounds = cache["update_rounds"]
+    else:
+        rounds = None
+        if not torch.compiler.is_compiling() and free is not None and stack is not None and outs[0].dtype != dtype:
+            rounds = update_rounds(free, stack, [o.numel() for o in outs], dtype)
+            rounds = rounds and [(lo, hi, [b.view(o.shape) for b, o in zip(views, outs[lo:hi])])
+                                 for lo, hi, views in rounds]
+        if cache is not None:
+            cache["update_rounds"] = rounds
     if rounds is None:
         foreach_add_scaled_(params, outs, alpha)
         return
     for lo, hi, views in rounds:
-        foreach_add_scaled_(params[lo:hi], outs[lo:hi], alpha, buffers=views)
+        if is_device_scalar(alpha):
+            foreach_add_scaled_(params[lo:hi], outs[lo:hi], alpha, buffers=views)
+        else:  # ``foreach_add_scaled_`` with the buffers: the cast copy, then the add (its kernels)
+            torch._foreach_copy_(views, outs[lo:hi])
+            torch._foreach_add_(params[lo:hi], views, alpha=alpha)
 
 
-def scale_and_cast(u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def scale_and_cast(u: torch.Tensor, out: torch.Tensor, kept: dict | None = None) -> torch.Tensor:
     """``out`` ← U/β cast to ``out``'s dtype, with β = 2^e per matrix and max|U| in [2^(e−1), 2^e)
     (``newton_schulz.power_of_two_scale``: e capped at the largest finite power of two, β = 1 for
     a zero matrix); returns β, shape (k, 1, 1) in u's dtype. U/β is exact and below 2 in
     magnitude, so the cast cannot overflow (float32 gradients above 65504 into float16 did).
-    Shapes: u (k, m, n), out (k, m, n). Five operations for the whole stack."""
+    Shapes: u (k, m, n), out (k, m, n). Five operations for the whole stack (four with ``kept``: a dict
+    keeping the (k, 1, 1) ones from call to call, a chunk's plan).
+    """
     amax = torch.linalg.vector_norm(u, ord=math.inf, dim=(-2, -1), keepdim=True)
     largest = math.floor(math.log2(torch.finfo(u.dtype).max))
     exponent = torch.frexp(amax).exponent.clamp_(max=largest)
-    beta = torch.ldexp(torch.ones_like(amax), exponent)
+    key = ("ones", amax.shape, amax.dtype, amax.device)
+    ones = kept.get(key) if kept is not None else None
+    if ones is None:
+        ones = torch.ones_like(amax)
+        if kept is not None:
+            kept[key] = ones
+    beta = torch.ldexp(ones, exponent)
     torch.div(u, beta, out=out)
     return beta
 
@@ -332,8 +380,9 @@ def iterate_stack(x: torch.Tensor, table, *, tall: bool, workspace: Workspace) -
     s = n if tall else m
     other = workspace.get("stack_b", (k, m, n), x.dtype, x.device)
     poly = workspace.get("poly", (k, s, s), x.dtype, x.device)
+    grams = {id(t): t.view(-1)[:k * s * s].view(k, s, s) for t in (x, other)}  # s <= m, n: fits in either
     for a, b, c in table:
-        gram = other.view(-1)[:k * s * s].view(k, s, s)  # s <= m, n: fits in other
+        gram = grams[id(other)]
         torch.bmm(x.mT, x, out=gram) if tall else torch.bmm(x, x.mT, out=gram)
         if c == 0.0:  # baddbmm's alpha == 0 quirk (``newton_schulz.quintic_step``)
             torch.mul(gram, b, out=poly)

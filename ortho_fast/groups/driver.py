@@ -141,11 +141,12 @@ def labelled(index: int, algorithm: str, fn: Callable, *args, **kwargs):
 
 
 def check_then_step(groups: Sequence[dict], state, runners: Mapping[str, GroupRunner],
-                    algorithm_of: Callable[[dict], str], *, label: bool = False,
+                    algorithm_of: Callable[[dict], str] | str, *, label: bool = False,
                     agree: Callable[[BaseException | None], None] | None = None, check_finite: bool = True) -> None:
     """Check every group, then step every group (the step of ``Muon``, ``Dion`` and ``HybridOptimizer``).
 
-    Args: ``runners`` the runner of each algorithm; ``algorithm_of(group)`` a group's algorithm;
+    Args: ``runners`` the runner of each algorithm; ``algorithm_of(group)`` a group's algorithm (a string:
+    every group's);
     ``label`` prefix errors with "param group i (algorithm): "; ``agree`` (distributed optimizers)
     called once with the first local error or None after the non-communicating groups (if any)
     were checked: it raises on every rank if any rank found an error (``raise_together``).
@@ -156,21 +157,23 @@ def check_then_step(groups: Sequence[dict], state, runners: Mapping[str, GroupRu
         raise compile_hint_error()
     error, checked_local = None, False
     finite = FiniteCheck() if check_finite else None
-    communicating: dict[str, list[dict]] = {}
-    for i, group in enumerate(groups):
-        algorithm = algorithm_of(group)
+    # the algorithms first (a name, or ``algorithm_of`` mapped without a Python frame holding a group); the
+    # loops below index the groups, so no frame here holds one while the runners check and step them
+    algorithms = [algorithm_of] * len(groups) if isinstance(algorithm_of, str) else list(map(algorithm_of, groups))
+    communicating: dict[str, list[int]] = {}
+    for i, algorithm in enumerate(algorithms):
         runner = runners[algorithm]
         if runner.communicates:
-            communicating.setdefault(algorithm, []).append(group)
+            communicating.setdefault(algorithm, []).append(i)
             continue
         checked_local = True
         if finite is not None:
             finite.prefix = f"param group {i} ({algorithm}): " if label else ""
         try:
             if label:
-                labelled(i, algorithm, runner.check, [group], state, finite)
+                labelled(i, algorithm, runner.check, groups[i:i + 1], state, finite)
             else:
-                runner.check([group], state, finite)
+                runner.check(groups[i:i + 1], state, finite)
         except INPUT_ERRORS as err:
             if agree is None:
                 raise
@@ -181,14 +184,13 @@ def check_then_step(groups: Sequence[dict], state, runners: Mapping[str, GroupRu
             raise error
     if agree is not None and checked_local:
         agree(error)
-    for algorithm, members in communicating.items():
-        runners[algorithm].check(members, state, FiniteCheck() if check_finite else None)
+    for algorithm, indices in communicating.items():
+        runners[algorithm].check([groups[i] for i in indices], state, FiniteCheck() if check_finite else None)
     first_index: dict[str, int] = {}
-    for group in groups:
-        algorithm = algorithm_of(group)
+    for i, algorithm in enumerate(algorithms):
         start = first_index.get(algorithm, 0)
-        runners[algorithm].step(group, state, start)
-        first_index[algorithm] = start + len(group["params"])
+        runners[algorithm].step(groups[i], state, start)
+        first_index[algorithm] = start + len(groups[i]["params"])
 
 
 def describe_groups(groups: Sequence[dict], **extra) -> dict[str, str]:

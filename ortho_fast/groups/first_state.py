@@ -11,23 +11,21 @@ from __future__ import annotations
 
 import torch
 
-from .muon import cached_layout
 from .muon_stages import normuon_variances
 
 
 def init_first_state(group: dict, state, algorithm: str, muon_groups=None) -> None:
     """Create the missing first-step state of ``group``'s parameters with a gradient (see the module
-    docstring). ``muon_groups``: the optimizer's ``MuonGroups`` (its cached options and layouts), for
+    docstring). ``muon_groups``: the optimizer's ``MuonGroups`` (its plans: options and layouts), for
     Muon groups. Other algorithms (Dion: ``init_dion_groups``) are left to their step."""
     live = [(i, p) for i, p in enumerate(group["params"]) if p.grad is not None]
     if algorithm == "muon" and muon_groups is not None:
-        entry = muon_groups.entry(group)
+        plan = muon_groups.plan(group)
         for i, p in live:
             if "momentum_buffer" not in state[p]:
                 state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-            if entry.options.normuon_beta2 is not None:
-                layout = cached_layout(group, entry.options, entry.per_param, i, p)
-                normuon_variances(p, state, layout, entry.options.normuon_dim)
+            if plan.options.normuon_beta2 is not None:
+                normuon_variances(p, state, plan.layout(i, p), plan.options.normuon_dim)
     elif algorithm == "dion2":
         for _, p in live:
             if "momentum" not in state[p]:

@@ -10,15 +10,16 @@ runs them with the options and layouts cached (``ortho_fast.groups.options``). T
 
 from __future__ import annotations  # noqa: I001  (sorted as isort; its one-name-a-line wrapping: over 500 lines)
 
+import dataclasses
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
 
 from ..coefficients import CoefficientsLike, resolve_coefficients, schedule_of
-from ..functional import layout as layout_math, muon as muon_math, muon_stages as stage_math, stacked as stacked_math
-from ..functional.graph_scalars import as_operand
+from ..functional import layout as layout_math, stacked as stacked_math
 from ..functional.layout import MuonLayout, is_expert_name
 from ..functional.muon import ADJUST_LR_MODES, MOMENTUM_STYLES, WEIGHT_DECAY_STYLES, muon_momentum
 from ..functional.newton_schulz import EPS_MODES, resolve_compute_dtype
@@ -26,10 +27,12 @@ from ..functional.stacked import MAX_STACK_ELEMENTS, Workspace
 from ..validation import (FiniteCheck, check_bool_option, check_choice, check_count, check_filled, check_grad,
                           check_hyper, check_param_shaped_state, int_tuple_option)
 from .driver import GroupRunner
-from .muon_budget import cached_plan, cached_views, stage_nbytes, step_plan, writes_compute_dtype
-from .muon_stages import (STAGE_DEFAULTS, check_stage_state, normuon_variances, resolve_stage_options,
-                          stacked_stage_update_, variance_shape)
-from .options import DeviceHypers, GroupPlans, MuonOptions, OptionsCache, check_device_hyper, check_gram_option
+from .muon_budget import cached_plan, stage_nbytes, step_plan, writes_compute_dtype
+from .muon_plan import MuonPlan
+from .muon_step import run_plan, run_steps
+from .muon_stages import (STAGE_DEFAULTS, check_stage_state, resolve_stage_options,
+                          variance_shape)
+from .options import DeviceHypers, MuonOptions, Uncacheable, check_device_hyper, check_gram_option, freeze_value
 
 #: Every Muon param-group key with its default (torch.optim.Muon's defaults where torch has the option).
 MUON_DEFAULTS: dict[str, object] = {
@@ -290,54 +293,11 @@ def muon_group_step(group: dict, state, options: MuonOptions | None = None, layo
     for _, p in live:
         if "momentum_buffer" not in state[p]:
             state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-    chunks, batches, stacked, sizes = cached_plan(layouts, live, lambda: step_plan(live, layout, options, plan_stacks))
-    update = options.update_kwargs()
-    left = _decay_up_front(live, layout, options)  # the others: in ``muon_update``
-    # before the stacks (at a first step their temporaries come and go before the workspace), in
-    # batches within the stacks' workspace budget
-    for batch in batches:
-        _rest_step(group, state, options, layout, batch, update, left)
-    if chunks:
-        bufs = [state[p]["momentum_buffer"] for p in stacked]
-        muon_math.update_momentum_buffers([p.grad for p in stacked], bufs, mu=options.momentum,
-                                          style=options.momentum_style)
-        workspace = Workspace() if workspace is None else workspace
-        if not torch.compiler.is_compiling():
-            for device, nbytes in sizes.items():
-                workspace.reserve(nbytes, device)
-        for chunk in chunks:
-            stacked_chunk_step(chunk, state, options, update, workspace)
-
-
-def _decay_up_front(live, layout, options: MuonOptions) -> set[int]:
-    """``decay_by_style`` of the live (index, parameter) pairs before the step, unless the decay is
-    cautious; the ids of the parameters left for ``muon_update`` to decay."""
-    if options.cautious_weight_decay:
-        return {id(p) for _, p in live}
-    shaped = options.weight_decay_style == "adjusted_lr"  # the other styles read no shape
-    return muon_math.decay_by_style([(p, layout(i, p).matrix_shapes() if shaped else ()) for i, p in live],
-                                    style=options.weight_decay_style, lr=options.lr, weight_decay=options.weight_decay,
-                                    adjust_lr=options.adjust_lr, extra_scale_factor=options.extra_scale_factor)
-
-
-def _rest_step(group: dict, state, options: MuonOptions, layout, rest, update: dict, left: set[int]) -> None:
-    """One batch (``muon_budget.rest_batches``) of the parameters ``plan_stacks`` leaves out of the
-    stacks: ``orthogonalize`` on their matrices, batched over the batch (``options.batched``;
-    without it every batch is one parameter: its temporaries alone, as torch.optim.Muon, the
-    same bits)."""
-    us = muon_math.muon_momentum_foreach([p.grad for _, p in rest], [state[p]["momentum_buffer"] for _, p in rest],
-                                         mu=options.momentum, nesterov=options.nesterov, style=options.momentum_style)
-    items = []
-    for (i, p), u in zip(rest, us):
-        lay = layout(i, p)
-        items.append((p, lay, stage_math.pre_orthogonalize(lay.matrices(u), equilibration=options.equilibration)))
-    outs = iter(muon_math.orthogonalize([x for _, _, mats in items for x in mats], options.table,
-                                        **{**options.orthogonalize_kwargs(), "banks": options.batched}))
-    for p, lay, mats in items:
-        variances = None if options.normuon_beta2 is None else normuon_variances(p, state, lay, options.normuon_dim)
-        post = stage_math.post_orthogonalize([next(outs) for _ in mats], variances,
-                                             **options.post_orthogonalize_kwargs())
-        muon_math.muon_update(p, lay, post, **(update if id(p) in left else {**update, "weight_decay": 0.0}))
+    plan = cached_plan(layouts, live, lambda: step_plan(live, layout, options, plan_stacks),
+                       None if layouts is None else dataclasses.replace(options, lr=0.0, weight_decay=0.0,
+                                                                         momentum=0.0))
+    run_steps(plan, state, options, layout, live, [state[p]["momentum_buffer"] for p in plan[2]],
+               Workspace() if workspace is None else workspace)
 
 
 @dataclass
@@ -412,76 +372,78 @@ def plan_stacks(live, layout, options: MuonOptions, budget_from: tuple[int, int,
     return [c for c in chunks if id(c) not in lone], rest
 
 
-def stacked_chunk_step(chunk: StackChunk, state, options: MuonOptions, update: dict, workspace: Workspace) -> None:
-    """The Muon step of one chunk (its momentum buffers already updated,
-    ``functional.muon.update_momentum_buffers``): U (Nesterov or the buffer) written into one
-    (k, m, n) workspace stack, of the compute dtype where ``writes_compute_dtype`` (rounded once
-    on the write) else of the parameters' dtype, MuonEq on it, ``orthogonalize`` of it as a
-    scratch ``MatrixStack`` (the iteration starts in it when it has the compute dtype), the update
-    as one ``_foreach_add_`` with the chunk's lr·s, or with Muon+ / NorMuon the stack times their
-    per-neuron factor added in rounds in the free workspace (``stacked_stage_update_``). A fixed
-    number of operations whatever the chunk's size, but for the matrices the rounds of the U write
-    and of the update leave to one operation each (chunks of fewer than 4 or 5 matrices)."""
-    params = [p for p, _, _ in chunk.members]
-    shape = (chunk.count, chunk.m, chunk.n)
-    direct = writes_compute_dtype(options, params[0].dtype)
-    u = workspace.get("momentum", shape, options.compute_dtype if direct else params[0].dtype, params[0].device)
-    pools = () if torch.compiler.is_compiling() else workspace.data_ptrs()  # what ``cached_views`` may keep
-    views = cached_views(chunk.views, "u", u, lambda: muon_math.split_stack(u, params), pools)
-    bufs = [state[p]["momentum_buffer"] for p in params]
-    muon_math.momentum_into(views, [p.grad for p in params], bufs, mu=options.momentum, nesterov=options.nesterov,
-                            style=options.momentum_style, free=workspace.spare(u.device))  # U in rounds
-    mats = muon_math.MatrixStack(cached_views(chunk.views, "mats", u, lambda: [
-        v.view(lay.matrix_shapes()[0]) for v, (_, lay, _) in zip(views, chunk.members)], pools), u, scratch=True)
-    pre = stage_math.pre_orthogonalize([u], equilibration=options.equilibration)[0]
-    if pre is not u:
-        mats = muon_math.MatrixStack(muon_math.split_stack(pre, mats), pre)
-    outs = muon_math.orthogonalize(mats, options.table, **{**options.orthogonalize_kwargs(), "banks": True,
-                                                           "workspace": workspace})
-    stack = getattr(outs, "stack", None)
-    stages = options.renormalize or options.normuon_beta2 is not None
-    if stack is None:  # a plain list (a patched ``orthogonalize``): the stages per parameter, as the rest
-        outs = [(stage_math.post_orthogonalize([o], None if options.normuon_beta2 is None else normuon_variances(
-                    p, state, lay, options.normuon_dim), **options.post_orthogonalize_kwargs())[0] if stages else o)
-                .reshape(p.shape) for o, (p, lay, _) in zip(outs, chunk.members)]
-    else:
-        if stages:  # Muon+ / NorMuon: one factor per neuron, applied inside the update (no float32 stack)
-            stacked_stage_update_(chunk.members, stack, state, options, as_operand(update["lr"]),
-                                  free=(u, workspace.spare(u.device)))  # Ô in rounds in free bytes
-            return
-        outs = cached_views(chunk.views, "outs", stack, lambda: muon_math.split_stack(stack, params), pools)
-    scale = muon_math.adjusted_lr_scale(options.adjust_lr, chunk.m, chunk.n) * options.extra_scale_factor
-    stacked_math.add_update_(params, outs, -as_operand(update["lr"]) * scale, None if stages else u, stack)
+def _new_plan(group: dict, options: MuonOptions, values: tuple, frozen: dict) -> MuonPlan:
+    """A ``MuonPlan`` of ``group`` with its parameters' names and layouts (``param_name``, ``param_layout``)."""
+    return MuonPlan(group, options, values, frozen, [param_name(group, i, p) for i, p in enumerate(group["params"])],
+                    lambda i, p: param_layout(group, options, i, p))
 
 
+class MuonPlans:
+    """The ``MuonPlan`` of each Muon group a runner steps (``step_plans``, per group; cleared by
+    ``GroupRunner.reset``): ``MuonGroups`` and the distributed ``MuonSharding``."""
 
-class MuonGroups(GroupRunner):
-    """Runs the Muon groups of one optimizer in one process, with their options and layouts
-    cached (``OptionsCache``): ``check`` / ``step`` as ``check_muon_step`` / ``muon_group_step``."""
+    step_plans: dict
+
+    def __getstate__(self) -> dict:  # a copied optimizer plans its own groups again
+        return {**self.__dict__, "step_plans": {}}
+
+    def plan(self, group: dict) -> MuonPlan:
+        """The group's plan: the kept one while the group holds the same parameters and option values
+        (compared by identity; lists and dicts by value); new lr / weight decay / momentum values only
+        replace those scalars; any other change resolves the group again (raising as
+        ``resolve_muon_options``). Under ``torch.compile`` resolved afresh (a traced lr stays symbolic)."""
+        if torch.compiler.is_compiling():
+            return _new_plan(group, resolve_muon_options(group), (), {})
+        values = tuple(map(group.get, MUON_OPTION_KEYS))
+        plan = self.step_plans.get(id(group))
+        params = group["params"]
+        if (plan is None or plan.group is not group or plan.frozen or not all(map(operator.is_, values, plan.values))
+                or len(params) != len(plan.params) or not all(map(operator.is_, params, plan.params))):
+            plan = self._replan(group, plan, values)
+        return plan
+
+    def _replan(self, group: dict, plan: MuonPlan | None, values: tuple) -> MuonPlan:
+        same = (plan is not None and plan.group is group and len(group["params"]) == len(plan.params)
+                and all(map(operator.is_, group["params"], plan.params)))
+        try:
+            frozen = {k: freeze_value(v) for k, v in zip(MUON_OPTION_KEYS, values) if isinstance(v, (list, dict))}
+        except Uncacheable:
+            frozen = None
+        changed = [k for k, v, old in zip(MUON_OPTION_KEYS, values, plan.values) if v is not old] if same else None
+        if same and frozen is not None and frozen == plan.frozen and set(changed) <= set(DEVICE_HYPERS):
+            scalars = {k: group[k] for k in changed}
+            for key in changed:
+                check_device_hyper(group[key], key, plan.options.capturable)
+                if not isinstance(group[key], torch.Tensor):
+                    scalars[key] = check_hyper(group[key], key, **({"high": 1.0} if key == "momentum" else {}))
+            return plan.with_scalars(dataclasses.replace(plan.options, **scalars), values)
+        self.step_plans.pop(id(group), None)
+        fresh = _new_plan(group, resolve_muon_options(group), values, frozen or {})
+        if frozen is not None:  # an array option (compared by nothing): resolved at every step
+            self.step_plans[id(group)] = fresh
+        return fresh
+
+class MuonGroups(MuonPlans, GroupRunner):
+    """Runs the Muon groups of one optimizer in one process, each by its ``MuonPlan``
+    (``ortho_fast.groups.muon_plan``: options, layouts, checks and stack plan resolved when the group
+    changes): ``check`` / ``step`` as ``check_muon_step`` / ``muon_group_step``."""
 
     def __init__(self) -> None:
-        self.cache = OptionsCache()
+        self.step_plans: dict[int, MuonPlan] = {}  # per group (cleared by ``reset``)
         self.workspace = Workspace()
         self.scalars = DeviceHypers(DEVICE_HYPERS)  # capturable groups' device scalars (cleared by ``reset``)
-        self.step_plans = GroupPlans(DEVICE_HYPERS)  # layouts and plans, kept while a scheduler changes lr
-
-    def entry(self, group: dict):
-        """The group's cache entry (options resolved now if an option changed)."""
-        return self.cache.entry(group, MUON_OPTION_KEYS, resolve_muon_options)
 
     def check(self, groups, state, finite: FiniteCheck | None = None) -> None:
         for group in groups:
-            entry = self.entry(group)
-            check_muon_step(group, state, entry.options, self.step_plans.get(group, entry),
-                            finite if finite is not None else False)
+            self.plan(group).check(state, finite if finite is not None else False)
 
     def step(self, group: dict, state, first_index: int) -> None:
-        entry = self.entry(group)
-        options = entry.options
+        plan = self.plan(group)
+        options = plan.options
         # compiled: lr a graph input (dynamo marks groups capturable)
         if options.capturable and not torch.compiler.is_compiling():
             options = self.scalars.options(group, options)
-        muon_group_step(group, state, options, self.step_plans.get(group, entry), self.workspace)
+        run_plan(plan, state, options, self.workspace, plan_stacks)
 
 
 def normuon_variance_state_shape(p: torch.Tensor, group: dict) -> tuple[int, ...]:

@@ -114,15 +114,17 @@ def rest_batches(rest, layout, options: MuonOptions, budget: int) -> list[list]:
     return batches
 
 
-def cached_plan(cache: dict | None, live, compute):
+def cached_plan(cache: dict | None, live, compute, key=()):
     """``compute()`` (a step's plan: chunks, batches, workspace sizes), kept in ``cache`` (the group's
     layout cache, ``MuonGroups.per_group``: dropped when an option other than lr / weight_decay /
     momentum changes) while the group's live parameters are the same tensors with the same index,
-    shape, dtype, device and contiguity; None or under ``torch.compile``: computed every time.
+    shape, dtype, device and contiguity and ``key`` is equal (the options it was planned with, but for
+    the scalars a scheduler sets: a chunk keeps what it derived from them); None or under
+    ``torch.compile``: computed every time.
     The plan holds the parameters, so their ``id`` stays theirs while it is cached."""
     if cache is None or torch.compiler.is_compiling():
         return compute()
-    signature = tuple((i, id(p), p.shape, p.dtype, p.device, p.is_contiguous()) for i, p in live)
+    signature = (key, tuple((i, id(p), p.shape, p.dtype, p.device, p.is_contiguous()) for i, p in live))
     hit = cache.get("plan")
     if hit is not None and hit[0] == signature:
         return hit[1]

@@ -13,12 +13,13 @@ Source: docs/design.md, "Muon"; docs/math.md, "Muon pipeline stages".
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
 from ..functional import muon_stages as stage_math
 from ..functional.layout import MuonLayout
-from ..functional.muon import adjusted_lr_scale, split_stack
+from ..functional.muon import adjusted_lr_scale
 from ..functional.muon_stages import NORMUON_DIMS, NORMUON_EPS_MODES, equilibration_side, normuon_variance_shape
 from ..validation import check_choice, check_hyper
 
@@ -96,7 +97,8 @@ def check_stage_state(st: dict, p: torch.Tensor, layout: MuonLayout, options, na
         raise ValueError(f"{VARIANCE_KEY}: expected a tensor of shape {want} and dtype {p.dtype}, got {got} ({name})")
 
 
-def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: float, free=()) -> None:
+def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: float, free=(),
+                          cache: dict | None = None) -> None:
     """Muon+ / NorMuon and the update of one chunk of the stacked step (``ortho_fast.groups.muon``):
     ``members`` (parameter, layout, index) whose matrices are the consecutive slices of the
     (k, m, n) Newton–Schulz result ``stack``. The stages' factors f (``post_factors`` on the whole
@@ -108,16 +110,30 @@ def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: floa
     added matrices, each round one batched product and one same-dtype ``_foreach_add_``; where
     that does not fit or pay (or ``free`` is empty), one ``_foreach_addcmul_`` (Ô computed in
     float32 inside it, never stored). No O-sized temporary either way.
-    The decay is done before (``decay_weights``); the parameters are contiguous (``plan_stacks``)."""
+    The decay is done before (``decay_weights``); the parameters are contiguous (``plan_stacks``).
+    ``cache``: a dict keeping the members' (k, m, n) views, counts and rounds from step to step (a chunk's
+    plan: the same parameters and workspace bytes at every step)."""
     m, n = stack.shape[-2:]
     variances = parts = None
     if options.normuon_beta2 is not None:
-        parts = [normuon_variances(p, state, lay, options.normuon_dim)[0] for p, lay, _ in members]
-        variances = [torch.cat([v.view(-1, *v.shape[-2:]) for v in parts])]
+        parts = [state[p].get(VARIANCE_KEY) for p, _, _ in members]
+        if any(v is None for v in parts):  # created at the first step
+            parts = [normuon_variances(p, state, lay, options.normuon_dim)[0] for p, lay, _ in members]
+        flat = cache.get("variances") if cache is not None else None  # (the parts, their (c, a, b) views, counts)
+        if flat is None or len(flat[0]) != len(parts) or not all(map(operator.is_, parts, flat[0])):
+            views = [v.view(-1, *v.shape[-2:]) for v in parts]
+            flat = (parts, views, [v.shape[0] for v in views])
+            if cache is not None:
+                cache["variances"] = flat
+        variances = [torch.cat(flat[1])]
     factor = stage_math.post_factors([stack], variances, **options.post_orthogonalize_kwargs())[0]
-    if parts is not None:
-        torch._foreach_copy_(parts, split_stack(variances[0], parts))
-    counts = [p.numel() // (m * n) for p, _, _ in members]
+    if parts is not None:  # written back: one copy of the same entries
+        torch._foreach_copy_(flat[1], torch.split_with_sizes(variances[0], flat[2]))
+    key = [p.data_ptr() for p, _, _ in members] if cache is not None else None  # views of the same bytes
+    held = cache.get("stage_dsts") if cache is not None else None
+    if held is None or held[2] != key:
+        held = ([p.view(-1, m, n) for p, _, _ in members], [p.numel() // (m * n) for p, _, _ in members], key)
+        if cache is not None:
+            cache["stage_dsts"] = held
     scale = adjusted_lr_scale(options.adjust_lr, m, n) * options.extra_scale_factor
-    stage_math.add_scaled_product_([p.view(-1, m, n) for p, _, _ in members], stack, factor, counts,
-                                   -lr * scale, free)
+    stage_math.add_scaled_product_(held[0], stack, factor, held[1], -lr * scale, free, cache=cache)

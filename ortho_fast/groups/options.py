@@ -21,31 +21,31 @@ import torch
 from ..functional.newton_schulz import check_gram
 
 
-class _Uncacheable(Exception):
+class Uncacheable(Exception):
     """A group value that cannot be compared by value (a tensor: it may change in place)."""
 
 
-def _freeze(value: Any) -> Any:
+def freeze_value(value: Any) -> Any:
     """A value-comparable snapshot of a group option: each scalar with its type, sequences as
-    tuples, dicts as sorted item tuples; a tensor or an array raises ``_Uncacheable`` (resolved
+    tuples, dicts as sorted item tuples; a tensor or an array raises ``Uncacheable`` (resolved
     again at every step: it may change in place)."""
     if isinstance(value, torch.Tensor):
-        raise _Uncacheable
+        raise Uncacheable
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
+        return tuple(freeze_value(v) for v in value)
     if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+        return tuple(sorted((k, freeze_value(v)) for k, v in value.items()))
     if hasattr(value, "__array__") and not isinstance(value, (str, bytes)):  # numpy tables
-        raise _Uncacheable
+        raise Uncacheable
     return type(value), value  # typed: True == 1 and 1 == 1.0, but a bool option set to 1 must be re-checked
 
 
 def freeze_values(values) -> tuple | None:
-    """A value-comparable snapshot of option values (``_freeze`` of each, in order), or None when one
+    """A value-comparable snapshot of option values (``freeze_value`` of each, in order), or None when one
     cannot be compared by value (a tensor or an array: it may change in place)."""
     try:
-        return tuple(_freeze(v) for v in values)
-    except _Uncacheable:
+        return tuple(freeze_value(v) for v in values)
+    except Uncacheable:
         return None
 
 
@@ -84,8 +84,8 @@ class OptionsCache:
         if torch.compiler.is_compiling():
             return CacheEntry(group, (), resolve(group))
         try:
-            snapshot = tuple(_freeze(group.get(k)) for k in keys)
-        except _Uncacheable:
+            snapshot = tuple(freeze_value(group.get(k)) for k in keys)
+        except Uncacheable:
             self._entries.pop(id(group), None)
             return CacheEntry(group, (), resolve(group))
         cached = self._entries.get(id(group))
@@ -167,32 +167,6 @@ class DeviceHypers:
         return {"keys": self.keys, "_held": {}}
 
 
-class GroupPlans:
-    """Per param group, a cache (a dict: Muon's layouts and step plan) kept while the group's resolved
-    options other than ``volatile`` (lr, weight_decay, momentum: what a scheduler changes at every step)
-    stay equal. ``get(group, entry)``: the dict (``entry`` the group's ``OptionsCache`` entry); under
-    ``torch.compile`` the entry's own ``per_param`` (dynamo does not trace ``id`` of a dict)."""
-
-    def __init__(self, volatile: Sequence[str]) -> None:
-        self.volatile = tuple(volatile)
-        self._held: dict[int, tuple[dict, Any, dict]] = {}
-
-    def get(self, group: dict, entry: CacheEntry) -> dict:
-        if torch.compiler.is_compiling():
-            return entry.per_param
-        key = dataclasses.replace(entry.options, **{k: 0.0 for k in self.volatile})  # no tensor compared
-        held = self._held.get(id(group))
-        if held is None or held[0] is not group or held[1] != key:
-            held = self._held[id(group)] = (group, key, {})
-        return held[2]
-
-    def clear(self) -> None:
-        self._held.clear()
-
-    def __getstate__(self) -> dict:  # a copied optimizer plans its own groups again
-        return {"volatile": self.volatile, "_held": {}}
-
-
 @dataclass(frozen=True)
 class MuonOptions:
     """A Muon group's options, validated and resolved (``ortho_fast.groups.muon.resolve_muon_options``).
@@ -242,7 +216,7 @@ class MuonOptions:
     normuon_eps_mode: str = "add"
     normuon_dim: str = "row"
     #: torch's ``capturable``: lr, weight_decay, momentum reach the kernels as 0-dim device tensors
-    #: (``MuonGroups.device_options``); with it they may be tensors here.
+    #: (``DeviceHypers.options`` in ``MuonGroups.step``); with it they may be tensors here.
     capturable: bool = False
 
     def post_orthogonalize_kwargs(self) -> dict:

@@ -19,6 +19,7 @@ from hypothesis import given, strategies as st
 
 import ortho_fast
 import ortho_fast.groups.muon as group_muon
+import ortho_fast.groups.muon_step as group_muon_step
 from ortho_fast.functional import muon_stages as stage_math, stacked
 from ortho_fast.functional.muon import adjusted_lr_scale
 from ortho_fast.groups.muon_budget import stage_nbytes, state_bytes
@@ -62,7 +63,7 @@ def test_the_stacked_step_matches_the_oracle(config, dtype, shape, monkeypatch):
             opt.state[p]["variance_neuron"] = torch.tensor(r.variance, dtype=tdt)
         p.grad = torch.tensor(r.grad, dtype=tdt)
     calls = []
-    monkeypatch.setattr(group_muon, "stacked_stage_update_",
+    monkeypatch.setattr(group_muon_step, "stacked_stage_update_",
                         lambda *a, **k: calls.append(stacked_stage_update_(*a, **k)))
     opt.step()
     assert len(calls) == (0 if config == "MuonEq" else 1)  # the stages ran on the stack, once

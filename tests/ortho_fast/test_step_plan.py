@@ -1,5 +1,5 @@
 """The stacked Muon step's plan (chunks, rest batches, workspace sizes) is built once per group change
-and reused (``ortho_fast.groups.muon_budget.cached_plan``, ``ortho_fast.groups.options.GroupPlans``):
+and reused (``ortho_fast.groups.muon_plan.MuonPlan``):
 a step with the cached plan is bit for bit the step planned afresh (``muon_group_step`` without a
 cache), through every change of the group — gradients missing, a parameter replaced by one of
 another shape, a structural option edited, a group added, a checkpoint loaded — and a scheduler
@@ -13,7 +13,7 @@ import collections
 import torch
 
 import ortho_fast
-from ortho_fast.groups import muon as group_muon, muon_budget
+from ortho_fast.groups import muon as group_muon, muon_plan
 
 SHAPES = [(32, 16)] * 6 + [(16, 48)] * 2 + [(24, 24)]
 
@@ -88,17 +88,15 @@ def test_the_cached_plan_steps_as_a_fresh_plan_through_every_group_change():
 def test_a_planted_stale_plan_is_caught(monkeypatch):
     """The comparison can fail: a cache that ignores a change of shape (the signature of the first
     step kept forever) steps differently from a fresh plan, or fails."""
-    real = muon_budget.cached_plan
+    real = muon_plan.MuonPlan.stacks
     kept = {}
 
-    def stale(cache, live, compute):
-        if cache is None:  # the twin: planned afresh
-            return real(cache, live, compute)
+    def stale(self, live, plan_stacks, checked=False):
         if "plan" not in kept:
-            kept["plan"] = real(cache, live, compute)
+            kept["plan"] = real(self, live, plan_stacks, checked)
         return kept["plan"]
 
-    monkeypatch.setattr(group_muon, "cached_plan", stale)
+    monkeypatch.setattr(muon_plan.MuonPlan, "stacks", stale)
     ps, qs = _params(), _params()
     opt, fresh = ortho_fast.Muon(ps, lr=0.02), ortho_fast.Muon(qs, lr=0.02)
     twin = Twin(fresh)
