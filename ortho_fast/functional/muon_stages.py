@@ -34,9 +34,6 @@ from typing import Sequence
 
 import torch
 
-from .graph_scalars import foreach_add_scaled_
-from .stacked import product_rounds
-
 #: MuonEq sides: "row" rescales rows (nanochat, the paper), "column" rescales columns.
 EQUILIBRATION_SIDES = ("row", "column")
 #: NorMuon's statistic: "row" one per row = output neuron (the paper; microsoft/dion, state (m, 1));
@@ -257,6 +254,9 @@ def add_scaled_product_(dsts: Sequence[torch.Tensor], stack: torch.Tensor, facto
     ``cache``: a dict keeping the rounds and their splits from step to step (a chunk's plan: ``free``,
     ``stack`` and ``factor``'s shape the same at every step).
     Shapes: stack (k, m, n); factor (k, m, 1), (k, 1, n) or (k, 1, 1); sum(counts) = k."""
+    from .graph_scalars import foreach_add_scaled_  # looked up at the call: patchable (tests spy on the rounds)
+    from .stacked import product_rounds
+
     dsts, counts = list(dsts), list(counts)
     dtype = dsts[0].dtype
     if cache is not None and "product_rounds" in cache:
