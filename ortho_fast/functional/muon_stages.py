@@ -34,6 +34,8 @@ from typing import Sequence
 
 import torch
 
+from . import graph_scalars
+
 #: MuonEq sides: "row" rescales rows (nanochat, the paper), "column" rescales columns.
 EQUILIBRATION_SIDES = ("row", "column")
 #: NorMuon's statistic: "row" one per row = output neuron (the paper; microsoft/dion, state (m, 1));
@@ -254,14 +256,20 @@ def add_scaled_product_(dsts: Sequence[torch.Tensor], stack: torch.Tensor, facto
     ``cache``: a dict keeping the rounds and their splits from step to step (a chunk's plan: ``free``,
     ``stack`` and ``factor``'s shape the same at every step).
     Shapes: stack (k, m, n); factor (k, m, 1), (k, 1, n) or (k, 1, 1); sum(counts) = k."""
+    rounds = cache.get("product_rounds", False) if cache is not None else False
+    if rounds:  # the rounds kept: the kernels only (the helpers looked up at the call, as below)
+        add = graph_scalars.foreach_add_scaled_
+        for lo, hi, made, srcs in rounds:
+            for a, b, part, out in made:
+                torch.mul(part, factor[a:b], out=out)
+            add(dsts[lo:hi], srcs, alpha)
+        return
     from .graph_scalars import foreach_add_scaled_  # looked up at the call: patchable (tests spy on the rounds)
     from .stacked import product_rounds
 
     dsts, counts = list(dsts), list(counts)
     dtype = dsts[0].dtype
-    if cache is not None and "product_rounds" in cache:
-        rounds = cache["product_rounds"]
-    else:
+    if rounds is False:  # not kept yet (kept None: no rounds)
         rounds = None
         if not torch.compiler.is_compiling() and all(d.dtype == dtype for d in dsts) and _widest(dtype, stack, factor):
             rounds = product_rounds(list(free), stack, counts, dtype)
