@@ -34,6 +34,8 @@ from typing import Sequence
 
 import torch
 
+from . import graph_scalars
+
 #: MuonEq sides: "row" rescales rows (nanochat, the paper), "column" rescales columns.
 EQUILIBRATION_SIDES = ("row", "column")
 #: NorMuon's statistic: "row" one per row = output neuron (the paper; microsoft/dion, state (m, 1));
@@ -119,6 +121,9 @@ def normuon_variance_shape(shape: Sequence[int], dim: str = "row") -> tuple[int,
     return (*batch, m, 1) if normuon_side(m, n, dim) == "row" else (*batch, 1, n)
 
 
+_TINY = {d: torch.finfo(d).tiny for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+
+
 def normuon_factor(o: torch.Tensor, variance: torch.Tensor, *, beta2: float, eps: float = 1e-8,
                    eps_mode: str = "add", dim: str = "row", gain: torch.Tensor | None = None) -> torch.Tensor:
     """NorMuon as one factor per neuron: v ← β₂v + (1 − β₂)·mean(O⊙O) per neuron (in place in
@@ -143,18 +148,21 @@ def normuon_factor(o: torch.Tensor, variance: torch.Tensor, *, beta2: float, eps
     if gain is not None:
         norms = norms.mul_(gain)
     v_dtype = stage_dtype(variance.dtype)
-    mean_square = norms.square().div_(o.shape[red]).to(v_dtype)
+    mean_square = norms.square().div_(o.shape[red])
+    if mean_square.dtype != v_dtype:  # (``.to`` of its own dtype is the tensor itself: skipped, one call less)
+        mean_square = mean_square.to(v_dtype)
     if variance.dtype == v_dtype:
         v = variance.lerp_(mean_square, 1 - beta2)
     else:
         v = variance.to(v_dtype).lerp(mean_square, 1 - beta2)
         variance.copy_(v)
     del mean_square  # freed before the divisors are formed (the stage's peak: stage_nbytes)
-    v = v.to(dtype)
+    if v.dtype != dtype:
+        v = v.to(dtype)
     inverse = v.sqrt().add_(eps).reciprocal_() if eps_mode == "add" else v.clamp_min(eps).rsqrt_()
     norm_o = torch.linalg.vector_norm(norms, dim=(-2, -1), keepdim=True)
     norm_y = torch.linalg.vector_norm(norms.mul_(inverse), dim=(-2, -1), keepdim=True)
-    factor = inverse.mul_(norm_o.div_(norm_y.clamp_min_(torch.finfo(dtype).tiny)))
+    factor = inverse.mul_(norm_o.div_(norm_y.clamp_min_(_TINY.get(dtype) or torch.finfo(dtype).tiny)))
     return factor if gain is None else factor.mul_(gain)
 
 
@@ -248,14 +256,20 @@ def add_scaled_product_(dsts: Sequence[torch.Tensor], stack: torch.Tensor, facto
     ``cache``: a dict keeping the rounds and their splits from step to step (a chunk's plan: ``free``,
     ``stack`` and ``factor``'s shape the same at every step).
     Shapes: stack (k, m, n); factor (k, m, 1), (k, 1, n) or (k, 1, 1); sum(counts) = k."""
-    from .graph_scalars import foreach_add_scaled_
+    rounds = cache.get("product_rounds", False) if cache is not None else False
+    if rounds:  # the rounds kept: the kernels only (the helpers looked up at the call, as below)
+        add = graph_scalars.foreach_add_scaled_
+        for lo, hi, made, srcs in rounds:
+            for a, b, part, out in made:
+                torch.mul(part, factor[a:b], out=out)
+            add(dsts[lo:hi], srcs, alpha)
+        return
+    from .graph_scalars import foreach_add_scaled_  # looked up at the call: patchable (tests spy on the rounds)
     from .stacked import product_rounds
 
     dsts, counts = list(dsts), list(counts)
     dtype = dsts[0].dtype
-    if cache is not None and "product_rounds" in cache:
-        rounds = cache["product_rounds"]
-    else:
+    if rounds is False:  # not kept yet (kept None: no rounds)
         rounds = None
         if not torch.compiler.is_compiling() and all(d.dtype == dtype for d in dsts) and _widest(dtype, stack, factor):
             rounds = product_rounds(list(free), stack, counts, dtype)

@@ -376,14 +376,22 @@ def iterate_stack(x: torch.Tensor, table, *, tall: bool, workspace: Workspace) -
     Gram matrix is written into the one not holding x, which the step's last product overwrites
     after the polynomial is formed) and the (k, s, s) polynomial. Returns the stack holding the result (``x`` or the
     workspace's "stack_b"; x must not be that buffer). Shapes: x (k, m, n) -> (k, m, n), x's dtype."""
-    k, m, n = x.shape
-    s = n if tall else m
-    other = workspace.get("stack_b", (k, m, n), x.dtype, x.device)
-    poly = workspace.get("poly", (k, s, s), x.dtype, x.device)
-    grams = {id(t): t.view(-1)[:k * s * s].view(k, s, s) for t in (x, other)}  # s <= m, n: fits in either
+    kept = getattr(workspace, "cache", None)  # a chunk's ``groups.muon_plan.Replay``: the views kept
+    hit = kept.get("iterate") if kept is not None else None
+    if hit is None or hit[0] is not x:
+        k, m, n = x.shape
+        s = n if tall else m
+        other = workspace.get("stack_b", (k, m, n), x.dtype, x.device)
+        poly = workspace.get("poly", (k, s, s), x.dtype, x.device)
+        # per stack: itself, its transpose and the (k, s, s) Gram matrix in its bytes (s <= m, n: fits)
+        views = {id(t): (t, t.mT, t.view(-1)[:k * s * s].view(k, s, s)) for t in (x, other)}
+        hit = (x, other, poly, views)
+        if kept is not None:
+            kept["iterate"] = hit
+    _, other, poly, views = hit
     for a, b, c in table:
-        gram = grams[id(other)]
-        torch.bmm(x.mT, x, out=gram) if tall else torch.bmm(x, x.mT, out=gram)
+        gram = views[id(other)][2]
+        torch.bmm(views[id(x)][1], x, out=gram) if tall else torch.bmm(x, views[id(x)][1], out=gram)
         if c == 0.0:  # baddbmm's alpha == 0 quirk (``newton_schulz.quintic_step``)
             torch.mul(gram, b, out=poly)
         else:

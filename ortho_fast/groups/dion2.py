@@ -11,6 +11,7 @@ only when the group changes; the kernels of a planned step are in ``ortho_fast.g
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping
@@ -286,6 +287,34 @@ class Dion2Plan:
     snapshot: tuple | None = None
     hyper_values: tuple = ()
     hypers: tuple = ()
+    checked: list = dataclasses.field(default_factory=list)  # per live parameter: what its last check passed
+    grad_names: list = dataclasses.field(default_factory=list)  # how the finiteness check names each gradient
+
+    def check_live(self, state, finite) -> None:
+        """The per-parameter checks of ``Dion2Groups.check`` (``check_grad``, the momentum's shape and
+        dtype), done again only for a parameter whose gradient or momentum is another tensor, or has
+        another shape, dtype, device or layout, than when it last passed (what they read); every
+        gradient goes to ``finite`` (a ``FiniteCheck``; True: checked now, one sync each; False: not
+        checked). Raises as ``check_grad`` / ``check_param_shaped_state``."""
+        if len(self.checked) != len(self.live):
+            self.checked = [None] * len(self.live)
+            self.grad_names = [f"grad of {name}" for name in self.names]
+        checked, add = self.checked, finite.add if isinstance(finite, FiniteCheck) else None
+        for i, (p, name, grad_name) in enumerate(zip(self.live, self.names, self.grad_names)):
+            g = p.grad
+            st = state.get(p)
+            buf = None if st is None else st.get("momentum")
+            sig = (p.shape, p.dtype, p.device, g.shape, g.dtype, g.device, g.layout,
+                   None if buf is None else (buf.shape, buf.dtype) if isinstance(buf, torch.Tensor) else type(buf))
+            hit = checked[i]
+            if finite is True or hit is None or hit[0]() is not g or hit[1] is not buf or hit[2] != sig:
+                check_grad(p, name, "Dion2", finite is True)
+                if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape
+                                        or buf.dtype != p.dtype):
+                    check_param_shaped_state(state, p, "momentum", name)  # raises, naming it
+                checked[i] = (weakref.ref(g), buf, sig)
+            if add is not None:
+                add(g, grad_name)
 
     def holds(self, group: dict, live: list) -> bool:
         """Whether this plan is ``group``'s for the parameters ``live`` (the same tensors, shapes,
@@ -382,13 +411,7 @@ class Dion2Groups(GroupRunner):
         finite = finite if finite is not None else False
         for group in groups:
             plan = self.plan(group)
-            for p, name in zip(plan.live, plan.names):
-                check_grad(p, name, "Dion2", finite)
-                st = state.get(p)
-                buf = None if st is None else st.get("momentum")
-                if buf is not None and (not isinstance(buf, torch.Tensor) or buf.shape != p.shape
-                                        or buf.dtype != p.dtype):
-                    check_param_shaped_state(state, p, "momentum", name)  # raises, naming it
+            plan.check_live(state, finite)
             if not torch.compiler.is_compiling():
                 self.checked[id(group)] = plan
 

@@ -18,6 +18,7 @@ import torch
 from ..functional import dion2 as dion2_math, stacked as stacked_math
 from ..functional.graph_scalars import foreach_scale_
 from ..validation import local_tensor
+from .muon_plan import chunk_run
 
 __all__ = ["Dion2Chunk", "dion2_budget", "dion2_chunk_nbytes", "dion2_small_nbytes", "matrices", "matrices_per",
            "run_dion2_plan", "write_back"]
@@ -104,11 +105,17 @@ class Dion2Chunk:
     views: dict = field(default_factory=dict)
 
 
-def _unbound(chunk: Dion2Chunk, b: torch.Tensor) -> list[torch.Tensor]:
-    """``b.unbind(0)`` (the stack's matrices), kept in ``chunk.views`` while the workspace gives the
-    chunk the same bytes (the views hold the pool alive, so the address is not reused meanwhile)."""
+def _unbound(chunk: Dion2Chunk, b: torch.Tensor, kept: dict | None = None) -> list[torch.Tensor]:
+    """``b.unbind(0)`` (the stack's matrices), kept in ``kept`` (the chunk's ``Replay.cache``: b is then the
+    same buffer at every step) or else in ``chunk.views`` while the workspace gives the chunk the same bytes
+    (the views hold the pool alive, so the address is not reused meanwhile)."""
     if torch.compiler.is_compiling():
         return list(b.unbind(0))
+    if kept is not None:
+        hit = kept.get("unbind")
+        if hit is None or hit[0] is not b:
+            hit = kept["unbind"] = (b, list(b.unbind(0)))
+        return hit[1]
     key = (b.data_ptr(), b.shape, b.dtype, b.device)
     hit = chunk.views.get("unbind")
     if hit is None or hit[0] != key:
@@ -116,11 +123,15 @@ def _unbound(chunk: Dion2Chunk, b: torch.Tensor) -> list[torch.Tensor]:
     return hit[1]
 
 
-def _stack_and_sub(chunk: Dion2Chunk, workspace: stacked_math.Workspace, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _stack_and_sub(chunk: Dion2Chunk, workspace, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunk's (c, m, n) stack and (c, k, n) / (c, m, k) submatrix buffers, both of its dtype: one
-    workspace request holding the two at ``stacked.ALIGN``-aligned offsets (the bytes two requests
-    would give), the views kept in ``chunk.views`` while the workspace gives the same bytes."""
+    request to ``workspace`` (a ``stacked.Workspace`` or the chunk's ``Replay`` of it) holding the two at
+    ``stacked.ALIGN``-aligned offsets (the bytes two requests would give), the views kept in the
+    ``Replay``'s cache, or else in ``chunk.views`` while the workspace gives the same bytes."""
     dtype, size = chunk.dtype, chunk.dtype.itemsize
+    kept = getattr(workspace, "cache", None)
+    if kept is not None and getattr(workspace, "recorded", False) and "buffers" in kept:
+        return kept["buffers"]
     if torch.compiler.is_compiling():
         return (workspace.get("dion2_stack", chunk.stack_shape, dtype, device),
                 workspace.get("dion2_sub", chunk.sub_shape, dtype, device))
@@ -133,6 +144,8 @@ def _stack_and_sub(chunk: Dion2Chunk, workspace: stacked_math.Workspace, device)
     if hit is None or hit[0] != key:
         hit = chunk.views["buffers"] = (key, (region[:stack_bytes].view(dtype).view(chunk.stack_shape),
                                               region[start:end].view(dtype).view(chunk.sub_shape)))
+    if kept is not None:
+        kept["buffers"] = hit[1]
     return hit[1]
 
 
@@ -180,8 +193,11 @@ def chunk_step(chunk: Dion2Chunk, moms: list, lr, ef_decay, options, workspace) 
     params, rows, flatten = chunk.params, chunk.rows, chunk.flatten
     buffers = [matrices(m, flatten) for m in moms] if flatten else moms
     dim = -2 if rows else -1
-    # the chunk's frame of the workspace starts here, stacked or not (``Workspace.get``)
-    b, sub = _stack_and_sub(chunk, workspace, buffers[0].device)
+    # the chunk's frame of the workspace starts here, stacked or not (``Workspace.get``); its views are
+    # recorded at the chunk's first step and replayed while the workspace keeps its pools (``chunk_run``)
+    run = chunk_run(chunk, workspace)
+    kept = getattr(run, "cache", None)
+    b, sub = _stack_and_sub(chunk, run, buffers[0].device)
     stacked = len(buffers) > 1
     if stacked:
         torch.stack(buffers, out=b)
@@ -192,12 +208,14 @@ def chunk_step(chunk: Dion2Chunk, moms: list, lr, ef_decay, options, workspace) 
     torch.gather(b, dim, index, out=sub)  # dion2_gather
     ortho = dion2_math.orthogonalize_selected(sub, options.table, safety=options.safety, eps=options.epsilon,
                                               compute_dtype=options.compute_dtype, precision=options.precision,
-                                              gram=options.gram, workspace=workspace if sub.ndim == 3 else None)
+                                              gram=options.gram, workspace=run if sub.ndim == 3 else None)
+    if kept is not None:
+        run.done()
     # the error feedback on the stack (dion2_error_feedback, with ef_decay·B[S] formed in sub's
     # bytes: the same multiply), written back into every buffer with one copy
     b.scatter_(dim, index, sub.mul_(ef_decay))
     if stacked:
-        torch._foreach_copy_(buffers, _unbound(chunk, b))
+        torch._foreach_copy_(buffers, _unbound(chunk, b, kept))
     if chunk.local or flatten:
         for m, buf in zip(moms, buffers):
             write_back(m, buf)
@@ -214,7 +232,7 @@ def chunk_step(chunk: Dion2Chunk, moms: list, lr, ef_decay, options, workspace) 
         # W[S] -= lr·s·O_S for the batch: three launches, not one per matrix
         b.fill_(-0.0)  # the stack is copied back already; w + (-0.0) is w, bit for bit
         b.scatter_(dim, index, delta)
-        torch._foreach_add_(weights, _unbound(chunk, b))
+        torch._foreach_add_(weights, _unbound(chunk, b, kept))
     else:  # one matrix, a stack of another dtype than the update, or a chunk whose bytes outweigh its
         # launches (``batched_update_pays``): one scatter_add_ per matrix, the same bits
         for j, w in enumerate(weights):

@@ -126,7 +126,13 @@ def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: floa
             if cache is not None:
                 cache["variances"] = flat
         variances = [torch.cat(flat[1])]
-    factor = stage_math.post_factors([stack], variances, **options.post_orthogonalize_kwargs())[0]
+    hit = cache.get("post_kwargs") if cache is not None else None  # kept while the options are the same object
+    if hit is None or hit[0] is not options:
+        hit = (options, options.post_orthogonalize_kwargs(),
+               adjusted_lr_scale(options.adjust_lr, m, n) * options.extra_scale_factor)
+        if cache is not None:
+            cache["post_kwargs"] = hit
+    factor = stage_math.post_factors([stack], variances, **hit[1])[0]
     if parts is not None:  # written back: one copy of the same entries
         torch._foreach_copy_(flat[1], torch.split_with_sizes(variances[0], flat[2]))
     key = [p.data_ptr() for p, _, _ in members] if cache is not None else None  # views of the same bytes
@@ -135,5 +141,4 @@ def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: floa
         held = ([p.view(-1, m, n) for p, _, _ in members], [p.numel() // (m * n) for p, _, _ in members], key)
         if cache is not None:
             cache["stage_dsts"] = held
-    scale = adjusted_lr_scale(options.adjust_lr, m, n) * options.extra_scale_factor
-    stage_math.add_scaled_product_(held[0], stack, factor, held[1], -lr * scale, free, cache=cache)
+    stage_math.add_scaled_product_(held[0], stack, factor, held[1], -lr * hit[2], free, cache=cache)

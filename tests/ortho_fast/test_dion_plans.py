@@ -161,3 +161,55 @@ def test_a_bad_lr_after_planning_raises_before_any_change(name):
     assert all(torch.equal(v, opt.state[ps[0]][k]) for k, v in state.items())
     opt.param_groups[0]["lr"] = 0.01
     opt.step()  # the plan still serves once the lr is valid again
+
+
+def _changed_after_kept_checks(bad: str):
+    """A Dion2 optimizer stepped three times with the same gradient tensors (its checks kept from the
+    second step), then one gradient or momentum changed as ``bad`` says, keeping the tensor objects
+    where it can (``.data`` replaced, an entry written): (optimizer, params, what must stay unchanged)."""
+    ps = _params()
+    opt = ortho_fast.Dion2(ps, lr=0.02)
+    _grads(ps, 0)
+    for _ in range(3):
+        opt.step()
+    p = ps[3]
+    if bad == "dtype":
+        p.grad.data = p.grad.data.double()
+    elif bad == "shape":
+        p.grad.data = torch.zeros(5, 4)
+    elif bad == "momentum":
+        opt.state[p]["momentum"] = torch.zeros(5, 4)
+    else:
+        p.grad[0, 0] = float("nan")
+    kept = [q.detach().clone() for q in ps] + [opt.state[q]["momentum"].clone() for q in ps if q is not p]
+    return opt, ps, kept
+
+
+BAD = {"dtype": "^grad: expected dtype", "shape": "^grad: expected shape", "momentum": "^momentum: expected",
+       "nan": "contains NaN or Inf"}
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+def test_kept_dion2_checks_catch_a_change_after_planning(bad):
+    """The per-parameter checks a Dion2 plan keeps (``Dion2Plan.check_live``) are done again when a
+    gradient or momentum changes shape, dtype or identity, and the finiteness screen sees every
+    gradient at every step: the step raises, naming it, and changes nothing."""
+    opt, ps, kept = _changed_after_kept_checks(bad)
+    with pytest.raises(ValueError, match=BAD[bad]):
+        opt.step()
+    now = [q.detach() for q in ps] + [opt.state[q]["momentum"] for q in ps if q is not ps[3]]
+    assert all(torch.equal(a, b) for a, b in zip(kept, now))
+
+
+def test_kept_dion2_checks_that_ignore_a_change_miss_it(monkeypatch):
+    """Planted: checks kept by the gradient's identity alone (not its shape and dtype) let a gradient
+    whose ``.data`` became float64 through, so the test above can fail."""
+    real = dion2_groups.Dion2Plan.check_live
+
+    def by_identity(self, state, finite):
+        if self.checked and all(c is not None for c in self.checked):
+            return
+        real(self, state, finite)
+    monkeypatch.setattr(dion2_groups.Dion2Plan, "check_live", by_identity)
+    opt, _, _ = _changed_after_kept_checks("dtype")
+    opt.step()  # stepped on the float64 gradient, no error naming it
