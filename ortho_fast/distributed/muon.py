@@ -276,8 +276,7 @@ class MuonSharding(MuonPlans, GroupRunner):
         self.checked = {}
         error, plans = None, []
         try:
-            for gp in self._group_plans(groups, lambda gp: self._check_plan(gp, state, finite)):
-                plans.append(gp)
+            plans.extend(self._group_plans(groups, lambda gp: self._check_plan(gp, state, finite)))
             if finite is not None:
                 error = finite.error()  # this rank's gradient blocks, one host sync
         except Exception as err:  # noqa: BLE001 - re-raised by raise_together, after the peers have heard of it
@@ -317,9 +316,8 @@ class MuonSharding(MuonPlans, GroupRunner):
 
     @torch.no_grad()
     def step(self, groups_or_group, state, first_index: int | None = None) -> None:
-        """``GroupRunner.step``: one group (``step(group, state, first_index)``); called with the
-        list of groups and no index, one distributed Muon step for all of them (``check`` first,
-        then ``group_step`` each)."""
+        """``GroupRunner.step``: one group (``step(group, state, first_index)``); called with the list of
+        groups and no index, one distributed Muon step for all of them (``check``, then ``group_step``)."""
         if first_index is not None:
             self.group_step(groups_or_group, state)
             return
@@ -361,11 +359,10 @@ class MuonSharding(MuonPlans, GroupRunner):
             self._apply(it, gp)
 
     def _owner_phase(self, items: list[_Item], gp: _GroupPlan, options: MuonOptions, state) -> None:
-        """Phase 3 on the owner: TP all-gathers ("duplicated"), then every whole-matrix
-        Newton–Schulz in one ``orthogonalize`` call (banks apply to plain parameters), then the
-        "distributed" ones (collectives inside), each in parameter order. The pipeline stages
-        (MuonEq before, Muon+ and NorMuon after) run on the owner's whole matrices, as one process
-        runs them ("blockwise": on each TP shard, its own matrix; "distributed" rejects them)."""
+        """Phase 3 on the owner: TP all-gathers ("duplicated"), then every whole-matrix Newton–Schulz in one
+        ``orthogonalize`` call (banks apply to plain parameters), then the "distributed" ones (collectives inside),
+        each in parameter order. The pipeline stages (MuonEq before, Muon+ and NorMuon after) run on the owner's
+        whole matrices as in one process ("blockwise": each TP shard its own matrix; "distributed" rejects them)."""
         mine = [it for it in items if self._owns(it.plan)]
         local: list[tuple[_Item, torch.Tensor]] = [(it, x) for it in mine for x in it.mats]
         for it in mine:
@@ -451,9 +448,8 @@ class MuonSharding(MuonPlans, GroupRunner):
 def _same_layout(p: torch.Tensor, t: torch.Tensor) -> bool:
     """Whether ``t`` (a gradient or momentum) is laid out as the parameter ``p``: both plain, or
     DTensors with the same placements on the same mesh (so their local blocks match)."""
-    if is_dtensor(p) != is_dtensor(t):
-        return False
-    return not is_dtensor(p) or (t.placements == p.placements and t.device_mesh == p.device_mesh)
+    return is_dtensor(p) == is_dtensor(t) and (
+        not is_dtensor(p) or (t.placements == p.placements and t.device_mesh == p.device_mesh))
 
 
 def _layout_name(t: torch.Tensor) -> str:
@@ -461,9 +457,13 @@ def _layout_name(t: torch.Tensor) -> str:
 
 
 def _out_dtype(options: MuonOptions, like: torch.Tensor) -> torch.dtype:
-    """The dtype ``orthogonalize`` returns for an input like ``like`` (the compute dtype, or the
-    input's own for ``dtype=None``)."""
-    return like.dtype if options.compute_dtype is None else options.compute_dtype
+    """The dtype phase 3 hands out for an input like ``like``: ``orthogonalize``'s (the compute dtype,
+    or the input's for ``dtype=None``: after MuonEq, ``stage_dtype``), promoted by Muon+'s / NorMuon's
+    factors (``stage_dtype``) when they are on: what a non-owner receives."""
+    dtype = like.dtype if options.compute_dtype is None else options.compute_dtype
+    dtype = stage_math.stage_dtype(dtype) if options.compute_dtype is None and options.equilibration else dtype
+    stages = options.renormalize or options.normuon_beta2 is not None
+    return torch.promote_types(dtype, stage_math.stage_dtype(dtype)) if stages else dtype
 
 
 def _check_sharded_options(group: dict, options: MuonOptions, i: int, p: torch.Tensor, name: str) -> None:
