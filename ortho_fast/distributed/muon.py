@@ -83,6 +83,17 @@ class _Plan:
 
 
 @dataclass
+class _GroupPlan:
+    """What the exchange phases of one group read, built with its ``MuonPlan`` (``entry``; a new one
+    when the group changes, the scalars a scheduler sets read from ``entry.options`` at each step)."""
+
+    entry: object  # the group's ``MuonPlan``
+    members: list[tuple[int, torch.Tensor, _Plan]]  # (index in the group, parameter, placements plan)
+    ns_kwargs: dict  # the group's Newton–Schulz options for ``newton_schulz_sharded``
+    verified: set = field(default_factory=set)  # indices whose sharded options passed with these options
+
+
+@dataclass
 class _Item:
     """One parameter in one step."""
 
@@ -128,7 +139,8 @@ class MuonSharding(MuonPlans, GroupRunner):
     is not initialized. ``add_group`` raises LayoutError / ValueError for a parameter (see there).
     Every check depends only on the meshes and placements, which all ranks share, so an error
     is raised on every rank, before any collective. As a ``GroupRunner`` (``communicates``):
-    ``check`` makes every rank agree, ``step`` runs one group; options are cached per group.
+    ``check`` makes every rank agree, ``step`` runs one group by its plan (``_GroupPlan``: the
+    group's ``MuonPlan`` and what the exchange phases read, made when the group changes).
     """
 
     communicates = True
@@ -143,6 +155,16 @@ class MuonSharding(MuonPlans, GroupRunner):
         self.active = distributed_mesh is not None or tp_mesh is not None
         self.plans: dict[torch.Tensor, _Plan] = {}
         self.step_plans: dict = {}  # each group's ``MuonPlan`` (``MuonPlans``; cleared by ``reset``)
+        self.exchange_plans: dict[int, _GroupPlan] = {}  # each group's ``_GroupPlan`` (cleared by ``reset``)
+        self.checked: dict[int, _GroupPlan] = {}  # the plans the last ``check`` used, for the steps after it
+
+    def __getstate__(self) -> dict:  # a copied optimizer plans its own groups again
+        return {**super().__getstate__(), "exchange_plans": {}, "checked": {}}
+
+    def reset(self) -> None:
+        """``GroupRunner.reset``, and the groups' exchange plans with the step plans."""
+        super().reset()
+        self.exchange_plans, self.checked = {}, {}
 
     def agree(self, error: BaseException | None, device=None) -> None:
         """Make a local verdict global (``load_state_dict``: a corrupt shard on one rank): raise
@@ -157,10 +179,21 @@ class MuonSharding(MuonPlans, GroupRunner):
         """The axes ``agree`` reduces over (none without a mesh)."""
         return [a for a in (self.dp, self.tp) if a is not None] if self.active else []
 
-    def entry(self, group: dict):
-        """The group's ``MuonPlan`` (``MuonPlans.plan``: options, layouts and gradient checks resolved
-        when the group changes)."""
-        return self.plan(group)
+    def _group_plans(self, groups: list[dict], then=None):
+        """Each group's ``_GroupPlan`` in turn: the kept one while its ``MuonPlan`` is the same object
+        (a scheduler's lr keeps it), else built again from the group; ``then(plan)`` runs on each
+        before the next group is planned (``check``: a group's errors before the next one's)."""
+        for group in groups:
+            entry = self.plan(group)  # ``MuonPlans.plan``: options, layouts, gradient checks
+            gp = self.exchange_plans.get(id(group))
+            if gp is None or gp.entry is not entry:
+                gp = _GroupPlan(entry, [(i, p, self.plans[p]) for i, p in enumerate(group["params"])],
+                                dict(coefficients=group["coefficients"], steps=group["ns_steps"], dtype=group["dtype"]))
+                if not torch.compiler.is_compiling():
+                    self.exchange_plans[id(group)] = gp
+            if then is not None:
+                then(gp)
+            yield gp
 
     # -- construction --------------------------------------------------------------------
 
@@ -240,48 +273,51 @@ class MuonSharding(MuonPlans, GroupRunner):
         exchanged). Communication: 1 + N elements per axis of more than one rank (tag "check").
         Raises: the local error (ValueError / TypeError) where it was found, ValueError elsewhere;
         ValueError naming the parameters with a gradient on some ranks only. Nothing changes first."""
-        entries = [(group, i, p) for group in groups for i, p in enumerate(group["params"])]
-        error = None
+        self.checked = {}
+        error, plans = None, []
         try:
-            for group in groups:
-                entry = self.entry(group)
-                entry.check(state, finite if finite is not None else False)  # ``check_muon_step``, kept per tensor
-                for i, p in enumerate(group["params"]):
-                    if p.grad is None:
-                        continue
-                    buf = state[p].get("momentum_buffer") if p in state else None
-                    for key, t in (("grad", p.grad), ("momentum_buffer", buf)):
-                        if t is not None and not _same_layout(p, t):
-                            raise ValueError(
-                                f"{key}: expected the parameter's layout ({param_name(group, i, p)}: "
-                                f"{_layout_name(p)}), got {_layout_name(t)}" + (
-                                    "; load sharded optimizer state with torch.distributed.checkpoint "
-                                    "(set_optimizer_state_dict), which keeps each parameter's placements"
-                                    if key == "momentum_buffer" else ""))
-                    if self.plans[p].layout is not None:
-                        _check_sharded_options(group, entry.options, i, p, param_name(group, i, p))
-                        check_stage_mode(entry.options, None if self.plans[p].tp_dim is None else self.tp_mode,
-                                         param_name(group, i, p))
+            plans.extend(self._group_plans(groups, lambda gp: self._check_plan(gp, state, finite)))
             if finite is not None:
                 error = finite.error()  # this rank's gradient blocks, one host sync
         except Exception as err:  # noqa: BLE001 - re-raised by raise_together, after the peers have heard of it
             error = err
-        device = next((p.device for _, _, p in entries), torch.device("cpu"))  # NCCL: the GPU
-        flags = torch.tensor([0.0, *(float(p.grad is not None) for _, _, p in entries)], device=device)
+        entries = ([(gp.entry.names[i], p) for gp in plans for i, p, _ in gp.members] if len(plans) == len(groups)
+                   else [(None, p) for group in groups for p in group["params"]])  # a group failed: raised below
+        device = next((p.device for _, p in entries), torch.device("cpu"))  # NCCL: the GPU
+        flags = torch.tensor([0.0, *(float(p.grad is not None) for _, p in entries)], device=device)
         axes = [a for a in (self.dp, self.tp) if a is not None]
         comm.raise_together(error, axes, flags, tag="check", digest=describe_groups(groups, tp_mode=self.tp_mode))
         ranks = math.prod(a.size for a in axes)
-        partial = [param_name(group, i, p) for (group, i, p), n in zip(entries, flags[1:].tolist()) if 0 < n < ranks]
+        partial = [name for (name, _), n in zip(entries, flags[1:].tolist()) if 0 < n < ranks]
         if partial:
             raise ValueError(f"grad: {', '.join(partial)} have a gradient on some ranks and not on others; every rank "
                              f"of distributed_mesh and tp_mesh must step the same parameters (no parameter or state "
                              f"was changed)")
+        self.checked = {id(gp.entry.group): gp for gp in plans}
+
+    def _check_plan(self, gp: _GroupPlan, state, finite: FiniteCheck | None) -> None:
+        """``check``'s local checks of one group (raising as ``check``)."""
+        entry = gp.entry
+        entry.check(state, finite if finite is not None else False)  # ``check_muon_step``, kept per tensor
+        for i, p, plan in gp.members:
+            if p.grad is None:
+                continue
+            buf = state[p].get("momentum_buffer") if p in state else None
+            for key, t in (("grad", p.grad), ("momentum_buffer", buf)):
+                if t is not None and not _same_layout(p, t):
+                    hint = ("; load sharded optimizer state with torch.distributed.checkpoint (set_optimizer_state_dict"
+                            "), which keeps each parameter's placements") if key == "momentum_buffer" else ""
+                    raise ValueError(f"{key}: expected the parameter's layout ({entry.names[i]}: {_layout_name(p)}), "
+                                     f"got {_layout_name(t)}{hint}")
+            if plan.layout is not None and i not in gp.verified:  # options fixed per plan: checked once
+                _check_sharded_options(entry.group, entry.options, i, p, entry.names[i])
+                check_stage_mode(entry.options, None if plan.tp_dim is None else self.tp_mode, entry.names[i])
+                gp.verified.add(i)
 
     @torch.no_grad()
     def step(self, groups_or_group, state, first_index: int | None = None) -> None:
-        """``GroupRunner.step``: one group (``step(group, state, first_index)``); called with the
-        list of groups and no index, one distributed Muon step for all of them (``check`` first,
-        then ``group_step`` each)."""
+        """``GroupRunner.step``: one group (``step(group, state, first_index)``); called with the list of
+        groups and no index, one distributed Muon step for all of them (``check``, then ``group_step``)."""
         if first_index is not None:
             self.group_step(groups_or_group, state)
             return
@@ -290,46 +326,43 @@ class MuonSharding(MuonPlans, GroupRunner):
             self.group_step(group, state)
 
     def group_step(self, group: dict, state) -> None:
-        """The five phases of the module docstring for one group, every rank in the same order."""
-        entry = self.entry(group)
-        options = entry.options
+        """The five phases of the module docstring for one group, every rank in the same order, read
+        from the group's ``_GroupPlan`` (the one ``check`` used, or the group's kept one)."""
+        gp = self.checked.pop(id(group), None)
+        self._run(gp if gp is not None and gp.entry.group is group else next(self._group_plans([group])), state)
+
+    def _run(self, gp: _GroupPlan, state) -> None:
+        options = gp.entry.options
         items: list[_Item] = []
-        for i, p in enumerate(group["params"]):
+        for i, p, plan in gp.members:
             if p.grad is None:
                 continue
             u = momentum_of(p, state, options, grad=local_tensor(p.grad), buf_of=local_tensor)
-            items.append(_Item(p, i, self.plans[p], u))
-            if items[-1].plan.layout is None and self._owns(items[-1].plan):
-                items[-1].mats = self._param_layout(group, entry, i, p).matrices(u)
-        for it in items:  # phase 2: to the owner
-            if it.plan.layout is None:
-                continue
+            items.append(_Item(p, i, plan, u))
+            if plan.layout is None and self._owns(plan):
+                items[-1].mats = gp.entry.layout(i, p).matrices(u)
+        for it in [it for it in items if it.plan.layout is not None]:  # phase 2: to the owner (sharded)
             block = it.u.reshape(it.plan.layout.local_shape)
             if it.plan.dp_shards:
                 parts = comm.gather_blocks(block, self.dp, it.plan.dp_shapes, it.plan.owner, tag="U")
                 it.t = None if parts is None else _assemble(parts, it.plan.dp_index, it.plan.tp_shape)
             elif self._owns(it.plan):
                 it.t = block
-        self._owner_phase(items, group, options, state)  # phase 3
+        self._owner_phase(items, gp, options, state)  # phase 3
         for it in items:  # phase 4: back from the owner
-            self._return(it, group, entry)
+            self._return(it, gp)
         if options.normuon_beta2 is not None and self.dp is not None:  # NorMuon's second moment from the owner
             for it in items:
-                normuon_variances(it.p, state, self._variance_layout(it, group), options.normuon_dim)  # non-owners
+                normuon_variances(it.p, state, self._variance_layout(it, gp), options.normuon_dim)  # non-owners
                 comm.broadcast(state[it.p][VARIANCE_KEY], self.dp, it.plan.owner, tag="variance")
         for it in items:  # phase 5
-            self._apply(it, group, entry)
+            self._apply(it, gp)
 
-    def _param_layout(self, group: dict, entry, i: int, p: torch.Tensor) -> MuonLayout:
-        """The one-process layout of a plain / replicated parameter, cached with the group's options."""
-        return entry.layout(i, p)
-
-    def _owner_phase(self, items: list[_Item], group: dict, options: MuonOptions, state) -> None:
-        """Phase 3 on the owner: TP all-gathers ("duplicated"), then every whole-matrix
-        Newton–Schulz in one ``orthogonalize`` call (banks apply to plain parameters), then the
-        "distributed" ones (collectives inside), each in parameter order. The pipeline stages
-        (MuonEq before, Muon+ and NorMuon after) run on the owner's whole matrices, as one process
-        runs them ("blockwise": on each TP shard, its own matrix; "distributed" rejects them)."""
+    def _owner_phase(self, items: list[_Item], gp: _GroupPlan, options: MuonOptions, state) -> None:
+        """Phase 3 on the owner: TP all-gathers ("duplicated"), then every whole-matrix Newton–Schulz in one
+        ``orthogonalize`` call (banks apply to plain parameters), then the "distributed" ones (collectives inside),
+        each in parameter order. The pipeline stages (MuonEq before, Muon+ and NorMuon after) run on the owner's
+        whole matrices as in one process ("blockwise": each TP shard its own matrix; "distributed" rejects them)."""
         mine = [it for it in items if self._owns(it.plan)]
         local: list[tuple[_Item, torch.Tensor]] = [(it, x) for it in mine for x in it.mats]
         for it in mine:
@@ -343,20 +376,19 @@ class MuonSharding(MuonPlans, GroupRunner):
                 local.append((it, it.t))
         inputs = stage_math.pre_orthogonalize([x for _, x in local], equilibration=options.equilibration)
         outs = muon_math.orthogonalize(inputs, options.table, **options.orthogonalize_kwargs())
-        outs = self._post_stages(local, outs, group, options, state)
+        outs = self._post_stages(local, outs, gp, options, state)
         for (it, _), o in zip(local, outs):
             full = it.plan.layout is not None and it.plan.tp_dim is not None and self.tp_mode == "duplicated"
             it.outs.append(o[it.plan.tp_index[0][:, None], it.plan.tp_index[1]] if full else o)
         for it in mine:
             if it.plan.layout is not None and it.plan.tp_dim is not None and self.tp_mode == "distributed":
                 it.outs.append(newton_schulz_sharded(
-                    it.t, self.tp, sharded_dim=it.plan.tp_dim, coefficients=group["coefficients"],
-                    steps=group["ns_steps"], safety=options.safety, eps=options.eps, eps_mode=options.eps_mode,
-                    dtype=group["dtype"], out_dtype=_out_dtype(options, it.u)))
+                    it.t, self.tp, sharded_dim=it.plan.tp_dim, **gp.ns_kwargs, safety=options.safety, eps=options.eps,
+                    eps_mode=options.eps_mode, out_dtype=_out_dtype(options, it.u)))
             elif it.plan.layout is not None and not it.outs:  # an empty blockwise TP shard
                 it.outs.append(it.t.to(_out_dtype(options, it.u)))
 
-    def _post_stages(self, local, outs, group: dict, options: MuonOptions, state) -> list[torch.Tensor]:
+    def _post_stages(self, local, outs, gp: _GroupPlan, options: MuonOptions, state) -> list[torch.Tensor]:
         """Muon+ and NorMuon on the owner's matrices (one ``post_orthogonalize`` call per parameter;
         NorMuon's second moment ``state[p]["variance_neuron"]`` is the whole matrix's, kept on every
         rank: created as zeros where missing, broadcast from the owner after the step)."""
@@ -366,30 +398,29 @@ class MuonSharding(MuonPlans, GroupRunner):
         while start < len(local):
             it = local[start][0]
             count = sum(1 for other, _ in local[start:] if other is it)
-            block = list(outs[start:start + count])
-            variances = None
-            if options.normuon_beta2 is not None:
-                variances = normuon_variances(it.p, state, self._variance_layout(it, group), options.normuon_dim)
-            result += stage_math.post_orthogonalize(block, variances, **options.post_orthogonalize_kwargs())
+            variances = (normuon_variances(it.p, state, self._variance_layout(it, gp), options.normuon_dim)
+                         if options.normuon_beta2 is not None else None)
+            result += stage_math.post_orthogonalize(list(outs[start:start + count]), variances,
+                                                    **options.post_orthogonalize_kwargs())
             start += count
         return result
 
-    def _variance_layout(self, it: _Item, group: dict) -> MuonLayout:
+    def _variance_layout(self, it: _Item, gp: _GroupPlan) -> MuonLayout:
         """The layout NorMuon's second moment of ``it`` follows: the one-process layout of a whole
         parameter, the global (m, n) matrix of a sharded one."""
         if it.plan.layout is None:
-            return self._param_layout(group, self.entry(group), it.index, it.p)
+            return gp.entry.layout(it.index, it.p)
         m, n = it.plan.layout.shape
         return MuonLayout((), m, n, 1, ((0, m, m),))
 
-    def _return(self, it: _Item, group: dict, entry) -> None:
+    def _return(self, it: _Item, gp: _GroupPlan) -> None:
         """Phase 4: this rank's block of the orthogonalized matrix (``it.outs``) from the owner."""
         if self.dp is None:
             return
         plan, mine = it.plan, self._owns(it.plan)
-        dtype = _out_dtype(entry.options, it.u)
+        dtype = _out_dtype(gp.entry.options, it.u)
         if plan.layout is None:  # DDP of a whole parameter: broadcast each Newton–Schulz output
-            shapes = self._param_layout(group, entry, it.index, it.p).matrix_shapes()
+            shapes = gp.entry.layout(it.index, it.p).matrix_shapes()
             outs = [o.contiguous() for o in it.outs] if mine else [it.u.new_empty(s, dtype=dtype) for s in shapes]
             it.outs = [comm.broadcast(o, self.dp, plan.owner, tag="O") for o in outs]
         elif plan.dp_shards:
@@ -400,13 +431,12 @@ class MuonSharding(MuonPlans, GroupRunner):
             out = it.outs[0].contiguous() if mine else it.u.new_empty(plan.layout.local_shape, dtype=dtype)
             it.outs = [comm.broadcast(out, self.dp, plan.owner, tag="O")]
 
-    def _apply(self, it: _Item, group: dict, entry) -> None:
+    def _apply(self, it: _Item, gp: _GroupPlan) -> None:
         """Phase 5 on this rank's block (the parameter's local tensor, in place)."""
-        w = local_tensor(it.p)
-        plan = it.plan
-        update = entry.options.update_kwargs()
+        w, plan = local_tensor(it.p), it.plan
+        update = gp.entry.options.update_kwargs()
         if plan.layout is None:
-            muon_math.muon_update(w, self._param_layout(group, entry, it.index, it.p), it.outs, **update)
+            muon_math.muon_update(w, gp.entry.layout(it.index, it.p), it.outs, **update)
             return
         r, c = plan.layout.local_shape
         if r * c == 0:
@@ -418,9 +448,8 @@ class MuonSharding(MuonPlans, GroupRunner):
 def _same_layout(p: torch.Tensor, t: torch.Tensor) -> bool:
     """Whether ``t`` (a gradient or momentum) is laid out as the parameter ``p``: both plain, or
     DTensors with the same placements on the same mesh (so their local blocks match)."""
-    if is_dtensor(p) != is_dtensor(t):
-        return False
-    return not is_dtensor(p) or (t.placements == p.placements and t.device_mesh == p.device_mesh)
+    return is_dtensor(p) == is_dtensor(t) and (
+        not is_dtensor(p) or (t.placements == p.placements and t.device_mesh == p.device_mesh))
 
 
 def _layout_name(t: torch.Tensor) -> str:
@@ -428,9 +457,13 @@ def _layout_name(t: torch.Tensor) -> str:
 
 
 def _out_dtype(options: MuonOptions, like: torch.Tensor) -> torch.dtype:
-    """The dtype ``orthogonalize`` returns for an input like ``like`` (the compute dtype, or the
-    input's own for ``dtype=None``)."""
-    return like.dtype if options.compute_dtype is None else options.compute_dtype
+    """The dtype phase 3 hands out for an input like ``like``: ``orthogonalize``'s (the compute dtype,
+    or the input's for ``dtype=None``: after MuonEq, ``stage_dtype``), promoted by Muon+'s / NorMuon's
+    factors (``stage_dtype``) when they are on: what a non-owner receives."""
+    dtype = like.dtype if options.compute_dtype is None else options.compute_dtype
+    dtype = stage_math.stage_dtype(dtype) if options.compute_dtype is None and options.equilibration else dtype
+    stages = options.renormalize or options.normuon_beta2 is not None
+    return torch.promote_types(dtype, stage_math.stage_dtype(dtype)) if stages else dtype
 
 
 def _check_sharded_options(group: dict, options: MuonOptions, i: int, p: torch.Tensor, name: str) -> None:
