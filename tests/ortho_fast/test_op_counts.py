@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 import ortho_fast
 from ortho_fast.functional import stacked
 from ortho_fast.functional.stacked import Workspace
+from tests.strategies import profile_examples
 
 _SPEC = importlib.util.spec_from_file_location(
     "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
@@ -181,10 +182,12 @@ def test_a_small_model_keeps_one_chunk_per_shape_under_the_floor():
     assert opt.workspace_nbytes == largest <= stacked.MIN_WORKSPACE_BYTES
 
 
+@settings(deadline=None, **profile_examples(3))  # each example counts a whole GPT's first step
 @given(st.integers(2, 8), st.integers(6, 24), st.sampled_from(["muon", "normuon"]))
 def test_any_gpt_width_and_depth_peaks_within_the_bound(eighths, layers, name):
     """Property: GPT blocks of width d = 8·k and 6 to 24 layers peak within the bound at their
-    first step, floor off."""
+    first step, floor off (a third of the profile's examples: ``--hypothesis-profile ortho-deep``
+    draws more)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(stacked, "MIN_WORKSPACE_BYTES", 0)
         assert _ratio(name, gpt_shapes(8 * eighths, layers)) <= MEMORY_BOUND
