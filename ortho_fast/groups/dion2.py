@@ -48,7 +48,7 @@ from .driver import GroupRunner
 from .options import DeviceHypers, check_device_hyper, check_gram_option, freeze_values
 
 __all__ = ["DION2_DEFAULTS", "DION2_OPTION_KEYS", "Dion2Groups", "Dion2Options", "check_dion2_step",
-           "LAUNCH_BYTES", "batched_update_pays", "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks",
+           "batched_update_pays", "dion2_budget", "dion2_chunk_nbytes", "dion2_chunks",
            "dion2_small_nbytes", "dion2_group_step",
            "dion2_matrix_shape", "matrices", "normalize_dion2_group", "plan_dion2_group", "cached_dion2_plan",
            "check_dion2_planned",
@@ -227,22 +227,16 @@ def dion2_group_step(group: dict, state, options: Dion2Options | None = None, wo
                    workspace)
 
 
-#: The device-memory bytes one kernel launch weighs in the cost model of docs/performance.md
-#: ("Bytes and the cost model"): τ·W with τ = 4.5 µs of host time per eager launch and W = 3.35 TB/s
-#: (H100 SXM HBM3), about 15 MB: a batched form that saves one launch pays where it moves fewer
-#: extra bytes than that.
-LAUNCH_BYTES = 15 << 20
-
-
 def batched_update_pays(stack: torch.Tensor, sub: torch.Tensor) -> bool:
     """Whether the batched sparse update of a chunk (``fill_`` of the (c, m, n) stack, one
     ``scatter_`` of the selected slices, one ``_foreach_add_`` of the stack: 3 launches) costs less
-    than one ``scatter_add_`` per matrix (c launches) by ``LAUNCH_BYTES``: the batched form reads and
-    writes the whole stack (the fill writes it, the add reads it and the weights and writes the
-    weights: 4 passes), the per-matrix form only the selected slices (one more read of them)."""
+    than one ``scatter_add_`` per matrix (c launches), in the cost model of ``stacked.rounds_pay``
+    (``stacked.LAUNCH_BYTES`` per launch): the batched form reads and writes the whole stack (the
+    fill writes it, the add reads it and the weights and writes the weights: 4 passes), the
+    per-matrix form only the selected slices (one more read of them)."""
     launches_saved = stack.shape[0] - 3
     extra_bytes = (4 * stack.numel() - sub.numel()) * stack.element_size()
-    return launches_saved * LAUNCH_BYTES >= extra_bytes
+    return stacked_math.rounds_pay(launches_saved, extra_bytes)
 
 
 def _chunk_of(params: list[torch.Tensor], shape: tuple, options: Dion2Options) -> Dion2Chunk:

@@ -129,13 +129,13 @@ def test_every_chunk_fits_the_budget_unless_it_is_one_matrix(count, m, n, budget
 
 @pytest.mark.parametrize("shapes", [gpt_shapes(16, 4), [(3, 8, 6)] * 5])
 def test_the_per_matrix_update_keeps_the_bits_of_the_batched_one(shapes):
-    """The sparse update by one ``scatter_add_`` per matrix (``LAUNCH_BYTES`` = 0: the batched
+    """The sparse update by one ``scatter_add_`` per matrix (``stacked.LAUNCH_BYTES`` = 0: the batched
     form never pays) and by the batched fill / scatter / ``_foreach_add_`` (a launch weighing
     everything) give the same parameters bit for bit (w + (−0.0) is w)."""
     results = []
     for weight in (0, 1 << 60):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(dion2_groups, "LAUNCH_BYTES", weight)
+            patch.setattr(stacked, "LAUNCH_BYTES", weight)
             results.append(_run(shapes, 0))
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
@@ -147,7 +147,7 @@ def test_the_per_matrix_update_keeps_the_bits_of_the_batched_one(shapes):
     (5, 3072, 768, False),   # d = 768 MLP chunk: 2 launches (31 MB) against 151 MB
 ])
 def test_the_batched_update_pays_where_its_launches_outweigh_its_bytes(c, m, n, pays):
-    """``batched_update_pays``: (c − 3)·``LAUNCH_BYTES`` against the 4 passes over the stack less
+    """``batched_update_pays``: (c − 3)·``stacked.LAUNCH_BYTES`` against the 4 passes over the stack less
     one over the selected quarter (meta tensors: only shapes count)."""
     stack = torch.empty(c, m, n, device="meta")
     sub = torch.empty(c, m // 4 if m <= n else m, n if m <= n else n // 4, device="meta")
