@@ -110,3 +110,4 @@ def test_reproduce_writes_under_out_and_docs_only_when_asked(tmp_path, capsys, n
     assert parser.parse_args([]).out == cli.Path("ortho-verify-out")
     assert parser.parse_args([]).write_docs is False
     assert "--write-docs" in _usage_error(reproduce_cli.main, ["--write-docs", "--quick"], capsys)
+    assert "--no-plots" in _usage_error(reproduce_cli.main, ["--write-docs", "--no-plots"], capsys)

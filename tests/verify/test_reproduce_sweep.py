@@ -157,8 +157,10 @@ def test_quick_sweep_resumes_from_its_cache(tmp_path, capsys):
     cost = first["cost"][-1]
     assert cost["ratio_to_muon"]["muon-jordan"] == 1.0 and all(v > 0 for v in cost["seconds_per_step"].values())
     capsys.readouterr()
-    assert rp.main([*argv, "--resume", "--out", str(tmp_path / "b")]) == 0
+    # the resumed runs without plots (--no-plots: none written, none linked)
+    assert rp.main([*argv, "--resume", "--no-plots", "--out", str(tmp_path / "b")]) == 0
     assert "runs from the cache" in capsys.readouterr().out
+    assert not list((tmp_path / "b").rglob("*.png")) and ".png)" not in (tmp_path / "b" / "reproduction.md").read_text()
     second = json.loads((tmp_path / "b" / "reproduction" / "results.json").read_text())
     assert second["cache"]["misses"] == 0 and second["cache"]["hits"] == first["cache"]["misses"]
     for a, b in zip(first["sizes"], second["sizes"]):
@@ -167,7 +169,7 @@ def test_quick_sweep_resumes_from_its_cache(tmp_path, capsys):
     assert [t["verdict"] for t in first["trends"]] == [t["verdict"] for t in second["trends"]]
     assert first["claims"] == second["claims"]
     # matrix-shared: AdamW swept again at d_model 16 (new runs), Muon / Dion lrs still from d_model 8
-    assert rp.main([*argv, "--resume", "--lr-sweep", "matrix-shared", "--out", str(tmp_path / "c")]) == 0
+    assert rp.main([*argv, "--resume", "--no-plots", "--lr-sweep", "matrix-shared", "--out", str(tmp_path / "c")]) == 0
     third = json.loads((tmp_path / "c" / "reproduction" / "results.json").read_text())
     small, large = third["sizes"]
     assert [p["lr"] for p in large["sweep"]["adamw"]] == [p["lr"] for p in small["sweep"]["adamw"]]

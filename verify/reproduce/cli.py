@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=None,
                         help="runs in parallel, each in its own process (default: 2 on a CPU with >= 2 cores, "
                              "else 1; results do not depend on it)")
+    parser.add_argument("--no-plots", action="store_true",
+                        help="do not write the PNG plots (the report links none; not with --write-docs)")
     parser.add_argument("--rejudge", type=Path, default=None, metavar="RESULTS_JSON",
                         help="run nothing: judge the claims and trends of a stored results.json again with the "
                              "current decision rules and rewrite its report (under --out, or the docs with "
@@ -90,8 +92,9 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ReproC
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.quick and args.scale != 1:
         parser.error("--quick and --scale: choose one")
-    if args.write_docs and (args.quick or args.scale != 1 or args.steps is not None or args.seeds is not None):
-        parser.error("--write-docs documents the full run: drop --quick, --scale, --steps and --seeds")
+    if args.write_docs and (args.quick or args.scale != 1 or args.steps is not None or args.seeds is not None
+                            or args.no_plots):
+        parser.error("--write-docs documents the full run: drop --quick, --scale, --steps, --seeds and --no-plots")
     check_folder(parser, "--write-docs: the docs folder" if args.write_docs else "--out",
                  DOCS_DIR if args.write_docs else args.out)
     try:
@@ -191,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     results["mode_reason"] = reason
     if plan is not None:
         results["gpu_plan"] = plan
-    path = write_report(results, points, DOCS_DIR if args.write_docs else args.out)
-    say(f"\nwrote {path} (plots and results.json in {path.parent / 'reproduction'}), "
+    path = write_report(results, points, DOCS_DIR if args.write_docs else args.out, plots=not args.no_plots)
+    what = "results.json" if args.no_plots else "plots and results.json"
+    say(f"\nwrote {path} ({what} in {path.parent / 'reproduction'}), "
         f"{results['wall_seconds']:.0f} s")
     say("\n".join(verdict_lines(results)))
     return 0

@@ -353,7 +353,8 @@ def _json_safe(value):
 def write_report(results: dict, points: Mapping, out: Path, *, plots: bool = True) -> Path:
     """Write ``out/reproduction.md``, ``out/reproduction/*.png`` and ``out/reproduction/results.json``
     (non-finite numbers as null). ``plots`` False keeps the PNGs already in ``out/reproduction``
-    (``--rejudge``: the singular-value points are not in results.json) and links those that exist.
+    (``--rejudge``: the singular-value points are not in results.json; ``--no-plots``) and links
+    those that exist.
     Returns the markdown's path. Raises: OSError if ``out`` cannot be written."""
     out = Path(out)
     folder = out / "reproduction"
