@@ -14,7 +14,9 @@ machine) per command, the phases and seconds per check from each run's report.js
 
 ``--write-docs`` replaces the text between ``<!-- timings:NAME:start -->`` and
 ``<!-- timings:NAME:end -->`` in README.md and docs/*.md with ``render(timings)[NAME]``, and writes
-``verify/cli/timings.json`` (the numbers ``ortho-verify --help`` quotes). No timing in those files is typed
+``verify/cli/timings.json`` (the numbers ``ortho-verify --help`` quotes) and, from the test suite's
+``--durations=0``, ``tests/file_seconds.json`` (the seconds of each test file, which orders them
+for the test processes: tests/conftest.py). No timing in those files is typed
 by hand: tests/test_timings_doc.py checks that the regions exist and that the writer round-trips.
 Run time: about 2 minutes plus the test suite (5 minutes) on 2 CPU cores.
 """
@@ -58,8 +60,9 @@ SHARDING_RUNS = (("sharding_muon", "muon_factory"), ("sharding_dion", "dion_fact
 REPRODUCE_RUNS = (("reproduce_quick", "`ortho-verify reproduce --quick`", ["reproduce", "--quick"]),)
 
 
-def timed(argv: list[str], env: dict | None = None) -> dict:
-    """Run ``argv`` in the repository root; its wall and CPU seconds (user + system) and exit code."""
+def timed(argv: list[str], env: dict | None = None, parse=None) -> dict:
+    """Run ``argv`` in the repository root; its wall and CPU seconds (user + system) and exit code
+    (``parse``: a function of the whole output, its value kept as "parsed")."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -68,7 +71,7 @@ def timed(argv: list[str], env: dict | None = None) -> dict:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"argv": " ".join(argv[2:] if argv[1] == "-m" else argv), "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
             "rc": proc.returncode, "tail": proc.stdout[-2000:], "date": datetime.date.today().isoformat(),
-            "cores": os.cpu_count()}
+            "cores": os.cpu_count(), **({"parsed": parse(proc.stdout)} if parse else {})}
 
 
 def _where_of(run: dict, t: dict) -> str:
@@ -82,10 +85,28 @@ CONSISTENCY_TEST = ("tests/test_timings_doc.py::"
                     "test_the_committed_docs_are_the_writer_s_output_of_the_committed_measurement")
 
 
+#: Where ``--write-docs`` writes the seconds of each test file (``file_seconds``): tests/conftest.py
+#: starts the heaviest files first, so that the two test processes finish together.
+FILE_SECONDS = ROOT / "tests" / "file_seconds.json"
+_DURATION = re.compile(r"^([\d.]+)s (?:call|setup|teardown)\s+([^\s:]+)", re.M)
+
+
+def file_seconds(output: str) -> dict[str, float]:
+    """Seconds per test file from ``pytest --durations=0`` output (setup, call and teardown summed;
+    the lines of 5 ms or more, which pytest prints), heaviest first."""
+    seconds: dict[str, float] = {}
+    for value, path in _DURATION.findall(output):
+        seconds[path] = seconds.get(path, 0.0) + float(value)
+    return {k: round(v, 1) for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])}
+
+
 def measure_pytest() -> dict:
-    """The test suite as CI runs it (default markers and hypothesis profile), timed."""
-    run = timed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--deselect", CONSISTENCY_TEST])
+    """The test suite as CI runs it (default markers and hypothesis profile), timed, with the seconds
+    of each test file (``--durations=0``, kept as "file_seconds")."""
+    run = timed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0", "--deselect",
+                 CONSISTENCY_TEST], parse=file_seconds)
     counts = re.findall(r"^=*\s*(\d+ passed.*?) in [\d.]+s", run["tail"], re.M)
+    run["file_seconds"] = run.pop("parsed")
     run.update(label=PYTEST_LABEL, tests=counts[-1] if counts else "",
                load_at_start=[round(x, 2) for x in os.getloadavg()],
                date=datetime.date.today().isoformat())
@@ -298,8 +319,15 @@ def data_text(t: dict) -> str:
 
 
 def write_docs(t: dict, root: Path = ROOT) -> list[Path]:
-    """Rewrite the marked regions of ``DOC_FILES`` under ``root`` and ``verify/cli/timings.json``; the changed paths."""
-    regions, changed = render(t), []
+    """Rewrite the marked regions of ``DOC_FILES`` under ``root``, ``verify/cli/timings.json`` and
+    (with a test suite measured now) ``tests/file_seconds.json``; the changed paths."""
+    changed = []
+    files = t.get("commands", {}).get("pytest", {}).pop("file_seconds", None)
+    if files:
+        path = root / FILE_SECONDS.relative_to(ROOT)
+        path.write_text(json.dumps(files, indent=1) + "\n")
+        changed.append(path)
+    regions = render(t)
     for name in DOC_FILES:
         path = root / name
         text = path.read_text()
@@ -343,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         t = {**previous, "commands": {**previous.get("commands", {}), "pytest": measure_pytest()}}
         if "default_first" not in t["commands"]:
             print(json.dumps(t, indent=1))
+            t["commands"]["pytest"].pop("file_seconds", None)
             MEASURED_FILE.write_text(data_text(t))
             return 1 if t["commands"]["pytest"]["rc"] else 0
     else:

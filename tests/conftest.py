@@ -11,9 +11,15 @@
   deadline (a shared 2-core CI machine must not turn a slow example into a failure). Deeper:
   ``--hypothesis-profile ortho-ci`` (100 examples) or ``ortho-deep``; ``ortho-dev`` and
   ``ortho-deep`` draw new examples each run.
+- The heaviest test files run first (``tests/file_seconds.json``, the seconds of each file as
+  ``scripts/timings.py --write-docs`` measured them; pytest-xdist with ``--no-loadscope-reorder``
+  hands out files in this order): the two test processes then finish together instead of one
+  waiting on a long file handed out last. The order of the tests inside a file is kept.
 """
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -46,7 +52,14 @@ def _single_blas_thread():
         yield
 
 
+#: Seconds per test file (``scripts/timings.py``); a file not listed counts as 0.
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
 def pytest_collection_modifyitems(config, items):
+    seconds = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
+    if seconds:  # heaviest file first (stable: every file's tests stay together, in their order)
+        items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
     if "slow" in (config.getoption("-m") or ""):
         return
     skip = pytest.mark.skip(reason="slow: run with -m slow")

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from ortho_verify.cli import main as cli, measured
 
@@ -114,3 +115,52 @@ def test_the_committed_docs_are_the_writer_s_output_of_the_committed_measurement
     for file in timings.DOC_FILES:
         for name, content in timings.regions_of((ROOT / file).read_text()).items():
             assert content == values[name], (file, name)
+
+
+def test_file_seconds_sums_a_files_durations_heaviest_first(tmp_path):
+    output = ("============ slowest durations ============\n"
+              "2.50s call     tests/a/test_x.py::test_one[p]\n"
+              "0.75s setup    tests/a/test_x.py::test_one[p]\n"
+              "3.00s call     tests/test_y.py::test_two\n"
+              "0.40s call     docs/guide.md::line 12\n"
+              "(3 durations < 0.005s hidden.)\n")
+    assert timings.file_seconds(output) == {"tests/a/test_x.py": 3.2, "tests/test_y.py": 3.0, "docs/guide.md": 0.4}
+    assert list(timings.file_seconds(output)) == ["tests/a/test_x.py", "tests/test_y.py", "docs/guide.md"]
+    t = copy.deepcopy(FAKE)
+    t["commands"]["pytest"]["file_seconds"] = timings.file_seconds(output)
+    for name in timings.DOC_FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "verify" / "cli").mkdir(parents=True)
+    (tmp_path / "tests").mkdir(exist_ok=True)
+    timings.write_docs(t, tmp_path)
+    assert json.loads((tmp_path / "tests" / "file_seconds.json").read_text())["tests/test_y.py"] == 3.0
+    assert "file_seconds" not in (tmp_path / "verify" / "cli" / "timings.json").read_text()
+
+
+def test_the_committed_file_seconds_name_test_files_that_exist():
+    seconds = json.loads((ROOT / "tests" / "file_seconds.json").read_text())
+    assert len(seconds) > 50 and all(v >= 0 for v in seconds.values())
+    assert [name for name in seconds if not (ROOT / name).is_file()] == []
+
+
+def test_the_heaviest_files_are_handed_out_first():
+    """tests/conftest.py orders the collected tests by their file's seconds, keeping each file's tests
+    together and in order; pytest-xdist keeps that order (--no-loadscope-reorder)."""
+    from tests import conftest
+
+    class Item:
+        def __init__(self, nodeid):
+            self.nodeid, self.keywords = nodeid, {}
+
+    seconds = json.loads(conftest.FILE_SECONDS.read_text())
+    heavy, light = list(seconds)[0], "tests/test_not_measured.py"
+    items = [Item(f"{light}::t1"), Item(f"{heavy}::t1"), Item(f"{light}::t2"), Item(f"{heavy}::t2")]
+
+    class Config:
+        def getoption(self, name):
+            return "slow"
+    conftest.pytest_collection_modifyitems(Config(), items)
+    assert [i.nodeid for i in items] == [f"{heavy}::t1", f"{heavy}::t2", f"{light}::t1", f"{light}::t2"]
+    assert "--no-loadscope-reorder" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"][
+        "ini_options"]["addopts"].split()
