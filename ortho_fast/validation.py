@@ -100,6 +100,14 @@ def max_abs(xs: list[torch.Tensor]) -> list[torch.Tensor]:
     NaN, +Inf if it holds ±Inf, else finite: exact, no overflow), by one ``_foreach_norm(ord=inf)``
     per (device, dtype) group: on CUDA one fast-path call per group (3 launches), where a reduction
     per tensor would launch once per tensor. No host sync."""
+    if not xs:
+        return []
+    dtype, device = xs[0].dtype, xs[0].device
+    for x in xs:
+        if x.dtype != dtype or x.device != device:
+            break
+    else:  # one (device, dtype): the maxima in order, no grouping
+        return list(torch._foreach_norm(xs, math.inf))
     groups: dict[tuple, list[int]] = {}
     for i, x in enumerate(xs):
         groups.setdefault((x.device, x.dtype), []).append(i)
@@ -115,7 +123,7 @@ class FiniteCheck:
     each gradient (no host sync), then ``error()`` takes max|x| of every tensor (``max_abs``:
     one ``_foreach_norm(ord=inf)`` per (device, dtype); NaN and ±Inf propagate into it, finite
     entries cannot overflow it, so it is finite iff every entry is), reduces them on the device
-    into one flag (every maximum below +Inf: ``isfinite`` is four kernels) and reads it once — one host sync per step,
+    into one number (the largest maximum: NaN or +Inf as soon as one tensor holds one) and reads it once — one host sync per step,
     however many parameters — and only
     when the flag is down reads the maxima one by one to name the first tensor that is not finite.
     Source: the found-inf reduction of torch.amp's GradScaler (one flag per step); the inf-norm
@@ -135,18 +143,25 @@ class FiniteCheck:
         empty / non-floating tensors; more only when some tensor is not finite)."""
         tensors, names = [], []
         for x, name in self.items:
-            x = local_tensor(x)
-            if x.is_complex():
+            if type(x) is not torch.Tensor:  # a DTensor: its local shard
+                x = local_tensor(x)
+            if not x.is_floating_point():
+                if not x.is_complex():  # integers and booleans: always finite
+                    continue
                 x = torch.view_as_real(x)  # finite iff its real and imaginary parts are
-            if x.numel() and x.is_floating_point():  # empty: finite; integers: always finite
+            if x.numel():  # empty: finite
                 tensors.append(x)
                 names.append(name)
         if not tensors:
             return None
         maxima = max_abs(tensors)
-        device = maxima[0].device
-        # NaN < inf is False; a maximum on the device already is not copied
-        if bool((torch.stack([m if m.device == device else m.to(device) for m in maxima]) < math.inf).all()):
+        try:  # the maxima on one device (the usual case): stacked as they are
+            stacked = torch.stack(maxima)
+        except RuntimeError:  # on several devices: moved to the first one's
+            device = maxima[0].device
+            stacked = torch.stack([m if m.device == device else m.to(device) for m in maxima])
+        # the largest maximum: NaN if one is NaN (max propagates it), +Inf if one is; exact, no overflow
+        if math.isfinite(stacked.max().item()):
             return None
         for name, m in zip(names, maxima):  # rare: name the first that is not finite
             if not bool(torch.isfinite(m)):
