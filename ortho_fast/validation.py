@@ -123,8 +123,8 @@ class FiniteCheck:
     each gradient (no host sync), then ``error()`` takes max|x| of every tensor (``max_abs``:
     one ``_foreach_norm(ord=inf)`` per (device, dtype); NaN and ±Inf propagate into it, finite
     entries cannot overflow it, so it is finite iff every entry is), reduces them on the device
-    into one number (the largest maximum: NaN or +Inf as soon as one tensor holds one) and reads it once — one host sync per step,
-    however many parameters — and only
+    into one number (the largest maximum: NaN or +Inf as soon as one tensor holds one) and reads
+    it once — one host sync per step, however many parameters — and only
     when the flag is down reads the maxima one by one to name the first tensor that is not finite.
     Source: the found-inf reduction of torch.amp's GradScaler (one flag per step); the inf-norm
     reduction of torch's ``_foreach_norm`` (aten/src/ATen/native/cuda/ForeachReduceOp.cu,
