@@ -180,6 +180,7 @@ def default_examples(dtype="float32", seed: int = 0, batched: bool = True,
 
     Examples
     --------
+    >>> from ortho_verify import default_examples
     >>> all(ex.matrix.ndim == 2 for ex in default_examples("float32", batched=False))
     True
     """
@@ -242,6 +243,7 @@ def check_orthogonalizer_example(fn: Callable, example: SpectralExample, *, coef
 
     Examples
     --------
+    >>> from ortho_verify import check_orthogonalizer_example, default_examples
     >>> import ortho_fast
     >>> rows = check_orthogonalizer_example(lambda g: ortho_fast.newton_schulz(g, dtype=g.dtype),
     ...                                     default_examples("float32")[0])
@@ -386,6 +388,7 @@ def check_orthogonalizer(fn: Callable, *, coefficients="jordan", dtype=torch.flo
 
     Examples
     --------
+    >>> from ortho_verify import check_orthogonalizer
     >>> import ortho_fast
     >>> report = check_orthogonalizer(lambda g: ortho_fast.newton_schulz(g, dtype=g.dtype), coefficients="jordan")
     >>> report.status

@@ -126,6 +126,7 @@ class MuonConventions:
 
     Examples
     --------
+    >>> from ortho_verify import MuonConventions
     >>> MuonConventions(momentum_style="classic", nesterov=False, adjust_lr="spectral_norm").eps_mode
     'add'
     """
@@ -263,6 +264,7 @@ class DionConventions:
 
     Examples
     --------
+    >>> from ortho_verify import DionConventions
     >>> DionConventions(qr_method="cholesky_qr").hyperparameter_names["momentum"]
     'mu'
     """
@@ -332,6 +334,7 @@ class Dion2Conventions:
 
     Examples
     --------
+    >>> from ortho_verify import Dion2Conventions
     >>> Dion2Conventions(ns_steps=5).coefficients
     'polar_express'
     """

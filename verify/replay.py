@@ -89,6 +89,7 @@ def replay_example(fn, failure, *, check: str | None = None, input_name: str | N
 
     Examples
     --------
+    >>> from ortho_verify import check_orthogonalizer, default_examples, replay_example
     >>> import ortho_fast
     >>> def scaled(g):
     ...     return 1.01 * ortho_fast.newton_schulz(g, dtype=g.dtype)

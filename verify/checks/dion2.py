@@ -187,6 +187,7 @@ def check_dion2_optimizer(optimizer, conventions=None, *, lr: float = 0.02, frac
 
     Examples
     --------
+    >>> from ortho_verify import DION2, check_dion2_optimizer
     >>> import ortho_fast
     >>> all(row.passed for row in check_dion2_optimizer(ortho_fast.Dion2, DION2, shapes=[(8, 4)], steps=2))
     True

@@ -185,6 +185,7 @@ def check_optimizer(optimizer, conventions=None, *, lr: float = 0.02, momentum: 
 
     Examples
     --------
+    >>> from ortho_verify import TORCH_MUON, check_optimizer
     >>> import torch
     >>> check_optimizer(torch.optim.Muon, TORCH_MUON, shapes=[(8, 4)], steps=2).status
     'passed'

@@ -171,6 +171,7 @@ def identify_orthogonalizer(fn, *, judge: bool = True, seed: int = 0, device=Non
 
     Examples
     --------
+    >>> from ortho_verify import identify_orthogonalizer
     >>> import functools, torch, ortho_fast
     >>> found = identify_orthogonalizer(functools.partial(ortho_fast.newton_schulz, dtype=torch.float32))
     >>> found.declaration["coefficients"], found.passed

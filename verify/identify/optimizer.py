@@ -387,6 +387,7 @@ def identify_optimizer(optimizer, *, judge: bool = True, seed: int = 0, **kwargs
 
     Examples
     --------
+    >>> from ortho_verify import identify_optimizer
     >>> import torch
     >>> found = identify_optimizer(torch.optim.Muon)  # doctest: +SKIP
     >>> found.declaration.eps_mode, found.passed  # doctest: +SKIP

@@ -363,6 +363,7 @@ class VerificationReport:
 
     Examples
     --------
+    >>> from ortho_verify import VerificationReport
     >>> from ortho_verify.api import measured
     >>> VerificationReport("kernel", [measured("ns_vs_ns_map", "input 0", "float32", 1e-9, 1e-6)], {}).status
     'passed'

@@ -77,6 +77,7 @@ class ShardedReport(VerificationReport):
 
     Examples
     --------
+    >>> from ortho_verify import ShardedReport
     >>> ShardedReport("factory", [], {}, world_size=2).inconclusive
     True
     """
@@ -347,6 +348,7 @@ def check_sharded_optimizer(factory: Callable, conventions=None, *, world_size: 
 
     Examples
     --------
+    >>> from ortho_verify import check_sharded_optimizer
     >>> from ortho_verify.sharding import muon_factory
     >>> check_sharded_optimizer(muon_factory, world_size=2, layouts=["DDP"], shapes="16x8,8x16", steps=1).status
     'passed'
