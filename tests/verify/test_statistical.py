@@ -148,3 +148,28 @@ def test_check_orthogonalizer_catches_the_issue_coefficient():
     failed = {r.check for r in report.results if not r.passed}
     assert failed == {"ns_mean_deviation"}, failed
     assert check_orthogonalizer(kernel, dtype=torch.bfloat16, statistical=False).passed
+
+
+@given(seed=st.integers(0, 2**16), batch=st.integers(1, 3), shape=st.sampled_from([(4, 6), (6, 4), (5, 5)]))
+@settings(max_examples=10, deadline=None)
+def test_rounding_moments_are_memoized_as_copies_of_one_computation(seed, batch, shape):
+    """Property: ``ns_rounding_moments`` returns what its computation returns, from the cache on the
+    same arrays again, never an array a caller's change reaches, and recomputes for another dtype,
+    schedule or input."""
+    rng = np.random.default_rng(seed)
+    u, s, vt = np.linalg.svd(rng.standard_normal((batch, *shape)), full_matrices=False)
+    s = s / s.max(axis=-1, keepdims=True)
+    v = np.swapaxes(vt, -1, -2)
+    table = ortho_ref.schedule("jordan")
+    direct = stat._rounding_moments(s, u, v, np.asarray(table), "bfloat16")
+    first = stat.ns_rounding_moments(s, u, v, "jordan", "bfloat16")
+    assert all(np.array_equal(a, b) for a, b in zip(first, direct))
+    first[0][...] = -1.0  # a caller's change stays its own
+    again = stat.ns_rounding_moments(s, u.copy(), v.copy(), "jordan", "bfloat16")
+    assert all(np.array_equal(a, b) for a, b in zip(again, direct))
+    other = stat.ns_rounding_moments(s, u, v, "jordan", "float32")
+    assert not np.array_equal(other[0], direct[0])
+    assert not np.array_equal(stat.ns_rounding_moments(s, u, v, "polar_express", "bfloat16")[0], direct[0])
+    moved = s.copy()
+    moved[..., -1] *= 0.5
+    assert not np.array_equal(stat.ns_rounding_moments(moved, u, v, "jordan", "bfloat16")[0], direct[0])

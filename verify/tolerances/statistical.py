@@ -27,7 +27,10 @@ Bonferroni λ over the k directions.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -132,21 +135,52 @@ def ns_rounding_moments(sigma_hat: np.ndarray, u: np.ndarray, v: np.ndarray, coe
     Source: Higham & Mary 2019 (SIAM J. Sci. Comput. 41(5)), Model 2.1 and Lemma 2.2; Higham,
     *Functions of Matrices*, Thm. 3.11 (the Fréchet derivatives of a matrix function).
     Raises: ValueError for a dtype outside ``STATISTICAL_DTYPES`` or mismatched shapes.
+    Memoized: the same arrays, schedule and dtype (the seeded default examples of every
+    ``check_orthogonalizer`` call of a process) return copies of the first call's result,
+    ``MOMENTS_CACHE_SIZE`` results kept, keyed on a digest of their bytes.
     """
     name = str(dtype).replace("torch.", "")
     if name not in STATISTICAL_DTYPES:
         raise ValueError(f"dtype: the statistical model covers {STATISTICAL_DTYPES}, got {dtype!r}")
     s = np.asarray(sigma_hat, dtype=np.float64)
+    u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
     k = s.shape[-1]
     if u.shape[-1] != k or v.shape[-1] != k or u.shape[:-2] != s.shape[:-1] or v.shape[:-2] != s.shape[:-1]:
         raise ValueError(f"u, v: expected (..., m, {k}) and (..., n, {k}) for sigma_hat {s.shape}, got {u.shape} "
                          f"and {v.shape}")
-    if u.shape[-2] > v.shape[-2]:  # the iteration runs on the wide side
-        u, v = v, u
-    m, n = u.shape[-2], v.shape[-2]
-    uu, ua = unit_roundoff(name), accumulation_roundoff(name)
     table = ortho_ref.schedule(coefficients) if isinstance(coefficients, str) else coefficients
     table = np.atleast_2d(np.asarray(table, dtype=np.float64))  # (T, 3)
+    digest = hashlib.blake2b(name.encode(), digest_size=20)
+    for x in (s, u, v, table):
+        digest.update(repr(x.shape).encode())
+        digest.update(np.ascontiguousarray(x))
+    key = digest.digest()
+    with _MOMENTS_LOCK:
+        hit = _MOMENTS.get(key)
+        if hit is not None:
+            _MOMENTS.move_to_end(key)
+    if hit is None:
+        hit = _rounding_moments(s, u, v, table, name)
+        with _MOMENTS_LOCK:
+            _MOMENTS[key] = hit
+            while len(_MOMENTS) > MOMENTS_CACHE_SIZE:
+                _MOMENTS.popitem(last=False)
+    return hit[0].copy(), hit[1].copy()
+
+
+#: Results ``ns_rounding_moments`` keeps (digest -> (variances, biases)), least recently used first.
+MOMENTS_CACHE_SIZE = 64
+_MOMENTS: OrderedDict = OrderedDict()
+_MOMENTS_LOCK = threading.Lock()
+
+
+def _rounding_moments(s: np.ndarray, u: np.ndarray, v: np.ndarray, table: np.ndarray,
+                      name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``ns_rounding_moments`` on validated float64 arrays, the (T, 3) table and the dtype's name."""
+    if u.shape[-2] > v.shape[-2]:  # the iteration runs on the wide side
+        u, v = v, u
+    m, n, k = u.shape[-2], v.shape[-2], s.shape[-1]
+    uu, ua = unit_roundoff(name), accumulation_roundoff(name)
     xs = [s]
     derivatives = []
     for a, b, c in table:
