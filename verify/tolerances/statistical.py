@@ -137,7 +137,8 @@ def ns_rounding_moments(sigma_hat: np.ndarray, u: np.ndarray, v: np.ndarray, coe
     Raises: ValueError for a dtype outside ``STATISTICAL_DTYPES`` or mismatched shapes.
     Memoized: the same arrays, schedule and dtype (the seeded default examples of every
     ``check_orthogonalizer`` call of a process) return copies of the first call's result,
-    ``MOMENTS_CACHE_SIZE`` results kept, keyed on a digest of their bytes.
+    ``MOMENTS_CACHE_SIZE`` results kept, keyed on a digest of their bytes
+    (``ns_rounding_moments.cache_clear()`` forgets them).
     """
     name = str(dtype).replace("torch.", "")
     if name not in STATISTICAL_DTYPES:
@@ -172,6 +173,14 @@ def ns_rounding_moments(sigma_hat: np.ndarray, u: np.ndarray, v: np.ndarray, coe
 MOMENTS_CACHE_SIZE = 64
 _MOMENTS: OrderedDict = OrderedDict()
 _MOMENTS_LOCK = threading.Lock()
+
+
+def _clear_moments() -> None:
+    with _MOMENTS_LOCK:
+        _MOMENTS.clear()
+
+
+ns_rounding_moments.cache_clear = _clear_moments  # as functools' caches: forget every kept result
 
 
 def _rounding_moments(s: np.ndarray, u: np.ndarray, v: np.ndarray, table: np.ndarray,
