@@ -8,11 +8,13 @@ import pytest
 from ortho_verify import checks, tolerances as tol
 from ortho_verify.cli import main as cli
 from ortho_verify.report import tables
+from tests.quick_run import share_quick_collect
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_quick_synthetic_run_passes_and_writes_reports(tmp_path, capsys):
+def test_quick_synthetic_run_passes_and_writes_reports(tmp_path, capsys, monkeypatch, tmp_path_factory):
+    share_quick_collect(monkeypatch, tmp_path_factory)  # the session's one --quick --no-real computation
     rc = cli.main(["--quick", "--no-real", "--all-rows", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0

@@ -10,6 +10,7 @@ from hypothesis import given, strategies as st
 from ortho_verify.cli import main as cli
 from ortho_verify.report import annotations, junit, terminal as report
 from ortho_verify.report.results import REPORT_SCHEMA_VERSION, CheckResult, measured, no_claim, summary
+from tests.quick_run import share_quick_collect
 
 # Rows of three checks over two inputs: one failure, one check with a no-claim row beside a claim.
 ROWS = [
@@ -78,8 +79,9 @@ def test_many_failures_are_capped_on_the_terminal(tmp_path, monkeypatch, capsys)
     assert len(body["failures"]) == len(rows)  # every failure in full in the report
 
 
-def test_quick_synthetic_run_prints_under_60_lines(tmp_path, monkeypatch, capsys):
+def test_quick_synthetic_run_prints_under_60_lines(tmp_path, monkeypatch, capsys, tmp_path_factory):
     monkeypatch.setenv("COLUMNS", "100")
+    share_quick_collect(monkeypatch, tmp_path_factory)  # the session's one --quick --no-real computation
     assert cli.main([*SYNTHETIC, "--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) < 60, "\n".join(lines)

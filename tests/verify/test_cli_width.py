@@ -4,15 +4,14 @@ the docs), a number stays on the line of its unit ("8.2 s"), ``--help`` never br
 ("--no-" / "real"), the progress bar keeps its count and times, and a typo is named once.
 
 The default run is checked with ``--quick --no-real --no-plots --verbose`` (its output holds the
-``--quick`` summary, the failures and the verdict, after the ``--verbose`` rows): computed once, at
-the first width with its progress bar, then printed again at the other from the same results
-(``cli.collect`` replayed: the checks' rows, phases and seconds as the first run measured them); ``sharding`` runs
+``--quick`` summary, the failures and the verdict, after the ``--verbose`` rows), printed at each
+width from the test session's one ``--quick --no-real`` computation (``tests.quick_run``: the
+checks' rows, phases and seconds as that run measured them); ``sharding`` runs
 at world size 2 once, its rows drawn again at 120 columns; ``reproduce`` (about 30 s even with
 ``--quick``) is checked through its printer on constructed results."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from ortho_verify.identify import cli as identify_cli
 from ortho_verify.report.tables import wrap_words
 from ortho_verify.reproduce import cli as reproduce_cli
 from ortho_verify.sharding import cli as sharding_cli
+from tests.quick_run import share_quick_collect
 from tests.strategies import profile_examples
 
 rich_console = pytest.importorskip("rich.console")
@@ -56,28 +56,10 @@ def _whole_on_a_line(name: str, lines: list[str]) -> bool:
     return any(pattern.search(line) for line in lines)
 
 
-#: ``cli.collect``'s return and what it filled in, from the first ``--quick`` run of this module.
-_COLLECTED: dict = {}
-
-
-def _collect_once(args, console, sv_points, timing):
-    """``cli.collect`` the first time (kept), then what it returned and filled in, copied."""
-    if not _COLLECTED:
-        out = _REAL_COLLECT(args, console, sv_points, timing)
-        _COLLECTED.update(out=copy.deepcopy(out), sv_points=copy.deepcopy(sv_points), timing=copy.deepcopy(timing))
-        return out
-    sv_points.update(copy.deepcopy(_COLLECTED["sv_points"]))
-    timing.update(copy.deepcopy(_COLLECTED["timing"]))
-    return copy.deepcopy(_COLLECTED["out"])
-
-
-_REAL_COLLECT = cli.collect
-
-
 @pytest.mark.parametrize("width", WIDTHS)
-def test_quick_and_verbose_fit_with_every_check_name_whole(width, tmp_path, monkeypatch, capsys):
+def test_quick_and_verbose_fit_with_every_check_name_whole(width, tmp_path, monkeypatch, capsys, tmp_path_factory):
     monkeypatch.setenv("COLUMNS", str(width))
-    monkeypatch.setattr(cli, "collect", _collect_once)
+    share_quick_collect(monkeypatch, tmp_path_factory)
     code = cli.main(["--quick", "--no-real", "--no-plots", "--verbose", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out[-2000:]
