@@ -125,7 +125,7 @@ class FiniteCheck:
     entries cannot overflow it, so it is finite iff every entry is), reduces them on the device
     into one number (the largest maximum: NaN or +Inf as soon as one tensor holds one) and reads
     it once — one host sync per step, however many parameters — and only
-    when the flag is down reads the maxima one by one to name the first tensor that is not finite.
+    when that number is not finite reads the maxima one by one to name the first tensor that is not.
     Source: the found-inf reduction of torch.amp's GradScaler (one flag per step); the inf-norm
     reduction of torch's ``_foreach_norm`` (aten/src/ATen/native/cuda/ForeachReduceOp.cu,
     NaN-propagating max)."""
