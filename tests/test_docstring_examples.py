@@ -15,9 +15,9 @@ import inspect
 
 import pytest
 
+from tests.doctests import find_examples, run_examples
+
 PACKAGES = ("ortho_fast", "ortho_verify")
-OPTIONS = doctest.NORMALIZE_WHITESPACE
-FINDER = doctest.DocTestFinder(recurse=False)
 
 
 def _public(package: str) -> dict:
@@ -31,15 +31,8 @@ PUBLIC = {k: v for package in PACKAGES for k, v in _public(package).items()}
 
 
 def _doctests(name: str) -> list[doctest.DocTest]:
-    return [t for t in FINDER.find(PUBLIC[name], name, globs={}) if t.examples]
+    return find_examples(PUBLIC[name], name)
 
-
-def _run(tests: list[doctest.DocTest]) -> tuple[doctest.TestResults, str]:
-    out: list[str] = []
-    runner = doctest.DocTestRunner(optionflags=OPTIONS)
-    for test in tests:
-        runner.run(test, out=out.append, clear_globs=True)
-    return runner.summarize(verbose=False), "".join(out)
 
 
 def test_every_public_object_is_found():
@@ -49,10 +42,10 @@ def test_every_public_object_is_found():
 
 
 @pytest.mark.parametrize("name", sorted(PUBLIC))
-def test_examples_run(name):
+def test_examplesrun_examples(name):
     tests = _doctests(name)
     assert tests, f"{name}: no Examples to run"
-    results, report = _run(tests)
+    results, report = run_examples(tests)
     assert results.attempted >= 1
     assert results.failed == 0, report
 
@@ -65,5 +58,5 @@ def test_a_planted_wrong_output_fails(name):
     printing = [ex for t in tests for ex in t.examples if ex.want.strip()]
     assert printing, f"{name}: no example shows an output"
     printing[-1].want = "planted " + printing[-1].want
-    results, report = _run(tests)
+    results, report = run_examples(tests)
     assert results.failed == 1 and "planted" in report, report

@@ -8,20 +8,16 @@ the rounds, which the last test shows, so these checks can fail.
 
 from __future__ import annotations
 
-import importlib.util
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import torch
 
 import ortho_fast.functional.muon as functional_muon
 from ortho_fast.functional import stacked
+from tests.load_file import ROOT, load_file
 
-_SPEC = importlib.util.spec_from_file_location(
-    "gpu_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py")
-gpu = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(gpu)
+gpu = load_file(ROOT / "benchmarks" / "gpu.py", "gpu_bench")
 
 ROUNDS = ("momentum_rounds", "update_rounds", "product_rounds")
 

@@ -3,20 +3,18 @@ prints the line docs/math.md quotes."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.load_file import load_file
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "math_timings.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("math_timings", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(SCRIPT, "math_timings")
 
 
 def test_polar_is_timed_in_a_fresh_process(script):

@@ -6,7 +6,6 @@ committed measurement (``ortho_verify.cli.measured``)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -15,11 +14,10 @@ import pytest
 import tomllib
 
 from ortho_verify.cli import main as cli, measured
+from tests.load_file import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("timings_script", ROOT / "scripts" / "timings.py")
-timings = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(timings)
+timings = load_file(ROOT / "scripts" / "timings.py", "timings_script")
 
 #: Regions each file must have (name -> file).
 REQUIRED = {"capture": "README.md", "commands": "README.md", "statistical-rows": "docs/verification.md",

@@ -16,14 +16,13 @@ One launch of 2 gloo ranks for the module (``ortho_verify.sharding.workers.run_w
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
 import pytest
 import torch
 
 from ortho_verify.sharding.workers import run_workers
+from tests.load_file import load_file
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "follow_group.py"
 WORLD = 2
@@ -35,11 +34,7 @@ CASES = [(name, scheduler) for name in ("muon", "normuon", "hybrid") for schedul
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("follow_group", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["follow_group"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPT, "follow_group", register=True)
 
 
 STEPS = 3

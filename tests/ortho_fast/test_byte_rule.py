@@ -11,18 +11,15 @@ write-only ``self`` as read, misses a copy or a split fails the case that names 
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-_SPEC = importlib.util.spec_from_file_location(
-    "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
-_OP_COUNT = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_OP_COUNT)
+from tests.load_file import ROOT, load_file
+
+_OP_COUNT = load_file(ROOT / "benchmarks" / "_op_count.py", "_op_count")
 CountOps = _OP_COUNT.CountOps
 LARGE, SMALL = _OP_COUNT.LARGE_KERNEL_ARGS, _OP_COUNT.SMALL_KERNEL_ARGS
 CHUNK = _OP_COUNT.CHUNK_ENTRIES

@@ -9,11 +9,12 @@ a scheduler), which these bounds reject.
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import sys
 
 import pytest
+
+from tests.load_file import load_file
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "follow_group.py"
 
@@ -24,11 +25,7 @@ MAX_RETURNS = 5
 
 @pytest.fixture(scope="module")
 def follow_group():
-    spec = importlib.util.spec_from_file_location("follow_group", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["follow_group"] = module
-    spec.loader.exec_module(module)
-    yield module
+    yield load_file(SCRIPT, "follow_group", register=True)
     sys.modules.pop("follow_group", None)
 
 

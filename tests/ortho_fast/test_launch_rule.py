@@ -11,18 +11,15 @@ and fast only for ord 1, 2, inf on floating tensors).
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, strategies as st
 
-_SPEC = importlib.util.spec_from_file_location(
-    "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
-_OP_COUNT = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_OP_COUNT)
+from tests.load_file import ROOT, load_file
+
+_OP_COUNT = load_file(ROOT / "benchmarks" / "_op_count.py", "_op_count")
 CountOps = _OP_COUNT.CountOps
 NORM_FAST = _OP_COUNT.NORM_FAST_LAUNCHES
 

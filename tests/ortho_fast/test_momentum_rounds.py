@@ -8,9 +8,6 @@ counts them (benchmarks/_op_count.py), with no memory beyond the workspace the s
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -20,11 +17,9 @@ import ortho_fast.functional.muon as muon_math
 from ortho_fast.functional import stacked
 from ortho_fast.functional.muon import momentum_into, split_stack
 from ortho_fast.functional.stacked import Workspace
+from tests.load_file import ROOT, load_file
 
-_SPEC = importlib.util.spec_from_file_location(
-    "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
-_OP_COUNT = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_OP_COUNT)
+_OP_COUNT = load_file(ROOT / "benchmarks" / "_op_count.py", "_op_count")
 CountOps = _OP_COUNT.CountOps
 
 CPU = torch.device("cpu")

@@ -10,9 +10,6 @@ at the GPU sizes (NorMuon's as Muon's).
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -30,12 +27,10 @@ from ortho_verify.inputs.arrays import TORCH_DTYPES, as_float64
 from ortho_verify.tolerances import compiled_tolerance
 from ortho_verify.tolerances.roundoff import unit_roundoff
 from ortho_verify.tolerances.stages import scaled_product_update_bound
+from tests.load_file import ROOT, load_file
 from tests.ortho_fast.helpers import stage_case
 
-_SPEC = importlib.util.spec_from_file_location(
-    "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
-_OP_COUNT = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_OP_COUNT)
+_OP_COUNT = load_file(ROOT / "benchmarks" / "_op_count.py", "_op_count")
 CountOps = _OP_COUNT.CountOps
 
 

@@ -15,9 +15,6 @@ to its momentum plus one matrix's temporaries.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -25,12 +22,10 @@ from hypothesis import given, settings, strategies as st
 import ortho_fast
 from ortho_fast.functional import stacked
 from ortho_fast.functional.stacked import Workspace
+from tests.load_file import ROOT, load_file
 from tests.strategies import profile_examples
 
-_SPEC = importlib.util.spec_from_file_location(
-    "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
-_OP_COUNT = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_OP_COUNT)
+_OP_COUNT = load_file(ROOT / "benchmarks" / "_op_count.py", "_op_count")
 #: The counter benchmarks/proxies.py prints with (one definition for both).
 CountOps = _OP_COUNT.CountOps
 

@@ -13,8 +13,6 @@ tensor raises, so a step that runs there reads none.
 from __future__ import annotations
 
 import collections
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,13 +26,11 @@ from ortho_fast.functional.scalar import lion_update
 from ortho_fast.groups import scalar
 from ortho_verify import tolerances as tol
 from ortho_verify.tolerances import compiled_tolerance
+from tests.load_file import ROOT, load_file
 from tests.ortho_fast.helpers import HYBRID_CONFIGS, fill_grads, gpt_model
 from tests.ortho_fast.test_graph_ready import HOST_SYNCS, RecordOps
 
-_SPEC = importlib.util.spec_from_file_location(
-    "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
-_OP_COUNT = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_OP_COUNT)
+_OP_COUNT = load_file(ROOT / "benchmarks" / "_op_count.py", "_op_count")
 CountOps = _OP_COUNT.CountOps
 
 #: Counted operations of an AdamW step per (device, dtype): 8 ``_foreach`` kernels (decay, lerp,

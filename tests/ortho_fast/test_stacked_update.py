@@ -11,20 +11,15 @@ CPU proxy counts them (benchmarks/_op_count.py).
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, strategies as st
 
 from ortho_fast.functional import dion as dion_math, stacked
 from ortho_fast.validation import FiniteCheck
+from tests.load_file import ROOT, load_file
 
-_SPEC = importlib.util.spec_from_file_location(
-    "_op_count", Path(__file__).resolve().parents[2] / "benchmarks" / "_op_count.py")
-_OP_COUNT = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_OP_COUNT)
+_OP_COUNT = load_file(ROOT / "benchmarks" / "_op_count.py", "_op_count")
 CountOps = _OP_COUNT.CountOps
 
 

@@ -19,9 +19,7 @@ import sys
 import pytest
 
 import ortho_ref
-
-OPTIONS = doctest.NORMALIZE_WHITESPACE
-FINDER = doctest.DocTestFinder(recurse=False)
+from tests.doctests import find_examples, run_examples
 
 
 def _public_objects():
@@ -51,16 +49,8 @@ MODULE_EXAMPLES = dict(_module_objects_with_examples())
 
 
 def _doctests(name: str, obj) -> list[doctest.DocTest]:
-    # globs={}: each example imports what it uses, as a reader copying it would
-    return [t for t in FINDER.find(obj, f"ortho_ref.{name}", globs={}) if t.examples]
+    return find_examples(obj, f"ortho_ref.{name}")
 
-
-def _run(tests: list[doctest.DocTest]) -> tuple[doctest.TestResults, str]:
-    out: list[str] = []
-    runner = doctest.DocTestRunner(optionflags=OPTIONS)
-    for test in tests:
-        runner.run(test, out=out.append, clear_globs=True)
-    return runner.summarize(verbose=False), "".join(out)
 
 
 def test_every_public_object_is_found():
@@ -69,17 +59,17 @@ def test_every_public_object_is_found():
 
 
 @pytest.mark.parametrize("name", sorted(PUBLIC))
-def test_examples_run(name):
+def test_examplesrun_examples(name):
     tests = _doctests(name, PUBLIC[name])
     assert tests, f"ortho_ref.{name}: no Examples to run"
-    results, report = _run(tests)
+    results, report = run_examples(tests)
     assert results.attempted >= 1
     assert results.failed == 0, report
 
 
 @pytest.mark.parametrize("name", sorted(MODULE_EXAMPLES))
-def test_module_examples_run(name):
-    results, report = _run(_doctests(name, MODULE_EXAMPLES[name]))
+def test_module_examplesrun_examples(name):
+    results, report = run_examples(_doctests(name, MODULE_EXAMPLES[name]))
     assert results.attempted >= 1
     assert results.failed == 0, report
 
@@ -91,7 +81,7 @@ def test_a_planted_wrong_output_fails(name):
     printing = [ex for t in tests for ex in t.examples if ex.want.strip()]
     assert printing, f"ortho_ref.{name}: no example shows an output"
     printing[-1].want = "planted " + printing[-1].want
-    results, report = _run(tests)
+    results, report = run_examples(tests)
     assert results.failed == 1, report
     assert "planted" in report
 

@@ -14,6 +14,7 @@ from ortho_verify.conventions import MuonConventions
 from ortho_verify.identify.optimizer import identify_optimizer
 from ortho_verify.planted.bugs import PLANTED_BUGS
 from ortho_verify.planted.muon import PLANTS, JordanStyleMuon, TorchStyleMuon, planted
+from tests.load_file import load_file
 
 
 def _fields(conv: MuonConventions, names) -> dict:
@@ -171,13 +172,10 @@ def test_signature_without_a_momentum_keyword_raises_naming_it():
 
 def test_identify_optimizers_script_writes_its_table(tmp_path):
     """scripts/identify_optimizers.py without checkouts: torch.optim.Muon's row between the markers."""
-    import importlib.util
     import pathlib
 
     path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "identify_optimizers.py"
-    spec = importlib.util.spec_from_file_location("identify_optimizers", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_file(path, "identify_optimizers")
     doc = tmp_path / "doc.md"
     doc.write_text(f"before\n{script.START}\nold\n{script.END}\nafter\n")
     assert script.main(["--write", str(doc)]) == 0

@@ -6,7 +6,6 @@ and bad inputs (a kernel calling sys.exit, a tensor as ``examples``) get clear r
 from __future__ import annotations
 
 import functools
-import importlib.util
 import sys
 
 import pytest
@@ -17,6 +16,7 @@ from ortho_verify.checks.kernel_calls import raised_row
 from ortho_verify.inputs.examples import build_example
 from ortho_verify.kinds import FAILURE_KINDS, failure_kind, user_frame
 from ortho_verify.planted.bugs import newton_schulz_kernel
+from tests.load_file import load_file
 
 FAST = dict(statistical=False)
 
@@ -38,10 +38,7 @@ def _library_module(tmp_path, package: str):
     (folder / "engine.py").write_text("def render(x):\n    raise RuntimeError('inside the library')\n\n\n"
                                       "def caught():\n    try:\n        render(1)\n    except RuntimeError as err:\n"
                                       "        return err\n")
-    spec = importlib.util.spec_from_file_location("fakelib_engine", folder / "engine.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(folder / "engine.py", "fakelib_engine")
 
 
 def test_a_frame_inside_an_installed_library_is_never_the_users(tmp_path):

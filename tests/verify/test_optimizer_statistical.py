@@ -7,7 +7,6 @@ runs at small n."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import pathlib
 
 import pytest
@@ -24,6 +23,7 @@ from ortho_verify.planted.muon import (
     planted,
 )
 from ortho_verify.report.results import verdict
+from tests.load_file import load_file
 
 STAT = dict(shapes=((4, 2),), steps=2, param_dtype=torch.bfloat16, statistical_matrices=16, statistical_shape=(24, 16))
 
@@ -91,9 +91,7 @@ def test_statistical_shape_is_validated():
 
 def test_power_script_small_n():
     path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "optimizer_power.py"
-    spec = importlib.util.spec_from_file_location("optimizer_power", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_file(path, "optimizer_power")
     alarms = mod.false_alarm_runs(3, 8, (16, 12))
     assert [a["runs"] for a in alarms] == [1, 1, 1] and all(a["failures"] == 0 for a in alarms)
     row = mod.power_row("eps added, clamp declared", *planted("eps added, clamp declared"), "bfloat16", 16)

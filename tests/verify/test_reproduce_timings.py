@@ -2,17 +2,15 @@
 a measurement (``--only reproduce_quick`` measures it alone and keeps every other number)."""
 
 import copy
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from ortho_verify.cli import measured
+from tests.load_file import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("timings_script", ROOT / "scripts" / "timings.py")
-timings = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(timings)
+timings = load_file(ROOT / "scripts" / "timings.py", "timings_script")
 
 
 def test_the_readme_states_the_measured_quick_time():

@@ -3,20 +3,18 @@ table it writes."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.load_file import load_file
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sharded_public.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("sharded_public", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(SCRIPT, "sharded_public")
 
 
 def test_truth_verdicts(script):
