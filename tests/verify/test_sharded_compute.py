@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 import ortho_ref
 from ortho_verify.sharding.placement import recognize, state_placement
-from ortho_verify.tolerances import newton_schulz_in, sharded_compute_tolerance
+from ortho_verify.tolerances import newton_schulz_in, sharded as sharded_module, sharded_compute_tolerance
 from tests.strategies import profile_examples
 
 JORDAN = ortho_ref.schedule("jordan")
@@ -54,6 +54,50 @@ def test_the_sharded_runs_own_l2_input_is_covered(m, n, seed):
     rows, cols = rng.permutation(m), rng.permutation(n)
     other = newton_schulz_in(u_s[rows][:, cols], JORDAN, "bfloat16")[np.argsort(rows)][:, np.argsort(cols)]
     assert float((other - one).norm() / one.norm()) <= tol
+
+
+def _small(seed):
+    """A small input (3..8 × 3..8: few roundings per product, the widest spread of realizations)."""
+    rng = np.random.default_rng(seed)
+    m, n = int(rng.integers(3, 9)), int(rng.integers(3, 9))
+    return _u(m, n, seed)
+
+
+# inputs on which a random deal exceeded the bound built on the three block orders alone (1.16-1.73x)
+DEALT = [149, 264, 658, 677]
+
+
+@pytest.mark.parametrize("seed", DEALT)
+def test_a_random_deal_of_the_inner_sums_is_within_the_bound(seed, monkeypatch):
+    """A sharded run may sum its partial products in an order the judge does not simulate (a ring
+    all-reduce starts each output chunk on another rank): a seeded random deal of every product's
+    inner indices to 2 ranks, another than the bound's own (seed 1000), is within the bound; the bound
+    without its ``RANDOM_SPLITS`` deals fails it on these inputs."""
+    u = _small(seed)
+    one = newton_schulz_in(u, JORDAN, "bfloat16")
+    dealt = newton_schulz_in(u, JORDAN, "bfloat16", 2, order="random", seed=1000)
+    difference = float((dealt - one).norm() / one.norm())
+    assert difference <= sharded_compute_tolerance(u, JORDAN, "bfloat16", 2, "float32")[0]
+    monkeypatch.setattr(sharded_module, "RANDOM_SPLITS", 0)
+    assert difference > sharded_compute_tolerance(u, JORDAN, "bfloat16", 2, "float32")[0]
+
+
+@settings(deadline=None, **profile_examples(3))
+@given(seed=st.integers(0, 10**6), deal=st.integers(sharded_module.RANDOM_SPLITS, 10**6), w=st.sampled_from([2, 4]))
+def test_random_deals_on_small_inputs_are_within_the_bound(seed, deal, w):
+    u = _small(seed)
+    tol, _ = sharded_compute_tolerance(u, JORDAN, "bfloat16", w, "float32")
+    one = newton_schulz_in(u, JORDAN, "bfloat16")
+    dealt = newton_schulz_in(u, JORDAN, "bfloat16", 2 + deal % (w - 1), order="random", seed=deal)
+    assert float((dealt - one).norm() / one.norm()) <= tol
+
+
+def test_a_random_deal_is_seeded_and_an_unknown_order_names_itself():
+    u = _small(0)
+    same = [newton_schulz_in(u, JORDAN, "bfloat16", 2, order="random", seed=5) for _ in range(2)]
+    assert torch.equal(same[0], same[1])
+    with pytest.raises(ValueError, match="order"):
+        newton_schulz_in(u, JORDAN, "bfloat16", 2, order="shuffled")
 
 
 def test_newton_schulz_per_local_shard_exceeds_the_bound():
