@@ -118,6 +118,10 @@ def max_abs(xs: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+class _Screened(tuple):
+    """A block of ``FiniteCheck.add_screened``: (tensors, names, prefix)."""
+
+
 class FiniteCheck:
     """The finiteness checks of one optimizer step, decided together: ``add(tensor, name)`` for
     each gradient (no host sync), then ``error()`` takes max|x| of every tensor (``max_abs``:
@@ -131,18 +135,30 @@ class FiniteCheck:
     NaN-propagating max)."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[torch.Tensor, str]] = []
+        self.items: list = []  # (tensor, name) pairs and ``_Screened`` blocks, in the order added
         self.prefix = ""  # put in front of the names added next ("param group i (alg): ")
 
     def add(self, x: torch.Tensor, name: str) -> None:
         self.items.append((x, self.prefix + name))
 
-    def error(self) -> ValueError | None:
-        """None if every added tensor is finite, else the ValueError ``check_finite`` raises for
-        the first one that is not (naming it). One host sync (none with nothing added or only
-        empty / non-floating tensors; more only when some tensor is not finite)."""
+    def add_screened(self, xs: list[torch.Tensor], names: list[str]) -> None:
+        """``add(x, name)`` for every pair of tensors the caller screened: plain ``torch.Tensor``
+        (not DTensor), floating, with at least one entry — read as they are, with no check per
+        tensor at ``error`` (a plan's step: screened when its check of that gradient was made)."""
+        if xs:
+            self.items.append(_Screened((xs, names, self.prefix)))
+
+    def _tensors(self) -> tuple[list[torch.Tensor], list[str]]:
+        """The tensors to reduce (local shards of DTensors, complex ones as real pairs; empty and
+        integer ones left out: finite) and their names, in the order added."""
         tensors, names = [], []
-        for x, name in self.items:
+        for item in self.items:
+            if type(item) is _Screened:
+                xs, block_names, prefix = item
+                tensors += xs
+                names += [prefix + name for name in block_names]
+                continue
+            x, name = item
             if type(x) is not torch.Tensor:  # a DTensor: its local shard
                 x = local_tensor(x)
             if not x.is_floating_point():
@@ -152,6 +168,17 @@ class FiniteCheck:
             if x.numel():  # empty: finite
                 tensors.append(x)
                 names.append(name)
+        return tensors, names
+
+    def error(self) -> ValueError | None:
+        """None if every added tensor is finite, else the ValueError ``check_finite`` raises for
+        the first one that is not (naming it). One host sync (none with nothing added or only
+        empty / non-floating tensors; more only when some tensor is not finite)."""
+        items = self.items
+        if len(items) == 1 and type(items[0]) is _Screened:  # one plan's gradients: as they are
+            tensors, names = items[0][0], None
+        else:
+            tensors, names = self._tensors()
         if not tensors:
             return None
         maxima = max_abs(tensors)
@@ -163,6 +190,8 @@ class FiniteCheck:
         # the largest maximum: NaN if one is NaN (max propagates it), +Inf if one is; exact, no overflow
         if math.isfinite(stacked.max().item()):
             return None
+        if names is None:
+            names = self._tensors()[1]
         for name, m in zip(names, maxima):  # rare: name the first that is not finite
             if not bool(torch.isfinite(m)):
                 return ValueError(f"{name}: contains NaN or Inf; expected finite values")

@@ -127,9 +127,9 @@ class MuonPlan:
         when it last passed; every gradient goes to ``finite`` (a ``FiniteCheck``; False: not checked).
         Records the live parameters and their buffers for the step. Raises as ``check_muon_step``."""
         self.ready = None
-        live, bufs = [], []
+        live, bufs, grads, grad_names = [], [], [], []
         checked, names, options = self.checked, self.names, self.options
-        add = finite.add if finite else None
+        screened = True  # every gradient a plain, floating, non-empty tensor (``FiniteCheck.add_screened``)
         for pair, name, grad_name in zip(self.pairs, names, self.grad_names):
             i, p = pair
             g = p.grad
@@ -147,11 +147,19 @@ class MuonPlan:
                 check_stage_state(st or {}, p, self.layout(i, p), options, name)
                 if hit is None or hit[3] != sig:  # what the stack plan depends on
                     self.epoch += 1
-                checked[i] = (weakref.ref(g), buf, var, sig)
-            if add is not None:
-                add(g, grad_name)
+                hit = checked[i] = (weakref.ref(g), buf, var, sig,
+                                    type(g) is torch.Tensor and g.is_floating_point() and g.numel() > 0)
+            screened = screened and hit[4]
+            grads.append(g)
+            grad_names.append(grad_name)
             live.append(pair)
             bufs.append(buf)
+        if finite:
+            if screened:
+                finite.add_screened(grads, grad_names)
+            else:
+                for g, grad_name in zip(grads, grad_names):
+                    finite.add(g, grad_name)
         self.ready = (live, bufs)
 
     def live(self, state) -> tuple[list, list, bool]:

@@ -3,7 +3,7 @@ floating dtype and memory layout (it uses the NaN-propagating extremes, not isfi
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from ortho_fast.validation import FiniteCheck, check_count, check_filled, check_finite, check_hyper
 
@@ -68,6 +68,37 @@ def test_finite_check_mixes_dtypes_and_complex(dtypes, which, bad, seed):
     error = check.error()
     expected = next((k for k, x in enumerate(xs) if not bool(torch.isfinite(x).all())), None)
     assert (error is None) if expected is None else str(error).startswith(f"x{expected}: contains NaN or Inf")
+
+
+@given(count=st.integers(1, 6), cuts=st.lists(st.integers(0, 6), max_size=3), plain=st.lists(st.booleans(), min_size=4,
+       max_size=4), which=st.integers(0, 5), bad=st.sampled_from([None, float("nan"), float("inf")]),
+       seed=st.integers(0, 2**16))
+@example(count=4, cuts=[2], plain=[True, False, False, False], which=3, bad=float("nan"), seed=0)  # a block, then more
+def test_screened_blocks_keep_the_order_and_the_prefix(count, cuts, plain, which, bad, seed):
+    """Property: tensors added in blocks (``add_screened``; one block alone takes the path without
+    per-tensor checks) or one by one (``add``), each part under its own prefix, give the verdict
+    and the name (prefix included) of adding them all one by one: the first non-finite tensor in
+    the order added."""
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(3, 4, generator=gen) for _ in range(count)]
+    if bad is not None:
+        xs[which % count].view(-1)[which % 12] = bad
+    bounds = sorted({0, count, *(c % (count + 1) for c in cuts)})
+    check = FiniteCheck()
+    for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        check.prefix = f"part {k}: "
+        if plain[k]:
+            check.add_screened(xs[lo:hi], [f"x{i}" for i in range(lo, hi)])
+        else:
+            for i in range(lo, hi):
+                check.add(xs[i], f"x{i}")
+    error = check.error()
+    expected = next((i for i, x in enumerate(xs) if not bool(torch.isfinite(x).all())), None)
+    if expected is None:
+        assert error is None
+    else:
+        part = next(k for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])) if lo <= expected < hi)
+        assert str(error).startswith(f"part {part}: x{expected}: contains NaN or Inf"), str(error)
 
 
 def test_empty_and_scalar():
