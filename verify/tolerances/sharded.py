@@ -155,10 +155,10 @@ def sharded_compute_tolerance(u, coefficients, compute_dtype, world_size: int, p
     ``SPLIT_ORDERS`` for p = 2..world_size; and ``RANDOM_SPLITS`` seeded random deals of the
     inner indices, p = 2..world_size in turn), each rounded to the compute precision and summed
     in it (``newton_schulz_in``), and U_s = ``u_sharded`` the sharded run's own Newton–Schulz
-    input where it differs from one process's (default U: the second term is 0). It differs under a weight-coupled decay
-    (``weight_decay_style`` "l2", G ← G + wd·W): the sharded run adds wd times its own weight,
-    which differs from one process's by the earlier steps' update differences and the layout
-    contract, so U_s − U = wd·Σ_k (momentum weight of step k)·(W_s,k − W_1,k), rebuilt by the
+    input where it differs from one process's (default U: the second term is 0). It differs
+    under a weight-coupled decay (``weight_decay_style`` "l2", G ← G + wd·W): the sharded run
+    adds wd times its own weight, which differs from one process's by the earlier steps' update
+    differences and the layout contract, so U_s − U = wd·Σ_k (momentum weight of step k)·(W_s,k − W_1,k), rebuilt by the
     caller from both runs' weights.
 
     Derivation. Where the sharded run and one process evaluate the same map in the same
