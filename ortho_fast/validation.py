@@ -118,6 +118,13 @@ def max_abs(xs: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def screenable(x) -> bool:
+    """Whether ``FiniteCheck.add_screened`` takes ``x`` as it is: a plain ``torch.Tensor`` (not a
+    DTensor), floating, with at least one entry (what ``FiniteCheck.error`` would otherwise check
+    per tensor)."""
+    return type(x) is torch.Tensor and x.is_floating_point() and x.numel() > 0
+
+
 class _Screened(tuple):
     """A block of ``FiniteCheck.add_screened``: (tensors, names, prefix)."""
 
@@ -142,9 +149,9 @@ class FiniteCheck:
         self.items.append((x, self.prefix + name))
 
     def add_screened(self, xs: list[torch.Tensor], names: list[str]) -> None:
-        """``add(x, name)`` for every pair of tensors the caller screened: plain ``torch.Tensor``
-        (not DTensor), floating, with at least one entry — read as they are, with no check per
-        tensor at ``error`` (a plan's step: screened when its check of that gradient was made)."""
+        """``add(x, name)`` for every pair of tensors the caller screened (``screenable``) — read as
+        they are, with no check per tensor at ``error`` (a plan's step: screened when its check of
+        that gradient was made)."""
         if xs:
             self.items.append(_Screened((xs, names, self.prefix)))
 

@@ -21,7 +21,7 @@ import torch
 
 from ..functional import stacked as stacked_math
 from ..functional.graph_scalars import split_rounded
-from ..validation import check_grad, check_param_shaped_state
+from ..validation import check_grad, check_param_shaped_state, screenable
 from .muon_budget import step_plan
 from .muon_stages import VARIANCE_KEY, check_stage_state
 from .options import MuonOptions
@@ -129,7 +129,7 @@ class MuonPlan:
         self.ready = None
         live, bufs, grads, grad_names = [], [], [], []
         checked, names, options = self.checked, self.names, self.options
-        screened = True  # every gradient a plain, floating, non-empty tensor (``FiniteCheck.add_screened``)
+        screened = True  # every gradient ``screenable``: one ``FiniteCheck.add_screened`` block
         for pair, name, grad_name in zip(self.pairs, names, self.grad_names):
             i, p = pair
             g = p.grad
@@ -147,8 +147,7 @@ class MuonPlan:
                 check_stage_state(st or {}, p, self.layout(i, p), options, name)
                 if hit is None or hit[3] != sig:  # what the stack plan depends on
                     self.epoch += 1
-                hit = checked[i] = (weakref.ref(g), buf, var, sig,
-                                    type(g) is torch.Tensor and g.is_floating_point() and g.numel() > 0)
+                hit = checked[i] = (weakref.ref(g), buf, var, sig, screenable(g))
             screened = screened and hit[4]
             grads.append(g)
             grad_names.append(grad_name)
