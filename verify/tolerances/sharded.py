@@ -112,7 +112,7 @@ def newton_schulz_in(u, coefficients, compute_dtype, parts: int = 1, *, eps: flo
     ``parts`` 1: one process's order).
     Shapes: u (m, n) tensor -> (m, n) float64. ``coefficients``: (T, 3) rows (a, b, c). The input
     is rounded to the compute dtype first and normalized there (‖U‖_F from the blocks' rounded
-    partial sums of squares when split)."""
+    partial sums of squares when split). Raises: ValueError naming ``order`` for another order."""
     import torch
 
     if order not in (*SPLIT_ORDERS, "random"):
