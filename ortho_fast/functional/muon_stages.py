@@ -142,28 +142,52 @@ def normuon_factor(o: torch.Tensor, variance: torch.Tensor, *, beta2: float, eps
     Source: Li et al. arXiv 2510.05491 (Algorithm 1); microsoft/dion ``_normuon_normalization_core``;
     nanochat ``muon_step_fused``. Raises: nothing (the group layer validates the options and the state).
     """
-    dtype = stage_dtype(o.dtype)
-    red = -1 if normuon_side(o.shape[-2], o.shape[-1], dim) == "row" else -2
-    norms = torch.linalg.vector_norm(o, dim=red, keepdim=True, dtype=dtype)
-    if gain is not None:
-        norms = norms.mul_(gain)
-    v_dtype = stage_dtype(variance.dtype)
-    mean_square = norms.square().div_(o.shape[red])
-    if mean_square.dtype != v_dtype:  # (``.to`` of its own dtype is the tensor itself: skipped, one call less)
-        mean_square = mean_square.to(v_dtype)
-    if variance.dtype == v_dtype:
-        v = variance.lerp_(mean_square, 1 - beta2)
-    else:
-        v = variance.to(v_dtype).lerp(mean_square, 1 - beta2)
-        variance.copy_(v)
-    del mean_square  # freed before the divisors are formed (the stage's peak: stage_nbytes)
-    if v.dtype != dtype:
-        v = v.to(dtype)
-    inverse = v.sqrt().add_(eps).reciprocal_() if eps_mode == "add" else v.clamp_min(eps).rsqrt_()
-    norm_o = torch.linalg.vector_norm(norms, dim=(-2, -1), keepdim=True)
-    norm_y = torch.linalg.vector_norm(norms.mul_(inverse), dim=(-2, -1), keepdim=True)
-    factor = inverse.mul_(norm_o.div_(norm_y.clamp_min_(_TINY.get(dtype) or torch.finfo(dtype).tiny)))
-    return factor if gain is None else factor.mul_(gain)
+    return NormuonFactor(o.shape, o.dtype, variance.dtype, beta2=beta2, eps=eps, eps_mode=eps_mode, dim=dim)(
+        o, variance, gain)
+
+
+class NormuonFactor:
+    """``normuon_factor`` for results of one shape and dtype and second moments of one dtype, its
+    constants resolved once (a stacked chunk's plan calls it at every step): the same operations
+    in the same order, the same bits. ``shape``: o's shape (..., m, n); ``dtype``, ``variance_dtype``:
+    o's and the variance's dtypes; the keywords as ``normuon_factor``'s. Call it with
+    ``(o, variance, gain=None)``. Raises: nothing (the group layer validates the options)."""
+
+    __slots__ = ("dtype", "red", "length", "v_dtype", "in_place", "weight", "eps", "add", "tiny")
+
+    def __init__(self, shape: Sequence[int], dtype: torch.dtype, variance_dtype: torch.dtype, *, beta2: float,
+                 eps: float = 1e-8, eps_mode: str = "add", dim: str = "row") -> None:
+        self.dtype = stage_dtype(dtype)
+        self.red = -1 if normuon_side(shape[-2], shape[-1], dim) == "row" else -2
+        self.length = shape[self.red]
+        self.v_dtype = stage_dtype(variance_dtype)
+        self.in_place = variance_dtype == self.v_dtype
+        self.weight = 1 - beta2
+        self.eps = eps
+        self.add = eps_mode == "add"
+        self.tiny = _TINY.get(self.dtype) or torch.finfo(self.dtype).tiny
+
+    def __call__(self, o: torch.Tensor, variance: torch.Tensor, gain: torch.Tensor | None = None) -> torch.Tensor:
+        dtype = self.dtype
+        norms = torch.linalg.vector_norm(o, dim=self.red, keepdim=True, dtype=dtype)
+        if gain is not None:
+            norms = norms.mul_(gain)
+        mean_square = norms.square().div_(self.length)
+        if dtype != self.v_dtype:  # (``.to`` of its own dtype is the tensor itself: skipped, one call less)
+            mean_square = mean_square.to(self.v_dtype)
+        if self.in_place:
+            v = variance.lerp_(mean_square, self.weight)
+        else:
+            v = variance.to(self.v_dtype).lerp(mean_square, self.weight)
+            variance.copy_(v)
+        del mean_square  # freed before the divisors are formed (the stage's peak: stage_nbytes)
+        if self.v_dtype != dtype:
+            v = v.to(dtype)
+        inverse = v.sqrt().add_(self.eps).reciprocal_() if self.add else v.clamp_min(self.eps).rsqrt_()
+        norm_o = torch.linalg.vector_norm(norms, dim=(-2, -1), keepdim=True)
+        norm_y = torch.linalg.vector_norm(norms.mul_(inverse), dim=(-2, -1), keepdim=True)
+        factor = inverse.mul_(norm_o.div_(norm_y.clamp_min_(self.tiny)))
+        return factor if gain is None else factor.mul_(gain)
 
 
 def normuon_normalize(o: torch.Tensor, variance: torch.Tensor, *, beta2: float, eps: float = 1e-8,

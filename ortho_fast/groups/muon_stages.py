@@ -97,6 +97,47 @@ def check_stage_state(st: dict, p: torch.Tensor, layout: MuonLayout, options, na
         raise ValueError(f"{VARIANCE_KEY}: expected a tensor of shape {want} and dtype {p.dtype}, got {got} ({name})")
 
 
+class StagePlan:
+    """What ``stacked_stage_update_`` derives once per chunk and keeps in the chunk's cache: the stack
+    it runs on, the stage options it was made with (``key``), the update's scale s, the parameters'
+    (k_i, m, n) views and counts (kept while the parameters hold the same bytes), NorMuon's
+    ``NormuonFactor`` and the second moments it last read (``parts``: the state's tensors, their
+    (c, a, b) views and their lengths). A chunk's step then runs its kernels only."""
+
+    __slots__ = ("stack", "key", "scale", "params", "ptrs", "dsts", "counts", "normuon", "parts", "views", "sizes")
+
+    def __init__(self, members, stack: torch.Tensor, options, key: tuple) -> None:
+        m, n = stack.shape[-2:]
+        self.stack = stack
+        self.key = key
+        self.scale = adjusted_lr_scale(options.adjust_lr, m, n) * options.extra_scale_factor
+        self.params = [p for p, _, _ in members]
+        self.ptrs = None
+        self.dsts = self.counts = None
+        self.normuon = self.parts = self.views = self.sizes = None
+
+    def variances(self, members, state, options, parts: list) -> torch.Tensor:
+        """The second moments concatenated into one new (k, a, b) tensor (held only by the step: no
+        memory kept between steps), from ``parts`` (the state's tensors, None where not created
+        yet: created here as ``normuon_variances`` does)."""
+        if not (self.parts is not None and len(self.parts) == len(parts) and all(map(operator.is_, parts,
+                                                                                      self.parts))):
+            if any(v is None for v in parts):  # created at the first step
+                parts = [normuon_variances(p, state, lay, options.normuon_dim)[0] for p, lay, _ in members]
+            self.parts, self.views = parts, [v.view(-1, *v.shape[-2:]) for v in parts]
+            self.sizes = [v.shape[0] for v in self.views]
+            self.normuon = stage_math.NormuonFactor(self.stack.shape, self.stack.dtype, parts[0].dtype,
+                                                    beta2=options.normuon_beta2, eps=options.normuon_eps,
+                                                    eps_mode=options.normuon_eps_mode, dim=options.normuon_dim)
+        return torch.cat(self.views)
+
+
+def _stage_key(options) -> tuple:
+    """The options ``StagePlan`` derives from (every one but lr, weight decay and momentum)."""
+    return (options.renormalize, options.normuon_beta2, options.normuon_eps, options.normuon_eps_mode,
+            options.normuon_dim, options.adjust_lr, options.extra_scale_factor)
+
+
 def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: float, free=(),
                           cache: dict | None = None) -> None:
     """Muon+ / NorMuon and the update of one chunk of the stacked step (``ortho_fast.groups.muon``):
@@ -111,34 +152,37 @@ def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: floa
     that does not fit or pay (or ``free`` is empty), one ``_foreach_addcmul_`` (Ô computed in
     float32 inside it, never stored). No O-sized temporary either way.
     The decay is done before (``decay_weights``); the parameters are contiguous (``plan_stacks``).
-    ``cache``: a dict keeping the members' (k, m, n) views, counts and rounds from step to step (a chunk's
-    plan: the same parameters and workspace bytes at every step)."""
-    m, n = stack.shape[-2:]
-    variances = parts = None
+    ``cache``: a dict keeping the chunk's ``StagePlan`` (its views, counts and factor constants) and
+    the update's rounds from step to step (a chunk's plan:
+    the same parameters and workspace bytes at every step); the factors are then computed by the
+    same operations as ``post_factors`` (the same bits) unless ``post_factors`` or ``normuon_factor``
+    is patched (then called as they are)."""
+    plan = cache.get("stage") if cache is not None else None
+    if plan is None or plan.stack is not stack or plan.key != _stage_key(options):
+        plan = StagePlan(members, stack, options, _stage_key(options))
+        if cache is not None:
+            cache["stage"] = plan
+    variances = None
     if options.normuon_beta2 is not None:
-        parts = [state[p].get(VARIANCE_KEY) for p, _, _ in members]
-        if any(v is None for v in parts):  # created at the first step
-            parts = [normuon_variances(p, state, lay, options.normuon_dim)[0] for p, lay, _ in members]
-        flat = cache.get("variances") if cache is not None else None  # (the parts, their (c, a, b) views, counts)
-        if flat is None or len(flat[0]) != len(parts) or not all(map(operator.is_, parts, flat[0])):
-            views = [v.view(-1, *v.shape[-2:]) for v in parts]
-            flat = (parts, views, [v.shape[0] for v in views])
-            if cache is not None:
-                cache["variances"] = flat
-        variances = [torch.cat(flat[1])]
-    hit = cache.get("post_kwargs") if cache is not None else None  # kept while the options are the same object
-    if hit is None or hit[0] is not options:
-        hit = (options, options.post_orthogonalize_kwargs(),
-               adjusted_lr_scale(options.adjust_lr, m, n) * options.extra_scale_factor)
-        if cache is not None:
-            cache["post_kwargs"] = hit
-    factor = stage_math.post_factors([stack], variances, **hit[1])[0]
-    if parts is not None:  # written back: one copy of the same entries
-        torch._foreach_copy_(flat[1], torch.split_with_sizes(variances[0], flat[2]))
-    key = [p.data_ptr() for p, _, _ in members] if cache is not None else None  # views of the same bytes
-    held = cache.get("stage_dsts") if cache is not None else None
-    if held is None or held[2] != key:
-        held = ([p.view(-1, m, n) for p, _, _ in members], [p.numel() // (m * n) for p, _, _ in members], key)
-        if cache is not None:
-            cache["stage_dsts"] = held
-    stage_math.add_scaled_product_(held[0], stack, factor, held[1], -lr * hit[2], free, cache=cache)
+        variances = [plan.variances(members, state, options, [state[p].get(VARIANCE_KEY) for p in plan.params])]
+    if (cache is not None and stage_math.post_factors is POST_FACTORS and stage_math.normuon_factor is NORMUON_FACTOR
+            and stage_math.renormalize_factor is RENORMALIZE_FACTOR):  # ``post_factors``' operations, constants kept
+        gain = stage_math.renormalize_factor(stack) if options.renormalize else None
+        factor = gain if variances is None else plan.normuon(stack, variances[0], gain)
+    else:
+        factor = stage_math.post_factors([stack], variances, **options.post_orthogonalize_kwargs())[0]
+    if variances is not None:  # written back: one copy of the same entries
+        torch._foreach_copy_(plan.views, torch.split_with_sizes(variances[0], plan.sizes))
+    ptrs = list(map(torch.Tensor.data_ptr, plan.params))  # views of the same bytes
+    if plan.ptrs != ptrs:
+        m, n = stack.shape[-2:]
+        plan.dsts = [p.view(-1, m, n) for p in plan.params]
+        plan.counts = [p.numel() // (m * n) for p in plan.params]
+        plan.ptrs = ptrs
+    stage_math.add_scaled_product_(plan.dsts, stack, factor, plan.counts, -lr * plan.scale, free, cache=cache)
+
+
+#: The stage functions as this module found them (a patched one is called through ``post_factors``).
+POST_FACTORS = stage_math.post_factors
+NORMUON_FACTOR = stage_math.normuon_factor
+RENORMALIZE_FACTOR = stage_math.renormalize_factor
