@@ -17,6 +17,7 @@ tensor is an operand of the kernels, never read on the host (``is_device_scalar`
 
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 import torch
@@ -106,7 +107,8 @@ def split_rounded(ts: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[
 def foreach_scale_(ts: Sequence[torch.Tensor], factor: float | torch.Tensor, split=None) -> None:
     """ts[i] ← factor·ts[i] in place, for every i, with the bits of ``ts[i].mul_(factor)``: one
     ``_foreach_mul_`` in eager, except for bfloat16 / float16 tensors on the CPU, which take their
-    own ``mul_`` (``CPU_ROUNDED_FACTOR_DTYPES``; on the CPU a launch costs nothing). ``split``:
+    own ``mul_`` (``CPU_ROUNDED_FACTOR_DTYPES``; on the CPU a launch costs nothing), and a float
+    factor of float32 / float64 CPU tensors is passed as a 0-dim tensor (``cpu_factor``). ``split``:
     ``split_rounded(ts)`` made ahead (a plan keeps it)."""
     if torch.compiler.is_compiling():
         for t in ts:
@@ -116,4 +118,36 @@ def foreach_scale_(ts: Sequence[torch.Tensor], factor: float | torch.Tensor, spl
     for t in own:
         t.mul_(factor)
     if rest:
+        if type(factor) is float:
+            factor = cpu_factor(factor, rest)
         torch._foreach_mul_(rest, factor)
+
+
+#: The dtypes ``cpu_factor`` gives a tensor factor (the others: ``CPU_ROUNDED_FACTOR_DTYPES``, mul_ each).
+CPU_TENSOR_FACTOR_DTYPES = (torch.float32, torch.float64)
+#: The 0-dim CPU tensors ``cpu_factor`` made last, by (value, dtype): a decay factor and a momentum.
+_CPU_FACTORS: dict[tuple, torch.Tensor] = {}
+_IS_CPU, _DTYPE = operator.attrgetter("is_cpu"), operator.attrgetter("dtype")
+
+
+def cpu_factor(factor: float, ts: Sequence[torch.Tensor]) -> float | torch.Tensor:
+    """The factor of ``_foreach_mul_(ts, factor)``: for CPU tensors all of one dtype in
+    ``CPU_TENSOR_FACTOR_DTYPES``, ``factor`` as a 0-dim CPU tensor of that dtype, else the float
+    itself. On the CPU torch's ``_foreach_mul_`` by a float wraps it into a tensor for every entry
+    of the list: 59 µs for the 48 matrices of benchmarks/host_time.py against 22 µs given a 0-dim
+    tensor (torch 2.13, one thread); the factor is rounded to the tensors' dtype either way (the
+    same bits, tests/ortho_fast/test_foreach_scale.py), and a 0-dim tensor of the lists' dtype
+    keeps CUDA's fast route (where the float form is one launch already and is kept). The tensors
+    are kept for the next call with the same value (at most eight; never written: operands only)."""
+    dtype = ts[0].dtype
+    if dtype not in CPU_TENSOR_FACTOR_DTYPES or not all(map(_IS_CPU, ts)) or len(set(map(_DTYPE, ts))) != 1:
+        return factor
+    key = (factor, dtype)
+    hit = _CPU_FACTORS.get(key)
+    if hit is None:
+        hit = torch.tensor(factor, dtype=dtype, device="cpu")
+        if type(hit) is torch.Tensor:  # (nothing a fake or other tensor mode made is kept)
+            if len(_CPU_FACTORS) >= 8:
+                _CPU_FACTORS.clear()
+            _CPU_FACTORS[key] = hit
+    return hit
