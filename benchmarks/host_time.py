@@ -4,14 +4,17 @@ width d where the arithmetic is negligible (d = 4 by default: fused QKV (3d, d),
 dispatch of a step, the floor of a launch-bound GPU step. Every optimizer steps the same gradients;
 the median of ``torch.utils.benchmark``'s blocked autorange, taken for every optimizer back to back in
 each of ``--rounds`` rounds (the order rotated), printed as the median ms and the median of the
-within-round ratio to torch.optim.Muon (goals: docs/performance.md, (d)).
+within-round ratio to torch.optim.Muon (goals: docs/performance.md, (d)). ``--thread-time``: the
+CPU time of this thread over ``--steps`` steps instead (``time.thread_time``: what another process
+on the machine takes from the wall clock is left out; for A/B runs on a shared machine).
 
-    python benchmarks/host_time.py [--d 4] [--layers 12] [--threads 1] [--rounds 5]
+    python benchmarks/host_time.py [--d 4] [--layers 12] [--threads 1] [--rounds 5] [--thread-time]
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -46,11 +49,22 @@ def variants() -> dict:
     }
 
 
+def thread_seconds(fn, steps: int) -> float:
+    """Seconds of this thread's CPU time per call of ``fn()``, over ``steps`` calls after one."""
+    fn()
+    start = time.thread_time()
+    for _ in range(steps):
+        fn()
+    return (time.thread_time() - start) / steps
+
+
 def main(argv=None) -> None:
     p = parser(__doc__.split("\n\n")[0])
     p.add_argument("--d", type=int, default=4, help="model width (default 4)")
     p.add_argument("--layers", type=int, default=12, help="GPT blocks (default 12)")
     p.add_argument("--rounds", type=int, default=5, help="rounds of every variant back to back (default 5)")
+    p.add_argument("--thread-time", action="store_true", help="time by the thread's CPU time (time.thread_time)")
+    p.add_argument("--steps", type=int, default=150, help="steps per timing with --thread-time (default 150)")
     p.set_defaults(threads=1)
     args = p.parse_args(argv)
     setup(args)
@@ -71,14 +85,16 @@ def main(argv=None) -> None:
     ratios = {name: [] for name in names}
     for r in range(1 if args.quick else args.rounds):  # each round times all, the order rotated
         order = names[r % len(names):] + names[:r % len(names)]
-        timed = {name: median_seconds(steppers[name], args.min_run_time / max(1, args.rounds)) for name in order}
+        timed = {name: thread_seconds(steppers[name], args.steps) if args.thread_time else
+                 median_seconds(steppers[name], args.min_run_time / max(1, args.rounds)) for name in order}
         for name in names:
             seconds[name].append(timed[name])
             ratios[name].append(timed[name] / timed[names[0]])
     rows = [[name, f"{statistics.median(seconds[name]) * 1e3:.3f}", f"{statistics.median(ratios[name]):.2f}"]
             for name in names]
-    print_table(f"host time of a step: {len(shapes)} matrices, d = {d} (ratios: median over rounds of the "
-                f"ratio within a round)", ["optimizer", "ms", "÷ torch"], rows)
+    clock = "thread CPU time" if args.thread_time else "wall clock"
+    print_table(f"host time of a step: {len(shapes)} matrices, d = {d}, {clock} (ratios: median over rounds of "
+                f"the ratio within a round)", ["optimizer", "ms", "÷ torch"], rows)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.load_file import load_file
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = {"ns_vs_gemm.py": "default / GEMM", "muon_vs_torch.py": "ours / torch", "dion_vs_muon.py": "÷ Muon bf16",
            "proxies.py": "compute ops", "identify.py": "seconds", "host_time.py": "÷ torch"}
@@ -72,3 +74,17 @@ def test_gpu_benchmark_dry_run(outputs):
     for title in ("GEMM peak", "### Step, d = 16", "| Dion |", "| torch.optim:SGD |", "newton_schulz against the dense",
                   "Gram against standard", "CUDA graph capture"):
         assert title in result["stdout"], title
+
+
+def test_host_time_by_the_threads_cpu_time(capsys, monkeypatch):
+    """``host_time.py --thread-time`` times by ``time.thread_time`` (a stand-in clock that advances 1 s
+    per call makes every optimizer's time 1 s / steps) and says so in its table's title."""
+    import time
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    host_time = load_file(BENCHMARKS / "host_time.py", "host_time_thread")
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(time, "thread_time", lambda: float(next(ticks)))
+    host_time.main(["--quick", "--thread-time", "--steps", "4", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert "thread CPU time" in out and out.count("250.000") == len(host_time.variants())
