@@ -173,8 +173,8 @@ def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: floa
         factor = stage_math.post_factors([stack], variances, **options.post_orthogonalize_kwargs())[0]
     if variances is not None:  # written back: one copy of the same entries
         torch._foreach_copy_(plan.views, torch.split_with_sizes(variances[0], plan.sizes))
-    ptrs = list(map(torch.Tensor.data_ptr, plan.params))  # views of the same bytes
-    if plan.ptrs != ptrs:
+    ptrs = list(map(torch.Tensor.data_ptr, plan.params)) if cache is not None else None  # views of the same bytes
+    if ptrs is None or plan.ptrs != ptrs:
         m, n = stack.shape[-2:]
         plan.dsts = [p.view(-1, m, n) for p in plan.params]
         plan.counts = [p.numel() // (m * n) for p in plan.params]
