@@ -17,6 +17,7 @@ tensor is an operand of the kernels, never read on the host (``is_device_scalar`
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Sequence
 
@@ -142,7 +143,7 @@ def cpu_factor(factor: float, ts: Sequence[torch.Tensor]) -> float | torch.Tenso
     dtype = ts[0].dtype
     if dtype not in CPU_TENSOR_FACTOR_DTYPES or not all(map(_IS_CPU, ts)) or len(set(map(_DTYPE, ts))) != 1:
         return factor
-    key = (factor, dtype)
+    key = (factor, math.copysign(1.0, factor), dtype)  # (−0.0 and 0.0 are equal keys, not equal factors)
     hit = _CPU_FACTORS.get(key)
     if hit is None:
         hit = torch.tensor(factor, dtype=dtype, device="cpu")

@@ -4,6 +4,7 @@ bits of ``mul_`` on every tensor, bfloat16 and float16 on the CPU included, wher
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, strategies as st
 
@@ -25,6 +26,16 @@ def test_foreach_scale_has_the_bits_of_mul(dtypes, factor, exponent, seed):
     foreach_scale_(ts, factor)
     for a, b in zip(ts, want):  # (an overflowed entry times 0 is NaN in both)
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_negative_zero_factor_gives_negative_zeros(dtype):
+    """0.0 then −0.0 (equal as numbers, not as factors): each gives the signs of zero of its own mul_."""
+    ts = [torch.tensor([1.0, -2.0, 0.0], dtype=dtype)]
+    for factor in (0.0, -0.0, 0.0):
+        got, want = [t.clone() for t in ts], ts[0].clone().mul_(factor)
+        foreach_scale_(got, factor)
+        assert torch.equal(torch.signbit(got[0]), torch.signbit(want))
 
 
 def test_torchs_cpu_foreach_mul_differs_for_float16():
