@@ -6,7 +6,8 @@ A Muon group switches the stages of ``ortho_fast.functional.muon_stages`` on by 
 ``normuon_dim`` (NorMuon). ``resolve_stage_options`` validates them, ``normuon_variances`` gives
 the per-matrix views of NorMuon's state ``state[p]["variance_neuron"]`` (microsoft/dion's key),
 ``check_stage_state`` checks a stored one before a step, ``NORMUON_STATE_SPEC`` is what
-``load_state_dict`` checks, and ``stacked_stage_update_`` is the stages' part of the stacked step.
+``load_state_dict`` checks, and ``stacked_stage_update_`` is the stages' part of the stacked step
+(what it derives once per chunk kept in a ``StagePlan``).
 Source: docs/design.md, "Muon"; docs/math.md, "Muon pipeline stages".
 """
 

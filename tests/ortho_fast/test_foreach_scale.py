@@ -1,6 +1,7 @@
 """``graph_scalars.foreach_scale_`` (the decoupled weight decay of Muon, Dion2 and Dion) gives the
 bits of ``mul_`` on every tensor, bfloat16 and float16 on the CPU included, where torch's
-``_foreach_mul_`` rounds the factor to the tensor's dtype first."""
+``_foreach_mul_`` rounds the factor to the tensor's dtype first, and float32 / float64 ones on the
+CPU, whose float factor it passes as a 0-dim tensor (``graph_scalars.cpu_factor``)."""
 
 from __future__ import annotations
 
