@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..functional import dion2 as dion2_math, stacked as stacked_math
-from ..functional.graph_scalars import cpu_factor, foreach_scale_
+from ..functional.graph_scalars import foreach_scale_
 from ..validation import local_tensor
 from .muon_plan import chunk_run
 
@@ -172,10 +172,7 @@ def run_dion2_plan(plan, state, lr, weight_decay, ef_decay, workspace: stacked_m
         else:
             ps, gs = [live[i] for i in slots], [live[i].grad for i in slots]
         torch._foreach_add_([moms[i] for i in slots], gs)  # dion2_accumulate (checked: one dtype)
-        if own or torch.compiler.is_compiling():
-            foreach_scale_(ps, decay)  # dion2_update's decay
-        else:
-            torch._foreach_mul_(ps, cpu_factor(decay, ps) if type(decay) is float else decay)  # foreach_scale_'s
+        foreach_scale_(ps, decay, split=(ps, []) if own else ([], ps))  # dion2_update's decay
     if not torch.compiler.is_compiling():  # under torch.compile every request is a fresh buffer
         for device, nbytes in plan.reserve.items():
             workspace.reserve(nbytes, device)

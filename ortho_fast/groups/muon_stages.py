@@ -159,8 +159,9 @@ def stacked_stage_update_(members, stack: torch.Tensor, state, options, lr: floa
     same operations as ``post_factors`` (the same bits) unless ``post_factors`` or ``normuon_factor``
     is patched (then called as they are)."""
     plan = cache.get("stage") if cache is not None else None
-    if plan is None or plan.stack is not stack or plan.key != _stage_key(options):
-        plan = StagePlan(members, stack, options, _stage_key(options))
+    key = _stage_key(options)
+    if plan is None or plan.stack is not stack or plan.key != key:
+        plan = StagePlan(members, stack, options, key)
         if cache is not None:
             cache["stage"] = plan
     variances = None
