@@ -135,8 +135,8 @@ def cpu_factor(factor: float, ts: Sequence[torch.Tensor]) -> float | torch.Tenso
     """The factor of ``_foreach_mul_(ts, factor)``: for CPU tensors all of one dtype in
     ``CPU_TENSOR_FACTOR_DTYPES``, ``factor`` as a 0-dim CPU tensor of that dtype, else the float
     itself. On the CPU torch's ``_foreach_mul_`` by a float wraps it into a tensor for every entry
-    of the list: 59 µs for the 48 matrices of benchmarks/host_time.py against 22 µs given a 0-dim
-    tensor (torch 2.13, one thread); the factor is rounded to the tensors' dtype either way (the
+    of the list, where it reads a 0-dim tensor once (torch 2.13; docs/performance.md, "(d)", measures
+    the step with it); the factor is rounded to the tensors' dtype either way (the
     same bits, tests/ortho_fast/test_foreach_scale.py), and a 0-dim tensor of the lists' dtype
     keeps CUDA's fast route (where the float form is one launch already and is kept). The tensors
     are kept for the next call with the same value (at most eight; never written: operands only)."""
